@@ -1,0 +1,61 @@
+// engram-synth: writes a synthetic DeepSeek-V4.1-format checkpoint directory whose Engram rows
+// are a pure function of (seed, layer, row); see tools/tables/synthetic.h.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "tools/tables/progress.h"
+#include "tools/tables/synthetic.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Write a synthetic DeepSeek-V4.1 checkpoint (config.json, index, safetensors shards with "
+      "the Engram tables of layers 1 and 14 and decoy tensors).",
+      "engram-synth"};
+  std::string out_dir;
+  std::string rows_text = std::to_string(engram::kDefaultSyntheticRows);
+  uint64_t seed = 0;
+  std::vector<uint32_t> layers = {1, 14};
+  bool progress = false, quiet = false;
+  app.add_option("OUT_DIR", out_dir, "Checkpoint directory to write")->required();
+  app.add_option("--rows", rows_text,
+                 "Rows per Engram table, or 'full' for DeepSeek-V4.1's 384,006,168 / 384,016,682 "
+                 "(203 GB)")
+      ->capture_default_str();
+  app.add_option("--seed", seed, "Seed of the row contents")->capture_default_str();
+  app.add_option("--layers", layers, "Engram layer ids")->capture_default_str()->delimiter(',');
+  app.add_flag("--progress", progress, "Show progress even when stderr is not a terminal");
+  app.add_flag("-q,--quiet", quiet, "Print nothing on success");
+  CLI11_PARSE(app, argc, argv);
+
+  engram::SynthOptions options;
+  options.out_dir = out_dir;
+  options.seed = seed;
+  options.layers = layers;
+  if (rows_text == "full") {
+    options.rows = 0;
+  } else if (!absl::SimpleAtoi(rows_text, &options.rows) || options.rows == 0) {
+    std::fprintf(stderr, "engram-synth: --rows must be a positive row count or 'full', got '%s'\n",
+                 rows_text.c_str());
+    return 2;
+  }
+  engram::ProgressLine line("engram-synth " + out_dir, progress || isatty(STDERR_FILENO));
+  options.progress = [&](uint64_t done, uint64_t total) { line.Update(done, total); };
+  absl::Status s = engram::WriteSyntheticCheckpoint(options);
+  line.Finish();
+  if (!s.ok()) {
+    std::fprintf(stderr, "engram-synth: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  if (!quiet) {
+    std::printf("wrote %s: Engram layers", out_dir.c_str());
+    for (uint32_t l : layers) std::printf(" %u", l);
+    std::printf(", %s rows per table, seed %llu\n",
+                options.rows ? std::to_string(options.rows).c_str() : "full-size",
+                static_cast<unsigned long long>(seed));
+  }
+  return 0;
+}
