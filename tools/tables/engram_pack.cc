@@ -1,0 +1,68 @@
+// engram-pack: converts one Engram table of a checkpoint (or a packed file) into the packed
+// layout, whole or as a per-rank copy, streaming in bounded memory.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "tools/tables/pack.h"
+#include "tools/tables/progress.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "Write one Engram table in the packed layout (docs/table_format.md): 264-byte rows after "
+      "a 4 KiB header, optionally only a row range (a tensor-parallel rank's copy).",
+      "engram-pack"};
+  std::string input, out, rows_text;
+  uint32_t layer = 0;
+  bool sparse = false, progress = false, quiet = false, no_check_holes = false;
+  uint64_t buffer_mib = 4;
+  app.add_option("MODEL_DIR", input, "Checkpoint directory (or a packed table file)")->required();
+  app.add_option("--layer", layer, "Engram layer to pack (1 or 14 for DeepSeek-V4.1)")->required();
+  app.add_option("--out", out, "Packed file to write (via a temporary file and rename)")
+      ->required();
+  app.add_option("--rows", rows_text, "Only rows BEGIN:END (half-open), e.g. a TP rank's range");
+  app.add_flag("--sparse", sparse,
+               "Keep rows at their original offsets (a sparse file) instead of compacting them");
+  app.add_option("--buffer-mib", buffer_mib, "Row data moved per step, in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_flag("--no-check-holes", no_check_holes,
+               "Do not refuse input rows that lie in holes of a sparse input");
+  app.add_flag("--progress", progress, "Show progress even when stderr is not a terminal");
+  app.add_flag("-q,--quiet", quiet, "Print nothing on success");
+  CLI11_PARSE(app, argc, argv);
+
+  engram::PackOptions options;
+  options.input = input;
+  options.layer = layer;
+  options.out = out;
+  options.sparse = sparse;
+  options.buffer_bytes = buffer_mib << 20;
+  options.check_input_holes = !no_check_holes;
+  if (!rows_text.empty()) {
+    auto rows = engram::ParseRowRange(rows_text);
+    if (!rows.ok()) {
+      std::fprintf(stderr, "engram-pack: --rows: %s\n", std::string(rows.status().message()).c_str());
+      return 2;
+    }
+    options.rows = *rows;
+  }
+  engram::ProgressLine line("engram-pack layer " + std::to_string(layer),
+                            progress || isatty(STDERR_FILENO));
+  options.progress = [&](uint64_t done, uint64_t total) { line.Update(done, total); };
+  absl::Status s = engram::PackTable(options);
+  line.Finish();
+  if (!s.ok()) {
+    std::fprintf(stderr, "engram-pack: cannot pack layer %u of %s: %s\n", layer, input.c_str(),
+                 s.ToString().c_str());
+    return 1;
+  }
+  if (!quiet) {
+    std::printf("wrote %s: layer %u, %s%s\n", out.c_str(), layer,
+                rows_text.empty() ? "all rows" : ("rows " + rows_text).c_str(),
+                sparse ? ", sparse at original offsets" : "");
+  }
+  return 0;
+}

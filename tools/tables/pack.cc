@@ -1,0 +1,213 @@
+// PackTable(): streams one Engram table into the packed layout (docs/table_format.md).
+#include "tools/tables/pack.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "daemon/packed_format.h"
+
+namespace engram {
+namespace {
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::Status PwriteFull(int fd, const std::string& path, const uint8_t* p, uint64_t len,
+                        uint64_t offset) {
+  while (len > 0) {
+    ssize_t n = ::pwrite(fd, p, len, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno(absl::StrCat("cannot write ", len, " bytes at offset ", offset, " of"), path);
+    }
+    p += n;
+    len -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PreadExact(int fd, const std::string& path, uint8_t* p, uint64_t len,
+                        uint64_t offset) {
+  while (len > 0) {
+    ssize_t n = ::pread(fd, p, len, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno(absl::StrCat("cannot read ", len, " bytes at offset ", offset, " of"), path);
+    }
+    if (n == 0) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": unexpected end of file at offset ", offset));
+    }
+    p += n;
+    len -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// The temporary output: unlinked on destruction unless committed.
+class TempOutput {
+ public:
+  ~TempOutput() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_ && !path_.empty()) ::unlink(path_.c_str());
+  }
+  absl::Status Create(const std::string& final_path) {
+    final_ = final_path;
+    std::string tmpl = final_path + ".tmp-XXXXXX";
+    fd_ = ::mkostemp(tmpl.data(), O_CLOEXEC);
+    if (fd_ < 0) return Errno("cannot create a temporary file next to", final_path);
+    path_ = tmpl;
+    (void)::fchmod(fd_, 0644);
+    return absl::OkStatus();
+  }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  absl::Status Commit() {
+    if (::fsync(fd_) != 0) return Errno("cannot fsync", path_);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return Errno("cannot close", path_);
+    if (::rename(path_.c_str(), final_.c_str()) != 0) {
+      return Errno(absl::StrCat("cannot rename ", path_, " to"), final_);
+    }
+    committed_ = true;
+    const std::filesystem::path parent = std::filesystem::path(final_).parent_path();
+    const std::string dir = parent.empty() ? std::string(".") : parent.string();
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return Errno("cannot open directory", dir);
+    const int rc = ::fsync(dfd);
+    ::close(dfd);
+    if (rc != 0) return Errno("cannot fsync directory", dir);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string final_, path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<RowRange> ParseRowRange(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  RowRange range;
+  if (parts.size() != 2 ||
+      !absl::SimpleAtoi(absl::StrReplaceAll(parts[0], {{"_", ""}}), &range.begin) ||
+      !absl::SimpleAtoi(absl::StrReplaceAll(parts[1], {{"_", ""}}), &range.end)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row range '", text, "' is not of the form BEGIN:END"));
+  }
+  if (range.begin >= range.end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row range '", text, "' is empty (BEGIN must be below END)"));
+  }
+  return range;
+}
+
+absl::Status PackTable(const PackOptions& options) {
+  if (options.out.empty()) return absl::InvalidArgumentError("no output file given");
+  OpenOptions open_options;
+  open_options.layers = {options.layer};
+  open_options.rows = options.rows;
+  open_options.check_holes = options.check_input_holes;
+  auto tables = OpenTables(options.input, open_options);
+  if (!tables.ok()) return tables.status();
+  if (tables->size() != 1) {
+    return absl::NotFoundError(
+        absl::StrCat("layer ", options.layer, " is not an Engram table of ", options.input));
+  }
+  const Table& table = *(*tables)[0];
+  const RowRange rows = table.covered();
+  PackedHeader header = MakePackedHeader(table.layer_id(), table.num_rows(), rows, options.sparse);
+  SealPackedHeader(&header);
+
+  TempOutput out;
+  if (absl::Status s = out.Create(options.out); !s.ok()) return s;
+  // Sizing the file first makes a sparse copy's leading rows a hole rather than written zeros.
+  if (::ftruncate(out.fd(), static_cast<off_t>(header.data_end)) != 0) {
+    return Errno("cannot size", out.path());
+  }
+  std::vector<uint8_t> page(kPackedDataOffset, 0);
+  std::memcpy(page.data(), &header, sizeof(header));
+  if (absl::Status s = PwriteFull(out.fd(), out.path(), page.data(), page.size(), 0); !s.ok()) {
+    return s;
+  }
+
+  const uint64_t chunk_rows = std::max<uint64_t>(1, options.buffer_bytes / kRowBytes);
+  std::vector<uint8_t> row_buf(chunk_rows * kRowBytes);
+  std::vector<uint8_t> part_buf;
+  const bool one_part = table.parts().size() == 1;
+  if (!one_part) part_buf.resize(chunk_rows * kValueBytes);
+  const uint64_t total_bytes = rows.size() * kRowBytes;
+  // Written output is pushed to disk and dropped from the page cache a window behind, so that
+  // converting a table larger than memory neither piles up dirty pages nor evicts everything
+  // else on the machine.
+  constexpr uint64_t kWindow = 64ull << 20;
+  uint64_t flushed_to = PackedRowOffset(header, rows.begin);
+  uint64_t started_to = flushed_to;
+
+  for (uint64_t first = rows.begin; first < rows.end; first += chunk_rows) {
+    const uint64_t n = std::min(chunk_rows, rows.end - first);
+    for (const RowPart& p : table.parts()) {
+      const TableFile& f = table.files()[p.file];
+      uint8_t* dst = one_part ? row_buf.data() : part_buf.data();
+      if (absl::Status s = PreadExact(f.fd, f.path, dst, n * p.bytes, p.FileOffset(first));
+          !s.ok()) {
+        return s;
+      }
+      if (!one_part) {
+        for (uint64_t i = 0; i < n; ++i) {
+          std::memcpy(row_buf.data() + i * kRowBytes + p.dest_offset, dst + i * p.bytes, p.bytes);
+        }
+      }
+    }
+    const uint64_t off = PackedRowOffset(header, first);
+    if (absl::Status s = PwriteFull(out.fd(), out.path(), row_buf.data(), n * kRowBytes, off);
+        !s.ok()) {
+      return s;
+    }
+    const uint64_t written_to = off + n * kRowBytes;
+    if (written_to - started_to >= kWindow) {
+      (void)::sync_file_range(out.fd(), static_cast<off_t>(started_to),
+                              static_cast<off_t>(written_to - started_to), SYNC_FILE_RANGE_WRITE);
+      if (started_to > flushed_to) {
+        (void)::sync_file_range(out.fd(), static_cast<off_t>(flushed_to),
+                                static_cast<off_t>(started_to - flushed_to),
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                    SYNC_FILE_RANGE_WAIT_AFTER);
+        (void)::posix_fadvise(out.fd(), static_cast<off_t>(flushed_to),
+                              static_cast<off_t>(started_to - flushed_to), POSIX_FADV_DONTNEED);
+        flushed_to = started_to;
+      }
+      started_to = written_to;
+    }
+    if (options.progress) options.progress((first + n - rows.begin) * kRowBytes, total_bytes);
+  }
+  if (absl::Status s = out.Commit(); !s.ok()) return s;
+
+  // What was written must open as what was asked for.
+  auto check = OpenPacked(options.out, OpenOptions{});
+  if (!check.ok()) {
+    return absl::InternalError(absl::StrCat("the packed file written to ", options.out,
+                                            " does not open: ", check.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace engram
