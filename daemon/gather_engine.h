@@ -9,7 +9,11 @@
 //   (*engine)->Submit(batch, [](absl::Status s) {});  // asynchronous, on a worker
 #pragma once
 
+#include <sys/types.h>
+#include <sys/uio.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,6 +35,24 @@ struct TableGatherOptions {
   ReadMode mode = ReadMode::kBuffered;
 };
 
+// How the fast path issues its RWF_NOWAIT reads.
+enum class NowaitPass : uint8_t {
+  kAuto,    // batched io_uring reads with RWF_NOWAIT when the thread has a ring, else kSerial
+  kSerial,  // one preadv2(RWF_NOWAIT) per planned read on the calling thread
+  kUring,   // batched io_uring reads with RWF_NOWAIT (falls back to kSerial without a ring)
+  kOff,     // never: every read goes straight to io_uring / the blocking pool
+};
+
+// A preadv2-compatible read: returns the bytes read or -errno (never -1 with errno). The engine
+// calls it for every RWF_NOWAIT read of the serial fast path and every blocking-pool read, so a
+// test or a tracing build can wrap the real call. Must be thread-safe.
+using ReadFn = std::function<ssize_t(int fd, const struct iovec* iov, int iovcnt, off_t offset,
+                                     int flags)>;
+
+// Receives one-time notices (a file that refused RWF_NOWAIT, io_uring unavailable). Library code
+// never logs: the daemon logs these once. Called from any gather thread; must be thread-safe.
+using NoticeFn = std::function<void(const std::string& notice)>;
+
 struct GatherEngineOptions {
   // Gather workers, each owning one io_uring ring; 0 = number of online CPUs.
   uint32_t workers = 0;
@@ -38,6 +60,31 @@ struct GatherEngineOptions {
   uint32_t ring_entries = 256;
   // Use io_uring for the residue when the kernel allows it; false forces the blocking pool.
   bool use_io_uring = true;
+
+  // --- Extensions (all optional) ---
+  // Threads of the blocking pool, started only when a residue must go there (no io_uring, or a
+  // file whose filesystem refuses async buffered reads).
+  uint32_t blocking_threads = 16;
+  NowaitPass nowait_pass = NowaitPass::kAuto;
+  // Adaptive policy: a table's NOWAIT pass runs while its recent hit rate is at least this;
+  // below it, batches go straight to the residue path and every `probe_interval`-th batch
+  // tries `probe_reads` NOWAIT reads to notice when the rows became resident again.
+  double nowait_min_hit_rate = 0.5;
+  uint32_t probe_interval = 8;
+  uint32_t probe_reads = 32;
+  // Batches with more planned reads than this are split into chunks run by the calling thread
+  // and the workers together.
+  uint32_t split_reads = 1024;
+  // Bound on rows per batch (a client cannot push past it: ResourceExhausted).
+  uint32_t max_batch_rows = 1u << 22;
+  // Merge reads that are adjacent or share a page (false: one read per row part).
+  bool merge_reads = true;
+  // Table files the engine can register with its rings (fixed files); more are read unfixed.
+  uint32_t max_fixed_files = 1024;
+  // Bounce area per thread for O_DIRECT tables.
+  uint32_t direct_bounce_bytes = 4u << 20;
+  ReadFn read_fn;    // empty: preadv2
+  NoticeFn notice;   // empty: notices only show in Stats()
 };
 
 // One batch: rows[i] of `table` goes to dest + dest_offsets[i] (or dest + i * row_bytes when
@@ -68,8 +115,16 @@ struct TableGatherStats {
   bool nowait_supported = true;  // false once the filesystem refused RWF_NOWAIT
   bool nowait_enabled = true;    // the adaptive policy's current choice
   double recent_hit_rate = 1.0;  // the policy's input
+  // --- Extensions ---
+  uint64_t nowait_zero = 0;      // NOWAIT reads that returned 0 before EOF (treated as misses)
+  uint64_t eintr_retries = 0;
+  uint64_t probes = 0;           // batches that probed the NOWAIT pass while it was off
+  uint64_t dedup_copies = 0;     // slots filled by copying a row read once for the batch
+  ReadMode mode = ReadMode::kBuffered;
+  std::string residue_path;      // "io_uring", "blocking pool" or "O_DIRECT io_uring" / "O_DIRECT pool"
   // Batch latency histogram: bucket i counts batches with latency in [2^i, 2^(i+1)) ns.
   std::vector<uint64_t> latency_buckets;
+  // The upper edge of the bucket holding the q-quantile (q in [0, 1]); 0 with no batches.
   uint64_t LatencyPercentileNs(double q) const;
 };
 

@@ -1,0 +1,617 @@
+// Tests of the gather engine against synthetic tables whose row contents are known: byte-exact
+// gathers in both layouts and cache states, the seven forced read paths through real seams
+// (evicted pages, tmpfs, truncated files, an injected read function), O_DIRECT, the adaptive
+// policy, bad input, Submit and concurrent callers.
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "daemon/gather_engine.h"
+#include "daemon/gather_planner.h"
+#include "tests/gather/gather_test_util.h"
+
+namespace engram {
+namespace {
+
+using testing::Evict;
+using testing::FirstMismatch;
+using testing::OpenOne;
+using testing::TempDir;
+using testing::Warm;
+
+constexpr uint64_t kSeed = 7;
+constexpr uint64_t kRows = 30000;
+constexpr uint32_t kLayer = 14;
+
+struct Fixture {
+  TempDir dir;
+  std::string ckpt, packed;
+  Fixture() {
+    REQUIRE(dir.ok());
+    ckpt = dir.path() + "/ckpt";
+    packed = dir.path() + "/layer14.engram";
+    REQUIRE(WriteSyntheticCheckpoint({.out_dir = ckpt, .rows = kRows, .seed = kSeed,
+                                      .layers = {kLayer}})
+                .ok());
+    REQUIRE(testing::WriteSyntheticPacked(packed, kLayer, kRows, kSeed).ok());
+  }
+};
+
+Fixture& Files() {
+  static Fixture f;
+  return f;
+}
+
+std::unique_ptr<Table> Open(const std::string& path) {
+  auto t = OpenOne(path, kLayer);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  return std::move(*t);
+}
+
+std::unique_ptr<GatherEngine> MakeEngine(GatherEngineOptions o) {
+  auto e = GatherEngine::Create(o);
+  INFO(e.status().ToString());
+  REQUIRE(e.ok());
+  return std::move(*e);
+}
+
+// Rows far enough apart that no two share a page or get merged.
+std::vector<uint64_t> SpreadRows(size_t n, uint64_t first = 3) {
+  std::vector<uint64_t> rows;
+  for (size_t i = 0; i < n; ++i) rows.push_back((first + i * 97) % kRows);
+  return rows;
+}
+
+std::vector<uint64_t> RandomRows(size_t n, uint64_t seed, uint64_t limit = kRows) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> rows(n);
+  for (auto& r : rows) r = rng() % limit;
+  for (size_t i = 0; i + 7 < n; i += 7) rows[i + 3] = rows[i];  // duplicates
+  return rows;
+}
+
+absl::Status GatherInto(GatherEngine& e, const Table& t, const std::vector<uint64_t>& rows,
+                        std::vector<uint8_t>& out) {
+  out.assign(rows.size() * kRowBytes, 0xEE);
+  return e.Gather({.table = &t, .rows = rows, .dest = out.data()});
+}
+
+TableGatherStats StatsOf(GatherEngine& e) {
+  auto s = e.Stats();
+  REQUIRE(s.size() == 1);
+  return s[0];
+}
+
+ssize_t RealRead(int fd, const iovec* iov, int cnt, off_t off, int flags) {
+  const ssize_t n = preadv2(fd, iov, cnt, off, flags);
+  return n < 0 ? -errno : n;
+}
+
+TEST_CASE("gathers are byte-exact in both layouts, warm and cold, on every residue path",
+          "[gather]") {
+  for (const std::string& path : {Files().ckpt, Files().packed}) {
+    auto table = Open(path);
+    for (bool uring : {true, false}) {
+      for (bool cold : {false, true}) {
+        DYNAMIC_SECTION(TableLayoutName(table->layout()) << (uring ? " io_uring" : " pool")
+                                                         << (cold ? " cold" : " warm")) {
+          auto engine = MakeEngine({.workers = 2, .use_io_uring = uring});
+          REQUIRE(engine->AddTable(table.get(), {}).ok());
+          const auto rows = RandomRows(3000, 11);
+          // Slots in reverse order with a gap between them.
+          std::vector<uint64_t> offsets(rows.size());
+          for (size_t i = 0; i < rows.size(); ++i) offsets[i] = (rows.size() - 1 - i) * 300;
+          std::vector<uint8_t> out(rows.size() * 300, 0xEE);
+          if (cold) {
+            Evict(*table);
+          } else {
+            Warm(*table);
+          }
+          REQUIRE(engine
+                      ->Gather({.table = table.get(), .rows = rows, .dest = out.data(),
+                                .dest_offsets = offsets})
+                      .ok());
+          CHECK(FirstMismatch(kSeed, *table, rows, out.data(), offsets) == -1);
+          const auto s = StatsOf(*engine);
+          CHECK(s.rows_requested == rows.size());
+          CHECK(s.rows_unique < rows.size());
+          CHECK(s.dedup_copies == s.rows_requested - s.rows_unique);
+          CHECK(s.errors == 0);
+          CHECK(s.bytes_read >= s.rows_unique * kRowBytes);
+          if (!cold) CHECK(s.nowait_hits == s.rows_unique);
+          if (cold && uring) CHECK(s.uring_reads > 0);
+          if (cold && !uring) CHECK(s.pool_reads > 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("forced path: hit, every row from the NOWAIT pass", "[gather][paths]") {
+  auto table = Open(Files().packed);
+  Warm(*table);
+  for (NowaitPass pass : {NowaitPass::kSerial, NowaitPass::kUring}) {
+    auto engine = MakeEngine({.workers = 1, .nowait_pass = pass});
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const auto rows = SpreadRows(200);
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    const auto s = StatsOf(*engine);
+    CHECK(s.nowait_hits == rows.size());
+    CHECK(s.nowait_eagain == 0);
+    CHECK(s.uring_reads == 0);
+    CHECK(s.pool_reads == 0);
+    CHECK(s.read_calls == rows.size());
+  }
+}
+
+TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does",
+          "[gather][paths]") {
+  auto table = Open(Files().packed);
+  Warm(*table);
+  SECTION("injected: the first NOWAIT read answers EAGAIN") {
+    std::atomic<int> eagains{0};
+    GatherEngineOptions o{.workers = 1, .use_io_uring = false};
+    o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+      if ((flags & RWF_NOWAIT) && eagains.fetch_add(1) == 0) return -EAGAIN;
+      return RealRead(fd, iov, cnt, off, flags);
+    };
+    auto engine = MakeEngine(o);
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const auto rows = SpreadRows(100);
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    const auto s = StatsOf(*engine);
+    CHECK(s.nowait_eagain == 1);
+    CHECK(s.nowait_hits == rows.size() - 1);
+    CHECK(s.pool_reads == 1);
+  }
+  SECTION("real: one row's page evicted") {
+    auto engine = MakeEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const auto rows = SpreadRows(100);
+    // Evict the page range holding row 50 of the batch (and nothing else of the batch).
+    const RowPart& p = table->parts()[0];
+    const uint64_t off = p.FileOffset(rows[50]);
+    posix_fadvise(table->files()[0].fd, off & ~4095ull, ((off + kRowBytes + 4095) & ~4095ull) -
+                                                            (off & ~4095ull),
+                  POSIX_FADV_DONTNEED);
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    const auto s = StatsOf(*engine);
+    CHECK(s.nowait_eagain == 1);
+    CHECK(s.uring_reads + s.partial_reads >= 1);
+    CHECK(s.nowait_hits == rows.size() - 1);
+  }
+}
+
+TEST_CASE("forced path: persistent EAGAIN, and the adaptive policy turning NOWAIT off and on",
+          "[gather][paths]") {
+  auto table = Open(Files().packed);
+  Warm(*table);
+  std::atomic<bool> refuse{true};
+  std::atomic<uint64_t> nowait_calls{0};
+  GatherEngineOptions o{.workers = 1, .use_io_uring = false};
+  o.probe_interval = 4;
+  o.probe_reads = 16;
+  o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+    if (flags & RWF_NOWAIT) {
+      nowait_calls++;
+      if (refuse) return -EAGAIN;
+    }
+    return RealRead(fd, iov, cnt, off, flags);
+  };
+  auto engine = MakeEngine(o);
+  REQUIRE(engine->AddTable(table.get(), {}).ok());
+  const auto rows = SpreadRows(64);
+  std::vector<uint8_t> out;
+  REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+  CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+  auto s = StatsOf(*engine);
+  CHECK(s.nowait_eagain == rows.size());
+  CHECK(s.nowait_hits == 0);
+  CHECK(s.pool_reads == rows.size());
+  CHECK_FALSE(s.nowait_enabled);  // one all-miss batch of 64 rows drops the rate below 0.5
+  CHECK(s.recent_hit_rate < 0.5);
+
+  // While off, only every 4th batch probes 16 reads.
+  nowait_calls = 0;
+  for (int i = 0; i < 8; ++i) REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+  CHECK(nowait_calls == 2 * 16);
+  s = StatsOf(*engine);
+  CHECK(s.probes == 2);
+  CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+
+  // The rows become resident: probes see hits and the policy switches the pass back on.
+  refuse = false;
+  for (int i = 0; i < 40 && !StatsOf(*engine).nowait_enabled; ++i) {
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+  }
+  s = StatsOf(*engine);
+  CHECK(s.nowait_enabled);
+  CHECK(s.recent_hit_rate >= 0.5);
+}
+
+TEST_CASE("forced path: a partial read continues where it stopped", "[gather][paths]") {
+  auto table = Open(Files().packed);
+  Warm(*table);
+  SECTION("injected: NOWAIT reads return half of what was asked") {
+    GatherEngineOptions o{.workers = 1};
+    o.read_fn = [](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+      size_t total = 0;
+      for (int i = 0; i < cnt; ++i) total += iov[i].iov_len;
+      if ((flags & RWF_NOWAIT) && total > 1) {
+        std::vector<iovec> half(iov, iov + cnt);
+        size_t left = total / 2;
+        size_t k = 0;
+        for (; k < half.size() && left > 0; ++k) {
+          half[k].iov_len = std::min(half[k].iov_len, left);
+          left -= half[k].iov_len;
+        }
+        half.resize(k);
+        return RealRead(fd, half.data(), static_cast<int>(half.size()), off, flags);
+      }
+      return RealRead(fd, iov, cnt, off, flags);
+    };
+    auto engine = MakeEngine(o);
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const auto rows = SpreadRows(50);
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    const auto s = StatsOf(*engine);
+    CHECK(s.partial_reads >= rows.size());
+    CHECK(s.nowait_hits == rows.size());
+    CHECK(s.nowait_eagain == 0);
+  }
+  SECTION("real: a row straddling a resident page and an evicted one") {
+    auto engine = MakeEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const RowPart& p = table->parts()[0];
+    uint64_t row = 100;
+    while ((p.FileOffset(row) % 4096) + kRowBytes <= 4096) ++row;
+    const uint64_t second_page = (p.FileOffset(row) / 4096 + 1) * 4096;
+    posix_fadvise(table->files()[0].fd, second_page, 4096, POSIX_FADV_DONTNEED);
+    const std::vector<uint64_t> rows = {row};
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    CHECK(StatsOf(*engine).partial_reads >= 1);
+  }
+}
+
+TEST_CASE("forced path: a filesystem without RWF_NOWAIT (tmpfs) disables the fast path once",
+          "[gather][paths]") {
+  TempDir shm("/dev/shm");
+  REQUIRE(shm.ok());
+  const std::string ckpt = shm.path() + "/ckpt";
+  REQUIRE(WriteSyntheticCheckpoint({.out_dir = ckpt, .rows = 4000, .seed = kSeed,
+                                    .layers = {kLayer}})
+              .ok());
+  auto table = Open(ckpt);
+  for (NowaitPass pass : {NowaitPass::kSerial, NowaitPass::kUring}) {
+    std::mutex mu;
+    std::vector<std::string> notices;
+    GatherEngineOptions o{.workers = 1, .nowait_pass = pass};
+    o.notice = [&](const std::string& n) {
+      std::lock_guard<std::mutex> l(mu);
+      notices.push_back(n);
+    };
+    auto engine = MakeEngine(o);
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const auto rows = RandomRows(500, 3, 4000);
+    std::vector<uint8_t> out;
+    for (int i = 0; i < 3; ++i) {
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    }
+    const auto s = StatsOf(*engine);
+    CHECK_FALSE(s.nowait_supported);
+    CHECK_FALSE(s.nowait_enabled);
+    CHECK(s.nowait_hits == 0);
+    INFO(notices.size() << " notices, first: " << (notices.empty() ? "" : notices[0]));
+    REQUIRE(notices.size() == table->files().size());  // one notice per file
+    CHECK(notices[0].find(table->files()[0].path) != std::string::npos);
+    CHECK(notices[0].find("RWF_NOWAIT") != std::string::npos);
+  }
+}
+
+TEST_CASE("forced path: a NOWAIT read returning 0 is a miss, not the end of the file",
+          "[gather][paths]") {
+  auto table = Open(Files().ckpt);
+  Warm(*table);
+  for (bool uring : {true, false}) {
+    GatherEngineOptions o{.workers = 1, .use_io_uring = uring};
+    o.read_fn = [](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+      if (flags & RWF_NOWAIT) return 0;
+      return RealRead(fd, iov, cnt, off, flags);
+    };
+    auto engine = MakeEngine(o);
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const auto rows = SpreadRows(40);
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    const auto s = StatsOf(*engine);
+    CHECK(s.nowait_zero == s.read_calls - (uring ? s.uring_reads : s.pool_reads));
+    CHECK(s.nowait_zero > 0);
+    CHECK(s.nowait_eagain == rows.size());
+    CHECK(s.errors == 0);
+  }
+}
+
+TEST_CASE("forced path: a file that ends inside a row is a data error naming file and offset",
+          "[gather][paths]") {
+  TempDir dir;
+  const std::string path = dir.path() + "/short.engram";
+  REQUIRE(testing::WriteSyntheticPacked(path, kLayer, 1000, kSeed).ok());
+  auto table = Open(path);
+  const uint64_t last = 999;
+  const uint64_t cut = table->parts()[0].FileOffset(last) + 100;
+  // Truncate after the table was opened and validated: the row now ends early on disk.
+  REQUIRE(truncate(path.c_str(), cut) == 0);
+  struct Case {
+    const char* name;
+    GatherEngineOptions options;
+    TableGatherOptions table;
+    bool warm;
+  };
+  std::vector<Case> cases = {
+      {"NOWAIT then io_uring", {.workers = 1}, {}, true},
+      {"serial NOWAIT then pool",
+       {.workers = 1, .use_io_uring = false, .nowait_pass = NowaitPass::kSerial},
+       {},
+       true},
+      {"cold io_uring", {.workers = 1}, {}, false},
+      {"cold pool", {.workers = 1, .use_io_uring = false}, {}, false},
+      {"O_DIRECT", {.workers = 1}, {.mode = ReadMode::kDirect}, false},
+  };
+  for (auto& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      auto engine = MakeEngine(c.options);
+      REQUIRE(engine->AddTable(table.get(), c.table).ok());
+      if (c.warm) {
+        Warm(*table);
+      } else {
+        Evict(*table);
+      }
+      const std::vector<uint64_t> rows = {5, last, 7};
+      std::vector<uint8_t> out;
+      const absl::Status s = GatherInto(*engine, *table, rows, out);
+      INFO(s.ToString());
+      REQUIRE(s.code() == absl::StatusCode::kDataLoss);
+      CHECK(s.message().find(path) != std::string::npos);
+      CHECK(s.message().find("row 999") != std::string::npos);
+      CHECK(s.message().find(absl::StrCat("ended at byte ", cut)) != std::string::npos);
+      CHECK(StatsOf(*engine).errors == 1);
+    }
+  }
+}
+
+TEST_CASE("EINTR is retried on the NOWAIT pass and in the pool", "[gather][paths]") {
+  auto table = Open(Files().packed);
+  Evict(*table);
+  std::atomic<uint64_t> calls{0};
+  GatherEngineOptions o{.workers = 1, .use_io_uring = false};
+  o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+    if (calls.fetch_add(1) % 2 == 0) return -EINTR;
+    return RealRead(fd, iov, cnt, off, flags);
+  };
+  auto engine = MakeEngine(o);
+  REQUIRE(engine->AddTable(table.get(), {}).ok());
+  const auto rows = SpreadRows(30);
+  std::vector<uint8_t> out;
+  REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+  CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+  CHECK(StatsOf(*engine).eintr_retries >= rows.size());
+}
+
+TEST_CASE("O_DIRECT tables read aligned page runs, byte-exact in both layouts", "[gather]") {
+  for (const std::string& path : {Files().ckpt, Files().packed}) {
+    auto table = Open(path);
+    for (bool uring : {true, false}) {
+      auto engine = MakeEngine({.workers = 2, .use_io_uring = uring, .split_reads = 256});
+      REQUIRE(engine->AddTable(table.get(), {.mode = ReadMode::kDirect}).ok());
+      auto rows = RandomRows(2000, 5);
+      rows.push_back(kRows - 1);  // the last row, at the end of the file
+      rows.push_back(0);
+      std::vector<uint8_t> out;
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+      const auto s = StatsOf(*engine);
+      CHECK(s.direct_reads > 0);
+      CHECK(s.nowait_hits == 0);
+      CHECK(s.mode == ReadMode::kDirect);
+    }
+  }
+}
+
+TEST_CASE("bad batches are refused before anything is read", "[gather]") {
+  auto table = Open(Files().packed);
+  auto other = Open(Files().ckpt);
+  auto engine = MakeEngine({.workers = 1, .max_batch_rows = 100});
+  REQUIRE(engine->AddTable(table.get(), {}).ok());
+  CHECK(engine->AddTable(table.get(), {}).code() == absl::StatusCode::kAlreadyExists);
+  std::vector<uint8_t> out(200 * kRowBytes);
+
+  std::vector<uint64_t> rows = {1, 2, kRows + 5};
+  absl::Status s = engine->Gather({.table = table.get(), .rows = rows, .dest = out.data()});
+  CHECK(s.code() == absl::StatusCode::kOutOfRange);
+  CHECK(s.message().find(absl::StrCat("row ", kRows + 5)) != std::string::npos);
+  CHECK(s.message().find("batch index 2") != std::string::npos);
+  CHECK(StatsOf(*engine).read_calls == 0);
+
+  rows = {1, 2};
+  s = engine->Gather({.table = other.get(), .rows = rows, .dest = out.data()});
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(s.message().find("not added") != std::string::npos);
+
+  std::vector<uint64_t> many(101, 1);
+  s = engine->Gather({.table = table.get(), .rows = many, .dest = out.data()});
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+
+  std::vector<uint64_t> offsets = {0};
+  s = engine->Gather(
+      {.table = table.get(), .rows = rows, .dest = out.data(), .dest_offsets = offsets});
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  s = engine->Gather({.table = table.get(), .rows = rows, .dest = nullptr});
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+
+  CHECK(GatherEngine::Create({.ring_entries = 0}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("the planner de-duplicates and merges adjacent and same-page reads", "[gather]") {
+  auto ckpt = Open(Files().ckpt);
+  auto packed = Open(Files().packed);
+  const std::vector<uint64_t> rows = {5, 6, 7, 5, 20000, 7};
+  std::vector<uint8_t> out(rows.size() * kRowBytes);
+  GatherPlan plan;
+  GatherPlanner merging({});
+  REQUIRE(merging.Plan({.table = packed.get(), .rows = rows, .dest = out.data()}, &plan).ok());
+  CHECK(plan.unique_rows == std::vector<uint64_t>{5, 6, 7, 20000});
+  CHECK(plan.copies.size() == 2);
+  CHECK(plan.reads.size() == 2);  // rows 5-7 are adjacent in the packed file
+  CHECK(plan.reads[0].length == 3 * kRowBytes);
+  CHECK(plan.reads[0].iov_count == 3);
+
+  // Checkpoint: values of 5-7 adjacent (1 read), their scales too; row 20000's scales are
+  // 160 KB away, so 4 reads in all.
+  REQUIRE(merging.Plan({.table = ckpt.get(), .rows = rows, .dest = out.data()}, &plan).ok());
+  CHECK(plan.reads.size() == 4);
+  // Rows 5 and 10: each part is one read when both rows' bytes start on one page (the gap
+  // goes to the sink), two reads when a page boundary falls between them.
+  const std::vector<uint64_t> near = {5, 10};
+  REQUIRE(merging.Plan({.table = ckpt.get(), .rows = near, .dest = out.data()}, &plan).ok());
+  size_t want = 0;
+  for (const RowPart& p : ckpt->parts()) {
+    const uint64_t end5 = p.FileOffset(5) + p.bytes, start10 = p.FileOffset(10);
+    want += (end5 - 1) / 4096 == start10 / 4096 ? 1 : 2;
+  }
+  CHECK(plan.reads.size() == want);
+  const PlannedRead& scales = plan.reads.back();
+  if (scales.iov_count == 3) CHECK(plan.iov_unique[scales.iov_begin + 1] == kGapIov);
+
+  GatherPlanner plain({.merge = false});
+  REQUIRE(plain.Plan({.table = ckpt.get(), .rows = rows, .dest = out.data()}, &plan).ok());
+  CHECK(plan.reads.size() == 8);
+}
+
+TEST_CASE("radix sort orders keys like std::sort", "[gather]") {
+  std::mt19937_64 rng(1);
+  for (size_t n : {0, 1, 255, 256, 5000}) {
+    for (int bits : {1, 11, 23, 46, 64}) {
+      std::vector<uint64_t> keys(n), tmp;
+      const uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+      for (auto& k : keys) k = rng() & mask;
+      auto want = keys;
+      std::sort(want.begin(), want.end());
+      RadixSortU64(keys, bits, tmp);
+      CHECK(keys == want);
+    }
+  }
+}
+
+TEST_CASE("latency percentiles come from the histogram", "[gather]") {
+  TableGatherStats s;
+  CHECK(s.LatencyPercentileNs(0.5) == 0);
+  s.latency_buckets.assign(64, 0);
+  s.latency_buckets[10] = 98;  // [1024, 2048) ns
+  s.latency_buckets[20] = 1;
+  s.latency_buckets[30] = 1;
+  CHECK(s.LatencyPercentileNs(0.5) == 2048);
+  CHECK(s.LatencyPercentileNs(0.99) == (2u << 20));
+  CHECK(s.LatencyPercentileNs(0.999) == (2u << 30));
+  auto engine = MakeEngine({.workers = 1});
+  auto table = Open(Files().packed);
+  REQUIRE(engine->AddTable(table.get(), {}).ok());
+  std::vector<uint8_t> out;
+  for (int i = 0; i < 5; ++i) REQUIRE(GatherInto(*engine, *table, SpreadRows(10), out).ok());
+  const auto st = StatsOf(*engine);
+  uint64_t n = 0;
+  for (auto b : st.latency_buckets) n += b;
+  CHECK(n == 5);
+  CHECK(st.LatencyPercentileNs(0.5) > 0);
+}
+
+TEST_CASE("Submit runs batches on the workers and reports each outcome once", "[gather]") {
+  auto table = Open(Files().ckpt);
+  auto engine = MakeEngine({.workers = 2});
+  REQUIRE(engine->AddTable(table.get(), {}).ok());
+  constexpr int kBatches = 8;
+  std::vector<std::vector<uint64_t>> rows(kBatches);
+  std::vector<std::vector<uint8_t>> out(kBatches);
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0, failed = 0;
+  for (int i = 0; i < kBatches; ++i) {
+    rows[i] = RandomRows(700, 100 + i);
+    out[i].resize(rows[i].size() * kRowBytes);
+    engine->Submit({.table = table.get(), .rows = rows[i], .dest = out[i].data()},
+                   [&](absl::Status s) {
+                     std::lock_guard<std::mutex> l(mu);
+                     ++done;
+                     if (!s.ok()) ++failed;
+                     cv.notify_all();
+                   });
+  }
+  std::vector<uint64_t> bad = {kRows};
+  std::vector<uint8_t> bad_out(kRowBytes);
+  absl::Status bad_status;
+  engine->Submit({.table = table.get(), .rows = bad, .dest = bad_out.data()},
+                 [&](absl::Status s) {
+                   std::lock_guard<std::mutex> l(mu);
+                   bad_status = s;
+                   ++done;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> l(mu);
+  cv.wait(l, [&] { return done == kBatches + 1; });
+  CHECK(failed == 0);
+  CHECK(bad_status.code() == absl::StatusCode::kOutOfRange);
+  for (int i = 0; i < kBatches; ++i) CHECK(FirstMismatch(kSeed, *table, rows[i], out[i].data()) == -1);
+}
+
+TEST_CASE("several threads gather at once, large batches split over the workers", "[gather]") {
+  auto ckpt = Open(Files().ckpt);
+  auto packed = Open(Files().packed);
+  auto engine = MakeEngine({.workers = 3, .split_reads = 256});
+  REQUIRE(engine->AddTable(ckpt.get(), {}).ok());
+  REQUIRE(engine->AddTable(packed.get(), {}).ok());
+  Evict(*ckpt);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const Table& table = t % 2 ? *ckpt : *packed;
+      for (int b = 0; b < 6; ++b) {
+        const auto rows = RandomRows(b % 2 ? 3000 : 300, t * 100 + b);
+        std::vector<uint8_t> out;
+        if (!GatherInto(*engine, table, rows, out).ok()) bad++;
+        if (FirstMismatch(kSeed, table, rows, out.data()) != -1) bad++;
+        if (t == 3 && b == 2) Evict(table);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad == 0);
+  uint64_t requested = 0;
+  for (const auto& s : engine->Stats()) requested += s.rows_requested;
+  CHECK(requested == 4 * 3 * (3000 + 300));
+}
+
+}  // namespace
+}  // namespace engram
