@@ -1,0 +1,786 @@
+// libengram_client: the C ABI of include/engram/engram.h over an engramd session (a socket for
+// the handshake and control messages, a shared-memory arena for requests and rows).
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "daemon/protocol_codec.h"
+#include "engram/engram.h"
+#include "engram/protocol.h"
+
+namespace {
+
+namespace proto = engram::protocol;
+
+constexpr uint64_t kDefaultDataBytes = uint64_t{64} << 20;
+constexpr uint32_t kDefaultSlots = 64;
+constexpr uint32_t kDefaultSpinNs = 50'000;
+constexpr int64_t kDefaultTimeoutNs = 5'000'000'000;
+// While sleeping, a waiter wakes this often to check that the daemon is still there.
+constexpr int64_t kLivenessCheckNs = 20'000'000;
+
+thread_local std::string g_last_error;
+
+int SetError(int neg_errno, const char* format, ...) __attribute__((format(printf, 2, 3)));
+int SetError(int neg_errno, const char* format, ...) {
+  char buffer[1024];
+  va_list args;
+  va_start(args, format);
+  vsnprintf(buffer, sizeof(buffer), format, args);
+  va_end(args);
+  g_last_error = buffer;
+  return neg_errno;
+}
+
+int ErrnoForCode(int32_t code) {
+  switch (code) {
+    case ENGRAM_STATUS_OK:
+      return 0;
+    case ENGRAM_STATUS_INVALID_ARGUMENT:
+      return -EINVAL;
+    case ENGRAM_STATUS_NOT_FOUND:
+      return -ENOENT;
+    case ENGRAM_STATUS_OUT_OF_RANGE:
+      return -ERANGE;
+    case ENGRAM_STATUS_RESOURCE_EXHAUSTED:
+      return -ENOSPC;
+    case ENGRAM_STATUS_PERMISSION_DENIED:
+      return -EACCES;
+    case ENGRAM_STATUS_FAILED_PRECONDITION:
+      return -EPROTO;
+    case ENGRAM_STATUS_UNAVAILABLE:
+    case ENGRAM_STATUS_CANCELLED:
+    case ENGRAM_STATUS_ABORTED:
+      return -ENOTCONN;
+    case ENGRAM_STATUS_DEADLINE_EXCEEDED:
+      return -ETIMEDOUT;
+    case ENGRAM_STATUS_UNIMPLEMENTED:
+      return -EOPNOTSUPP;
+    default:
+      return -EIO;
+  }
+}
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+template <typename T>
+std::atomic_ref<T> Shared(T& word) {
+  return std::atomic_ref<T>(word);
+}
+
+const char* ProgramName() {
+  return program_invocation_short_name != nullptr ? program_invocation_short_name : "client";
+}
+
+}  // namespace
+
+struct engram_session {
+  int socket_fd = -1;
+  int doorbell_fd = -1;
+  uint8_t* arena = nullptr;
+  uint64_t arena_bytes = 0;
+  engram_arena_header* header = nullptr;
+  engram_sqe* sq = nullptr;
+  engram_cqe* cq = nullptr;
+  engram_request_status* status = nullptr;
+  uint8_t* data = nullptr;
+  uint64_t data_bytes = 0;
+  uint32_t slots = 0;
+  uint32_t spin_ns = kDefaultSpinNs;
+  std::string socket_path;
+  engram_msg_welcome welcome{};
+
+  // Submission side: slot allocation and the ring tail belong to this process only.
+  std::mutex submit_mutex;
+  std::vector<uint64_t> generation;  // per slot
+  std::vector<uint32_t> free_slots;
+  std::vector<uint8_t> slot_busy;
+  uint32_t sq_tail = 0;
+
+  std::mutex control_mutex;  // one control exchange at a time
+  uint32_t next_request_id = 1;
+
+  std::mutex alloc_mutex;
+  std::map<uint64_t, uint64_t> free_ranges;  // offset → bytes
+  std::map<uint64_t, uint64_t> allocations;  // offset → bytes
+
+  std::atomic<bool> lost{false};
+  std::atomic<uint64_t> client_sleeps{0};
+
+  ~engram_session() {
+    if (arena != nullptr) munmap(arena, arena_bytes);
+    if (doorbell_fd >= 0) close(doorbell_fd);
+    if (socket_fd >= 0) close(socket_fd);
+  }
+};
+
+namespace {
+
+bool CheckLostCheap(engram_session* s) {
+  return s->lost.load(std::memory_order_relaxed) ||
+         Shared(s->header->daemon_state).load(std::memory_order_relaxed) != ENGRAM_DAEMON_SERVING;
+}
+
+int LostError(engram_session* s) {
+  return SetError(-ENOTCONN,
+                  "engramd session on %s was lost (the daemon stopped or died); connect again",
+                  s->socket_path.c_str());
+}
+
+// True once the daemon closed the session: its state word says so or the socket hung up.
+// Makes a syscall only when the state word does not already tell.
+bool CheckLost(engram_session* s) {
+  if (s->lost.load(std::memory_order_relaxed)) return true;
+  if (Shared(s->header->daemon_state).load(std::memory_order_acquire) != ENGRAM_DAEMON_SERVING) {
+    s->lost.store(true);
+    return true;
+  }
+  pollfd pfd{.fd = s->socket_fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
+    s->lost.store(true);
+    return true;
+  }
+  return false;
+}
+
+int SetSocketTimeout(int fd, int64_t timeout_ns) {
+  timeval tv{.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000),
+             .tv_usec = static_cast<suseconds_t>((timeout_ns % 1'000'000'000) / 1000)};
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+    return -errno;
+  }
+  return 0;
+}
+
+// Receives one message (and up to two fds). Returns its size or -errno.
+ssize_t ReceiveMessage(int fd, uint8_t* buffer, size_t capacity, int* ret_fds, int* ret_nfds) {
+  iovec iov{.iov_base = buffer, .iov_len = capacity};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  int nfds = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      int* fds = reinterpret_cast<int*>(CMSG_DATA(c));
+      for (size_t i = 0; i < count; ++i) {
+        if (ret_fds != nullptr && nfds < 2) {
+          ret_fds[nfds++] = fds[i];
+        } else {
+          close(fds[i]);
+        }
+      }
+    }
+  }
+  if (ret_nfds != nullptr) *ret_nfds = nfds;
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    for (int i = 0; i < nfds; ++i) close(ret_fds[i]);
+    if (ret_nfds != nullptr) *ret_nfds = 0;
+    return -EMSGSIZE;
+  }
+  return n;
+}
+
+int SendAll(int fd, const void* data, size_t size) {
+  ssize_t n;
+  do {
+    n = send(fd, data, size, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  if (static_cast<size_t>(n) != size) return -EIO;
+  return 0;
+}
+
+// Sends a control request with an empty body and receives the reply into `reply`.
+int ControlExchange(engram_session* s, uint16_t type, uint16_t expected_reply,
+                    std::vector<uint8_t>* reply) {
+  if (s->lost.load()) return LostError(s);
+  std::lock_guard<std::mutex> lock(s->control_mutex);
+  engram_msg_header request;
+  const uint32_t id = s->next_request_id++;
+  proto::FillHeader(&request, type, sizeof(request), id);
+  if (SendAll(s->socket_fd, &request, sizeof(request)) < 0) {
+    s->lost.store(true);
+    return LostError(s);
+  }
+  reply->resize(ENGRAM_MSG_MAX_BYTES);
+  ssize_t n = ReceiveMessage(s->socket_fd, reply->data(), reply->size(), nullptr, nullptr);
+  if (n == 0 || n == -ECONNRESET || n == -EPIPE) {
+    s->lost.store(true);
+    return LostError(s);
+  }
+  if (n < 0) {
+    return SetError(static_cast<int>(n), "no reply from engramd on %s: %s",
+                    s->socket_path.c_str(), strerror(static_cast<int>(-n)));
+  }
+  reply->resize(static_cast<size_t>(n));
+  engram_msg_header header;
+  proto::CodecError error;
+  if (!proto::DecodeHeader(reply->data(), reply->size(), &header, &error)) {
+    return SetError(-EPROTO, "bad reply from engramd on %s: %s", s->socket_path.c_str(),
+                    error.message.c_str());
+  }
+  if (header.type == ENGRAM_MSG_ERROR) {
+    proto::DecodeError(reply->data(), reply->size(), &error);
+    return SetError(ErrnoForCode(error.code), "engramd: %s", error.message.c_str());
+  }
+  if (header.type != expected_reply || header.request_id != id) {
+    return SetError(-EPROTO, "engramd on %s answered with message type %u (id %u), expected %u",
+                    s->socket_path.c_str(), header.type, header.request_id, id);
+  }
+  return 0;
+}
+
+bool InData(const engram_session* s, const void* p, uint64_t bytes, uint64_t* ret_offset) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (b < s->data || b > s->data + s->data_bytes) return false;
+  const uint64_t off = static_cast<uint64_t>(b - s->data);
+  if (bytes > s->data_bytes - off) return false;
+  *ret_offset = off;
+  return true;
+}
+
+// Pushes one entry onto the submission ring and rings the doorbell if the poller sleeps.
+int Push(engram_session* s, engram_sqe sqe, uint64_t* ret_ticket) {
+  if (CheckLostCheap(s)) return LostError(s);
+  std::lock_guard<std::mutex> lock(s->submit_mutex);
+  if (s->free_slots.empty()) {
+    return SetError(-ENOSPC,
+                    "all %u request slots of this session are in flight (wait on a ticket first, "
+                    "or connect with more slots)",
+                    s->slots);
+  }
+  const uint32_t slot = s->free_slots.back();
+  s->free_slots.pop_back();
+  s->slot_busy[slot] = 1;
+  const uint64_t ticket = (++s->generation[slot] << 16) | slot;
+  sqe.ticket = ticket;
+  const uint32_t tail = s->sq_tail;
+  s->sq[tail % s->slots] = sqe;
+  s->sq_tail = tail + 1;
+  Shared(s->header->sq_tail).store(tail + 1, std::memory_order_seq_cst);
+  // Pairs with the poller's store of NEED_WAKEUP followed by its re-read of sq_tail.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if ((Shared(s->header->sq_flags).load(std::memory_order_relaxed) & ENGRAM_SQ_NEED_WAKEUP) != 0) {
+    const uint64_t one = 1;
+    ssize_t ignored = write(s->doorbell_fd, &one, sizeof(one));
+    (void)ignored;
+  }
+  *ret_ticket = ticket;
+  return 0;
+}
+
+// Consumes a completed ticket: frees its slot and returns its outcome.
+int Consume(engram_session* s, uint64_t ticket) {
+  const uint32_t slot = ENGRAM_TICKET_SLOT(ticket);
+  const engram_request_status& st = s->status[slot];
+  const int32_t code = Shared(const_cast<int32_t&>(st.code)).load(std::memory_order_relaxed);
+  int rc = 0;
+  if (code != ENGRAM_STATUS_OK) {
+    char message[ENGRAM_STATUS_MESSAGE_BYTES + 1];
+    uint32_t len = st.message_bytes;
+    if (len > ENGRAM_STATUS_MESSAGE_BYTES) len = ENGRAM_STATUS_MESSAGE_BYTES;
+    memcpy(message, st.message, len);
+    message[len] = '\0';
+    rc = SetError(ErrnoForCode(code), "engramd: %s: %s", proto::StatusCodeName(code), message);
+  }
+  // The completion ring is advisory for this library (the status slot is authoritative):
+  // consume what is there so the daemon never counts overflows for us.
+  const uint32_t cq_tail = Shared(s->header->cq_tail).load(std::memory_order_acquire);
+  std::atomic_ref<uint32_t> head(s->header->cq_head);
+  uint32_t old = head.load(std::memory_order_relaxed);
+  while (static_cast<int32_t>(cq_tail - old) > 0 &&
+         !head.compare_exchange_weak(old, cq_tail, std::memory_order_release)) {
+  }
+  std::lock_guard<std::mutex> lock(s->submit_mutex);
+  s->slot_busy[slot] = 0;
+  s->free_slots.push_back(slot);
+  return rc;
+}
+
+// Checks that `ticket` is one this session handed out and has not consumed.
+int CheckTicket(engram_session* s, uint64_t ticket) {
+  const uint32_t slot = ENGRAM_TICKET_SLOT(ticket);
+  std::lock_guard<std::mutex> lock(s->submit_mutex);
+  if (slot >= s->slots || (ticket >> 16) != s->generation[slot] || !s->slot_busy[slot]) {
+    return SetError(-EINVAL, "ticket 0x%llx is not in flight on this session",
+                    static_cast<unsigned long long>(ticket));
+  }
+  return 0;
+}
+
+inline bool Done(engram_session* s, uint64_t ticket) {
+  return Shared(s->status[ENGRAM_TICKET_SLOT(ticket)].ticket).load(std::memory_order_acquire) ==
+         ticket;
+}
+
+int FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
+  timespec ts{.tv_sec = static_cast<time_t>(timeout_ns / 1'000'000'000),
+              .tv_nsec = static_cast<long>(timeout_ns % 1'000'000'000)};
+  // Shared (not FUTEX_PRIVATE): the daemon wakes it from another process.
+  return static_cast<int>(syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0));
+}
+
+}  // namespace
+
+extern "C" {
+
+void engram_connect_options_init(struct engram_connect_options* ret_options) {
+  memset(ret_options, 0, sizeof(*ret_options));
+  ret_options->size = sizeof(*ret_options);
+}
+
+int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
+  struct engram_connect_options o;
+  engram_connect_options_init(&o);
+  if (options != nullptr) {
+    if (options->size < offsetof(engram_connect_options, timeout_ns) ||
+        options->size > sizeof(o)) {
+      return SetError(-EINVAL, "engram_connect_options.size is %zu; set it to sizeof (%zu)",
+                      options->size, sizeof(o));
+    }
+    memcpy(&o, options, options->size);
+    o.size = sizeof(o);
+  }
+  if (ret_session == nullptr) return SetError(-EINVAL, "ret_session is NULL");
+  std::string path;
+  if (o.socket_path != nullptr) {
+    path = o.socket_path;
+  } else if (const char* env = getenv("ENGRAM_SOCKET"); env != nullptr && env[0] != '\0') {
+    path = env;
+  } else {
+    path = ENGRAM_DEFAULT_SOCKET;
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return SetError(-EINVAL, "socket path '%s' is empty or longer than %zu bytes", path.c_str(),
+                    sizeof(addr.sun_path) - 1);
+  }
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const uint64_t data_bytes = o.data_bytes != 0 ? o.data_bytes : kDefaultDataBytes;
+  const uint32_t slots = o.slots != 0 ? o.slots : kDefaultSlots;
+  if (slots > ENGRAM_MAX_SLOTS) {
+    return SetError(-EINVAL, "%u slots asked, at most %u", slots, ENGRAM_MAX_SLOTS);
+  }
+  const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
+
+  auto s = new engram_session();
+  s->socket_path = path;
+  s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;
+  auto fail = [&](int rc) {
+    delete s;
+    return rc;
+  };
+  s->socket_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s->socket_fd < 0) {
+    return fail(SetError(-errno, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(errno)));
+  }
+  SetSocketTimeout(s->socket_fd, timeout_ns);
+  if (connect(s->socket_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+    const int e = errno;
+    if (e == EACCES || e == EPERM) {
+      return fail(SetError(-EACCES,
+                           "cannot connect to engramd at %s: %s (the socket's mode and group "
+                           "decide who may connect)",
+                           path.c_str(), strerror(e)));
+    }
+    return fail(SetError(-ECONNREFUSED, "cannot connect to engramd at %s: %s (is it running?)",
+                         path.c_str(), strerror(e)));
+  }
+  engram_msg_hello hello{};
+  proto::FillHeader(&hello.header, ENGRAM_MSG_HELLO, sizeof(hello), 0);
+  hello.version_major = ENGRAM_PROTOCOL_MAJOR;
+  hello.version_minor = ENGRAM_PROTOCOL_MINOR;
+  hello.slots = slots;
+  hello.features = ENGRAM_FEATURES_V1_0;
+  hello.data_bytes = data_bytes;
+  hello.pid = static_cast<uint32_t>(getpid());
+  snprintf(hello.client_name, sizeof(hello.client_name), "%s",
+           o.client_name != nullptr ? o.client_name : ProgramName());
+  if (int rc = SendAll(s->socket_fd, &hello, sizeof(hello)); rc < 0) {
+    return fail(SetError(-ECONNREFUSED, "cannot send HELLO to engramd at %s: %s", path.c_str(),
+                         strerror(-rc)));
+  }
+  uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
+  int fds[2] = {-1, -1};
+  int nfds = 0;
+  ssize_t n = ReceiveMessage(s->socket_fd, buffer, sizeof(buffer), fds, &nfds);
+  if (nfds >= 1) s->doorbell_fd = -1;
+  auto close_fds = [&] {
+    for (int i = 0; i < nfds; ++i) close(fds[i]);
+  };
+  if (n <= 0) {
+    close_fds();
+    if (n == -EAGAIN) {
+      return fail(SetError(-ETIMEDOUT, "engramd at %s did not answer HELLO within %lld ms",
+                           path.c_str(), static_cast<long long>(timeout_ns / 1'000'000)));
+    }
+    return fail(SetError(-ECONNREFUSED, "engramd at %s closed the connection during the handshake%s%s",
+                         path.c_str(), n < 0 ? ": " : "", n < 0 ? strerror(static_cast<int>(-n)) : ""));
+  }
+  proto::CodecError error;
+  if (!proto::DecodeWelcome(buffer, static_cast<size_t>(n), &s->welcome, &error)) {
+    close_fds();
+    return fail(SetError(ErrnoForCode(error.code), "engramd at %s refused the session: %s",
+                         path.c_str(), error.message.c_str()));
+  }
+  if (nfds != 2) {
+    close_fds();
+    return fail(SetError(-EPROTO, "engramd at %s sent %d file descriptors with WELCOME, expected 2",
+                         path.c_str(), nfds));
+  }
+  const int memfd = fds[0];
+  s->doorbell_fd = fds[1];
+  struct stat st;
+  if (fstat(memfd, &st) < 0 || static_cast<uint64_t>(st.st_size) != s->welcome.arena_bytes) {
+    close(memfd);
+    return fail(SetError(-EPROTO, "arena from engramd at %s is %lld bytes, WELCOME says %llu",
+                         path.c_str(), static_cast<long long>(st.st_size),
+                         static_cast<unsigned long long>(s->welcome.arena_bytes)));
+  }
+  void* map = mmap(nullptr, s->welcome.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  close(memfd);
+  if (map == MAP_FAILED) {
+    return fail(SetError(-errno, "cannot map the %llu-byte arena: %s",
+                         static_cast<unsigned long long>(s->welcome.arena_bytes), strerror(errno)));
+  }
+  s->arena = static_cast<uint8_t*>(map);
+  s->arena_bytes = s->welcome.arena_bytes;
+  s->header = reinterpret_cast<engram_arena_header*>(s->arena);
+  if (!proto::CheckArenaHeader(*s->header, s->arena_bytes, &error) ||
+      s->header->slots != s->welcome.slots || s->header->data_bytes != s->welcome.data_bytes) {
+    return fail(SetError(-EPROTO, "arena from engramd at %s is unusable: %s", path.c_str(),
+                         error.message.empty() ? "header disagrees with WELCOME"
+                                               : error.message.c_str()));
+  }
+  s->slots = s->header->slots;
+  s->sq = reinterpret_cast<engram_sqe*>(s->arena + s->header->sq_offset);
+  s->cq = reinterpret_cast<engram_cqe*>(s->arena + s->header->cq_offset);
+  s->status = reinterpret_cast<engram_request_status*>(s->arena + s->header->status_offset);
+  s->data = s->arena + s->header->data_offset;
+  s->data_bytes = s->header->data_bytes;
+  s->sq_tail = Shared(s->header->sq_tail).load();
+  s->generation.assign(s->slots, 0);
+  s->slot_busy.assign(s->slots, 0);
+  for (uint32_t i = s->slots; i > 0; --i) s->free_slots.push_back(i - 1);
+  s->free_ranges[0] = s->data_bytes;
+  // Control exchanges after the handshake wait as long as a handshake may.
+  *ret_session = s;
+  return 0;
+}
+
+void engram_close(engram_session* session) { delete session; }
+
+const char* engram_last_error(void) { return g_last_error.c_str(); }
+
+int engram_data_region(engram_session* s, void** ret_base, uint64_t* ret_bytes) {
+  if (s == nullptr || ret_base == nullptr || ret_bytes == nullptr) {
+    return SetError(-EINVAL, "NULL argument to engram_data_region");
+  }
+  *ret_base = s->data;
+  *ret_bytes = s->data_bytes;
+  return 0;
+}
+
+int engram_arena(engram_session* s, void** ret_base, uint64_t* ret_bytes) {
+  if (s == nullptr || ret_base == nullptr || ret_bytes == nullptr) {
+    return SetError(-EINVAL, "NULL argument to engram_arena");
+  }
+  *ret_base = s->arena;
+  *ret_bytes = s->arena_bytes;
+  return 0;
+}
+
+int engram_alloc(engram_session* s, uint64_t bytes, void** ret_ptr) {
+  if (s == nullptr || ret_ptr == nullptr || bytes == 0) {
+    return SetError(-EINVAL, "engram_alloc needs a session, a size above 0 and ret_ptr");
+  }
+  if (bytes > s->data_bytes) {
+    return SetError(-ENOSPC, "%llu bytes asked from a %llu-byte data region",
+                    static_cast<unsigned long long>(bytes),
+                    static_cast<unsigned long long>(s->data_bytes));
+  }
+  const uint64_t size = (bytes + ENGRAM_ARENA_ALIGN - 1) / ENGRAM_ARENA_ALIGN * ENGRAM_ARENA_ALIGN;
+  std::lock_guard<std::mutex> lock(s->alloc_mutex);
+  for (auto it = s->free_ranges.begin(); it != s->free_ranges.end(); ++it) {
+    if (it->second < size) continue;
+    const uint64_t offset = it->first;
+    const uint64_t left = it->second - size;
+    s->free_ranges.erase(it);
+    if (left != 0) s->free_ranges[offset + size] = left;
+    s->allocations[offset] = size;
+    *ret_ptr = s->data + offset;
+    return 0;
+  }
+  uint64_t largest = 0;
+  for (const auto& [offset, free] : s->free_ranges) largest = free > largest ? free : largest;
+  return SetError(-ENOSPC,
+                  "no free range of %llu bytes in the %llu-byte data region (largest free: %llu); "
+                  "free buffers or connect with a larger data_bytes",
+                  static_cast<unsigned long long>(size),
+                  static_cast<unsigned long long>(s->data_bytes),
+                  static_cast<unsigned long long>(largest));
+}
+
+int engram_free(engram_session* s, void* ptr) {
+  if (s == nullptr) return SetError(-EINVAL, "NULL session");
+  uint64_t offset;
+  if (!InData(s, ptr, 0, &offset)) {
+    return SetError(-EINVAL, "%p is not in this session's data region", ptr);
+  }
+  std::lock_guard<std::mutex> lock(s->alloc_mutex);
+  auto it = s->allocations.find(offset);
+  if (it == s->allocations.end()) {
+    return SetError(-EINVAL, "%p is not an allocation of this session", ptr);
+  }
+  uint64_t begin = offset;
+  uint64_t size = it->second;
+  s->allocations.erase(it);
+  auto next = s->free_ranges.lower_bound(begin);
+  if (next != s->free_ranges.end() && next->first == begin + size) {
+    size += next->second;
+    next = s->free_ranges.erase(next);
+  }
+  if (next != s->free_ranges.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == begin) {
+      begin = prev->first;
+      size += prev->second;
+      s->free_ranges.erase(prev);
+    }
+  }
+  s->free_ranges[begin] = size;
+  return 0;
+}
+
+int engram_submit(engram_session* s, const struct engram_gather_request* request,
+                  uint64_t* ret_ticket) {
+  if (s == nullptr || request == nullptr || ret_ticket == nullptr) {
+    return SetError(-EINVAL, "engram_submit needs a session, a request and ret_ticket");
+  }
+  if (request->size != sizeof(engram_gather_request)) {
+    return SetError(-EINVAL, "engram_gather_request.size is %zu; set it to sizeof (%zu)",
+                    request->size, sizeof(engram_gather_request));
+  }
+  if (request->flags != 0) return SetError(-EINVAL, "unknown request flags 0x%x", request->flags);
+  const uint64_t n = request->num_rows;
+  engram_sqe sqe{};
+  sqe.opcode = ENGRAM_OP_GATHER;
+  sqe.table = request->table;
+  sqe.num_rows = n;
+  if (n > s->data_bytes / 8 ||
+      !InData(s, request->rows, n * 8, &sqe.rows_offset) || sqe.rows_offset % 8 != 0) {
+    return SetError(-EINVAL,
+                    "the %llu row ids must lie in the session's data region, 8-byte aligned "
+                    "(allocate them with engram_alloc)",
+                    static_cast<unsigned long long>(n));
+  }
+  if (request->dest_offsets != nullptr) {
+    sqe.flags = ENGRAM_SQE_DEST_OFFSETS;
+    if (!InData(s, request->dest, 0, &sqe.dest_offset) ||
+        !InData(s, request->dest_offsets, n * 8, &sqe.dest_offsets_offset) ||
+        sqe.dest_offsets_offset % 8 != 0) {
+      return SetError(-EINVAL,
+                      "the destination and its %llu offsets must lie in the session's data "
+                      "region (offsets 8-byte aligned)",
+                      static_cast<unsigned long long>(n));
+    }
+  } else if (n > s->data_bytes / ENGRAM_ROW_BYTES ||
+             !InData(s, request->dest, n * ENGRAM_ROW_BYTES, &sqe.dest_offset)) {
+    return SetError(-EINVAL,
+                    "the destination of %llu rows (%llu bytes) must lie in the session's data "
+                    "region",
+                    static_cast<unsigned long long>(n),
+                    static_cast<unsigned long long>(n * ENGRAM_ROW_BYTES));
+  }
+  return Push(s, sqe, ret_ticket);
+}
+
+int engram_submit_nop(engram_session* s, uint64_t* ret_ticket) {
+  if (s == nullptr || ret_ticket == nullptr) {
+    return SetError(-EINVAL, "engram_submit_nop needs a session and ret_ticket");
+  }
+  engram_sqe sqe{};
+  sqe.opcode = ENGRAM_OP_NOP;
+  return Push(s, sqe, ret_ticket);
+}
+
+int engram_poll(engram_session* s, uint64_t ticket) {
+  if (s == nullptr) return SetError(-EINVAL, "NULL session");
+  if (int rc = CheckTicket(s, ticket); rc < 0) return rc;
+  if (Done(s, ticket)) return Consume(s, ticket);
+  if (CheckLostCheap(s)) return LostError(s);
+  return SetError(-EAGAIN, "ticket 0x%llx is still in flight",
+                  static_cast<unsigned long long>(ticket));
+}
+
+int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
+  if (s == nullptr) return SetError(-EINVAL, "NULL session");
+  if (int rc = CheckTicket(s, ticket); rc < 0) return rc;
+  if (Done(s, ticket)) return Consume(s, ticket);
+  const int64_t start = NowNs();
+  const int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+  // Spin first: a round trip through shared memory costs a fraction of a futex wake-up.
+  const int64_t spin_until = start + std::min<int64_t>(s->spin_ns, deadline - start);
+  for (uint32_t i = 1;; ++i) {
+    if (Done(s, ticket)) return Consume(s, ticket);
+    if ((i & 63) == 0) {
+      if (CheckLostCheap(s)) break;
+      if (NowNs() >= spin_until) break;
+    }
+    CpuRelax();
+  }
+  std::atomic_ref<uint32_t> waiters(s->header->client_waiters);
+  // The low half of the completion counter is the futex word (little-endian).
+  uint32_t* word = reinterpret_cast<uint32_t*>(&s->header->completions);
+  while (true) {
+    if (Done(s, ticket)) return Consume(s, ticket);
+    if (CheckLost(s)) return LostError(s);
+    const int64_t now = NowNs();
+    if (now >= deadline) {
+      return SetError(-ETIMEDOUT, "ticket 0x%llx still in flight after %lld µs",
+                      static_cast<unsigned long long>(ticket),
+                      static_cast<long long>((now - start) / 1000));
+    }
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t seen = Shared(*word).load(std::memory_order_seq_cst);
+    if (!Done(s, ticket)) {
+      s->client_sleeps.fetch_add(1, std::memory_order_relaxed);
+      FutexWait(word, seen, std::min(deadline - now, kLivenessCheckNs));
+    }
+    waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+int engram_gather(engram_session* s, const struct engram_gather_request* request,
+                  int64_t timeout_ns) {
+  uint64_t ticket;
+  if (int rc = engram_submit(s, request, &ticket); rc < 0) return rc;
+  return engram_wait(s, ticket, timeout_ns);
+}
+
+int engram_completion_counter(engram_session* s, const volatile uint64_t** ret_counter) {
+  if (s == nullptr || ret_counter == nullptr) {
+    return SetError(-EINVAL, "NULL argument to engram_completion_counter");
+  }
+  *ret_counter = &s->header->completions;
+  return 0;
+}
+
+int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, size_t capacity,
+                       size_t* ret_count) {
+  if (s == nullptr || ret_count == nullptr || (capacity != 0 && ret_tables == nullptr)) {
+    return SetError(-EINVAL, "engram_list_tables needs a session, ret_count and room");
+  }
+  std::vector<uint8_t> reply;
+  if (int rc = ControlExchange(s, ENGRAM_MSG_LIST_TABLES, ENGRAM_MSG_TABLES, &reply); rc < 0) {
+    return rc;
+  }
+  engram_msg_tables head;
+  if (reply.size() < sizeof(head)) return SetError(-EPROTO, "short TABLES reply");
+  memcpy(&head, reply.data(), sizeof(head));
+  if (head.entry_bytes < sizeof(engram_wire_table) ||
+      (reply.size() - sizeof(head)) / head.entry_bytes < head.count) {
+    return SetError(-EPROTO, "TABLES reply with %u entries of %u bytes in %zu bytes", head.count,
+                    head.entry_bytes, reply.size());
+  }
+  for (uint32_t i = 0; i < head.count && i < capacity; ++i) {
+    engram_wire_table w;
+    memcpy(&w, reply.data() + sizeof(head) + size_t{i} * head.entry_bytes, sizeof(w));
+    engram_table_info& t = ret_tables[i];
+    t.layer_id = w.layer_id;
+    t.row_bytes = w.row_bytes;
+    t.num_rows = w.num_rows;
+    t.covered_begin = w.covered_begin;
+    t.covered_end = w.covered_end;
+    t.layout = w.layout;
+    t.files = w.files;
+    t.data_bytes = w.data_bytes;
+  }
+  *ret_count = head.count;
+  return 0;
+}
+
+int engram_session_stats(engram_session* s, struct engram_session_stats* ret_stats) {
+  if (s == nullptr || ret_stats == nullptr) {
+    return SetError(-EINVAL, "engram_session_stats needs a session and ret_stats");
+  }
+  if (ret_stats->size < offsetof(struct engram_session_stats, latency_max_ns) + sizeof(uint64_t) ||
+      ret_stats->size > sizeof(struct engram_session_stats)) {
+    return SetError(-EINVAL, "engram_session_stats.size is %zu; set it to sizeof (%zu)",
+                    ret_stats->size, sizeof(struct engram_session_stats));
+  }
+  std::vector<uint8_t> reply;
+  if (int rc = ControlExchange(s, ENGRAM_MSG_SESSION_STATS, ENGRAM_MSG_STATS, &reply); rc < 0) {
+    return rc;
+  }
+  engram_msg_stats m;
+  if (reply.size() != sizeof(m)) return SetError(-EPROTO, "STATS reply of %zu bytes", reply.size());
+  memcpy(&m, reply.data(), sizeof(m));
+  struct engram_session_stats out{};
+  out.size = ret_stats->size;
+  out.session_id = m.stats.session_id;
+  out.requests_submitted = m.stats.requests_submitted;
+  out.requests_ok = m.stats.requests_ok;
+  out.requests_failed = m.stats.requests_failed;
+  out.rows = m.stats.rows;
+  out.bytes = m.stats.bytes;
+  out.inflight = m.stats.inflight;
+  out.doorbells = m.stats.doorbells;
+  out.cq_overflows = m.stats.cq_overflows;
+  out.latency_p50_ns = m.stats.latency_p50_ns;
+  out.latency_p99_ns = m.stats.latency_p99_ns;
+  out.latency_max_ns = m.stats.latency_max_ns;
+  out.client_sleeps = s->client_sleeps.load();
+  memcpy(ret_stats, &out, ret_stats->size);
+  return 0;
+}
+
+void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor) {
+  if (ret_major != nullptr) *ret_major = ENGRAM_PROTOCOL_MAJOR;
+  if (ret_minor != nullptr) *ret_minor = ENGRAM_PROTOCOL_MINOR;
+}
+
+}  // extern "C"

@@ -1,0 +1,77 @@
+// engramd's log: one line per event on stderr with a "<N>" syslog priority prefix, which journald
+// turns into the record's level. Only the daemon's own code logs; libraries return statuses.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace engram::log {
+
+enum Priority : int { kError = 3, kWarning = 4, kNotice = 5, kInfo = 6, kDebug = 7 };
+
+// Lines at a priority above this (less important) are dropped. Set once at startup.
+inline std::atomic<int> g_max_priority{kInfo};
+
+inline void Write(Priority priority, const std::string& line) {
+  if (priority > g_max_priority.load(std::memory_order_relaxed)) return;
+  std::string out = fmt::format("<{}>{}\n", static_cast<int>(priority), line);
+  fwrite(out.data(), 1, out.size(), stderr);  // stderr is unbuffered: one write per line
+}
+
+template <typename... Args>
+void Error(fmt::format_string<Args...> format, Args&&... args) {
+  Write(kError, fmt::format(format, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void Warning(fmt::format_string<Args...> format, Args&&... args) {
+  Write(kWarning, fmt::format(format, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void Notice(fmt::format_string<Args...> format, Args&&... args) {
+  Write(kNotice, fmt::format(format, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void Info(fmt::format_string<Args...> format, Args&&... args) {
+  Write(kInfo, fmt::format(format, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void Debug(fmt::format_string<Args...> format, Args&&... args) {
+  if (g_max_priority.load(std::memory_order_relaxed) < kDebug) return;
+  Write(kDebug, fmt::format(format, std::forward<Args>(args)...));
+}
+
+// Lets through at most `per_second` events per second; counts the rest so that the next line
+// that passes can say how many were suppressed. Thread-safe.
+class RateLimit {
+ public:
+  explicit RateLimit(uint32_t per_second) : per_second_(per_second) {}
+  // Returns true if this event may be logged; *ret_suppressed is how many were dropped since the
+  // last event that passed.
+  bool Allow(uint64_t now_ns, uint64_t* ret_suppressed);
+
+ private:
+  const uint32_t per_second_;
+  std::atomic<uint64_t> window_start_{0};
+  std::atomic<uint32_t> in_window_{0};
+  std::atomic<uint64_t> suppressed_{0};
+};
+
+inline bool RateLimit::Allow(uint64_t now_ns, uint64_t* ret_suppressed) {
+  uint64_t start = window_start_.load(std::memory_order_relaxed);
+  if (now_ns - start >= 1'000'000'000 &&
+      window_start_.compare_exchange_strong(start, now_ns, std::memory_order_relaxed)) {
+    in_window_.store(0, std::memory_order_relaxed);
+  }
+  if (in_window_.fetch_add(1, std::memory_order_relaxed) >= per_second_) {
+    suppressed_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  *ret_suppressed = suppressed_.exchange(0, std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace engram::log

@@ -1,0 +1,203 @@
+/* libengram_client: gather DeepSeek-V4.1 Engram rows from a running engramd.
+ *
+ * A session owns a shared-memory arena whose data region receives the rows. Row ids and
+ * destinations live in that region too, so a request crosses no socket and no copy:
+ *
+ *   engram_session* s;
+ *   if (engram_connect(NULL, &s) < 0) { fprintf(stderr, "%s\n", engram_last_error()); ... }
+ *   uint64_t* rows; uint8_t* out;
+ *   engram_alloc(s, n * sizeof(uint64_t), (void**)&rows);
+ *   engram_alloc(s, n * ENGRAM_ROW_BYTES, (void**)&out);
+ *   ... fill rows[0..n) ...
+ *   struct engram_gather_request req = {.size = sizeof(req), .table = 14,
+ *                                       .rows = rows, .num_rows = n, .dest = out};
+ *   uint64_t ticket;
+ *   engram_submit(s, &req, &ticket);
+ *   ... other work ...
+ *   int rc = engram_wait(s, ticket, -1);   // out[i * 264 ...] holds row rows[i]
+ *   engram_close(s);
+ *
+ * Conventions (as in the rest of the engramd C ABI):
+ *  1. Handles are opaque; every function that can fail returns 0 or a negative errno.
+ *  2. Options and result structs start with a `size` field set by the caller to
+ *     sizeof(struct ...), so the structs can grow without new function names.
+ *  3. Out-parameters are named ret_*, come last, and are untouched on failure.
+ *  4. After a failure, engram_last_error() gives a message naming what was wrong (the socket,
+ *     the table, the row, the limit). The library never prints or logs.
+ *  5. Each function states its thread-safety.
+ *
+ * Errors map to the daemon's status codes as follows:
+ *   -EINVAL        InvalidArgument: a bad argument or request
+ *   -ENOENT        NotFound: no such table
+ *   -ERANGE        OutOfRange: a row past the table or outside the rows this copy holds
+ *   -ENOSPC        ResourceExhausted: a limit was hit (clients, requests in flight, rows per
+ *                  request, arena bytes, data region full)
+ *   -EACCES        PermissionDenied: this uid/gid may not connect
+ *   -EPROTO        FailedPrecondition: protocol version mismatch, or a corrupt arena
+ *   -ECONNREFUSED  Unavailable: no daemon listens on the socket
+ *   -ENOTCONN      Unavailable: the session was lost (daemon stopped or died); connect again
+ *   -ETIMEDOUT     the wait timed out; the ticket is still in flight
+ *   -EAGAIN        (engram_poll) not complete yet
+ *   -EIO           Internal / DataLoss: the daemon failed to read the rows
+ */
+#ifndef ENGRAM_ENGRAM_H_
+#define ENGRAM_ENGRAM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define ENGRAM_API __attribute__((visibility("default")))
+#else
+#define ENGRAM_API
+#endif
+
+#define ENGRAM_DEFAULT_SOCKET "/run/engramd/engramd.sock"
+/* Bytes per row as gathered: 256 FP8 E4M3 values, then 8 E8M0 scales. */
+#define ENGRAM_ROW_BYTES 264u
+
+typedef struct engram_session engram_session;
+
+/* ---- connecting ------------------------------------------------------------------------ */
+
+struct engram_connect_options {
+  size_t size;             /* sizeof(struct engram_connect_options) */
+  const char* socket_path; /* NULL: $ENGRAM_SOCKET, else ENGRAM_DEFAULT_SOCKET */
+  uint64_t data_bytes;     /* data region size; 0: 64 MiB */
+  uint32_t slots;          /* requests in flight at once; 0: 64 */
+  uint32_t spin_ns;        /* how long engram_wait spins before sleeping; 0: 50 µs */
+  const char* client_name; /* shown in statistics; NULL: the program name */
+  int64_t timeout_ns;      /* connect + handshake timeout; 0: 5 s */
+};
+
+/* Fills *ret_options with the defaults (size set). Thread-safe. */
+ENGRAM_API void engram_connect_options_init(struct engram_connect_options* ret_options);
+
+/* Connects to engramd and maps the session's arena. `options` may be NULL for the defaults.
+ * After a -ENOTCONN from any call (daemon restarted), call this again for a new session.
+ * Thread-safe. */
+ENGRAM_API int engram_connect(const struct engram_connect_options* options,
+                              engram_session** ret_session);
+
+/* Closes the session: unmaps the arena (every pointer into it becomes invalid) and abandons
+ * tickets in flight (the daemon finishes them into its own mapping). NULL is a no-op.
+ * Not thread-safe with other calls on the same session. */
+ENGRAM_API void engram_close(engram_session* session);
+
+/* The message of the calling thread's last failed call; "" if none. Valid until that thread's
+ * next call into the library. Thread-safe (per-thread). */
+ENGRAM_API const char* engram_last_error(void);
+
+/* ---- the data region ------------------------------------------------------------------- */
+
+/* The data region: rows, row ids and destination offsets must lie inside it. Its start is
+ * 4096-byte aligned (register it with the GPU runtime as a whole). Thread-safe. */
+ENGRAM_API int engram_data_region(engram_session* session, void** ret_base, uint64_t* ret_bytes);
+
+/* Allocates `bytes` (rounded up to 4096, aligned to 4096) from the data region. -ENOSPC when
+ * no free range is large enough. Thread-safe. */
+ENGRAM_API int engram_alloc(engram_session* session, uint64_t bytes, void** ret_ptr);
+
+/* Returns an allocation to the data region. -EINVAL if `ptr` is not one. Thread-safe. */
+ENGRAM_API int engram_free(engram_session* session, void* ptr);
+
+/* ---- gathering ------------------------------------------------------------------------- */
+
+struct engram_gather_request {
+  size_t size;    /* sizeof(struct engram_gather_request) */
+  uint32_t table; /* Engram layer id (1, 14 for DeepSeek-V4.1) */
+  uint32_t flags; /* 0 */
+  const uint64_t* rows; /* num_rows row ids, in the data region, 8-byte aligned */
+  uint64_t num_rows;
+  void* dest; /* in the data region: row i lands at dest + i * 264, or ... */
+  const uint64_t* dest_offsets; /* ... at dest + dest_offsets[i] when not NULL (in the data
+                                   region, 8-byte aligned) */
+};
+
+/* Submits a gather; on success *ret_ticket identifies it. The row ids and offsets are read by
+ * the daemon after this returns: leave them alone until the ticket completes. -ENOSPC when every
+ * slot is in flight. Thread-safe. */
+ENGRAM_API int engram_submit(engram_session* session, const struct engram_gather_request* request,
+                             uint64_t* ret_ticket);
+
+/* Submits an empty request that completes at once (round-trip measurement). Thread-safe. */
+ENGRAM_API int engram_submit_nop(engram_session* session, uint64_t* ret_ticket);
+
+/* Waits until the ticket completes or `timeout_ns` passes (negative: no limit; 0: do not wait).
+ * Returns 0 when the rows are in place, the request's error (see the table above; the daemon's
+ * message via engram_last_error()), or -ETIMEDOUT with the ticket still in flight. Any result
+ * but -ETIMEDOUT consumes the ticket. Thread-safe; one thread per ticket. */
+ENGRAM_API int engram_wait(engram_session* session, uint64_t ticket, int64_t timeout_ns);
+
+/* engram_wait with no waiting: -EAGAIN while in flight. Never makes a syscall unless the
+ * session is found lost. Thread-safe; one thread per ticket. */
+ENGRAM_API int engram_poll(engram_session* session, uint64_t ticket);
+
+/* engram_submit + engram_wait. On -ETIMEDOUT the request is abandoned (its slot stays busy
+ * until it completes). Thread-safe. */
+ENGRAM_API int engram_gather(engram_session* session, const struct engram_gather_request* request,
+                             int64_t timeout_ns);
+
+/* The session's completion counter: a 64-bit word in the arena, 8-byte aligned, that the
+ * daemon increments once per completed request and that never decreases. Meant for device-side
+ * waits (cuStreamWaitValue64 after registering the arena). Thread-safe. */
+ENGRAM_API int engram_completion_counter(engram_session* session,
+                                         const volatile uint64_t** ret_counter);
+
+/* The arena mapping as a whole (header, rings, data region): for registering the counter and
+ * the data region with a GPU runtime in one call. Thread-safe. */
+ENGRAM_API int engram_arena(engram_session* session, void** ret_base, uint64_t* ret_bytes);
+
+/* ---- tables and statistics ------------------------------------------------------------- */
+
+enum engram_table_layout_kind { ENGRAM_TABLE_CHECKPOINT = 0, ENGRAM_TABLE_PACKED = 1 };
+
+struct engram_table_info {
+  uint32_t layer_id;
+  uint32_t row_bytes; /* 264 */
+  uint64_t num_rows;  /* of the whole logical table */
+  uint64_t covered_begin; /* rows this daemon serves: [covered_begin, covered_end) */
+  uint64_t covered_end;
+  uint32_t layout; /* enum engram_table_layout_kind */
+  uint32_t files;
+  uint64_t data_bytes;
+};
+
+/* Lists the tables the daemon serves, ordered by layer id. Writes up to `capacity` entries and
+ * sets *ret_count to the number of tables (which may exceed capacity). Thread-safe (control
+ * messages on one session are serialised). */
+ENGRAM_API int engram_list_tables(engram_session* session, struct engram_table_info* ret_tables,
+                                  size_t capacity, size_t* ret_count);
+
+struct engram_session_stats {
+  size_t size; /* set by the caller to sizeof(struct engram_session_stats) */
+  uint64_t session_id;
+  uint64_t requests_submitted; /* as counted by the daemon */
+  uint64_t requests_ok;
+  uint64_t requests_failed;
+  uint64_t rows;
+  uint64_t bytes;
+  uint64_t inflight;
+  uint64_t doorbells; /* times this client had to wake the daemon's poller */
+  uint64_t cq_overflows;
+  uint64_t latency_p50_ns; /* daemon-side service time */
+  uint64_t latency_p99_ns;
+  uint64_t latency_max_ns;
+  uint64_t client_sleeps; /* times engram_wait went to sleep on the futex (this process) */
+};
+
+/* Reads the session's statistics from the daemon. Set ret_stats->size first. Thread-safe. */
+ENGRAM_API int engram_session_stats(engram_session* session, struct engram_session_stats* ret_stats);
+
+/* Protocol version this library speaks. Thread-safe. */
+ENGRAM_API void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ENGRAM_ENGRAM_H_ */

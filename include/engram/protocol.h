@@ -1,0 +1,301 @@
+/* The engramd wire protocol: socket messages and the shared-memory arena layout, as plain C
+ * structs with fixed sizes and offsets. docs/protocol.md describes how they are used.
+ *
+ * Everything here is little-endian, naturally aligned, and free of pointers and locks: a
+ * client and the daemon only ever exchange offsets, and a client that dies at any instant
+ * leaves nothing behind that another process would wait on.
+ */
+#ifndef ENGRAM_PROTOCOL_H_
+#define ENGRAM_PROTOCOL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#define ENGRAM_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+extern "C" {
+#else
+#define ENGRAM_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the engramd protocol is little-endian; big-endian hosts are not supported"
+#endif
+
+/* ---- versions and features ------------------------------------------------------------- */
+
+/* A different major version cannot talk to this one; a newer minor only adds features. */
+#define ENGRAM_PROTOCOL_MAJOR 1
+#define ENGRAM_PROTOCOL_MINOR 0
+
+/* Feature bits, offered by the client in HELLO and granted by the daemon in WELCOME. */
+#define ENGRAM_FEATURE_GATHER (1ull << 0)        /* GATHER submissions in the arena */
+#define ENGRAM_FEATURE_DEST_OFFSETS (1ull << 1)  /* per-row destination offsets */
+#define ENGRAM_FEATURE_TABLE_LIST (1ull << 2)    /* LIST_TABLES control message */
+#define ENGRAM_FEATURE_SESSION_STATS (1ull << 3) /* SESSION_STATS control message */
+#define ENGRAM_FEATURE_COUNTER64 (1ull << 4)     /* 64-bit completion counter in the header */
+/* Reserved for later minors (issues 5, 8): daemon-wide statistics, client listing, combined
+ * hash-and-gather submissions. A daemon never grants a bit it does not implement. */
+#define ENGRAM_FEATURE_DAEMON_STATS (1ull << 5)
+#define ENGRAM_FEATURE_CLIENT_LIST (1ull << 6)
+#define ENGRAM_FEATURE_HASH_GATHER (1ull << 7)
+#define ENGRAM_FEATURES_V1_0                                                        \
+  (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
+   ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
+
+/* ---- status codes ---------------------------------------------------------------------- */
+
+/* The canonical (absl) status codes, as they travel in messages and completion slots. */
+enum engram_status_code {
+  ENGRAM_STATUS_OK = 0,
+  ENGRAM_STATUS_CANCELLED = 1,
+  ENGRAM_STATUS_UNKNOWN = 2,
+  ENGRAM_STATUS_INVALID_ARGUMENT = 3,
+  ENGRAM_STATUS_DEADLINE_EXCEEDED = 4,
+  ENGRAM_STATUS_NOT_FOUND = 5,
+  ENGRAM_STATUS_ALREADY_EXISTS = 6,
+  ENGRAM_STATUS_PERMISSION_DENIED = 7,
+  ENGRAM_STATUS_RESOURCE_EXHAUSTED = 8,
+  ENGRAM_STATUS_FAILED_PRECONDITION = 9,
+  ENGRAM_STATUS_ABORTED = 10,
+  ENGRAM_STATUS_OUT_OF_RANGE = 11,
+  ENGRAM_STATUS_UNIMPLEMENTED = 12,
+  ENGRAM_STATUS_INTERNAL = 13,
+  ENGRAM_STATUS_UNAVAILABLE = 14,
+  ENGRAM_STATUS_DATA_LOSS = 15,
+};
+
+/* ---- socket messages (SOCK_SEQPACKET: one message per datagram) ------------------------ */
+
+#define ENGRAM_MSG_MAGIC 0x4D524745u /* "EGRM" */
+#define ENGRAM_MSG_MAX_BYTES 65536u  /* no message is longer */
+
+enum engram_msg_type {
+  ENGRAM_MSG_HELLO = 1,         /* client → daemon, first message */
+  ENGRAM_MSG_WELCOME = 2,       /* daemon → client, carries the arena memfd and doorbell */
+  ENGRAM_MSG_ERROR = 3,         /* daemon → client: a refusal or a failed control request */
+  ENGRAM_MSG_LIST_TABLES = 4,   /* client → daemon, empty body */
+  ENGRAM_MSG_TABLES = 5,        /* daemon → client */
+  ENGRAM_MSG_SESSION_STATS = 6, /* client → daemon, empty body */
+  ENGRAM_MSG_STATS = 7,         /* daemon → client */
+  /* 8..31 reserved for daemon statistics, client listing, warm/evict (engramctl). */
+};
+
+/* Every message starts with this header. `bytes` counts the header and the body. */
+struct engram_msg_header {
+  uint32_t magic;      /* ENGRAM_MSG_MAGIC */
+  uint16_t type;       /* enum engram_msg_type */
+  uint16_t reserved;   /* 0 */
+  uint32_t bytes;      /* whole message, header included */
+  uint32_t request_id; /* echoed in the reply */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_header) == 16, "msg header size");
+
+/* HELLO. Its layout is frozen across major versions so that a mismatch can be named. */
+#define ENGRAM_CLIENT_NAME_BYTES 32
+struct engram_msg_hello {
+  struct engram_msg_header header;
+  uint16_t version_major;
+  uint16_t version_minor;
+  uint32_t slots;      /* requests the client wants in flight at once (0: daemon default) */
+  uint64_t features;   /* ENGRAM_FEATURE_* the client understands */
+  uint64_t data_bytes; /* size of the data region it asks for (0: daemon default) */
+  uint32_t pid;        /* informational; the daemon trusts SO_PEERCRED */
+  uint32_t reserved;
+  char client_name[ENGRAM_CLIENT_NAME_BYTES]; /* NUL-padded, for statistics and logs */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_hello) == 80, "hello size");
+
+/* WELCOME, sent with two file descriptors (SCM_RIGHTS): the sealed arena memfd, then the
+ * session's doorbell eventfd. The arena header repeats the layout; the client checks both. */
+struct engram_msg_welcome {
+  struct engram_msg_header header;
+  uint16_t version_major;
+  uint16_t version_minor;
+  uint32_t slots;
+  uint64_t features; /* granted: the intersection of both sides */
+  uint64_t session_id;
+  uint64_t arena_bytes;
+  uint64_t data_bytes;
+  uint64_t max_rows_per_request;
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_welcome) == 64, "welcome size");
+
+/* ERROR: a status code and a human-readable message (not NUL-terminated on the wire). */
+#define ENGRAM_ERROR_MESSAGE_MAX 1024u
+struct engram_msg_error {
+  struct engram_msg_header header;
+  int32_t code; /* enum engram_status_code */
+  uint32_t message_bytes;
+  /* followed by message_bytes bytes of text */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_error) == 24, "error size");
+
+/* TABLES: a count, then that many entries. */
+enum engram_table_layout { ENGRAM_LAYOUT_CHECKPOINT = 0, ENGRAM_LAYOUT_PACKED = 1 };
+struct engram_wire_table {
+  uint32_t layer_id;
+  uint32_t row_bytes;
+  uint64_t num_rows;      /* rows of the whole logical table */
+  uint64_t covered_begin; /* rows this copy serves: [covered_begin, covered_end) */
+  uint64_t covered_end;
+  uint32_t layout; /* enum engram_table_layout */
+  uint32_t files;
+  uint64_t data_bytes;
+  uint64_t reserved[2];
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_wire_table) == 64, "wire table size");
+struct engram_msg_tables {
+  struct engram_msg_header header;
+  uint32_t count;
+  uint32_t entry_bytes; /* sizeof(struct engram_wire_table) of the sender */
+  /* followed by count entries */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_tables) == 24, "tables size");
+
+/* STATS: the counters of one session, all growing except `inflight`. */
+struct engram_wire_session_stats {
+  uint64_t session_id;
+  uint64_t requests_submitted; /* taken from the submission ring */
+  uint64_t requests_ok;
+  uint64_t requests_failed;
+  uint64_t rows;  /* rows gathered for requests that succeeded */
+  uint64_t bytes; /* bytes written into the data region */
+  uint64_t inflight;
+  uint64_t doorbells;    /* times the client had to wake the daemon */
+  uint64_t cq_overflows; /* completions not queued because the completion ring was full */
+  uint64_t latency_p50_ns;
+  uint64_t latency_p99_ns;
+  uint64_t latency_max_ns;
+  uint64_t reserved[4];
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_wire_session_stats) == 128, "stats size");
+struct engram_msg_stats {
+  struct engram_msg_header header;
+  struct engram_wire_session_stats stats;
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_stats) == 144, "msg stats size");
+
+/* ---- the arena ------------------------------------------------------------------------- */
+
+#define ENGRAM_ARENA_MAGIC 0x414D5247u /* "GRMA" */
+#define ENGRAM_ARENA_ALIGN 4096u       /* data region start, for GPU registration and O_DIRECT */
+#define ENGRAM_ROW_BYTES 264u
+#define ENGRAM_MAX_SLOTS 4096u /* slots fit in the low 16 bits of a ticket */
+
+/* Daemon state word in the header. */
+enum engram_daemon_state { ENGRAM_DAEMON_SERVING = 1, ENGRAM_DAEMON_STOPPED = 2 };
+/* sq_flags bits, written by the daemon. */
+#define ENGRAM_SQ_NEED_WAKEUP 1u /* the poller sleeps: write 1 to the doorbell eventfd */
+
+/* The header occupies the first 4096 bytes. Each word written by one side sits on its own
+ * 64-byte line. Who writes each field is stated; the other side only reads it. */
+struct engram_arena_header {
+  /* lines 0-1: written by the daemon before the memfd is sent, immutable afterwards */
+  uint32_t magic; /* ENGRAM_ARENA_MAGIC */
+  uint16_t version_major;
+  uint16_t version_minor;
+  uint32_t header_bytes; /* 4096 */
+  uint32_t slots;        /* request slots = submission ring entries */
+  uint32_t cq_entries;   /* completion ring entries (2 × slots) */
+  uint32_t reserved0;
+  uint64_t arena_bytes;
+  uint64_t sq_offset;     /* struct engram_sqe[slots] */
+  uint64_t cq_offset;     /* struct engram_cqe[cq_entries] */
+  uint64_t status_offset; /* struct engram_request_status[slots] */
+  uint64_t data_offset;   /* data region, ENGRAM_ARENA_ALIGN-aligned */
+  uint64_t data_bytes;
+  uint64_t session_id;
+  uint64_t max_rows_per_request;
+  uint8_t pad1[40];
+  /* line 2 (offset 128): daemon. Completed requests of this session; only grows. A CUDA stream
+   * can wait on it (cuStreamWaitValue64); clients futex-wait on its low 32 bits. */
+  uint64_t completions;
+  uint8_t pad2[56];
+  /* line 3 (offset 192): daemon. Submission entries consumed. */
+  uint32_t sq_head;
+  uint8_t pad3[60];
+  /* line 4 (offset 256): client. Submission entries published. */
+  uint32_t sq_tail;
+  uint8_t pad4[60];
+  /* line 5 (offset 320): client. Completion entries consumed. */
+  uint32_t cq_head;
+  uint8_t pad5[60];
+  /* line 6 (offset 384): daemon. Completion entries published; cq_overflow counts those
+   * dropped because the ring was full (the status slots still hold every result). */
+  uint32_t cq_tail;
+  uint32_t cq_overflow;
+  uint8_t pad6[56];
+  /* line 7 (offset 448): daemon. ENGRAM_SQ_* flags. */
+  uint32_t sq_flags;
+  uint8_t pad7[60];
+  /* line 8 (offset 512): client. Threads sleeping on `completions` (a hint for the daemon's
+   * futex wake; a client that dies leaves it high, which only costs spurious wakes). */
+  uint32_t client_waiters;
+  uint8_t pad8[60];
+  /* line 9 (offset 576): daemon. enum engram_daemon_state. */
+  uint32_t daemon_state;
+  uint8_t pad9[60];
+  uint8_t tail_pad[4096 - 640];
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_arena_header) == 4096, "arena header size");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, completions) == 128, "completions");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, sq_head) == 192, "sq_head");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, sq_tail) == 256, "sq_tail");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, cq_head) == 320, "cq_head");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, cq_tail) == 384, "cq_tail");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, sq_flags) == 448, "sq_flags");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, client_waiters) == 512, "waiters");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, daemon_state) == 576, "state");
+
+/* Submission opcodes and flags. */
+enum engram_opcode {
+  ENGRAM_OP_NOP = 1,    /* completes at once: measures the round trip */
+  ENGRAM_OP_GATHER = 2, /* rows of one table into the data region */
+};
+#define ENGRAM_SQE_DEST_OFFSETS 1u /* dest_offsets_offset names a per-row offset array */
+
+/* A ticket is (generation << 16) | slot, generation >= 1: never 0. */
+#define ENGRAM_TICKET_SLOT(t) ((uint32_t)((t)&0xFFFFu))
+
+/* A submission. All offsets are relative to the start of the data region. Rows land at
+ * dest_offset + i * 264, or at dest_offset + offsets[i] with ENGRAM_SQE_DEST_OFFSETS. */
+struct engram_sqe {
+  uint64_t ticket;
+  uint16_t opcode; /* enum engram_opcode */
+  uint16_t flags;  /* ENGRAM_SQE_* */
+  uint32_t table;  /* layer id */
+  uint64_t num_rows;
+  uint64_t rows_offset;         /* num_rows uint64 row ids, 8-byte aligned */
+  uint64_t dest_offset;         /* destination base */
+  uint64_t dest_offsets_offset; /* num_rows uint64 byte offsets from dest_offset, 8-aligned */
+  uint64_t reserved[2];         /* 0 */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_sqe) == 64, "sqe size");
+
+/* A completion. */
+struct engram_cqe {
+  uint64_t ticket;
+  int32_t code;  /* enum engram_status_code */
+  uint32_t rows; /* rows written (saturates at UINT32_MAX) */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_cqe) == 16, "cqe size");
+
+/* The outcome of the last request of a slot. The daemon writes every other field first and
+ * `ticket` last (release); a client that reads its ticket there (acquire) sees the rest. */
+#define ENGRAM_STATUS_MESSAGE_BYTES 224u
+struct engram_request_status {
+  uint64_t ticket;
+  int32_t code; /* enum engram_status_code */
+  uint32_t message_bytes;
+  uint64_t rows;
+  uint64_t service_ns; /* from the daemon taking the request to its completion */
+  char message[ENGRAM_STATUS_MESSAGE_BYTES];
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_request_status) == 256, "status size");
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ENGRAM_PROTOCOL_H_ */
