@@ -1,0 +1,217 @@
+// The C ABI of include/engram/hash.h over NgramHasher: struct-size checks, status -> -errno,
+// and the per-thread last-error message.
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "client/hash/ngram_hasher.h"
+#include "engram/hash.h"
+
+static_assert(sizeof(engram_hasher_opts) == 24);
+static_assert(offsetof(engram_hasher_opts, compressed_pad_id) == 16);
+static_assert(sizeof(engram_hasher_info) == 32);
+static_assert(sizeof(engram_hash_layer_info) == 16);
+static_assert(sizeof(engram_hash_seq) == 40);
+static_assert(offsetof(engram_hash_seq, history) == 24);
+
+struct engram_hasher {
+  engram::NgramHasher impl;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+// Records the message and returns the errno for a status; `context` says which call failed
+// when the message alone would not.
+int Fail(const absl::Status& status, int failed_precondition_errno) {
+  last_error = std::string(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound: return -ENOENT;
+    case absl::StatusCode::kInvalidArgument: return -EINVAL;
+    case absl::StatusCode::kOutOfRange: return -EINVAL;
+    case absl::StatusCode::kFailedPrecondition: return -failed_precondition_errno;
+    case absl::StatusCode::kDataLoss: return -EBADMSG;
+    case absl::StatusCode::kResourceExhausted: return -ENOSPC;
+    case absl::StatusCode::kPermissionDenied: return -EACCES;
+    default: return -EIO;
+  }
+}
+
+int FailInvalid(std::string message) {
+  last_error = std::move(message);
+  return -EINVAL;
+}
+
+}  // namespace
+
+extern "C" {
+
+void engram_hasher_opts_init(struct engram_hasher_opts* opts) {
+  if (opts == nullptr) return;
+  std::memset(opts, 0, sizeof(*opts));
+  opts->opts_size = sizeof(*opts);
+  opts->compressed_pad_id = -1;
+}
+
+int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* opts,
+                       engram_hasher** ret_hasher) {
+  if (model_dir == nullptr || ret_hasher == nullptr) {
+    return FailInvalid("engram_hasher_open: model_dir and ret_hasher must not be NULL");
+  }
+  engram_hasher_opts o;
+  engram_hasher_opts_init(&o);
+  if (opts != nullptr) {
+    if (opts->opts_size < offsetof(engram_hasher_opts, flags) + sizeof(uint32_t) ||
+        opts->opts_size > sizeof(o)) {
+      return FailInvalid(absl::StrFormat(
+          "engram_hasher_open: opts_size %d is not a known size of engram_hasher_opts (%d)",
+          opts->opts_size, sizeof(o)));
+    }
+    std::memcpy(&o, opts, opts->opts_size);
+  }
+  if (o.flags & ~ENGRAM_HASHER_COMPRESSED_ONLY) {
+    return FailInvalid(absl::StrFormat("engram_hasher_open: unknown flags 0x%x", o.flags));
+  }
+  engram::HasherOptions options;
+  if (o.derived_path != nullptr) options.derived_path = o.derived_path;
+  options.compressed_only = (o.flags & ENGRAM_HASHER_COMPRESSED_ONLY) != 0;
+  if (o.compressed_pad_id >= 0) {
+    if (o.compressed_pad_id > INT32_MAX) {
+      return FailInvalid(absl::StrFormat("engram_hasher_open: compressed pad id %d",
+                                         o.compressed_pad_id));
+    }
+    options.compressed_pad_id = static_cast<uint32_t>(o.compressed_pad_id);
+  }
+  auto hasher = engram::NgramHasher::Open(model_dir, options);
+  if (!hasher.ok()) return Fail(hasher.status(), ESTALE);
+  auto* h = new (std::nothrow) engram_hasher{*std::move(hasher)};
+  if (h == nullptr) {
+    last_error = "engram_hasher_open: out of memory";
+    return -ENOMEM;
+  }
+  *ret_hasher = h;
+  return 0;
+}
+
+void engram_hasher_close(engram_hasher* hasher) { delete hasher; }
+
+int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_info* ret_info) {
+  if (hasher == nullptr || ret_info == nullptr || ret_info->info_size < sizeof(uint32_t)) {
+    return FailInvalid("engram_hasher_get_info: NULL argument or info_size not set");
+  }
+  const engram::NgramHasher& h = hasher->impl;
+  engram_hasher_info info{};
+  info.info_size = std::min<uint32_t>(ret_info->info_size, sizeof(info));
+  info.num_layers = h.num_layers();
+  info.max_ngram_size = h.config().max_ngram_size;
+  info.heads_per_order = h.config().n_heads;
+  info.heads_per_layer = h.heads_per_layer();
+  info.vocab_size = h.vocab_size();
+  info.compressed_vocab_size = static_cast<uint32_t>(h.config().compressed_vocab_size);
+  info.compressed_pad_id = h.compressed_pad_id();
+  std::memcpy(ret_info, &info, info.info_size);
+  return 0;
+}
+
+int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
+                            struct engram_hash_layer_info* ret_info) {
+  if (hasher == nullptr || ret_info == nullptr || ret_info->info_size < sizeof(uint32_t)) {
+    return FailInvalid("engram_hasher_get_layer: NULL argument or info_size not set");
+  }
+  if (index >= hasher->impl.num_layers()) {
+    return FailInvalid(absl::StrFormat("engram_hasher_get_layer: index %d of %d layers", index,
+                                       hasher->impl.num_layers()));
+  }
+  engram_hash_layer_info info{};
+  info.info_size = std::min<uint32_t>(ret_info->info_size, sizeof(info));
+  info.layer_id = hasher->impl.layer(index).layer_id;
+  info.num_rows = hasher->impl.layer(index).num_rows();
+  std::memcpy(ret_info, &info, info.info_size);
+  return 0;
+}
+
+int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp_size, uint32_t tp_rank,
+                             uint32_t* ret_head_begin, uint32_t* ret_head_end) {
+  if (hasher == nullptr || ret_head_begin == nullptr || ret_head_end == nullptr) {
+    return FailInvalid("engram_hasher_rank_heads: NULL argument");
+  }
+  auto range = hasher->impl.RankHeads(tp_size, tp_rank);
+  if (!range.ok()) return Fail(range.status(), EINVAL);
+  *ret_head_begin = range->begin;
+  *ret_head_end = range->end;
+  return 0;
+}
+
+int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint32_t head_begin,
+                            uint32_t head_end, uint64_t* ret_row_begin, uint64_t* ret_row_end) {
+  if (hasher == nullptr || ret_row_begin == nullptr || ret_row_end == nullptr) {
+    return FailInvalid("engram_hasher_head_rows: NULL argument");
+  }
+  auto index = hasher->impl.LayerIndex(layer_id);
+  if (!index.ok()) return Fail(index.status(), EINVAL);
+  auto rows = hasher->impl.HeadRows(*index, {head_begin, head_end});
+  if (!rows.ok()) return Fail(rows.status(), EINVAL);
+  *ret_row_begin = rows->first;
+  *ret_row_end = rows->second;
+  return 0;
+}
+
+int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
+                const struct engram_hash_seq* seqs, size_t n_seqs, uint32_t head_begin,
+                uint32_t head_end, uint32_t flags, uint64_t* ret_rows, size_t rows_cap) {
+  if (hasher == nullptr || (seqs == nullptr && n_seqs > 0) ||
+      (ret_rows == nullptr && rows_cap > 0)) {
+    return FailInvalid("engram_hash: NULL argument");
+  }
+  if (flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
+    return FailInvalid(absl::StrFormat("engram_hash: unknown flags 0x%x", flags));
+  }
+  auto index = hasher->impl.LayerIndex(layer_id);
+  if (!index.ok()) return Fail(index.status(), EINVAL);
+  // Small batches (a decode step) stay on the stack; chunked prefill sends one sequence.
+  constexpr size_t kInline = 64;
+  engram::HashSequence inline_seqs[kInline];
+  std::vector<engram::HashSequence> heap_seqs;
+  engram::HashSequence* converted = inline_seqs;
+  if (n_seqs > kInline) {
+    heap_seqs.resize(n_seqs);
+    converted = heap_seqs.data();
+  }
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const engram_hash_seq& s = seqs[i];
+    if (s.seq_size != sizeof(engram_hash_seq) || s.reserved != 0) {
+      return FailInvalid(absl::StrFormat(
+          "engram_hash: sequence %d has seq_size %d (expected %d) or nonzero reserved", i,
+          s.seq_size, sizeof(engram_hash_seq)));
+    }
+    if ((s.tokens == nullptr && s.n_tokens > 0) || (s.history == nullptr && s.n_history > 0)) {
+      return FailInvalid(absl::StrFormat("engram_hash: sequence %d has a NULL array", i));
+    }
+    converted[i].tokens = {s.tokens, s.n_tokens};
+    converted[i].history = {s.history, s.n_history};
+  }
+  const auto space = (flags & ENGRAM_HASH_COMPRESSED_IDS) ? engram::TokenSpace::kCompressed
+                                                          : engram::TokenSpace::kTokenizer;
+  absl::Status st = hasher->impl.Hash(*index, {converted, n_seqs}, space,
+                                      {head_begin, head_end}, {ret_rows, rows_cap});
+  if (!st.ok()) return Fail(st, EOPNOTSUPP);
+  return 0;
+}
+
+int engram_hash_compress(const engram_hasher* hasher, const int32_t* tokens, size_t n,
+                         int32_t* ret_ids) {
+  if (hasher == nullptr || ((tokens == nullptr || ret_ids == nullptr) && n > 0)) {
+    return FailInvalid("engram_hash_compress: NULL argument");
+  }
+  absl::Status st = hasher->impl.Compress({tokens, n}, {ret_ids, n});
+  if (!st.ok()) return Fail(st, EOPNOTSUPP);
+  return 0;
+}
+
+const char* engram_hash_last_error(void) { return last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,12 @@
+// The subcommands of engramctl. Each lives in its own <name>_command.cc and registers itself
+// with the CLI11 app from main.cc; when it runs, it stores its exit status in *exit_code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace engramctl {
+
+// engramctl hash: DeepSeek-V4.1 Engram row ids of token ids (hash_command.cc).
+void AddHashCommand(CLI::App& app, int* exit_code);
+
+}  // namespace engramctl

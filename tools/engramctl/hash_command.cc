@@ -1,0 +1,178 @@
+// engramctl hash: prints the absolute Engram row ids that token ids hash to, per position and
+// head, as the daemon would gather them (text, or JSON with a schema_version).
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "client/hash/ngram_hasher.h"
+#include "nlohmann/json.hpp"
+#include "tools/engramctl/commands.h"
+
+namespace engramctl {
+namespace {
+
+constexpr int kHashJsonSchemaVersion = 1;
+
+struct HashArgs {
+  std::string model;
+  uint32_t layer = 0;
+  bool compressed = false;
+  uint32_t tp_size = 1;
+  uint32_t tp_rank = 0;
+  std::vector<int32_t> history;
+  size_t chunk = 0;
+  std::string derived;
+  std::optional<uint32_t> compressed_pad_id;
+  std::string tokens_file;
+  bool json = false;
+  std::vector<int32_t> tokens;
+};
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "engramctl hash: %s\n", std::string(status.message()).c_str());
+  return 1;
+}
+
+absl::Status ReadTokensFile(const std::string& path, std::vector<int32_t>& tokens) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open tokens file '%s'", path));
+  int64_t v;
+  while (in >> v) {
+    if (v < INT32_MIN || v > INT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("tokens file '%s': %d is not a 32-bit token id", path, v));
+    }
+    tokens.push_back(static_cast<int32_t>(v));
+  }
+  if (!in.eof()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tokens file '%s': not whitespace-separated integers", path));
+  }
+  return absl::OkStatus();
+}
+
+int RunHash(HashArgs& args) {
+  if (!args.tokens_file.empty()) {
+    if (absl::Status st = ReadTokensFile(args.tokens_file, args.tokens); !st.ok()) return Fail(st);
+  }
+  if (args.tokens.empty()) {
+    return Fail(absl::InvalidArgumentError("no tokens: give TOKEN... or --tokens-file"));
+  }
+  engram::HasherOptions options;
+  options.derived_path = args.derived;
+  options.compressed_only = args.compressed;
+  options.compressed_pad_id = args.compressed_pad_id;
+  auto hasher = engram::NgramHasher::Open(args.model, options);
+  if (!hasher.ok()) return Fail(hasher.status());
+  auto layer_index = hasher->LayerIndex(args.layer);
+  if (!layer_index.ok()) return Fail(layer_index.status());
+  auto heads = hasher->RankHeads(args.tp_size, args.tp_rank);
+  if (!heads.ok()) return Fail(heads.status());
+  auto row_range = hasher->HeadRows(*layer_index, *heads);
+  if (!row_range.ok()) return Fail(row_range.status());
+
+  // History and tokens in one buffer, so each chunk's history is simply what precedes it.
+  std::vector<int32_t> ids = args.history;
+  ids.insert(ids.end(), args.tokens.begin(), args.tokens.end());
+  const size_t first = args.history.size();
+  const size_t chunk = args.chunk == 0 ? args.tokens.size() : args.chunk;
+  std::vector<engram::HashSequence> sequences;
+  for (size_t begin = first; begin < ids.size(); begin += chunk) {
+    const size_t end = std::min(ids.size(), begin + chunk);
+    sequences.push_back({std::span<const int32_t>(ids).subspan(begin, end - begin),
+                         std::span<const int32_t>(ids).subspan(0, begin)});
+  }
+  const auto space =
+      args.compressed ? engram::TokenSpace::kCompressed : engram::TokenSpace::kTokenizer;
+  std::vector<uint64_t> rows(args.tokens.size() * heads->size());
+  if (absl::Status st = hasher->Hash(*layer_index, sequences, space, *heads, rows); !st.ok()) {
+    return Fail(st);
+  }
+  std::vector<int32_t> compressed = args.tokens;
+  if (!args.compressed) {
+    if (absl::Status st = hasher->Compress(args.tokens, compressed); !st.ok()) return Fail(st);
+  }
+
+  const engram::LayerTables& tables = hasher->layer(*layer_index);
+  if (args.json) {
+    nlohmann::json out;
+    out["schema_version"] = kHashJsonSchemaVersion;
+    out["model"] = args.model;
+    out["layer"] = args.layer;
+    out["id_space"] = args.compressed ? "compressed" : "tokenizer";
+    out["tp_size"] = args.tp_size;
+    out["tp_rank"] = args.tp_rank;
+    out["heads"] = {heads->begin, heads->end};
+    out["row_range"] = {row_range->first, row_range->second};
+    out["history"] = args.history;
+    out["chunk"] = args.chunk;
+    out["compressed_pad_id"] = hasher->compressed_pad_id();
+    out["layer_tables"] = {{"multipliers", tables.multipliers},
+                           {"primes", tables.primes},
+                           {"head_offsets", tables.head_offsets}};
+    nlohmann::json positions = nlohmann::json::array();
+    for (size_t t = 0; t < args.tokens.size(); ++t) {
+      positions.push_back(
+          {{"token", args.tokens[t]},
+           {"compressed", compressed[t]},
+           {"rows", std::vector<uint64_t>(rows.begin() + t * heads->size(),
+                                          rows.begin() + (t + 1) * heads->size())}});
+    }
+    out["positions"] = std::move(positions);
+    std::cout << out.dump() << "\n";
+    return 0;
+  }
+  std::printf("# layer %u, heads [%u, %u), rows [%llu, %llu), %s ids\n", args.layer,
+              heads->begin, heads->end, static_cast<unsigned long long>(row_range->first),
+              static_cast<unsigned long long>(row_range->second),
+              args.compressed ? "compressed" : "tokenizer");
+  std::printf("# position token compressed: row per head\n");
+  for (size_t t = 0; t < args.tokens.size(); ++t) {
+    std::printf("%zu %d %d:", t, args.tokens[t], compressed[t]);
+    for (uint32_t h = 0; h < heads->size(); ++h) {
+      std::printf(" %llu", static_cast<unsigned long long>(rows[t * heads->size() + h]));
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddHashCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<HashArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "hash", "Print the absolute Engram row ids (one per head) of each token position");
+  cmd->add_option("--model", args->model, "Model directory (config.json, tokenizer.json, "
+                                          "engram-hash.bin)")
+      ->required();
+  cmd->add_option("--layer", args->layer, "Engram layer id (e.g. 1 or 14)")->required();
+  cmd->add_flag("--compressed", args->compressed,
+                "TOKENs are compressed ids (no derived tables needed with "
+                "--compressed-pad-id)");
+  cmd->add_option("--tp-size", args->tp_size, "Tensor-parallel size (heads split evenly)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--tp-rank", args->tp_rank, "Tensor-parallel rank: print only its heads");
+  cmd->add_option("--history", args->history,
+                  "Ids before the first TOKEN, oldest first (default: sequence start)")
+      ->delimiter(',');
+  cmd->add_option("--chunk", args->chunk,
+                  "Hash in chunks of N tokens, each with its preceding ids as history");
+  cmd->add_option("--derived", args->derived,
+                  "Derived-tables file (default MODEL/engram-hash.bin)");
+  cmd->add_option("--compressed-pad-id", args->compressed_pad_id,
+                  "Compressed id of the pad token, when there are no derived tables");
+  cmd->add_option("--tokens-file", args->tokens_file,
+                  "Read whitespace-separated token ids from FILE (after TOKENs)");
+  cmd->add_flag("--json", args->json, "Print JSON (schema_version 1)");
+  cmd->add_option("tokens", args->tokens, "Token ids");
+  cmd->callback([args, exit_code] { *exit_code = RunHash(*args); });
+}
+
+}  // namespace engramctl
