@@ -743,9 +743,9 @@ int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, 
   return 0;
 }
 
-int engram_session_stats(engram_session* s, struct engram_session_stats* ret_stats) {
+int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret_stats) {
   if (s == nullptr || ret_stats == nullptr) {
-    return SetError(-EINVAL, "engram_session_stats needs a session and ret_stats");
+    return SetError(-EINVAL, "engram_get_session_stats needs a session and ret_stats");
   }
   if (ret_stats->size < offsetof(struct engram_session_stats, latency_max_ns) + sizeof(uint64_t) ||
       ret_stats->size > sizeof(struct engram_session_stats)) {

@@ -191,7 +191,8 @@ struct engram_session_stats {
 };
 
 /* Reads the session's statistics from the daemon. Set ret_stats->size first. Thread-safe. */
-ENGRAM_API int engram_session_stats(engram_session* session, struct engram_session_stats* ret_stats);
+ENGRAM_API int engram_get_session_stats(engram_session* session,
+                                           struct engram_session_stats* ret_stats);
 
 /* Protocol version this library speaks. Thread-safe. */
 ENGRAM_API void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor);

@@ -197,7 +197,7 @@ class Session {
   Status Stats(struct engram_session_stats* ret_stats) {
     struct engram_session_stats st{};
     st.size = sizeof(st);
-    Status s = Status::FromReturn(engram_session_stats(s_, &st));
+    Status s = Status::FromReturn(engram_get_session_stats(s_, &st));
     if (s.ok()) *ret_stats = st;
     return s;
   }

@@ -1,0 +1,107 @@
+// The protocol codec on its own: arena layout, HELLO decoding and the request decoder's statuses.
+#include "daemon/protocol_codec.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <vector>
+
+using namespace engram::protocol;
+
+TEST_CASE("arena layout is aligned and adds up", "[codec]") {
+  ArenaLayout l;
+  REQUIRE(ComputeArenaLayout(64, 1000, &l));
+  CHECK(l.sq_offset == 4096);
+  CHECK(l.cq_offset == 4096 + 64 * 64);
+  CHECK(l.status_offset == l.cq_offset + 128 * 16);
+  CHECK(l.data_offset % 4096 == 0);
+  CHECK(l.data_offset >= l.status_offset + 64 * 256);
+  CHECK(l.data_bytes == 4096);
+  CHECK(l.arena_bytes == l.data_offset + 4096);
+  CHECK_FALSE(ComputeArenaLayout(0, 4096, &l));
+  CHECK_FALSE(ComputeArenaLayout(ENGRAM_MAX_SLOTS + 1, 4096, &l));
+  CHECK_FALSE(ComputeArenaLayout(8, 0, &l));
+}
+
+TEST_CASE("HELLO decoding", "[codec]") {
+  engram_msg_hello h{};
+  FillHeader(&h.header, ENGRAM_MSG_HELLO, sizeof(h), 0);
+  h.version_major = ENGRAM_PROTOCOL_MAJOR;
+  memset(h.client_name, 'x', sizeof(h.client_name));
+  engram_msg_hello out;
+  CodecError e;
+  REQUIRE(DecodeHello(reinterpret_cast<uint8_t*>(&h), sizeof(h), &out, &e));
+  CHECK(out.client_name[ENGRAM_CLIENT_NAME_BYTES - 1] == '\0');
+  h.version_major = 0;
+  CHECK_FALSE(DecodeHello(reinterpret_cast<uint8_t*>(&h), sizeof(h), &out, &e));
+  CHECK(e.code == ENGRAM_STATUS_FAILED_PRECONDITION);
+  CHECK(e.message == "protocol version mismatch: client speaks 0.0, engramd speaks 1.0");
+  h.version_major = ENGRAM_PROTOCOL_MAJOR;
+  h.header.bytes = 12;
+  CHECK_FALSE(DecodeHello(reinterpret_cast<uint8_t*>(&h), sizeof(h), &out, &e));
+  CHECK(e.message == "message header says 12 bytes, 80 arrived");
+  std::vector<uint8_t> err = EncodeError(ENGRAM_STATUS_NOT_FOUND, "no such thing", 9);
+  CHECK_FALSE(DecodeWelcome(err.data(), err.size(), nullptr, &e));
+  CHECK(e.code == ENGRAM_STATUS_NOT_FOUND);
+  CHECK(e.message == "no such thing");
+}
+
+TEST_CASE("request decoder statuses", "[codec]") {
+  std::vector<uint64_t> region(1024, 0);
+  const TableBounds tables[] = {{.layer_id = 1, .num_rows = 100, .covered_begin = 10,
+                                 .covered_end = 50}};
+  RequestContext ctx{.slots = 4, .max_rows = 16,
+                     .data = reinterpret_cast<const uint8_t*>(region.data()),
+                     .data_bytes = region.size() * 8, .tables = tables};
+  engram_sqe sqe{.ticket = (1 << 16) | 2, .opcode = ENGRAM_OP_GATHER, .flags = 0, .table = 1,
+                 .num_rows = 4, .rows_offset = 0, .dest_offset = 64};
+  for (int i = 0; i < 4; ++i) region[i] = 10 + i;
+  DecodedRequest r;
+  bool slot_ok;
+  CodecError e;
+  REQUIRE(DecodeRequest(sqe, ctx, &r, &slot_ok, &e));
+  CHECK(r.slot == 2);
+  CHECK(r.rows == std::vector<uint64_t>{10, 11, 12, 13});
+
+  auto fails = [&](engram_sqe s, int code, const std::string& text) {
+    CodecError err;
+    CHECK_FALSE(DecodeRequest(s, ctx, &r, &slot_ok, &err));
+    CHECK(err.code == code);
+    CHECK(err.message.find(text) != std::string::npos);
+  };
+  region[2] = 9;
+  fails(sqe, ENGRAM_STATUS_OUT_OF_RANGE, "row 9 (index 2) is outside the rows [10, 50)");
+  region[2] = 100;
+  fails(sqe, ENGRAM_STATUS_OUT_OF_RANGE, "row 100 (index 2) is past the end of layer 1");
+  region[2] = 12;
+  engram_sqe s = sqe;
+  s.table = 2;
+  fails(s, ENGRAM_STATUS_NOT_FOUND, "no table for layer 2 (served: 1)");
+  s = sqe;
+  s.num_rows = 17;
+  fails(s, ENGRAM_STATUS_RESOURCE_EXHAUSTED, "17 rows in one request, the limit is 16");
+  s = sqe;
+  s.ticket = (1 << 16) | 4;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "slot 4 of 4");
+  CHECK_FALSE(slot_ok);
+  s = sqe;
+  s.dest_offset = ctx.data_bytes - 4 * 264 + 1;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "run past");
+  s = sqe;
+  s.rows_offset = ~0ull - 7;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "outside the");
+  s = sqe;
+  s.num_rows = 1ull << 62;
+  ctx.max_rows = ~0ull;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "outside the");
+  ctx.max_rows = 16;
+  s = sqe;
+  s.flags = ENGRAM_SQE_DEST_OFFSETS;
+  s.dest_offsets_offset = 512;
+  region[64] = ~0ull - 100;  // wraps when added to the base
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "destination of row index 0");
+  s.flags = 0x80;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown flags");
+  s = sqe;
+  s.reserved[1] = 1;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "reserved");
+}
