@@ -1,7 +1,10 @@
 // The C ABI of include/engram/hash.h over NgramHasher: struct-size checks, status -> -errno,
 // and the per-thread last-error message.
 #include <cerrno>
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <vector>
 #include <new>
 #include <string>
 
@@ -10,10 +13,12 @@
 #include "client/hash/ngram_hasher.h"
 #include "engram/hash.h"
 
-static_assert(sizeof(engram_hasher_opts) == 24);
-static_assert(offsetof(engram_hasher_opts, compressed_pad_id) == 16);
-static_assert(sizeof(engram_hasher_info) == 32);
-static_assert(sizeof(engram_hash_layer_info) == 16);
+static_assert(sizeof(engram_hasher_opts) == 32);
+static_assert(offsetof(engram_hasher_opts, derived_path) == 16);
+static_assert(offsetof(engram_hasher_opts, compressed_pad_id) == 24);
+static_assert(sizeof(engram_hasher_info) == 40);
+static_assert(sizeof(engram_hash_layer_info) == 24);
+static_assert(offsetof(engram_hash_layer_info, num_rows) == 16);
 static_assert(sizeof(engram_hash_seq) == 40);
 static_assert(offsetof(engram_hash_seq, history) == 24);
 
@@ -25,8 +30,8 @@ namespace {
 
 thread_local std::string last_error;
 
-// Records the message and returns the errno for a status; `context` says which call failed
-// when the message alone would not.
+// Records the message and returns the errno for a status. FailedPrecondition means a stale
+// derived-tables file when opening (-ESTALE) and a missing vocabulary when hashing.
 int Fail(const absl::Status& status, int failed_precondition_errno) {
   last_error = std::string(status.message());
   switch (status.code()) {
@@ -53,7 +58,7 @@ extern "C" {
 void engram_hasher_opts_init(struct engram_hasher_opts* opts) {
   if (opts == nullptr) return;
   std::memset(opts, 0, sizeof(*opts));
-  opts->opts_size = sizeof(*opts);
+  opts->size = sizeof(*opts);
   opts->compressed_pad_id = -1;
 }
 
@@ -65,16 +70,16 @@ int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* o
   engram_hasher_opts o;
   engram_hasher_opts_init(&o);
   if (opts != nullptr) {
-    if (opts->opts_size < offsetof(engram_hasher_opts, flags) + sizeof(uint32_t) ||
-        opts->opts_size > sizeof(o)) {
+    if (opts->size < offsetof(engram_hasher_opts, reserved) || opts->size > sizeof(o)) {
       return FailInvalid(absl::StrFormat(
-          "engram_hasher_open: opts_size %d is not a known size of engram_hasher_opts (%d)",
-          opts->opts_size, sizeof(o)));
+          "engram_hasher_open: opts size %d is not a known size of engram_hasher_opts (%d)",
+          opts->size, sizeof(o)));
     }
-    std::memcpy(&o, opts, opts->opts_size);
+    std::memcpy(&o, opts, opts->size);
   }
-  if (o.flags & ~ENGRAM_HASHER_COMPRESSED_ONLY) {
-    return FailInvalid(absl::StrFormat("engram_hasher_open: unknown flags 0x%x", o.flags));
+  if ((o.flags & ~ENGRAM_HASHER_COMPRESSED_ONLY) || o.reserved != 0) {
+    return FailInvalid(absl::StrFormat(
+        "engram_hasher_open: unknown flags 0x%x or nonzero reserved field", o.flags));
   }
   engram::HasherOptions options;
   if (o.derived_path != nullptr) options.derived_path = o.derived_path;
@@ -100,12 +105,12 @@ int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* o
 void engram_hasher_close(engram_hasher* hasher) { delete hasher; }
 
 int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_info* ret_info) {
-  if (hasher == nullptr || ret_info == nullptr || ret_info->info_size < sizeof(uint32_t)) {
-    return FailInvalid("engram_hasher_get_info: NULL argument or info_size not set");
+  if (hasher == nullptr || ret_info == nullptr || ret_info->size < sizeof(size_t)) {
+    return FailInvalid("engram_hasher_get_info: NULL argument or size not set");
   }
   const engram::NgramHasher& h = hasher->impl;
   engram_hasher_info info{};
-  info.info_size = std::min<uint32_t>(ret_info->info_size, sizeof(info));
+  info.size = std::min(ret_info->size, sizeof(info));
   info.num_layers = h.num_layers();
   info.max_ngram_size = h.config().max_ngram_size;
   info.heads_per_order = h.config().n_heads;
@@ -113,24 +118,24 @@ int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_inf
   info.vocab_size = h.vocab_size();
   info.compressed_vocab_size = static_cast<uint32_t>(h.config().compressed_vocab_size);
   info.compressed_pad_id = h.compressed_pad_id();
-  std::memcpy(ret_info, &info, info.info_size);
+  std::memcpy(ret_info, &info, info.size);
   return 0;
 }
 
 int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
                             struct engram_hash_layer_info* ret_info) {
-  if (hasher == nullptr || ret_info == nullptr || ret_info->info_size < sizeof(uint32_t)) {
-    return FailInvalid("engram_hasher_get_layer: NULL argument or info_size not set");
+  if (hasher == nullptr || ret_info == nullptr || ret_info->size < sizeof(size_t)) {
+    return FailInvalid("engram_hasher_get_layer: NULL argument or size not set");
   }
   if (index >= hasher->impl.num_layers()) {
     return FailInvalid(absl::StrFormat("engram_hasher_get_layer: index %d of %d layers", index,
                                        hasher->impl.num_layers()));
   }
   engram_hash_layer_info info{};
-  info.info_size = std::min<uint32_t>(ret_info->info_size, sizeof(info));
+  info.size = std::min(ret_info->size, sizeof(info));
   info.layer_id = hasher->impl.layer(index).layer_id;
   info.num_rows = hasher->impl.layer(index).num_rows();
-  std::memcpy(ret_info, &info, info.info_size);
+  std::memcpy(ret_info, &info, info.size);
   return 0;
 }
 
@@ -183,10 +188,9 @@ int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
   }
   for (size_t i = 0; i < n_seqs; ++i) {
     const engram_hash_seq& s = seqs[i];
-    if (s.seq_size != sizeof(engram_hash_seq) || s.reserved != 0) {
-      return FailInvalid(absl::StrFormat(
-          "engram_hash: sequence %d has seq_size %d (expected %d) or nonzero reserved", i,
-          s.seq_size, sizeof(engram_hash_seq)));
+    if (s.size != sizeof(engram_hash_seq)) {
+      return FailInvalid(absl::StrFormat("engram_hash: sequence %d has size %d, expected %d", i,
+                                         s.size, sizeof(engram_hash_seq)));
     }
     if ((s.tokens == nullptr && s.n_tokens > 0) || (s.history == nullptr && s.n_history > 0)) {
       return FailInvalid(absl::StrFormat("engram_hash: sequence %d has a NULL array", i));

@@ -6,14 +6,15 @@
  * n-grams of orders 2..N, modulo per-head primes, plus head offsets.
  *
  * Conventions:
+ *  Same conventions as engram/engram.h, and:
  *  1. engram_hasher is an opaque handle. It is immutable once opened: any number of threads may
  *     call the functions below on one hasher at the same time. engram_hasher_close() must not
  *     race with any other call on that hasher.
  *  2. Functions return 0 or a negative errno and never print. Out-parameters are named ret_*,
  *     come last and are untouched on failure. engram_hash_last_error() returns a message for the
  *     calling thread's last failure (naming the file, layer, sequence or id concerned).
- *  3. Structs passed in start with a size field set to sizeof(struct) by the caller, so the ABI
- *     can grow; fields beyond the caller's size take their defaults.
+ *  3. Structs start with a `size` field set to sizeof(struct) by the caller, so the ABI can
+ *     grow; fields beyond the caller's size take their defaults.
  *  4. Sequences carry their own history (the ids before their new tokens): the hasher keeps no
  *     per-sequence state, so speculative tokens that are later rejected need no rollback.
  *
@@ -26,8 +27,8 @@
  *   uint32_t hb, he;
  *   engram_hasher_rank_heads(h, 4, 1, &hb, &he);            // heads [6, 12)
  *   struct engram_hash_seq seqs[2] = {
- *     {sizeof(struct engram_hash_seq), 0, next_a, 6, hist_a, 3},  // 1 token + 5 drafts
- *     {sizeof(struct engram_hash_seq), 0, next_b, 6, hist_b, 3},
+ *     {sizeof(struct engram_hash_seq), next_a, 6, hist_a, 3},  // 1 token + 5 drafts
+ *     {sizeof(struct engram_hash_seq), next_b, 6, hist_b, 3},
  *   };
  *   uint64_t rows[12 * 6];                                   // 12 tokens x 6 heads
  *   int rc = engram_hash(h, 14, seqs, 2, hb, he, 0, rows, 12 * 6);
@@ -42,6 +43,14 @@
 extern "C" {
 #endif
 
+#ifndef ENGRAM_API
+#if defined(__GNUC__)
+#define ENGRAM_API __attribute__((visibility("default")))
+#else
+#define ENGRAM_API
+#endif
+#endif
+
 typedef struct engram_hasher engram_hasher;
 
 /* engram_hasher_opts.flags */
@@ -50,28 +59,29 @@ typedef struct engram_hasher engram_hasher;
 #define ENGRAM_HASHER_COMPRESSED_ONLY (1u << 0)
 
 struct engram_hasher_opts {
-  uint32_t opts_size;         /* sizeof(struct engram_hasher_opts) */
+  size_t size;                /* sizeof(struct engram_hasher_opts) */
   uint32_t flags;             /* ENGRAM_HASHER_* */
+  uint32_t reserved;          /* 0 */
   const char* derived_path;   /* derived-tables file; NULL: <model_dir>/engram-hash.bin */
   int64_t compressed_pad_id;  /* compressed id of the pad token; -1: take it from the file */
 };
 
 /* Fills opts with the defaults (no flags, default path, pad id from the file). */
-void engram_hasher_opts_init(struct engram_hasher_opts* opts);
+ENGRAM_API void engram_hasher_opts_init(struct engram_hasher_opts* opts);
 
 /* Opens the hasher of the model in model_dir (its config.json, and the derived-tables file
  * written by tools/engram_vocab.py). opts may be NULL.
  * Returns 0, -ENOENT (a file is missing), -EINVAL (bad config or options), -ESTALE (the
  * derived tables do not match config.json/tokenizer.json), -EBADMSG (corrupt derived tables),
  * -ENOMEM. */
-int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* opts,
+ENGRAM_API int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* opts,
                        engram_hasher** ret_hasher);
 
 /* Frees the hasher; NULL is a no-op. */
-void engram_hasher_close(engram_hasher* hasher);
+ENGRAM_API void engram_hasher_close(engram_hasher* hasher);
 
 struct engram_hasher_info {
-  uint32_t info_size;             /* set by the caller: sizeof(struct engram_hasher_info) */
+  size_t size;                    /* set by the caller: sizeof(struct engram_hasher_info) */
   uint32_t num_layers;            /* Engram layers (tables) */
   uint32_t max_ngram_size;        /* orders 2..max_ngram_size */
   uint32_t heads_per_order;
@@ -81,28 +91,29 @@ struct engram_hasher_info {
   uint32_t compressed_pad_id;
 };
 
-/* Fills the fields that fit in ret_info->info_size. Returns 0 or -EINVAL. */
-int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_info* ret_info);
+/* Fills the fields that fit in ret_info->size. Returns 0 or -EINVAL. */
+ENGRAM_API int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_info* ret_info);
 
 struct engram_hash_layer_info {
-  uint32_t info_size; /* set by the caller: sizeof(struct engram_hash_layer_info) */
+  size_t size;        /* set by the caller: sizeof(struct engram_hash_layer_info) */
   uint32_t layer_id;  /* the model layer, e.g. 1 or 14 */
+  uint32_t reserved;
   uint64_t num_rows;  /* rows of the layer's table: sum of its head primes */
 };
 
 /* Describes the index-th Engram layer (0 <= index < num_layers). Returns 0 or -EINVAL. */
-int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
+ENGRAM_API int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
                             struct engram_hash_layer_info* ret_info);
 
 /* The heads [*ret_head_begin, *ret_head_end) a tensor-parallel rank owns (heads split evenly
  * into tp_size contiguous ranges). Returns 0 or -EINVAL (tp_size does not divide the heads,
  * or tp_rank >= tp_size). */
-int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp_size, uint32_t tp_rank,
+ENGRAM_API int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp_size, uint32_t tp_rank,
                              uint32_t* ret_head_begin, uint32_t* ret_head_end);
 
 /* The rows [*ret_row_begin, *ret_row_end) that heads [head_begin, head_end) of layer_id own:
  * one contiguous range. Returns 0, -ENOENT (not an Engram layer) or -EINVAL. */
-int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint32_t head_begin,
+ENGRAM_API int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint32_t head_begin,
                             uint32_t head_end, uint64_t* ret_row_begin, uint64_t* ret_row_end);
 
 /* One sequence of a hash call: its new token ids, and the ids right before them (oldest
@@ -110,8 +121,7 @@ int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint
  * the pad id fills in). Chunks hashed with the previous chunk's tail as history give exactly
  * the rows of the whole sequence. */
 struct engram_hash_seq {
-  uint32_t seq_size; /* sizeof(struct engram_hash_seq) */
-  uint32_t reserved; /* 0 */
+  size_t size; /* sizeof(struct engram_hash_seq) */
   const int32_t* tokens;
   size_t n_tokens;
   const int32_t* history;
@@ -128,17 +138,17 @@ struct engram_hash_seq {
  * Returns 0, -ENOENT (layer_id is not an Engram layer), -EINVAL (an id out of range, a bad head
  * range or struct size), -ENOSPC (rows_cap too small), -EOPNOTSUPP (tokenizer ids without a
  * compressed vocabulary). */
-int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
+ENGRAM_API int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
                 const struct engram_hash_seq* seqs, size_t n_seqs, uint32_t head_begin,
                 uint32_t head_end, uint32_t flags, uint64_t* ret_rows, size_t rows_cap);
 
 /* Maps n tokenizer ids to compressed ids. Returns 0, -EINVAL or -EOPNOTSUPP. */
-int engram_hash_compress(const engram_hasher* hasher, const int32_t* tokens, size_t n,
+ENGRAM_API int engram_hash_compress(const engram_hasher* hasher, const int32_t* tokens, size_t n,
                          int32_t* ret_ids);
 
 /* The message of the calling thread's last failed engram_hash* / engram_hasher* call; "" if
  * none. Valid until that thread's next failing call. */
-const char* engram_hash_last_error(void);
+ENGRAM_API const char* engram_hash_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,89 @@
+// FastMod against the hardware remainder: edge values around multiples of the divisor, the
+// ends of the 64-bit range, and NumPy's floor modulo for negative int64 mixes.
+#include "client/hash/fast_mod.h"
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace engram {
+namespace {
+
+std::vector<uint64_t> Divisors() {
+  std::vector<uint64_t> d = {1,          2,          3,          7,          10,
+                             16000057,   16000463,   16000477,   16000889,   65535,
+                             4294967291, 4294967295, 4294967296, 4294967311, 1ULL << 62,
+                             (1ULL << 63) - 25, 1ULL << 63, (1ULL << 63) + 1, UINT64_MAX - 58,
+                             UINT64_MAX - 1, UINT64_MAX};
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 200; ++i) d.push_back((rng() >> (rng() % 64)) | 1);
+  for (int i = 0; i < 200; ++i) d.push_back(16000000 + rng() % 1000);
+  return d;
+}
+
+std::vector<uint64_t> Values(uint64_t d, std::mt19937_64& rng) {
+  std::vector<uint64_t> v = {0, 1, 2, d - 1, d, d + 1, 2 * d - 1, 2 * d, INT64_MAX,
+                             1ULL << 63, (1ULL << 63) + 1, UINT64_MAX, UINT64_MAX - 1};
+  const uint64_t top = UINT64_MAX / d;  // the largest quotient
+  for (uint64_t q : {top, top - 1, top / 2, top / 3 + 1}) {
+    const uint64_t base = q * d;
+    v.push_back(base);
+    v.push_back(base - 1);
+    if (base <= UINT64_MAX - (d - 1)) v.push_back(base + (d - 1));
+  }
+  for (int i = 0; i < 500; ++i) v.push_back(rng());
+  return v;
+}
+
+TEST_CASE("FastMod equals the hardware remainder for every value class") {
+  std::mt19937_64 rng(7);
+  for (uint64_t d : Divisors()) {
+    const FastMod mod(d);
+    for (uint64_t x : Values(d, rng)) {
+      INFO("x = " << x << ", d = " << d);
+      REQUIRE(mod(x) == x % d);
+    }
+  }
+}
+
+TEST_CASE("FastMod is exact over a dense range of one DeepSeek-V4.1 prime's multiples") {
+  const uint64_t p = 16000057;
+  const FastMod mod(p);
+  const uint64_t top = UINT64_MAX / p;
+  for (uint64_t q = top - 2000; q <= top; ++q) {
+    for (uint64_t off : {uint64_t{0}, uint64_t{1}, p - 1}) {
+      const uint64_t x = q * p + off;
+      if (x < q * p) continue;  // wrapped past 2^64
+      REQUIRE(mod(x) == x % p);
+    }
+  }
+}
+
+// NumPy: int64 % positive int is non-negative (floor division semantics).
+uint64_t NumpyFloorMod(int64_t x, uint64_t d) {
+  __int128 r = static_cast<__int128>(x) % static_cast<__int128>(d);
+  if (r < 0) r += d;
+  return static_cast<uint64_t>(r);
+}
+
+TEST_CASE("FloorModInt64 follows NumPy for negative and positive mixes") {
+  std::mt19937_64 rng(9);
+  for (uint64_t d : {uint64_t{2}, uint64_t{3}, uint64_t{16000057}, uint64_t{16000889},
+                     uint64_t{4294967291}, uint64_t{(1ULL << 63) - 25}}) {
+    const FastMod mod(d);
+    const int64_t sd = static_cast<int64_t>(d);
+    std::vector<int64_t> xs = {0, 1, -1, sd - 1, sd, -sd, -sd + 1, -sd - 1, INT64_MAX,
+                               INT64_MIN, INT64_MIN + 1, -2 * sd, -2 * sd + 1};
+    for (int i = 0; i < 2000; ++i) xs.push_back(static_cast<int64_t>(rng()));
+    for (int64_t x : xs) {
+      INFO("x = " << x << ", d = " << d);
+      const uint64_t got = mod.FloorModInt64(static_cast<uint64_t>(x));
+      REQUIRE(got == NumpyFloorMod(x, d));
+      REQUIRE(got < d);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace engram
