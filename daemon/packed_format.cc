@@ -8,8 +8,7 @@
 
 namespace engram {
 
-PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange covered,
-                              bool sparse) {
+PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange covered, bool sparse) {
   PackedHeader h;
   std::memset(&h, 0, sizeof(h));
   std::memcpy(h.magic, kPackedMagic, sizeof(h.magic));
@@ -37,7 +36,9 @@ uint64_t PackedHeaderChecksum(const PackedHeader& header) {
   return XXH64(&header, offsetof(PackedHeader, header_checksum), 0);
 }
 
-void SealPackedHeader(PackedHeader* header) { header->header_checksum = PackedHeaderChecksum(*header); }
+void SealPackedHeader(PackedHeader* header) {
+  header->header_checksum = PackedHeaderChecksum(*header);
+}
 
 uint64_t PackedRowOffset(const PackedHeader& header, uint64_t row) {
   const uint64_t first_slot = (header.flags & kPackedFlagSparse) ? 0 : header.covered_begin;
@@ -71,14 +72,14 @@ absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path
   if (h.row_bytes != kRowBytes || h.value_bytes != kValueBytes || h.scale_bytes != kScaleBytes ||
       h.value_bytes + h.scale_bytes != h.row_bytes) {
     return geometry(absl::StrCat("row of ", h.row_bytes, " bytes (", h.value_bytes, " values + ",
-                                 h.scale_bytes, " scales), expected ", kRowBytes, " (",
-                                 kValueBytes, " + ", kScaleBytes, ")"));
+                                 h.scale_bytes, " scales), expected ", kRowBytes, " (", kValueBytes,
+                                 " + ", kScaleBytes, ")"));
   }
   if (h.value_dtype != kDtypeF8E4M3 || h.scale_dtype != kDtypeF8E8M0 ||
       h.scale_block != kScaleBlock) {
-    return geometry(absl::StrCat("element layout value_dtype=", int{h.value_dtype},
-                                 " scale_dtype=", int{h.scale_dtype}, " scale_block=", h.scale_block,
-                                 ", expected F8_E4M3 (1), F8_E8M0 (2), 32"));
+    return geometry(absl::StrCat(
+        "element layout value_dtype=", int{h.value_dtype}, " scale_dtype=", int{h.scale_dtype},
+        " scale_block=", h.scale_block, ", expected F8_E4M3 (1), F8_E8M0 (2), 32"));
   }
   if ((h.flags & ~kPackedKnownFlags) != 0) {
     return geometry(absl::StrCat("unknown flags 0x", absl::Hex(h.flags & ~kPackedKnownFlags)));
@@ -89,8 +90,8 @@ absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path
                                  ") are empty or outside the table's ", h.num_rows, " rows"));
   }
   if (h.data_offset < sizeof(PackedHeader) || h.data_offset % 4096 != 0) {
-    return geometry(absl::StrCat("data offset ", h.data_offset,
-                                 " is not a multiple of 4096 past the header"));
+    return geometry(
+        absl::StrCat("data offset ", h.data_offset, " is not a multiple of 4096 past the header"));
   }
   for (size_t i = 0; i < sizeof(h.reserved); ++i) {
     if (h.reserved[i] != 0) return geometry(absl::StrCat("reserved byte ", 80 + i, " is not zero"));
@@ -103,10 +104,9 @@ absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path
   const uint64_t data_end = h.data_offset + (h.covered_end - first_slot) * uint64_t{kRowBytes};
   if (h.data_end != data_end) {
     return geometry(absl::StrCat("data end ", h.data_end, " does not match ",
-                                 (h.flags & kPackedFlagSparse) ? "sparse" : "compacted",
-                                 " rows [", h.covered_begin, ", ", h.covered_end,
-                                 ") at data offset ", h.data_offset, " (expected ", data_end,
-                                 ")"));
+                                 (h.flags & kPackedFlagSparse) ? "sparse" : "compacted", " rows [",
+                                 h.covered_begin, ", ", h.covered_end, ") at data offset ",
+                                 h.data_offset, " (expected ", data_end, ")"));
   }
   return absl::OkStatus();
 }

@@ -36,25 +36,25 @@ inline constexpr uint32_t kPackedKnownFlags = kPackedFlagSparse;
 // On-disk header, little-endian, at file offset 0. Every field is naturally aligned; reserved
 // bytes are written as zero and covered by the checksum.
 struct PackedHeader {
-  char magic[8];                // "ENGRAMTB"
-  uint16_t version_major;       // kPackedVersionMajor
-  uint16_t version_minor;       // kPackedVersionMinor
-  uint32_t header_bytes;        // sizeof(PackedHeader) for this version
-  uint32_t layer_id;            // Engram layer (1 or 14 in DeepSeek-V4.1)
-  uint32_t row_bytes;           // 264
-  uint64_t num_rows;            // rows of the whole logical table (engram_num_embeddings)
-  uint64_t covered_begin;       // rows this file holds: [covered_begin, covered_end)
+  char magic[8];           // "ENGRAMTB"
+  uint16_t version_major;  // kPackedVersionMajor
+  uint16_t version_minor;  // kPackedVersionMinor
+  uint32_t header_bytes;   // sizeof(PackedHeader) for this version
+  uint32_t layer_id;       // Engram layer (1 or 14 in DeepSeek-V4.1)
+  uint32_t row_bytes;      // 264
+  uint64_t num_rows;       // rows of the whole logical table (engram_num_embeddings)
+  uint64_t covered_begin;  // rows this file holds: [covered_begin, covered_end)
   uint64_t covered_end;
-  uint64_t data_offset;         // file offset of the first stored row (4096)
-  uint32_t flags;               // kPackedFlag*
-  uint32_t value_bytes;         // 256: values come first in a row
-  uint32_t scale_bytes;         // 8: scales follow the values
-  uint8_t value_dtype;          // kDtypeF8E4M3
-  uint8_t scale_dtype;          // kDtypeF8E8M0
-  uint16_t scale_block;         // 32 values per scale
-  uint64_t data_end;            // file offset just past the last covered row
-  uint8_t reserved[40];         // zero
-  uint64_t header_checksum;     // XXH64 (seed 0) of the 120 bytes before this field
+  uint64_t data_offset;      // file offset of the first stored row (4096)
+  uint32_t flags;            // kPackedFlag*
+  uint32_t value_bytes;      // 256: values come first in a row
+  uint32_t scale_bytes;      // 8: scales follow the values
+  uint8_t value_dtype;       // kDtypeF8E4M3
+  uint8_t scale_dtype;       // kDtypeF8E8M0
+  uint16_t scale_block;      // 32 values per scale
+  uint64_t data_end;         // file offset just past the last covered row
+  uint8_t reserved[40];      // zero
+  uint64_t header_checksum;  // XXH64 (seed 0) of the 120 bytes before this field
 };
 static_assert(sizeof(PackedHeader) == 128);
 static_assert(offsetof(PackedHeader, version_major) == 8);
@@ -77,8 +77,7 @@ static_assert(offsetof(PackedHeader, header_checksum) == 120);
 
 // A header for `covered` rows of a `num_rows`-row table of `layer_id`, compacted (row `begin`
 // at data_offset) or sparse (row r at data_offset + r * 264). The checksum is not yet set.
-PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange covered,
-                              bool sparse);
+PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange covered, bool sparse);
 
 uint64_t PackedHeaderChecksum(const PackedHeader& header);
 void SealPackedHeader(PackedHeader* header);

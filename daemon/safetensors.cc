@@ -43,8 +43,9 @@ absl::Status ParseTensor(const std::string& path, const std::string& name, const
   bool overflow = false;
   for (const json& dim : *shape) {
     if (!dim.is_number_unsigned()) {
-      return Corrupt(path, absl::StrCat(where, " has a shape entry that is not an unsigned integer: ",
-                                        dim.dump()));
+      return Corrupt(
+          path,
+          absl::StrCat(where, " has a shape entry that is not an unsigned integer: ", dim.dump()));
     }
     uint64_t d = dim.get<uint64_t>();
     ret->shape.push_back(d);
@@ -53,19 +54,19 @@ absl::Status ParseTensor(const std::string& path, const std::string& name, const
   ret->begin = (*offsets)[0].get<uint64_t>();
   ret->end = (*offsets)[1].get<uint64_t>();
   if (ret->end < ret->begin) {
-    return Corrupt(path, absl::StrCat(where, " has reversed data_offsets [", ret->begin, ", ",
-                                      ret->end, "]"));
+    return Corrupt(
+        path, absl::StrCat(where, " has reversed data_offsets [", ret->begin, ", ", ret->end, "]"));
   }
   const uint32_t element_bytes = SafetensorsDtypeBytes(ret->dtype);
   if (element_bytes != 0) {
     uint64_t bytes = 0;
     overflow |= __builtin_mul_overflow(elements, uint64_t{element_bytes}, &bytes);
     if (overflow || bytes != ret->bytes()) {
-      return Corrupt(path, absl::StrCat(where, " (", ret->dtype, " [",
-                                        absl::StrJoin(ret->shape, ", "), "]) needs ",
-                                        overflow ? "more than 2^64" : absl::StrCat(bytes),
-                                        " bytes but data_offsets [", ret->begin, ", ", ret->end,
-                                        ") span ", ret->bytes()));
+      return Corrupt(
+          path, absl::StrCat(where, " (", ret->dtype, " [", absl::StrJoin(ret->shape, ", "),
+                             "]) needs ", overflow ? "more than 2^64" : absl::StrCat(bytes),
+                             " bytes but data_offsets [", ret->begin, ", ", ret->end, ") span ",
+                             ret->bytes()));
     }
   }
   return absl::OkStatus();
@@ -75,10 +76,9 @@ absl::Status ParseTensor(const std::string& path, const std::string& name, const
 
 uint32_t SafetensorsDtypeBytes(const std::string& dtype) {
   static const std::pair<const char*, uint32_t> kSizes[] = {
-      {"BOOL", 1},    {"U8", 1},      {"I8", 1},      {"F8_E4M3", 1}, {"F8_E5M2", 1},
-      {"F8_E8M0", 1}, {"I16", 2},     {"U16", 2},     {"F16", 2},     {"BF16", 2},
-      {"I32", 4},     {"U32", 4},     {"F32", 4},     {"I64", 8},     {"U64", 8},
-      {"F64", 8},     {"C64", 8},
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+      {"F32", 4},  {"I64", 8}, {"U64", 8}, {"F64", 8},     {"C64", 8},
   };
   for (const auto& [name, bytes] : kSizes) {
     if (dtype == name) return bytes;
@@ -104,8 +104,9 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
   header.path = path;
   header.file_size = file_size;
   if (file_size < 8) {
-    return Corrupt(path, absl::StrCat("file is ", file_size,
-                                      " bytes, too short for the 8-byte safetensors header length"));
+    return Corrupt(path,
+                   absl::StrCat("file is ", file_size,
+                                " bytes, too short for the 8-byte safetensors header length"));
   }
   uint8_t length_bytes[8];
   if (absl::Status s = PreadFull(fd, path, length_bytes, 8, 0); !s.ok()) return s;
@@ -117,9 +118,9 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
                                       kMaxSafetensorsHeaderBytes, "-byte limit (corrupt length?)"));
   }
   if (length > file_size - 8) {
-    return Corrupt(path, absl::StrCat("safetensors header length ", length,
-                                      " runs past the end of the ", file_size,
-                                      "-byte file (truncated?)"));
+    return Corrupt(path,
+                   absl::StrCat("safetensors header length ", length, " runs past the end of the ",
+                                file_size, "-byte file (truncated?)"));
   }
   header.header_bytes = length;
   header.data_start = 8 + length;
@@ -128,8 +129,7 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
   if (absl::Status s = PreadFull(fd, path, text.data(), length, 8); !s.ok()) return s;
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    return Corrupt(path, absl::StrCat("safetensors header (", length,
-                                      " bytes) is not valid JSON"));
+    return Corrupt(path, absl::StrCat("safetensors header (", length, " bytes) is not valid JSON"));
   }
   if (!doc.is_object()) return Corrupt(path, "safetensors header is not a JSON object");
 
@@ -161,8 +161,7 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
       return Corrupt(path, absl::StrCat("tensor '", by_offset[i]->name, "' data_offsets [",
                                         by_offset[i]->begin, ", ", by_offset[i]->end,
                                         ") overlap tensor '", by_offset[i - 1]->name, "' [",
-                                        by_offset[i - 1]->begin, ", ", by_offset[i - 1]->end,
-                                        ")"));
+                                        by_offset[i - 1]->begin, ", ", by_offset[i - 1]->end, ")"));
     }
   }
 

@@ -23,17 +23,17 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
 
 struct SafetensorsTensor {
   std::string name;
-  std::string dtype;            // as written: "F8_E4M3", "F8_E8M0", "BF16", ...
+  std::string dtype;  // as written: "F8_E4M3", "F8_E8M0", "BF16", ...
   std::vector<uint64_t> shape;
-  uint64_t begin = 0;           // data_offsets, relative to the end of the JSON header
+  uint64_t begin = 0;  // data_offsets, relative to the end of the JSON header
   uint64_t end = 0;
   uint64_t bytes() const { return end - begin; }
 };
 
 struct SafetensorsHeader {
   std::string path;
-  uint64_t header_bytes = 0;    // the JSON length, as the first 8 bytes say
-  uint64_t data_start = 0;      // 8 + header_bytes: file offset of data offset 0
+  uint64_t header_bytes = 0;  // the JSON length, as the first 8 bytes say
+  uint64_t data_start = 0;    // 8 + header_bytes: file offset of data offset 0
   uint64_t file_size = 0;
   std::map<std::string, SafetensorsTensor> tensors;
   std::map<std::string, std::string> metadata;

@@ -79,13 +79,12 @@ absl::Status PreadFull(int fd, const std::string& path, void* buf, uint64_t len,
     if (n < 0) {
       if (errno == EINTR) continue;
       return absl::UnavailableError(absl::StrCat("read of ", len, " bytes at offset ", offset,
-                                                 " of ", path, " failed: ",
-                                                 std::strerror(errno)));
+                                                 " of ", path, " failed: ", std::strerror(errno)));
     }
     if (n == 0) {
       return absl::DataLossError(absl::StrCat("unexpected end of file reading ", len,
-                                              " bytes at offset ", offset, " of ", path,
-                                              " (got ", done, ")"));
+                                              " bytes at offset ", offset, " of ", path, " (got ",
+                                              done, ")"));
     }
     done += static_cast<uint64_t>(n);
   }
@@ -133,24 +132,23 @@ void TableBuilder::AddPart(const RowPart& part) { table_->parts_.push_back(part)
 absl::StatusOr<std::unique_ptr<Table>> TableBuilder::Finish(bool check_holes) {
   const Table& t = *table_;
   if (t.covered_.begin >= t.covered_.end || t.covered_.end > t.num_rows_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "covered rows [", t.covered_.begin, ", ", t.covered_.end, ") of ", t.Describe(),
-        " are empty or outside its ", t.num_rows_, " rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("covered rows [", t.covered_.begin, ", ", t.covered_.end, ") of ",
+                     t.Describe(), " are empty or outside its ", t.num_rows_, " rows"));
   }
   uint32_t dest_bytes = 0;
   for (const RowPart& p : t.parts_) {
     const TableFile& f = t.files_[p.file];
-    const std::string what = absl::StrCat("layer ", t.layer_id_, " row bytes [",
-                                          p.dest_offset, ", ", p.dest_offset + p.bytes, ")");
+    const std::string what = absl::StrCat("layer ", t.layer_id_, " row bytes [", p.dest_offset,
+                                          ", ", p.dest_offset + p.bytes, ")");
     dest_bytes += p.bytes;
     // Rows are laid out at a fixed stride, so the first and last covered rows bound them all.
     const uint64_t first = p.FileOffset(t.covered_.begin);
     const uint64_t last_end = p.FileOffset(t.covered_.end - 1) + p.bytes;
     if (last_end > f.size) {
       return absl::DataLossError(absl::StrCat(
-          f.path, ": file is ", f.size, " bytes but ", what, " of covered rows [",
-          t.covered_.begin, ", ", t.covered_.end, ") extend to offset ", last_end,
-          " (truncated?)"));
+          f.path, ": file is ", f.size, " bytes but ", what, " of covered rows [", t.covered_.begin,
+          ", ", t.covered_.end, ") extend to offset ", last_end, " (truncated?)"));
     }
     if (check_holes) {
       if (absl::Status s = CheckNoHoles(f.fd, f.path, first, last_end, what); !s.ok()) return s;

@@ -38,7 +38,8 @@ absl::StatusOr<json> ReadJsonFile(const std::string& path) {
     return s;
   }
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, " is not valid JSON"));
+  if (doc.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not valid JSON"));
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
   }
@@ -142,8 +143,8 @@ absl::StatusOr<WeightMap> ReadWeightMap(const std::filesystem::path& dir) {
   }
   for (const auto& [tensor, shard] : weights->items()) {
     if (!shard.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(map.index_path, ": weight_map entry '",
-                                                     tensor, "' is not a file name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(map.index_path, ": weight_map entry '", tensor, "' is not a file name"));
     }
     map.shard_of[tensor] = shard.get<std::string>();
   }
@@ -164,9 +165,9 @@ absl::StatusOr<FoundTensor> LocateTensor(const std::filesystem::path& dir, const
     const std::filesystem::path rel(*shard);
     if (rel.is_absolute() || rel.empty() ||
         std::find(rel.begin(), rel.end(), std::filesystem::path("..")) != rel.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          map.index_path, ": shard '", *shard, "' of tensor '", candidate,
-          "' is not a file name inside the checkpoint directory"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(map.index_path, ": shard '", *shard, "' of tensor '", candidate,
+                       "' is not a file name inside the checkpoint directory"));
     }
     return FoundTensor{candidate, (dir / rel).string()};
   }
@@ -182,33 +183,30 @@ absl::StatusOr<OpenedShard> OpenShard(const FoundTensor& found, bool require_com
   auto file = OpenTableFile(found.shard_path);
   if (!file.ok()) {
     if (absl::IsNotFound(file.status())) {
-      return absl::NotFoundError(absl::StrCat("shard ", found.shard_path, " of tensor '",
-                                              found.name, "' is missing"));
+      return absl::NotFoundError(
+          absl::StrCat("shard ", found.shard_path, " of tensor '", found.name, "' is missing"));
     }
     return file.status();
   }
   SafetensorsReadOptions read_options;
   read_options.require_complete_file = require_complete_file;
-  auto header =
-      ReadSafetensorsHeader(found.shard_path, file->fd.get(), file->size, read_options);
+  auto header = ReadSafetensorsHeader(found.shard_path, file->fd.get(), file->size, read_options);
   if (!header.ok()) return header.status();
   return OpenedShard{*std::move(file), *std::move(header)};
 }
 
 // Checks one Engram tensor against config.json: dtype, 2-D shape [rows, columns].
 absl::Status CheckEngramTensor(const SafetensorsTensor& t, const std::string& shard,
-                               const char* dtype, uint64_t rows, uint64_t columns,
-                               uint32_t layer) {
+                               const char* dtype, uint64_t rows, uint64_t columns, uint32_t layer) {
   const std::string where = absl::StrCat("tensor '", t.name, "' in ", shard);
   if (t.dtype != dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, " has dtype ", t.dtype, ", expected ", dtype));
   }
   if (t.shape.size() != 2 || t.shape[1] != columns) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " has shape [",
-                                                   absl::StrJoin(t.shape, ", "),
-                                                   "], config.json implies [", rows, ", ",
-                                                   columns, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has shape [", absl::StrJoin(t.shape, ", "),
+                     "], config.json implies [", rows, ", ", columns, "]"));
   }
   if (t.shape[0] != rows) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -226,9 +224,9 @@ absl::StatusOr<std::unique_ptr<Table>> OpenCheckpointLayer(const std::filesystem
   if (options.rows) {
     covered = *options.rows;
     if (covered.begin >= covered.end || covered.end > num_rows) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "declared rows [", covered.begin, ", ", covered.end, ") of layer ", layer, " in ",
-          dir.string(), " are empty or outside its ", num_rows, " rows"));
+      return absl::OutOfRangeError(absl::StrCat("declared rows [", covered.begin, ", ", covered.end,
+                                                ") of layer ", layer, " in ", dir.string(),
+                                                " are empty or outside its ", num_rows, " rows"));
     }
   }
   // A full copy must hold every byte its headers describe; a declared per-rank range may come
@@ -243,8 +241,7 @@ absl::StatusOr<std::unique_ptr<Table>> OpenCheckpointLayer(const std::filesystem
   };
   const Spec specs[2] = {
       {absl::StrCat("layers.", layer, ".engram.embed.weight"), "F8_E4M3", kValueBytes, 0},
-      {absl::StrCat("layers.", layer, ".engram.embed.scale"), "F8_E8M0", kScaleBytes,
-       kValueBytes},
+      {absl::StrCat("layers.", layer, ".engram.embed.scale"), "F8_E8M0", kScaleBytes, kValueBytes},
   };
   TableBuilder builder(layer, num_rows, covered, TableLayout::kCheckpoint, dir.string());
   for (const Spec& spec : specs) {
@@ -254,14 +251,13 @@ absl::StatusOr<std::unique_ptr<Table>> OpenCheckpointLayer(const std::filesystem
     if (!shard.ok()) return shard.status();
     const SafetensorsTensor* t = shard->header.Find(found->name);
     if (t == nullptr) {
-      return absl::NotFoundError(absl::StrCat("shard ", found->shard_path, " has no tensor '",
-                                              found->name, "' (",
-                                              map.single_file.empty() ? map.index_path + " says it does"
-                                                                      : "single-file checkpoint",
-                                              ")"));
+      return absl::NotFoundError(absl::StrCat(
+          "shard ", found->shard_path, " has no tensor '", found->name, "' (",
+          map.single_file.empty() ? map.index_path + " says it does" : "single-file checkpoint",
+          ")"));
     }
-    if (absl::Status s = CheckEngramTensor(*t, found->shard_path, spec.dtype, num_rows,
-                                           spec.columns, layer);
+    if (absl::Status s =
+            CheckEngramTensor(*t, found->shard_path, spec.dtype, num_rows, spec.columns, layer);
         !s.ok()) {
       return s;
     }
@@ -288,9 +284,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenCheckpoint(const std::st
   for (uint32_t want : options.layers) {
     if (std::find(config->layer_ids.begin(), config->layer_ids.end(), want) ==
         config->layer_ids.end()) {
-      return absl::NotFoundError(absl::StrCat("layer ", want, " is not an Engram layer of ", dir,
-                                              " (engram_layer_ids: ",
-                                              absl::StrJoin(config->layer_ids, ", "), ")"));
+      return absl::NotFoundError(
+          absl::StrCat("layer ", want, " is not an Engram layer of ", dir,
+                       " (engram_layer_ids: ", absl::StrJoin(config->layer_ids, ", "), ")"));
     }
   }
   auto map = ReadWeightMap(root);

@@ -23,14 +23,12 @@ absl::StatusOr<std::unique_ptr<Table>> OpenPacked(const std::string& path,
   if (absl::Status s = PreadFull(file->fd.get(), path, &h, sizeof(h), 0); !s.ok()) return s;
   if (absl::Status s = ValidatePackedHeader(h, path); !s.ok()) return s;
   if (file->size < h.data_end) {
-    return absl::DataLossError(absl::StrCat(path, ": file is ", file->size,
-                                            " bytes but its header says rows [", h.covered_begin,
-                                            ", ", h.covered_end, ") end at offset ", h.data_end,
-                                            " (truncated?)"));
+    return absl::DataLossError(absl::StrCat(
+        path, ": file is ", file->size, " bytes but its header says rows [", h.covered_begin, ", ",
+        h.covered_end, ") end at offset ", h.data_end, " (truncated?)"));
   }
   if (!options.layers.empty() &&
-      std::find(options.layers.begin(), options.layers.end(), h.layer_id) ==
-          options.layers.end()) {
+      std::find(options.layers.begin(), options.layers.end(), h.layer_id) == options.layers.end()) {
     return absl::NotFoundError(absl::StrCat(path, " holds layer ", h.layer_id,
                                             ", not one of the requested layers ",
                                             absl::StrJoin(options.layers, ", ")));
@@ -39,10 +37,10 @@ absl::StatusOr<std::unique_ptr<Table>> OpenPacked(const std::string& path,
   if (options.rows) {
     const RowRange& want = *options.rows;
     if (want.begin >= want.end || want.begin < covered.begin || want.end > covered.end) {
-      return absl::OutOfRangeError(absl::StrCat(
-          path, ": declared rows [", want.begin, ", ", want.end,
-          ") are empty or not inside the rows the file holds [", covered.begin, ", ",
-          covered.end, ")"));
+      return absl::OutOfRangeError(
+          absl::StrCat(path, ": declared rows [", want.begin, ", ", want.end,
+                       ") are empty or not inside the rows the file holds [", covered.begin, ", ",
+                       covered.end, ")"));
     }
     covered = want;
   }

@@ -1,9 +1,8 @@
 // Runs engram-synth, engram-pack and engram-inspect as a user would: exit codes and messages.
 // The binaries' paths come from the environment (set by tests/table/meson.build).
-#include <catch2/catch.hpp>
-
 #include <sys/wait.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -74,8 +73,7 @@ TEST_CASE("engram-synth, engram-pack and engram-inspect work end to end", "[cli]
   CHECK(r.exit_code == 1);
   CHECK_THAT(r.output, Contains("differ from engram-synth seed 6"));
 
-  r = Run(pack + " " + model + " --layer 1 --rows 500:1500 --sparse -q --out " +
-          (dir / "r.etbl"));
+  r = Run(pack + " " + model + " --layer 1 --rows 500:1500 --sparse -q --out " + (dir / "r.etbl"));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.empty());

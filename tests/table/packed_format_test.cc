@@ -1,9 +1,8 @@
 // Tests of the packed header: layout, checksum and every refusal of ValidatePackedHeader.
-#include <catch2/catch.hpp>
-
-#include <cstring>
-
 #include "daemon/packed_format.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
 
 namespace engram {
 namespace {
@@ -38,9 +37,9 @@ TEST_CASE("the header bytes are little-endian at fixed offsets", "[packed_format
   uint8_t bytes[sizeof(PackedHeader)];
   std::memcpy(bytes, &h, sizeof(h));
   CHECK(std::memcmp(bytes, "ENGRAMTB", 8) == 0);
-  CHECK(bytes[8] == 1);   // version_major
-  CHECK(bytes[12] == 128);  // header_bytes
-  CHECK(bytes[16] == 14);   // layer_id
+  CHECK(bytes[8] == 1);      // version_major
+  CHECK(bytes[12] == 128);   // header_bytes
+  CHECK(bytes[16] == 14);    // layer_id
   CHECK(bytes[20] == 0x08);  // row_bytes = 264 = 0x108
   CHECK(bytes[21] == 0x01);
   CHECK(bytes[24] == 0x05);  // num_rows, least significant byte first

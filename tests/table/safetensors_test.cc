@@ -1,12 +1,13 @@
 // Tests of safetensors header parsing: a good header, and every kind of damage refused with
 // DataLoss naming the file and tensor.
-#include <catch2/catch.hpp>
+#include "daemon/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/safetensors.h"
+#include <catch2/catch.hpp>
+
 #include "tests/table/table_test_util.h"
 
 namespace engram {
@@ -28,11 +29,10 @@ absl::StatusOr<SafetensorsHeader> Parse(const std::string& path, bool complete =
   return header;
 }
 
-const char* kGood =
-    R"({"__metadata__":{"format":"pt"},)"
-    R"("a":{"dtype":"F8_E4M3","shape":[4,256],"data_offsets":[0,1024]},)"
-    R"("b":{"dtype":"F8_E8M0","shape":[4,8],"data_offsets":[1024,1056]},)"
-    R"("c":{"dtype":"BF16","shape":[3],"data_offsets":[1056,1062]}})";
+const char* kGood = R"({"__metadata__":{"format":"pt"},)"
+                    R"("a":{"dtype":"F8_E4M3","shape":[4,256],"data_offsets":[0,1024]},)"
+                    R"("b":{"dtype":"F8_E8M0","shape":[4,8],"data_offsets":[1024,1056]},)"
+                    R"("c":{"dtype":"BF16","shape":[3],"data_offsets":[1056,1062]}})";
 
 TEST_CASE("a valid safetensors header parses", "[safetensors]") {
   TempDir dir;
@@ -80,25 +80,24 @@ TEST_CASE("damaged safetensors headers are refused with DataLoss", "[safetensors
       {"shorter than the length field", std::string("\x10\x00\x00", 3), "too short"},
       {"zero header length", Safetensors("", 16), "header length is 0"},
       {"absurd header length", testing::LengthPrefix(uint64_t{1} << 40) + "{}", "exceeds"},
-      {"header length past the end",
-       testing::LengthPrefix(5000) + std::string(kGood), "runs past the end"},
+      {"header length past the end", testing::LengthPrefix(5000) + std::string(kGood),
+       "runs past the end"},
       {"malformed JSON", Safetensors(R"({"a":{"dtype":"F8_E4M3",)", 0), "not valid JSON"},
       {"JSON that is not an object", Safetensors("[1,2,3]", 0), "not a JSON object"},
-      {"tensor without dtype",
-       Safetensors(R"({"a":{"shape":[1],"data_offsets":[0,1]}})", 1), "'a' has no string 'dtype'"},
+      {"tensor without dtype", Safetensors(R"({"a":{"shape":[1],"data_offsets":[0,1]}})", 1),
+       "'a' has no string 'dtype'"},
       {"tensor without data_offsets", Safetensors(R"({"a":{"dtype":"U8","shape":[1]}})", 1),
        "'a' has no 'data_offsets'"},
       {"negative shape",
-       Safetensors(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", 1),
-       "shape entry"},
+       Safetensors(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", 1), "shape entry"},
       {"reversed offsets",
        Safetensors(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[5,2]}})", 8), "reversed"},
       {"shape disagreeing with offsets",
        Safetensors(R"({"a":{"dtype":"F8_E4M3","shape":[4,256],"data_offsets":[0,1000]}})", 1024),
        "needs 1024 bytes but data_offsets [0, 1000) span 1000"},
       {"shape whose size overflows",
-       Safetensors(
-           R"({"a":{"dtype":"BF16","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
+       Safetensors(R"({"a":{"dtype":"BF16","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+                   8),
        "more than 2^64"},
       {"overlapping tensors",
        Safetensors(R"({"a":{"dtype":"U8","shape":[10],"data_offsets":[0,10]},)"

@@ -1,12 +1,11 @@
 // Tests of the synthetic row generator: pure, distinct per (seed, layer, row), finite values
 // and sane scales.
-#include <catch2/catch.hpp>
+#include "tools/tables/synthetic.h"
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <set>
-
-#include "tools/tables/synthetic.h"
 
 namespace engram {
 namespace {

@@ -1,11 +1,10 @@
 // Tests of OpenCheckpoint(): row addressing against the synthetic generator, per-rank sparse
 // copies, fd hygiene, and every refusal with the broken files crafted here.
-#include <catch2/catch.hpp>
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 
@@ -213,9 +212,8 @@ TEST_CASE("broken checkpoints are refused with errors naming file, tensor and pr
     ExpectRefused(dir, {absl::StatusCode::kInvalidArgument, {"no engram_layer_ids"}});
   }
   SECTION("engram_num_embeddings of the wrong length") {
-    EditJsonFile(dir + "/config.json", [](nlohmann::json& c) {
-      c["text_config"]["engram_num_embeddings"] = {kRows};
-    });
+    EditJsonFile(dir + "/config.json",
+                 [](nlohmann::json& c) { c["text_config"]["engram_num_embeddings"] = {kRows}; });
     ExpectRefused(dir, {absl::StatusCode::kInvalidArgument, {"engram_num_embeddings"}});
   }
   SECTION("a head dim engramd does not serve") {
@@ -257,13 +255,13 @@ TEST_CASE("broken checkpoints are refused with errors naming file, tensor and pr
   }
   SECTION("wrong dtype of the values") {
     EditShardHeader(shard, [&](nlohmann::json& h) { h[weight]["dtype"] = "I8"; });
-    ExpectRefused(dir, {absl::StatusCode::kInvalidArgument,
-                        {shard, weight, "dtype I8, expected F8_E4M3"}});
+    ExpectRefused(
+        dir, {absl::StatusCode::kInvalidArgument, {shard, weight, "dtype I8, expected F8_E4M3"}});
   }
   SECTION("wrong dtype of the scales") {
     EditShardHeader(shard, [&](nlohmann::json& h) { h[scale]["dtype"] = "U8"; });
-    ExpectRefused(dir, {absl::StatusCode::kInvalidArgument,
-                        {shard, scale, "dtype U8, expected F8_E8M0"}});
+    ExpectRefused(
+        dir, {absl::StatusCode::kInvalidArgument, {shard, scale, "dtype U8, expected F8_E8M0"}});
   }
   SECTION("shape not matching config.json") {
     EditShardHeader(shard, [&](nlohmann::json& h) { h[weight]["shape"] = {kRows * 2, 128}; });
@@ -318,8 +316,8 @@ TEST_CASE("broken checkpoints are refused with errors naming file, tensor and pr
 // `full_size`: extend each shard to its original size (else it ends after the last row).
 void WriteSparseCopy(const std::string& src, const std::string& dst, RowRange rows,
                      bool full_size) {
-  for (const char* f : {"config.json", "model.safetensors.index.json",
-                        "model-00001-of-00003.safetensors"}) {
+  for (const char* f :
+       {"config.json", "model.safetensors.index.json", "model-00001-of-00003.safetensors"}) {
     std::filesystem::copy_file(src + "/" + f, dst + "/" + f);
   }
   auto tables = OpenCheckpoint(src, {});

@@ -1,11 +1,10 @@
 // Tests of packed tables: checkpoint -> packed round trips (whole, compacted and sparse
 // per-rank copies), OpenPacked() addressing, and refusals of damaged packed files.
-#include <catch2/catch.hpp>
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 

@@ -115,7 +115,8 @@ int main(int argc, char** argv) {
     }
     if (verify) {
       const engram::RowRange c = t->covered();
-      const uint64_t count = sample == 0 || sample >= c.size() ? c.size() : std::max<uint64_t>(2, sample);
+      const uint64_t count =
+          sample == 0 || sample >= c.size() ? c.size() : std::max<uint64_t>(2, sample);
       uint64_t mismatched = 0, first_bad = 0;
       uint8_t got[engram::kRowBytes], want[engram::kRowBytes];
       for (uint64_t i = 0; i < count; ++i) {
@@ -137,13 +138,11 @@ int main(int argc, char** argv) {
                      "engram-inspect: layer %u: %llu of %llu rows differ from engram-synth seed "
                      "%llu (first: row %llu)\n",
                      t->layer_id(), static_cast<unsigned long long>(mismatched),
-                     static_cast<unsigned long long>(count),
-                     static_cast<unsigned long long>(*seed),
+                     static_cast<unsigned long long>(count), static_cast<unsigned long long>(*seed),
                      static_cast<unsigned long long>(first_bad));
       } else if (!json_out) {
         std::printf("  %llu rows match engram-synth seed %llu\n",
-                    static_cast<unsigned long long>(count),
-                    static_cast<unsigned long long>(*seed));
+                    static_cast<unsigned long long>(count), static_cast<unsigned long long>(*seed));
       }
     }
     report.push_back(entry);

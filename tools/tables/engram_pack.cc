@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
   if (!rows_text.empty()) {
     auto rows = engram::ParseRowRange(rows_text);
     if (!rows.ok()) {
-      std::fprintf(stderr, "engram-pack: --rows: %s\n", std::string(rows.status().message()).c_str());
+      std::fprintf(stderr, "engram-pack: --rows: %s\n",
+                   std::string(rows.status().message()).c_str());
       return 2;
     }
     options.rows = *rows;

@@ -49,8 +49,7 @@ absl::Status PreadExact(int fd, const std::string& path, uint8_t* p, uint64_t le
       return Errno(absl::StrCat("cannot read ", len, " bytes at offset ", offset, " of"), path);
     }
     if (n == 0) {
-      return absl::DataLossError(
-          absl::StrCat(path, ": unexpected end of file at offset ", offset));
+      return absl::DataLossError(absl::StrCat(path, ": unexpected end of file at offset ", offset));
     }
     p += n;
     len -= static_cast<uint64_t>(n);
@@ -187,10 +186,9 @@ absl::Status PackTable(const PackOptions& options) {
       (void)::sync_file_range(out.fd(), static_cast<off_t>(started_to),
                               static_cast<off_t>(written_to - started_to), SYNC_FILE_RANGE_WRITE);
       if (started_to > flushed_to) {
-        (void)::sync_file_range(out.fd(), static_cast<off_t>(flushed_to),
-                                static_cast<off_t>(started_to - flushed_to),
-                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
-                                    SYNC_FILE_RANGE_WAIT_AFTER);
+        (void)::sync_file_range(
+            out.fd(), static_cast<off_t>(flushed_to), static_cast<off_t>(started_to - flushed_to),
+            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
         (void)::posix_fadvise(out.fd(), static_cast<off_t>(flushed_to),
                               static_cast<off_t>(started_to - flushed_to), POSIX_FADV_DONTNEED);
         flushed_to = started_to;

@@ -20,7 +20,7 @@ namespace engram {
 struct PackOptions {
   std::string input;  // checkpoint directory or packed file
   uint32_t layer = 0;
-  std::string out;    // written as out.tmp-XXXXXX, fsynced, then renamed over `out`
+  std::string out;  // written as out.tmp-XXXXXX, fsynced, then renamed over `out`
   // Rows to keep (a per-rank copy); unset: every row the input covers.
   std::optional<RowRange> rows;
   // Keep rows at their original offsets (a sparse file) instead of compacting them.

@@ -41,8 +41,8 @@ inline void FillRow(uint64_t layer_key, uint64_t row, uint8_t* values, uint8_t* 
     // A byte whose low 7 bits are all ones is an E4M3 NaN (0x7F, 0xFF). Adding 1 to the low 7
     // bits carries into bit 7 exactly for those bytes; flipping their bit 0 makes them the
     // largest finite magnitude (0x7E, 0xFE) instead.
-    const uint64_t nan = ((w & 0x7f7f7f7f7f7f7f7full) + 0x0101010101010101ull) &
-                         0x8080808080808080ull;
+    const uint64_t nan =
+        ((w & 0x7f7f7f7f7f7f7f7full) + 0x0101010101010101ull) & 0x8080808080808080ull;
     w ^= nan >> 7;
     std::memcpy(values + 8 * i, &w, 8);
   }
@@ -118,7 +118,7 @@ struct PlannedShard {
   uint32_t engram_layer = 0;
   bool has_engram = false;
   uint64_t rows = 0;
-  std::string header;   // padded JSON
+  std::string header;  // padded JSON
   uint64_t data_start = 0;
   uint64_t data_bytes = 0;
 };
@@ -140,8 +140,8 @@ void PlanShard(PlannedShard* shard) {
   for (PlannedTensor& t : shard->tensors) {
     t.begin = offset;
     offset += t.bytes;
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape},
-                      {"data_offsets", {t.begin, t.begin + t.bytes}}};
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {t.begin, t.begin + t.bytes}}};
   }
   shard->data_bytes = offset;
   shard->header = header.dump();
@@ -252,9 +252,10 @@ absl::StatusOr<uint64_t> RowsOf(const SynthOptions& options, uint32_t layer) {
   for (int i = 0; i < 2; ++i) {
     if (kDsv41EngramLayers[i] == layer) return kDsv41EngramRows[i];
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "layer ", layer, " has no DeepSeek-V4.1 row count; full-size checkpoints have layers 1 "
-      "and 14 (pass a row count instead)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("layer ", layer,
+                   " has no DeepSeek-V4.1 row count; full-size checkpoints have layers 1 "
+                   "and 14 (pass a row count instead)"));
 }
 
 std::string ShardName(size_t index, size_t count) {
