@@ -163,7 +163,7 @@ struct TableState {
 
   std::atomic<uint64_t> batches{0}, rows_requested{0}, rows_unique{0}, read_calls{0},
       nowait_hits{0}, nowait_eagain{0}, partial_reads{0}, uring_reads{0}, pool_reads{0},
-      direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, probes{0},
+      direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, syscalls{0}, probes{0},
       dedup_copies{0};
   std::atomic<double> hit_rate{1.0};
   std::atomic<bool> nowait_enabled{true};
@@ -228,20 +228,53 @@ class GatherEngineImpl final : public GatherEngine {
     }
     {
       std::lock_guard<std::mutex> fl(files_mu_);
+      // A fixed-file slot for `fd`: a freed one, or a new one while under the limit.
+      auto slot_for = [&](int fd) {
+        for (size_t i = 0; i < fixed_fds_.size(); ++i) {
+          if (fixed_fds_[i] == -1) {
+            fixed_fds_[i] = fd;
+            fixed_versions_[i] = ++fixed_version_counter_;
+            return static_cast<int>(i);
+          }
+        }
+        if (fixed_fds_.size() >= options_.max_fixed_files) return -1;
+        fixed_fds_.push_back(fd);
+        fixed_versions_.push_back(++fixed_version_counter_);
+        return static_cast<int>(fixed_fds_.size() - 1);
+      };
       for (auto& f : state->files) {
-        if (fixed_fds_.size() < options_.max_fixed_files) {
-          f->fixed_index = static_cast<int>(fixed_fds_.size());
-          fixed_fds_.push_back(f->fd);
-        }
-        if (f->direct_fd >= 0 && fixed_fds_.size() < options_.max_fixed_files) {
-          f->direct_fixed_index = static_cast<int>(fixed_fds_.size());
-          fixed_fds_.push_back(f->direct_fd);
-        }
+        f->fixed_index = slot_for(f->fd);
+        if (f->direct_fd >= 0) f->direct_fixed_index = slot_for(f->direct_fd);
       }
       files_generation_.fetch_add(1, std::memory_order_release);
     }
     tables_.emplace(table, std::move(state));
     return absl::OkStatus();
+  }
+
+  absl::Status RemoveTable(const Table* table) override {
+    std::unique_ptr<TableState> state;
+    {
+      std::unique_lock<std::shared_mutex> l(tables_mu_);
+      auto it = tables_.find(table);
+      if (it == tables_.end()) {
+        return absl::NotFoundError(absl::StrCat(
+            "table ", table == nullptr ? std::string("(null)") : table->Describe(),
+            " is not in the gather engine"));
+      }
+      state = std::move(it->second);
+      tables_.erase(it);
+      std::lock_guard<std::mutex> fl(files_mu_);
+      for (auto& f : state->files) {
+        for (int i : {f->fixed_index, f->direct_fixed_index}) {
+          if (i < 0) continue;
+          fixed_fds_[i] = -1;
+          fixed_versions_[i] = ++fixed_version_counter_;
+        }
+      }
+      files_generation_.fetch_add(1, std::memory_order_release);
+    }
+    return absl::OkStatus();  // `state` closes the O_DIRECT fds here
   }
 
   absl::Status Gather(const GatherBatch& batch) override {
@@ -278,6 +311,7 @@ class GatherEngineImpl final : public GatherEngine {
       s.errors = ts->errors.load();
       s.nowait_zero = ts->nowait_zero.load();
       s.eintr_retries = ts->eintr_retries.load();
+      s.syscalls = ts->syscalls.load();
       s.probes = ts->probes.load();
       s.dedup_copies = ts->dedup_copies.load();
       s.nowait_supported = true;
@@ -338,7 +372,7 @@ class GatherEngineImpl final : public GatherEngine {
     const uint64_t gen = files_generation_.load(std::memory_order_acquire);
     if (ctx.fixed_generation() == gen) return;
     std::lock_guard<std::mutex> l(files_mu_);
-    ctx.SyncFixedFiles(fixed_fds_, files_generation_.load());
+    ctx.SyncFixedFiles(fixed_fds_, fixed_versions_, files_generation_.load());
   }
 
   ThreadPool* BlockingPool() {
@@ -516,6 +550,7 @@ class GatherEngineImpl final : public GatherEngine {
     ts->bytes_read.fetch_add(total.bytes_read, std::memory_order_relaxed);
     ts->nowait_zero.fetch_add(total.nowait_zero, std::memory_order_relaxed);
     ts->eintr_retries.fetch_add(total.eintr_retries, std::memory_order_relaxed);
+    ts->syscalls.fetch_add(total.syscalls, std::memory_order_relaxed);
     if (!first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
     const uint64_t ns = NowNs() - t0;
     ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
@@ -543,7 +578,9 @@ class GatherEngineImpl final : public GatherEngine {
   std::unordered_map<const Table*, std::unique_ptr<TableState>> tables_;
 
   std::mutex files_mu_;
-  std::vector<int> fixed_fds_;
+  std::vector<int> fixed_fds_;  // fixed-file slot -> fd, -1 when free
+  std::vector<uint64_t> fixed_versions_;
+  uint64_t fixed_version_counter_ = 0;
   std::atomic<uint64_t> files_generation_{0};
 
   std::mutex ctx_mu_;

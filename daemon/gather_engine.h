@@ -118,6 +118,7 @@ struct TableGatherStats {
   // --- Extensions ---
   uint64_t nowait_zero = 0;      // NOWAIT reads that returned 0 before EOF (treated as misses)
   uint64_t eintr_retries = 0;
+  uint64_t syscalls = 0;         // preadv2, pread and io_uring_enter calls made for the table
   uint64_t probes = 0;           // batches that probed the NOWAIT pass while it was off
   uint64_t dedup_copies = 0;     // slots filled by copying a row read once for the batch
   ReadMode mode = ReadMode::kBuffered;
@@ -133,8 +134,13 @@ class GatherEngine {
   static absl::StatusOr<std::unique_ptr<GatherEngine>> Create(const GatherEngineOptions& options);
   virtual ~GatherEngine() = default;
 
-  // Registers a table before it is gathered from. The table must outlive the engine.
+  // Registers a table before it is gathered from. The table must outlive the engine, or be
+  // removed with RemoveTable() before it is closed.
   virtual absl::Status AddTable(const Table* table, const TableGatherOptions& options) = 0;
+
+  // Forgets a table (extension): its files leave every ring's fixed-file set and its statistics
+  // are dropped. No batch of the table may be running or submitted. NotFound if it was not added.
+  virtual absl::Status RemoveTable(const Table* table) = 0;
 
   // Fills every slot of the batch, or returns the first error (a row outside the table, a file
   // that ended early): the status names the table, row, file and offset. Rows are validated

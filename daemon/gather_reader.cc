@@ -71,6 +71,7 @@ void ReadCounters::Add(const ReadCounters& o) {
   bytes_read += o.bytes_read;
   nowait_zero += o.nowait_zero;
   eintr_retries += o.eintr_retries;
+  syscalls += o.syscalls;
 }
 
 ReaderContext::~ReaderContext() {
@@ -98,15 +99,22 @@ absl::Status ReaderContext::InitRing(uint32_t entries, uint32_t max_fixed_files)
   return absl::OkStatus();
 }
 
-void ReaderContext::SyncFixedFiles(const std::vector<int>& fds, uint64_t generation) {
-  if (fixed_files_ && fds.size() > registered_files_) {
-    const int r = io_uring_register_files_update(&ring_, registered_files_,
-                                                 fds.data() + registered_files_,
-                                                 fds.size() - registered_files_);
-    if (r < 0) {
-      fixed_files_ = false;  // plain fds from now on
-    } else {
-      registered_files_ = fds.size();
+void ReaderContext::SyncFixedFiles(const std::vector<int>& fds,
+                                   const std::vector<uint64_t>& versions, uint64_t generation) {
+  // Update only the slots that changed (tables added or removed since the last sync); -1 clears
+  // a slot so the ring drops its reference to a closed table's file.
+  if (fixed_files_) {
+    registered_versions_.resize(fds.size(), 0);
+    for (size_t i = 0; i < fds.size() && fixed_files_; ++i) {
+      if (registered_versions_[i] == versions[i]) continue;
+      size_t j = i;
+      while (j < fds.size() && registered_versions_[j] != versions[j]) ++j;
+      if (io_uring_register_files_update(&ring_, i, const_cast<int*>(fds.data() + i), j - i) < 0) {
+        fixed_files_ = false;  // plain fds from now on
+        break;
+      }
+      std::copy(versions.begin() + i, versions.begin() + j, registered_versions_.begin() + i);
+      i = j;
     }
   }
   fixed_generation_ = generation;
@@ -171,6 +179,7 @@ absl::Status NowaitPassSerial(const ReadTarget& t, const std::vector<PendingRead
       const uint32_t remaining = rd.length - p.done;
       const ssize_t n = DoRead(t, f.fd, iov, cnt, rd.offset + p.done, RWF_NOWAIT);
       c.read_calls++;
+      c.syscalls++;
       if (n == remaining) {
         c.bytes_read += n;
         c.nowait_reads_hit++;
@@ -224,6 +233,7 @@ absl::Status BlockingRead(const ReadTarget& t, PendingRead p, ReadCounters& c) {
     const uint32_t remaining = rd.length - p.done;
     const ssize_t n = DoRead(t, f.fd, iov, cnt, rd.offset + p.done, 0);
     c.read_calls++;
+    c.syscalls++;
     if (n == remaining) {
       c.bytes_read += n;
       c.pool_reads++;
@@ -316,6 +326,7 @@ absl::Status UringPass(ReaderContext& ctx, const ReadTarget& t,
     }
     if (inflight == 0) break;
     const int r = io_uring_submit_and_wait(ring, 1);
+    c.syscalls++;
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
       // The ring cannot take or report work any more; what was submitted may still land in the
       // slots, so this is fatal for the batch.
@@ -405,6 +416,7 @@ absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
       const ssize_t n = pread(f.direct_fd, bounce + run.bounce_offset + run.valid,
                               run.length - run.valid, run.start + run.valid);
       c.read_calls++;
+      c.syscalls++;
       if (n < 0 && errno == EINTR) {
         c.eintr_retries++;
         continue;
@@ -444,6 +456,7 @@ absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
           c.read_calls++;
         }
         const int r = io_uring_submit_and_wait(ring, 1);
+    c.syscalls++;
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
           return absl::ErrnoToStatus(-r, "io_uring_enter for O_DIRECT reads");
         }

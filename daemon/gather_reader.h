@@ -43,6 +43,7 @@ struct ReadCounters {
   uint64_t bytes_read = 0;
   uint64_t nowait_zero = 0;
   uint64_t eintr_retries = 0;
+  uint64_t syscalls = 0;  // preadv2 / pread / io_uring_enter calls
   void Add(const ReadCounters& o);
 };
 
@@ -74,8 +75,10 @@ class ReaderContext {
   bool has_ring() const { return has_ring_; }
   io_uring* ring() { return &ring_; }
 
-  // Brings the ring's fixed-file table up to date with `fds` (index = fixed index).
-  void SyncFixedFiles(const std::vector<int>& fds, uint64_t generation);
+  // Brings the ring's fixed-file table up to date with `fds` (index = fixed index, -1 = empty);
+  // `versions` change whenever a slot is assigned or freed, so a reused fd number is noticed.
+  void SyncFixedFiles(const std::vector<int>& fds, const std::vector<uint64_t>& versions,
+                      uint64_t generation);
   uint64_t fixed_generation() const { return fixed_generation_; }
   bool fixed_files() const { return fixed_files_; }
 
@@ -98,7 +101,7 @@ class ReaderContext {
   io_uring ring_{};
   bool has_ring_ = false;
   bool fixed_files_ = false;
-  uint32_t registered_files_ = 0;
+  std::vector<uint64_t> registered_versions_;  // slot versions this ring's table holds
   uint64_t fixed_generation_ = 0;
   uint8_t* bounce_ = nullptr;
   size_t bounce_bytes_ = 0;

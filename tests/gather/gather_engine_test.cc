@@ -613,5 +613,22 @@ TEST_CASE("several threads gather at once, large batches split over the workers"
   CHECK(requested == 4 * 3 * (3000 + 300));
 }
 
+TEST_CASE("a removed table's files leave the rings; a table opened in its place reads right",
+          "[gather]") {
+  auto engine = MakeEngine({.workers = 1});
+  for (int round = 0; round < 3; ++round) {
+    // Alternate layouts: the new table often reuses the old one's address and fd numbers.
+    auto table = Open(round % 2 ? Files().packed : Files().ckpt);
+    REQUIRE(engine->AddTable(table.get(), {}).ok());
+    const auto rows = RandomRows(500, round);
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    REQUIRE(engine->RemoveTable(table.get()).ok());
+    CHECK(engine->RemoveTable(table.get()).code() == absl::StatusCode::kNotFound);
+    CHECK(engine->Stats().empty());
+  }
+}
+
 }  // namespace
 }  // namespace engram

@@ -1,0 +1,373 @@
+// engram-bench: compares, in one run over the same files and row ids, the ways of gathering
+// Engram rows: mmap + memcpy, the recipe's blocking preadv pool, serial RWF_NOWAIT with the misses
+// to that pool, io_uring only, and the gather engine; for decode- and prefill-sized batches,
+// warm / half-resident / cold page cache, uniform and Zipf row ids, both table layouts.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/statfs.h>
+#include <sys/sysinfo.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/gather/gather_methods.h"
+#include "tests/gather/gather_test_util.h"
+
+namespace engram::bench {
+namespace {
+
+constexpr uint32_t kLayer = 14;
+
+struct Config {
+  std::string dir = "/var/tmp/engram-bench";
+  uint64_t rows = 8'000'000;
+  uint64_t seed = 42;
+  std::vector<uint64_t> batches = {1152, 98304};
+  std::vector<std::string> layouts = {"checkpoint", "packed"};
+  std::vector<std::string> states = {"warm", "half", "cold"};
+  std::vector<std::string> dists = {"uniform", "zipf"};
+  std::vector<std::string> methods = {"mmap", "pool", "nowait", "uring", "engine"};
+  double zipf_s = 1.0;
+  double budget_s = 0.4;     // timed seconds per (case, method) for warm batches
+  int max_iters = 30;
+  int cold_iters = 3;        // per (case, method) for cold / half batches of up to 8192 rows
+  int big_cold_iters = 1;    // for larger cold / half batches
+  std::string csv;
+  std::string md;
+  bool smoke = false;
+};
+
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t CpuNs() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1'000'000'000ull +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ull;
+}
+
+uint64_t Faults() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt + ru.ru_majflt;
+}
+
+std::string ReadFirstLine(const std::string& path, const std::string& key = "") {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (key.empty() || line.rfind(key, 0) == 0) return line;
+  }
+  return "";
+}
+
+void PrintMachine(const Config& c) {
+  utsname u{};
+  uname(&u);
+  struct sysinfo si {};
+  sysinfo(&si);
+  struct statfs fs {};
+  statfs(c.dir.c_str(), &fs);
+  std::string cpu = ReadFirstLine("/proc/cpuinfo", "model name");
+  if (auto p = cpu.find(':'); p != std::string::npos) cpu = cpu.substr(p + 2);
+  std::printf("# engram-bench\n");
+  std::printf("machine: %s, %u online CPUs, %.1f GiB RAM, Linux %s\n", cpu.c_str(),
+              std::thread::hardware_concurrency(), si.totalram * double(si.mem_unit) / (1 << 30),
+              u.release);
+  std::printf("files: %s (filesystem magic 0x%lx), %lu rows per table (%.2f GB per layout)\n",
+              c.dir.c_str(), static_cast<unsigned long>(fs.f_type),
+              static_cast<unsigned long>(c.rows), c.rows * 264.0 / 1e9);
+  std::printf("batches: %s; states: %s; ids: %s (zipf s=%.2f); layouts: %s\n",
+              absl::StrJoin(c.batches, ", ").c_str(), absl::StrJoin(c.states, ", ").c_str(),
+              absl::StrJoin(c.dists, ", ").c_str(), c.zipf_s,
+              absl::StrJoin(c.layouts, ", ").c_str());
+  std::printf(
+      "methods: (1) mmap+memcpy, (2) preadv pool 32 threads x 16-row tasks, (3) serial "
+      "preadv2(RWF_NOWAIT) + misses to (2), (4) io_uring only (one ring, depth 256), (5) "
+      "gather engine (%u workers)\n",
+      std::thread::hardware_concurrency());
+  std::printf("cold = posix_fadvise(DONTNEED) on the table files before each timed batch; half "
+              "= cold, then every other unique row of the batch read back\n\n");
+}
+
+// Row ids: uniform, or Zipf(s) over ranks scattered over the table by a bijective hash so that
+// hot rows are not neighbours in the file.
+std::vector<uint64_t> MakeRows(const std::string& dist, size_t n, uint64_t rows, double s,
+                               uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> out(n);
+  if (dist == "uniform") {
+    for (auto& r : out) r = rng() % rows;
+    return out;
+  }
+  // Inverse-CDF sampling of a continuous Zipf(s) density on [1, rows + 1).
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const double n1 = static_cast<double>(rows) + 1.0;
+  uint64_t mult = 0x9E3779B97F4A7C15ull % rows;
+  while (std::gcd(mult, rows) != 1) ++mult;
+  for (auto& r : out) {
+    const double x = u(rng);
+    double k;
+    if (std::abs(s - 1.0) < 1e-9) {
+      k = std::pow(n1, x);
+    } else {
+      k = std::pow(1.0 + x * (std::pow(n1, 1.0 - s) - 1.0), 1.0 / (1.0 - s));
+    }
+    const uint64_t rank = std::min<uint64_t>(rows - 1, static_cast<uint64_t>(k) - 1);
+    r = static_cast<uint64_t>((static_cast<unsigned __int128>(rank) * mult + 12345) % rows);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Table>> PrepareTable(const Config& c, const std::string& layout) {
+  std::filesystem::create_directories(c.dir);
+  const std::string tag = absl::StrCat(c.rows, "-", c.seed);
+  const std::string path = layout == "packed" ? absl::StrCat(c.dir, "/packed-", tag, ".engram")
+                                              : absl::StrCat(c.dir, "/ckpt-", tag);
+  auto table = testing::OpenOne(path, kLayer);
+  if (!table.ok()) {
+    std::fprintf(stderr, "writing %s (%s layout, %.2f GB)...\n", path.c_str(), layout.c_str(),
+                 c.rows * 264.0 / 1e9);
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+    absl::Status s = layout == "packed"
+                         ? testing::WriteSyntheticPacked(path, kLayer, c.rows, c.seed)
+                         : WriteSyntheticCheckpoint(
+                               {.out_dir = path, .rows = c.rows, .seed = c.seed,
+                                .layers = {kLayer}});
+    if (!s.ok()) return s;
+    table = testing::OpenOne(path, kLayer);
+  }
+  return table;
+}
+
+// Reads each given row's parts once so its pages are resident.
+void TouchRows(const Table& t, const std::vector<uint64_t>& rows) {
+  uint8_t buf[kRowBytes];
+  for (uint64_t r : rows) {
+    for (const RowPart& p : t.parts()) {
+      if (pread(t.files()[p.file].fd, buf, p.bytes, p.FileOffset(r)) < 0) break;
+    }
+  }
+}
+
+struct Result {
+  std::string layout, state, dist, method;
+  uint64_t batch = 0;
+  int iters = 0;
+  double us_per_row = 0, cpu_us_per_row = 0, syscalls_per_row = 0, faults_per_row = 0;
+  double p50_ms = 0, p99_ms = 0, rows_per_s = 0, ratio = 0;
+  double resident = 0;
+};
+
+double Percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - 1);
+  return v[i];
+}
+
+int Run(const Config& c) {
+  std::error_code ec;
+  std::filesystem::create_directories(c.dir, ec);
+  PrintMachine(c);
+  std::vector<std::unique_ptr<GatherMethod>> methods;
+  for (const std::string& m : c.methods) {
+    if (m == "mmap") methods.push_back(MakeMmapMethod());
+    else if (m == "pool") methods.push_back(MakeRecipePoolMethod());
+    else if (m == "nowait") methods.push_back(MakeNowaitPoolMethod());
+    else if (m == "uring") methods.push_back(MakeUringOnlyMethod());
+    else if (m == "engine") methods.push_back(MakeEngineMethod("gather engine", {}));
+    else if (m == "engine-serial")
+      methods.push_back(MakeEngineMethod("engine, serial NOWAIT", {.nowait_pass = NowaitPass::kSerial}));
+    else if (m == "engine-nonowait")
+      methods.push_back(MakeEngineMethod("engine, no NOWAIT", {.nowait_pass = NowaitPass::kOff}));
+    else if (m == "engine-1w")
+      methods.push_back(MakeEngineMethod("engine, 1 worker", {.workers = 1}));
+    else {
+      std::fprintf(stderr, "unknown method '%s' (mmap, pool, nowait, uring, engine, "
+                           "engine-serial, engine-nonowait, engine-1w)\n", m.c_str());
+      return 2;
+    }
+  }
+  std::vector<Result> results;
+  std::vector<std::unique_ptr<Table>> tables;
+  int failures = 0;
+  for (const std::string& layout : c.layouts) {
+    auto table = PrepareTable(c, layout);
+    if (!table.ok()) {
+      std::fprintf(stderr, "cannot prepare the %s table: %s\n", layout.c_str(),
+                   table.status().ToString().c_str());
+      return 1;
+    }
+    // Tables stay open for the whole run: the engine keeps every table it was given.
+    tables.push_back(std::move(*table));
+    const Table& t = *tables.back();
+    for (uint64_t batch : c.batches) {
+      for (const std::string& dist : c.dists) {
+        const auto rows = MakeRows(dist, batch, c.rows, c.zipf_s, c.seed ^ batch);
+        std::vector<uint64_t> unique = rows;
+        std::sort(unique.begin(), unique.end());
+        unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+        std::vector<uint64_t> half;
+        for (size_t i = 0; i < unique.size(); i += 2) half.push_back(unique[i]);
+        std::vector<uint8_t> dest(batch * kRowBytes);
+        for (const std::string& state : c.states) {
+          std::vector<Result> group;
+          for (auto& m : methods) {
+            Result r{layout, state, dist, m->name(), batch};
+            r.resident = state == "warm" ? 1.0 : state == "half" ? 0.5 : 0.0;
+            auto prepare = [&] {
+              if (state == "warm") return;
+              m->Detach();  // a mapping keeps its pages from being evicted
+              testing::Evict(t);
+              if (state == "half") TouchRows(t, half);
+              (void)m->Attach(t);
+            };
+            if (absl::Status s = m->Attach(t); !s.ok()) {
+              std::fprintf(stderr, "%s: %s\n", m->name().c_str(), s.ToString().c_str());
+              ++failures;
+              continue;
+            }
+            if (state == "warm") {
+              TouchRows(t, unique);
+              (void)m->Gather(t, rows, dest.data());  // maps the pages for mmap, primes stats
+            }
+            const int iters_cap = state == "warm" ? c.max_iters
+                                  : batch <= 8192 ? c.cold_iters
+                                                  : c.big_cold_iters;
+            std::vector<double> lat_ms;
+            uint64_t wall = 0, cpu = 0, calls = 0, faults = 0;
+            for (int it = 0; it < iters_cap; ++it) {
+              prepare();
+              const uint64_t sys0 = m->syscalls(), f0 = Faults(), c0 = CpuNs(), t0 = NowNs();
+              absl::Status s = m->Gather(t, rows, dest.data());
+              const uint64_t t1 = NowNs(), c1 = CpuNs(), f1 = Faults(), sys1 = m->syscalls();
+              if (!s.ok()) {
+                std::fprintf(stderr, "%s failed: %s\n", m->name().c_str(), s.ToString().c_str());
+                ++failures;
+                break;
+              }
+              wall += t1 - t0;
+              cpu += c1 - c0;
+              calls += sys1 - sys0;
+              faults += f1 - f0;
+              lat_ms.push_back((t1 - t0) / 1e6);
+              if (state == "warm" && wall > c.budget_s * 1e9 && it >= 2) break;
+            }
+            if (lat_ms.empty()) continue;
+            if (int64_t bad = testing::FirstMismatch(c.seed, t, rows, dest.data()); bad >= 0) {
+              std::fprintf(stderr, "%s returned wrong bytes for row %lu (batch index %ld)\n",
+                           m->name().c_str(), static_cast<unsigned long>(rows[bad]),
+                           static_cast<long>(bad));
+              ++failures;
+            }
+            const double n = static_cast<double>(lat_ms.size()) * batch;
+            r.iters = lat_ms.size();
+            r.us_per_row = wall / 1e3 / n;
+            r.cpu_us_per_row = cpu / 1e3 / n;
+            r.syscalls_per_row = calls / n;
+            r.faults_per_row = faults / n;
+            r.p50_ms = Percentile(lat_ms, 0.5);
+            r.p99_ms = Percentile(lat_ms, 0.99);
+            r.rows_per_s = 1e6 / r.us_per_row;
+            group.push_back(r);
+          }
+          double base = 0;
+          for (auto& r : group) {
+            if (r.method == "mmap+memcpy") base = r.us_per_row;
+          }
+          std::printf("## %s, %lu rows, %s ids, %s\n", layout.c_str(),
+                      static_cast<unsigned long>(batch), dist.c_str(), state.c_str());
+          std::printf("| method | rows/s | us/row | CPU-us/row | syscalls/row | faults/row | "
+                      "p50 ms | p99 ms | vs mmap | iters |\n|---|---|---|---|---|---|---|---|---|---|\n");
+          for (auto& r : group) {
+            r.ratio = base > 0 ? r.us_per_row / base : 0;
+            std::printf("| %s | %.3g | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f | %.2fx | %d |\n",
+                        r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row,
+                        r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio,
+                        r.iters);
+            results.push_back(r);
+          }
+          std::printf("\n");
+          std::fflush(stdout);
+        }
+      }
+    }
+    for (auto& m : methods) m->Detach();
+  }
+  if (!c.csv.empty()) {
+    std::ofstream out(c.csv);
+    out << "layout,batch,dist,state,resident,method,us_per_row,cpu_us_per_row,syscalls_per_row,"
+           "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters\n";
+    for (const auto& r : results) {
+      out << absl::StrFormat("%s,%d,%s,%s,%.2f,%s,%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d\n",
+                             r.layout, r.batch, r.dist, r.state, r.resident, r.method,
+                             r.us_per_row, r.cpu_us_per_row, r.syscalls_per_row,
+                             r.faults_per_row, r.p50_ms, r.p99_ms, r.rows_per_s, r.ratio,
+                             r.iters);
+    }
+  }
+  if (failures > 0) {
+    std::fprintf(stderr, "%d method runs failed\n", failures);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace engram::bench
+
+int main(int argc, char** argv) {
+  engram::bench::Config c;
+  CLI::App app{"engram-bench: gather methods compared side by side on one set of files and ids"};
+  app.add_option("--dir", c.dir, "where the synthetic tables are written (and reused)");
+  app.add_option("--rows", c.rows, "rows per table");
+  app.add_option("--seed", c.seed, "synthetic table and row-id seed");
+  app.add_option("--batches", c.batches, "rows per batch");
+  app.add_option("--layouts", c.layouts, "checkpoint, packed");
+  app.add_option("--states", c.states, "warm, half, cold");
+  app.add_option("--dists", c.dists, "uniform, zipf");
+  app.add_option("--methods", c.methods,
+                 "mmap, pool, nowait, uring, engine (extra: engine-serial, engine-nonowait, "
+                 "engine-1w)");
+  app.add_option("--zipf-s", c.zipf_s, "Zipf exponent");
+  app.add_option("--budget", c.budget_s, "timed seconds per warm case and method");
+  app.add_option("--cold-iters", c.cold_iters, "iterations of cold / half batches <= 8192 rows");
+  app.add_option("--big-cold-iters", c.big_cold_iters, "iterations of larger cold / half batches");
+  app.add_option("--csv", c.csv, "also write the results as CSV here");
+  app.add_flag("--smoke", c.smoke, "tiny tables and batches: checks that every method runs");
+  CLI11_PARSE(app, argc, argv);
+  if (c.smoke) {
+    c.rows = 20000;
+    c.batches = {64, 700};
+    c.budget_s = 0.01;
+    c.max_iters = 2;
+    c.cold_iters = 1;
+  }
+  if (c.rows == 0 || c.batches.empty()) {
+    std::fprintf(stderr, "--rows and --batches must be non-empty\n");
+    return 2;
+  }
+  return engram::bench::Run(c);
+}
