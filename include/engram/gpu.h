@@ -1,0 +1,149 @@
+/* The GPU side of engram as a C ABI: registering shared memory with the GPU runtime, the
+ * dequantise-and-scatter kernel and stream-side waits on the daemon's completion counter.
+ *
+ * Two libraries implement this header:
+ *   - libengram_client: engram_gpu_register / _device_ptr / _unregister / _last_error. It links
+ *     no GPU runtime: it finds libcudart or libamdhip64 at run time (the one already loaded in
+ *     the process first), so one client library serves CUDA hosts, ROCm hosts and hosts with
+ *     no GPU at all.
+ *   - libengram_kernels_cuda (or _hip): engram_dequant_scatter, the stream waits and
+ *     engram_kernels_last_error. Built only where nvcc (hipcc) exists.
+ *
+ * Conventions (as in the rest of the engram C ABI):
+ *   1. Functions return 0 or a negative errno; they never print. After a failure,
+ *      engram_gpu_last_error() (client side) or engram_kernels_last_error() (kernel side)
+ *      returns a message for the calling thread naming what was wrong.
+ *   2. Out-parameters are named ret_*, come last and are left untouched on failure.
+ *   3. Streams, graphs and graph nodes are passed as integers (uintptr_t of cudaStream_t /
+ *      hipStream_t, cudaGraphExec_t, cudaGraphNode_t), so Python (ctypes, torch's
+ *      stream.cuda_stream) and C++ callers need no GPU headers. 0 is the legacy default stream.
+ *   4. Every pointer handed to a kernel-side function is a device pointer: device memory, or
+ *      host memory that engram_gpu_register mapped (use engram_gpu_device_ptr).
+ *   5. Thread safety: every function may be called from any thread; a registration must not be
+ *      used after engram_gpu_unregister returned.
+ *
+ * Example (one decode step, rows read straight from the registered arena):
+ *   engram_gpu_registration* reg;
+ *   if (engram_gpu_register(arena, arena_len, &reg) < 0) log(engram_gpu_last_error());
+ *   const void* rows_d = engram_gpu_device_ptr(reg, arena_rows);
+ *   const void* done_d = engram_gpu_device_ptr(reg, completion_counter);
+ *   engram_stream_wait_value64(stream, done_d, ticket, NULL);       // GPU waits, host doesn't
+ *   engram_dequant_scatter(rows_d, n, map_d, tokens, heads, out_d, NULL, 0, NULL, stream);
+ *
+ * docs/gpu.md describes the row format, the index-map contract and the CUDA graph protocol.
+ */
+#ifndef ENGRAM_GPU_H_
+#define ENGRAM_GPU_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One gathered row: 256 FP8 E4M3 values, then 8 E8M0 scales (one per 32 values). */
+#define ENGRAM_GPU_ROW_BYTES 264
+#define ENGRAM_GPU_ROW_VALUES 256
+/* bf16 bit pattern written for a NaN input (e4m3 0x7F/0xFF, or scale byte 255) and for a slot
+ * whose index is out of range. */
+#define ENGRAM_GPU_BF16_NAN 0x7FC0
+
+/* ---- Registration (libengram_client) ---------------------------------------------------- */
+
+typedef struct engram_gpu_registration engram_gpu_registration;
+
+enum engram_gpu_runtime {
+  ENGRAM_GPU_RUNTIME_CUDA = 1,
+  ENGRAM_GPU_RUNTIME_HIP = 2,
+};
+
+/* Registers [addr, addr + len) as pinned, device-mapped, portable host memory with the GPU
+ * runtime of this process (cudaHostRegister / hipHostRegister) so that kernels and stream
+ * waits can use it through engram_gpu_device_ptr. Typically the client arena's mapping: the
+ * row data region and the completion words.
+ * Returns 0, or:
+ *   -EINVAL   addr is NULL or len is 0;
+ *   -ENOSYS   no CUDA or HIP runtime library could be loaded (nothing was changed);
+ *   -ENODEV   the runtime loaded but sees no GPU (nothing was changed);
+ *   -EEXIST   part of the range is already registered;
+ *   -ENOMEM   the runtime could not pin the range;
+ *   -EIO      any other runtime error (the message names it).
+ * Registering pins the pages: on a 1 GiB range it takes tens of milliseconds; do it once. */
+int engram_gpu_register(void* addr, size_t len, engram_gpu_registration** ret_reg);
+
+/* The device address of host_addr, which must lie inside the registered range; NULL if it
+ * does not. Offsets carry over: device(addr + k) == device(addr) + k. */
+void* engram_gpu_device_ptr(const engram_gpu_registration* reg, const void* host_addr);
+
+/* Which runtime the registration went through (enum engram_gpu_runtime). */
+int engram_gpu_registration_runtime(const engram_gpu_registration* reg);
+
+/* Unpins the range and frees reg (also when the runtime reports an error, which is returned as
+ * -EIO). The caller must make sure no queued GPU work still reads the range. NULL is a no-op. */
+int engram_gpu_unregister(engram_gpu_registration* reg);
+
+/* The message for the calling thread's last failed registration call ("" if none). */
+const char* engram_gpu_last_error(void);
+
+/* ---- Kernels (libengram_kernels_cuda / libengram_kernels_hip) --------------------------- */
+
+/* Dequantises gathered rows to bf16 and scatters them into out, laid out [tokens, heads, 256]:
+ * slot s = token * heads + head receives the row index_map[s] of rows, as
+ * value[i] = e4m3(row[i]) * 2^(row[256 + i / 32] - 127), rounded to nearest-even bf16
+ * (subnormals kept; overflow gives +-inf; any NaN input gives ENGRAM_GPU_BF16_NAN).
+ *   rows       num_rows * 264 bytes, 8-byte aligned: device memory or registered host memory.
+ *   index_map  tokens * heads int32 entries in device memory. index_map[s] < 0 means "no row"
+ *              (padding): the slot is written with +0.0. index_map[s] >= num_rows is a caller
+ *              bug: the slot is written with NaN and, if bad_index_count is not NULL, the
+ *              device counter *bad_index_count is incremented once per such slot.
+ *   out        tokens * heads * 256 bf16 values (16-byte aligned device memory).
+ *   staging    NULL: the kernel reads rows in place (zero-copy when rows is mapped host
+ *              memory). Otherwise a device buffer of staging_bytes >= num_rows * 264: rows are
+ *              first copied into it with one cudaMemcpyAsync on the stream, and the kernel reads
+ *              the copy.
+ *   stream     cudaStream_t / hipStream_t as an integer; the work is queued, not waited for.
+ * Returns 0; -EINVAL for a bad argument; -ENODEV/-EIO if the runtime refused the copy or the
+ * launch (engram_kernels_last_error() names the call and the runtime's error). Capturable into a
+ * CUDA graph. */
+int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* index_map,
+                           uint32_t tokens, uint32_t heads, void* out, void* staging,
+                           size_t staging_bytes, uint32_t* bad_index_count, uintptr_t stream);
+
+/* Makes the stream wait, on the GPU, until the 64-bit word at addr (device pointer, e.g. the
+ * registered completion counter) reaches value: (int64_t)(*addr - value) >= 0. Nothing on the
+ * host waits. Uses cuStreamWaitValue64 (hipStreamWaitValue64); where the device lacks 64-bit
+ * stream memory operations, it waits on the low 32 bits with the same cyclic comparison,
+ * which is exact while the counter moves less than 2^31 ahead of value.
+ * If the stream is being captured into a graph and ret_node is not NULL, *ret_node receives the
+ * captured wait node (cudaGraphNode_t), whose value engram_graph_set_wait_value64 changes per
+ * replay; otherwise *ret_node is set to 0. Returns 0, -EINVAL, -ENOTSUP (the driver has no
+ * stream memory operations) or -EIO. */
+int engram_stream_wait_value64(uintptr_t stream, const void* addr, uint64_t value,
+                               uintptr_t* ret_node);
+
+/* Changes the value that a captured wait node (from engram_stream_wait_value64) waits for in
+ * the instantiated graph graph_exec, for launches queued after this call (launches already
+ * queued keep their value). Host-side only: no synchronisation. CUDA only; -ENOTSUP on HIP. */
+int engram_graph_set_wait_value64(uintptr_t graph_exec, uintptr_t node, uint64_t value);
+
+/* The graph-friendly wait that needs no per-replay host call into the GPU runtime: a one-thread
+ * kernel reads step = *step_counter (device memory), waits until the 64-bit counter at
+ * `counter` reaches tickets[step % ring], then stores step + 1. The caller writes the ticket of
+ * step k into tickets[k % ring] (registered host memory) before launching step k, and never
+ * runs more than `ring` steps ahead of the GPU. The waiting kernel holds one thread block of
+ * one multiprocessor while it polls. Returns 0, -EINVAL or -EIO. */
+int engram_stream_wait_ticket(uintptr_t stream, const void* counter, const uint64_t* tickets,
+                              uint32_t ring, uint32_t* step_counter);
+
+/* The message for the calling thread's last failed kernel-side call ("" if none). */
+const char* engram_kernels_last_error(void);
+
+/* "cuda" or "hip": which runtime this kernel library was built for. */
+const char* engram_kernels_backend(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ENGRAM_GPU_H_ */

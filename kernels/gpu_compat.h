@@ -1,0 +1,40 @@
+// One spelling for the CUDA and HIP runtime calls the kernels use, so that engram_kernels.cu is a
+// single source for nvcc and hipcc. ENGRAM_HIP selects HIP; otherwise CUDA.
+#pragma once
+
+#if defined(ENGRAM_HIP)
+#include <hip/hip_runtime.h>
+
+#define ENGRAM_GPU_BACKEND "hip"
+using gpuError_t = hipError_t;
+using gpuStream_t = hipStream_t;
+#define gpuSuccess hipSuccess
+#define gpuErrorNoDevice hipErrorNoDevice
+#define gpuErrorInsufficientDriver hipErrorInsufficientDriver
+#define gpuErrorNotSupported hipErrorNotSupported
+#define gpuGetErrorName hipGetErrorName
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemcpyDefault hipMemcpyDefault
+// Polling back-off inside a waiting kernel: s_sleep takes a constant (units of 64 clocks).
+#define ENGRAM_GPU_PAUSE() __builtin_amdgcn_s_sleep(2)
+
+#else              // CUDA
+#include <cuda.h>  // driver API types only: the functions come from cudaGetDriverEntryPoint*
+#include <cuda_runtime.h>
+
+#define ENGRAM_GPU_BACKEND "cuda"
+using gpuError_t = cudaError_t;
+using gpuStream_t = cudaStream_t;
+#define gpuSuccess cudaSuccess
+#define gpuErrorNoDevice cudaErrorNoDevice
+#define gpuErrorInsufficientDriver cudaErrorInsufficientDriver
+#define gpuErrorNotSupported cudaErrorNotSupported
+#define gpuGetErrorName cudaGetErrorName
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpyDefault cudaMemcpyDefault
+#define ENGRAM_GPU_PAUSE() __nanosleep(256)
+#endif
