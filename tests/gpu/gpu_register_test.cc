@@ -1,0 +1,84 @@
+// engram_gpu_register where no GPU runtime can be loaded: a clear error, nothing changed; and the
+// argument checks. Runs on every machine (the GPU success path is in gpu_kernel_test).
+#include "client/gpu_register.h"
+
+#include <sys/mman.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "engram/gpu.h"
+
+namespace engram {
+namespace {
+
+TEST_CASE("registration without any GPU runtime fails with ENOSYS and changes nothing",
+          "[gpu][register]") {
+  const size_t len = 1 << 16;
+  void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  std::memset(mem, 0x5A, len);
+  const char* no_cuda[] = {"libcudart.so.0-engram-test-missing"};
+  const char* no_hip[] = {"libamdhip64.so.0-engram-test-missing"};
+  engram_gpu_registration* reg = reinterpret_cast<engram_gpu_registration*>(0x1);
+  CHECK(GpuRegisterWith(mem, len, no_cuda, no_hip, &reg) == -ENOSYS);
+  CHECK(reg == reinterpret_cast<engram_gpu_registration*>(0x1));  // untouched on failure
+  const std::string message = engram_gpu_last_error();
+  CHECK(message.find("no GPU runtime found") != std::string::npos);
+  CHECK(message.find("libcudart.so.0-engram-test-missing") != std::string::npos);
+  CHECK(message.find("libamdhip64.so.0-engram-test-missing") != std::string::npos);
+  // The memory is as it was and still ours to use.
+  const auto* bytes = static_cast<const unsigned char*>(mem);
+  CHECK(bytes[0] == 0x5A);
+  CHECK(bytes[len - 1] == 0x5A);
+  std::memset(mem, 0, len);
+  CHECK(munmap(mem, len) == 0);
+}
+
+TEST_CASE("registration refuses bad arguments", "[gpu][register]") {
+  engram_gpu_registration* reg = nullptr;
+  char byte = 0;
+  CHECK(engram_gpu_register(nullptr, 4096, &reg) == -EINVAL);
+  CHECK(std::string(engram_gpu_last_error()).find("must all be set") != std::string::npos);
+  CHECK(engram_gpu_register(&byte, 0, &reg) == -EINVAL);
+  CHECK(engram_gpu_register(&byte, 1, nullptr) == -EINVAL);
+  CHECK(reg == nullptr);
+  CHECK(engram_gpu_device_ptr(nullptr, &byte) == nullptr);
+  CHECK(engram_gpu_registration_runtime(nullptr) == 0);
+  CHECK(engram_gpu_unregister(nullptr) == 0);
+}
+
+TEST_CASE("registration through the default runtimes succeeds or says why not", "[gpu][register]") {
+  const size_t len = 1 << 20;
+  void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  engram_gpu_registration* reg = nullptr;
+  const int rc = engram_gpu_register(mem, len, &reg);
+  if (rc == 0) {
+    // A GPU machine: the device view covers exactly the range.
+    REQUIRE(reg != nullptr);
+    CHECK(engram_gpu_registration_runtime(reg) == ENGRAM_GPU_RUNTIME_CUDA);
+    char* dev = static_cast<char*>(engram_gpu_device_ptr(reg, mem));
+    CHECK(dev != nullptr);
+    CHECK(engram_gpu_device_ptr(reg, static_cast<char*>(mem) + len - 1) == dev + len - 1);
+    CHECK(engram_gpu_device_ptr(reg, static_cast<char*>(mem) + len) == nullptr);
+    CHECK(engram_gpu_device_ptr(reg, static_cast<char*>(mem) - 1) == nullptr);
+    engram_gpu_registration* again = nullptr;
+    CHECK(engram_gpu_register(mem, len, &again) == -EEXIST);
+    CHECK(std::string(engram_gpu_last_error()).find("already") != std::string::npos);
+    CHECK(engram_gpu_unregister(reg) == 0);
+    REQUIRE(engram_gpu_register(mem, len, &reg) == 0);  // registrable again once released
+    CHECK(engram_gpu_unregister(reg) == 0);
+  } else {
+    INFO("engram_gpu_register: " << engram_gpu_last_error());
+    CHECK((rc == -ENOSYS || rc == -ENODEV));
+    CHECK(reg == nullptr);
+    CHECK(std::strlen(engram_gpu_last_error()) > 20);
+  }
+  CHECK(munmap(mem, len) == 0);
+}
+
+}  // namespace
+}  // namespace engram
