@@ -35,6 +35,9 @@ namespace proto = engram::protocol;
 constexpr uint64_t kDefaultDataBytes = uint64_t{64} << 20;
 constexpr uint32_t kDefaultSlots = 64;
 constexpr uint32_t kDefaultSpinNs = 50'000;
+// Adaptive spinning (spin_ns = 0) spins up to the service time predicted from the session's
+// recent requests, within these bounds.
+constexpr int64_t kAdaptiveSpinMaxNs = 2'000'000;
 constexpr int64_t kDefaultTimeoutNs = 5'000'000'000;
 // While sleeping, a waiter wakes this often to check that the daemon is still there.
 constexpr int64_t kLivenessCheckNs = 20'000'000;
@@ -119,6 +122,9 @@ struct engram_session {
   uint64_t data_bytes = 0;
   uint32_t slots = 0;
   uint32_t spin_ns = kDefaultSpinNs;
+  bool adaptive_spin = true;
+  // Daemon service time per row, an exponentially weighted average in ns × 16 (0: none yet).
+  std::atomic<uint64_t> ns_per_row_x16{0};
   std::string socket_path;
   engram_msg_welcome welcome{};
 
@@ -127,6 +133,7 @@ struct engram_session {
   std::vector<uint64_t> generation;  // per slot
   std::vector<uint32_t> free_slots;
   std::vector<uint8_t> slot_busy;
+  std::vector<uint64_t> slot_rows;  // rows of the request in flight in each slot
   uint32_t sq_tail = 0;
 
   std::mutex control_mutex;  // one control exchange at a time
@@ -294,6 +301,7 @@ int Push(engram_session* s, engram_sqe sqe, uint64_t* ret_ticket) {
   const uint32_t slot = s->free_slots.back();
   s->free_slots.pop_back();
   s->slot_busy[slot] = 1;
+  s->slot_rows[slot] = sqe.num_rows;
   const uint64_t ticket = (++s->generation[slot] << 16) | slot;
   sqe.ticket = ticket;
   const uint32_t tail = s->sq_tail;
@@ -324,6 +332,11 @@ int Consume(engram_session* s, uint64_t ticket) {
     memcpy(message, st.message, len);
     message[len] = '\0';
     rc = SetError(ErrnoForCode(code), "engramd: %s: %s", proto::StatusCodeName(code), message);
+  } else if (st.rows != 0) {
+    // Learn how long the daemon takes per row, for how long the next wait should spin.
+    const uint64_t sample = st.service_ns * 16 / st.rows;
+    uint64_t old = s->ns_per_row_x16.load(std::memory_order_relaxed);
+    s->ns_per_row_x16.store(old == 0 ? sample : (old * 7 + sample) / 8, std::memory_order_relaxed);
   }
   // The completion ring is advisory for this library (the status slot is authoritative):
   // consume what is there so the daemon never counts overflows for us.
@@ -409,6 +422,7 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   auto s = new engram_session();
   s->socket_path = path;
   s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;
+  s->adaptive_spin = o.spin_ns == 0;
   auto fail = [&](int rc) {
     delete s;
     return rc;
@@ -504,6 +518,7 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   s->sq_tail = Shared(s->header->sq_tail).load();
   s->generation.assign(s->slots, 0);
   s->slot_busy.assign(s->slots, 0);
+  s->slot_rows.assign(s->slots, 0);
   for (uint32_t i = s->slots; i > 0; --i) s->free_slots.push_back(i - 1);
   s->free_ranges[0] = s->data_bytes;
   // Control exchanges after the handshake wait as long as a handshake may.
@@ -663,7 +678,18 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
   const int64_t start = NowNs();
   const int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
   // Spin first: a round trip through shared memory costs a fraction of a futex wake-up.
-  const int64_t spin_until = start + std::min<int64_t>(s->spin_ns, deadline - start);
+  int64_t spin_ns = s->spin_ns;
+  if (s->adaptive_spin) {
+    uint64_t rows;
+    {
+      std::lock_guard<std::mutex> lock(s->submit_mutex);
+      rows = s->slot_rows[ENGRAM_TICKET_SLOT(ticket)];
+    }
+    const uint64_t predicted = rows * s->ns_per_row_x16.load(std::memory_order_relaxed) / 16;
+    spin_ns = std::max<int64_t>(
+        spin_ns, std::min<int64_t>(kAdaptiveSpinMaxNs, static_cast<int64_t>(predicted * 5 / 4)));
+  }
+  const int64_t spin_until = start + std::min<int64_t>(spin_ns, deadline - start);
   for (uint32_t i = 1;; ++i) {
     if (Done(s, ticket)) return Consume(s, ticket);
     if ((i & 63) == 0) {

@@ -69,7 +69,9 @@ struct engram_connect_options {
   const char* socket_path; /* NULL: $ENGRAM_SOCKET, else ENGRAM_DEFAULT_SOCKET */
   uint64_t data_bytes;     /* data region size; 0: 64 MiB */
   uint32_t slots;          /* requests in flight at once; 0: 64 */
-  uint32_t spin_ns;        /* how long engram_wait spins before sleeping; 0: 50 µs */
+  uint32_t spin_ns;        /* how long engram_wait spins before sleeping; 0: adaptive, at
+                              least 50 µs and up to the service time the session's recent
+                              requests predict for this one (at most 2 ms) */
   const char* client_name; /* shown in statistics; NULL: the program name */
   int64_t timeout_ns;      /* connect + handshake timeout; 0: 5 s */
 };
