@@ -485,16 +485,41 @@ class GatherEngineImpl final : public GatherEngine {
         for (size_t r = b; r < e; ++r) input.push_back({static_cast<uint32_t>(r), 0});
         s = DirectPass(cx, target, input, c);
       } else {
-        const size_t nowait_end = nowait_limit == SIZE_MAX ? e : std::min(e, b + nowait_limit);
-        if (nowait_end > b) {
-          for (size_t r = b; r < nowait_end; ++r) input.push_back({static_cast<uint32_t>(r), 0});
-          const bool uring_nowait =
-              cx.has_ring() && (options_.nowait_pass == NowaitPass::kUring ||
-                                (options_.nowait_pass == NowaitPass::kAuto && !options_.read_fn));
+        size_t nowait_end = nowait_limit == SIZE_MAX ? e : std::min(e, b + nowait_limit);
+        const bool uring_nowait =
+            cx.has_ring() && (options_.nowait_pass == NowaitPass::kUring ||
+                              (options_.nowait_pass == NowaitPass::kAuto && !options_.read_fn));
+        // Tries reads [from, to) with RWF_NOWAIT; returns how many would have blocked.
+        auto nowait_range = [&](size_t from, size_t to) -> size_t {
+          input.clear();
+          for (size_t r = from; r < to; ++r) input.push_back({static_cast<uint32_t>(r), 0});
+          const size_t before = residue.size();
           s = uring_nowait ? UringPass(cx, target, input, /*nowait=*/true, &residue, c)
                            : NowaitPassSerial(target, input, residue, c);
-          for (size_t r = b; r < nowait_end && s.ok(); ++r) MarkRows(plan, r, 1, marks.get());
-          for (const PendingRead& p : residue) MarkRows(plan, p.read, 2, marks.get());
+          for (size_t r = from; r < to && s.ok(); ++r) MarkRows(plan, r, 1, marks.get());
+          for (size_t k = before; k < residue.size(); ++k) {
+            MarkRows(plan, residue[k].read, 2, marks.get());
+          }
+          return residue.size() - before;
+        };
+        if (nowait_end > b) {
+          // A long pass starts with a first wave: when the cache went cold since the policy last
+          // looked, most of that wave misses and the rest of the chunk skips the pass, so a
+          // sudden eviction costs probe_reads misses, not a whole batch of them.
+          size_t first_end = nowait_end;
+          if (nowait_limit == SIZE_MAX && options_.probe_reads > 0 &&
+              e - b > 2 * size_t{options_.probe_reads}) {
+            first_end = b + options_.probe_reads;
+          }
+          const size_t misses = nowait_range(b, first_end);
+          const size_t tried = first_end - b;
+          if (s.ok() && first_end < nowait_end) {
+            if (static_cast<double>(tried - misses) >= options_.nowait_min_hit_rate * tried) {
+              nowait_range(first_end, nowait_end);
+            } else {
+              nowait_end = first_end;
+            }
+          }
         }
         for (size_t r = nowait_end; r < e; ++r) residue.push_back({static_cast<uint32_t>(r), 0});
         if (s.ok() && !residue.empty()) {
@@ -529,7 +554,8 @@ class GatherEngineImpl final : public GatherEngine {
       const uint64_t tried = hits + eagain;
       if (tried > 0) {
         const double rate = static_cast<double>(hits) / tried;
-        const double w = static_cast<double>(tried) / (tried + 32.0);
+        // A few reads move the rate a little, a wave of them decisively.
+        const double w = static_cast<double>(tried) / (tried + 8.0);
         double old = ts->hit_rate.load(std::memory_order_relaxed);
         const double now = old + w * (rate - old);
         ts->hit_rate.store(now, std::memory_order_relaxed);

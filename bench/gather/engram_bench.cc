@@ -199,11 +199,11 @@ int Run(const Config& c) {
     else if (m == "uring") methods.push_back(MakeUringOnlyMethod());
     else if (m == "engine") methods.push_back(MakeEngineMethod("gather engine", {}));
     else if (m == "engine-serial")
-      methods.push_back(MakeEngineMethod("engine, serial NOWAIT", {.nowait_pass = NowaitPass::kSerial}));
+      methods.push_back(MakeEngineMethod("engine (serial NOWAIT)", {.nowait_pass = NowaitPass::kSerial}));
     else if (m == "engine-nonowait")
-      methods.push_back(MakeEngineMethod("engine, no NOWAIT", {.nowait_pass = NowaitPass::kOff}));
+      methods.push_back(MakeEngineMethod("engine (no NOWAIT)", {.nowait_pass = NowaitPass::kOff}));
     else if (m == "engine-1w")
-      methods.push_back(MakeEngineMethod("engine, 1 worker", {.workers = 1}));
+      methods.push_back(MakeEngineMethod("engine (1 worker)", {.workers = 1}));
     else {
       std::fprintf(stderr, "unknown method '%s' (mmap, pool, nowait, uring, engine, "
                            "engine-serial, engine-nonowait, engine-1w)\n", m.c_str());
@@ -321,7 +321,7 @@ int Run(const Config& c) {
     out << "layout,batch,dist,state,resident,method,us_per_row,cpu_us_per_row,syscalls_per_row,"
            "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters\n";
     for (const auto& r : results) {
-      out << absl::StrFormat("%s,%d,%s,%s,%.2f,%s,%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d\n",
+      out << absl::StrFormat("%s,%d,%s,%s,%.2f,\"%s\",%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d\n",
                              r.layout, r.batch, r.dist, r.state, r.resident, r.method,
                              r.us_per_row, r.cpu_us_per_row, r.syscalls_per_row,
                              r.faults_per_row, r.p50_ms, r.p99_ms, r.rows_per_s, r.ratio,
@@ -344,13 +344,14 @@ int main(int argc, char** argv) {
   app.add_option("--dir", c.dir, "where the synthetic tables are written (and reused)");
   app.add_option("--rows", c.rows, "rows per table");
   app.add_option("--seed", c.seed, "synthetic table and row-id seed");
-  app.add_option("--batches", c.batches, "rows per batch");
-  app.add_option("--layouts", c.layouts, "checkpoint, packed");
-  app.add_option("--states", c.states, "warm, half, cold");
-  app.add_option("--dists", c.dists, "uniform, zipf");
+  app.add_option("--batches", c.batches, "rows per batch")->delimiter(',');
+  app.add_option("--layouts", c.layouts, "checkpoint, packed")->delimiter(',');
+  app.add_option("--states", c.states, "warm, half, cold")->delimiter(',');
+  app.add_option("--dists", c.dists, "uniform, zipf")->delimiter(',');
   app.add_option("--methods", c.methods,
                  "mmap, pool, nowait, uring, engine (extra: engine-serial, engine-nonowait, "
-                 "engine-1w)");
+                 "engine-1w)")
+      ->delimiter(',');
   app.add_option("--zipf-s", c.zipf_s, "Zipf exponent");
   app.add_option("--budget", c.budget_s, "timed seconds per warm case and method");
   app.add_option("--cold-iters", c.cold_iters, "iterations of cold / half batches <= 8192 rows");

@@ -221,10 +221,10 @@ TEST_CASE("forced path: persistent EAGAIN, and the adaptive policy turning NOWAI
   REQUIRE(GatherInto(*engine, *table, rows, out).ok());
   CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
   auto s = StatsOf(*engine);
-  CHECK(s.nowait_eagain == rows.size());
+  CHECK(s.nowait_eagain == 16);  // the first wave (probe_reads) misses: the rest skip the pass
   CHECK(s.nowait_hits == 0);
   CHECK(s.pool_reads == rows.size());
-  CHECK_FALSE(s.nowait_enabled);  // one all-miss batch of 64 rows drops the rate below 0.5
+  CHECK_FALSE(s.nowait_enabled);  // one all-miss wave drops the rate below 0.5
   CHECK(s.recent_hit_rate < 0.5);
 
   // While off, only every 4th batch probes 16 reads.
@@ -322,10 +322,14 @@ TEST_CASE("forced path: a filesystem without RWF_NOWAIT (tmpfs) disables the fas
     CHECK_FALSE(s.nowait_supported);
     CHECK_FALSE(s.nowait_enabled);
     CHECK(s.nowait_hits == 0);
-    INFO(notices.size() << " notices, first: " << (notices.empty() ? "" : notices[0]));
-    REQUIRE(notices.size() == table->files().size());  // one notice per file
+    // One notice per file that was tried (once its first wave misses, a batch stops trying, so
+    // the scales' file may never be), never two for one file.
+    REQUIRE(notices.size() >= 1);
+    CHECK(notices.size() <= table->files().size());
     CHECK(notices[0].find(table->files()[0].path) != std::string::npos);
     CHECK(notices[0].find("RWF_NOWAIT") != std::string::npos);
+    for (int i = 0; i < 20; ++i) REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(notices.size() <= table->files().size());
   }
 }
 
@@ -628,6 +632,38 @@ TEST_CASE("a removed table's files leave the rings; a table opened in its place 
     CHECK(engine->RemoveTable(table.get()).code() == absl::StatusCode::kNotFound);
     CHECK(engine->Stats().empty());
   }
+}
+
+TEST_CASE("a batch that finds the cache gone cold stops its NOWAIT pass after one wave",
+          "[gather][paths]") {
+  auto table = Open(Files().packed);
+  Warm(*table);
+  std::atomic<bool> refuse{false};
+  std::atomic<uint64_t> nowait_calls{0};
+  GatherEngineOptions o{.workers = 1, .use_io_uring = false};
+  o.probe_reads = 32;
+  o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+    if (flags & RWF_NOWAIT) {
+      nowait_calls++;
+      if (refuse) return -EAGAIN;
+    }
+    return RealRead(fd, iov, cnt, off, flags);
+  };
+  auto engine = MakeEngine(o);
+  REQUIRE(engine->AddTable(table.get(), {}).ok());
+  const auto rows = SpreadRows(300);
+  std::vector<uint8_t> out;
+  REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+  CHECK(nowait_calls == rows.size());  // all resident: the whole pass runs
+  REQUIRE(StatsOf(*engine).nowait_enabled);
+  refuse = true;
+  nowait_calls = 0;
+  REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+  CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+  CHECK(nowait_calls == 32);  // one wave, then straight to the residue path
+  const auto s = StatsOf(*engine);
+  CHECK(s.nowait_eagain == 32);
+  CHECK_FALSE(s.nowait_enabled);
 }
 
 }  // namespace
