@@ -37,7 +37,11 @@ inline uint64_t LayerKey(uint64_t seed, uint32_t layer) {
 inline void FillRow(uint64_t layer_key, uint64_t row, uint8_t* values, uint8_t* scales) {
   const uint64_t base = Mix64(layer_key ^ Mix64(row));
   for (uint32_t i = 0; i < kValueBytes / 8; ++i) {
-    uint64_t w = Mix64(base + (i + 1) * kGolden);
+    // wyrand-style step: one 64x64->128 multiply per word, independent across words, so the
+    // loop pipelines; the per-row state comes from the full splitmix64 mix above.
+    const uint64_t s = base + (i + 1) * 0xa0761d6478bd642full;
+    const unsigned __int128 m = static_cast<unsigned __int128>(s) * (s ^ 0xe7037ed1a0b428dbull);
+    uint64_t w = static_cast<uint64_t>(m >> 64) ^ static_cast<uint64_t>(m);
     // A byte whose low 7 bits are all ones is an E4M3 NaN (0x7F, 0xFF). Adding 1 to the low 7
     // bits carries into bit 7 exactly for those bytes; flipping their bit 0 makes them the
     // largest finite magnitude (0x7E, 0xFE) instead.

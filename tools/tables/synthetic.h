@@ -27,7 +27,7 @@ inline constexpr uint64_t kDefaultSyntheticRows = 50000;
 
 // Fills ret_row (264 bytes) with row `row` of layer `layer` of the synthetic checkpoint with
 // seed `seed`: 256 finite FP8 E4M3 values (never 0x7F / 0xFF, the NaN encodings) then 8 E8M0
-// scales in [120, 134] (2^-7 .. 2^7, never 255 = NaN). Pure, thread-safe, ~100 ns.
+// scales in [120, 134] (2^-7 .. 2^7, never 255 = NaN). Pure, thread-safe, ~90 ns of CPU per row.
 void SyntheticRow(uint64_t seed, uint32_t layer, uint64_t row, uint8_t* ret_row);
 
 // Fills ret_rows with rows [first, first + count) of a layer, row after row (count * 264 bytes).
