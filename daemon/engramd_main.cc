@@ -116,6 +116,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--workers", config.workers, "Gather workers (0: one per CPU)")
       ->capture_default_str();
+  app.add_option("--request-threads", config.request_threads,
+                 "Requests gathered at the same time (each helped by the workers)")
+      ->capture_default_str();
   uint64_t spin_min_us = config.poll.spin_min_ns / 1000, spin_max_us = config.poll.spin_max_ns / 1000;
   app.add_option("--poll-spin-min-us", spin_min_us, "Shortest polling spell before sleeping")
       ->capture_default_str();

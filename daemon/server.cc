@@ -85,6 +85,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& confi
                                .covered_end = t->covered().end});
   }
   server->engine_ = std::move(engine);
+  server->requests_ = std::make_unique<RequestPool>(config.request_threads,
+                                                    config.poll.spin_min_ns);
   server->control_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->poller_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->kick_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -715,8 +717,13 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
     finish(*session, *request, engine_->Gather(batch));
     return;
   }
-  engine_->Submit(batch, [session, request = std::move(request), finish](absl::Status status) {
-    finish(*session, *request, status);
+  // A request thread runs it as the engine's calling thread, as an in-process caller would.
+  requests_->Post([this, session, request = std::move(request), finish]() mutable {
+    GatherBatch b{.table = tables_[request->table_index].get(),
+                  .rows = request->rows,
+                  .dest = session->arena().data() + request->dest_offset,
+                  .dest_offsets = request->dest_offsets};
+    finish(*session, *request, engine_->Gather(b));
   });
 }
 

@@ -20,6 +20,7 @@
 #include "daemon/gather_engine.h"
 #include "daemon/log.h"
 #include "daemon/protocol_codec.h"
+#include "daemon/request_pool.h"
 #include "daemon/server_config.h"
 #include "daemon/session.h"
 #include "daemon/table.h"
@@ -65,6 +66,7 @@ class Server {
   std::vector<std::unique_ptr<Table>> tables_;
   std::vector<protocol::TableBounds> bounds_;
   std::unique_ptr<GatherEngine> engine_;
+  std::unique_ptr<RequestPool> requests_;  // after engine_: its threads stop first
 
   int listen_fd_ = -1;
   int control_epoll_ = -1;
