@@ -258,8 +258,8 @@ int ControlExchange(engram_session* s, uint16_t type, uint16_t expected_reply,
     return LostError(s);
   }
   if (n < 0) {
-    return SetError(static_cast<int>(n), "no reply from engramd on %s: %s",
-                    s->socket_path.c_str(), strerror(static_cast<int>(-n)));
+    return SetError(static_cast<int>(n), "no reply from engramd on %s: %s", s->socket_path.c_str(),
+                    strerror(static_cast<int>(-n)));
   }
   reply->resize(static_cast<size_t>(n));
   engram_msg_header header;
@@ -388,8 +388,7 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   struct engram_connect_options o;
   engram_connect_options_init(&o);
   if (options != nullptr) {
-    if (options->size < offsetof(engram_connect_options, timeout_ns) ||
-        options->size > sizeof(o)) {
+    if (options->size < offsetof(engram_connect_options, timeout_ns) || options->size > sizeof(o)) {
       return SetError(-EINVAL, "engram_connect_options.size is %zu; set it to sizeof (%zu)",
                       options->size, sizeof(o));
     }
@@ -471,8 +470,9 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
       return fail(SetError(-ETIMEDOUT, "engramd at %s did not answer HELLO within %lld ms",
                            path.c_str(), static_cast<long long>(timeout_ns / 1'000'000)));
     }
-    return fail(SetError(-ECONNREFUSED, "engramd at %s closed the connection during the handshake%s%s",
-                         path.c_str(), n < 0 ? ": " : "", n < 0 ? strerror(static_cast<int>(-n)) : ""));
+    return fail(
+        SetError(-ECONNREFUSED, "engramd at %s closed the connection during the handshake%s%s",
+                 path.c_str(), n < 0 ? ": " : "", n < 0 ? strerror(static_cast<int>(-n)) : ""));
   }
   proto::CodecError error;
   if (!proto::DecodeWelcome(buffer, static_cast<size_t>(n), &s->welcome, &error)) {
@@ -505,9 +505,9 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   s->header = reinterpret_cast<engram_arena_header*>(s->arena);
   if (!proto::CheckArenaHeader(*s->header, s->arena_bytes, &error) ||
       s->header->slots != s->welcome.slots || s->header->data_bytes != s->welcome.data_bytes) {
-    return fail(SetError(-EPROTO, "arena from engramd at %s is unusable: %s", path.c_str(),
-                         error.message.empty() ? "header disagrees with WELCOME"
-                                               : error.message.c_str()));
+    return fail(
+        SetError(-EPROTO, "arena from engramd at %s is unusable: %s", path.c_str(),
+                 error.message.empty() ? "header disagrees with WELCOME" : error.message.c_str()));
   }
   s->slots = s->header->slots;
   s->sq = reinterpret_cast<engram_sqe*>(s->arena + s->header->sq_offset);
@@ -625,8 +625,8 @@ int engram_submit(engram_session* s, const struct engram_gather_request* request
   sqe.opcode = ENGRAM_OP_GATHER;
   sqe.table = request->table;
   sqe.num_rows = n;
-  if (n > s->data_bytes / 8 ||
-      !InData(s, request->rows, n * 8, &sqe.rows_offset) || sqe.rows_offset % 8 != 0) {
+  if (n > s->data_bytes / 8 || !InData(s, request->rows, n * 8, &sqe.rows_offset) ||
+      sqe.rows_offset % 8 != 0) {
     return SetError(-EINVAL,
                     "the %llu row ids must lie in the session's data region, 8-byte aligned "
                     "(allocate them with engram_alloc)",
@@ -785,7 +785,7 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   engram_msg_stats m;
   if (reply.size() != sizeof(m)) return SetError(-EPROTO, "STATS reply of %zu bytes", reply.size());
   memcpy(&m, reply.data(), sizeof(m));
-  struct engram_session_stats out{};
+  struct engram_session_stats out {};
   out.size = ret_stats->size;
   out.session_id = m.stats.session_id;
   out.requests_submitted = m.stats.requests_submitted;

@@ -13,8 +13,8 @@
 namespace engram {
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const protocol::ArenaLayout& layout,
-                                                      uint64_t session_id,
-                                                      uint64_t max_rows_per_request) {
+                                                     uint64_t session_id,
+                                                     uint64_t max_rows_per_request) {
   std::unique_ptr<Arena> arena(new Arena());
   arena->layout_ = layout;
   const std::string name = absl::StrFormat("engram-session-%u", session_id);
@@ -24,15 +24,15 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const protocol::ArenaLayout
         absl::StrFormat("memfd_create for session %u: %s", session_id, strerror(errno)));
   }
   if (ftruncate(arena->fd_, static_cast<off_t>(layout.arena_bytes)) < 0) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "sizing the arena of session %u to %u bytes: %s", session_id, layout.arena_bytes,
-        strerror(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("sizing the arena of session %u to %u bytes: %s", session_id,
+                        layout.arena_bytes, strerror(errno)));
   }
   void* map = mmap(nullptr, layout.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena->fd_, 0);
   if (map == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "mapping the %u-byte arena of session %u: %s", layout.arena_bytes, session_id,
-        strerror(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("mapping the %u-byte arena of session %u: %s", layout.arena_bytes,
+                        session_id, strerror(errno)));
   }
   arena->base_ = static_cast<uint8_t*>(map);
   if (fcntl(arena->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {

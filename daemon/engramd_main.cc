@@ -53,8 +53,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenAll(const ServerConfig& 
       auto [it, inserted] = seen.emplace(t->layer_id(), t->Describe());
       if (!inserted) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "layer %u is served twice: by %s and by %s", t->layer_id(), it->second,
-            t->Describe()));
+            "layer %u is served twice: by %s and by %s", t->layer_id(), it->second, t->Describe()));
       }
       all.push_back(std::move(t));
     }
@@ -90,8 +89,7 @@ int Main(int argc, char** argv) {
   app.add_option("--layers", config.layers, "Serve only these layer ids")->delimiter(',');
   app.add_flag("--no-check-holes", no_check_holes,
                "Do not check sparse copies for holes in the rows they claim");
-  app.add_option("--socket", config.socket_path, "Unix socket to listen on")
-      ->capture_default_str();
+  app.add_option("--socket", config.socket_path, "Unix socket to listen on")->capture_default_str();
   app.add_option("--socket-mode", mode_text, "File mode of the socket (octal)")
       ->capture_default_str();
   app.add_option("--socket-group", config.socket_group, "Group owning the socket");
@@ -119,7 +117,8 @@ int Main(int argc, char** argv) {
   app.add_option("--request-threads", config.request_threads,
                  "Requests gathered at the same time (each helped by the workers)")
       ->capture_default_str();
-  uint64_t spin_min_us = config.poll.spin_min_ns / 1000, spin_max_us = config.poll.spin_max_ns / 1000;
+  uint64_t spin_min_us = config.poll.spin_min_ns / 1000,
+           spin_max_us = config.poll.spin_max_ns / 1000;
   app.add_option("--poll-spin-min-us", spin_min_us, "Shortest polling spell before sleeping")
       ->capture_default_str();
   app.add_option("--poll-spin-max-us", spin_max_us, "Longest polling spell before sleeping")

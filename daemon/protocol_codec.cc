@@ -42,9 +42,8 @@ bool ComputeArenaLayout(uint32_t slots, uint64_t data_bytes, ArenaLayout* ret_la
   layout.sq_offset = sizeof(engram_arena_header);
   layout.cq_offset = layout.sq_offset + uint64_t{slots} * sizeof(engram_sqe);
   layout.status_offset = layout.cq_offset + uint64_t{layout.cq_entries} * sizeof(engram_cqe);
-  layout.data_offset =
-      AlignUp(layout.status_offset + uint64_t{slots} * sizeof(engram_request_status),
-              ENGRAM_ARENA_ALIGN);
+  layout.data_offset = AlignUp(
+      layout.status_offset + uint64_t{slots} * sizeof(engram_request_status), ENGRAM_ARENA_ALIGN);
   layout.data_bytes = AlignUp(data_bytes, ENGRAM_ARENA_ALIGN);
   layout.arena_bytes = layout.data_offset + layout.data_bytes;
   *ret_layout = layout;
@@ -206,8 +205,8 @@ bool DecodeWelcome(const uint8_t* data, size_t size, engram_msg_welcome* ret_wel
 }
 
 std::vector<uint8_t> EncodeError(int32_t code, const std::string& message, uint32_t request_id) {
-  size_t text = message.size() < ENGRAM_ERROR_MESSAGE_MAX ? message.size()
-                                                           : ENGRAM_ERROR_MESSAGE_MAX;
+  size_t text =
+      message.size() < ENGRAM_ERROR_MESSAGE_MAX ? message.size() : ENGRAM_ERROR_MESSAGE_MAX;
   std::vector<uint8_t> out(sizeof(engram_msg_error) + text);
   engram_msg_error error;
   FillHeader(&error.header, ENGRAM_MSG_ERROR, static_cast<uint32_t>(out.size()), request_id);
@@ -239,8 +238,7 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
   }
   if (sqe.opcode == ENGRAM_OP_NOP) {
     if (sqe.flags != 0 || sqe.num_rows != 0 || sqe.table != 0) {
-      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                  "NOP with flags, rows or a table set");
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "NOP with flags, rows or a table set");
     }
     return true;
   }
@@ -263,8 +261,8 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
     for (const TableBounds& t : context.tables) {
       served += (served.empty() ? "" : ", ") + std::to_string(t.layer_id);
     }
-    return Fail(ret_error, ENGRAM_STATUS_NOT_FOUND, "no table for layer %u (served: %s)",
-                sqe.table, served.empty() ? "none" : served.c_str());
+    return Fail(ret_error, ENGRAM_STATUS_NOT_FOUND, "no table for layer %u (served: %s)", sqe.table,
+                served.empty() ? "none" : served.c_str());
   }
   if (sqe.num_rows > context.max_rows) {
     return Fail(ret_error, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
@@ -348,11 +346,22 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
 }
 
 const char* StatusCodeName(int32_t code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",    "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",       "DATA_LOSS"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS"};
   if (code < 0 || code > ENGRAM_STATUS_DATA_LOSS) return "UNKNOWN";
   return kNames[code];
 }

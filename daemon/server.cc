@@ -85,8 +85,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& confi
                                .covered_end = t->covered().end});
   }
   server->engine_ = std::move(engine);
-  server->requests_ = std::make_unique<RequestPool>(config.request_threads,
-                                                    config.poll.spin_min_ns);
+  server->requests_ =
+      std::make_unique<RequestPool>(config.request_threads, config.poll.spin_min_ns);
   server->control_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->poller_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->kick_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -134,9 +134,9 @@ absl::Status Server::Bind() {
     struct stat st;
     if (stat(dir.c_str(), &st) < 0) {
       if (errno != ENOENT || mkdir(dir.c_str(), 0755) < 0) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "socket directory '%s' does not exist and cannot be created: %s", dir,
-            strerror(errno)));
+        return absl::FailedPreconditionError(
+            absl::StrFormat("socket directory '%s' does not exist and cannot be created: %s", dir,
+                            strerror(errno)));
       }
     }
   }
@@ -147,8 +147,8 @@ absl::Status Server::Bind() {
           absl::StrFormat("'%s' exists and is not a socket; refusing to replace it", path));
     }
     int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    const bool live = probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr),
-                                            sizeof(addr)) == 0;
+    const bool live =
+        probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     if (probe >= 0) close(probe);
     if (live) {
       return absl::AlreadyExistsError(
@@ -256,8 +256,7 @@ absl::Status Server::Run() {
         if (it == by_fd_.end()) continue;
         std::shared_ptr<Session> session = it->second;
         if ((events[i].events & EPOLLIN) != 0) HandleMessage(session);
-        if (by_fd_.count(fd) != 0 &&
-            (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) {
+        if (by_fd_.count(fd) != 0 && (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) {
           Disconnect(session, "closed its connection");
         }
       }
@@ -291,9 +290,9 @@ absl::Status Server::Run() {
   absl::Status result = absl::OkStatus();
   while (inflight_total_.load() != 0) {
     if (NowNs() - drain_start > config_.drain_timeout_ns) {
-      result = absl::DeadlineExceededError(absl::StrFormat(
-          "%u request(s) still in flight after %u s; exiting without them", inflight_total_.load(),
-          config_.drain_timeout_ns / 1'000'000'000));
+      result = absl::DeadlineExceededError(
+          absl::StrFormat("%u request(s) still in flight after %u s; exiting without them",
+                          inflight_total_.load(), config_.drain_timeout_ns / 1'000'000'000));
       break;
     }
     usleep(1000);
@@ -512,10 +511,10 @@ void Server::HandleMessage(const std::shared_ptr<Session>& session) {
   }
   if ((header.type == ENGRAM_MSG_LIST_TABLES || header.type == ENGRAM_MSG_SESSION_STATS) &&
       header.bytes != sizeof(engram_msg_header)) {
-    SendError(*session, ENGRAM_STATUS_INVALID_ARGUMENT,
-              absl::StrFormat("message type %u takes no body, got %u bytes", header.type,
-                              header.bytes),
-              header.request_id);
+    SendError(
+        *session, ENGRAM_STATUS_INVALID_ARGUMENT,
+        absl::StrFormat("message type %u takes no body, got %u bytes", header.type, header.bytes),
+        header.request_id);
     return;
   }
   switch (header.type) {
@@ -649,9 +648,10 @@ uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sq
   if (garbage) {
     uint64_t suppressed = 0;
     if (garbage_log_.Allow(NowNs(), &suppressed)) {
-      log::Warning("{} wrote a submission ring tail beyond its {} slots; skipped ({} similar "
-                   "messages suppressed)",
-                   session->Describe(), session->arena().layout().slots, suppressed);
+      log::Warning(
+          "{} wrote a submission ring tail beyond its {} slots; skipped ({} similar "
+          "messages suppressed)",
+          session->Describe(), session->arena().layout().slots, suppressed);
     }
   }
   for (uint32_t i = 0; i < n; ++i) Dispatch(session, scratch[i]);

@@ -31,9 +31,9 @@ class Server {
  public:
   // Binds the socket (refusing to take over one that a live engramd answers on). The tables
   // must already be registered with the engine.
-  static absl::StatusOr<std::unique_ptr<Server>> Create(
-      const ServerConfig& config, std::vector<std::unique_ptr<Table>> tables,
-      std::unique_ptr<GatherEngine> engine);
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerConfig& config,
+                                                        std::vector<std::unique_ptr<Table>> tables,
+                                                        std::unique_ptr<GatherEngine> engine);
   ~Server();
 
   // Serves until SIGTERM or SIGINT arrives (they must be blocked in every thread; Run reads
@@ -57,8 +57,7 @@ class Server {
   bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
   void SendTables(Session& session, uint32_t request_id);
   void SendStats(Session& session, uint32_t request_id);
-  void SendError(Session& session, int32_t code, const std::string& message,
-                 uint32_t request_id);
+  void SendError(Session& session, int32_t code, const std::string& message, uint32_t request_id);
   void PublishSessions();
   void Kick();
 

@@ -17,13 +17,13 @@ namespace engram {
 // Every bound a client can push on. Going past one is an error the client sees
 // (ResourceExhausted), never a crash.
 struct Limits {
-  uint32_t max_clients = 64;                              // sessions at once
-  uint32_t max_inflight = 256;                            // requests in flight per session
-  uint64_t max_rows_per_request = 131072;                 // rows in one request
-  uint64_t max_arena_bytes = uint64_t{1} << 30;           // data region of one session
-  uint64_t max_total_arena_bytes = uint64_t{16} << 30;    // all sessions together
-  uint64_t default_data_bytes = uint64_t{64} << 20;       // when the client asks for 0
-  uint32_t default_slots = 64;                            // when the client asks for 0
+  uint32_t max_clients = 64;                            // sessions at once
+  uint32_t max_inflight = 256;                          // requests in flight per session
+  uint64_t max_rows_per_request = 131072;               // rows in one request
+  uint64_t max_arena_bytes = uint64_t{1} << 30;         // data region of one session
+  uint64_t max_total_arena_bytes = uint64_t{16} << 30;  // all sessions together
+  uint64_t default_data_bytes = uint64_t{64} << 20;     // when the client asks for 0
+  uint32_t default_slots = 64;                          // when the client asks for 0
 };
 
 // How the poller waits for submissions.

@@ -112,10 +112,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (engramd.empty()) {
     const char* env = getenv("ENGRAMD");
-    engramd = env != nullptr ? env
-                             : (std::filesystem::canonical("/proc/self/exe").parent_path() /
-                                "../../daemon/engramd")
-                                   .string();
+    engramd =
+        env != nullptr
+            ? env
+            : (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/engramd")
+                  .string();
   }
   const bool temp_dir = dir.empty();
   if (temp_dir) {
@@ -131,7 +132,8 @@ int main(int argc, char** argv) {
   utsname u;
   uname(&u);
   printf("engramd-bench\n  machine: %s, %ld CPUs, kernel %s\n  cpu: %s\n", u.nodename,
-         sysconf(_SC_NPROCESSORS_ONLN), u.release, FirstLine("/proc/cpuinfo", "model name").c_str());
+         sysconf(_SC_NPROCESSORS_ONLN), u.release,
+         FirstLine("/proc/cpuinfo", "model name").c_str());
   printf("  tables: synthetic checkpoint, 2 layers x %" PRIu64 " rows (%.0f MB each), in %s\n",
          rows, rows * 264 / 1e6, dir.c_str());
   printf("  gather workers: %u (daemon and in-process); client spin: %s\n", workers,
@@ -163,8 +165,9 @@ int main(int argc, char** argv) {
   for (const auto& t : *tables) (void)(*engine)->AddTable(t.get(), {});
 
   const std::string sock = dir + "/engramd.sock";
-  std::vector<std::string> args = {engramd, "--model", model, "--socket", sock, "--workers",
-                                   std::to_string(workers), "--log-level", "warning"};
+  std::vector<std::string> args = {
+      engramd,       "--model", model, "--socket", sock, "--workers", std::to_string(workers),
+      "--log-level", "warning"};
   args.insert(args.end(), daemon_args.begin(), daemon_args.end());
   printf("  engramd:");
   for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
@@ -223,8 +226,13 @@ int main(int argc, char** argv) {
       ok &= (*engine)->Gather({.table = table, .rows = copy, .dest = local.data()}).ok();
       in_process.push_back(NowNs() - t0);
       if (cold) Evict(files);
-      engram_gather_request r{.size = sizeof(r), .table = table->layer_id(), .flags = 0,
-                              .rows = ids, .num_rows = n, .dest = out, .dest_offsets = nullptr};
+      engram_gather_request r{.size = sizeof(r),
+                              .table = table->layer_id(),
+                              .flags = 0,
+                              .rows = ids,
+                              .num_rows = n,
+                              .dest = out,
+                              .dest_offsets = nullptr};
       t0 = NowNs();
       ok &= engram_gather(s, &r, -1) == 0;
       via_daemon.push_back(NowNs() - t0);
@@ -255,8 +263,13 @@ int main(int argc, char** argv) {
     std::mt19937_64 r2(5);
     while (true) {
       for (int k = 0; k < 1152; ++k) bids[k] = r2() % rows;
-      engram_gather_request r{.size = sizeof(r), .table = 1, .flags = 0, .rows = bids,
-                              .num_rows = 1152, .dest = bout, .dest_offsets = nullptr};
+      engram_gather_request r{.size = sizeof(r),
+                              .table = 1,
+                              .flags = 0,
+                              .rows = bids,
+                              .num_rows = 1152,
+                              .dest = bout,
+                              .dest_offsets = nullptr};
       if (engram_gather(b, &r, -1) != 0) _exit(2);
     }
   }
@@ -264,7 +277,7 @@ int main(int argc, char** argv) {
   const Summary busy_rt = nop_round_trips(nop_iters);
   kill(busy, SIGKILL);
   waitpid(busy, nullptr, 0);
-  struct engram_session_stats st{};
+  struct engram_session_stats st {};
   st.size = sizeof(st);
   engram_get_session_stats(s, &st);
   engram_close(s);
@@ -274,11 +287,12 @@ int main(int argc, char** argv) {
 
   printf("empty request round trip (submit NOP + wait), %u each:\n", nop_iters);
   printf("  idle daemon:  p50 %7.2f µs  p99 %7.2f µs\n", idle.p50 / 1e3, idle.p99 / 1e3);
-  printf("  busy daemon:  p50 %7.2f µs  p99 %7.2f µs   (another client gathering 1,152-row "
-         "batches)\n\n",
-         busy_rt.p50 / 1e3, busy_rt.p99 / 1e3);
-  printf("%-22s %6s %14s %14s %14s %14s %8s\n", "gather", "iters", "daemon p50",
-         "in-proc p50", "daemon mean", "in-proc mean", "ratio");
+  printf(
+      "  busy daemon:  p50 %7.2f µs  p99 %7.2f µs   (another client gathering 1,152-row "
+      "batches)\n\n",
+      busy_rt.p50 / 1e3, busy_rt.p99 / 1e3);
+  printf("%-22s %6s %14s %14s %14s %14s %8s\n", "gather", "iters", "daemon p50", "in-proc p50",
+         "daemon mean", "in-proc mean", "ratio");
   auto row = [&](const char* name, uint32_t iters, const std::pair<Summary, Summary>& r) {
     printf("%-22s %6u %11.1f µs %11.1f µs %11.1f µs %11.1f µs %7.2fx\n", name, iters,
            r.first.p50 / 1e3, r.second.p50 / 1e3, r.first.mean / 1e3, r.second.mean / 1e3,
@@ -289,10 +303,11 @@ int main(int argc, char** argv) {
   row("1,152 rows cold", cold_small, cold1);
   row((std::to_string(large) + " rows cold").c_str(), cold_large, cold2);
   const double ratio = double(warm1.first.p50) / double(std::max<uint64_t>(1, warm1.second.p50));
-  printf("\ntargets: warm 1,152-row ratio %.2fx (target <= 1.25x): %s; busy empty round trip "
-         "p50 %.2f µs (target < 5 µs): %s\n",
-         ratio, ratio <= 1.25 ? "met" : "MISSED", busy_rt.p50 / 1e3,
-         busy_rt.p50 < 5000 ? "met" : "MISSED");
+  printf(
+      "\ntargets: warm 1,152-row ratio %.2fx (target <= 1.25x): %s; busy empty round trip "
+      "p50 %.2f µs (target < 5 µs): %s\n",
+      ratio, ratio <= 1.25 ? "met" : "MISSED", busy_rt.p50 / 1e3,
+      busy_rt.p50 < 5000 ? "met" : "MISSED");
   printf("session: %" PRIu64 " requests, %" PRIu64 " doorbells, %" PRIu64
          " client futex sleeps; engramd exit status %d\n",
          st.requests_ok, st.doorbells, st.client_sleeps,

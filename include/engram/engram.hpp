@@ -195,7 +195,7 @@ class Session {
     return {};
   }
   Status Stats(struct engram_session_stats* ret_stats) {
-    struct engram_session_stats st{};
+    struct engram_session_stats st {};
     st.size = sizeof(st);
     Status s = Status::FromReturn(engram_get_session_stats(s_, &st));
     if (s.ok()) *ret_stats = st;

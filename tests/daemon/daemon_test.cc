@@ -57,8 +57,12 @@ struct Client {
   }
   ~Client() { engram_close(s); }
   int Gather(uint32_t table, uint64_t n, bool scattered = false) {
-    engram_gather_request r{.size = sizeof(r), .table = table, .flags = 0, .rows = rows,
-                            .num_rows = n, .dest = out,
+    engram_gather_request r{.size = sizeof(r),
+                            .table = table,
+                            .flags = 0,
+                            .rows = rows,
+                            .num_rows = n,
+                            .dest = out,
                             .dest_offsets = scattered ? offsets : nullptr};
     return engram_gather(s, &r, 10'000'000'000);
   }
@@ -98,8 +102,12 @@ int GatherAndCheck(const Daemon& d, uint64_t seed, int requests) {
   for (int i = 0; i < requests; i += kInFlight) {
     for (int k = 0; k < kInFlight; ++k) {
       FillRows(rows[k], kN, kRows, seed * 1000 + i + k);
-      engram_gather_request r{.size = sizeof(r), .table = (i + k) % 2 ? 14u : 1u, .flags = 0,
-                              .rows = rows[k], .num_rows = kN, .dest = out[k],
+      engram_gather_request r{.size = sizeof(r),
+                              .table = (i + k) % 2 ? 14u : 1u,
+                              .flags = 0,
+                              .rows = rows[k],
+                              .num_rows = kN,
+                              .dest = out[k],
                               .dest_offsets = nullptr};
       if (engram_submit(s, &r, &tickets[k]) != 0) return 12;
     }
@@ -159,7 +167,7 @@ TEST_CASE("gathers return every byte of the checkpoint", "[daemon]") {
   }
   SECTION("scattered destinations and repeated rows") {
     const uint64_t n = 2000;
-    FillRows(c.rows, n, 50, 3);  // many duplicates
+    FillRows(c.rows, n, 50, 3);                                               // many duplicates
     for (uint64_t i = 0; i < n; ++i) c.offsets[i] = (n - 1 - i) * kRowBytes;  // reversed
     REQUIRE(c.Gather(14, n, true) == 0);
     CHECK(FirstBadRow(14, c.rows, n, c.out, c.offsets) == -1);
@@ -234,8 +242,13 @@ TEST_CASE("a client killed mid-request does not disturb the others", "[daemon]")
       FillRows(rows[k], n, kRows, k);
     }
     for (uint64_t i = 0;; ++i) {
-      engram_gather_request r{.size = sizeof(r), .table = 1, .flags = 0, .rows = rows[i % 2],
-                              .num_rows = n, .dest = out[i % 2], .dest_offsets = nullptr};
+      engram_gather_request r{.size = sizeof(r),
+                              .table = 1,
+                              .flags = 0,
+                              .rows = rows[i % 2],
+                              .num_rows = n,
+                              .dest = out[i % 2],
+                              .dest_offsets = nullptr};
       uint64_t t;
       while (engram_submit(s, &r, &t) == -ENOSPC) {
       }
@@ -263,8 +276,7 @@ TEST_CASE("a client killed mid-request does not disturb the others", "[daemon]")
   close(ready[1]);
 }
 
-TEST_CASE("clients see Unavailable when engramd goes and reconnect when it is back",
-          "[daemon]") {
+TEST_CASE("clients see Unavailable when engramd goes and reconnect when it is back", "[daemon]") {
   Daemon d({}, "restart");
   Client c(d, 1152);
   FillRows(c.rows, 1152, kRows, 8);
@@ -281,7 +293,9 @@ TEST_CASE("clients see Unavailable when engramd goes and reconnect when it is ba
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     CHECK(c.Gather(1, 1152) == -ENOTCONN);
-    struct engram_session_stats st{.size = sizeof(st)};
+    struct engram_session_stats st {
+      .size = sizeof(st)
+    };
     CHECK(engram_get_session_stats(c.s, &st) == -ENOTCONN);
   }
   engram_session* none = nullptr;
@@ -301,8 +315,13 @@ TEST_CASE("SIGTERM finishes the gathers in flight, then exits 0", "[daemon]") {
   Client c(d, 98304);
   const uint64_t n = 98304;
   FillRows(c.rows, n, kRows, 12);
-  engram_gather_request r{.size = sizeof(r), .table = 1, .flags = 0, .rows = c.rows,
-                          .num_rows = n, .dest = c.out, .dest_offsets = nullptr};
+  engram_gather_request r{.size = sizeof(r),
+                          .table = 1,
+                          .flags = 0,
+                          .rows = c.rows,
+                          .num_rows = n,
+                          .dest = c.out,
+                          .dest_offsets = nullptr};
   uint64_t t;
   REQUIRE(engram_submit(c.s, &r, &t) == 0);
   // Let the poller take it, then ask the daemon to stop while it is being gathered.
@@ -341,8 +360,13 @@ TEST_CASE("bad requests fail alone with a precise status", "[daemon]") {
   }
   SECTION("row ids or destination outside the data region") {
     std::vector<uint64_t> heap(10, 1);
-    engram_gather_request r{.size = sizeof(r), .table = 1, .flags = 0, .rows = heap.data(),
-                            .num_rows = 10, .dest = c.out, .dest_offsets = nullptr};
+    engram_gather_request r{.size = sizeof(r),
+                            .table = 1,
+                            .flags = 0,
+                            .rows = heap.data(),
+                            .num_rows = 10,
+                            .dest = c.out,
+                            .dest_offsets = nullptr};
     CHECK(engram_gather(c.s, &r, -1) == -EINVAL);
     r.rows = c.rows;
     r.dest = heap.data();
@@ -355,8 +379,8 @@ TEST_CASE("bad requests fail alone with a precise status", "[daemon]") {
     uint64_t bytes;
     engram_data_region(c.s, &base, &bytes);
     for (int i = 0; i < 100; ++i) c.offsets[i] = i * kRowBytes;
-    c.offsets[99] = bytes - (reinterpret_cast<uint8_t*>(c.out) - static_cast<uint8_t*>(base)) -
-                    kRowBytes + 1;
+    c.offsets[99] =
+        bytes - (reinterpret_cast<uint8_t*>(c.out) - static_cast<uint8_t*>(base)) - kRowBytes + 1;
     CHECK(c.Gather(1, 100, true) == -EINVAL);
     CHECK(std::string(engram_last_error()).find("row index 99") != std::string::npos);
   }
@@ -384,8 +408,8 @@ TEST_CASE("garbage written straight into the rings fails only those requests", "
     RingDoorbells();
   };
   auto await = [&](uint64_t ticket) {
-    for (int i = 0; i < 3000 && __atomic_load_n(&status[ticket & 0xFFFF].ticket,
-                                                __ATOMIC_ACQUIRE) != ticket;
+    for (int i = 0;
+         i < 3000 && __atomic_load_n(&status[ticket & 0xFFFF].ticket, __ATOMIC_ACQUIRE) != ticket;
          ++i) {
       usleep(1000);
     }
@@ -404,8 +428,13 @@ TEST_CASE("garbage written straight into the rings fails only those requests", "
   CHECK(st.code == ENGRAM_STATUS_INVALID_ARGUMENT);
   CHECK(std::string(st.message, st.message_bytes) == "unknown opcode 99");
 
-  engram_sqe outside{.ticket = ticket(1), .opcode = ENGRAM_OP_GATHER, .flags = 0, .table = 1,
-                     .num_rows = 64, .rows_offset = h->data_bytes - 8, .dest_offset = out_off};
+  engram_sqe outside{.ticket = ticket(1),
+                     .opcode = ENGRAM_OP_GATHER,
+                     .flags = 0,
+                     .table = 1,
+                     .num_rows = 64,
+                     .rows_offset = h->data_bytes - 8,
+                     .dest_offset = out_off};
   push(outside);
   st = await(outside.ticket);
   CHECK(st.code == ENGRAM_STATUS_INVALID_ARGUMENT);
@@ -430,8 +459,13 @@ TEST_CASE("garbage written straight into the rings fails only those requests", "
   }
   REQUIRE(h->sq_head == tail);
 
-  engram_sqe good{.ticket = ticket(3), .opcode = ENGRAM_OP_GATHER, .flags = 0, .table = 14,
-                  .num_rows = 64, .rows_offset = rows_off, .dest_offset = out_off};
+  engram_sqe good{.ticket = ticket(3),
+                  .opcode = ENGRAM_OP_GATHER,
+                  .flags = 0,
+                  .table = 14,
+                  .num_rows = 64,
+                  .rows_offset = rows_off,
+                  .dest_offset = out_off};
   push(good);
   st = await(good.ticket);
   CHECK(st.code == ENGRAM_STATUS_OK);
@@ -472,8 +506,11 @@ std::string RawHandshake(const std::string& socket_path, const void* bytes, size
 TEST_CASE("handshakes engramd refuses", "[daemon]") {
   Daemon d;
   engram_msg_hello hello{};
-  hello.header = {.magic = ENGRAM_MSG_MAGIC, .type = ENGRAM_MSG_HELLO, .reserved = 0,
-                  .bytes = sizeof(hello), .request_id = 0};
+  hello.header = {.magic = ENGRAM_MSG_MAGIC,
+                  .type = ENGRAM_MSG_HELLO,
+                  .reserved = 0,
+                  .bytes = sizeof(hello),
+                  .request_id = 0};
   hello.version_major = ENGRAM_PROTOCOL_MAJOR;
   int32_t code = 0;
   SECTION("a different major version, naming both") {
@@ -532,8 +569,13 @@ TEST_CASE("each limit is an error the client sees", "[daemon]") {
   SECTION("requests in flight") {
     Client c(d, 100, 16);  // asks for 16 slots, gets 4
     FillRows(c.rows, 100, kRows, 1);
-    engram_gather_request r{.size = sizeof(r), .table = 1, .flags = 0, .rows = c.rows,
-                            .num_rows = 100, .dest = c.out, .dest_offsets = nullptr};
+    engram_gather_request r{.size = sizeof(r),
+                            .table = 1,
+                            .flags = 0,
+                            .rows = c.rows,
+                            .num_rows = 100,
+                            .dest = c.out,
+                            .dest_offsets = nullptr};
     uint64_t t[5];
     for (int i = 0; i < 4; ++i) REQUIRE(engram_submit(c.s, &r, &t[i]) == 0);
     CHECK(engram_submit(c.s, &r, &t[4]) == -ENOSPC);

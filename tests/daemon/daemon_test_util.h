@@ -94,8 +94,8 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
 
   void Start() {
-    std::vector<std::string> args = {EngramdPath(), "--model", Checkpoint(), "--socket", socket_,
-                                      "--workers", "2", "--log-level", "warning"};
+    std::vector<std::string> args = {EngramdPath(), "--model", Checkpoint(),  "--socket", socket_,
+                                     "--workers",   "2",       "--log-level", "warning"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
     if (pid_ == 0) {

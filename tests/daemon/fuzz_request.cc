@@ -18,10 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<uint64_t> region((size - sizeof(sqe) + 7) / 8 + 1);
   memcpy(region.data(), data + sizeof(sqe), size - sizeof(sqe));
   const uint64_t data_bytes = size - sizeof(sqe);
-  const TableBounds tables[] = {{.layer_id = 1, .num_rows = 1000, .covered_begin = 0,
-                                 .covered_end = 1000},
-                                {.layer_id = 14, .num_rows = 5000, .covered_begin = 1000,
-                                 .covered_end = 2000}};
+  const TableBounds tables[] = {
+      {.layer_id = 1, .num_rows = 1000, .covered_begin = 0, .covered_end = 1000},
+      {.layer_id = 14, .num_rows = 5000, .covered_begin = 1000, .covered_end = 2000}};
   RequestContext context{.slots = 8,
                          .max_rows = 64,
                          .data = reinterpret_cast<const uint8_t*>(region.data()),
@@ -41,8 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (t.layer_id != sqe.table || request.rows.size() > context.max_rows) abort();
   for (size_t i = 0; i < request.rows.size(); ++i) {
     if (request.rows[i] < t.covered_begin || request.rows[i] >= t.covered_end) abort();
-    const uint64_t off = request.dest_offsets.empty() ? i * ENGRAM_ROW_BYTES
-                                                      : request.dest_offsets[i];
+    const uint64_t off =
+        request.dest_offsets.empty() ? i * ENGRAM_ROW_BYTES : request.dest_offsets[i];
     if (request.dest_offset + off + ENGRAM_ROW_BYTES > data_bytes) abort();
     if (request.dest_offset + off < request.dest_offset) abort();  // wrapped
   }

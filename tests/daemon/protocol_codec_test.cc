@@ -47,13 +47,20 @@ TEST_CASE("HELLO decoding", "[codec]") {
 
 TEST_CASE("request decoder statuses", "[codec]") {
   std::vector<uint64_t> region(1024, 0);
-  const TableBounds tables[] = {{.layer_id = 1, .num_rows = 100, .covered_begin = 10,
-                                 .covered_end = 50}};
-  RequestContext ctx{.slots = 4, .max_rows = 16,
+  const TableBounds tables[] = {
+      {.layer_id = 1, .num_rows = 100, .covered_begin = 10, .covered_end = 50}};
+  RequestContext ctx{.slots = 4,
+                     .max_rows = 16,
                      .data = reinterpret_cast<const uint8_t*>(region.data()),
-                     .data_bytes = region.size() * 8, .tables = tables};
-  engram_sqe sqe{.ticket = (1 << 16) | 2, .opcode = ENGRAM_OP_GATHER, .flags = 0, .table = 1,
-                 .num_rows = 4, .rows_offset = 0, .dest_offset = 64};
+                     .data_bytes = region.size() * 8,
+                     .tables = tables};
+  engram_sqe sqe{.ticket = (1 << 16) | 2,
+                 .opcode = ENGRAM_OP_GATHER,
+                 .flags = 0,
+                 .table = 1,
+                 .num_rows = 4,
+                 .rows_offset = 0,
+                 .dest_offset = 64};
   for (int i = 0; i < 4; ++i) region[i] = 10 + i;
   DecodedRequest r;
   bool slot_ok;

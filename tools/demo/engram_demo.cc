@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
   std::optional<uint64_t> seed;
   std::string verify_model;
   uint64_t rng_seed = 1;
-  app.add_option("--socket", socket_path, "engramd socket (default: $ENGRAM_SOCKET or " ENGRAM_DEFAULT_SOCKET ")");
+  app.add_option("--socket", socket_path,
+                 "engramd socket (default: $ENGRAM_SOCKET or " ENGRAM_DEFAULT_SOCKET ")");
   app.add_option("--table", table, "Layer id to gather from (default: the first served)");
   app.add_option("--decode-steps", decode_steps, "Decode steps")->capture_default_str();
   app.add_option("--decode-rows", decode_rows, "Rows per decode step (16 seqs x 6 tokens x 12)")
@@ -153,8 +154,8 @@ int main(int argc, char** argv) {
   }
   std::mt19937_64 rng(rng_seed);
   std::uniform_int_distribution<uint64_t> pick(chosen->covered_begin, chosen->covered_end - 1);
-  printf("gathering from layer %u (row ids uniform over the served range; %s)\n",
-         chosen->layer_id, verifier.enabled() ? "every byte checked" : "bytes not checked");
+  printf("gathering from layer %u (row ids uniform over the served range; %s)\n", chosen->layer_id,
+         verifier.enabled() ? "every byte checked" : "bytes not checked");
   bool all_ok = true;
   for (const Phase& phase : {Phase{"decode", decode_rows, decode_steps},
                              Phase{"prefill", prefill_rows, prefill_steps}}) {
@@ -163,8 +164,12 @@ int main(int argc, char** argv) {
     uint64_t total_ns = 0;
     for (uint32_t step = 0; step < phase.steps; ++step) {
       for (uint64_t i = 0; i < phase.rows_per_step; ++i) rows[i] = pick(rng);
-      engram_gather_request r{.size = sizeof(r), .table = chosen->layer_id, .flags = 0,
-                              .rows = rows, .num_rows = phase.rows_per_step, .dest = out,
+      engram_gather_request r{.size = sizeof(r),
+                              .table = chosen->layer_id,
+                              .flags = 0,
+                              .rows = rows,
+                              .num_rows = phase.rows_per_step,
+                              .dest = out,
                               .dest_offsets = nullptr};
       const uint64_t t0 = NowNs();
       const int rc = engram_gather(s, &r, 30'000'000'000);
@@ -176,31 +181,33 @@ int main(int argc, char** argv) {
       latencies.push_back(dt);
       total_ns += dt;
       std::string error;
-      const int64_t bad = verifier.enabled()
-                              ? verifier.FirstBad(chosen->layer_id, rows, phase.rows_per_step,
-                                                  out, &error)
-                              : -1;
+      const int64_t bad = verifier.enabled() ? verifier.FirstBad(chosen->layer_id, rows,
+                                                                 phase.rows_per_step, out, &error)
+                                             : -1;
       if (bad >= 0) {
-        fprintf(stderr, "engram-demo: %s step %u: row %" PRIu64 " (index %" PRId64
-                        ") differs from the checkpoint %s\n",
+        fprintf(stderr,
+                "engram-demo: %s step %u: row %" PRIu64 " (index %" PRId64
+                ") differs from the checkpoint %s\n",
                 phase.name, step, rows[bad], bad, error.c_str());
         all_ok = false;
       }
     }
     const double rows_total = double(phase.rows_per_step) * phase.steps;
-    printf("%-8s %5u steps x %6" PRIu64 " rows: %10.0f rows/s, %7.1f MB/s, latency p50 %8.1f µs"
+    printf("%-8s %5u steps x %6" PRIu64
+           " rows: %10.0f rows/s, %7.1f MB/s, latency p50 %8.1f µs"
            "  p99 %8.1f µs  max %8.1f µs\n",
            phase.name, phase.steps, phase.rows_per_step, rows_total / (total_ns / 1e9),
            rows_total * engram::kRowBytes / (total_ns / 1e3), Percentile(latencies, 0.5) / 1e3,
            Percentile(latencies, 0.99) / 1e3,
            *std::max_element(latencies.begin(), latencies.end()) / 1e3);
   }
-  struct engram_session_stats st{};
+  struct engram_session_stats st {};
   st.size = sizeof(st);
   if (engram_get_session_stats(s, &st) == 0) {
-    printf("session %" PRIu64 ": %" PRIu64 " requests, %" PRIu64 " rows, %.1f MB served; "
-           "daemon-side p50 %.1f µs, p99 %.1f µs (bucket bounds); %" PRIu64
-           " doorbells, %" PRIu64 " client sleeps\n",
+    printf("session %" PRIu64 ": %" PRIu64 " requests, %" PRIu64
+           " rows, %.1f MB served; "
+           "daemon-side p50 %.1f µs, p99 %.1f µs (bucket bounds); %" PRIu64 " doorbells, %" PRIu64
+           " client sleeps\n",
            st.session_id, st.requests_ok, st.rows, st.bytes / 1e6, st.latency_p50_ns / 1e3,
            st.latency_p99_ns / 1e3, st.doorbells, st.client_sleeps);
   }
