@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Builds the GPU tests and benchmark and gathers them, with the shared libraries they load, into
+# .gpu-bundle/ (git-ignored) so that a GPU machine without our -dev libraries can run them:
+#   tools/gpu-bundle.sh            # here: build and gather
+#   bash .gpu-bundle/run.sh        # there: run the GPU tests (add --bench for the benchmark)
+# glibc, libstdc++/libgcc_s (the target's are newer) and the NVIDIA driver (libcuda) are left to
+# the target machine; everything else ldd lists (Abseil, fmt, libcudart, ...) is copied.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+builddir=${ENGRAM_GPU_BUILD_DIR:-build-gpu}
+bundle=.gpu-bundle
+if [[ ! -f "$builddir/build.ninja" ]]; then
+  meson setup "$builddir"
+fi
+targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gpu_kernel_test
+         tests/gpu/gpu_wait_test tests/gpu/gpu_engramd_test daemon/engramd
+         tools/tables/engram-synth bench/gpu/gpu_dequant_bench)
+ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+for t in "${targets[@]}"; do
+  cp "$builddir/$t" "$bundle/bin/"
+  strip --strip-debug "$bundle/bin/$(basename "$t")"
+done
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|libcuda\.so)'
+# ldd on the build tree's binaries: their RUNPATH finds our own libraries there.
+for t in "${targets[@]}"; do
+  ldd "$builddir/$t" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }'
+done | sort -u | while read -r name path; do
+  if [[ "$name" =~ $skip ]]; then continue; fi
+  cp -L "$path" "$bundle/lib/$name"
+done
+for lib in "$bundle"/lib/*; do strip --strip-debug "$lib" 2>/dev/null || true; done
+
+cat > "$bundle/run.sh" <<'RUNNER'
+#!/usr/bin/env bash
+# Runs the bundled GPU tests (and with --bench the GPU benchmark). Exit status: 0 if every test
+# passed, 1 otherwise. Logs go to $OUT when it is set.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export ENGRAMD="$here/bin/engramd"  # the daemon gpu_engramd_test starts
+logs=${OUT:-$here/logs}
+mkdir -p "$logs"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+failed=0
+for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_engramd_test; do
+  start=$(date +%s.%N)
+  # A hung GPU wait must not eat the machine's time: each test gets a bounded run.
+  timeout "${ENGRAM_GPU_TEST_TIMEOUT:-90}" "$here/bin/$t" >"$logs/$t.log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  case $rc in
+    0) verdict=OK ;;
+    77) verdict=SKIP ;;
+    *) verdict="FAIL ($rc)"; failed=1 ;;
+  esac
+  printf '%-24s %-10s %6ss  %s\n' "$t" "$verdict" "$secs" "$(tail -n 2 "$logs/$t.log" | tr '\n' ' ')"
+  if [[ $rc -ne 0 && $rc -ne 77 ]]; then tail -n 40 "$logs/$t.log"; fi
+done
+if [[ "${1:-}" == "--bench" ]]; then
+  # The benchmark's end-to-end part needs a daemon: a synthetic checkpoint and engramd serving
+  # it on a private socket, stopped afterwards.
+  work=$(mktemp -d)
+  rows=${ENGRAM_BENCH_TABLE_ROWS:-500000}
+  "$here/bin/engram-synth" "$work/model" --rows "$rows" >"$logs/engram-synth.log" 2>&1
+  "$here/bin/engramd" --model "$work/model" --socket "$work/engramd.sock" \
+    --log-level warning >"$logs/engramd.log" 2>&1 &
+  daemon=$!
+  for _ in $(seq 300); do [[ -S "$work/engramd.sock" ]] && break; sleep 0.1; done
+  timeout "${ENGRAM_GPU_BENCH_TIMEOUT:-240}" "$here/bin/gpu_dequant_bench" \
+    --socket "$work/engramd.sock" --table 14 --table-rows "$rows" 2>&1 |
+    tee "$logs/gpu_dequant_bench.log"
+  kill "$daemon" 2>/dev/null
+  wait "$daemon" 2>/dev/null
+  rm -rf "$work"
+fi
+exit $failed
+RUNNER
+chmod +x "$bundle/run.sh"
+du -sh "$bundle"
+ls "$bundle/lib"
