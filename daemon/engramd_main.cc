@@ -126,6 +126,12 @@ int Main(int argc, char** argv) {
   app.add_option("--inline-rows", config.poll.inline_rows,
                  "Gather requests of up to this many rows on the polling thread")
       ->capture_default_str();
+  std::string read_mode = "buffered";
+  app.add_option("--read-mode", read_mode,
+                 "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables "
+                 "much larger than RAM)")
+      ->check(CLI::IsMember({"buffered", "direct"}))
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "error, warning, notice, info or debug")
       ->check(CLI::IsMember({"error", "warning", "notice", "info", "debug"}))
       ->capture_default_str();
@@ -194,7 +200,9 @@ int Main(int argc, char** argv) {
       GatherEngine::Create({.workers = config.workers});
   if (!engine.ok()) return fail(engine.status());
   for (const auto& t : *opened) {
-    if (absl::Status s = (*engine)->AddTable(t.get(), {}); !s.ok()) return fail(s);
+    TableGatherOptions table_options;
+    table_options.mode = read_mode == "direct" ? ReadMode::kDirect : ReadMode::kBuffered;
+    if (absl::Status s = (*engine)->AddTable(t.get(), table_options); !s.ok()) return fail(s);
   }
   absl::StatusOr<std::unique_ptr<Server>> server =
       Server::Create(config, std::move(*opened), std::move(*engine));
