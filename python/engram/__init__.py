@@ -1,0 +1,34 @@
+"""engram: use engramd (DeepSeek-V4.1 Engram rows over shared memory) from Python and PyTorch.
+
+    import engram
+    with engram.Client() as client:
+        rows = client.gather(14, [3, 1, 4])      # torch.uint8 [3, 264], zero-copy
+        ticket = client.submit(1, ids)           # asynchronous
+        more = ticket.wait(timeout=1.0)
+
+    lookup = engram.EngramLookup(layers=[1, 14], heads=24, max_tokens=512)
+    lookup.prepare({1: ids_1, 14: ids_14})      # at forward entry
+    emb = lookup.get(14)                        # bf16 [tokens, 24, 256] on the current stream
+
+A thin layer over libengram_client's C ABI (include/engram/engram.h, gpu.h) through ctypes;
+docs/python.md describes it in full.
+"""
+
+from .client import (DEFAULT_SOCKET, ROW_BYTES, Client, SessionStats, TableInfo, Ticket,
+                     library_path, protocol_version)
+from .dequant import dequantize_rows, dequantize_scatter
+from .errors import (EngramConnectionError, EngramError, EngramIOError, EngramPermissionError,
+                     EngramTimeoutError, GpuUnavailableError, InvalidArgumentError,
+                     LibraryNotFoundError, ProtocolError, ResourceExhaustedError,
+                     RowOutOfRangeError, UnknownTableError)
+from .lookup import EngramLookup
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Ticket", "TableInfo", "SessionStats", "EngramLookup", "DEFAULT_SOCKET",
+    "ROW_BYTES", "library_path", "protocol_version", "dequantize_rows", "dequantize_scatter",
+    "EngramError", "LibraryNotFoundError", "EngramConnectionError", "EngramPermissionError",
+    "InvalidArgumentError", "UnknownTableError", "RowOutOfRangeError", "ResourceExhaustedError",
+    "EngramTimeoutError", "ProtocolError", "EngramIOError", "GpuUnavailableError",
+]

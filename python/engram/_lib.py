@@ -1,0 +1,282 @@
+"""Finds and loads libengram_client (and the GPU kernel library) and declares their C ABI.
+
+Search order for libengram_client.so (the first that exists is loaded):
+  1. $ENGRAM_CLIENT_LIB: the library file itself (an error if it does not load);
+  2. $ENGRAM_LIB_DIR: a folder holding it (e.g. a bundle of built libraries);
+  3. next to the package (engram/lib/ or engram/), for self-contained installs;
+  4. the library folder recorded by `meson install` (engram/_install_paths.py);
+  5. a meson build folder: $ENGRAM_BUILD_DIR, else build*/ of the source tree this package
+     sits in (the newest library wins);
+  6. the system's library path (ldconfig, LD_LIBRARY_PATH).
+The kernel library (libengram_kernels_cuda.so or _hip.so) is found the same way, with
+$ENGRAM_KERNELS_LIB in place of $ENGRAM_CLIENT_LIB and kernels/ in place of client/.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import pathlib
+import threading
+
+from .errors import GpuUnavailableError, LibraryNotFoundError, error_for
+
+ROW_BYTES = 264
+ROW_VALUES = 256
+BLOCK_VALUES = 32
+
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+
+c_size_t = ctypes.c_size_t
+c_u32 = ctypes.c_uint32
+c_u64 = ctypes.c_uint64
+c_i64 = ctypes.c_int64
+c_int = ctypes.c_int
+c_void_p = ctypes.c_void_p
+c_char_p = ctypes.c_char_p
+c_uintptr = ctypes.c_size_t  # uintptr_t on every platform CPython supports here
+
+
+class ConnectOptions(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("socket_path", c_char_p),
+        ("data_bytes", c_u64),
+        ("slots", c_u32),
+        ("spin_ns", c_u32),
+        ("client_name", c_char_p),
+        ("timeout_ns", c_i64),
+    ]
+
+
+class GatherRequest(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("table", c_u32),
+        ("flags", c_u32),
+        ("rows", c_void_p),
+        ("num_rows", c_u64),
+        ("dest", c_void_p),
+        ("dest_offsets", c_void_p),
+    ]
+
+
+class TableInfoStruct(ctypes.Structure):
+    _fields_ = [
+        ("layer_id", c_u32),
+        ("row_bytes", c_u32),
+        ("num_rows", c_u64),
+        ("covered_begin", c_u64),
+        ("covered_end", c_u64),
+        ("layout", c_u32),
+        ("files", c_u32),
+        ("data_bytes", c_u64),
+    ]
+
+
+SESSION_STATS_FIELDS = (
+    "session_id", "requests_submitted", "requests_ok", "requests_failed", "rows", "bytes",
+    "inflight", "doorbells", "cq_overflows", "latency_p50_ns", "latency_p99_ns",
+    "latency_max_ns", "client_sleeps",
+)
+
+
+class SessionStatsStruct(ctypes.Structure):
+    _fields_ = [("size", c_size_t)] + [(name, c_u64) for name in SESSION_STATS_FIELDS]
+
+
+_P = ctypes.POINTER
+
+# name: (restype, argtypes)
+_CLIENT_FUNCTIONS = {
+    "engram_connect_options_init": (None, [_P(ConnectOptions)]),
+    "engram_connect": (c_int, [_P(ConnectOptions), _P(c_void_p)]),
+    "engram_close": (None, [c_void_p]),
+    "engram_last_error": (c_char_p, []),
+    "engram_data_region": (c_int, [c_void_p, _P(c_void_p), _P(c_u64)]),
+    "engram_arena": (c_int, [c_void_p, _P(c_void_p), _P(c_u64)]),
+    "engram_alloc": (c_int, [c_void_p, c_u64, _P(c_void_p)]),
+    "engram_free": (c_int, [c_void_p, c_void_p]),
+    "engram_submit": (c_int, [c_void_p, _P(GatherRequest), _P(c_u64)]),
+    "engram_submit_nop": (c_int, [c_void_p, _P(c_u64)]),
+    "engram_wait": (c_int, [c_void_p, c_u64, c_i64]),
+    "engram_poll": (c_int, [c_void_p, c_u64]),
+    "engram_completion_counter": (c_int, [c_void_p, _P(c_void_p)]),
+    "engram_list_tables": (c_int, [c_void_p, _P(TableInfoStruct), c_size_t, _P(c_size_t)]),
+    "engram_get_session_stats": (c_int, [c_void_p, _P(SessionStatsStruct)]),
+    "engram_protocol_version": (None, [_P(c_u32), _P(c_u32)]),
+}
+
+_GPU_REGISTER_FUNCTIONS = {
+    "engram_gpu_register": (c_int, [c_void_p, c_size_t, _P(c_void_p)]),
+    "engram_gpu_device_ptr": (c_void_p, [c_void_p, c_void_p]),
+    "engram_gpu_registration_runtime": (c_int, [c_void_p]),
+    "engram_gpu_unregister": (c_int, [c_void_p]),
+    "engram_gpu_last_error": (c_char_p, []),
+}
+
+_KERNEL_FUNCTIONS = {
+    "engram_dequant_scatter": (c_int, [c_void_p, c_u32, c_void_p, c_u32, c_u32, c_void_p,
+                                       c_void_p, c_size_t, c_void_p, c_uintptr]),
+    "engram_stream_wait_value64": (c_int, [c_uintptr, c_void_p, c_u64, _P(c_uintptr)]),
+    "engram_stream_wait_ticket": (c_int, [c_uintptr, c_void_p, c_void_p, c_u32, c_void_p]),
+    "engram_kernels_last_error": (c_char_p, []),
+    "engram_kernels_backend": (c_char_p, []),
+}
+
+
+def _declare(lib, functions, path, required=True):
+    missing = []
+    for name, (restype, argtypes) in functions.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if missing and required:
+        raise LibraryNotFoundError(
+            0, f"{path} does not export {', '.join(missing)}: it is not the library this "
+               f"package expects (rebuild it, or point the environment at the right one)")
+    return not missing
+
+
+def _source_tree_build_dirs():
+    """build*/ folders of the source tree this package sits in (python/engram/ in the repo)."""
+    root = _PACKAGE_DIR.parent.parent
+    if not (root / "include" / "engram" / "engram.h").is_file():
+        return []
+    return sorted(p for p in root.glob("build*") if (p / "build.ninja").is_file())
+
+
+def _installed_libdir():
+    try:
+        from . import _install_paths  # written by `meson install`
+    except ImportError:
+        return None
+    return pathlib.Path(_install_paths.LIBDIR)
+
+
+def _candidates(file_names, env_file, build_subdir):
+    """(where, path) pairs to try, in the documented order; env_file wins outright."""
+    found = []
+    lib_dir = os.environ.get("ENGRAM_LIB_DIR")
+    if lib_dir:
+        found += [("$ENGRAM_LIB_DIR", pathlib.Path(lib_dir) / n) for n in file_names]
+    for folder in (_PACKAGE_DIR / "lib", _PACKAGE_DIR):
+        found += [("next to the package", folder / n) for n in file_names]
+    libdir = _installed_libdir()
+    if libdir is not None:
+        found += [("meson install libdir", libdir / n) for n in file_names]
+    build_dir = os.environ.get("ENGRAM_BUILD_DIR")
+    builds = [pathlib.Path(build_dir)] if build_dir else _source_tree_build_dirs()
+    in_builds = [b / build_subdir / n for b in builds for n in file_names]
+    in_builds = [p for p in in_builds if p.is_file()]
+    in_builds.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    found += [("meson build folder", p) for p in in_builds]
+    return found
+
+
+def _load(kind, file_names, env_file, build_subdir):
+    """Loads the first library found; raises LibraryNotFoundError naming every place tried."""
+    explicit = os.environ.get(env_file)
+    if explicit:
+        try:
+            return ctypes.CDLL(explicit), explicit
+        except OSError as e:
+            raise LibraryNotFoundError(0, f"${env_file}={explicit} cannot be loaded: {e}") from e
+    tried = []
+    for where, path in _candidates(file_names, env_file, build_subdir):
+        if not path.is_file():
+            tried.append(f"{path} ({where}: absent)")
+            continue
+        try:
+            return ctypes.CDLL(str(path)), str(path)
+        except OSError as e:
+            tried.append(f"{path} ({where}: {e})")
+    for name in file_names + [ctypes.util.find_library(file_names[0][3:].split(".so")[0])]:
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name), name
+        except OSError as e:
+            tried.append(f"{name} (system library path: {e})")
+    raise LibraryNotFoundError(
+        0, f"cannot find {kind} {file_names[0]}; set ${env_file} to the library file, "
+           f"$ENGRAM_LIB_DIR to its folder or $ENGRAM_BUILD_DIR to a meson build folder. "
+           f"Tried: " + "; ".join(dict.fromkeys(tried)))
+
+
+_lock = threading.Lock()
+_client = None
+_client_path = None
+_gpu_register = None
+_kernels = {}
+
+
+def client_lib():
+    """The loaded libengram_client (ctypes.CDLL), declared."""
+    global _client, _client_path
+    with _lock:
+        if _client is None:
+            lib, path = _load("the engram client library",
+                              ["libengram_client.so", "libengram_client.so.0"],
+                              "ENGRAM_CLIENT_LIB", "client")
+            _declare(lib, _CLIENT_FUNCTIONS, path)
+            _client, _client_path = lib, path
+        return _client
+
+
+def client_lib_path():
+    client_lib()
+    return _client_path
+
+
+def last_error():
+    message = client_lib().engram_last_error()
+    return message.decode("utf-8", "replace") if message else ""
+
+
+def check(rc, what=None):
+    """Raises the exception for a negative return code with the library's message."""
+    if rc < 0:
+        message = last_error() or (what or "engram call failed")
+        raise error_for(rc, message)
+    return rc
+
+
+def gpu_register_lib():
+    """The library exporting engram_gpu_register & co.: libengram_client, else the kernels."""
+    global _gpu_register
+    with _lock:
+        if _gpu_register is not None:
+            return _gpu_register
+    lib = client_lib()
+    if _declare(lib, _GPU_REGISTER_FUNCTIONS, _client_path, required=False):
+        _gpu_register = lib
+        return lib
+    kernels, path = kernels_lib()
+    if _declare(kernels, _GPU_REGISTER_FUNCTIONS, path, required=False):
+        _gpu_register = kernels
+        return kernels
+    raise GpuUnavailableError(
+        0, f"neither {_client_path} nor {path} exports engram_gpu_register "
+           f"(include/engram/gpu.h): the client library was built without GPU registration")
+
+
+def kernels_lib(backend=None):
+    """(CDLL, path) of libengram_kernels_<backend>.so; backend 'cuda' or 'hip' (torch's)."""
+    if backend is None:
+        import torch
+        backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    with _lock:
+        if backend not in _kernels:
+            name = f"libengram_kernels_{backend}.so"
+            try:
+                lib, path = _load(f"the {backend.upper()} kernel library", [name],
+                                  "ENGRAM_KERNELS_LIB", "kernels")
+            except LibraryNotFoundError as e:
+                raise GpuUnavailableError(0, e.message) from e
+            _declare(lib, _KERNEL_FUNCTIONS, path)
+            _kernels[backend] = (lib, path)
+        return _kernels[backend]

@@ -1,0 +1,490 @@
+"""Client: a session with engramd, and gathers whose rows are zero-copy tensors in its arena.
+
+    with engram.Client() as client:               # $ENGRAM_SOCKET or /run/engramd/engramd.sock
+        rows = client.gather(14, [5, 17, 99])     # torch.uint8 [3, 264], a view of the arena
+        ...
+        client.release(rows)                      # the arena range may now be reused
+
+Lifetime of gathered tensors: a tensor returned by gather() or Ticket.wait() is a view of the
+session's shared-memory arena, not a copy. Its range goes back to the arena when it is released
+(Client.release, Ticket.release, leaving a Ticket's `with` block) or when the last tensor
+viewing it is garbage collected. After an explicit release the memory may be overwritten by a
+later gather: use tensor.clone() to keep the rows. Client.close() ends the session once no
+gathered tensor is alive any more, so a stale tensor never points at unmapped memory.
+"""
+
+import ctypes
+import dataclasses
+import errno
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from . import _lib
+from .errors import InvalidArgumentError, RowOutOfRangeError, error_for
+
+ROW_BYTES = _lib.ROW_BYTES
+DEFAULT_SOCKET = "/run/engramd/engramd.sock"
+_NS = 1_000_000_000
+
+
+def _timeout_ns(timeout):
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout}")
+    return int(timeout * _NS)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInfo:
+    """A table the daemon serves (struct engram_table_info)."""
+    layer_id: int
+    row_bytes: int
+    num_rows: int
+    covered_begin: int  # rows this daemon serves: [covered_begin, covered_end)
+    covered_end: int
+    layout: str  # "checkpoint" or "packed"
+    files: int
+    data_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionStats:
+    """Counters of this session as the daemon keeps them (struct engram_session_stats)."""
+    session_id: int
+    requests_submitted: int
+    requests_ok: int
+    requests_failed: int
+    rows: int
+    bytes: int
+    inflight: int
+    doorbells: int
+    cq_overflows: int
+    latency_p50_ns: int
+    latency_p99_ns: int
+    latency_max_ns: int
+    client_sleeps: int
+
+
+def protocol_version():
+    """(major, minor) of the wire protocol the loaded client library speaks."""
+    major, minor = ctypes.c_uint32(), ctypes.c_uint32()
+    _lib.client_lib().engram_protocol_version(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+def library_path():
+    """Path of the libengram_client.so this package loaded (see engram._lib for the search)."""
+    return _lib.client_lib_path()
+
+
+def row_ids_array(row_ids, what="row ids"):
+    """row_ids (list, tuple, range, NumPy array or CPU integer tensor) as a 1-D NumPy array.
+
+    Raises TypeError for non-integer ids, ValueError for a tensor on a GPU, a shape that is not
+    1-D, or a negative id.
+    """
+    try:
+        import torch
+    except ImportError:  # gathering needs torch; validating ids does not
+        torch = None
+    if torch is not None and isinstance(row_ids, torch.Tensor):
+        if row_ids.device.type != "cpu":
+            raise InvalidArgumentError(
+                -errno.EINVAL, f"{what} are on {row_ids.device}; pass a CPU tensor (the daemon "
+                               f"reads them from host memory)")
+        if row_ids.dtype == torch.bool or row_ids.is_floating_point() or row_ids.is_complex():
+            raise TypeError(f"{what} must be integers, got a tensor of {row_ids.dtype}")
+        array = row_ids.detach().contiguous().numpy()
+    elif isinstance(row_ids, np.ndarray):
+        array = row_ids
+    else:
+        array = np.asarray(row_ids)
+        if array.size == 0:
+            array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be integers, got {array.dtype}")
+    if array.ndim != 1:
+        raise InvalidArgumentError(-errno.EINVAL,
+                                   f"{what} must be 1-D, got shape {tuple(array.shape)}")
+    if array.dtype.kind == "i" and array.size and array.min() < 0:
+        index = int(np.argmax(array < 0))
+        raise RowOutOfRangeError(-errno.ERANGE,
+                                 f"{what}: row id {int(array[index])} at index {index} is "
+                                 f"negative")
+    return array
+
+
+class _Allocation:
+    """One range of the session's data region; freed once, by release or by the GC."""
+
+    __slots__ = ("client", "address", "bytes", "freed", "__weakref__")
+
+    def __init__(self, client, address, nbytes):
+        self.client = client
+        self.address = address
+        self.bytes = nbytes
+        self.freed = False
+
+    def free(self):
+        self.client._free(self)
+
+
+class Client:
+    """A session with engramd: its own shared-memory arena, request slots and statistics.
+
+    Args:
+        socket: path of the daemon's socket; None: $ENGRAM_SOCKET, else
+            /run/engramd/engramd.sock (as the daemon's default).
+        data_bytes: size of the arena's data region (rows, row ids); 0: the library's default
+            (64 MiB). The daemon bounds it (--max-arena-bytes).
+        slots: requests in flight at once; 0: the library's default (64).
+        client_name: shown in the daemon's statistics; None: the program name.
+        timeout: seconds allowed for connecting and the handshake; None: the library's 5 s.
+
+    Methods are thread-safe. Errors raise engram.EngramError subclasses (ConnectionError when
+    no daemon listens or the session was lost, ValueError for a bad table or row, ...).
+    """
+
+    def __init__(self, socket=None, *, data_bytes=0, slots=0, client_name=None, timeout=None):
+        lib = _lib.client_lib()
+        self._lib = lib
+        options = _lib.ConnectOptions()
+        lib.engram_connect_options_init(ctypes.byref(options))
+        socket = os.fspath(socket) if socket is not None else None
+        self._socket_bytes = socket.encode() if socket is not None else None
+        self._name_bytes = client_name.encode() if client_name is not None else None
+        options.socket_path = self._socket_bytes
+        options.data_bytes = data_bytes
+        options.slots = slots
+        options.client_name = self._name_bytes
+        options.timeout_ns = 0 if timeout is None else max(1, int(timeout * _NS))
+        handle = ctypes.c_void_p()
+        _lib.check(lib.engram_connect(ctypes.byref(options), ctypes.byref(handle)))
+        self._handle = handle
+        self.socket = socket or os.environ.get("ENGRAM_SOCKET") or DEFAULT_SOCKET
+        self._mutex = threading.Lock()
+        self._live = {}  # address -> _Allocation
+        self._closing = False
+        self._closed = False
+        base, size = ctypes.c_void_p(), ctypes.c_uint64()
+        _lib.check(lib.engram_data_region(handle, ctypes.byref(base), ctypes.byref(size)))
+        self._data_region = (base.value, size.value)
+
+    # ---- session --------------------------------------------------------------------------
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._closing else "open"
+        return f"<engram.Client {self.socket!r} {state}>"
+
+    @property
+    def closed(self):
+        return self._closing
+
+    def close(self):
+        """Ends the session. Tensors still viewing the arena keep it mapped until they are
+        released or garbage collected; no new request may be made. Idempotent."""
+        with self._mutex:
+            if self._closing:
+                return
+            self._closing = True
+            if self._live:
+                return
+        self._close_now()
+
+    def _close_now(self):
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            handle, self._handle = self._handle, None
+        self._lib.engram_close(handle)
+
+    def __del__(self):
+        # The arena stays mapped while tensors view it (they hold allocations, which hold us).
+        if getattr(self, "_handle", None) is not None and not getattr(self, "_closed", True):
+            self._lib.engram_close(self._handle)
+            self._handle = None
+
+    def _session(self):
+        if self._closing:
+            raise error_for(-errno.ENOTCONN, f"the session with engramd at {self.socket} is "
+                                             f"closed")
+        return self._handle
+
+    # ---- tables and statistics ------------------------------------------------------------
+
+    def tables(self):
+        """The tables the daemon serves, ordered by layer id (list of TableInfo)."""
+        session = self._session()
+        count = ctypes.c_size_t()
+        capacity = 16
+        while True:
+            entries = (_lib.TableInfoStruct * capacity)()
+            _lib.check(self._lib.engram_list_tables(session, entries, capacity,
+                                                    ctypes.byref(count)))
+            if count.value <= capacity:
+                break
+            capacity = count.value
+        layouts = {0: "checkpoint", 1: "packed"}
+        return [TableInfo(e.layer_id, e.row_bytes, e.num_rows, e.covered_begin, e.covered_end,
+                          layouts.get(e.layout, str(e.layout)), e.files, e.data_bytes)
+                for e in entries[:count.value]]
+
+    def table(self, layer_id):
+        """TableInfo of one layer; UnknownTableError (a ValueError) if it is not served."""
+        for info in self.tables():
+            if info.layer_id == layer_id:
+                return info
+        served = ", ".join(str(t.layer_id) for t in self.tables()) or "none"
+        raise error_for(-errno.ENOENT, f"engramd at {self.socket} serves no table {layer_id} "
+                                       f"(it serves: {served})")
+
+    def stats(self):
+        """This session's statistics (SessionStats)."""
+        stats = _lib.SessionStatsStruct()
+        stats.size = ctypes.sizeof(stats)
+        _lib.check(self._lib.engram_get_session_stats(self._session(), ctypes.byref(stats)))
+        return SessionStats(*(getattr(stats, f) for f in _lib.SESSION_STATS_FIELDS))
+
+    # ---- the arena ------------------------------------------------------------------------
+
+    @property
+    def data_region(self):
+        """(address, bytes) of the arena's data region, where rows land."""
+        return self._data_region
+
+    def arena(self):
+        """(address, bytes) of the whole arena mapping (for GPU registration)."""
+        base, size = ctypes.c_void_p(), ctypes.c_uint64()
+        _lib.check(self._lib.engram_arena(self._session(), ctypes.byref(base),
+                                          ctypes.byref(size)))
+        return base.value, size.value
+
+    def completion_counter_address(self):
+        """Address of the session's 64-bit completion counter (in the arena)."""
+        counter = ctypes.c_void_p()
+        _lib.check(self._lib.engram_completion_counter(self._session(), ctypes.byref(counter)))
+        return counter.value
+
+    def _alloc(self, nbytes):
+        ptr = ctypes.c_void_p()
+        with self._mutex:
+            session = self._session()
+            _lib.check(self._lib.engram_alloc(session, max(1, nbytes), ctypes.byref(ptr)))
+            allocation = _Allocation(self, ptr.value, nbytes)
+            self._live[ptr.value] = allocation
+        return allocation
+
+    def _free(self, allocation):
+        close_now = False
+        with self._mutex:
+            if allocation.freed:
+                return
+            allocation.freed = True
+            self._live.pop(allocation.address, None)
+            if self._closing:
+                # engram_close returns the whole arena; no range is reused after close().
+                close_now = not self._live and not self._closed
+            else:
+                rc = self._lib.engram_free(self._handle, ctypes.c_void_p(allocation.address))
+                if rc < 0:
+                    raise error_for(rc, _lib.last_error())
+        if close_now:
+            self._close_now()
+
+    def _tensor(self, allocation, offset, shape):
+        """A torch.uint8 tensor viewing allocation bytes [offset, offset + prod(shape))."""
+        import torch
+        nbytes = int(np.prod(shape))
+        if nbytes == 0:
+            return torch.empty(shape, dtype=torch.uint8)
+        view = (ctypes.c_uint8 * nbytes).from_address(allocation.address + offset)
+        # torch.frombuffer keeps `view` alive as long as any tensor shares its storage: the
+        # allocation is freed when the last of them goes away (unless released earlier).
+        weakref.finalize(view, allocation.free)
+        return torch.frombuffer(view, dtype=torch.uint8).view(shape)
+
+    def release(self, tensor):
+        """Returns the arena range behind a tensor from gather()/Ticket.wait() now; the tensor
+        (and every view of it) must not be used afterwards. Idempotent."""
+        try:
+            address = tensor.untyped_storage().data_ptr()
+        except AttributeError:  # torch < 2.0
+            address = tensor.storage().data_ptr()
+        with self._mutex:
+            allocation = self._live.get(address)
+        if allocation is None:
+            if tensor.numel() == 0:
+                return
+            raise InvalidArgumentError(-errno.EINVAL, "the tensor is not a live gather of this "
+                                                      "client (already released?)")
+        allocation.free()
+
+    # ---- gathering ------------------------------------------------------------------------
+
+    def submit(self, table, row_ids):
+        """Starts gathering rows `row_ids` of table `table` (a layer id); returns a Ticket.
+
+        row_ids: list, NumPy array or CPU tensor of integers (1-D). Nothing is copied but the
+        ids, into the arena. Raises UnknownTableError / RowOutOfRangeError when the daemon
+        refuses the request (at wait time), ResourceExhaustedError when every slot is busy.
+        """
+        ids = row_ids_array(row_ids)
+        n = int(ids.size)
+        rows_bytes = n * ROW_BYTES  # a multiple of 8: the ids that follow stay aligned
+        allocation = self._alloc(rows_bytes + n * 8)
+        try:
+            if n:
+                dst = np.ctypeslib.as_array(
+                    (ctypes.c_uint64 * n).from_address(allocation.address + rows_bytes))
+                np.copyto(dst, ids, casting="unsafe")
+            request = _lib.GatherRequest(
+                size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=0,
+                rows=allocation.address + rows_bytes, num_rows=n, dest=allocation.address,
+                dest_offsets=None)
+            ticket = ctypes.c_uint64()
+            _lib.check(self._lib.engram_submit(self._session(), ctypes.byref(request),
+                                               ctypes.byref(ticket)))
+        except BaseException:
+            allocation.free()
+            raise
+        return Ticket(self, ticket.value, table, n, allocation)
+
+    def gather(self, table, row_ids, timeout=None):
+        """Gathers rows `row_ids` of table `table`: a torch.uint8 tensor [n, 264] viewing the
+        arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales). See the
+        module's notes on its lifetime. timeout in seconds (None: no limit)."""
+        ticket = self.submit(table, row_ids)
+        # On a timeout the request stays in flight: the dropped ticket's finaliser waits for it
+        # before its range is reused.
+        return ticket.wait(timeout)
+
+    def nop(self, timeout=None):
+        """Round trip through the daemon with an empty request; returns seconds taken."""
+        start = time.perf_counter()
+        ticket = ctypes.c_uint64()
+        _lib.check(self._lib.engram_submit_nop(self._session(), ctypes.byref(ticket)))
+        _lib.check(self._lib.engram_wait(self._session(), ticket.value, _timeout_ns(timeout)))
+        return time.perf_counter() - start
+
+    def _wait(self, ticket, timeout_ns):
+        return self._lib.engram_wait(self._session(), ticket, timeout_ns)
+
+    def _poll(self, ticket):
+        return self._lib.engram_poll(self._session(), ticket)
+
+
+class Ticket:
+    """A gather in flight (from Client.submit). wait() returns the rows tensor.
+
+    Used as a context manager, the rows are released when the block ends:
+        with client.submit(14, ids) as ticket:
+            rows = ticket.wait()
+    """
+
+    _PENDING, _DONE, _FAILED, _RELEASED = range(4)
+
+    def __init__(self, client, ticket, table, num_rows, allocation):
+        self._client = client
+        self._ticket = ticket
+        self.table = table
+        self.num_rows = num_rows
+        self._allocation = allocation
+        self._state = self._PENDING
+        self._tensor = None
+        self._error = None
+        self._mutex = threading.Lock()
+        # A ticket dropped in flight must not hand its range back while the daemon may still
+        # write into it: the finaliser waits for completion first.
+        self._finalizer = weakref.finalize(self, Ticket._finalize, client, ticket, allocation)
+
+    def __repr__(self):
+        state = ["pending", "done", "failed", "released"][self._state]
+        return f"<engram.Ticket table={self.table} rows={self.num_rows} {state}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    @staticmethod
+    def _finalize(client, ticket, allocation):
+        if not client._closing and client._handle is not None:
+            rc = client._wait(ticket, 10 * _NS)
+            if rc == -errno.ETIMEDOUT:
+                return  # leave the range allocated rather than let a late write land in reuse
+        allocation.free()
+
+    def _settle(self, rc):
+        """Records the outcome of the request (rc from engram_wait/poll, not -ETIMEDOUT)."""
+        self._finalizer.detach()
+        if rc < 0:
+            self._state = self._FAILED
+            self._error = error_for(rc, _lib.last_error())
+            self._allocation.free()
+            return
+        self._state = self._DONE
+        # The ticket holds the tensor until released, so wait() may be called again; the range
+        # goes back when both the ticket and every view of the tensor are gone.
+        self._tensor = self._client._tensor(self._allocation, 0, (self.num_rows, ROW_BYTES))
+        if self.num_rows == 0:
+            self._allocation.free()
+
+    def _result(self):
+        if self._state == self._FAILED:
+            raise self._error
+        if self._state == self._RELEASED:
+            raise InvalidArgumentError(-errno.EINVAL, "the rows of this ticket were released")
+        return self._tensor
+
+    def wait(self, timeout=None):
+        """Waits for the rows (timeout in seconds, None: no limit) and returns them as a
+        torch.uint8 tensor [n, 264] viewing the arena. Raises EngramTimeoutError (the request
+        stays in flight: wait again) or the daemon's error (UnknownTableError,
+        RowOutOfRangeError, EngramIOError, EngramConnectionError ...). May be called again."""
+        with self._mutex:
+            if self._state == self._PENDING:
+                rc = self._client._wait(self._ticket, _timeout_ns(timeout))
+                if rc == -errno.ETIMEDOUT:
+                    raise error_for(rc, _lib.last_error())
+                self._settle(rc)
+            return self._result()
+
+    def done(self):
+        """True once the request completed (successfully or not); never blocks."""
+        with self._mutex:
+            if self._state == self._PENDING:
+                rc = self._client._poll(self._ticket)
+                if rc == -errno.EAGAIN:
+                    return False
+                self._settle(rc)
+            return True
+
+    def release(self):
+        """Hands the rows' arena range back (waiting for the request first if it is still in
+        flight); tensors from wait() must not be used afterwards. Idempotent."""
+        with self._mutex:
+            if self._state == self._PENDING:
+                if self._client._closing:
+                    self._finalizer.detach()
+                    self._allocation.free()
+                    self._state = self._RELEASED
+                    return
+                self._settle(self._client._wait(self._ticket, -1))
+            if self._state == self._DONE:
+                self._tensor = None
+                self._allocation.free()
+            self._state = self._RELEASED
+

@@ -1,0 +1,362 @@
+"""EngramLookup: what an inference engine's Engram layers call, once per forward step.
+
+    lookup = engram.EngramLookup(layers=[1, 14], heads=24, max_tokens=512)   # once
+    ...
+    lookup.prepare({1: ids_1, 14: ids_14})  # forward entry: every layer's gather submitted
+    ...
+    emb = lookup.get(14)                    # in layer 14: bf16 [tokens, heads, 256]
+
+ids_L are the step's row ids of layer L, shape [tokens, heads] (integers on the CPU; a negative
+id marks a padding slot, which reads as zeros). prepare() returns as soon as the requests are
+submitted. On a GPU, get() queues on the current CUDA stream a wait for the daemon's
+completion counter followed by the dequantise-and-scatter kernel, which reads the rows straight
+from the arena (registered host memory): the host never waits, and the two launches can be
+captured into a CUDA graph and replayed, each replay using the rows of the latest prepare().
+Without a GPU (device="cpu"), get() waits on the host and dequantises in PyTorch, with
+bit-identical results.
+
+Step protocol (the rows of a step live at fixed arena addresses until the next prepare()):
+  - prepare(step k + 1) first waits, on the host, for the daemon to finish step k's requests
+    (normally long done) and raises their errors; then it overwrites step k's rows.
+  - So step k's GPU work must be finished before prepare(step k + 1) is called. Eagerly, this
+    class makes sure of it (a CUDA event after each get(), waited on by the next prepare());
+    with CUDA graphs the engine guarantees it by reading the sampled tokens back before
+    preparing the next step, as engines do.
+  - Under graph capture the token count of the captured step is baked into the graph: replay
+    only with steps of that many tokens (pad with -1 ids).
+"""
+
+import ctypes
+import errno
+
+import numpy as np
+import torch
+
+from . import _lib
+from .client import Client, row_ids_array
+from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
+from .errors import InvalidArgumentError, RowOutOfRangeError, error_for
+
+_PAGE = 4096
+
+
+def _round_up(n, to):
+    return (n + to - 1) // to * to
+
+
+class _Layer:
+    """One Engram layer's buffers in the arena and (on a GPU) its output on the device."""
+
+    def __init__(self, layer_id, info, capacity, allocation):
+        self.layer_id = layer_id
+        self.info = info
+        self.capacity = capacity
+        self.allocation = allocation
+        base = allocation.address
+        self.rows_address = base
+        self.ids_address = base + capacity * ROW_BYTES
+        self.map_address = self.ids_address + capacity * 8
+        self.ids = np.ctypeslib.as_array((ctypes.c_uint64 * capacity).from_address(
+            self.ids_address))
+        self.index_map = np.ctypeslib.as_array((ctypes.c_int32 * capacity).from_address(
+            self.map_address))
+        self.index_map[:] = -1
+        self.map_high_water = 0  # index_map entries beyond the step's slots are kept at -1
+        self.tokens = None  # of the prepared step
+        self.num_rows = 0
+        self.ticket = None  # engram ticket of the step's request, until waited for
+        self.cpu_result = None
+        self.out = None  # device output [max_tokens, heads, 256] bf16
+        self.step_counter = None  # device uint32 for engram_stream_wait_ticket
+
+
+class EngramLookup:
+    """Gathers every Engram layer's rows of a step at forward entry; dequantises at the layer.
+
+    Args:
+        layers: Engram layer ids (table ids), e.g. [1, 14].
+        heads: row ids per token per layer (24 for DeepSeek-V4.1; 6 per table on a TP4 rank).
+        max_tokens: most tokens of one step (the arena and outputs are sized for it).
+        device: "cpu", "cuda", "cuda:N" or a torch.device; None: the current CUDA device if
+            torch sees one, else the CPU.
+        socket, client_name, timeout: as for Client (the lookup owns its own session: its
+            completion counter must count only its requests).
+    """
+
+    def __init__(self, layers, heads, max_tokens, *, device=None, socket=None, client_name=None,
+                 timeout=None):
+        layers = [int(layer) for layer in layers]
+        if not layers or len(set(layers)) != len(layers):
+            raise ValueError(f"layers must be distinct layer ids, got {layers}")
+        if heads < 1 or max_tokens < 1:
+            raise ValueError(f"heads ({heads}) and max_tokens ({max_tokens}) must be positive")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) \
+                if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be the CPU or a CUDA/ROCm device, got {device}")
+        self.device = device
+        self.heads = heads
+        self.max_tokens = max_tokens
+        self.layers = layers
+        capacity = max_tokens * heads
+        per_layer = _round_up(capacity * (ROW_BYTES + 8 + 4), _PAGE)
+        data_bytes = per_layer * len(layers) + 2 * _PAGE
+        self._client = Client(socket, data_bytes=data_bytes, slots=max(8, 2 * len(layers)),
+                              client_name=client_name, timeout=timeout)
+        self._closed = False
+        self._registration = None
+        self._event = None
+        try:
+            served = {t.layer_id: t for t in self._client.tables()}
+            missing = [layer for layer in layers if layer not in served]
+            if missing:
+                raise error_for(-errno.ENOENT,
+                                f"engramd at {self._client.socket} serves no table for layer(s) "
+                                f"{missing} (it serves: {sorted(served) or 'none'})")
+            self._layers = {layer: _Layer(layer, served[layer], capacity,
+                                          self._client._alloc(capacity * (ROW_BYTES + 12)))
+                            for layer in layers}
+            self._target_allocation = self._client._alloc(8)
+            self._target = ctypes.c_uint64.from_address(self._target_allocation.address)
+            counter_address = self._client.completion_counter_address()
+            self._counter = ctypes.c_uint64.from_address(counter_address)
+            # Only this object submits on the session: completions = base + requests submitted.
+            self._submitted = self._counter.value
+            self._target.value = self._submitted
+            if device.type == "cuda":
+                self._setup_gpu(counter_address)
+        except BaseException:
+            self._client.close()
+            raise
+
+    def _setup_gpu(self, counter_address):
+        from . import _gpu
+        self._kernels = _gpu.Kernels()
+        with torch.cuda.device(self.device):
+            address, length = self._client.arena()
+            self._registration = _gpu.Registration(address, length)
+            reg = self._registration
+            self._counter_d = reg.device_ptr(counter_address)
+            self._target_d = reg.device_ptr(self._target_allocation.address)
+            for layer in self._layers.values():
+                layer.rows_d = reg.device_ptr(layer.rows_address)
+                layer.map_d = reg.device_ptr(layer.map_address)
+                layer.out = torch.empty((self.max_tokens, self.heads, ROW_VALUES),
+                                        dtype=torch.bfloat16, device=self.device)
+                layer.step_counter = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def prepare(self, row_ids, timeout=None):
+        """Submits the step's gathers, one request per layer, and returns without waiting.
+
+        row_ids: {layer_id: ids} or a sequence in the order of `layers`; ids of shape
+        [tokens, heads] (CPU tensor, NumPy array or nested lists of integers; -1 = padding).
+        Raises ValueError for a bad shape or a row outside the table (naming layer, token and
+        head), and the daemon's errors of the previous step (see the module's notes)."""
+        self._check_open()
+        if not isinstance(row_ids, dict):
+            row_ids = list(row_ids)
+            if len(row_ids) != len(self.layers):
+                raise ValueError(f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
+                                 f"{self.layers}")
+            row_ids = dict(zip(self.layers, row_ids))
+        if sorted(row_ids) != sorted(self.layers):
+            raise ValueError(f"row ids given for layers {sorted(row_ids)}, expected "
+                             f"{sorted(self.layers)}")
+        steps = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
+        self._finish_step(timeout)
+        for layer_id in self.layers:
+            self._stage(self._layers[layer_id], *steps[layer_id])
+        lib = self._client._lib
+        submitted = []
+        try:
+            for layer_id in self.layers:
+                layer = self._layers[layer_id]
+                layer.cpu_result = None
+                if layer.num_rows == 0:
+                    continue
+                request = _lib.GatherRequest(
+                    size=ctypes.sizeof(_lib.GatherRequest), table=layer_id, flags=0,
+                    rows=layer.ids_address, num_rows=layer.num_rows, dest=layer.rows_address,
+                    dest_offsets=None)
+                ticket = ctypes.c_uint64()
+                _lib.check(lib.engram_submit(self._client._session(), ctypes.byref(request),
+                                             ctypes.byref(ticket)))
+                layer.ticket = ticket.value
+                submitted.append(layer)
+                self._submitted += 1
+        finally:
+            # The GPU waits until every request of the step completed: requests may complete
+            # in any order, so only the step's total is a safe value to wait for.
+            self._target.value = self._submitted
+
+    def _validate(self, layer_id, ids):
+        layer = self._layers[layer_id]
+        if isinstance(ids, torch.Tensor):
+            if ids.device.type != "cpu":
+                raise InvalidArgumentError(
+                    -errno.EINVAL, f"layer {layer_id}: row ids are on {ids.device}; pass them "
+                                   f"on the CPU (they are hashed from token ids on the host)")
+            ids = ids.detach().contiguous().numpy()
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"layer {layer_id}: row ids must be integers, got {ids.dtype}")
+        if ids.ndim != 2 or ids.shape[1] != self.heads:
+            raise InvalidArgumentError(-errno.EINVAL,
+                                       f"layer {layer_id}: row ids must have shape [tokens, "
+                                       f"{self.heads}], got {list(ids.shape)}")
+        tokens = ids.shape[0]
+        if tokens > self.max_tokens:
+            raise InvalidArgumentError(-errno.EINVAL,
+                                       f"layer {layer_id}: {tokens} tokens, more than max_tokens "
+                                       f"= {self.max_tokens}")
+        flat = ids.reshape(-1)
+        valid = flat >= 0 if ids.dtype.kind == "i" else np.ones(flat.shape, dtype=bool)
+        rows = flat[valid]
+        begin, end = layer.info.covered_begin, layer.info.covered_end
+        if rows.size:
+            bad = (rows < begin) | (rows >= end) if begin else rows >= end
+            if bad.any():
+                slot = int(np.flatnonzero(valid)[int(np.argmax(bad))])
+                raise RowOutOfRangeError(
+                    -errno.ERANGE, f"layer {layer_id}: row {int(flat[slot])} (token "
+                                   f"{slot // self.heads}, head {slot % self.heads}) is outside "
+                                   f"the rows [{begin}, {end}) engramd serves for this table")
+        return tokens, valid, rows
+
+    def _stage(self, layer, tokens, valid, rows):
+        """Writes the step's row ids and index map into the arena."""
+        n = int(rows.size)
+        slots = tokens * self.heads
+        layer.ids[:n] = rows
+        index_map = layer.index_map
+        index_map[:slots] = np.where(valid, np.cumsum(valid, dtype=np.int64) - 1, -1)
+        if layer.map_high_water > slots:
+            index_map[slots:layer.map_high_water] = -1
+        layer.map_high_water = slots
+        layer.tokens = tokens
+        layer.num_rows = n
+
+    def _finish_step(self, timeout=None):
+        """Waits (host) for the daemon to finish the current step's requests; raises the first
+        error. Eagerly launched GPU work of the step is waited for too, so that its rows and
+        index maps may be overwritten."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        first_error = None
+        for layer in self._layers.values():
+            if layer.ticket is None:
+                continue
+            rc = self._client._wait(layer.ticket, -1 if timeout is None else int(timeout * 1e9))
+            if rc == -errno.ETIMEDOUT:
+                raise error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
+            layer.ticket = None
+            if rc < 0 and first_error is None:
+                first_error = error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
+        if first_error is not None:
+            raise first_error
+
+    def wait(self, timeout=None):
+        """Waits on the host until every layer's rows of the prepared step are in the arena,
+        raising the daemon's error if a request failed. Optional: get() does not need it."""
+        self._check_open()
+        for layer in self._layers.values():
+            if layer.ticket is not None:
+                self._host_wait(layer, timeout)
+
+    def _host_wait(self, layer, timeout=None):
+        rc = self._client._wait(layer.ticket, -1 if timeout is None else int(timeout * 1e9))
+        if rc == -errno.ETIMEDOUT:
+            raise error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
+        layer.ticket = None
+        if rc < 0:
+            raise error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
+
+    def get(self, layer_id):
+        """The bf16 embeddings [tokens, heads, 256] of layer `layer_id` for the prepared step.
+
+        On a GPU: a view of this layer's output buffer, written by work queued on the current
+        stream (valid until the next get() of this layer); capturable into a CUDA graph. On the
+        CPU: a new tensor, after waiting for the rows on the host."""
+        self._check_open()
+        layer = self._layers.get(layer_id)
+        if layer is None:
+            raise ValueError(f"layer {layer_id} is not one of {self.layers}")
+        if layer.tokens is None:
+            raise RuntimeError(f"layer {layer_id}: get() before any prepare()")
+        if self.device.type == "cpu":
+            if layer.cpu_result is None:
+                if layer.ticket is not None:
+                    self._host_wait(layer)
+                rows = self._rows_tensor(layer)
+                layer.cpu_result = dequantize_scatter(
+                    rows, torch.from_numpy(layer.index_map[:layer.tokens * self.heads]),
+                    layer.tokens, self.heads)
+            return layer.cpu_result
+        return self._get_gpu(layer)
+
+    def _rows_tensor(self, layer):
+        if layer.num_rows == 0:
+            return torch.empty((0, ROW_BYTES), dtype=torch.uint8)
+        view = (ctypes.c_uint8 * (layer.num_rows * ROW_BYTES)).from_address(layer.rows_address)
+        return torch.frombuffer(view, dtype=torch.uint8).view(layer.num_rows, ROW_BYTES)
+
+    def _get_gpu(self, layer):
+        with torch.cuda.device(self.device):
+            stream = torch.cuda.current_stream(self.device)
+            handle = stream.cuda_stream
+            self._kernels.stream_wait_ticket(handle, self._counter_d, self._target_d, 1,
+                                             layer.step_counter.data_ptr())
+            # num_rows = capacity: a captured graph must accept any later step's row count.
+            self._kernels.dequant_scatter(layer.rows_d, layer.capacity, layer.map_d,
+                                          layer.tokens, self.heads, layer.out.data_ptr(), handle)
+            if not torch.cuda.is_current_stream_capturing():
+                event = torch.cuda.Event()
+                event.record(stream)
+                self._event = event
+        return layer.out[:layer.tokens]
+
+    # ---- lifetime ---------------------------------------------------------------------------
+
+    def stats(self):
+        """The session's statistics (engram.SessionStats)."""
+        return self._client.stats()
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("the EngramLookup is closed")
+
+    def close(self):
+        """Waits for requests in flight and queued GPU work, then releases everything."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for layer in self._layers.values():
+                if layer.ticket is not None:
+                    self._client._wait(layer.ticket, -1)
+                    layer.ticket = None
+            if self._registration is not None:
+                torch.cuda.synchronize(self.device)
+                self._registration.unregister()
+        finally:
+            self._client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if not getattr(self, "_closed", True):
+                self.close()
+        except Exception:  # interpreter shutdown: the session dies with the process anyway
+            pass
