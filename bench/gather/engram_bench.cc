@@ -52,6 +52,7 @@ struct Config {
   std::string csv;
   std::string md;
   bool smoke = false;
+  uint32_t split_reads = 0;  // 0: the engine's default
 };
 
 uint64_t NowNs() {
@@ -192,18 +193,22 @@ int Run(const Config& c) {
   std::filesystem::create_directories(c.dir, ec);
   PrintMachine(c);
   std::vector<std::unique_ptr<GatherMethod>> methods;
+  auto eo = [&](GatherEngineOptions o) {
+    if (c.split_reads > 0) o.split_reads = c.split_reads;
+    return o;
+  };
   for (const std::string& m : c.methods) {
     if (m == "mmap") methods.push_back(MakeMmapMethod());
     else if (m == "pool") methods.push_back(MakeRecipePoolMethod());
     else if (m == "nowait") methods.push_back(MakeNowaitPoolMethod());
     else if (m == "uring") methods.push_back(MakeUringOnlyMethod());
-    else if (m == "engine") methods.push_back(MakeEngineMethod("gather engine", {}));
+    else if (m == "engine") methods.push_back(MakeEngineMethod("gather engine", eo({})));
     else if (m == "engine-serial")
-      methods.push_back(MakeEngineMethod("engine (serial NOWAIT)", {.nowait_pass = NowaitPass::kSerial}));
+      methods.push_back(MakeEngineMethod("engine (serial NOWAIT)", eo({.nowait_pass = NowaitPass::kSerial})));
     else if (m == "engine-nonowait")
-      methods.push_back(MakeEngineMethod("engine (no NOWAIT)", {.nowait_pass = NowaitPass::kOff}));
+      methods.push_back(MakeEngineMethod("engine (no NOWAIT)", eo({.nowait_pass = NowaitPass::kOff})));
     else if (m == "engine-1w")
-      methods.push_back(MakeEngineMethod("engine (1 worker)", {.workers = 1}));
+      methods.push_back(MakeEngineMethod("engine (1 worker)", eo({.workers = 1})));
     else {
       std::fprintf(stderr, "unknown method '%s' (mmap, pool, nowait, uring, engine, "
                            "engine-serial, engine-nonowait, engine-1w)\n", m.c_str());
@@ -357,6 +362,7 @@ int main(int argc, char** argv) {
   app.add_option("--cold-iters", c.cold_iters, "iterations of cold / half batches <= 8192 rows");
   app.add_option("--big-cold-iters", c.big_cold_iters, "iterations of larger cold / half batches");
   app.add_option("--csv", c.csv, "also write the results as CSV here");
+  app.add_option("--split-reads", c.split_reads, "engine option split_reads (0: default)");
   app.add_flag("--smoke", c.smoke, "tiny tables and batches: checks that every method runs");
   CLI11_PARSE(app, argc, argv);
   if (c.smoke) {

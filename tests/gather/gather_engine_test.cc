@@ -642,6 +642,7 @@ TEST_CASE("a batch that finds the cache gone cold stops its NOWAIT pass after on
   std::atomic<uint64_t> nowait_calls{0};
   GatherEngineOptions o{.workers = 1, .use_io_uring = false};
   o.probe_reads = 32;
+  o.split_reads = 1024;  // one chunk: every chunk of a split batch runs its own first wave
   o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
     if (flags & RWF_NOWAIT) {
       nowait_calls++;
