@@ -85,6 +85,7 @@ absl::StatusOr<NgramHasher> NgramHasher::Create(const HashConfig& config,
             absl::StrFormat("Engram layer %d: head modulus %d", t.layer_id, p));
       }
       layer.mods.emplace_back(p);
+      layer.head_order.push_back(static_cast<uint8_t>(layer.head_order.size() / config.n_heads));
     }
     layer.tables = std::move(t);
     h.layers_.push_back(std::move(layer));
@@ -160,46 +161,42 @@ absl::Status NgramHasher::CheckIds(std::span<const int32_t> ids, TokenSpace spac
 
 namespace {
 
-// Hashes one sequence. N = max_ngram_size is a template parameter so that the window shifts
-// and products unroll.
+// Hashes one sequence into rows of n_heads_out heads. head_order, mods and offsets are the
+// per-head records of the requested heads (a contiguous slice of the layer's): one flat loop
+// over heads, whatever range a rank asks for. N = max_ngram_size is a template parameter so
+// that the window shift and the mixes unroll and stay in registers.
 template <int N>
 void HashSequenceRun(std::span<const int32_t> tokens, const uint32_t* lookup,
-                     const uint64_t* window_init, const uint64_t* mult, const FastMod* mods,
-                     const uint64_t* offsets, uint32_t n_heads, HeadRange heads, uint64_t* out) {
-  // window[k] = compressed id at lag k (k = 1..N-1 before the current token is shifted in).
-  uint64_t window[N];
+                     const uint64_t* window_init, const uint64_t* mult, const uint8_t* head_order,
+                     const FastMod* mods, const uint64_t* offsets, uint32_t n_heads_out,
+                     uint64_t* out) {
+  uint64_t window[N];  // window[k]: compressed id at lag k
   for (int k = 1; k < N; ++k) window[k] = window_init[k];
-  const uint32_t stride = heads.size();
-  const uint32_t first_order = heads.begin / n_heads;
-  const uint32_t last_order = (heads.end - 1) / n_heads;
   for (size_t t = 0; t < tokens.size(); ++t) {
     const uint32_t raw = static_cast<uint32_t>(tokens[t]);
     window[0] = lookup ? lookup[raw] : raw;
-    uint64_t mix[N];  // mix[n] for order n, wrapping like numpy int64 multiply and XOR
+    // Per order (index n - 2): the mix folded to non-negative (~mix when negative) and the
+    // sign as a mask. Products and XOR wrap like NumPy's int64.
+    uint64_t folded[N - 1], negative[N - 1];
     uint64_t acc = window[0] * mult[0];
     for (int k = 1; k < N; ++k) {
       acc ^= window[k] * mult[k];
-      mix[k] = acc;  // order k + 1
+      negative[k - 1] = static_cast<uint64_t>(static_cast<int64_t>(acc) >> 63);
+      folded[k - 1] = acc ^ negative[k - 1];
     }
-    uint64_t* row = out + t * stride;
-    for (uint32_t o = first_order; o <= last_order; ++o) {
-      const uint64_t m = mix[o + 1];
-      const uint64_t negative = static_cast<uint64_t>(static_cast<int64_t>(m) >> 63);
-      const uint64_t folded = m ^ negative;  // ~m for negative m
-      const uint32_t h_begin = std::max(heads.begin, o * n_heads);
-      const uint32_t h_end = std::min(heads.end, (o + 1) * n_heads);
-      for (uint32_t h = h_begin; h < h_end; ++h) {
-        const uint64_t r = mods[h](folded);
-        const uint64_t p_minus_1 = mods[h].divisor() - 1;
-        row[h - heads.begin] = offsets[h] + (r ^ (negative & (r ^ (p_minus_1 - r))));
-      }
+    uint64_t* row = out + t * n_heads_out;
+    for (uint32_t j = 0; j < n_heads_out; ++j) {
+      const uint32_t o = head_order[j];
+      const uint64_t r = mods[j](folded[o]);
+      const uint64_t flipped = mods[j].divisor() - 1 - r;  // floor mod of a negative mix
+      row[j] = offsets[j] + (r ^ (negative[o] & (r ^ flipped)));
     }
     for (int k = N - 1; k > 0; --k) window[k] = window[k - 1];
   }
 }
 
 using RunFn = void (*)(std::span<const int32_t>, const uint32_t*, const uint64_t*,
-                       const uint64_t*, const FastMod*, const uint64_t*, uint32_t, HeadRange,
+                       const uint64_t*, const uint8_t*, const FastMod*, const uint64_t*, uint32_t,
                        uint64_t*);
 
 RunFn RunFor(uint32_t n) {
@@ -265,8 +262,9 @@ absl::Status NgramHasher::Hash(uint32_t layer_index, std::span<const HashSequenc
         window_init[k] = compressed_pad_id_;
       }
     }
-    run(seq.tokens, lookup, window_init, mult, layer.mods.data(),
-        layer.tables.head_offsets.data(), config_.n_heads, heads, dst);
+    run(seq.tokens, lookup, window_init, mult, layer.head_order.data() + heads.begin,
+        layer.mods.data() + heads.begin, layer.tables.head_offsets.data() + heads.begin,
+        heads.size(), dst);
     dst += seq.tokens.size() * heads.size();
   }
   return absl::OkStatus();

@@ -94,7 +94,8 @@ class NgramHasher {
  private:
   struct Layer {
     LayerTables tables;
-    std::vector<FastMod> mods;  // one per head
+    std::vector<FastMod> mods;        // one per head
+    std::vector<uint8_t> head_order;  // per head: its order - 2
   };
 
   NgramHasher() = default;
