@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -222,6 +223,52 @@ TEST_CASE("client processes gather concurrently", "[daemon]") {
   for (int i = 0; i < 4; ++i) children.push_back(Spawn([&] { return GatherAndCheck(d, i, 48); }));
   for (pid_t p : children) CHECK(Reap(p) == 0);
   CHECK(d.alive());
+}
+
+TEST_CASE("threads of one process share a session", "[daemon]") {
+  Daemon d;
+  engram_connect_options o = d.Options(32 << 20, 16);
+  engram_session* s;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      uint64_t* rows;
+      uint8_t* out;
+      if (engram_alloc(s, 1152 * 8, reinterpret_cast<void**>(&rows)) != 0 ||
+          engram_alloc(s, 1152 * kRowBytes, reinterpret_cast<void**>(&out)) != 0) {
+        failures++;
+        return;
+      }
+      for (int i = 0; i < 40; ++i) {
+        const uint64_t n = 1 + (i * 37 + t * 11) % 1152;
+        FillRows(rows, n, kRows, t * 1000 + i);
+        engram_gather_request r{.size = sizeof(r),
+                                .table = t % 2 ? 14u : 1u,
+                                .flags = 0,
+                                .rows = rows,
+                                .num_rows = n,
+                                .dest = out,
+                                .dest_offsets = nullptr};
+        if (engram_gather(s, &r, 10'000'000'000) != 0 ||
+            FirstBadRow(t % 2 ? 14 : 1, rows, n, out) >= 0) {
+          failures++;
+        }
+      }
+      engram_free(s, rows);
+      engram_free(s, out);
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  struct engram_session_stats st {
+    .size = sizeof(st)
+  };
+  REQUIRE(engram_get_session_stats(s, &st) == 0);
+  CHECK(st.requests_ok == 160);
+  CHECK(st.requests_failed == 0);
+  engram_close(s);
 }
 
 TEST_CASE("a client killed mid-request does not disturb the others", "[daemon]") {
