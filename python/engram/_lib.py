@@ -157,7 +157,7 @@ def _installed_libdir():
     return pathlib.Path(_install_paths.LIBDIR)
 
 
-def _candidates(file_names, env_file, build_subdir):
+def _candidates(file_names, build_subdir):
     """(where, path) pairs to try, in the documented order; env_file wins outright."""
     found = []
     lib_dir = os.environ.get("ENGRAM_LIB_DIR")
@@ -186,7 +186,7 @@ def _load(kind, file_names, env_file, build_subdir):
         except OSError as e:
             raise LibraryNotFoundError(0, f"${env_file}={explicit} cannot be loaded: {e}") from e
     tried = []
-    for where, path in _candidates(file_names, env_file, build_subdir):
+    for where, path in _candidates(file_names, build_subdir):
         if not path.is_file():
             tried.append(f"{path} ({where}: absent)")
             continue

@@ -35,7 +35,7 @@ import torch
 from . import _lib
 from .client import Client, row_ids_array
 from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
-from .errors import InvalidArgumentError, RowOutOfRangeError, error_for
+from .errors import GpuUnavailableError, InvalidArgumentError, RowOutOfRangeError, error_for
 
 _PAGE = 4096
 
@@ -94,6 +94,10 @@ class EngramLookup:
             device = torch.device("cuda", torch.cuda.current_device()) \
                 if torch.cuda.is_available() else torch.device("cpu")
         device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise GpuUnavailableError(
+                -errno.ENODEV, f"device {device} asked for, but torch {torch.__version__} sees no "
+                               f"GPU; use device='cpu' (same values, dequantised on the host)")
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if device.type not in ("cpu", "cuda"):
@@ -173,7 +177,6 @@ class EngramLookup:
         for layer_id in self.layers:
             self._stage(self._layers[layer_id], *steps[layer_id])
         lib = self._client._lib
-        submitted = []
         try:
             for layer_id in self.layers:
                 layer = self._layers[layer_id]
@@ -188,7 +191,6 @@ class EngramLookup:
                 _lib.check(lib.engram_submit(self._client._session(), ctypes.byref(request),
                                              ctypes.byref(ticket)))
                 layer.ticket = ticket.value
-                submitted.append(layer)
                 self._submitted += 1
         finally:
             # The GPU waits until every request of the step completed: requests may complete

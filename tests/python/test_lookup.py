@@ -88,3 +88,21 @@ def test_lookup_refuses_bad_steps(daemon):
 def test_lookup_unknown_layer(daemon):
     with pytest.raises(engram.UnknownTableError, match=r"\[7\]"):
         engram.EngramLookup([1, 7], 4, 8, device="cpu", socket=daemon.socket)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no GPU")
+def test_lookup_on_cuda_without_a_gpu_is_refused(daemon):
+    with pytest.raises(engram.GpuUnavailableError, match="device='cpu'"):
+        engram.EngramLookup([14], 6, 8, device="cuda", socket=daemon.socket)
+
+
+def test_lookup_wait_and_gather_agree(daemon, expected_rows):
+    rng = np.random.default_rng(12)
+    with engram.EngramLookup([1], 3, 10, device="cpu", socket=daemon.socket) as lookup:
+        ids = step_ids(rng, 10, 3, padding=0.0)
+        lookup.prepare([ids])
+        lookup.wait(timeout=10)
+        with engram.Client(daemon.socket) as client:
+            rows = client.gather(1, ids.reshape(-1))
+            want = engram.dequantize_rows(rows).view(10, 3, 256)
+        assert torch.equal(lookup.get(1).view(torch.int16), want.view(torch.int16))
