@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from . import _lib
-from .client import Client, row_ids_array
+from .client import Client
 from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
 from .errors import GpuUnavailableError, InvalidArgumentError, RowOutOfRangeError, error_for
 
@@ -134,7 +134,11 @@ class EngramLookup:
             if device.type == "cuda":
                 self._setup_gpu(counter_address)
         except BaseException:
-            self._client.close()
+            # Nothing outside this object views its buffers: end the session at once.
+            if self._registration is not None:
+                self._registration.unregister()
+            self._client._closing = True
+            self._client._close_now()
             raise
 
     def _setup_gpu(self, counter_address):
@@ -348,6 +352,12 @@ class EngramLookup:
                 torch.cuda.synchronize(self.device)
                 self._registration.unregister()
         finally:
+            # Hand the buffers back so that close() ends the session now, not at collection.
+            for layer in self._layers.values():
+                layer.ids = layer.index_map = None
+                layer.allocation.free()
+            self._target = None
+            self._target_allocation.free()
             self._client.close()
 
     def __enter__(self):

@@ -233,3 +233,27 @@ def test_missing_library_is_reported(tmp_path):
     assert result.returncode != 0
     assert "cannot find the engram client library" in result.stderr
     assert "Tried:" in result.stderr
+
+
+def test_threads_share_a_client(client, expected_rows):
+    import threading
+    failures = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(20):
+                layer = LAYERS[int(rng.integers(0, 2))]
+                ids = rng.integers(0, SYNTH_ROWS, size=int(rng.integers(1, 300)))
+                with client.submit(layer, ids) as ticket:
+                    np.testing.assert_array_equal(ticket.wait(10).numpy(),
+                                                  expected_rows(layer, ids))
+        except Exception as e:  # reported by the main thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures

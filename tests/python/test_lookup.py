@@ -60,6 +60,9 @@ def test_lookup_all_padding_step(daemon):
         lookup.prepare([np.full((3, 6), -1)])
         got = lookup.get(14)
         assert tuple(got.shape) == (3, 6, 256) and not bool(got.float().any())
+    assert lookup._client._closed  # close() ended the session at once
+    with pytest.raises(RuntimeError, match="closed"):
+        lookup.prepare([np.zeros((1, 6), dtype=np.int64)])
 
 
 def test_lookup_refuses_bad_steps(daemon):
