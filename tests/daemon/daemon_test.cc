@@ -437,6 +437,43 @@ TEST_CASE("bad requests fail alone with a precise status", "[daemon]") {
   CHECK(FirstBadRow(14, c.rows, 100, c.out) == -1);
 }
 
+TEST_CASE("row ids rewritten while the daemon reads them", "[daemon]") {
+  // The daemon copies a request before checking it: whatever a client scribbles meanwhile,
+  // each request either succeeds with the rows of one consistent snapshot or fails with
+  // OutOfRange, and the daemon carries on.
+  Daemon d;
+  Client c(d, 4096);
+  FillRows(c.rows, 4096, kRows, 21);
+  c.rows[7] = 123;
+  const std::vector<uint64_t> expected(c.rows, c.rows + 4096);
+  std::atomic<bool> stop{false};
+  std::thread scribbler([&] {
+    volatile uint64_t* row = &c.rows[7];
+    for (uint64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
+      *row = (k & 1) ? kRows * 1000 + k : 123;
+    }
+  });
+  int ok = 0, refused = 0, other = 0, wrong = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int rc = c.Gather(1, 4096);
+    if (rc == 0) {
+      ok++;
+      wrong += FirstBadRow(1, expected.data(), 4096, c.out) >= 0;
+    } else {
+      (rc == -ERANGE ? refused : other)++;
+    }
+  }
+  stop = true;
+  scribbler.join();
+  INFO("ok " << ok << ", refused " << refused);
+  CHECK(other == 0);
+  CHECK(wrong == 0);
+  CHECK(ok + refused == 300);
+  c.rows[7] = 123;
+  REQUIRE(c.Gather(1, 4096) == 0);
+  CHECK(FirstBadRow(1, expected.data(), 4096, c.out) == -1);
+}
+
 TEST_CASE("garbage written straight into the rings fails only those requests", "[daemon]") {
   Daemon d;
   Client raw(d, 64, 8);  // used only through its arena below, never through submit
