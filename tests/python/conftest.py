@@ -195,6 +195,18 @@ def _gpu_gate(request):
     pytest.skip(f"GPU test skipped: {reason}")
 
 
+def pytest_collection_modifyitems(config, items):
+    # Skip at collection, so that a machine without a GPU starts no daemon for these tests.
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items or os.environ.get("ENGRAM_REQUIRE_GPU") == "1":
+        return
+    if not _GPU_REASON:
+        _GPU_REASON.append(gpu_skip_reason())
+    if _GPU_REASON[0] is not None:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"GPU test skipped: {_GPU_REASON[0]}"))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA/ROCm GPU and the engram kernel library")
 

@@ -94,7 +94,7 @@ def test_lookup_unknown_layer(daemon):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no GPU")
-def test_lookup_on_cuda_without_a_gpu_is_refused(daemon):
+def test_lookup_on_cuda_where_torch_has_no_device_is_refused(daemon):
     with pytest.raises(engram.GpuUnavailableError, match="device='cpu'"):
         engram.EngramLookup([14], 6, 8, device="cuda", socket=daemon.socket)
 
