@@ -147,6 +147,19 @@ absl::StatusOr<std::unique_ptr<Table>> PrepareTable(const Config& c, const std::
   const std::string path = layout == "packed" ? absl::StrCat(c.dir, "/packed-", tag, ".engram")
                                               : absl::StrCat(c.dir, "/ckpt-", tag);
   auto table = testing::OpenOne(path, kLayer);
+  // Reuse files only if they still hold what SyntheticRow computes (its generator may change).
+  if (table.ok()) {
+    const std::vector<uint64_t> probe = {0, c.rows / 2, c.rows - 1};
+    std::vector<uint8_t> got(probe.size() * kRowBytes);
+    for (size_t i = 0; i < probe.size(); ++i) {
+      if (!ReadRowBlocking(**table, probe[i], got.data() + i * kRowBytes).ok()) {
+        table = absl::DataLossError("unreadable");
+      }
+    }
+    if (table.ok() && testing::FirstMismatch(c.seed, **table, probe, got.data()) != -1) {
+      table = absl::DataLossError(absl::StrCat(path, " holds rows of another generator"));
+    }
+  }
   if (!table.ok()) {
     std::fprintf(stderr, "writing %s (%s layout, %.2f GB)...\n", path.c_str(), layout.c_str(),
                  c.rows * 264.0 / 1e9);
