@@ -460,7 +460,6 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   int fds[2] = {-1, -1};
   int nfds = 0;
   ssize_t n = ReceiveMessage(s->socket_fd, buffer, sizeof(buffer), fds, &nfds);
-  if (nfds >= 1) s->doorbell_fd = -1;
   auto close_fds = [&] {
     for (int i = 0; i < nfds; ++i) close(fds[i]);
   };
@@ -703,8 +702,10 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
   uint32_t* word = reinterpret_cast<uint32_t*>(&s->header->completions);
   while (true) {
     if (Done(s, ticket)) return Consume(s, ticket);
-    if (CheckLost(s)) return LostError(s);
+    if (CheckLostCheap(s)) return LostError(s);
     const int64_t now = NowNs();
+    // Only a wait that is about to sleep asks the kernel whether the socket hung up.
+    if (now < deadline && CheckLost(s)) return LostError(s);
     if (now >= deadline) {
       return SetError(-ETIMEDOUT, "ticket 0x%llx still in flight after %lld µs",
                       static_cast<unsigned long long>(ticket),
