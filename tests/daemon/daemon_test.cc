@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +69,16 @@ struct Client {
     return engram_gather(s, &r, 10'000'000'000);
   }
 };
+
+// Session arenas the daemon has mapped (its memfds are named "engram-session-<id>").
+int ArenasMapped(pid_t daemon) {
+  std::ifstream maps("/proc/" + std::to_string(daemon) + "/maps");
+  int mapped = 0;
+  for (std::string line; std::getline(maps, line);) {
+    mapped += line.find("engram-session-") != std::string::npos;
+  }
+  return mapped;
+}
 
 // Runs `body` in a child process; returns its exit code (or 128 + signal).
 template <typename F>
@@ -308,12 +319,21 @@ TEST_CASE("a client killed mid-request does not disturb the others", "[daemon]")
   });
   char c;
   REQUIRE(read(ready[0], &c, 1) == 1);
+  CHECK(ArenasMapped(d.pid()) == 1);  // the victim's
   pid_t survivor = Spawn([&] { return GatherAndCheck(d, 99, 64); });
   usleep(20000);
   kill(victim, SIGKILL);
   CHECK(Reap(victim) == 128 + SIGKILL);
   CHECK(Reap(survivor) == 0);
   REQUIRE(d.alive());
+  // Both sessions are gone: once the victim's gathers in flight finished, the daemon unmapped
+  // its arena (and the survivor's) — nothing leaks.
+  int mapped = -1;
+  for (int i = 0; i < 500 && mapped != 0; ++i) {
+    mapped = ArenasMapped(d.pid());
+    if (mapped != 0) usleep(10000);
+  }
+  CHECK(mapped == 0);
   // The daemon serves new sessions after tearing the dead one down.
   Client fresh(d, 1152);
   FillRows(fresh.rows, 1152, kRows, 4);
