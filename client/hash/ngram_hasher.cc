@@ -85,7 +85,6 @@ absl::StatusOr<NgramHasher> NgramHasher::Create(const HashConfig& config,
             absl::StrFormat("Engram layer %d: head modulus %d", t.layer_id, p));
       }
       layer.mods.emplace_back(p);
-      layer.head_order.push_back(static_cast<uint8_t>(layer.head_order.size() / config.n_heads));
     }
     layer.tables = std::move(t);
     h.layers_.push_back(std::move(layer));
@@ -161,43 +160,51 @@ absl::Status NgramHasher::CheckIds(std::span<const int32_t> ids, TokenSpace spac
 
 namespace {
 
-// Hashes one sequence into rows of n_heads_out heads. head_order, mods and offsets are the
-// per-head records of the requested heads (a contiguous slice of the layer's): one flat loop
-// over heads, whatever range a rank asks for. N = max_ngram_size is a template parameter so
-// that the window shift and the mixes unroll and stay in registers.
+// The heads of one order that a call asks for: [begin, end) of the layer's heads.
+struct OrderHeads {
+  uint32_t order;  // n - 2
+  uint32_t begin;
+  uint32_t end;
+};
+
+// Hashes one sequence. Per token the N - 1 mixes are computed once; each order's requested
+// heads then reduce that order's mix, folded to non-negative (~mix when negative, floor
+// modulo restored at the end). N = max_ngram_size is a template parameter so that the window
+// shift and the mixes unroll and stay in registers.
 template <int N>
 void HashSequenceRun(std::span<const int32_t> tokens, const uint32_t* lookup,
-                     const uint64_t* window_init, const uint64_t* mult, const uint8_t* head_order,
-                     const FastMod* mods, const uint64_t* offsets, uint32_t n_heads_out,
+                     const uint64_t* window_init, const uint64_t* mult,
+                     std::span<const OrderHeads> orders, const FastMod* mods,
+                     const uint64_t* offsets, uint32_t first_head, uint32_t n_heads_out,
                      uint64_t* out) {
   uint64_t window[N];  // window[k]: compressed id at lag k
   for (int k = 1; k < N; ++k) window[k] = window_init[k];
   for (size_t t = 0; t < tokens.size(); ++t) {
     const uint32_t raw = static_cast<uint32_t>(tokens[t]);
     window[0] = lookup ? lookup[raw] : raw;
-    // Per order (index n - 2): the mix folded to non-negative (~mix when negative) and the
-    // sign as a mask. Products and XOR wrap like NumPy's int64.
-    uint64_t folded[N - 1], negative[N - 1];
+    uint64_t mix[N - 1];  // products and XOR wrap like NumPy's int64
     uint64_t acc = window[0] * mult[0];
     for (int k = 1; k < N; ++k) {
       acc ^= window[k] * mult[k];
-      negative[k - 1] = static_cast<uint64_t>(static_cast<int64_t>(acc) >> 63);
-      folded[k - 1] = acc ^ negative[k - 1];
+      mix[k - 1] = acc;
     }
-    uint64_t* row = out + t * n_heads_out;
-    for (uint32_t j = 0; j < n_heads_out; ++j) {
-      const uint32_t o = head_order[j];
-      const uint64_t r = mods[j](folded[o]);
-      const uint64_t flipped = mods[j].divisor() - 1 - r;  // floor mod of a negative mix
-      row[j] = offsets[j] + (r ^ (negative[o] & (r ^ flipped)));
+    uint64_t* row = out + t * n_heads_out - first_head;
+    for (const OrderHeads& oh : orders) {
+      const uint64_t negative = static_cast<uint64_t>(static_cast<int64_t>(mix[oh.order]) >> 63);
+      const uint64_t folded = mix[oh.order] ^ negative;  // < 2^63
+      for (uint32_t h = oh.begin; h < oh.end; ++h) {
+        const uint64_t r = mods[h].ModBelow2To63(folded);
+        // With M the sign mask: r when M = 0, else (p - 1) + ~r + 1 = p - 1 - r.
+        row[h] = offsets[h] + (negative & (mods[h].divisor() - 1)) + (r ^ negative) - negative;
+      }
     }
     for (int k = N - 1; k > 0; --k) window[k] = window[k - 1];
   }
 }
 
 using RunFn = void (*)(std::span<const int32_t>, const uint32_t*, const uint64_t*,
-                       const uint64_t*, const uint8_t*, const FastMod*, const uint64_t*, uint32_t,
-                       uint64_t*);
+                       const uint64_t*, std::span<const OrderHeads>, const FastMod*,
+                       const uint64_t*, uint32_t, uint32_t, uint64_t*);
 
 RunFn RunFor(uint32_t n) {
   switch (n) {
@@ -250,6 +257,13 @@ absl::Status NgramHasher::Hash(uint32_t layer_index, std::span<const HashSequenc
   uint64_t mult[kMaxNgramSize];
   for (uint32_t k = 0; k < n; ++k) mult[k] = static_cast<uint64_t>(layer.tables.multipliers[k]);
   const RunFn run = RunFor(n);
+  OrderHeads orders[kMaxNgramSize];
+  size_t n_orders = 0;
+  for (uint32_t o = 0; o + 1 < n; ++o) {
+    const uint32_t b = std::max(heads.begin, o * config_.n_heads);
+    const uint32_t e = std::min(heads.end, (o + 1) * config_.n_heads);
+    if (b < e) orders[n_orders++] = {o, b, e};
+  }
   uint64_t* dst = out.data();
   for (const HashSequence& seq : sequences) {
     // window_init[k] = compressed id at lag k of tokens[0]; the pad id before the start.
@@ -262,9 +276,8 @@ absl::Status NgramHasher::Hash(uint32_t layer_index, std::span<const HashSequenc
         window_init[k] = compressed_pad_id_;
       }
     }
-    run(seq.tokens, lookup, window_init, mult, layer.head_order.data() + heads.begin,
-        layer.mods.data() + heads.begin, layer.tables.head_offsets.data() + heads.begin,
-        heads.size(), dst);
+    run(seq.tokens, lookup, window_init, mult, {orders, n_orders}, layer.mods.data(),
+        layer.tables.head_offsets.data(), heads.begin, heads.size(), dst);
     dst += seq.tokens.size() * heads.size();
   }
   return absl::OkStatus();

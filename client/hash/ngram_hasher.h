@@ -94,8 +94,7 @@ class NgramHasher {
  private:
   struct Layer {
     LayerTables tables;
-    std::vector<FastMod> mods;        // one per head
-    std::vector<uint8_t> head_order;  // per head: its order - 2
+    std::vector<FastMod> mods;  // one per head
   };
 
   NgramHasher() = default;

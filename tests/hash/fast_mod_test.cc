@@ -47,6 +47,28 @@ TEST_CASE("FastMod equals the hardware remainder for every value class") {
   }
 }
 
+TEST_CASE("ModBelow2To63 equals the hardware remainder below 2^63") {
+  std::mt19937_64 rng(8);
+  std::vector<uint64_t> divisors = Divisors();
+  for (uint32_t j = 1; j < 64; ++j) divisors.push_back(uint64_t{1} << j);  // powers of two
+  for (uint64_t d : divisors) {
+    if (d < 2) continue;
+    const FastMod mod(d);
+    for (uint64_t x : Values(d, rng)) {
+      x &= INT64_MAX;  // the contract: x < 2^63
+      INFO("x = " << x << ", d = " << d);
+      REQUIRE(mod.ModBelow2To63(x) == x % d);
+    }
+    const uint64_t top = INT64_MAX / d;
+    for (uint64_t q : {top, top - 1}) {
+      for (uint64_t x : {q * d, q * d - 1, q * d + (d - 1)}) {
+        if (x > static_cast<uint64_t>(INT64_MAX)) continue;
+        REQUIRE(mod.ModBelow2To63(x) == x % d);
+      }
+    }
+  }
+}
+
 TEST_CASE("FastMod is exact over a dense range of one DeepSeek-V4.1 prime's multiples") {
   const uint64_t p = 16000057;
   const FastMod mod(p);
@@ -56,6 +78,8 @@ TEST_CASE("FastMod is exact over a dense range of one DeepSeek-V4.1 prime's mult
       const uint64_t x = q * p + off;
       if (x < q * p) continue;  // wrapped past 2^64
       REQUIRE(mod(x) == x % p);
+      const uint64_t y = x >> 1;  // and its neighbourhood below 2^63
+      REQUIRE(mod.ModBelow2To63(y) == y % p);
     }
   }
 }
