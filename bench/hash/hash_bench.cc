@@ -72,8 +72,8 @@ void BM_NgramHasher(benchmark::State& state) {
   const uint32_t layer = *h.LayerIndex(static_cast<uint32_t>(state.range(0)));
   const bool tokenizer_ids = state.range(4) != 0;
   Batch b = MakeBatch(state.range(1), state.range(2), tokenizer_ids ? kTokenizerVocab : 99092);
-  const HeadRange heads = *h.RankHeads(static_cast<uint32_t>(state.range(3)),
-                                       state.range(3) > 1 ? 1 : 0);
+  const HeadRange heads =
+      *h.RankHeads(static_cast<uint32_t>(state.range(3)), state.range(3) > 1 ? 1 : 0);
   std::vector<uint64_t> out(b.tokens * heads.size());
   const TokenSpace space = tokenizer_ids ? TokenSpace::kTokenizer : TokenSpace::kCompressed;
   for (auto _ : state) {
@@ -84,8 +84,8 @@ void BM_NgramHasher(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * b.tokens);
   state.counters["rows"] = static_cast<double>(b.tokens * heads.size());
   state.counters["ns_per_token"] = benchmark::Counter(
-      static_cast<double>(b.tokens), benchmark::Counter::kIsIterationInvariantRate |
-                                         benchmark::Counter::kInvert);
+      static_cast<double>(b.tokens),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 // Baseline: the same hash with the hardware 64-bit divide and a branch on the mix's sign, as
@@ -94,8 +94,8 @@ void BM_HardwareDivideBaseline(benchmark::State& state) {
   const NgramHasher& h = Hasher();
   const LayerTables& t = h.layer(*h.LayerIndex(static_cast<uint32_t>(state.range(0))));
   Batch b = MakeBatch(state.range(1), state.range(2), 99092);
-  const HeadRange heads = *h.RankHeads(static_cast<uint32_t>(state.range(3)),
-                                       state.range(3) > 1 ? 1 : 0);
+  const HeadRange heads =
+      *h.RankHeads(static_cast<uint32_t>(state.range(3)), state.range(3) > 1 ? 1 : 0);
   std::vector<uint64_t> out(b.tokens * heads.size());
   const uint64_t* m = reinterpret_cast<const uint64_t*>(t.multipliers.data());
   for (auto _ : state) {
@@ -123,8 +123,8 @@ void BM_HardwareDivideBaseline(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * b.tokens);
   state.counters["ns_per_token"] = benchmark::Counter(
-      static_cast<double>(b.tokens), benchmark::Counter::kIsIterationInvariantRate |
-                                         benchmark::Counter::kInvert);
+      static_cast<double>(b.tokens),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void Shapes(benchmark::internal::Benchmark* bm, bool with_token_space) {
@@ -155,8 +155,9 @@ std::string CpuModel() {
 
 int main(int argc, char** argv) {
   benchmark::AddCustomContext("cpu_model", engram::CpuModel());
-  benchmark::AddCustomContext("config", "DeepSeek-V4.1: layers 1 and 14, orders 2-4, 8 heads "
-                                        "per order, compressed vocab 99,092, tokenizer 129,280");
+  benchmark::AddCustomContext("config",
+                              "DeepSeek-V4.1: layers 1 and 14, orders 2-4, 8 heads "
+                              "per order, compressed vocab 99,092, tokenizer 129,280");
   benchmark::AddCustomContext("threads", "1 (the hasher is single-threaded per call)");
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -43,9 +43,9 @@ class FastMod {
 
   // x % d for x < 2^63 and d >= 2, without a correction step: one high multiply and a shift.
   uint64_t ModBelow2To63(uint64_t x) const {
-    const uint64_t q = static_cast<uint64_t>(
-                           (static_cast<unsigned __int128>(x) * below63_multiplier_) >> 64) >>
-                       below63_shift_;
+    const uint64_t q =
+        static_cast<uint64_t>((static_cast<unsigned __int128>(x) * below63_multiplier_) >> 64) >>
+        below63_shift_;
     return x - q * divisor_;
   }
 

@@ -1,12 +1,12 @@
 // The C ABI of include/engram/hash.h over NgramHasher: struct-size checks, status -> -errno,
 // and the per-thread last-error message.
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <vector>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
@@ -35,14 +35,22 @@ thread_local std::string last_error;
 int Fail(const absl::Status& status, int failed_precondition_errno) {
   last_error = std::string(status.message());
   switch (status.code()) {
-    case absl::StatusCode::kNotFound: return -ENOENT;
-    case absl::StatusCode::kInvalidArgument: return -EINVAL;
-    case absl::StatusCode::kOutOfRange: return -EINVAL;
-    case absl::StatusCode::kFailedPrecondition: return -failed_precondition_errno;
-    case absl::StatusCode::kDataLoss: return -EBADMSG;
-    case absl::StatusCode::kResourceExhausted: return -ENOSPC;
-    case absl::StatusCode::kPermissionDenied: return -EACCES;
-    default: return -EIO;
+    case absl::StatusCode::kNotFound:
+      return -ENOENT;
+    case absl::StatusCode::kInvalidArgument:
+      return -EINVAL;
+    case absl::StatusCode::kOutOfRange:
+      return -EINVAL;
+    case absl::StatusCode::kFailedPrecondition:
+      return -failed_precondition_errno;
+    case absl::StatusCode::kDataLoss:
+      return -EBADMSG;
+    case absl::StatusCode::kResourceExhausted:
+      return -ENOSPC;
+    case absl::StatusCode::kPermissionDenied:
+      return -EACCES;
+    default:
+      return -EIO;
   }
 }
 
@@ -86,8 +94,8 @@ int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* o
   options.compressed_only = (o.flags & ENGRAM_HASHER_COMPRESSED_ONLY) != 0;
   if (o.compressed_pad_id >= 0) {
     if (o.compressed_pad_id > INT32_MAX) {
-      return FailInvalid(absl::StrFormat("engram_hasher_open: compressed pad id %d",
-                                         o.compressed_pad_id));
+      return FailInvalid(
+          absl::StrFormat("engram_hasher_open: compressed pad id %d", o.compressed_pad_id));
     }
     options.compressed_pad_id = static_cast<uint32_t>(o.compressed_pad_id);
   }
@@ -165,9 +173,9 @@ int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint
   return 0;
 }
 
-int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
-                const struct engram_hash_seq* seqs, size_t n_seqs, uint32_t head_begin,
-                uint32_t head_end, uint32_t flags, uint64_t* ret_rows, size_t rows_cap) {
+int engram_hash(const engram_hasher* hasher, uint32_t layer_id, const struct engram_hash_seq* seqs,
+                size_t n_seqs, uint32_t head_begin, uint32_t head_end, uint32_t flags,
+                uint64_t* ret_rows, size_t rows_cap) {
   if (hasher == nullptr || (seqs == nullptr && n_seqs > 0) ||
       (ret_rows == nullptr && rows_cap > 0)) {
     return FailInvalid("engram_hash: NULL argument");
@@ -200,8 +208,8 @@ int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
   }
   const auto space = (flags & ENGRAM_HASH_COMPRESSED_IDS) ? engram::TokenSpace::kCompressed
                                                           : engram::TokenSpace::kTokenizer;
-  absl::Status st = hasher->impl.Hash(*index, {converted, n_seqs}, space,
-                                      {head_begin, head_end}, {ret_rows, rows_cap});
+  absl::Status st = hasher->impl.Hash(*index, {converted, n_seqs}, space, {head_begin, head_end},
+                                      {ret_rows, rows_cap});
   if (!st.ok()) return Fail(st, EOPNOTSUPP);
   return 0;
 }

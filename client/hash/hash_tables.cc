@@ -31,8 +31,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   if (!in) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
-    return absl::UnavailableError(
-        absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
+    return absl::UnavailableError(absl::StrCat("cannot open '", path, "': ", std::strerror(err)));
   }
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return absl::DataLossError(absl::StrCat("error reading '", path, "'"));
@@ -45,8 +44,8 @@ absl::StatusOr<uint64_t> GetUint(const json& obj, const char* key, absl::string_
   if (it == obj.end()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": missing key '", key, "'"));
   }
-  if (!it->is_number_integer() || (it->is_number_integer() && !it->is_number_unsigned() &&
-                                   it->get<int64_t>() < 0)) {
+  if (!it->is_number_integer() ||
+      (it->is_number_integer() && !it->is_number_unsigned() && it->get<int64_t>() < 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(origin, ": '", key, "' must be a non-negative integer, not ", it->dump()));
   }
@@ -69,8 +68,8 @@ absl::StatusOr<std::vector<uint64_t>> GetUintList(const json& obj, const char* k
   std::vector<uint64_t> out;
   if (it->is_array()) {
     if (it->size() != count) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: '%s' has %d entries, expected %d", origin, key, it->size(), count));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: '%s' has %d entries, expected %d", origin, key, it->size(), count));
     }
     for (const json& v : *it) {
       json wrapper = {{key, v}};
@@ -99,8 +98,8 @@ absl::StatusOr<HashConfig> ParseHashConfig(absl::string_view json_text, absl::st
   }
   // Multimodal configs nest the language model's keys under text_config.
   const json* section = &doc;
-  if (auto tc = doc.find("text_config"); tc != doc.end() && tc->is_object() &&
-                                         tc->contains("engram_layer_ids")) {
+  if (auto tc = doc.find("text_config");
+      tc != doc.end() && tc->is_object() && tc->contains("engram_layer_ids")) {
     section = &*tc;
   }
   const json& c = *section;
@@ -166,12 +165,13 @@ absl::StatusOr<HashConfig> LoadHashConfig(const std::string& model_dir) {
 absl::StatusOr<std::vector<int64_t>> DeriveMultipliers(const HashConfig& config,
                                                        uint32_t layer_id) {
   const int64_t vocab = static_cast<int64_t>(config.compressed_vocab_size);
-  const int64_t half_bound = std::max<int64_t>(1, (std::numeric_limits<int64_t>::max() / vocab) / 2);
+  const int64_t half_bound =
+      std::max<int64_t>(1, (std::numeric_limits<int64_t>::max() / vocab) / 2);
   NumpyGenerator rng(config.seed + 10007ULL * layer_id);
   auto draws = rng.IntegersInt64(0, half_bound, config.max_ngram_size);
   if (!draws.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("multipliers of Engram layer ", layer_id,
-                                                   ": ", draws.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("multipliers of Engram layer ", layer_id, ": ", draws.status().message()));
   }
   for (int64_t& r : *draws) r = r * 2 + 1;
   return draws;
@@ -179,9 +179,8 @@ absl::StatusOr<std::vector<int64_t>> DeriveMultipliers(const HashConfig& config,
 
 absl::StatusOr<std::vector<LayerTables>> DeriveLayerTables(const HashConfig& config) {
   const uint32_t heads = config.heads_per_layer();
-  const std::vector<uint64_t> primes =
-      FindHeadPrimes(static_cast<uint32_t>(config.layer_ids.size()), config.prime_search_start,
-                     config.n_heads);
+  const std::vector<uint64_t> primes = FindHeadPrimes(
+      static_cast<uint32_t>(config.layer_ids.size()), config.prime_search_start, config.n_heads);
   std::vector<LayerTables> layers;
   for (size_t i = 0; i < config.layer_ids.size(); ++i) {
     LayerTables t;
@@ -193,11 +192,11 @@ absl::StatusOr<std::vector<LayerTables>> DeriveLayerTables(const HashConfig& con
     t.head_offsets.assign(1, 0);
     for (uint64_t p : t.primes) t.head_offsets.push_back(t.head_offsets.back() + p);
     if (t.num_rows() != config.num_embeddings[i]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "Engram layer %d: the %d head primes (%d ... %d) sum to %d rows but "
-          "engram_num_embeddings says %d: config.json does not describe this hash",
-          t.layer_id, heads, t.primes.front(), t.primes.back(), t.num_rows(),
-          config.num_embeddings[i]));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Engram layer %d: the %d head primes (%d ... %d) sum to %d rows but "
+                          "engram_num_embeddings says %d: config.json does not describe this hash",
+                          t.layer_id, heads, t.primes.front(), t.primes.back(), t.num_rows(),
+                          config.num_embeddings[i]));
     }
     layers.push_back(std::move(t));
   }
@@ -263,12 +262,12 @@ absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
                                  kDerivedVersion));
   }
   if (h.header_bytes != sizeof(DerivedHeader)) {
-    return corrupt(absl::StrFormat("header_bytes %d, expected %d", h.header_bytes,
-                                   sizeof(DerivedHeader)));
+    return corrupt(
+        absl::StrFormat("header_bytes %d, expected %d", h.header_bytes, sizeof(DerivedHeader)));
   }
   if (h.file_bytes != data->size()) {
-    return corrupt(absl::StrFormat("header says %d bytes, file has %d (truncated?)",
-                                   h.file_bytes, data->size()));
+    return corrupt(absl::StrFormat("header says %d bytes, file has %d (truncated?)", h.file_bytes,
+                                   data->size()));
   }
   {
     DerivedHeader zeroed = h;
@@ -302,15 +301,16 @@ absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
     return stale(absl::StrFormat(
         "file has max_ngram_size %d, n_heads %d, %d layers, seed %d, pad %d, compressed vocab "
         "%d; config.json has %d, %d, %d, %d, %d, %d",
-        h.max_ngram_size, h.n_heads, h.num_layers, h.seed, h.pad_token_id,
-        h.compressed_vocab_size, config.max_ngram_size, config.n_heads, config.layer_ids.size(),
-        config.seed, config.pad_token_id, config.compressed_vocab_size));
+        h.max_ngram_size, h.n_heads, h.num_layers, h.seed, h.pad_token_id, h.compressed_vocab_size,
+        config.max_ngram_size, config.n_heads, config.layer_ids.size(), config.seed,
+        config.pad_token_id, config.compressed_vocab_size));
   }
   auto derived = DeriveLayerTables(config);
   if (!derived.ok()) return derived.status();
 
   const uint32_t heads = config.heads_per_layer();
-  const size_t layer_bytes = sizeof(DerivedLayerRecord) + 8ULL * config.max_ngram_size + 8ULL * heads;
+  const size_t layer_bytes =
+      sizeof(DerivedLayerRecord) + 8ULL * config.max_ngram_size + 8ULL * heads;
   const size_t lookup_offset = sizeof(DerivedHeader) + layer_bytes * h.num_layers;
   if (lookup_offset + 4ULL * h.vocab_size != data->size()) {
     return corrupt(absl::StrFormat("size %d does not fit %d layers and %d lookup entries",
@@ -321,9 +321,10 @@ absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
     const auto rec = LoadAt<DerivedLayerRecord>(*data, off);
     off += sizeof(rec);
     if (rec.layer_id != want.layer_id || rec.num_rows != want.num_rows()) {
-      return stale(absl::StrFormat("file has layer %d with %d rows where config has layer %d "
-                                   "with %d rows",
-                                   rec.layer_id, rec.num_rows, want.layer_id, want.num_rows()));
+      return stale(
+          absl::StrFormat("file has layer %d with %d rows where config has layer %d "
+                          "with %d rows",
+                          rec.layer_id, rec.num_rows, want.layer_id, want.num_rows()));
     }
     for (uint32_t k = 0; k < config.max_ngram_size; ++k, off += 8) {
       if (LoadAt<int64_t>(*data, off) != want.multipliers[k]) {
@@ -351,9 +352,10 @@ absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
   for (uint32_t i = 0; i < h.vocab_size; ++i) {
     const uint32_t id = out.vocab.lookup[i];
     if (id > next_new) {
-      return corrupt(absl::StrFormat("tokenizer id %d maps to compressed id %d before id %d "
-                                     "has appeared",
-                                     i, id, next_new));
+      return corrupt(
+          absl::StrFormat("tokenizer id %d maps to compressed id %d before id %d "
+                          "has appeared",
+                          i, id, next_new));
     }
     if (id == next_new) ++next_new;
   }

@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace engram {
 
@@ -27,14 +27,14 @@ inline constexpr uint64_t kMaxPrimeSearchStart = 1ULL << 40;
 
 // The engram_* keys of config.json (top level or under text_config).
 struct HashConfig {
-  std::vector<uint32_t> layer_ids;          // engram_layer_ids
-  std::vector<uint64_t> num_embeddings;     // engram_num_embeddings, rows per layer
-  uint32_t max_ngram_size = 0;              // engram_max_ngram_size: orders 2..max
-  uint32_t n_heads = 0;                     // engram_n_heads, hash heads per order
-  std::vector<uint64_t> prime_search_start; // engram_vocab_size, one per order
-  int64_t pad_token_id = 0;                 // engram_pad_token_id, a tokenizer id
-  uint64_t compressed_vocab_size = 0;       // engram_compressed_vocab_size
-  uint64_t seed = 0;                        // engram_seed when present, else 0
+  std::vector<uint32_t> layer_ids;           // engram_layer_ids
+  std::vector<uint64_t> num_embeddings;      // engram_num_embeddings, rows per layer
+  uint32_t max_ngram_size = 0;               // engram_max_ngram_size: orders 2..max
+  uint32_t n_heads = 0;                      // engram_n_heads, hash heads per order
+  std::vector<uint64_t> prime_search_start;  // engram_vocab_size, one per order
+  int64_t pad_token_id = 0;                  // engram_pad_token_id, a tokenizer id
+  uint64_t compressed_vocab_size = 0;        // engram_compressed_vocab_size
+  uint64_t seed = 0;                         // engram_seed when present, else 0
 
   uint32_t orders() const { return max_ngram_size - 1; }
   uint32_t heads_per_layer() const { return orders() * n_heads; }
@@ -56,8 +56,7 @@ struct LayerTables {
 
 // The odd multipliers of one layer: numpy.random.default_rng(seed + 10007 * layer_id)
 // .integers(0, half_bound, max_ngram_size) * 2 + 1, half_bound from the compressed vocab size.
-absl::StatusOr<std::vector<int64_t>> DeriveMultipliers(const HashConfig& config,
-                                                       uint32_t layer_id);
+absl::StatusOr<std::vector<int64_t>> DeriveMultipliers(const HashConfig& config, uint32_t layer_id);
 
 // Multipliers, primes and offsets of every layer; InvalidArgument when a layer's primes do
 // not sum to its engram_num_embeddings (a config this hash does not describe).

@@ -19,21 +19,22 @@ absl::StatusOr<NgramHasher> NgramHasher::Open(const std::string& model_dir,
       options.derived_path.empty() ? DefaultDerivedPath(model_dir) : options.derived_path;
   auto derived = LoadDerivedTables(path, model_dir, *config);
   if (derived.ok()) {
-    if (options.compressed_pad_id && *options.compressed_pad_id != derived->vocab.compressed_pad_id) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "compressed pad id %d was given, but '%s' maps pad token %d to %d",
-          *options.compressed_pad_id, path, config->pad_token_id,
-          derived->vocab.compressed_pad_id));
+    if (options.compressed_pad_id &&
+        *options.compressed_pad_id != derived->vocab.compressed_pad_id) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("compressed pad id %d was given, but '%s' maps pad token %d to %d",
+                          *options.compressed_pad_id, path, config->pad_token_id,
+                          derived->vocab.compressed_pad_id));
     }
     const uint32_t pad = derived->vocab.compressed_pad_id;
     return Create(*config, std::move(derived->layers), std::move(derived->vocab), pad);
   }
   if (!absl::IsNotFound(derived.status()) || !options.compressed_only) {
     if (absl::IsNotFound(derived.status())) {
-      return absl::NotFoundError(absl::StrCat(
-          derived.status().message(),
-          ": derive the compressed vocabulary with tools/engram_vocab.py --model ", model_dir,
-          " --out ", path, ", or hash compressed ids only"));
+      return absl::NotFoundError(
+          absl::StrCat(derived.status().message(),
+                       ": derive the compressed vocabulary with tools/engram_vocab.py --model ",
+                       model_dir, " --out ", path, ", or hash compressed ids only"));
     }
     return derived.status();
   }
@@ -54,13 +55,12 @@ absl::StatusOr<NgramHasher> NgramHasher::Create(const HashConfig& config,
                                                 std::optional<CompressedVocab> vocab,
                                                 uint32_t compressed_pad_id) {
   if (config.max_ngram_size < 2 || config.max_ngram_size > kMaxNgramSize) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("max_ngram_size %d is outside [2, %d]", config.max_ngram_size,
-                        kMaxNgramSize));
+    return absl::InvalidArgumentError(absl::StrFormat("max_ngram_size %d is outside [2, %d]",
+                                                      config.max_ngram_size, kMaxNgramSize));
   }
   if (layers.size() != config.layer_ids.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%d layer tables for %d Engram layers", layers.size(), config.layer_ids.size()));
+    return absl::InvalidArgumentError(absl::StrFormat("%d layer tables for %d Engram layers",
+                                                      layers.size(), config.layer_ids.size()));
   }
   if (compressed_pad_id >= config.compressed_vocab_size) {
     return absl::InvalidArgumentError(
@@ -74,9 +74,8 @@ absl::StatusOr<NgramHasher> NgramHasher::Create(const HashConfig& config,
     if (t.multipliers.size() != config.max_ngram_size ||
         t.primes.size() != config.heads_per_layer() ||
         t.head_offsets.size() != config.heads_per_layer() + 1) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("Engram layer %d: tables do not match the config's geometry",
-                          t.layer_id));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Engram layer %d: tables do not match the config's geometry", t.layer_id));
     }
     Layer layer;
     for (uint64_t p : t.primes) {
@@ -93,8 +92,8 @@ absl::StatusOr<NgramHasher> NgramHasher::Create(const HashConfig& config,
     for (size_t i = 0; i < vocab->lookup.size(); ++i) {
       if (vocab->lookup[i] >= config.compressed_vocab_size) {
         return absl::InvalidArgumentError(
-            absl::StrFormat("tokenizer id %d maps to %d, beyond the compressed vocabulary (%d)",
-                            i, vocab->lookup[i], config.compressed_vocab_size));
+            absl::StrFormat("tokenizer id %d maps to %d, beyond the compressed vocabulary (%d)", i,
+                            vocab->lookup[i], config.compressed_vocab_size));
       }
     }
     if (vocab->lookup.size() > static_cast<size_t>(INT32_MAX)) {
@@ -110,9 +109,9 @@ absl::StatusOr<uint32_t> NgramHasher::LayerIndex(uint32_t layer_id) const {
     if (layers_[i].tables.layer_id == layer_id) return i;
   }
   std::vector<uint32_t> ids = config_.layer_ids;
-  return absl::NotFoundError(absl::StrCat("layer ", layer_id,
-                                          " is not an Engram layer (engram_layer_ids: ",
-                                          absl::StrJoin(ids, ", "), ")"));
+  return absl::NotFoundError(
+      absl::StrCat("layer ", layer_id,
+                   " is not an Engram layer (engram_layer_ids: ", absl::StrJoin(ids, ", "), ")"));
 }
 
 absl::StatusOr<HeadRange> NgramHasher::RankHeads(uint32_t tp_size, uint32_t tp_rank) const {
@@ -132,20 +131,20 @@ absl::StatusOr<HeadRange> NgramHasher::RankHeads(uint32_t tp_size, uint32_t tp_r
 absl::StatusOr<std::pair<uint64_t, uint64_t>> NgramHasher::HeadRows(uint32_t layer_index,
                                                                     HeadRange heads) const {
   if (layer_index >= layers_.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat("layer index %d of %d", layer_index,
-                                                      layers_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("layer index %d of %d", layer_index, layers_.size()));
   }
   if (heads.begin >= heads.end || heads.end > heads_per_layer()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "head range [%d, %d) is empty or beyond the %d heads", heads.begin, heads.end,
-        heads_per_layer()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("head range [%d, %d) is empty or beyond the %d heads", heads.begin,
+                        heads.end, heads_per_layer()));
   }
   const auto& off = layers_[layer_index].tables.head_offsets;
   return std::make_pair(off[heads.begin], off[heads.end]);
 }
 
-absl::Status NgramHasher::CheckIds(std::span<const int32_t> ids, TokenSpace space,
-                                   size_t sequence, const char* what) const {
+absl::Status NgramHasher::CheckIds(std::span<const int32_t> ids, TokenSpace space, size_t sequence,
+                                   const char* what) const {
   const uint64_t limit =
       space == TokenSpace::kTokenizer ? lookup_.size() : config_.compressed_vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -202,35 +201,41 @@ void HashSequenceRun(std::span<const int32_t> tokens, const uint32_t* lookup,
   }
 }
 
-using RunFn = void (*)(std::span<const int32_t>, const uint32_t*, const uint64_t*,
-                       const uint64_t*, std::span<const OrderHeads>, const FastMod*,
-                       const uint64_t*, uint32_t, uint32_t, uint64_t*);
+using RunFn = void (*)(std::span<const int32_t>, const uint32_t*, const uint64_t*, const uint64_t*,
+                       std::span<const OrderHeads>, const FastMod*, const uint64_t*, uint32_t,
+                       uint32_t, uint64_t*);
 
 RunFn RunFor(uint32_t n) {
   switch (n) {
-    case 2: return &HashSequenceRun<2>;
-    case 3: return &HashSequenceRun<3>;
-    case 4: return &HashSequenceRun<4>;
-    case 5: return &HashSequenceRun<5>;
-    case 6: return &HashSequenceRun<6>;
-    case 7: return &HashSequenceRun<7>;
-    default: return &HashSequenceRun<8>;
+    case 2:
+      return &HashSequenceRun<2>;
+    case 3:
+      return &HashSequenceRun<3>;
+    case 4:
+      return &HashSequenceRun<4>;
+    case 5:
+      return &HashSequenceRun<5>;
+    case 6:
+      return &HashSequenceRun<6>;
+    case 7:
+      return &HashSequenceRun<7>;
+    default:
+      return &HashSequenceRun<8>;
   }
 }
 
 }  // namespace
 
 absl::Status NgramHasher::Hash(uint32_t layer_index, std::span<const HashSequence> sequences,
-                               TokenSpace space, HeadRange heads,
-                               std::span<uint64_t> out) const {
+                               TokenSpace space, HeadRange heads, std::span<uint64_t> out) const {
   if (layer_index >= layers_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "layer index %d, but the model has %d Engram layers", layer_index, layers_.size()));
   }
   if (heads.begin >= heads.end || heads.end > heads_per_layer()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "head range [%d, %d) is empty or beyond the %d heads of a layer", heads.begin, heads.end,
-        heads_per_layer()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("head range [%d, %d) is empty or beyond the %d heads of a layer",
+                        heads.begin, heads.end, heads_per_layer()));
   }
   if (space == TokenSpace::kTokenizer && lookup_.empty()) {
     return absl::FailedPreconditionError(
@@ -246,9 +251,9 @@ absl::Status NgramHasher::Hash(uint32_t layer_index, std::span<const HashSequenc
     total += sequences[s].tokens.size();
   }
   if (total * heads.size() > out.size()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%d tokens x %d heads need %d row ids, the output holds %d", total, heads.size(),
-        total * heads.size(), out.size()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%d tokens x %d heads need %d row ids, the output holds %d", total,
+                        heads.size(), total * heads.size(), out.size()));
   }
 
   const Layer& layer = layers_[layer_index];
@@ -283,14 +288,13 @@ absl::Status NgramHasher::Hash(uint32_t layer_index, std::span<const HashSequenc
   return absl::OkStatus();
 }
 
-absl::Status NgramHasher::Compress(std::span<const int32_t> tokens,
-                                   std::span<int32_t> out) const {
+absl::Status NgramHasher::Compress(std::span<const int32_t> tokens, std::span<int32_t> out) const {
   if (lookup_.empty()) {
     return absl::FailedPreconditionError("no compressed vocabulary is loaded");
   }
   if (out.size() < tokens.size()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%d tokens, the output holds %d", tokens.size(), out.size()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%d tokens, the output holds %d", tokens.size(), out.size()));
   }
   if (absl::Status st = CheckIds(tokens, TokenSpace::kTokenizer, 0, "token"); !st.ok()) return st;
   for (size_t i = 0; i < tokens.size(); ++i) {

@@ -85,8 +85,8 @@ class NgramHasher {
   // out[(t * heads.size()) + (h - heads.begin)] for the t-th token overall. `out` must hold
   // total_tokens * heads.size() entries. Ids are validated first: on error `out` is untouched
   // and the status names the sequence, position and id.
-  absl::Status Hash(uint32_t layer_index, std::span<const HashSequence> sequences,
-                    TokenSpace space, HeadRange heads, std::span<uint64_t> out) const;
+  absl::Status Hash(uint32_t layer_index, std::span<const HashSequence> sequences, TokenSpace space,
+                    HeadRange heads, std::span<uint64_t> out) const;
 
   // Maps tokenizer ids to compressed ids (FailedPrecondition without a vocabulary).
   absl::Status Compress(std::span<const int32_t> tokens, std::span<int32_t> out) const;

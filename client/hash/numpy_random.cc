@@ -101,7 +101,7 @@ uint64_t Pcg64::NextUint64() {
 }
 
 absl::StatusOr<std::vector<int64_t>> NumpyGenerator::IntegersInt64(int64_t low, int64_t high,
-                                                                  uint32_t count) {
+                                                                   uint32_t count) {
   if (high <= low) {
     return absl::InvalidArgumentError(
         absl::StrFormat("integers(%d, %d): high must be greater than low", low, high));

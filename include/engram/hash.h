@@ -59,11 +59,11 @@ typedef struct engram_hasher engram_hasher;
 #define ENGRAM_HASHER_COMPRESSED_ONLY (1u << 0)
 
 struct engram_hasher_opts {
-  size_t size;                /* sizeof(struct engram_hasher_opts) */
-  uint32_t flags;             /* ENGRAM_HASHER_* */
-  uint32_t reserved;          /* 0 */
-  const char* derived_path;   /* derived-tables file; NULL: <model_dir>/engram-hash.bin */
-  int64_t compressed_pad_id;  /* compressed id of the pad token; -1: take it from the file */
+  size_t size;               /* sizeof(struct engram_hasher_opts) */
+  uint32_t flags;            /* ENGRAM_HASHER_* */
+  uint32_t reserved;         /* 0 */
+  const char* derived_path;  /* derived-tables file; NULL: <model_dir>/engram-hash.bin */
+  int64_t compressed_pad_id; /* compressed id of the pad token; -1: take it from the file */
 };
 
 /* Fills opts with the defaults (no flags, default path, pad id from the file). */
@@ -75,46 +75,49 @@ ENGRAM_API void engram_hasher_opts_init(struct engram_hasher_opts* opts);
  * derived tables do not match config.json/tokenizer.json), -EBADMSG (corrupt derived tables),
  * -ENOMEM. */
 ENGRAM_API int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* opts,
-                       engram_hasher** ret_hasher);
+                                  engram_hasher** ret_hasher);
 
 /* Frees the hasher; NULL is a no-op. */
 ENGRAM_API void engram_hasher_close(engram_hasher* hasher);
 
 struct engram_hasher_info {
-  size_t size;                    /* set by the caller: sizeof(struct engram_hasher_info) */
-  uint32_t num_layers;            /* Engram layers (tables) */
-  uint32_t max_ngram_size;        /* orders 2..max_ngram_size */
+  size_t size;             /* set by the caller: sizeof(struct engram_hasher_info) */
+  uint32_t num_layers;     /* Engram layers (tables) */
+  uint32_t max_ngram_size; /* orders 2..max_ngram_size */
   uint32_t heads_per_order;
-  uint32_t heads_per_layer;       /* (max_ngram_size - 1) * heads_per_order */
-  uint32_t vocab_size;            /* tokenizer ids accepted; 0 if only compressed ids */
+  uint32_t heads_per_layer; /* (max_ngram_size - 1) * heads_per_order */
+  uint32_t vocab_size;      /* tokenizer ids accepted; 0 if only compressed ids */
   uint32_t compressed_vocab_size;
   uint32_t compressed_pad_id;
 };
 
 /* Fills the fields that fit in ret_info->size. Returns 0 or -EINVAL. */
-ENGRAM_API int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_info* ret_info);
+ENGRAM_API int engram_hasher_get_info(const engram_hasher* hasher,
+                                      struct engram_hasher_info* ret_info);
 
 struct engram_hash_layer_info {
-  size_t size;        /* set by the caller: sizeof(struct engram_hash_layer_info) */
-  uint32_t layer_id;  /* the model layer, e.g. 1 or 14 */
+  size_t size;       /* set by the caller: sizeof(struct engram_hash_layer_info) */
+  uint32_t layer_id; /* the model layer, e.g. 1 or 14 */
   uint32_t reserved;
-  uint64_t num_rows;  /* rows of the layer's table: sum of its head primes */
+  uint64_t num_rows; /* rows of the layer's table: sum of its head primes */
 };
 
 /* Describes the index-th Engram layer (0 <= index < num_layers). Returns 0 or -EINVAL. */
 ENGRAM_API int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
-                            struct engram_hash_layer_info* ret_info);
+                                       struct engram_hash_layer_info* ret_info);
 
 /* The heads [*ret_head_begin, *ret_head_end) a tensor-parallel rank owns (heads split evenly
  * into tp_size contiguous ranges). Returns 0 or -EINVAL (tp_size does not divide the heads,
  * or tp_rank >= tp_size). */
-ENGRAM_API int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp_size, uint32_t tp_rank,
-                             uint32_t* ret_head_begin, uint32_t* ret_head_end);
+ENGRAM_API int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp_size,
+                                        uint32_t tp_rank, uint32_t* ret_head_begin,
+                                        uint32_t* ret_head_end);
 
 /* The rows [*ret_row_begin, *ret_row_end) that heads [head_begin, head_end) of layer_id own:
  * one contiguous range. Returns 0, -ENOENT (not an Engram layer) or -EINVAL. */
-ENGRAM_API int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint32_t head_begin,
-                            uint32_t head_end, uint64_t* ret_row_begin, uint64_t* ret_row_end);
+ENGRAM_API int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id,
+                                       uint32_t head_begin, uint32_t head_end,
+                                       uint64_t* ret_row_begin, uint64_t* ret_row_end);
 
 /* One sequence of a hash call: its new token ids, and the ids right before them (oldest
  * first, only the last max_ngram_size - 1 matter; fewer means the sequence starts there and
@@ -139,12 +142,12 @@ struct engram_hash_seq {
  * range or struct size), -ENOSPC (rows_cap too small), -EOPNOTSUPP (tokenizer ids without a
  * compressed vocabulary). */
 ENGRAM_API int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
-                const struct engram_hash_seq* seqs, size_t n_seqs, uint32_t head_begin,
-                uint32_t head_end, uint32_t flags, uint64_t* ret_rows, size_t rows_cap);
+                           const struct engram_hash_seq* seqs, size_t n_seqs, uint32_t head_begin,
+                           uint32_t head_end, uint32_t flags, uint64_t* ret_rows, size_t rows_cap);
 
 /* Maps n tokenizer ids to compressed ids. Returns 0, -EINVAL or -EOPNOTSUPP. */
 ENGRAM_API int engram_hash_compress(const engram_hasher* hasher, const int32_t* tokens, size_t n,
-                         int32_t* ret_ids);
+                                    int32_t* ret_ids);
 
 /* The message of the calling thread's last failed engram_hash* / engram_hasher* call; "" if
  * none. Valid until that thread's next failing call. */

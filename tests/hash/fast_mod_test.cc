@@ -11,11 +11,27 @@ namespace engram {
 namespace {
 
 std::vector<uint64_t> Divisors() {
-  std::vector<uint64_t> d = {1,          2,          3,          7,          10,
-                             16000057,   16000463,   16000477,   16000889,   65535,
-                             4294967291, 4294967295, 4294967296, 4294967311, 1ULL << 62,
-                             (1ULL << 63) - 25, 1ULL << 63, (1ULL << 63) + 1, UINT64_MAX - 58,
-                             UINT64_MAX - 1, UINT64_MAX};
+  std::vector<uint64_t> d = {1,
+                             2,
+                             3,
+                             7,
+                             10,
+                             16000057,
+                             16000463,
+                             16000477,
+                             16000889,
+                             65535,
+                             4294967291,
+                             4294967295,
+                             4294967296,
+                             4294967311,
+                             1ULL << 62,
+                             (1ULL << 63) - 25,
+                             1ULL << 63,
+                             (1ULL << 63) + 1,
+                             UINT64_MAX - 58,
+                             UINT64_MAX - 1,
+                             UINT64_MAX};
   std::mt19937_64 rng(42);
   for (int i = 0; i < 200; ++i) d.push_back((rng() >> (rng() % 64)) | 1);
   for (int i = 0; i < 200; ++i) d.push_back(16000000 + rng() % 1000);
@@ -23,8 +39,19 @@ std::vector<uint64_t> Divisors() {
 }
 
 std::vector<uint64_t> Values(uint64_t d, std::mt19937_64& rng) {
-  std::vector<uint64_t> v = {0, 1, 2, d - 1, d, d + 1, 2 * d - 1, 2 * d, INT64_MAX,
-                             1ULL << 63, (1ULL << 63) + 1, UINT64_MAX, UINT64_MAX - 1};
+  std::vector<uint64_t> v = {0,
+                             1,
+                             2,
+                             d - 1,
+                             d,
+                             d + 1,
+                             2 * d - 1,
+                             2 * d,
+                             INT64_MAX,
+                             1ULL << 63,
+                             (1ULL << 63) + 1,
+                             UINT64_MAX,
+                             UINT64_MAX - 1};
   const uint64_t top = UINT64_MAX / d;  // the largest quotient
   for (uint64_t q : {top, top - 1, top / 2, top / 3 + 1}) {
     const uint64_t base = q * d;
@@ -97,8 +124,9 @@ TEST_CASE("FloorModInt64 follows NumPy for negative and positive mixes") {
                      uint64_t{4294967291}, uint64_t{(1ULL << 63) - 25}}) {
     const FastMod mod(d);
     const int64_t sd = static_cast<int64_t>(d);
-    std::vector<int64_t> xs = {0, 1, -1, sd - 1, sd, -sd, -sd + 1, -sd - 1, INT64_MAX,
-                               INT64_MIN, INT64_MIN + 1, -2 * sd, -2 * sd + 1};
+    std::vector<int64_t> xs = {
+        0,       1,         -1,        sd - 1,        sd,      -sd,        -sd + 1,
+        -sd - 1, INT64_MAX, INT64_MIN, INT64_MIN + 1, -2 * sd, -2 * sd + 1};
     for (int i = 0; i < 2000; ++i) xs.push_back(static_cast<int64_t>(rng()));
     for (int64_t x : xs) {
       INFO("x = " << x << ", d = " << d);

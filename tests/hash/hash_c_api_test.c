@@ -9,12 +9,12 @@
 #include "engram/hash.h"
 
 static int failures;
-#define CHECK(cond)                                                 \
-  do {                                                              \
-    if (!(cond)) {                                                  \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                   \
-    }                                                               \
+      failures++;                                                              \
+    }                                                                          \
   } while (0)
 
 static const char kConfig[] =
@@ -100,12 +100,10 @@ int main(void) {
   CHECK(engram_hash(h, 14, seqs, 2, 0, 24, 0x80, rows, 4 * 24) == -EINVAL);
   const int32_t bad[] = {1, 99092};
   struct engram_hash_seq bad_seq = {sizeof(struct engram_hash_seq), bad, 2, NULL, 0};
-  CHECK(engram_hash(h, 1, &bad_seq, 1, 0, 24, ENGRAM_HASH_COMPRESSED_IDS, rows, 4 * 24) ==
-        -EINVAL);
+  CHECK(engram_hash(h, 1, &bad_seq, 1, 0, 24, ENGRAM_HASH_COMPRESSED_IDS, rows, 4 * 24) == -EINVAL);
   CHECK(strstr(engram_hash_last_error(), "position 1") != NULL);
   bad_seq.size = 8;
-  CHECK(engram_hash(h, 1, &bad_seq, 1, 0, 24, ENGRAM_HASH_COMPRESSED_IDS, rows, 4 * 24) ==
-        -EINVAL);
+  CHECK(engram_hash(h, 1, &bad_seq, 1, 0, 24, ENGRAM_HASH_COMPRESSED_IDS, rows, 4 * 24) == -EINVAL);
   int32_t compressed[2];
   CHECK(engram_hash_compress(h, first, 2, compressed) == -EOPNOTSUPP);
 

@@ -181,13 +181,12 @@ TEST_CASE("Bad ids, short output and bad ranges are refused before anything is w
 
   HashSequence ok{ids, {}};
   std::vector<uint64_t> small(6 * 24 - 1);
-  CHECK(absl::IsResourceExhausted(h.Hash(0, {&ok, 1}, TokenSpace::kCompressed, h.AllHeads(),
-                                         small)));
+  CHECK(
+      absl::IsResourceExhausted(h.Hash(0, {&ok, 1}, TokenSpace::kCompressed, h.AllHeads(), small)));
   CHECK(absl::IsInvalidArgument(h.Hash(0, {&ok, 1}, TokenSpace::kCompressed, {4, 25}, out)));
   CHECK(absl::IsInvalidArgument(h.Hash(0, {&ok, 1}, TokenSpace::kCompressed, {4, 4}, out)));
   CHECK(absl::IsInvalidArgument(h.Hash(2, {&ok, 1}, TokenSpace::kCompressed, h.AllHeads(), out)));
-  CHECK(absl::IsFailedPrecondition(
-      h.Hash(0, {&ok, 1}, TokenSpace::kTokenizer, h.AllHeads(), out)));
+  CHECK(absl::IsFailedPrecondition(h.Hash(0, {&ok, 1}, TokenSpace::kTokenizer, h.AllHeads(), out)));
   CHECK(h.LayerIndex(14).value() == 1);
   CHECK(absl::IsNotFound(h.LayerIndex(2).status()));
   CHECK(!NgramHasher::Create(h.config(), {}, std::nullopt, 2).ok());
@@ -215,8 +214,7 @@ TEST_CASE("config.json parsing names what is wrong") {
       "engram_compressed_vocab_size": 100)";
   CHECK(error("[1, 2]").find("not a JSON object") != std::string::npos);
   CHECK(error("{\"x\": 1}").find("not an Engram model") != std::string::npos);
-  CHECK(error(R"({"engram_layer_ids": [3, 3], )" + base + "}").find("twice") !=
-        std::string::npos);
+  CHECK(error(R"({"engram_layer_ids": [3, 3], )" + base + "}").find("twice") != std::string::npos);
   CHECK(error(R"({"engram_layer_ids": [3, 4], )" + base + "}")
             .find("'engram_num_embeddings' has 1 entries, expected 2") != std::string::npos);
   CHECK(error(R"({"engram_layer_ids": [3], "engram_num_embeddings": [10],

@@ -1,26 +1,25 @@
 // NumPy's SeedSequence, PCG64 and Generator.integers reproduced bit for bit (expected values
 // printed by numpy 1.24), the prime test, and DeepSeek-V4.1's multipliers and head primes.
+#include "client/hash/numpy_random.h"
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <numeric>
 #include <vector>
 
 #include "client/hash/hash_tables.h"
-#include "client/hash/numpy_random.h"
 #include "client/hash/primes.h"
 
 namespace engram {
 namespace {
 
 TEST_CASE("SeedSequence state matches numpy") {
-  CHECK(SeedSequenceState(0, 4) == std::vector<uint64_t>{15793235383387715774ULL,
-                                                          12390638538380655177ULL,
-                                                          2361836109651742017ULL,
-                                                          3188717715514472916ULL});
-  CHECK(SeedSequenceState(140098, 4) == std::vector<uint64_t>{15805499435905774270ULL,
-                                                               12485762845600855621ULL,
-                                                               5860821814761405108ULL,
-                                                               11501711722205355141ULL});
+  CHECK(SeedSequenceState(0, 4) ==
+        std::vector<uint64_t>{15793235383387715774ULL, 12390638538380655177ULL,
+                              2361836109651742017ULL, 3188717715514472916ULL});
+  CHECK(SeedSequenceState(140098, 4) ==
+        std::vector<uint64_t>{15805499435905774270ULL, 12485762845600855621ULL,
+                              5860821814761405108ULL, 11501711722205355141ULL});
 }
 
 TEST_CASE("PCG64 raw output matches numpy") {
@@ -33,9 +32,9 @@ TEST_CASE("PCG64 raw output matches numpy") {
 TEST_CASE("Generator.integers int64 matches numpy") {
   const int64_t high = 46535421845467;
   NumpyGenerator g0(0);
-  CHECK(*g0.IntegersInt64(0, high, 6) ==
-        std::vector<int64_t>{29641280818904, 12554638533303, 1906720220866, 769120491428,
-                             37845873655548, 42475465830421});
+  CHECK(*g0.IntegersInt64(0, high, 6) == std::vector<int64_t>{29641280818904, 12554638533303,
+                                                              1906720220866, 769120491428,
+                                                              37845873655548, 42475465830421});
   NumpyGenerator g1(123456789012345ULL);  // entropy wider than one 32-bit word
   CHECK(*g1.IntegersInt64(0, high, 3) ==
         std::vector<int64_t>{24664097831584, 2068131598013, 35244113215957});
@@ -56,10 +55,10 @@ TEST_CASE("IsPrime agrees with trial division and known hard cases") {
     REQUIRE(IsPrime(n) == prime);
   }
   CHECK(IsPrime((1ULL << 61) - 1));
-  CHECK(IsPrime(UINT64_MAX - 58));  // the largest 64-bit prime
-  CHECK(!IsPrime(3215031751ULL));   // strong pseudoprime to bases 2, 3, 5, 7
+  CHECK(IsPrime(UINT64_MAX - 58));          // the largest 64-bit prime
+  CHECK(!IsPrime(3215031751ULL));           // strong pseudoprime to bases 2, 3, 5, 7
   CHECK(!IsPrime(3825123056546413051ULL));  // strong pseudoprime to bases up to 23
-  CHECK(!IsPrime(4294967297ULL));   // 641 * 6700417
+  CHECK(!IsPrime(4294967297ULL));           // 641 * 6700417
 }
 
 HashConfig Dsv41() {

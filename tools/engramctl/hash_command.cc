@@ -128,8 +128,8 @@ int RunHash(HashArgs& args) {
     std::cout << out.dump() << "\n";
     return 0;
   }
-  std::printf("# layer %u, heads [%u, %u), rows [%llu, %llu), %s ids\n", args.layer,
-              heads->begin, heads->end, static_cast<unsigned long long>(row_range->first),
+  std::printf("# layer %u, heads [%u, %u), rows [%llu, %llu), %s ids\n", args.layer, heads->begin,
+              heads->end, static_cast<unsigned long long>(row_range->first),
               static_cast<unsigned long long>(row_range->second),
               args.compressed ? "compressed" : "tokenizer");
   std::printf("# position token compressed: row per head\n");
@@ -149,8 +149,9 @@ void AddHashCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<HashArgs>();
   CLI::App* cmd = app.add_subcommand(
       "hash", "Print the absolute Engram row ids (one per head) of each token position");
-  cmd->add_option("--model", args->model, "Model directory (config.json, tokenizer.json, "
-                                          "engram-hash.bin)")
+  cmd->add_option("--model", args->model,
+                  "Model directory (config.json, tokenizer.json, "
+                  "engram-hash.bin)")
       ->required();
   cmd->add_option("--layer", args->layer, "Engram layer id (e.g. 1 or 14)")->required();
   cmd->add_flag("--compressed", args->compressed,
