@@ -13,8 +13,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "daemon/config_file.h"
+#include "daemon/control.h"
 #include "daemon/gather_engine.h"
 #include "daemon/log.h"
+#include "daemon/notify.h"
 #include "daemon/server.h"
 #include "daemon/server_config.h"
 #include "daemon/table.h"
@@ -43,6 +47,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenAll(const ServerConfig& 
   std::vector<std::unique_ptr<Table>> all;
   std::map<uint32_t, std::string> seen;
   for (const TableSource& source : config.sources) {
+    // Validating a large table (hole checks, headers of many shards) can take a while: ask
+    // systemd for more start-up time before each source instead of a huge TimeoutStartSec.
+    notify::Send(absl::StrFormat("EXTEND_TIMEOUT_USEC=%u\nSTATUS=Opening and validating %s",
+                                 uint64_t{300} * 1'000'000, source.path));
     OpenOptions options;
     options.rows = source.rows;
     options.check_holes = config.check_holes;
@@ -74,11 +82,41 @@ int Main(int argc, char** argv) {
   CLI::App app{"engramd: serves DeepSeek-V4.1 Engram table rows to local processes"};
   app.set_version_flag("--version", absl::StrFormat("engramd %s (protocol %u.%u)", ENGRAMD_VERSION,
                                                     ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR));
-  ServerConfig config;
-  std::vector<std::string> models, tables, allow_users, allow_groups;
-  std::string rows_text, log_level = "info";
-  bool no_check_holes = false;
-  std::string mode_text = "0660";
+  // The configuration file is read before the flags are parsed into the same settings, so a
+  // flag given on the command line overrides the file.
+  std::string config_path = kDefaultConfigPath;
+  bool config_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--config" && i + 1 < argc) {
+      config_path = argv[i + 1];
+      config_given = true;
+    } else if (a.rfind("--config=", 0) == 0) {
+      config_path = a.substr(9);
+      config_given = true;
+    }
+  }
+  DaemonSettings settings;
+  std::vector<std::string> config_files;
+  const absl::Status config_status =
+      LoadConfig(config_path, config_given, &settings, &config_files);
+  ServerConfig& config = settings.server;
+  std::vector<std::string>&models = settings.models, &tables = settings.tables,
+  &allow_users = settings.allow_users, &allow_groups = settings.allow_groups;
+  std::string &rows_text = settings.rows, &log_level = settings.log_level;
+  bool no_check_holes = false, check_config = false;
+  std::string& mode_text = settings.socket_mode;
+  app.add_option("--config", config_path,
+                 "Configuration file; drop-ins in PATH.d/*.toml are applied after it")
+      ->type_name("PATH")
+      ->capture_default_str();
+  app.add_flag("--check-config", check_config,
+               "Validate the configuration and open every table, then exit without serving");
+  app.add_option("--metrics-port", settings.metrics.http_port,
+                 "Serve Prometheus metrics on this loopback TCP port (0: off)")
+      ->capture_default_str();
+  app.add_option("--metrics-textfile-dir", settings.metrics.textfile_dir,
+                 "Write engramd.prom for node-exporter's textfile collector into this directory");
   app.add_option("--model", models, "Checkpoint directory; every Engram table in it is served")
       ->type_name("DIR");
   app.add_option("--table", tables, "A packed table file (or a checkpoint directory)")
@@ -117,8 +155,7 @@ int Main(int argc, char** argv) {
   app.add_option("--request-threads", config.request_threads,
                  "Requests gathered at the same time (each helped by the workers)")
       ->capture_default_str();
-  uint64_t spin_min_us = config.poll.spin_min_ns / 1000,
-           spin_max_us = config.poll.spin_max_ns / 1000;
+  uint64_t &spin_min_us = settings.spin_min_us, &spin_max_us = settings.spin_max_us;
   app.add_option("--poll-spin-min-us", spin_min_us, "Shortest polling spell before sleeping")
       ->capture_default_str();
   app.add_option("--poll-spin-max-us", spin_max_us, "Longest polling spell before sleeping")
@@ -126,7 +163,7 @@ int Main(int argc, char** argv) {
   app.add_option("--inline-rows", config.poll.inline_rows,
                  "Gather requests of up to this many rows on the polling thread")
       ->capture_default_str();
-  std::string read_mode = "buffered";
+  std::string& read_mode = settings.read_mode;
   app.add_option("--read-mode", read_mode,
                  "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables "
                  "much larger than RAM)")
@@ -136,6 +173,10 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"error", "warning", "notice", "info", "debug"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (!config_status.ok()) {
+    log::Error("engramd: {}", config_status.ToString());
+    return 1;
+  }
 
   const std::map<std::string, log::Priority> levels = {{"error", log::kError},
                                                        {"warning", log::kWarning},
@@ -147,43 +188,59 @@ int Main(int argc, char** argv) {
     log::Error("engramd: {}", s.ToString());
     return 1;
   };
-  if (models.empty() && tables.empty()) {
-    return fail(absl::InvalidArgumentError("nothing to serve: give --model DIR or --table PATH"));
-  }
-  std::optional<RowRange> rows;
-  if (!rows_text.empty()) {
-    absl::StatusOr<RowRange> r = ParseRowRange(rows_text);
-    if (!r.ok()) return fail(r.status());
-    rows = *r;
-  }
-  for (const auto& m : models) config.sources.push_back({.path = m, .rows = rows});
-  for (const auto& t : tables) config.sources.push_back({.path = t, .rows = rows});
-  config.check_holes = !no_check_holes;
-  char* end = nullptr;
-  config.socket_mode = static_cast<uint32_t>(strtoul(mode_text.c_str(), &end, 8));
-  if (end == mode_text.c_str() || *end != '\0' || config.socket_mode > 07777) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrFormat("--socket-mode '%s' is not an octal file mode", mode_text)));
-  }
-  for (const auto& u : allow_users) {
-    absl::StatusOr<uid_t> uid = ResolveUser(u);
-    if (!uid.ok()) return fail(uid.status());
-    config.allow_uids.push_back(*uid);
-  }
-  for (const auto& g : allow_groups) {
-    absl::StatusOr<gid_t> gid = ResolveGroup(g);
-    if (!gid.ok()) return fail(gid.status());
-    config.allow_gids.push_back(*gid);
-  }
-  if (!config.allow_gids.empty() && config.allow_uids.empty()) {
-    // Naming groups must not lock out the operator: keep the daemon's own uid and root.
-    config.allow_uids = {geteuid(), 0};
-  }
-  config.poll.spin_min_ns = spin_min_us * 1000;
-  config.poll.spin_max_ns = std::max(spin_max_us, spin_min_us) * 1000;
-  if (config.limits.max_clients == 0 || config.limits.max_inflight == 0 ||
-      config.limits.max_rows_per_request == 0 || config.limits.max_arena_bytes == 0) {
-    return fail(absl::InvalidArgumentError("limits must be above 0"));
+  // Turns the settings into the server configuration (names resolved, text parsed). Also
+  // used by SIGHUP, which reloads the files and applies the same flags again.
+  auto resolve = [&]() -> absl::Status {
+    if (models.empty() && tables.empty()) {
+      return absl::InvalidArgumentError(
+          "nothing to serve: give --model DIR or --table PATH, or tables.models / tables.files "
+          "in " +
+          config_path);
+    }
+    std::optional<RowRange> rows;
+    if (!rows_text.empty()) {
+      absl::StatusOr<RowRange> r = ParseRowRange(rows_text);
+      if (!r.ok()) return r.status();
+      rows = *r;
+    }
+    config.sources.clear();
+    for (const auto& m : models) config.sources.push_back({.path = m, .rows = rows});
+    for (const auto& t : tables) config.sources.push_back({.path = t, .rows = rows});
+    if (no_check_holes) config.check_holes = false;
+    char* end = nullptr;
+    config.socket_mode = static_cast<uint32_t>(strtoul(mode_text.c_str(), &end, 8));
+    if (end == mode_text.c_str() || *end != '\0' || config.socket_mode > 07777) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--socket-mode '%s' is not an octal file mode", mode_text));
+    }
+    config.allow_uids.clear();
+    config.allow_gids.clear();
+    for (const auto& u : allow_users) {
+      absl::StatusOr<uid_t> uid = ResolveUser(u);
+      if (!uid.ok()) return uid.status();
+      config.allow_uids.push_back(*uid);
+    }
+    for (const auto& g : allow_groups) {
+      absl::StatusOr<gid_t> gid = ResolveGroup(g);
+      if (!gid.ok()) return gid.status();
+      config.allow_gids.push_back(*gid);
+    }
+    if (!config.allow_gids.empty() && config.allow_uids.empty()) {
+      // Naming groups must not lock out the operator: keep the daemon's own uid and root.
+      config.allow_uids = {geteuid(), 0};
+    }
+    config.poll.spin_min_ns = spin_min_us * 1000;
+    config.poll.spin_max_ns = std::max(spin_max_us, spin_min_us) * 1000;
+    if (config.limits.max_clients == 0 || config.limits.max_inflight == 0 ||
+        config.limits.max_rows_per_request == 0 || config.limits.max_arena_bytes == 0) {
+      return absl::InvalidArgumentError("limits must be above 0");
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = resolve(); !s.ok()) return fail(s);
+  log::g_max_priority = levels.at(log_level);
+  if (!config_files.empty()) {
+    log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
   }
 
   // Signals are read through a signalfd by the server: block them before any thread starts.
@@ -191,11 +248,26 @@ int Main(int argc, char** argv) {
   sigemptyset(&mask);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(config);
   if (!opened.ok()) return fail(opened.status());
+  if (check_config) {
+    printf("configuration OK (%s)\n", config_files.empty()
+                                          ? "no configuration file; defaults and flags"
+                                          : absl::StrJoin(config_files, ", ").c_str());
+    for (const auto& t : *opened) {
+      printf("  %s: rows [%lu, %lu) of %lu\n", t->Describe().c_str(), t->covered().begin,
+             t->covered().end, t->num_rows());
+    }
+    return 0;
+  }
+  if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
+    config.listen_fd = fds[0];
+    log::Info("using the socket passed by systemd for {}", config.socket_path);
+  }
   absl::StatusOr<std::unique_ptr<GatherEngine>> engine =
       GatherEngine::Create({.workers = config.workers});
   if (!engine.ok()) return fail(engine.status());
@@ -207,6 +279,25 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Server>> server =
       Server::Create(config, std::move(*opened), std::move(*engine));
   if (!server.ok()) return fail(server.status());
+  (*server)->control().Configure(settings.metrics, log_level, ENGRAMD_VERSION);
+  // SIGHUP: the files again, then the same flags over them.
+  (*server)->control().SetReloader([&]() -> absl::StatusOr<ReloadedConfig> {
+    DaemonSettings fresh;
+    std::vector<std::string> files;
+    if (absl::Status s = LoadConfig(config_path, config_given, &fresh, &files); !s.ok()) return s;
+    const int listen_fd = config.listen_fd;
+    settings = fresh;
+    no_check_holes = false;
+    app.clear();
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return absl::InvalidArgumentError(e.what());
+    }
+    if (absl::Status s = resolve(); !s.ok()) return s;
+    config.listen_fd = listen_fd;
+    return ReloadedConfig{.server = config, .log_level = log_level, .metrics = settings.metrics};
+  });
   absl::Status s = (*server)->Run();
   if (!s.ok()) return fail(s);
   return 0;

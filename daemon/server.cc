@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/control.h"
 
 namespace engram {
 namespace {
@@ -100,10 +101,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& confi
   ev.data.u64 = kTagStop;
   epoll_ctl(server->control_epoll_, EPOLL_CTL_ADD, server->stop_fd_, &ev);
   if (absl::Status s = server->Bind(); !s.ok()) return s;
+  server->start_ns_ = NowNs();
+  server->control_ = std::make_unique<Control>(server.get());
   return server;
 }
 
 Server::~Server() {
+  control_.reset();  // its metrics listener reads the sessions and the engine
   if (poller_.joinable()) {
     draining_.store(true);
     Kick();
@@ -111,7 +115,7 @@ Server::~Server() {
   }
   if (listen_fd_ >= 0) {
     close(listen_fd_);
-    unlink(config_.socket_path.c_str());
+    if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
   }
   for (int fd : {control_epoll_, poller_epoll_, kick_fd_, stop_fd_, signal_fd_}) {
     if (fd >= 0) close(fd);
@@ -121,6 +125,22 @@ Server::~Server() {
 
 absl::Status Server::Bind() {
   const std::string& path = config_.socket_path;
+  if (config_.listen_fd >= 0) {
+    // Socket activation: systemd bound and listens; check it is the kind of socket we serve.
+    int type = 0;
+    socklen_t len = sizeof(type);
+    if (getsockopt(config_.listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 ||
+        type != SOCK_SEQPACKET) {
+      return absl::FailedPreconditionError(
+          "the socket passed by systemd is not a SOCK_SEQPACKET Unix socket "
+          "(engramd.socket needs ListenSequentialPacket=)");
+    }
+    listen_fd_ = config_.listen_fd;
+    fcntl(listen_fd_, F_SETFL, fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+    epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagListen}};
+    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    return absl::OkStatus();
+  }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -214,6 +234,7 @@ absl::Status Server::Run() {
   sigemptyset(&mask);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
   signal_fd_ = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signal_fd_ >= 0) {
     epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagSignal}};
@@ -223,12 +244,16 @@ absl::Status Server::Run() {
   for (const auto& t : tables_) layers.push_back(t->Describe());
   log::Notice("engramd serving {} table(s) on {}: {}", tables_.size(), config_.socket_path,
               absl::StrJoin(layers, "; "));
+  poller_heartbeat_ns_.store(NowNs());
   poller_ = std::thread([this] { PollerLoop(); });
+  control_->Start();
 
   bool stopping = false;
   epoll_event events[64];
   while (!stopping) {
-    const int n = epoll_wait(control_epoll_, events, 64, pending_.empty() ? -1 : 100);
+    const int wait_ms = control_->WaitMs();
+    const int n = epoll_wait(control_epoll_, events, 64,
+                             pending_.empty() ? wait_ms : (wait_ms < 0 ? 100 : std::min(wait_ms, 100)));
     if (n < 0 && errno != EINTR) {
       log::Error("epoll_wait: {}", strerror(errno));
       break;
@@ -241,8 +266,11 @@ absl::Status Server::Run() {
         log::Notice("stop requested");
         stopping = true;
       } else if (tag == kTagSignal) {
-        signalfd_siginfo info;
-        if (read(signal_fd_, &info, sizeof(info)) == sizeof(info)) {
+        signalfd_siginfo info{};
+        if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) continue;
+        if (info.ssi_signo == SIGHUP) {
+          control_->Reload();
+        } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
           log::Notice("received {}; finishing requests in flight", strsignal(info.ssi_signo));
           stopping = true;
         }
@@ -261,6 +289,7 @@ absl::Status Server::Run() {
         }
       }
     }
+    control_->Tick();
     // Connections that never finished their handshake are dropped.
     const uint64_t now = NowNs();
     for (auto it = pending_.begin(); it != pending_.end();) {
@@ -277,10 +306,11 @@ absl::Status Server::Run() {
   }
 
   // Shutdown: no new connections, finish what the rings hold and what is in flight.
+  control_->Stopping();
   epoll_ctl(control_epoll_, EPOLL_CTL_DEL, listen_fd_, nullptr);
   close(listen_fd_);
   listen_fd_ = -1;
-  unlink(config_.socket_path.c_str());
+  if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
   for (auto& [fd, deadline] : pending_) close(fd);
   pending_.clear();
   draining_.store(true);
@@ -524,6 +554,9 @@ void Server::HandleMessage(const std::shared_ptr<Session>& session) {
     case ENGRAM_MSG_SESSION_STATS:
       SendStats(*session, header.request_id);
       break;
+    case ENGRAM_MSG_CONTROL:
+      control_->Handle(*session, header, buffer + sizeof(header), header.bytes - sizeof(header));
+      break;
     case ENGRAM_MSG_HELLO:
       SendError(*session, ENGRAM_STATUS_FAILED_PRECONDITION,
                 "HELLO on a session that already has its arena", header.request_id);
@@ -590,6 +623,7 @@ void Server::PollerLoop() {
       continue;
     }
     uint64_t now = NowNs();
+    poller_heartbeat_ns_.store(now, std::memory_order_relaxed);
     if (work != 0) {
       last_work = now;
       continue;

@@ -27,6 +27,8 @@
 
 namespace engram {
 
+class Control;
+
 class Server {
  public:
   // Binds the socket (refusing to take over one that a live engramd answers on). The tables
@@ -42,8 +44,11 @@ class Server {
   absl::Status Run();
   // Asks Run() to stop. Thread-safe, async-signal-safe.
   void Stop();
+  // Control requests, metrics, systemd notifications and reloads (daemon/control.h).
+  Control& control() { return *control_; }
 
  private:
+  friend class Control;
   Server() = default;
   absl::Status Bind();
   void PollerLoop();
@@ -90,6 +95,9 @@ class Server {
   std::thread poller_;
   uid_t own_uid_ = 0;
   log::RateLimit garbage_log_{5};
+  uint64_t start_ns_ = 0;
+  std::atomic<uint64_t> poller_heartbeat_ns_{0};  // the poller's last pass (watchdog)
+  std::unique_ptr<Control> control_;              // first member torn down (~Server)
 };
 
 }  // namespace engram

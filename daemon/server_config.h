@@ -51,6 +51,9 @@ struct ServerConfig {
   std::string socket_path = "/run/engramd/engramd.sock";
   uint32_t socket_mode = 0660;
   std::string socket_group;  // empty: the daemon's group
+  // A listening socket passed by systemd socket activation (-1: bind socket_path). The
+  // socket unit owns its path, so it is neither created nor removed.
+  int listen_fd = -1;
   // Peers allowed by SO_PEERCRED. Empty allow_uids means the daemon's own uid and root.
   std::vector<uid_t> allow_uids;
   std::vector<gid_t> allow_gids;

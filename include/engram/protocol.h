@@ -78,7 +78,12 @@ enum engram_msg_type {
   ENGRAM_MSG_TABLES = 5,        /* daemon → client */
   ENGRAM_MSG_SESSION_STATS = 6, /* client → daemon, empty body */
   ENGRAM_MSG_STATS = 7,         /* daemon → client */
-  /* 8..31 reserved for daemon statistics, client listing, warm/evict (engramctl). */
+  /* Operator requests (engramctl, docs/operations.md): a JSON object in, a JSON object out.
+   * The reply body is inline, or, when it does not fit in one message, in a sealed memfd sent
+   * with the reply (SCM_RIGHTS) and the inline body is empty. */
+  ENGRAM_MSG_CONTROL = 8,       /* client → daemon: JSON text {"command": ...} */
+  ENGRAM_MSG_CONTROL_REPLY = 9, /* daemon → client: JSON text, or a memfd holding it */
+  /* 10..31 reserved. */
 };
 
 /* Every message starts with this header. `bytes` counts the header and the body. */

@@ -1,0 +1,73 @@
+// Prometheus text exposition for engramd: a small writer that keeps each family's HELP/TYPE
+// lines together, the optional loopback HTTP listener serving GET /metrics, and the
+// node-exporter textfile writer. What the metrics say is assembled in control.cc.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace engram::metrics {
+
+// Label set, rendered in the order given.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+class Exposition {
+ public:
+  // Each sample names its family; the family's HELP and TYPE come once, before its samples.
+  void Gauge(const std::string& name, const std::string& help, const Labels& labels, double value);
+  void Counter(const std::string& name, const std::string& help, const Labels& labels,
+               double value);
+  // A histogram from log2 nanosecond buckets (bucket i counts [2^i, 2^(i+1)) ns), exposed in
+  // seconds. The engine and the sessions count buckets only, so _sum is estimated from the
+  // bucket midpoints (1.5 × 2^i); _count is exact.
+  void Log2Histogram(const std::string& name, const std::string& help, const Labels& labels,
+                     const uint64_t* buckets, size_t num_buckets);
+  std::string Text() const;
+
+ private:
+  struct Family {
+    std::string help;
+    std::string type;
+    std::vector<std::string> samples;
+  };
+  Family& Get(const std::string& name, const std::string& help, const char* type);
+  std::vector<std::string> order_;
+  std::map<std::string, Family> families_;
+};
+
+// Escapes a label value (backslash, quote, newline).
+std::string EscapeLabel(const std::string& value);
+
+// Serves GET /metrics on a loopback TCP port from its own thread; answers one connection at a
+// time with whatever `render` returns.
+class HttpListener {
+ public:
+  static absl::StatusOr<std::unique_ptr<HttpListener>> Start(const std::string& address,
+                                                             uint16_t port,
+                                                             std::function<std::string()> render);
+  ~HttpListener();
+  uint16_t port() const { return port_; }
+
+ private:
+  HttpListener() = default;
+  void Loop();
+  int fd_ = -1;
+  int stop_fd_ = -1;
+  uint16_t port_ = 0;
+  std::function<std::string()> render_;
+  std::thread thread_;
+};
+
+// Writes `text` to DIR/engramd.prom through a temporary file and rename, so node-exporter
+// never reads half a file.
+absl::Status WriteTextfile(const std::string& dir, const std::string& text);
+
+}  // namespace engram::metrics
