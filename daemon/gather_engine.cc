@@ -163,8 +163,8 @@ struct TableState {
 
   std::atomic<uint64_t> batches{0}, rows_requested{0}, rows_unique{0}, read_calls{0},
       nowait_hits{0}, nowait_eagain{0}, partial_reads{0}, uring_reads{0}, pool_reads{0},
-      direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, syscalls{0}, probes{0},
-      dedup_copies{0};
+      direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, syscalls{0},
+      probes{0}, dedup_copies{0};
   std::atomic<double> hit_rate{1.0};
   std::atomic<bool> nowait_enabled{true};
   std::atomic<uint64_t> since_probe{0};
@@ -215,8 +215,9 @@ class GatherEngineImpl final : public GatherEngine {
       if (options.mode == ReadMode::kDirect) {
         f->direct_fd = open(tf.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
         if (f->direct_fd < 0) {
-          return absl::ErrnoToStatus(errno, absl::StrCat("opening ", tf.path, " with O_DIRECT for table ",
-                                                         table->Describe()));
+          return absl::ErrnoToStatus(
+              errno,
+              absl::StrCat("opening ", tf.path, " with O_DIRECT for table ", table->Describe()));
         }
       }
       state->files.push_back(std::move(f));
@@ -258,9 +259,9 @@ class GatherEngineImpl final : public GatherEngine {
       std::unique_lock<std::shared_mutex> l(tables_mu_);
       auto it = tables_.find(table);
       if (it == tables_.end()) {
-        return absl::NotFoundError(absl::StrCat(
-            "table ", table == nullptr ? std::string("(null)") : table->Describe(),
-            " is not in the gather engine"));
+        return absl::NotFoundError(
+            absl::StrCat("table ", table == nullptr ? std::string("(null)") : table->Describe(),
+                         " is not in the gather engine"));
       }
       state = std::move(it->second);
       tables_.erase(it);
@@ -337,6 +338,7 @@ class GatherEngineImpl final : public GatherEngine {
  private:
   std::unique_ptr<ReaderContext> MakeContext(bool want_ring) {
     auto ctx = std::make_unique<ReaderContext>();
+    ctx->direct_bounce_target = options_.direct_bounce_bytes;
     if (want_ring && options_.use_io_uring) {
       absl::Status s = ctx->InitRing(options_.ring_entries, options_.max_fixed_files);
       if (!s.ok()) {
@@ -406,7 +408,8 @@ class GatherEngineImpl final : public GatherEngine {
       ReadCounters local;
       absl::Status s;
       const size_t end = std::min(residue.size(), (i + 1) * kPoolTaskReads);
-      for (size_t k = i * kPoolTaskReads; k < end && s.ok(); ++k) s = BlockingRead(t, residue[k], local);
+      for (size_t k = i * kPoolTaskReads; k < end && s.ok(); ++k)
+        s = BlockingRead(t, residue[k], local);
       std::lock_guard<std::mutex> l(mu);
       c.Add(local);
       if (!s.ok() && first_error.ok()) first_error = std::move(s);
@@ -419,10 +422,9 @@ class GatherEngineImpl final : public GatherEngine {
     TableState* ts = batch.table == nullptr ? nullptr : Lookup(batch.table);
     if (ts == nullptr) {
       return absl::FailedPreconditionError(
-          batch.table == nullptr
-              ? std::string("gather batch names no table")
-              : absl::StrCat("table ", batch.table->Describe(),
-                             " was not added to the gather engine"));
+          batch.table == nullptr ? std::string("gather batch names no table")
+                                 : absl::StrCat("table ", batch.table->Describe(),
+                                                " was not added to the gather engine"));
     }
     // The caller's plan; helper threads reach it through this reference, not their own copy.
     thread_local GatherPlan thread_plan;

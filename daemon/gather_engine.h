@@ -46,8 +46,8 @@ enum class NowaitPass : uint8_t {
 // A preadv2-compatible read: returns the bytes read or -errno (never -1 with errno). The engine
 // calls it for every RWF_NOWAIT read of the serial fast path and every blocking-pool read, so a
 // test or a tracing build can wrap the real call. Must be thread-safe.
-using ReadFn = std::function<ssize_t(int fd, const struct iovec* iov, int iovcnt, off_t offset,
-                                     int flags)>;
+using ReadFn =
+    std::function<ssize_t(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags)>;
 
 // Receives one-time notices (a file that refused RWF_NOWAIT, io_uring unavailable). Library code
 // never logs: the daemon logs these once. Called from any gather thread; must be thread-safe.
@@ -84,8 +84,8 @@ struct GatherEngineOptions {
   uint32_t max_fixed_files = 1024;
   // Bounce area per thread for O_DIRECT tables.
   uint32_t direct_bounce_bytes = 4u << 20;
-  ReadFn read_fn;    // empty: preadv2
-  NoticeFn notice;   // empty: notices only show in Stats()
+  ReadFn read_fn;   // empty: preadv2
+  NoticeFn notice;  // empty: notices only show in Stats()
 };
 
 // One batch: rows[i] of `table` goes to dest + dest_offsets[i] (or dest + i * row_bytes when
@@ -103,10 +103,10 @@ struct TableGatherStats {
   uint32_t layer_id = 0;
   uint64_t batches = 0;
   uint64_t rows_requested = 0;
-  uint64_t rows_unique = 0;      // after de-duplication
-  uint64_t read_calls = 0;       // preadv2 / io_uring reads issued, after merging
-  uint64_t nowait_hits = 0;      // rows served by the NOWAIT pass
-  uint64_t nowait_eagain = 0;    // rows handed on as residue
+  uint64_t rows_unique = 0;    // after de-duplication
+  uint64_t read_calls = 0;     // preadv2 / io_uring reads issued, after merging
+  uint64_t nowait_hits = 0;    // rows served by the NOWAIT pass
+  uint64_t nowait_eagain = 0;  // rows handed on as residue
   uint64_t partial_reads = 0;
   uint64_t uring_reads = 0;
   uint64_t pool_reads = 0;
@@ -117,13 +117,13 @@ struct TableGatherStats {
   bool nowait_enabled = true;    // the adaptive policy's current choice
   double recent_hit_rate = 1.0;  // the policy's input
   // --- Extensions ---
-  uint64_t nowait_zero = 0;      // NOWAIT reads that returned 0 before EOF (treated as misses)
+  uint64_t nowait_zero = 0;  // NOWAIT reads that returned 0 before EOF (treated as misses)
   uint64_t eintr_retries = 0;
-  uint64_t syscalls = 0;         // preadv2, pread and io_uring_enter calls made for the table
-  uint64_t probes = 0;           // batches that probed the NOWAIT pass while it was off
-  uint64_t dedup_copies = 0;     // slots filled by copying a row read once for the batch
+  uint64_t syscalls = 0;      // preadv2, pread and io_uring_enter calls made for the table
+  uint64_t probes = 0;        // batches that probed the NOWAIT pass while it was off
+  uint64_t dedup_copies = 0;  // slots filled by copying a row read once for the batch
   ReadMode mode = ReadMode::kBuffered;
-  std::string residue_path;      // "io_uring", "blocking pool" or "O_DIRECT io_uring" / "O_DIRECT pool"
+  std::string residue_path;  // "io_uring", "blocking pool" or "O_DIRECT io_uring" / "O_DIRECT pool"
   // Batch latency histogram: bucket i counts batches with latency in [2^i, 2^(i+1)) ns.
   std::vector<uint64_t> latency_buckets;
   // The upper edge of the bucket holding the q-quantile (q in [0, 1]); 0 with no batches.

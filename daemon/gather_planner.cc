@@ -71,9 +71,9 @@ absl::Status GatherPlanner::Plan(const GatherBatch& batch, GatherPlan* ret_plan)
         absl::StrCat("gather batch for table ", table->Describe(), " has no destination"));
   }
   if (!batch.dest_offsets.empty() && batch.dest_offsets.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gather batch for table ", table->Describe(), " has ", n, " rows but ",
-        batch.dest_offsets.size(), " destination offsets"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather batch for table ", table->Describe(), " has ", n, " rows but ",
+                     batch.dest_offsets.size(), " destination offsets"));
   }
   plan.table = table;
   plan.rows_requested = n;

@@ -39,9 +39,9 @@ struct GatherPlan {
   std::vector<uint64_t> unique_rows;  // ascending
   std::vector<uint8_t*> unique_dest;  // the slot each unique row is read into
   std::vector<SlotCopy> copies;
-  std::vector<PlannedRead> reads;     // per part, ascending offsets
+  std::vector<PlannedRead> reads;  // per part, ascending offsets
   std::vector<iovec> iovs;
-  std::vector<uint32_t> iov_unique;   // unique-row index of each iovec, or kGapIov
+  std::vector<uint32_t> iov_unique;  // unique-row index of each iovec, or kGapIov
   // Sink for the bytes between merged reads that share a page; never read.
   std::vector<uint8_t> gap_sink;
 

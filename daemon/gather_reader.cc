@@ -44,10 +44,9 @@ uint64_t RowAt(const GatherPlan& plan, const PlannedRead& read, uint32_t done) {
 absl::Status ReadError(const ReadTarget& t, const PlannedRead& read, uint32_t done, int err) {
   const GatherPlan& plan = *t.plan;
   const TableFile& f = plan.table->files()[read.file];
-  return absl::ErrnoToStatus(
-      err, absl::StrCat("reading row ", RowAt(plan, read, done), " of table ",
-                        plan.table->Describe(), " from ", f.path, " at offset ",
-                        read.offset + done));
+  return absl::ErrnoToStatus(err, absl::StrCat("reading row ", RowAt(plan, read, done),
+                                               " of table ", plan.table->Describe(), " from ",
+                                               f.path, " at offset ", read.offset + done));
 }
 
 void DisableNowait(const ReadTarget& t, GatherFile& f, int err) {
@@ -151,10 +150,10 @@ absl::Status EndOfFileError(const ReadTarget& t, const PlannedRead& read, uint32
   const TableFile& f = plan.table->files()[read.file];
   struct stat st {};
   const uint64_t size = fstat(f.fd, &st) == 0 ? st.st_size : f.size;
-  return absl::DataLossError(absl::StrCat(
-      "row ", RowAt(plan, read, done), " of table ", plan.table->Describe(), ": file ", f.path,
-      " ended at byte ", read.offset + done, " (size ", size, ") while reading bytes [",
-      read.offset, ", ", read.offset + read.length, ")"));
+  return absl::DataLossError(
+      absl::StrCat("row ", RowAt(plan, read, done), " of table ", plan.table->Describe(), ": file ",
+                   f.path, " ended at byte ", read.offset + done, " (size ", size,
+                   ") while reading bytes [", read.offset, ", ", read.offset + read.length, ")"));
 }
 
 absl::Status NowaitPassSerial(const ReadTarget& t, const std::vector<PendingRead>& reads,
@@ -330,8 +329,8 @@ absl::Status UringPass(ReaderContext& ctx, const ReadTarget& t,
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
       // The ring cannot take or report work any more; what was submitted may still land in the
       // slots, so this is fatal for the batch.
-      return absl::ErrnoToStatus(-r, absl::StrCat("io_uring_enter while reading table ",
-                                                  plan.table->Describe()));
+      return absl::ErrnoToStatus(
+          -r, absl::StrCat("io_uring_enter while reading table ", plan.table->Describe()));
     }
     unsigned head;
     unsigned seen = 0;
@@ -403,9 +402,11 @@ absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
     size_t count;
     uint64_t valid;  // bytes the read returned
   };
-  const size_t bounce_bytes = std::max<size_t>(ctx.bounce_bytes(), kMaxDirectRun);
+  const size_t bounce_bytes =
+      std::max<size_t>(std::max(ctx.bounce_bytes(), ctx.direct_bounce_target), kMaxDirectRun);
   uint8_t* bounce = ctx.Bounce(bounce_bytes);
-  if (bounce == nullptr) return absl::ResourceExhaustedError("no memory for the O_DIRECT bounce area");
+  if (bounce == nullptr)
+    return absl::ResourceExhaustedError("no memory for the O_DIRECT bounce area");
   std::vector<Run> runs;
   size_t used = 0;
 
@@ -422,9 +423,9 @@ absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
         continue;
       }
       if (n < 0) {
-        return absl::ErrnoToStatus(errno, absl::StrCat("O_DIRECT read of ", f.file->path,
-                                                       " at offset ", run.start + run.valid,
-                                                       " for table ", plan.table->Describe()));
+        return absl::ErrnoToStatus(
+            errno, absl::StrCat("O_DIRECT read of ", f.file->path, " at offset ",
+                                run.start + run.valid, " for table ", plan.table->Describe()));
       }
       if (n == 0) break;
       c.bytes_read += n;
@@ -456,7 +457,7 @@ absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
           c.read_calls++;
         }
         const int r = io_uring_submit_and_wait(ring, 1);
-    c.syscalls++;
+        c.syscalls++;
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
           return absl::ErrnoToStatus(-r, "io_uring_enter for O_DIRECT reads");
         }

@@ -22,9 +22,9 @@ namespace engram {
 // Engine-wide per-file state, shared by every thread.
 struct GatherFile {
   const TableFile* file = nullptr;
-  int fd = -1;               // the table's buffered fd (owned by the Table)
-  int direct_fd = -1;        // O_DIRECT fd (owned by the engine), kDirect tables only
-  int fixed_index = -1;      // slot in every ring's fixed-file table, -1 when unregistered
+  int fd = -1;           // the table's buffered fd (owned by the Table)
+  int direct_fd = -1;    // O_DIRECT fd (owned by the engine), kDirect tables only
+  int fixed_index = -1;  // slot in every ring's fixed-file table, -1 when unregistered
   int direct_fixed_index = -1;
   std::atomic<bool> nowait_ok{true};  // false once RWF_NOWAIT was refused (tmpfs, memfd, NFS)
   std::atomic<bool> uring_ok{true};   // false once io_uring refused a buffered read
@@ -88,6 +88,8 @@ class ReaderContext {
   std::vector<uint8_t*> marks;
   uint8_t* Bounce(size_t bytes);
   size_t bounce_bytes() const { return bounce_bytes_; }
+  // Size of the O_DIRECT bounce area, allocated on the first O_DIRECT read.
+  size_t direct_bounce_target = 4u << 20;
 
   // io_uring in-flight slots: the iovecs of a resumed read must live until it completes.
   struct Slot {

@@ -45,10 +45,10 @@ struct Config {
   std::vector<std::string> dists = {"uniform", "zipf"};
   std::vector<std::string> methods = {"mmap", "pool", "nowait", "uring", "engine"};
   double zipf_s = 1.0;
-  double budget_s = 0.4;     // timed seconds per (case, method) for warm batches
+  double budget_s = 0.4;  // timed seconds per (case, method) for warm batches
   int max_iters = 30;
-  int cold_iters = 3;        // per (case, method) for cold / half batches of up to 8192 rows
-  int big_cold_iters = 1;    // for larger cold / half batches
+  int cold_iters = 3;      // per (case, method) for cold / half batches of up to 8192 rows
+  int big_cold_iters = 1;  // for larger cold / half batches
   std::string csv;
   std::string md;
   bool smoke = false;
@@ -108,8 +108,9 @@ void PrintMachine(const Config& c) {
       "preadv2(RWF_NOWAIT) + misses to (2), (4) io_uring only (one ring, depth 256), (5) "
       "gather engine (%u workers)\n",
       std::thread::hardware_concurrency());
-  std::printf("cold = posix_fadvise(DONTNEED) on the table files before each timed batch; half "
-              "= cold, then every other unique row of the batch read back\n\n");
+  std::printf(
+      "cold = posix_fadvise(DONTNEED) on the table files before each timed batch; half "
+      "= cold, then every other unique row of the batch read back\n\n");
 }
 
 // Row ids: uniform, or Zipf(s) over ranks scattered over the table by a bijective hash so that
@@ -165,11 +166,11 @@ absl::StatusOr<std::unique_ptr<Table>> PrepareTable(const Config& c, const std::
                  c.rows * 264.0 / 1e9);
     std::error_code ec;
     std::filesystem::remove_all(path, ec);
-    absl::Status s = layout == "packed"
-                         ? testing::WriteSyntheticPacked(path, kLayer, c.rows, c.seed)
-                         : WriteSyntheticCheckpoint(
-                               {.out_dir = path, .rows = c.rows, .seed = c.seed,
-                                .layers = {kLayer}});
+    absl::Status s =
+        layout == "packed"
+            ? testing::WriteSyntheticPacked(path, kLayer, c.rows, c.seed)
+            : WriteSyntheticCheckpoint(
+                  {.out_dir = path, .rows = c.rows, .seed = c.seed, .layers = {kLayer}});
     if (!s.ok()) return s;
     table = testing::OpenOne(path, kLayer);
   }
@@ -211,20 +212,29 @@ int Run(const Config& c) {
     return o;
   };
   for (const std::string& m : c.methods) {
-    if (m == "mmap") methods.push_back(MakeMmapMethod());
-    else if (m == "pool") methods.push_back(MakeRecipePoolMethod());
-    else if (m == "nowait") methods.push_back(MakeNowaitPoolMethod());
-    else if (m == "uring") methods.push_back(MakeUringOnlyMethod());
-    else if (m == "engine") methods.push_back(MakeEngineMethod("gather engine", eo({})));
+    if (m == "mmap")
+      methods.push_back(MakeMmapMethod());
+    else if (m == "pool")
+      methods.push_back(MakeRecipePoolMethod());
+    else if (m == "nowait")
+      methods.push_back(MakeNowaitPoolMethod());
+    else if (m == "uring")
+      methods.push_back(MakeUringOnlyMethod());
+    else if (m == "engine")
+      methods.push_back(MakeEngineMethod("gather engine", eo({})));
     else if (m == "engine-serial")
-      methods.push_back(MakeEngineMethod("engine (serial NOWAIT)", eo({.nowait_pass = NowaitPass::kSerial})));
+      methods.push_back(
+          MakeEngineMethod("engine (serial NOWAIT)", eo({.nowait_pass = NowaitPass::kSerial})));
     else if (m == "engine-nonowait")
-      methods.push_back(MakeEngineMethod("engine (no NOWAIT)", eo({.nowait_pass = NowaitPass::kOff})));
+      methods.push_back(
+          MakeEngineMethod("engine (no NOWAIT)", eo({.nowait_pass = NowaitPass::kOff})));
     else if (m == "engine-1w")
       methods.push_back(MakeEngineMethod("engine (1 worker)", eo({.workers = 1})));
     else {
-      std::fprintf(stderr, "unknown method '%s' (mmap, pool, nowait, uring, engine, "
-                           "engine-serial, engine-nonowait, engine-1w)\n", m.c_str());
+      std::fprintf(stderr,
+                   "unknown method '%s' (mmap, pool, nowait, uring, engine, "
+                   "engine-serial, engine-nonowait, engine-1w)\n",
+                   m.c_str());
       return 2;
     }
   }
@@ -317,14 +327,14 @@ int Run(const Config& c) {
           }
           std::printf("## %s, %lu rows, %s ids, %s\n", layout.c_str(),
                       static_cast<unsigned long>(batch), dist.c_str(), state.c_str());
-          std::printf("| method | rows/s | us/row | CPU-us/row | syscalls/row | faults/row | "
-                      "p50 ms | p99 ms | vs mmap | iters |\n|---|---|---|---|---|---|---|---|---|---|\n");
+          std::printf(
+              "| method | rows/s | us/row | CPU-us/row | syscalls/row | faults/row | "
+              "p50 ms | p99 ms | vs mmap | iters |\n|---|---|---|---|---|---|---|---|---|---|\n");
           for (auto& r : group) {
             r.ratio = base > 0 ? r.us_per_row / base : 0;
             std::printf("| %s | %.3g | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f | %.2fx | %d |\n",
                         r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row,
-                        r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio,
-                        r.iters);
+                        r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio, r.iters);
             results.push_back(r);
           }
           std::printf("\n");
@@ -340,10 +350,9 @@ int Run(const Config& c) {
            "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters\n";
     for (const auto& r : results) {
       out << absl::StrFormat("%s,%d,%s,%s,%.2f,\"%s\",%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d\n",
-                             r.layout, r.batch, r.dist, r.state, r.resident, r.method,
-                             r.us_per_row, r.cpu_us_per_row, r.syscalls_per_row,
-                             r.faults_per_row, r.p50_ms, r.p99_ms, r.rows_per_s, r.ratio,
-                             r.iters);
+                             r.layout, r.batch, r.dist, r.state, r.resident, r.method, r.us_per_row,
+                             r.cpu_us_per_row, r.syscalls_per_row, r.faults_per_row, r.p50_ms,
+                             r.p99_ms, r.rows_per_s, r.ratio, r.iters);
     }
   }
   if (failures > 0) {

@@ -73,12 +73,24 @@ void BM_Warm(benchmark::State& state) {
   if (t == nullptr) return;
   std::unique_ptr<GatherMethod> m;
   switch (kMethod) {
-    case 0: m = MakeMmapMethod(); break;
-    case 1: m = MakeNowaitPoolMethod(); break;
-    case 2: m = MakeUringOnlyMethod(); break;
-    case 3: m = MakeEngineMethod("engine", {}); break;
-    case 4: m = MakeEngineMethod("engine serial", {.nowait_pass = NowaitPass::kSerial}); break;
-    default: m = MakeEngineMethod("engine 1 worker", {.workers = 1}); break;
+    case 0:
+      m = MakeMmapMethod();
+      break;
+    case 1:
+      m = MakeNowaitPoolMethod();
+      break;
+    case 2:
+      m = MakeUringOnlyMethod();
+      break;
+    case 3:
+      m = MakeEngineMethod("engine", {});
+      break;
+    case 4:
+      m = MakeEngineMethod("engine serial", {.nowait_pass = NowaitPass::kSerial});
+      break;
+    default:
+      m = MakeEngineMethod("engine 1 worker", {.workers = 1});
+      break;
   }
   if (!m->Attach(*t).ok()) {
     state.SkipWithError("attach failed");
@@ -92,8 +104,8 @@ void BM_Warm(benchmark::State& state) {
     if (!m->Gather(*t, rows, dest.data()).ok()) state.SkipWithError("gather failed");
   }
   state.SetItemsProcessed(state.iterations() * rows.size());
-  state.counters["syscalls/row"] = benchmark::Counter(
-      double(m->syscalls() - calls0) / (double(state.iterations()) * rows.size()));
+  state.counters["syscalls/row"] = benchmark::Counter(double(m->syscalls() - calls0) /
+                                                      (double(state.iterations()) * rows.size()));
 }
 
 #define GATHER_ARGS ArgsProduct({{1152, 98304}, {0, 1}})->UseRealTime()

@@ -50,8 +50,7 @@ class MmapMethod final : public GatherMethod {
     for (auto& m : maps_) munmap(const_cast<uint8_t*>(m.first), m.second);
     maps_.clear();
   }
-  absl::Status Gather(const Table& table, std::span<const uint64_t> rows,
-                      uint8_t* dest) override {
+  absl::Status Gather(const Table& table, std::span<const uint64_t> rows, uint8_t* dest) override {
     const auto parts = table.parts();
     for (size_t i = 0; i < rows.size(); ++i) {
       for (const RowPart& p : parts) {
@@ -72,8 +71,7 @@ class RecipePoolMethod : public GatherMethod {
   RecipePoolMethod(int threads, int chunk) : pool_(threads), chunk_(chunk), threads_(threads) {}
   std::string name() const override { return absl::StrCat("preadv pool (", threads_, " thr)"); }
   absl::Status Attach(const Table&) override { return absl::OkStatus(); }
-  absl::Status Gather(const Table& table, std::span<const uint64_t> rows,
-                      uint8_t* dest) override {
+  absl::Status Gather(const Table& table, std::span<const uint64_t> rows, uint8_t* dest) override {
     std::vector<uint32_t> all(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) all[i] = i;
     return PoolRead(table, rows, all, dest);
@@ -116,8 +114,7 @@ class NowaitPoolMethod final : public RecipePoolMethod {
  public:
   using RecipePoolMethod::RecipePoolMethod;
   std::string name() const override { return "NOWAIT + pool"; }
-  absl::Status Gather(const Table& table, std::span<const uint64_t> rows,
-                      uint8_t* dest) override {
+  absl::Status Gather(const Table& table, std::span<const uint64_t> rows, uint8_t* dest) override {
     std::vector<uint32_t> residue;
     for (size_t i = 0; i < rows.size(); ++i) {
       bool hit = true;
@@ -154,8 +151,7 @@ class UringOnlyMethod final : public GatherMethod {
     ok_ = true;
     return absl::OkStatus();
   }
-  absl::Status Gather(const Table& table, std::span<const uint64_t> rows,
-                      uint8_t* dest) override {
+  absl::Status Gather(const Table& table, std::span<const uint64_t> rows, uint8_t* dest) override {
     struct Op {
       uint32_t row, part, done;
     };
@@ -234,8 +230,7 @@ class EngineMethod final : public GatherMethod {
     if (attached_.insert(&table).second) return engine_->AddTable(&table, {});
     return absl::OkStatus();
   }
-  absl::Status Gather(const Table& table, std::span<const uint64_t> rows,
-                      uint8_t* dest) override {
+  absl::Status Gather(const Table& table, std::span<const uint64_t> rows, uint8_t* dest) override {
     return engine_->Gather({.table = &table, .rows = rows, .dest = dest});
   }
   uint64_t syscalls() const override {

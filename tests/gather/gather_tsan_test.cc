@@ -1,9 +1,8 @@
 // The gather engine's concurrency under ThreadSanitizer: callers gathering and submitting at
 // once, batches split over the workers, the blocking pool, and Stats() read meanwhile. This file
 // is compiled together with the engine and table sources, all instrumented.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -23,14 +22,14 @@ TEST_CASE("concurrent Gather, Submit and Stats are race-free", "[gather][tsan]")
   testing::TempDir dir;
   REQUIRE(dir.ok());
   const std::string ckpt = dir.path() + "/ckpt";
-  REQUIRE(WriteSyntheticCheckpoint({.out_dir = ckpt, .rows = kRows, .seed = kSeed,
-                                    .layers = {kLayer}})
-              .ok());
+  REQUIRE(
+      WriteSyntheticCheckpoint({.out_dir = ckpt, .rows = kRows, .seed = kSeed, .layers = {kLayer}})
+          .ok());
   auto table = testing::OpenOne(ckpt, kLayer);
   REQUIRE(table.ok());
   for (bool uring : {true, false}) {
-    GatherEngineOptions o{.workers = 2, .use_io_uring = uring, .blocking_threads = 3,
-                          .split_reads = 128};
+    GatherEngineOptions o{
+        .workers = 2, .use_io_uring = uring, .blocking_threads = 3, .split_reads = 128};
     o.probe_interval = 2;
     auto engine = GatherEngine::Create(o);
     REQUIRE(engine.ok());
@@ -61,7 +60,8 @@ TEST_CASE("concurrent Gather, Submit and Stats are race-free", "[gather][tsan]")
             std::unique_lock<std::mutex> l(mu);
             cv.wait(l, [&] { return done; });
             if (!result.ok()) bad++;
-          } else if (!(*engine)->Gather({.table = table->get(), .rows = rows, .dest = out.data()})
+          } else if (!(*engine)
+                          ->Gather({.table = table->get(), .rows = rows, .dest = out.data()})
                           .ok()) {
             bad++;
           }
