@@ -728,6 +728,110 @@ int engram_gather(engram_session* s, const struct engram_gather_request* request
   return engram_wait(s, ticket, timeout_ns);
 }
 
+int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
+                         const struct engram_token_request* request, uint64_t* ret_ticket,
+                         uint64_t* ret_num_rows) {
+  if (s == nullptr || hasher == nullptr || request == nullptr || ret_ticket == nullptr) {
+    return SetError(-EINVAL,
+                    "engram_submit_tokens needs a session, a hasher, a request and ret_ticket");
+  }
+  if (request->size != sizeof(engram_token_request)) {
+    return SetError(-EINVAL, "engram_token_request.size is %zu; set it to sizeof (%zu)",
+                    request->size, sizeof(engram_token_request));
+  }
+  const engram_token_request& r = *request;
+  if ((r.flags & ~ENGRAM_HASH_COMPRESSED_IDS) != 0) {
+    return SetError(-EINVAL, "table %u: unknown token request flags 0x%x", r.table, r.flags);
+  }
+  if (r.seqs == nullptr && r.n_seqs > 0) {
+    return SetError(-EINVAL, "table %u: %zu sequences but seqs is NULL", r.table, r.n_seqs);
+  }
+  // The head range: a TP rank's, an explicit one, or the whole layer.
+  uint32_t head_begin = r.head_begin;
+  uint32_t head_end = r.head_end;
+  if (r.tp_size != 0) {
+    if (r.head_begin != 0 || r.head_end != 0) {
+      return SetError(-EINVAL,
+                      "table %u: both a head range [%u, %u) and TP rank %u of %u were given; "
+                      "give one",
+                      r.table, r.head_begin, r.head_end, r.tp_rank, r.tp_size);
+    }
+    if (engram_hasher_rank_heads(hasher, r.tp_size, r.tp_rank, &head_begin, &head_end) < 0) {
+      return SetError(-EINVAL, "table %u: %s", r.table, engram_hash_last_error());
+    }
+  } else if (head_begin == 0 && head_end == 0) {
+    engram_hasher_info info{};
+    info.size = sizeof(info);
+    if (engram_hasher_get_info(hasher, &info) < 0) {
+      return SetError(-EINVAL, "table %u: %s", r.table, engram_hash_last_error());
+    }
+    head_end = info.heads_per_layer;
+  }
+  if (head_end <= head_begin) {
+    return SetError(-EINVAL, "table %u: empty or reversed head range [%u, %u)", r.table, head_begin,
+                    head_end);
+  }
+  uint64_t positions = 0;
+  for (size_t i = 0; i < r.n_seqs; ++i) {
+    if (r.seqs[i].size != sizeof(engram_hash_seq)) {
+      return SetError(-EINVAL, "table %u: sequence %zu has size %zu; set it to sizeof (%zu)",
+                      r.table, i, r.seqs[i].size, sizeof(engram_hash_seq));
+    }
+    positions += r.seqs[i].n_tokens;
+    if (positions > s->data_bytes) {
+      return SetError(-EINVAL, "table %u: more tokens than the %llu-byte data region can hold",
+                      r.table, static_cast<unsigned long long>(s->data_bytes));
+    }
+  }
+  const uint64_t heads = head_end - head_begin;
+  const uint64_t n = positions * heads;  // positions <= data_bytes < 2^40, heads < 2^16
+  uint64_t rows_offset = 0;
+  uint64_t dest_offset = 0;
+  if (r.rows_cap > s->data_bytes / 8 || !InData(s, r.rows, r.rows_cap * 8, &rows_offset) ||
+      rows_offset % 8 != 0) {
+    return SetError(-EINVAL,
+                    "table %u: the row ids (rows_cap %llu) must lie in the session's data "
+                    "region, 8-byte aligned (allocate them with engram_alloc)",
+                    r.table, static_cast<unsigned long long>(r.rows_cap));
+  }
+  if (n > r.rows_cap) {
+    return SetError(
+        -ENOSPC, "table %u: %llu positions x %llu heads need %llu row ids; rows_cap is %llu",
+        r.table, static_cast<unsigned long long>(positions), static_cast<unsigned long long>(heads),
+        static_cast<unsigned long long>(n), static_cast<unsigned long long>(r.rows_cap));
+  }
+  if (n > s->data_bytes / ENGRAM_ROW_BYTES ||
+      !InData(s, r.dest, n * ENGRAM_ROW_BYTES, &dest_offset)) {
+    return SetError(-EINVAL,
+                    "table %u: the destination of %llu rows (%llu bytes) must lie in the "
+                    "session's data region",
+                    r.table, static_cast<unsigned long long>(n),
+                    static_cast<unsigned long long>(n * ENGRAM_ROW_BYTES));
+  }
+  // The hash writes the ids where the daemon reads them: the request needs no other copy.
+  if (int rc = engram_hash(hasher, r.table, r.seqs, r.n_seqs, head_begin, head_end, r.flags, r.rows,
+                           r.rows_cap);
+      rc < 0) {
+    return SetError(rc, "table %u: %s", r.table, engram_hash_last_error());
+  }
+  engram_sqe sqe{};
+  sqe.opcode = ENGRAM_OP_GATHER;
+  sqe.table = r.table;
+  sqe.num_rows = n;
+  sqe.rows_offset = rows_offset;
+  sqe.dest_offset = dest_offset;
+  if (int rc = Push(s, sqe, ret_ticket); rc < 0) return rc;
+  if (ret_num_rows != nullptr) *ret_num_rows = n;
+  return 0;
+}
+
+int engram_gather_tokens(engram_session* s, const engram_hasher* hasher,
+                         const struct engram_token_request* request, int64_t timeout_ns) {
+  uint64_t ticket;
+  if (int rc = engram_submit_tokens(s, hasher, request, &ticket, nullptr); rc < 0) return rc;
+  return engram_wait(s, ticket, timeout_ns);
+}
+
 int engram_completion_counter(engram_session* s, const volatile uint64_t** ret_counter) {
   if (s == nullptr || ret_counter == nullptr) {
     return SetError(-EINVAL, "NULL argument to engram_completion_counter");

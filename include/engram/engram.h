@@ -56,6 +56,17 @@ extern "C" {
 #define ENGRAM_API
 #endif
 
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+/* engram_hasher and struct engram_hash_seq, for engram_submit_tokens(). */
+#include "engram/hash.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define ENGRAM_DEFAULT_SOCKET "/run/engramd/engramd.sock"
 /* Bytes per row as gathered: 256 FP8 E4M3 values, then 8 E8M0 scales. */
 #define ENGRAM_ROW_BYTES 264u
@@ -198,6 +209,51 @@ ENGRAM_API int engram_get_session_stats(engram_session* session,
 
 /* Protocol version this library speaks. Thread-safe. */
 ENGRAM_API void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor);
+
+/* ---- hashing and gathering in one call (since ENGRAM_0.3) -------------------------------- */
+
+/* A gather whose row ids are hashed from token ids (engram/hash.h) straight into the data
+ * region and then submitted as they lie there: the ids are never copied. For every token of
+ * seqs, in order, and every selected head h, row id rows[t * heads + (h - first head)] is
+ * gathered to dest + (t * heads + (h - first head)) * 264, so dest holds the rows as
+ * [positions][heads][264].
+ *
+ * Heads: tp_size != 0 selects the heads of tensor-parallel rank tp_rank
+ * (engram_hasher_rank_heads; head_begin and head_end must then be 0); otherwise
+ * [head_begin, head_end), where 0, 0 means every head of the layer. */
+struct engram_token_request {
+  size_t size;    /* sizeof(struct engram_token_request) */
+  uint32_t table; /* Engram layer id (1, 14 for DeepSeek-V4.1); the hasher's and the table's */
+  uint32_t flags; /* ENGRAM_HASH_COMPRESSED_IDS: tokens and history are compressed ids */
+  const struct engram_hash_seq* seqs; /* sequences (any memory): new tokens and history */
+  size_t n_seqs;
+  uint32_t head_begin; /* heads [head_begin, head_end); 0, 0: all */
+  uint32_t head_end;
+  uint32_t tp_size; /* != 0: the heads of rank tp_rank of tp_size instead */
+  uint32_t tp_rank;
+  uint64_t* rows;     /* in the data region, 8-byte aligned: receives positions * heads row ids */
+  uint64_t rows_cap;  /* entries rows can hold */
+  void* dest;         /* in the data region: positions * heads * 264 bytes */
+};
+
+/* Hashes the request's tokens into request->rows with `hasher` (engram_hash) and submits the
+ * gather of those rows into request->dest; on success *ret_ticket identifies it (wait as for
+ * engram_submit) and, if not NULL, *ret_num_rows is positions * heads. Nothing is submitted
+ * when hashing fails; the ids are checked before anything is written. Leave rows alone until
+ * the ticket completes. Errors: those of engram_hash (-ENOENT: the hasher knows no such layer;
+ * -EINVAL: an id outside the vocabulary, a bad head range or struct size; -ENOSPC: rows_cap
+ * too small; -EOPNOTSUPP: tokenizer ids without a compressed vocabulary) and those of
+ * engram_submit; engram_last_error() names what was wrong either way. Thread-safe (the hasher
+ * may be shared by any number of threads and sessions). */
+ENGRAM_API int engram_submit_tokens(engram_session* session, const engram_hasher* hasher,
+                                    const struct engram_token_request* request,
+                                    uint64_t* ret_ticket, uint64_t* ret_num_rows);
+
+/* engram_submit_tokens + engram_wait. On -ETIMEDOUT the request is abandoned (its slot stays
+ * busy until it completes). Thread-safe. */
+ENGRAM_API int engram_gather_tokens(engram_session* session, const engram_hasher* hasher,
+                                    const struct engram_token_request* request,
+                                    int64_t timeout_ns);
 
 #ifdef __cplusplus
 } /* extern "C" */
