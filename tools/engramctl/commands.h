@@ -9,4 +9,11 @@ namespace engramctl {
 // engramctl hash: DeepSeek-V4.1 Engram row ids of token ids (hash_command.cc).
 void AddHashCommand(CLI::App& app, int* exit_code);
 
+// engramctl status, stats, tables, clients, metrics (daemon_commands.cc).
+void AddDaemonCommands(CLI::App& app, int* exit_code);
+// engramctl warm, evict (warm_command.cc).
+void AddWarmCommands(CLI::App& app, int* exit_code);
+// engramctl rows (rows_command.cc).
+void AddRowsCommand(CLI::App& app, int* exit_code);
+
 }  // namespace engramctl

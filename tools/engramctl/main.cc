@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = 0;
   engramctl::AddHashCommand(app, &exit_code);
+  engramctl::AddDaemonCommands(app, &exit_code);
+  engramctl::AddWarmCommands(app, &exit_code);
+  engramctl::AddRowsCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,261 @@
+// engramctl's control connection to engramd (control_client.h).
+#include "tools/engramctl/control_client.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "daemon/protocol_codec.h"
+#include "engram/engram.h"
+
+namespace engramctl {
+namespace {
+
+constexpr int kReplyTimeoutMs = 30'000;
+
+// Receives one message and at most one passed descriptor.
+bool Receive(int fd, std::vector<uint8_t>* ret_bytes, int* ret_fd, std::string* ret_why) {
+  pollfd p{.fd = fd, .events = POLLIN};
+  if (poll(&p, 1, kReplyTimeoutMs) <= 0) {
+    *ret_why = "no reply within 30 s";
+    return false;
+  }
+  ret_bytes->resize(ENGRAM_MSG_MAX_BYTES);
+  iovec iov{.iov_base = ret_bytes->data(), .iov_len = ret_bytes->size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) {
+    *ret_why = n == 0 ? "the daemon closed the connection" : strerror(errno);
+    return false;
+  }
+  ret_bytes->resize(static_cast<size_t>(n));
+  *ret_fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    std::vector<int> fds(count);
+    memcpy(fds.data(), CMSG_DATA(c), count * sizeof(int));
+    for (size_t i = 0; i < count; ++i) {
+      if (i == 0 && *ret_fd < 0) {
+        *ret_fd = fds[i];
+      } else {
+        close(fds[i]);
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string DefaultSocket() {
+  const char* env = getenv("ENGRAM_SOCKET");
+  return env != nullptr && env[0] != '\0' ? env : ENGRAM_DEFAULT_SOCKET;
+}
+
+void AddCommonOptions(CLI::App* command, CommonOptions* options) {
+  command->add_option("--socket", options->socket, "engramd's socket ($ENGRAM_SOCKET)")
+      ->capture_default_str();
+  command->add_flag("--json", options->json, "Machine-readable output (with schema_version)");
+}
+
+int Report(const ControlError& error, bool json) {
+  if (json) {
+    nlohmann::json j = {
+        {"schema_version", 1}, {"error", error.message}, {"exit_code", error.exit_code}};
+    printf("%s\n", j.dump(2).c_str());
+  } else {
+    fprintf(stderr, "engramctl: %s\n", error.message.c_str());
+  }
+  return error.exit_code;
+}
+
+std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_path,
+                                                      ControlError* ret_error) {
+  std::unique_ptr<ControlClient> c(new ControlClient());
+  c->socket_path_ = socket_path;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
+    *ret_error = {kExitUnknown, absl::StrFormat("socket path '%s' is not usable", socket_path)};
+    return nullptr;
+  }
+  memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  c->fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (c->fd_ < 0 || connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ECONNREFUSED) {
+      *ret_error = {kExitNotRunning,
+                    absl::StrFormat("engramd is not running on %s (%s); check `systemctl status "
+                                    "engramd` and `journalctl -u engramd`, or pass --socket",
+                                    socket_path, strerror(err))};
+    } else if (err == EACCES || err == EPERM) {
+      *ret_error = {kExitUnknown,
+                    absl::StrFormat("no permission to connect to %s; join the socket's group "
+                                    "(usually 'engram') or run as its owner",
+                                    socket_path)};
+    } else {
+      *ret_error = {kExitUnknown,
+                    absl::StrFormat("cannot connect to %s: %s", socket_path, strerror(err))};
+    }
+    return nullptr;
+  }
+  // The smallest session: one slot and one page of data. Control requests need no arena.
+  engram_msg_hello hello{};
+  engram::protocol::FillHeader(&hello.header, ENGRAM_MSG_HELLO, sizeof(hello), 0);
+  hello.version_major = ENGRAM_PROTOCOL_MAJOR;
+  hello.version_minor = ENGRAM_PROTOCOL_MINOR;
+  hello.slots = 1;
+  hello.data_bytes = 4096;
+  hello.features = ENGRAM_FEATURES_V1_0;
+  hello.pid = static_cast<uint32_t>(getpid());
+  snprintf(hello.client_name, sizeof(hello.client_name), "engramctl");
+  if (send(c->fd_, &hello, sizeof(hello), MSG_NOSIGNAL) != sizeof(hello)) {
+    *ret_error = {kExitUnknown,
+                  absl::StrFormat("sending HELLO to %s: %s", socket_path, strerror(errno))};
+    return nullptr;
+  }
+  std::vector<uint8_t> bytes;
+  int passed = -1;
+  std::string why;
+  if (!Receive(c->fd_, &bytes, &passed, &why)) {
+    *ret_error = {kExitUnknown, absl::StrFormat("handshake with %s: %s", socket_path, why)};
+    return nullptr;
+  }
+  if (passed >= 0) close(passed);  // the arena; the doorbell (second fd) was closed by Receive
+  engram_msg_welcome welcome;
+  engram::protocol::CodecError error;
+  if (!engram::protocol::DecodeWelcome(bytes.data(), bytes.size(), &welcome, &error)) {
+    *ret_error = {
+        error.code == ENGRAM_STATUS_PERMISSION_DENIED ? kExitUnknown : kExitUnknown,
+        absl::StrFormat("engramd on %s refused engramctl: %s", socket_path, error.message)};
+    return nullptr;
+  }
+  return c;
+}
+
+ControlClient::~ControlClient() {
+  if (fd_ >= 0) close(fd_);
+}
+
+bool ControlClient::Call(const std::string& command, const nlohmann::json& args,
+                         nlohmann::json* ret_reply, ControlError* ret_error) {
+  nlohmann::json request = args.is_object() ? args : nlohmann::json::object();
+  request["command"] = command;
+  const std::string text = request.dump();
+  const uint32_t id = next_request_++;
+  std::vector<uint8_t> out(sizeof(engram_msg_header) + text.size());
+  engram_msg_header h;
+  engram::protocol::FillHeader(&h, ENGRAM_MSG_CONTROL, static_cast<uint32_t>(out.size()), id);
+  memcpy(out.data(), &h, sizeof(h));
+  memcpy(out.data() + sizeof(h), text.data(), text.size());
+  if (send(fd_, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+    *ret_error = {kExitUnknown, absl::StrFormat("sending '%s' to %s: %s", command, socket_path_,
+                                                strerror(errno))};
+    return false;
+  }
+  while (true) {
+    std::vector<uint8_t> bytes;
+    int passed = -1;
+    std::string why;
+    if (!Receive(fd_, &bytes, &passed, &why)) {
+      *ret_error = {kExitUnknown, absl::StrFormat("waiting for the reply to '%s' from %s: %s",
+                                                  command, socket_path_, why)};
+      return false;
+    }
+    engram_msg_header reply;
+    engram::protocol::CodecError error;
+    if (!engram::protocol::DecodeHeader(bytes.data(), bytes.size(), &reply, &error)) {
+      if (passed >= 0) close(passed);
+      *ret_error = {kExitUnknown,
+                    absl::StrFormat("bad reply from %s: %s", socket_path_, error.message)};
+      return false;
+    }
+    // A stale reply is skipped; an error about a message the daemon could not read carries
+    // request id 0.
+    if (reply.request_id != id && !(reply.request_id == 0 && reply.type == ENGRAM_MSG_ERROR)) {
+      if (passed >= 0) close(passed);
+      continue;
+    }
+    if (reply.type == ENGRAM_MSG_ERROR) {
+      engram::protocol::DecodeError(bytes.data(), bytes.size(), &error);
+      const bool old = error.code == ENGRAM_STATUS_UNIMPLEMENTED;
+      *ret_error = {kExitFailed,
+                    old ? absl::StrFormat("engramd on %s does not serve '%s' (an older daemon? "
+                                          "upgrade it): %s",
+                                          socket_path_, command, error.message)
+                        : absl::StrFormat("engramd on %s: %s", socket_path_, error.message)};
+      return false;
+    }
+    if (reply.type != ENGRAM_MSG_CONTROL_REPLY) {
+      if (passed >= 0) close(passed);
+      *ret_error = {kExitUnknown,
+                    absl::StrFormat("unexpected reply type %u from %s", reply.type, socket_path_)};
+      return false;
+    }
+    std::string body(reinterpret_cast<const char*>(bytes.data()) + sizeof(reply),
+                     bytes.size() - sizeof(reply));
+    if (passed >= 0) {  // the reply did not fit in a message: it is in the memfd
+      struct stat st;
+      body.clear();
+      if (fstat(passed, &st) == 0 && st.st_size > 0) {
+        body.resize(static_cast<size_t>(st.st_size));
+        size_t done = 0;
+        while (done < body.size()) {
+          const ssize_t n =
+              pread(passed, body.data() + done, body.size() - done, static_cast<off_t>(done));
+          if (n <= 0) break;
+          done += static_cast<size_t>(n);
+        }
+        body.resize(done);
+      }
+      close(passed);
+    }
+    *ret_reply = nlohmann::json::parse(body, nullptr, false);
+    if (ret_reply->is_discarded() || !ret_reply->is_object()) {
+      *ret_error = {kExitUnknown,
+                    absl::StrFormat("engramd on %s sent a reply that is not JSON", socket_path_)};
+      return false;
+    }
+    return true;
+  }
+}
+
+std::string Bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u])
+                : absl::StrFormat("%.1f %s", bytes, units[u]);
+}
+
+std::string Duration(uint64_t ns) {
+  if (ns == 0) return "-";
+  if (ns == UINT64_MAX) return ">585y";
+  if (ns < 1'000) return absl::StrFormat("%u ns", ns);
+  if (ns < 1'000'000) return absl::StrFormat("%.1f µs", double(ns) / 1e3);
+  if (ns < 1'000'000'000) return absl::StrFormat("%.1f ms", double(ns) / 1e6);
+  return absl::StrFormat("%.2f s", double(ns) / 1e9);
+}
+
+}  // namespace engramctl

@@ -1,0 +1,62 @@
+// engramctl's connection to engramd for control requests: the handshake with the smallest
+// arena the daemon grants, then JSON requests and replies (ENGRAM_MSG_CONTROL). Failures carry
+// the exit code `systemctl status` would use and a message naming the socket and what to check.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace engramctl {
+
+// Exit codes, as systemctl status uses them.
+inline constexpr int kExitRunning = 0;
+inline constexpr int kExitFailed = 1;      // the daemon answered with an error
+inline constexpr int kExitNotRunning = 3;  // no daemon on the socket
+inline constexpr int kExitUnknown = 4;     // cannot tell: no permission, protocol trouble
+
+struct ControlError {
+  int exit_code = kExitFailed;
+  std::string message;
+};
+
+class ControlClient {
+ public:
+  // Connects and runs the handshake. nullptr with *ret_error on failure.
+  static std::unique_ptr<ControlClient> Connect(const std::string& socket_path,
+                                                ControlError* ret_error);
+  ~ControlClient();
+  // Sends {"command": command, ...args} and returns the reply object, or false with *ret_error
+  // (the daemon's message for a refused request).
+  bool Call(const std::string& command, const nlohmann::json& args, nlohmann::json* ret_reply,
+            ControlError* ret_error);
+  const std::string& socket_path() const { return socket_path_; }
+
+ private:
+  ControlClient() = default;
+  int fd_ = -1;
+  uint32_t next_request_ = 1;
+  std::string socket_path_;
+};
+
+// The socket engramctl talks to: --socket, else $ENGRAM_SOCKET, else the daemon's default.
+std::string DefaultSocket();
+
+// Options every daemon command takes.
+struct CommonOptions {
+  std::string socket = DefaultSocket();
+  bool json = false;
+};
+void AddCommonOptions(CLI::App* command, CommonOptions* options);
+
+// Prints the error (to stderr, or as JSON on stdout with --json) and returns its exit code.
+int Report(const ControlError& error, bool json);
+
+// "1.5 GiB", "320 MiB".
+std::string Bytes(double bytes);
+// "850 µs", "1.2 ms".
+std::string Duration(uint64_t ns);
+
+}  // namespace engramctl

@@ -1,0 +1,256 @@
+// engramctl status, tables, stats, clients and metrics: what a running engramd reports about
+// itself, human-readable or as JSON; status and stats can be watched with rates.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "tools/engramctl/commands.h"
+#include "tools/engramctl/control_client.h"
+
+namespace engramctl {
+namespace {
+
+using nlohmann::json;
+
+std::atomic<bool> g_interrupted{false};
+
+struct WatchOptions {
+  bool watch = false;
+  double interval_s = 0;
+};
+
+void AddWatchOptions(CLI::App* command, WatchOptions* options) {
+  command->add_flag("-w,--watch", options->watch, "Repeat every 2 s (or -i) with rates");
+  command
+      ->add_option("-i,--interval", options->interval_s, "Repeat every SECONDS (implies --watch)")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+}
+
+std::string Uptime(double s) {
+  const uint64_t t = static_cast<uint64_t>(s);
+  if (t < 60) return absl::StrFormat("%us", t);
+  if (t < 3600) return absl::StrFormat("%um %us", t / 60, t % 60);
+  if (t < 86400) return absl::StrFormat("%uh %um", t / 3600, t / 60 % 60);
+  return absl::StrFormat("%ud %uh", t / 86400, t / 3600 % 24);
+}
+
+uint64_t U(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<uint64_t>() : 0;
+}
+
+double Rate(const json& now, const json* before, const char* key, double seconds) {
+  if (before == nullptr || seconds <= 0) return -1;
+  return double(U(now, key) - std::min(U(now, key), U(*before, key))) / seconds;
+}
+
+std::string RateText(double r, const char* unit) {
+  return r < 0 ? "" : absl::StrFormat("  (%.0f %s/s)", r, unit);
+}
+
+// Finds the entry of `list` whose `key` equals that of `entry`.
+const json* Match(const json* list, const json& entry, const char* key) {
+  if (list == nullptr || !list->is_array()) return nullptr;
+  for (const json& e : *list) {
+    if (e.contains(key) && e[key] == entry[key]) return &e;
+  }
+  return nullptr;
+}
+
+void PrintStatus(const json& r, const json* before, double dt) {
+  printf("engramd %s on %s\n", r.value("state", "?").c_str(), r.value("socket", "?").c_str());
+  printf("  version %s (protocol %s), pid %lu, up %s\n", r.value("version", "?").c_str(),
+         r.value("protocol", "?").c_str(), U(r, "pid"),
+         Uptime(r.value("uptime_seconds", 0.0)).c_str());
+  printf("  tables %lu, clients %lu of %lu, requests in flight %lu, arenas %s\n", U(r, "tables"),
+         U(r, "clients"), U(r, "max_clients"), U(r, "requests_in_flight"),
+         Bytes(double(U(r, "arena_bytes"))).c_str());
+  printf("  rows served %lu in %lu batches%s\n", U(r, "rows_served"), U(r, "batches"),
+         RateText(Rate(r, before, "rows_served", dt), "rows").c_str());
+  printf("  log level %s, watchdog %s\n", r.value("log_level", "?").c_str(),
+         U(r, "watchdog_usec") == 0
+             ? "off"
+             : absl::StrFormat("%.0f s", U(r, "watchdog_usec") / 1e6).c_str());
+}
+
+void PrintStats(const json& r, const json* before, double dt) {
+  const json* before_tables = before != nullptr ? &(*before)["tables"] : nullptr;
+  const json* before_clients = before != nullptr ? &(*before)["clients"] : nullptr;
+  printf("TABLES\n");
+  for (const json& t : r["tables"]) {
+    const json* b = Match(before_tables, t, "layer");
+    const uint64_t req = U(t, "rows_requested"), uniq = U(t, "rows_unique");
+    const uint64_t hits = U(t, "nowait_hits"), miss = U(t, "nowait_eagain");
+    printf("layer %lu (%s reads, residue via %s)\n", U(t, "layer"),
+           t.value("read_mode", "?").c_str(), t.value("residue_path", "?").c_str());
+    printf("  batches %lu%s\n", U(t, "batches"),
+           RateText(Rate(t, b, "batches", dt), "batches").c_str());
+    printf("  rows %lu requested, %lu unique (de-dup saved %.1f%%)%s\n", req, uniq,
+           req == 0 ? 0.0 : 100.0 * double(req - std::min(req, uniq)) / double(req),
+           RateText(Rate(t, b, "rows_requested", dt), "rows").c_str());
+    printf("  NOWAIT %lu hits, %lu misses (EAGAIN residue), hit rate %.1f%%, pass %s\n", hits, miss,
+           hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss),
+           t.value("nowait_enabled", false) ? "on" : "off");
+    printf("  reads %lu (io_uring %lu, pool %lu, direct %lu), %s read%s, %lu syscalls\n",
+           U(t, "read_calls"), U(t, "uring_reads"), U(t, "pool_reads"), U(t, "direct_reads"),
+           Bytes(double(U(t, "bytes_read"))).c_str(),
+           Rate(t, b, "bytes_read", dt) < 0
+               ? ""
+               : absl::StrFormat(" (%s/s)", Bytes(Rate(t, b, "bytes_read", dt))).c_str(),
+           U(t, "syscalls"));
+    printf("  errors %lu, batch latency p50 %s p99 %s p99.9 %s\n", U(t, "errors"),
+           Duration(U(t, "latency_p50_ns")).c_str(), Duration(U(t, "latency_p99_ns")).c_str(),
+           Duration(U(t, "latency_p999_ns")).c_str());
+  }
+  printf("CLIENTS\n");
+  if (r["clients"].empty()) printf("  (none connected)\n");
+  for (const json& c : r["clients"]) {
+    const json* b = Match(before_clients, c, "session");
+    printf("session %lu '%s' (pid %lu, uid %lu)\n", U(c, "session"), c.value("name", "").c_str(),
+           U(c, "pid"), U(c, "uid"));
+    printf("  requests %lu ok, %lu failed, %lu in flight%s\n", U(c, "requests_ok"),
+           U(c, "requests_failed"), U(c, "inflight"),
+           RateText(Rate(c, b, "requests_submitted", dt), "req").c_str());
+    printf("  rows %lu, %s%s, doorbells %lu, completion overflows %lu\n", U(c, "rows"),
+           Bytes(double(U(c, "bytes"))).c_str(), RateText(Rate(c, b, "rows", dt), "rows").c_str(),
+           U(c, "doorbells"), U(c, "cq_overflows"));
+    printf("  service time p50 %s p99 %s max %s\n", Duration(U(c, "latency_p50_ns")).c_str(),
+           Duration(U(c, "latency_p99_ns")).c_str(), Duration(U(c, "latency_max_ns")).c_str());
+  }
+}
+
+// Runs `command` once, or repeatedly with --watch, printing each reply.
+int Run(const CommonOptions& common, const WatchOptions& watch, const std::string& command,
+        const json& args, void (*print)(const json&, const json*, double)) {
+  ControlError error;
+  std::unique_ptr<ControlClient> client = ControlClient::Connect(common.socket, &error);
+  if (client == nullptr) return Report(error, common.json);
+  const bool repeat = watch.watch || watch.interval_s > 0;
+  const double interval = watch.interval_s > 0 ? watch.interval_s : 2.0;
+  if (repeat) {
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_interrupted = true; };
+    sigaction(SIGINT, &sa, nullptr);
+  }
+  json before;
+  auto before_time = std::chrono::steady_clock::now();
+  bool have_before = false;
+  while (true) {
+    json reply;
+    if (!client->Call(command, args, &reply, &error)) return Report(error, common.json);
+    const auto now = std::chrono::steady_clock::now();
+    const double dt = std::chrono::duration<double>(now - before_time).count();
+    if (common.json) {
+      if (have_before) reply["interval_seconds"] = dt;
+      printf("%s\n", repeat ? reply.dump().c_str() : reply.dump(2).c_str());
+    } else {
+      if (repeat && isatty(STDOUT_FILENO)) printf("\033[H\033[2J");
+      print(reply, have_before ? &before : nullptr, dt);
+      if (repeat) printf("\n(every %.1f s; Ctrl-C to stop)\n", interval);
+    }
+    fflush(stdout);
+    if (!repeat) return kExitRunning;
+    before = reply;
+    before_time = now;
+    have_before = true;
+    for (double slept = 0; slept < interval && !g_interrupted; slept += 0.05) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (g_interrupted) return kExitRunning;
+  }
+}
+
+}  // namespace
+
+void AddDaemonCommands(CLI::App& app, int* exit_code) {
+  {
+    auto* options = new CommonOptions();
+    auto* watch = new WatchOptions();
+    CLI::App* c = app.add_subcommand(
+        "status",
+        "Is engramd running: version, uptime, tables, clients (exit 0/3/4 like systemctl)");
+    AddCommonOptions(c, options);
+    AddWatchOptions(c, watch);
+    c->callback([=] { *exit_code = Run(*options, *watch, "status", json::object(), PrintStatus); });
+  }
+  {
+    auto* options = new CommonOptions();
+    auto* watch = new WatchOptions();
+    CLI::App* c = app.add_subcommand(
+        "stats", "Per table and per client counters: rows, de-dup, NOWAIT, reads, latency");
+    AddCommonOptions(c, options);
+    AddWatchOptions(c, watch);
+    c->callback([=] { *exit_code = Run(*options, *watch, "stats", json::object(), PrintStats); });
+  }
+  {
+    auto* options = new CommonOptions();
+    auto* no_residency = new bool(false);
+    CLI::App* c = app.add_subcommand(
+        "tables",
+        "Tables served: layer, rows, layout, files, covered rows, size, page-cache residency");
+    AddCommonOptions(c, options);
+    c->add_flag("--no-residency", *no_residency, "Skip the page-cache residency scan");
+    c->callback([=] {
+      *exit_code = Run(
+          *options, WatchOptions{}, "tables", json{{"residency", !*no_residency}},
+          [](const json& r, const json*, double) {
+            printf("%-6s %-11s %-23s %-10s %-18s %-10s %s\n", "LAYER", "ROWS", "COVERED", "LAYOUT",
+                   "SIZE", "RESIDENT", "FILES");
+            for (const json& t : r["tables"]) {
+              const std::string resident =
+                  t.contains("resident_fraction")
+                      ? absl::StrFormat("%.1f%%", 100 * t["resident_fraction"].get<double>())
+                      : "-";
+              printf(
+                  "%-6lu %-11lu %-23s %-10s %-18s %-10s %zu\n", U(t, "layer"), U(t, "rows"),
+                  absl::StrFormat("[%u, %u)", U(t, "covered_begin"), U(t, "covered_end")).c_str(),
+                  t.value("layout", "?").c_str(),
+                  absl::StrFormat("%s (%u B rows)", Bytes(double(U(t, "data_bytes"))),
+                                  U(t, "row_bytes"))
+                      .c_str(),
+                  resident.c_str(), t["files"].size());
+              for (const json& f : t["files"]) {
+                printf("         %s\n", f.get<std::string>().c_str());
+              }
+            }
+          });
+    });
+  }
+  {
+    auto* options = new CommonOptions();
+    CLI::App* c = app.add_subcommand(
+        "clients", "Connected sessions: pid, uid, arena size, requests in flight, rows served");
+    AddCommonOptions(c, options);
+    c->callback([=] {
+      *exit_code =
+          Run(*options, WatchOptions{}, "clients", json::object(),
+              [](const json& r, const json*, double) {
+                printf("%-8s %-8s %-6s %-20s %-6s %-10s %-9s %-10s %s\n", "SESSION", "PID", "UID",
+                       "NAME", "SLOTS", "ARENA", "INFLIGHT", "REQUESTS", "ROWS");
+                for (const json& s : r["clients"]) {
+                  printf("%-8lu %-8lu %-6lu %-20s %-6lu %-10s %-9lu %-10lu %lu\n", U(s, "session"),
+                         U(s, "pid"), U(s, "uid"), s.value("name", "").c_str(), U(s, "slots"),
+                         Bytes(double(U(s, "arena_bytes"))).c_str(), U(s, "inflight"),
+                         U(s, "requests"), U(s, "rows"));
+                }
+              });
+    });
+  }
+  {
+    auto* options = new CommonOptions();
+    CLI::App* c = app.add_subcommand("metrics", "The Prometheus text exposition");
+    AddCommonOptions(c, options);
+    c->callback([=] {
+      *exit_code = Run(
+          *options, WatchOptions{}, "metrics", json::object(),
+          [](const json& r, const json*, double) { fputs(r.value("text", "").c_str(), stdout); });
+    });
+  }
+}
+
+}  // namespace engramctl

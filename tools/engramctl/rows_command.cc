@@ -1,0 +1,142 @@
+// engramctl rows: gathers rows through the client library exactly as an inference process
+// would, and prints them as hex or dequantised values, or writes the raw bytes to a file.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "engram/engram.h"
+#include "kernels/dequant_ref.h"
+#include "tools/engramctl/commands.h"
+#include "tools/engramctl/control_client.h"
+
+namespace engramctl {
+namespace {
+
+using nlohmann::json;
+
+struct RowsOptions {
+  CommonOptions common;
+  uint32_t table = 0;
+  std::vector<uint64_t> rows;
+  std::string out;
+  bool dequant = false;
+};
+
+int RunRows(const RowsOptions& o) {
+  engram_connect_options options;
+  engram_connect_options_init(&options);
+  options.socket_path = o.common.socket.c_str();
+  options.client_name = "engramctl rows";
+  const uint64_t row_bytes = o.rows.size() * ENGRAM_ROW_BYTES;
+  options.data_bytes = ((row_bytes + o.rows.size() * 8 + 8191) / 4096 + 1) * 4096;
+  options.slots = 1;
+  engram_session* session = nullptr;
+  if (int rc = engram_connect(&options, &session); rc != 0) {
+    const int code = rc == -ENOENT || rc == -ECONNREFUSED ? kExitNotRunning : kExitUnknown;
+    return Report({code, absl::StrFormat("cannot open a session on %s: %s; check `engramctl "
+                                         "status --socket %s`",
+                                         o.common.socket, engram_last_error(), o.common.socket)},
+                  o.common.json);
+  }
+  void* ids = nullptr;
+  void* dest = nullptr;
+  int rc = engram_alloc(session, o.rows.size() * 8, &ids);
+  if (rc == 0) rc = engram_alloc(session, row_bytes, &dest);
+  if (rc == 0) {
+    memcpy(ids, o.rows.data(), o.rows.size() * 8);
+    engram_gather_request request{};
+    request.size = sizeof(request);
+    request.table = o.table;
+    request.rows = static_cast<const uint64_t*>(ids);
+    request.num_rows = o.rows.size();
+    request.dest = dest;
+    rc = engram_gather(session, &request, 30'000'000'000);
+  }
+  if (rc != 0) {
+    const std::string why = engram_last_error();
+    engram_close(session);
+    return Report({kExitFailed, absl::StrFormat("gathering from layer %u on %s: %s", o.table,
+                                                o.common.socket, why)},
+                  o.common.json);
+  }
+  const auto* bytes = static_cast<const uint8_t*>(dest);
+  int result = kExitRunning;
+  if (!o.out.empty()) {
+    FILE* f = fopen(o.out.c_str(), "wb");
+    if (f == nullptr || fwrite(bytes, 1, row_bytes, f) != row_bytes || fclose(f) != 0) {
+      result = Report({kExitFailed, absl::StrFormat("cannot write %s: %s", o.out, strerror(errno))},
+                      o.common.json);
+    } else if (o.common.json) {
+      printf("%s\n", json{{"schema_version", 1},
+                          {"layer", o.table},
+                          {"rows", o.rows},
+                          {"file", o.out},
+                          {"bytes", row_bytes}}
+                         .dump(2)
+                         .c_str());
+    } else {
+      printf("wrote %zu row(s) of layer %u, %lu bytes, to %s\n", o.rows.size(), o.table, row_bytes,
+             o.out.c_str());
+    }
+  } else {
+    json list = json::array();
+    for (size_t i = 0; i < o.rows.size(); ++i) {
+      const uint8_t* row = bytes + i * ENGRAM_ROW_BYTES;
+      std::string hex;
+      std::vector<double> values;
+      if (o.dequant) {
+        for (int v = 0; v < 256; ++v) {
+          values.push_back(engram::E4M3ToDouble(row[v]) * engram::E8M0ToDouble(row[256 + v / 32]));
+        }
+      } else {
+        for (uint32_t b = 0; b < ENGRAM_ROW_BYTES; ++b) hex += absl::StrFormat("%02x", row[b]);
+      }
+      if (o.common.json) {
+        json e = {{"row", o.rows[i]}};
+        if (o.dequant) {
+          e["values"] = values;
+        } else {
+          e["hex"] = hex;
+        }
+        list.push_back(e);
+        continue;
+      }
+      printf("layer %u row %lu:\n", o.table, o.rows[i]);
+      if (o.dequant) {
+        for (int v = 0; v < 256; ++v) {
+          printf("%s%g", v % 8 == 0 ? "  " : " ", values[v]);
+          if (v % 8 == 7) printf("\n");
+        }
+      } else {
+        for (size_t b = 0; b < hex.size(); b += 64) printf("  %s\n", hex.substr(b, 64).c_str());
+      }
+    }
+    if (o.common.json) {
+      printf("%s\n", json{{"schema_version", 1},
+                          {"layer", o.table},
+                          {"format", o.dequant ? "dequantised" : "hex"},
+                          {"rows", list}}
+                         .dump(2)
+                         .c_str());
+    }
+  }
+  engram_close(session);
+  return result;
+}
+
+}  // namespace
+
+void AddRowsCommand(CLI::App& app, int* exit_code) {
+  auto* o = new RowsOptions();
+  CLI::App* c = app.add_subcommand(
+      "rows", "Print rows as engramd serves them (raw hex, --dequant values) or --out FILE");
+  AddCommonOptions(c, &o->common);
+  c->add_option("TABLE", o->table, "Layer id of the table")->required();
+  c->add_option("ROW", o->rows, "Row ids")->required();
+  c->add_option("--out", o->out, "Write the raw 264-byte rows to FILE instead")->type_name("FILE");
+  c->add_flag("--dequant", o->dequant, "Print the 256 values of each row, dequantised");
+  c->callback([=] { *exit_code = RunRows(*o); });
+}
+
+}  // namespace engramctl

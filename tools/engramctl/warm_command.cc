@@ -1,0 +1,119 @@
+// engramctl warm / evict: load a table's rows into the page cache, or drop them, step by step
+// through the daemon (which owns the files), with a progress bar and a rate. Ctrl-C stops warm
+// after the step in progress.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "daemon/server_config.h"
+#include "tools/engramctl/commands.h"
+#include "tools/engramctl/control_client.h"
+
+namespace engramctl {
+namespace {
+
+using nlohmann::json;
+
+std::atomic<bool> g_cancel{false};
+
+struct WarmOptions {
+  CommonOptions common;
+  uint32_t table = 0;
+  std::string rows;
+  bool quiet = false;
+};
+
+int RunWarm(const WarmOptions& o, const std::string& command) {
+  ControlError error;
+  std::unique_ptr<ControlClient> client = ControlClient::Connect(o.common.socket, &error);
+  if (client == nullptr) return Report(error, o.common.json);
+  // The range: --rows, else what the daemon serves of the table.
+  json tables;
+  if (!client->Call("tables", json{{"residency", false}}, &tables, &error)) {
+    return Report(error, o.common.json);
+  }
+  const json* table = nullptr;
+  for (const json& t : tables["tables"]) {
+    if (t["layer"] == o.table) table = &t;
+  }
+  if (table == nullptr) {
+    return Report({kExitFailed, absl::StrFormat("engramd on %s serves no table for layer %u; "
+                                                "`engramctl tables` lists them",
+                                                o.common.socket, o.table)},
+                  o.common.json);
+  }
+  uint64_t begin = (*table)["covered_begin"], end = (*table)["covered_end"];
+  if (!o.rows.empty()) {
+    absl::StatusOr<engram::RowRange> r = engram::ParseRowRange(o.rows);
+    if (!r.ok()) {
+      return Report({kExitFailed, std::string(r.status().message())}, o.common.json);
+    }
+    begin = r->begin;
+    end = r->end;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_cancel = true; };
+  sigaction(SIGINT, &sa, nullptr);
+  const bool bar = !o.quiet && !o.common.json && isatty(STDERR_FILENO);
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t at = begin, bytes = 0;
+  while (at < end && !g_cancel) {
+    json step;
+    if (!client->Call(command, json{{"table", o.table}, {"begin", at}, {"end", end}}, &step,
+                      &error)) {
+      if (bar) fputc('\n', stderr);
+      return Report(error, o.common.json);
+    }
+    at = step["end"];
+    bytes += step["bytes"].get<uint64_t>();
+    if (bar) {
+      const double frac = double(at - begin) / double(end - begin);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const int filled = static_cast<int>(frac * 30);
+      fprintf(stderr, "\r%s layer %u [%s%s] %5.1f%% %s %s/s ", command.c_str(), o.table,
+              std::string(filled, '#').c_str(), std::string(30 - filled, ' ').c_str(), 100 * frac,
+              Bytes(double(bytes)).c_str(), Bytes(secs > 0 ? double(bytes) / secs : 0).c_str());
+    }
+  }
+  if (bar) fputc('\n', stderr);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const bool cancelled = at < end;
+  if (o.common.json) {
+    json out = {{"schema_version", 1}, {"command", command}, {"layer", o.table},
+                {"begin", begin},      {"end", end},         {"done_to", at},
+                {"bytes", bytes},      {"seconds", secs},    {"cancelled", cancelled}};
+    printf("%s\n", out.dump(2).c_str());
+  } else if (!o.quiet) {
+    printf("%s layer %u rows [%lu, %lu): %s in %.2f s (%s/s)%s\n",
+           command == "warm" ? "warmed" : "evicted", o.table, begin, at,
+           Bytes(double(bytes)).c_str(), secs, Bytes(secs > 0 ? double(bytes) / secs : 0).c_str(),
+           cancelled ? absl::StrFormat("; cancelled, rows [%u, %u) left", at, end).c_str() : "");
+  }
+  return cancelled ? 130 : kExitRunning;
+}
+
+}  // namespace
+
+void AddWarmCommands(CLI::App& app, int* exit_code) {
+  for (const char* name : {"warm", "evict"}) {
+    auto* o = new WarmOptions();
+    const std::string command = name;
+    CLI::App* c = app.add_subcommand(
+        name, command == "warm"
+                  ? "Load a table (or --rows A:B of it) into the page cache; Ctrl-C cancels"
+                  : "Drop a table (or --rows A:B of it) from the page cache");
+    AddCommonOptions(c, &o->common);
+    c->add_option("TABLE", o->table, "Layer id of the table")->required();
+    c->add_option("--rows", o->rows, "Only rows A:B")->type_name("A:B");
+    c->add_flag("-q,--quiet", o->quiet, "No progress bar or summary");
+    c->callback([=] { *exit_code = RunWarm(*o, command); });
+  }
+}
+
+}  // namespace engramctl
