@@ -2,8 +2,9 @@
 # Gathers what the Python GPU tests need on a machine without our build dependencies: engramd,
 # engram-synth, libengram_client, libengram_kernels_cuda and the shared libraries they load.
 #   tests/python/gpu_bundle.sh [BUILD_DIR] [OUT_DIR]      # here (defaults: build, .gpu-bundle/python)
-#   ENGRAM_BIN_DIR=OUT/bin ENGRAM_LIB_DIR=OUT/lib ENGRAM_REQUIRE_GPU=1 \
+#   LD_LIBRARY_PATH=OUT/lib ENGRAM_BIN_DIR=OUT/bin ENGRAM_LIB_DIR=OUT/lib ENGRAM_REQUIRE_GPU=1 \
 #     python -m pytest -rs tests/python -k gpu            # there, from the repository root
+# LD_LIBRARY_PATH lets the client library find the Debian libraries bundled beside it.
 # glibc, libstdc++/libgcc_s and the NVIDIA driver are left to the target machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +25,7 @@ done | sort -u | while read -r name path; do
   cp -L "$path" "$out/lib/$name"
 done
 strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
-if ! nm -D --defined-only "$out/lib/libengram_client.so.0" | grep -q ' engram_gpu_register$'; then
+if ! nm -D --defined-only "$out/lib/libengram_client.so.0" | grep -q ' engram_gpu_register@'; then
   echo "warning: libengram_client does not export engram_gpu_register: the GPU tests will fail" >&2
 fi
 du -sh "$out"
