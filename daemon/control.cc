@@ -508,8 +508,10 @@ void Control::Tick() {
   if (watchdog_ns_ != 0 && now - last_ping_ns_ >= watchdog_ns_ / 2) {
     // The poller is the part that can wedge (a stuck ring, a blocked engine): ping only while
     // it has run recently, so systemd restarts a daemon whose poller stopped.
+    // An idle poller sleeps up to a second between passes, so a pass within two seconds (or
+    // half the watchdog interval, when that is longer) counts as alive.
     const uint64_t beat = s.poller_heartbeat_ns_.load(std::memory_order_relaxed);
-    if (now - std::min(now, beat) < watchdog_ns_ / 2) {
+    if (now - std::min(now, beat) < std::max<uint64_t>(watchdog_ns_ / 2, 2'000'000'000)) {
       notify::Send("WATCHDOG=1");
       last_ping_ns_ = now;
       poller_stall_reported_ = false;

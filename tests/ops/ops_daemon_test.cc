@@ -1,0 +1,518 @@
+// engramctl and the operator interfaces against a real engramd: every command in human and
+// --json form, exit codes when no daemon answers, warm/evict against page-cache residency, rows
+// as served, the metrics scraped over HTTP and parsed back, sd_notify messages observed through
+// a test NOTIFY_SOCKET, SIGHUP reloads and --check-config.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/statfs.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "tests/daemon/daemon_test_util.h"
+
+namespace engram::testing {
+namespace {
+
+using nlohmann::json;
+
+std::string Engramctl() {
+  const char* p = getenv("ENGRAMCTL");
+  return p != nullptr ? p : "tools/engramctl/engramctl";
+}
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs a shell command line, capturing stdout and stderr.
+Result Sh(const std::string& command) {
+  const std::string err_path = TestDir() + "/stderr.txt";
+  FILE* p = popen((command + " 2>" + err_path).c_str(), "r");
+  Result r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream f(err_path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+// The NOTIFY_SOCKET the daemon reports to.
+struct NotifySocket {
+  int fd = -1;
+  std::string path;
+  NotifySocket() {
+    path = TestDir() + "/notify.sock";
+    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) abort();
+  }
+  // Messages received within `ms`, until one contains `until`.
+  std::vector<std::string> Read(int ms, const std::string& until) {
+    std::vector<std::string> got;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd p{.fd = fd, .events = POLLIN};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) continue;
+      got.emplace_back(buf, static_cast<size_t>(n));
+      if (got.back().find(until) != std::string::npos) break;
+    }
+    return got;
+  }
+};
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string ConfigPath() { return TestDir() + "/engramd.toml"; }
+
+void WriteConfig(uint32_t max_clients, const std::string& level) {
+  std::ofstream(ConfigPath()) << "[limits]\nmax_clients = " << max_clients << "\n[log]\nlevel = \""
+                              << level << "\"\n";
+}
+
+// Everything the tests share: the notify socket bound before the daemon starts, so the first
+// messages are seen; the daemon with a configuration file and the metrics port.
+struct Fixture {
+  NotifySocket notify;
+  uint16_t port = FreePort();
+  std::unique_ptr<Daemon> daemon;
+  std::vector<std::string> startup;
+  Fixture() {
+    WriteConfig(32, "warning");
+    setenv("NOTIFY_SOCKET", notify.path.c_str(), 1);
+    setenv("WATCHDOG_USEC", "1000000", 1);
+    daemon = std::make_unique<Daemon>(
+        std::vector<std::string>{"--config", ConfigPath(), "--metrics-port", std::to_string(port)});
+    unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
+    startup = notify.Read(5000, "READY=1");
+  }
+};
+Fixture& F() {
+  static Fixture* f = new Fixture();
+  return *f;
+}
+
+std::string Ctl(const std::string& args) {
+  return Engramctl() + " " + args + " --socket " + F().daemon->socket();
+}
+
+json Json(const std::string& args) {
+  Result r = Sh(Ctl(args + " --json"));
+  INFO(args << ": " << r.err);
+  REQUIRE(r.code == 0);
+  json j = json::parse(r.out);
+  REQUIRE(j["schema_version"] == 1);
+  return j;
+}
+
+TEST_CASE("systemd hears EXTEND_TIMEOUT_USEC, READY, STATUS and watchdog pings") {
+  Fixture& f = F();
+  REQUIRE(f.daemon->alive());
+  bool extend = false, ready = false;
+  for (const std::string& m : f.startup) {
+    extend |= m.find("EXTEND_TIMEOUT_USEC=") != std::string::npos;
+    if (m.find("READY=1") != std::string::npos) {
+      ready = true;
+      CHECK(m.find("STATUS=Serving 2 table(s) to 0 client(s)") != std::string::npos);
+    }
+  }
+  CHECK(extend);
+  CHECK(ready);
+  // WATCHDOG_USEC=1 s: pings at least every half second.
+  std::vector<std::string> later = f.notify.Read(2000, "WATCHDOG=1");
+  REQUIRE_FALSE(later.empty());
+  CHECK(later.back() == "WATCHDOG=1");
+  // STATUS= follows the clients connected.
+  engram_connect_options o = f.daemon->Options();
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  std::vector<std::string> status = f.notify.Read(4000, "to 1 client(s)");
+  REQUIRE_FALSE(status.empty());
+  CHECK(status.back().find("STATUS=Serving 2 table(s) to 1 client(s)") != std::string::npos);
+  engram_close(s);
+}
+
+TEST_CASE("engramctl status, human and JSON") {
+  Result r = Sh(Ctl("status"));
+  CHECK(r.code == 0);
+  CHECK(r.out.find("engramd serving on " + F().daemon->socket()) != std::string::npos);
+  CHECK(r.out.find("tables 2") != std::string::npos);
+  json j = Json("status");
+  CHECK(j["state"] == "serving");
+  CHECK(j["tables"] == 2);
+  CHECK(j["pid"] == F().daemon->pid());
+  CHECK(j["max_clients"] == 32);
+  CHECK(j["watchdog_usec"] == 1000000);
+}
+
+TEST_CASE("engramctl status --watch repeats with an interval") {
+  Result r = Sh("timeout -s INT 1.4 " + Ctl("status --json -i 0.3"));
+  CHECK(r.code == 0);
+  std::istringstream lines(r.out);
+  std::string line;
+  int n = 0, with_interval = 0;
+  while (std::getline(lines, line)) {
+    json j = json::parse(line);
+    ++n;
+    with_interval += j.contains("interval_seconds") ? 1 : 0;
+  }
+  CHECK(n >= 3);
+  CHECK(with_interval == n - 1);
+}
+
+TEST_CASE("engramctl tables lists both layers with residency") {
+  Result r = Sh(Ctl("tables"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("LAYER") != std::string::npos);
+  CHECK(r.out.find("checkpoint") != std::string::npos);
+  json j = Json("tables");
+  REQUIRE(j["tables"].size() == 2);
+  CHECK(j["tables"][0]["layer"] == 1);
+  CHECK(j["tables"][1]["layer"] == 14);
+  for (const json& t : j["tables"]) {
+    CHECK(t["rows"] == kRows);
+    CHECK(t["row_bytes"] == 264);
+    CHECK(t["data_bytes"] == kRows * 264);
+    CHECK(t["resident_fraction"].get<double>() >= 0.0);
+    CHECK(t["resident_fraction"].get<double>() <= 1.0);
+    CHECK_FALSE(t["files"].empty());
+  }
+}
+
+double Residency(uint32_t layer) {
+  for (const json& t : Json("tables")["tables"]) {
+    if (t["layer"] == layer) return t["resident_fraction"];
+  }
+  FAIL("no layer " << layer);
+  return -1;
+}
+
+TEST_CASE("engramctl evict and warm move the table through the page cache") {
+  struct statfs fs;
+  statfs(TestDir().c_str(), &fs);
+  const bool tmpfs = fs.f_type == 0x01021994;  // TMPFS_MAGIC: pages cannot be dropped
+  json e = Json("evict 14");
+  CHECK(e["bytes"].get<uint64_t>() >= kRows * 264);
+  if (!tmpfs) CHECK(Residency(14) < 0.5);
+  json w = Json("warm 14 --rows 0:10000");
+  CHECK(w["cancelled"] == false);
+  CHECK(w["begin"] == 0);
+  CHECK(w["done_to"] == 10000);
+  CHECK(w["bytes"].get<uint64_t>() >= 10000 * 264);
+  w = Json("warm 14");
+  CHECK(w["done_to"] == kRows);
+  CHECK(Residency(14) == Approx(1.0));
+  Result human = Sh(Ctl("warm 14 --rows 5:10"));
+  CHECK(human.code == 0);
+  CHECK(human.out.find("warmed layer 14 rows [5, 10)") != std::string::npos);
+  Result bad = Sh(Ctl("warm 14 --rows 0:99999999"));
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("not inside the rows") != std::string::npos);
+  Result missing = Sh(Ctl("warm 7"));
+  CHECK(missing.code == 1);
+  CHECK(missing.err.find("no table for layer 7") != std::string::npos);
+}
+
+TEST_CASE("engramctl rows prints and writes rows as served") {
+  json j = Json("rows 14 3 77 3");
+  REQUIRE(j["rows"].size() == 3);
+  uint8_t expect[kRowBytes];
+  const uint64_t ids[] = {3, 77, 3};
+  for (int i = 0; i < 3; ++i) {
+    SyntheticRow(kSeed, 14, ids[i], expect);
+    std::string hex;
+    for (uint8_t b : expect) hex += absl::StrFormat("%02x", b);
+    CHECK(j["rows"][i]["row"] == ids[i]);
+    CHECK(j["rows"][i]["hex"] == hex);
+  }
+  const std::string out = TestDir() + "/rows.bin";
+  Result w = Sh(Ctl("rows 1 19999 0 --out " + out));
+  REQUIRE(w.code == 0);
+  std::ifstream f(out, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() == 2 * kRowBytes);
+  SyntheticRow(kSeed, 1, 19999, expect);
+  CHECK(memcmp(bytes.data(), expect, kRowBytes) == 0);
+  json d = Json("rows 14 5 --dequant");
+  REQUIRE(d["rows"][0]["values"].size() == 256);
+  Result human = Sh(Ctl("rows 14 5"));
+  CHECK(human.out.find("layer 14 row 5:") != std::string::npos);
+  Result oob = Sh(Ctl("rows 14 20000"));
+  CHECK(oob.code == 1);
+  CHECK(oob.err.find("20000") != std::string::npos);
+}
+
+// Gathers `n` rows of layer 14 (each twice) through a session named "ops-test", left open.
+engram_session* GatherSome(uint64_t n) {
+  engram_connect_options o = F().daemon->Options();
+  o.client_name = "ops-test";
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  void* ids;
+  void* dest;
+  REQUIRE(engram_alloc(s, 2 * n * 8, &ids) == 0);
+  REQUIRE(engram_alloc(s, 2 * n * kRowBytes, &dest) == 0);
+  auto* rows = static_cast<uint64_t*>(ids);
+  for (uint64_t i = 0; i < n; ++i) rows[i] = rows[n + i] = i * 7 % kRows;
+  engram_gather_request r{
+      .size = sizeof(r), .table = 14, .rows = rows, .num_rows = 2 * n, .dest = dest};
+  REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
+  return s;
+}
+
+TEST_CASE("engramctl stats and clients show a client's gathers") {
+  engram_session* s = GatherSome(500);
+  json j = Json("stats");
+  bool table_seen = false;
+  for (const json& t : j["tables"]) {
+    if (t["layer"] != 14) continue;
+    table_seen = true;
+    CHECK(t["rows_requested"].get<uint64_t>() >= 1000);
+    CHECK(t["dedup_saved_rows"].get<uint64_t>() >= 500);
+    CHECK(t["batches"].get<uint64_t>() >= 1);
+    CHECK(t["errors"] == 0);
+  }
+  CHECK(table_seen);
+  bool client_seen = false;
+  for (const json& c : j["clients"]) {
+    if (c["name"] != "ops-test") continue;
+    client_seen = true;
+    CHECK(c["rows"] == 1000);
+    CHECK(c["requests_ok"] == 1);
+    CHECK(c["pid"] == getpid());
+    CHECK(c["latency_p50_ns"].get<uint64_t>() > 0);
+  }
+  CHECK(client_seen);
+  Result human = Sh(Ctl("stats"));
+  CHECK(human.code == 0);
+  CHECK(human.out.find("de-dup saved") != std::string::npos);
+  CHECK(human.out.find("session") != std::string::npos);
+  CHECK(human.out.find("'ops-test'") != std::string::npos);
+  json c = Json("clients");
+  bool listed = false;
+  for (const json& e : c["clients"]) listed |= e["name"] == "ops-test" && e["pid"] == getpid();
+  CHECK(listed);
+  Result ch = Sh(Ctl("clients"));
+  CHECK(ch.out.find("ops-test") != std::string::npos);
+  engram_close(s);
+}
+
+// A parsed exposition: sample name with labels → value, and family → type.
+struct Scrape {
+  std::map<std::string, double> samples;
+  std::map<std::string, std::string> types;
+};
+
+Scrape Parse(const std::string& text) {
+  Scrape s;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream t(line.substr(7));
+      std::string name, type;
+      t >> name >> type;
+      s.types[name] = type;
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    REQUIRE(space != std::string::npos);
+    const std::string key = line.substr(0, space);
+    s.samples[key] = std::stod(line.substr(space + 1));
+    const std::string name = key.substr(0, key.find('{'));
+    bool typed = s.types.count(name) != 0;
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string sfx = suffix;
+      if (name.size() > sfx.size() &&
+          name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0) {
+        typed |= s.types.count(name.substr(0, name.size() - sfx.size())) != 0;
+      }
+    }
+    INFO(line);
+    CHECK(typed);  // every sample follows its family's TYPE line
+  }
+  return s;
+}
+
+std::string HttpGet(uint16_t port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  REQUIRE(send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
+  engram_session* s = GatherSome(100);
+  const std::string http = HttpGet(F().port, "/metrics");
+  REQUIRE(http.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(http.find("Content-Type: text/plain; version=0.0.4") != std::string::npos);
+  Scrape m = Parse(http.substr(http.find("\r\n\r\n") + 4));
+  CHECK(m.samples.at("engram_up") == 1);
+  CHECK(m.samples.at("engram_tables") == 2);
+  CHECK(m.samples.at("engram_table_rows{table=\"14\"}") == kRows);
+  CHECK(m.samples.at("engram_gather_rows_total{table=\"14\"}") >= 200);
+  for (const auto& [name, type] : m.types) {
+    INFO(name << " " << type);
+    CHECK(name.rfind("engram_", 0) == 0);
+    if (type == "counter") CHECK(name.size() > 6);
+    if (type == "counter") CHECK(name.compare(name.size() - 6, 6, "_total") == 0);
+    if (type == "histogram") CHECK(name.compare(name.size() - 8, 8, "_seconds") == 0);
+  }
+  // Histogram buckets are cumulative and end in +Inf = _count.
+  double last = -1;
+  for (const auto& [key, value] : m.samples) {
+    if (key.rfind("engram_gather_batch_duration_seconds_bucket{table=\"14\"", 0) != 0) continue;
+    CHECK(value >= 0);
+    last = std::max(last, value);
+  }
+  CHECK(m.samples.at("engram_gather_batch_duration_seconds_bucket{table=\"14\",le=\"+Inf\"}") ==
+        m.samples.at("engram_gather_batch_duration_seconds_count{table=\"14\"}"));
+  CHECK(last == m.samples.at("engram_gather_batch_duration_seconds_count{table=\"14\"}"));
+  bool client_rows = false;
+  for (const auto& [key, value] : m.samples) {
+    if (key.rfind("engram_client_rows_total{client=\"ops-test\"", 0) == 0 && value == 200) {
+      client_rows = true;
+    }
+  }
+  CHECK(client_rows);
+  // engramctl metrics serves the same families over the socket.
+  Result r = Sh(Ctl("metrics"));
+  REQUIRE(r.code == 0);
+  Scrape viasocket = Parse(r.out);
+  for (const auto& [name, type] : m.types) CHECK(viasocket.types[name] == type);
+  CHECK(Json("metrics")["text"].get<std::string>().find("engram_up 1") != std::string::npos);
+  CHECK(HttpGet(F().port, "/other").rfind("HTTP/1.1 404", 0) == 0);
+  engram_close(s);
+}
+
+TEST_CASE("SIGHUP applies what can change live and says what needs a restart") {
+  Fixture& f = F();
+  f.notify.Read(100, "");  // drain
+  WriteConfig(40, "info");
+  kill(f.daemon->pid(), SIGHUP);
+  std::vector<std::string> m = f.notify.Read(3000, "READY=1");
+  bool reloading = false, ready = false;
+  for (const auto& x : m) {
+    reloading |= x.find("RELOADING=1") != std::string::npos;
+    ready |= x.find("READY=1") != std::string::npos;
+  }
+  CHECK(reloading);
+  CHECK(ready);
+  json j = Json("status");
+  CHECK(j["max_clients"] == 40);
+  // The test daemon runs with --log-level warning: the flag wins over the file's "info".
+  CHECK(j["log_level"] == "warning");
+  // A refused file keeps the running configuration.
+  std::ofstream(ConfigPath()) << "[limits]\nmax_clients = \"lots\"\n";
+  kill(f.daemon->pid(), SIGHUP);
+  f.notify.Read(3000, "READY=1");
+  CHECK(Json("status")["max_clients"] == 40);
+  WriteConfig(32, "warning");
+}
+
+TEST_CASE("engramctl exit codes when no daemon answers") {
+  const std::string gone = TestDir() + "/gone.sock";
+  Result r = Sh(Engramctl() + " status --socket " + gone);
+  CHECK(r.code == 3);
+  CHECK(r.err.find(gone) != std::string::npos);
+  CHECK(r.err.find("journalctl") != std::string::npos);
+  r = Sh(Engramctl() + " status --json --socket " + gone);
+  CHECK(r.code == 3);
+  CHECK(json::parse(r.out)["exit_code"] == 3);
+  for (const char* cmd : {"tables", "stats", "clients", "metrics", "warm 14", "evict 14"}) {
+    INFO(cmd);
+    CHECK(Sh(Engramctl() + " " + cmd + " --socket " + gone).code == 3);
+  }
+  CHECK(Sh(Engramctl() + " rows 14 1 --socket " + gone).code == 3);
+  // Something that accepts but is not engramd: unknown state, exit 4.
+  const std::string odd = TestDir() + "/odd.sock";
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", odd.c_str());
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(fd, 4) == 0);
+  std::thread closer([fd] {
+    int c = accept(fd, nullptr, nullptr);
+    char buf[256];
+    recv(c, buf, sizeof(buf), 0);
+    close(c);
+  });
+  r = Sh(Engramctl() + " status --socket " + odd);
+  closer.join();
+  close(fd);
+  CHECK(r.code == 4);
+  CHECK(r.err.find(odd) != std::string::npos);
+}
+
+TEST_CASE("engramd --check-config validates the files and the tables without serving") {
+  const std::string good = TestDir() + "/check.toml";
+  std::ofstream(good) << "[tables]\nmodels = [\"" << Checkpoint()
+                      << "\"]\n[limits]\nmax_clients = 4\n";
+  Result r = Sh(EngramdPath() + " --config " + good + " --check-config");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("configuration OK") != std::string::npos);
+  CHECK(r.out.find("layer 14") != std::string::npos);
+  const std::string bad = TestDir() + "/check-bad.toml";
+  std::ofstream(bad) << "[tables]\nmodels = [\"" << Checkpoint()
+                     << "\"]\n\n[limits]\nmax_clients = 4\nspeed = 9\n";
+  r = Sh(EngramdPath() + " --config " + bad + " --check-config");
+  CHECK(r.code == 1);
+  CHECK(r.err.find(bad + ":6: unknown key 'limits.speed'") != std::string::npos);
+  CHECK(r.err.rfind("<3>", 0) == 0);  // syslog priority prefix
+  const std::string missing_table = TestDir() + "/check-missing.toml";
+  std::ofstream(missing_table) << "[tables]\nfiles = [\"" << TestDir() << "/nope.engram\"]\n";
+  r = Sh(EngramdPath() + " --config " + missing_table + " --check-config");
+  CHECK(r.code == 1);
+  CHECK(r.err.find("nope.engram") != std::string::npos);
+  // A flag overrides the file.
+  r = Sh(EngramdPath() + " --config " + good + " --layers 14 --check-config");
+  CHECK(r.code == 0);
+  CHECK(r.out.find("layer 1 ") == std::string::npos);
+}
+
+}  // namespace
+}  // namespace engram::testing
