@@ -28,7 +28,7 @@ bool Send(const std::string& state) {
   const socklen_t addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len);
   ssize_t n;
   do {
-    n = sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
+    n = sendto(fd, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT,
                reinterpret_cast<const sockaddr*>(&addr), addr_len);
   } while (n < 0 && errno == EINTR);
   close(fd);

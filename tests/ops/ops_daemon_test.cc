@@ -178,7 +178,7 @@ TEST_CASE("engramctl status, human and JSON") {
 }
 
 TEST_CASE("engramctl status --watch repeats with an interval") {
-  Result r = Sh("timeout -s INT 1.4 " + Ctl("status --json -i 0.3"));
+  Result r = Sh("timeout --preserve-status -s INT 1.4 " + Ctl("status --json -i 0.3"));
   CHECK(r.code == 0);
   std::istringstream lines(r.out);
   std::string line;
