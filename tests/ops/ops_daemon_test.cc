@@ -212,7 +212,8 @@ TEST_CASE("engramctl tables lists both layers with residency") {
 }
 
 double Residency(uint32_t layer) {
-  for (const json& t : Json("tables")["tables"]) {
+  const json tables = Json("tables");  // kept alive for the loop
+  for (const json& t : tables["tables"]) {
     if (t["layer"] == layer) return t["resident_fraction"];
   }
   FAIL("no layer " << layer);
@@ -430,7 +431,7 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
 
 TEST_CASE("SIGHUP applies what can change live and says what needs a restart") {
   Fixture& f = F();
-  f.notify.Read(100, "");  // drain
+  f.notify.Read(300, "no message contains this");  // drain the queue
   WriteConfig(40, "info");
   kill(f.daemon->pid(), SIGHUP);
   std::vector<std::string> m = f.notify.Read(3000, "READY=1");
