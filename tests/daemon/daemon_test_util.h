@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -99,6 +100,9 @@ class Daemon {
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
     if (pid_ == 0) {
+      // A test that dies without running its destructors must not leave engramd behind: it
+      // would hold the test runner's output pipes open and stall the whole suite.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

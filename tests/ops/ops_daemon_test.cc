@@ -120,8 +120,10 @@ struct Fixture {
   }
 };
 Fixture& F() {
-  static Fixture* f = new Fixture();
-  return *f;
+  // A function-local static, so that it is destroyed at exit and engramd is stopped: a daemon
+  // left running keeps the test runner's output pipes open and the runner waits on them.
+  static Fixture f;
+  return f;
 }
 
 std::string Ctl(const std::string& args) {
