@@ -92,6 +92,99 @@ struct ConnectOptions {
   std::chrono::nanoseconds timeout{0};
 };
 
+// Host-side n-gram hasher of a model (engram/hash.h). Move-only; closes on destruction.
+// Immutable once open: any number of threads and sessions may use one Hasher at once.
+//
+//   engram::Hasher hasher;
+//   engram::Status s = engram::Hasher::Open("/models/DeepSeek-V4.1-Flash", {}, &hasher);
+class Hasher {
+ public:
+  struct Options {
+    std::string derived_path;        // empty: <model_dir>/engram-hash.bin
+    bool compressed_only = false;    // no derived tables: compressed ids only
+    int64_t compressed_pad_id = -1;  // -1: from the derived tables
+  };
+
+  Hasher() = default;
+  Hasher(Hasher&& other) noexcept : h_(std::exchange(other.h_, nullptr)) {}
+  Hasher& operator=(Hasher&& other) noexcept {
+    if (this != &other) {
+      Close();
+      h_ = std::exchange(other.h_, nullptr);
+    }
+    return *this;
+  }
+  Hasher(const Hasher&) = delete;
+  Hasher& operator=(const Hasher&) = delete;
+  ~Hasher() { Close(); }
+
+  static Status Open(const std::string& model_dir, const Options& options, Hasher* ret_hasher) {
+    engram_hasher_opts o;
+    engram_hasher_opts_init(&o);
+    o.flags = options.compressed_only ? ENGRAM_HASHER_COMPRESSED_ONLY : 0u;
+    o.derived_path = options.derived_path.empty() ? nullptr : options.derived_path.c_str();
+    o.compressed_pad_id = options.compressed_pad_id;
+    engram_hasher* h = nullptr;
+    const int rc = engram_hasher_open(model_dir.c_str(), &o, &h);
+    if (rc < 0) return Status(rc, engram_hash_last_error());
+    ret_hasher->Close();
+    ret_hasher->h_ = h;
+    return {};
+  }
+
+  void Close() {
+    engram_hasher_close(h_);
+    h_ = nullptr;
+  }
+  bool is_open() const { return h_ != nullptr; }
+  const engram_hasher* get() const { return h_; }
+
+  Status Info(engram_hasher_info* ret_info) const {
+    engram_hasher_info info{};
+    info.size = sizeof(info);
+    const int rc = engram_hasher_get_info(h_, &info);
+    if (rc < 0) return Status(rc, engram_hash_last_error());
+    *ret_info = info;
+    return {};
+  }
+  // Heads [*ret_begin, *ret_end) of tensor-parallel rank tp_rank of tp_size.
+  Status RankHeads(uint32_t tp_size, uint32_t tp_rank, uint32_t* ret_begin,
+                   uint32_t* ret_end) const {
+    return FromHash(engram_hasher_rank_heads(h_, tp_size, tp_rank, ret_begin, ret_end));
+  }
+  // Row ids of heads [head_begin, head_end) of layer_id for every token of seqs, token-major
+  // (engram_hash). flags: ENGRAM_HASH_COMPRESSED_IDS for compressed ids.
+  Status Hash(uint32_t layer_id, std::span<const engram_hash_seq> seqs, uint32_t head_begin,
+              uint32_t head_end, uint32_t flags, std::span<uint64_t> ret_rows) const {
+    return FromHash(engram_hash(h_, layer_id, seqs.data(), seqs.size(), head_begin, head_end, flags,
+                                ret_rows.data(), ret_rows.size()));
+  }
+  // One sequence: its new tokens and the ids before them.
+  static engram_hash_seq Sequence(std::span<const int32_t> tokens,
+                                  std::span<const int32_t> history = {}) {
+    return engram_hash_seq{sizeof(engram_hash_seq), tokens.data(), tokens.size(), history.data(),
+                           history.size()};
+  }
+
+ private:
+  static Status FromHash(int rc) {
+    return rc < 0 ? Status(rc, engram_hash_last_error()) : Status();
+  }
+  engram_hasher* h_ = nullptr;
+};
+
+// What Session::SubmitTokens hashes and where the rows go (struct engram_token_request).
+struct TokenRequest {
+  uint32_t table = 0;                     // Engram layer id
+  std::span<const engram_hash_seq> seqs;  // Hasher::Sequence(...) each
+  bool compressed = false;                // ids are compressed ids
+  uint32_t head_begin = 0, head_end = 0;  // 0, 0: all heads (or the TP rank's below)
+  uint32_t tp_size = 0, tp_rank = 0;      // tp_size != 0: that rank's heads
+  uint64_t* rows = nullptr;               // in the data region: positions * heads entries
+  uint64_t rows_cap = 0;
+  void* dest = nullptr;  // in the data region: [positions][heads][264]
+};
+
 // A session with engramd. Move-only; closes on destruction. Thread-safety as the C functions.
 class Session {
  public:
@@ -181,6 +274,19 @@ class Session {
     return s.ok() ? Wait(t, timeout) : s;
   }
 
+  // Hashes request.seqs into request.rows and submits their gather into request.dest in one
+  // call (engram_submit_tokens); *ret_num_rows (if given) = positions * heads.
+  Status SubmitTokens(const Hasher& hasher, const TokenRequest& request, Ticket* ret_ticket,
+                      uint64_t* ret_num_rows = nullptr) {
+    engram_token_request r = ToC(request);
+    return Status::FromReturn(engram_submit_tokens(s_, hasher.get(), &r, ret_ticket, ret_num_rows));
+  }
+  Status GatherTokens(const Hasher& hasher, const TokenRequest& request,
+                      std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1)) {
+    engram_token_request r = ToC(request);
+    return Status::FromReturn(engram_gather_tokens(s_, hasher.get(), &r, timeout.count()));
+  }
+
   Status ListTables(std::vector<engram_table_info>* ret_tables) {
     std::vector<engram_table_info> tables(16);
     size_t count = 0;
@@ -208,6 +314,22 @@ class Session {
   }
 
  private:
+  static engram_token_request ToC(const TokenRequest& request) {
+    engram_token_request r{};
+    r.size = sizeof(r);
+    r.table = request.table;
+    r.flags = request.compressed ? ENGRAM_HASH_COMPRESSED_IDS : 0u;
+    r.seqs = request.seqs.data();
+    r.n_seqs = request.seqs.size();
+    r.head_begin = request.head_begin;
+    r.head_end = request.head_end;
+    r.tp_size = request.tp_size;
+    r.tp_rank = request.tp_rank;
+    r.rows = request.rows;
+    r.rows_cap = request.rows_cap;
+    r.dest = request.dest;
+    return r;
+  }
   engram_session* s_ = nullptr;
 };
 

@@ -10,6 +10,10 @@
     lookup.prepare({1: ids_1, 14: ids_14})      # at forward entry
     emb = lookup.get(14)                        # bf16 [tokens, 24, 256] on the current stream
 
+    hasher = engram.Hasher("/models/DeepSeek-V4.1-Flash")   # host-side n-gram hashing
+    ids = hasher.hash(tokens, history=last3, layer=14)      # int64 [positions, 24]
+    rows = client.gather_tokens(hasher, 14, tokens, history=last3)  # uint8 [positions, 24, 264]
+
 A thin layer over libengram_client's C ABI (include/engram/engram.h, gpu.h) through ctypes;
 docs/python.md describes it in full.
 """
@@ -18,9 +22,11 @@ from .client import (DEFAULT_SOCKET, ROW_BYTES, Client, SessionStats, TableInfo,
                      library_path, protocol_version)
 from .dequant import dequantize_rows, dequantize_scatter
 from .errors import (EngramConnectionError, EngramError, EngramIOError, EngramPermissionError,
-                     EngramTimeoutError, GpuUnavailableError, InvalidArgumentError,
-                     LibraryNotFoundError, ProtocolError, ResourceExhaustedError,
+                     EngramTimeoutError, GpuUnavailableError, HashTablesError,
+                     InvalidArgumentError, LibraryNotFoundError, ModelFileNotFoundError,
+                     NoVocabularyError, ProtocolError, ResourceExhaustedError,
                      RowOutOfRangeError, UnknownTableError)
+from .hasher import Hasher
 from .lookup import EngramLookup
 
 __version__ = "0.1.0"
@@ -30,5 +36,6 @@ __all__ = [
     "ROW_BYTES", "library_path", "protocol_version", "dequantize_rows", "dequantize_scatter",
     "EngramError", "LibraryNotFoundError", "EngramConnectionError", "EngramPermissionError",
     "InvalidArgumentError", "UnknownTableError", "RowOutOfRangeError", "ResourceExhaustedError",
-    "EngramTimeoutError", "ProtocolError", "EngramIOError", "GpuUnavailableError",
+    "EngramTimeoutError", "ProtocolError", "EngramIOError", "GpuUnavailableError", "Hasher",
+    "ModelFileNotFoundError", "HashTablesError", "NoVocabularyError",
 ]

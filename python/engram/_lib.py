@@ -84,6 +84,66 @@ class SessionStatsStruct(ctypes.Structure):
     _fields_ = [("size", c_size_t)] + [(name, c_u64) for name in SESSION_STATS_FIELDS]
 
 
+# ---- host-side hashing (engram/hash.h) and the combined submit (engram.h, ENGRAM_0.3) ----
+
+class HasherOpts(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("flags", c_u32),
+        ("reserved", c_u32),
+        ("derived_path", c_char_p),
+        ("compressed_pad_id", c_i64),
+    ]
+
+
+HASHER_INFO_FIELDS = ("num_layers", "max_ngram_size", "heads_per_order", "heads_per_layer",
+                      "vocab_size", "compressed_vocab_size", "compressed_pad_id")
+
+
+class HasherInfo(ctypes.Structure):
+    _fields_ = [("size", c_size_t)] + [(name, c_u32) for name in HASHER_INFO_FIELDS]
+
+
+class HashLayerInfo(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("layer_id", c_u32),
+        ("reserved", c_u32),
+        ("num_rows", c_u64),
+    ]
+
+
+class HashSeq(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("tokens", c_void_p),
+        ("n_tokens", c_size_t),
+        ("history", c_void_p),
+        ("n_history", c_size_t),
+    ]
+
+
+class TokenRequest(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("table", c_u32),
+        ("flags", c_u32),
+        ("seqs", c_void_p),
+        ("n_seqs", c_size_t),
+        ("head_begin", c_u32),
+        ("head_end", c_u32),
+        ("tp_size", c_u32),
+        ("tp_rank", c_u32),
+        ("rows", c_void_p),
+        ("rows_cap", c_u64),
+        ("dest", c_void_p),
+    ]
+
+
+HASHER_COMPRESSED_ONLY = 1
+HASH_COMPRESSED_IDS = 1
+
+
 _P = ctypes.POINTER
 
 # name: (restype, argtypes)
@@ -104,6 +164,26 @@ _CLIENT_FUNCTIONS = {
     "engram_list_tables": (c_int, [c_void_p, _P(TableInfoStruct), c_size_t, _P(c_size_t)]),
     "engram_get_session_stats": (c_int, [c_void_p, _P(SessionStatsStruct)]),
     "engram_protocol_version": (None, [_P(c_u32), _P(c_u32)]),
+}
+
+_HASH_FUNCTIONS = {
+    "engram_hasher_opts_init": (None, [_P(HasherOpts)]),
+    "engram_hasher_open": (c_int, [c_char_p, _P(HasherOpts), _P(c_void_p)]),
+    "engram_hasher_close": (None, [c_void_p]),
+    "engram_hasher_get_info": (c_int, [c_void_p, _P(HasherInfo)]),
+    "engram_hasher_get_layer": (c_int, [c_void_p, c_u32, _P(HashLayerInfo)]),
+    "engram_hasher_rank_heads": (c_int, [c_void_p, c_u32, c_u32, _P(c_u32), _P(c_u32)]),
+    "engram_hasher_head_rows": (c_int, [c_void_p, c_u32, c_u32, c_u32, _P(c_u64), _P(c_u64)]),
+    "engram_hash": (c_int, [c_void_p, c_u32, c_void_p, c_size_t, c_u32, c_u32, c_u32, c_void_p,
+                            c_size_t]),
+    "engram_hash_compress": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p]),
+    "engram_hash_last_error": (c_char_p, []),
+}
+
+_TOKEN_FUNCTIONS = {
+    "engram_submit_tokens": (c_int, [c_void_p, c_void_p, _P(TokenRequest), _P(c_u64),
+                                     _P(c_u64)]),
+    "engram_gather_tokens": (c_int, [c_void_p, c_void_p, _P(TokenRequest), c_i64]),
 }
 
 _GPU_REGISTER_FUNCTIONS = {
@@ -280,3 +360,23 @@ def kernels_lib(backend=None):
             _declare(lib, _KERNEL_FUNCTIONS, path)
             _kernels[backend] = (lib, path)
         return _kernels[backend]
+
+
+_hash_declared = None
+
+
+def hash_lib():
+    """libengram_client with the hashing functions (ENGRAM_0.2) and the combined submit
+    (ENGRAM_0.3) declared; LibraryNotFoundError naming what is missing from an older one."""
+    global _hash_declared
+    lib = client_lib()
+    with _lock:
+        if _hash_declared is None:
+            _declare(lib, {**_HASH_FUNCTIONS, **_TOKEN_FUNCTIONS}, _client_path)
+            _hash_declared = True
+    return lib
+
+
+def hash_last_error():
+    message = hash_lib().engram_hash_last_error()
+    return message.decode("utf-8", "replace") if message else ""

@@ -370,6 +370,52 @@ class Client:
         # before its range is reused.
         return ticket.wait(timeout)
 
+    def submit_tokens(self, hasher, table, tokens, history=None, *, tp_size=None, tp_rank=None,
+                      heads=None, compressed=False):
+        """Hashes `tokens` with `hasher` (an engram.Hasher) straight into the arena and submits
+        the gather of those rows of table `table` in the same call (engram_submit_tokens);
+        returns a Ticket whose wait() gives a torch.uint8 tensor [positions, heads, 264]
+        viewing the arena: [t, h] holds the row of head h for the t-th token.
+
+        tokens, history, tp_size/tp_rank, heads and compressed as for Hasher.hash. Errors of
+        the hash (UnknownTableError for a layer the hasher does not know, InvalidArgumentError
+        for an id outside the vocabulary, NoVocabularyError) are raised here, before anything
+        is submitted; the daemon's at wait time."""
+        from .hasher import _Sequences
+        from .errors import hash_error_for
+        begin, end = hasher.head_range(tp_size, tp_rank, heads)
+        seqs = _Sequences(tokens, history)
+        width = max(0, end - begin)
+        n = seqs.positions * width
+        rows_bytes = n * ROW_BYTES  # a multiple of 8: the ids that follow stay aligned
+        allocation = self._alloc(rows_bytes + n * 8)
+        try:
+            request = _lib.TokenRequest(
+                size=ctypes.sizeof(_lib.TokenRequest), table=table,
+                flags=_lib.HASH_COMPRESSED_IDS if compressed else 0, seqs=ctypes.addressof(
+                    seqs.seqs), n_seqs=seqs.count, head_begin=begin, head_end=end, tp_size=0,
+                tp_rank=0, rows=allocation.address + rows_bytes, rows_cap=n,
+                dest=allocation.address)
+            ticket = ctypes.c_uint64()
+            rc = _lib.hash_lib().engram_submit_tokens(self._session(), hasher._h(),
+                                                      ctypes.byref(request), ctypes.byref(ticket),
+                                                      None)
+            if rc < 0:
+                raise hash_error_for(rc, _lib.last_error())
+        except BaseException:
+            allocation.free()
+            raise
+        return Ticket(self, ticket.value, table, n, allocation,
+                      shape=(seqs.positions, width, ROW_BYTES))
+
+    def gather_tokens(self, hasher, table, tokens, history=None, *, tp_size=None, tp_rank=None,
+                      heads=None, compressed=False, timeout=None):
+        """submit_tokens(...).wait(timeout): torch.uint8 [positions, heads, 264] viewing the
+        arena (see the module's notes on its lifetime)."""
+        ticket = self.submit_tokens(hasher, table, tokens, history, tp_size=tp_size,
+                                    tp_rank=tp_rank, heads=heads, compressed=compressed)
+        return ticket.wait(timeout)
+
     def nop(self, timeout=None):
         """Round trip through the daemon with an empty request; returns seconds taken."""
         start = time.perf_counter()
@@ -395,8 +441,9 @@ class Ticket:
 
     _PENDING, _DONE, _FAILED, _RELEASED = range(4)
 
-    def __init__(self, client, ticket, table, num_rows, allocation):
+    def __init__(self, client, ticket, table, num_rows, allocation, shape=None):
         self._client = client
+        self._shape = tuple(shape) if shape is not None else (num_rows, ROW_BYTES)
         self._ticket = ticket
         self.table = table
         self.num_rows = num_rows
@@ -438,7 +485,7 @@ class Ticket:
         self._state = self._DONE
         # The ticket holds the tensor until released, so wait() may be called again; the range
         # goes back when both the ticket and every view of the tensor are gone.
-        self._tensor = self._client._tensor(self._allocation, 0, (self.num_rows, ROW_BYTES))
+        self._tensor = self._client._tensor(self._allocation, 0, self._shape)
         if self.num_rows == 0:
             self._allocation.free()
 

@@ -67,6 +67,19 @@ class GpuUnavailableError(EngramError, RuntimeError):
     """The GPU path cannot run here: no GPU runtime, no GPU, or no kernel library."""
 
 
+class ModelFileNotFoundError(EngramError, FileNotFoundError):
+    """Opening a Hasher: config.json or the derived-tables file (engram-hash.bin) is missing."""
+
+
+class HashTablesError(EngramError, OSError):
+    """Opening a Hasher: the derived-tables file is stale (-ESTALE: config.json or
+    tokenizer.json changed; re-run tools/engram_vocab.py) or corrupt (-EBADMSG)."""
+
+
+class NoVocabularyError(InvalidArgumentError):
+    """Tokenizer ids were given to a Hasher opened without a compressed vocabulary."""
+
+
 _BY_ERRNO = {
     -_errno.ECONNREFUSED: EngramConnectionError,
     -_errno.ENOTCONN: EngramConnectionError,
@@ -88,3 +101,16 @@ _BY_ERRNO = {
 def error_for(code, message):
     """The exception for a negative errno returned by the C library."""
     return _BY_ERRNO.get(code, EngramError)(code, message)
+
+
+def hash_error_for(code, message, opening=False):
+    """The exception for a negative errno from the hashing functions (engram/hash.h) or from
+    engram_submit_tokens: -EOPNOTSUPP means no compressed vocabulary there, not a GPU matter;
+    -ENOENT while opening is a missing model file."""
+    if code == -_errno.EOPNOTSUPP:
+        return NoVocabularyError(code, message)
+    if code in (-_errno.ESTALE, -_errno.EBADMSG):
+        return HashTablesError(code, message)
+    if opening and code == -_errno.ENOENT:
+        return ModelFileNotFoundError(code, message)
+    return error_for(code, message)
