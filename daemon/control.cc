@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/clock.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
 #include "daemon/server.h"
@@ -28,12 +29,6 @@ constexpr int kSchemaVersion = 1;
 // Most bytes one warm or evict request touches: keeps the control thread's pause short and
 // gives engramctl a progress step.
 constexpr uint64_t kMaxStepBytes = uint64_t{64} << 20;
-
-uint64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
-}
 
 // The byte ranges of the files of `table` that hold rows [begin, end).
 struct FileRange {

@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/clock.h"
 #include "daemon/gather_planner.h"
 #include "daemon/gather_reader.h"
 
@@ -44,12 +45,6 @@ using Task = absl::AnyInvocable<void(ReaderContext&)>;
 constexpr size_t kLatencyBuckets = 64;
 // Residue reads per task when the blocking pool shares them out.
 constexpr size_t kPoolTaskReads = 16;
-
-uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Threads that each own a ReaderContext and run posted tasks in order of arrival. The destructor
 // runs every task already posted before the threads exit.

@@ -1,26 +1,9 @@
 // engramd's request threads (see request_pool.h).
 #include "daemon/request_pool.h"
 
-#include <time.h>
+#include "daemon/clock.h"
 
 namespace engram {
-namespace {
-
-uint64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
-}  // namespace
 
 RequestPool::RequestPool(uint32_t threads, uint64_t spin_ns) : spin_ns_(spin_ns) {
   for (uint32_t i = 0; i < (threads == 0 ? 1 : threads); ++i) {
