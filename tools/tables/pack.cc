@@ -17,46 +17,11 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "daemon/packed_format.h"
+#include "daemon/table_internal.h"
+#include "tools/tables/file_io.h"
 
 namespace engram {
 namespace {
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-absl::Status PwriteFull(int fd, const std::string& path, const uint8_t* p, uint64_t len,
-                        uint64_t offset) {
-  while (len > 0) {
-    ssize_t n = ::pwrite(fd, p, len, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno(absl::StrCat("cannot write ", len, " bytes at offset ", offset, " of"), path);
-    }
-    p += n;
-    len -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PreadExact(int fd, const std::string& path, uint8_t* p, uint64_t len,
-                        uint64_t offset) {
-  while (len > 0) {
-    ssize_t n = ::pread(fd, p, len, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno(absl::StrCat("cannot read ", len, " bytes at offset ", offset, " of"), path);
-    }
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat(path, ": unexpected end of file at offset ", offset));
-    }
-    p += n;
-    len -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
 
 // The temporary output: unlinked on destruction unless committed.
 class TempOutput {
@@ -69,7 +34,7 @@ class TempOutput {
     final_ = final_path;
     std::string tmpl = final_path + ".tmp-XXXXXX";
     fd_ = ::mkostemp(tmpl.data(), O_CLOEXEC);
-    if (fd_ < 0) return Errno("cannot create a temporary file next to", final_path);
+    if (fd_ < 0) return ErrnoStatus("cannot create a temporary file next to", final_path);
     path_ = tmpl;
     (void)::fchmod(fd_, 0644);
     return absl::OkStatus();
@@ -77,22 +42,16 @@ class TempOutput {
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
   absl::Status Commit() {
-    if (::fsync(fd_) != 0) return Errno("cannot fsync", path_);
+    if (::fsync(fd_) != 0) return ErrnoStatus("cannot fsync", path_);
     const int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) return Errno("cannot close", path_);
+    if (::close(fd) != 0) return ErrnoStatus("cannot close", path_);
     if (::rename(path_.c_str(), final_.c_str()) != 0) {
-      return Errno(absl::StrCat("cannot rename ", path_, " to"), final_);
+      return ErrnoStatus(absl::StrCat("cannot rename ", path_, " to"), final_);
     }
     committed_ = true;
     const std::filesystem::path parent = std::filesystem::path(final_).parent_path();
-    const std::string dir = parent.empty() ? std::string(".") : parent.string();
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return Errno("cannot open directory", dir);
-    const int rc = ::fsync(dfd);
-    ::close(dfd);
-    if (rc != 0) return Errno("cannot fsync directory", dir);
-    return absl::OkStatus();
+    return FsyncDirectory(parent.empty() ? std::string(".") : parent.string());
   }
 
  private:
@@ -140,11 +99,11 @@ absl::Status PackTable(const PackOptions& options) {
   if (absl::Status s = out.Create(options.out); !s.ok()) return s;
   // Sizing the file first makes a sparse copy's leading rows a hole rather than written zeros.
   if (::ftruncate(out.fd(), static_cast<off_t>(header.data_end)) != 0) {
-    return Errno("cannot size", out.path());
+    return ErrnoStatus("cannot size", out.path());
   }
   std::vector<uint8_t> page(kPackedDataOffset, 0);
   std::memcpy(page.data(), &header, sizeof(header));
-  if (absl::Status s = PwriteFull(out.fd(), out.path(), page.data(), page.size(), 0); !s.ok()) {
+  if (absl::Status s = WriteAllAt(out.fd(), out.path(), page.data(), page.size(), 0); !s.ok()) {
     return s;
   }
 
@@ -166,7 +125,7 @@ absl::Status PackTable(const PackOptions& options) {
     for (const RowPart& p : table.parts()) {
       const TableFile& f = table.files()[p.file];
       uint8_t* dst = one_part ? row_buf.data() : part_buf.data();
-      if (absl::Status s = PreadExact(f.fd, f.path, dst, n * p.bytes, p.FileOffset(first));
+      if (absl::Status s = PreadFull(f.fd, f.path, dst, n * p.bytes, p.FileOffset(first));
           !s.ok()) {
         return s;
       }
@@ -177,7 +136,7 @@ absl::Status PackTable(const PackOptions& options) {
       }
     }
     const uint64_t off = PackedRowOffset(header, first);
-    if (absl::Status s = PwriteFull(out.fd(), out.path(), row_buf.data(), n * kRowBytes, off);
+    if (absl::Status s = WriteAllAt(out.fd(), out.path(), row_buf.data(), n * kRowBytes, off);
         !s.ok()) {
       return s;
     }

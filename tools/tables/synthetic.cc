@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "tools/tables/file_io.h"
 
 namespace engram {
 namespace {
@@ -56,32 +57,12 @@ inline void FillRow(uint64_t layer_key, uint64_t row, uint8_t* values, uint8_t* 
   }
 }
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-absl::Status WriteAllAt(int fd, const std::string& path, const void* buf, uint64_t len,
-                        uint64_t offset) {
-  const auto* p = static_cast<const uint8_t*>(buf);
-  while (len > 0) {
-    ssize_t n = ::pwrite(fd, p, len, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Errno(absl::StrCat("cannot write ", len, " bytes at offset ", offset, " of"), path);
-    }
-    p += n;
-    len -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 // A file being written: O_CLOEXEC, closed on every path; Finish() fsyncs and reports close().
 class OutputFile {
  public:
   static absl::StatusOr<std::unique_ptr<OutputFile>> Create(const std::string& path) {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return Errno("cannot create", path);
+    if (fd < 0) return ErrnoStatus("cannot create", path);
     return std::unique_ptr<OutputFile>(new OutputFile(path, fd));
   }
   ~OutputFile() {
@@ -93,10 +74,10 @@ class OutputFile {
     return WriteAllAt(fd_, path_, buf, len, offset);
   }
   absl::Status Finish() {
-    if (::fsync(fd_) != 0) return Errno("cannot fsync", path_);
+    if (::fsync(fd_) != 0) return ErrnoStatus("cannot fsync", path_);
     const int fd = fd_;
     fd_ = -1;
-    if (::close(fd) != 0) return Errno("cannot close", path_);
+    if (::close(fd) != 0) return ErrnoStatus("cannot close", path_);
     return absl::OkStatus();
   }
 
@@ -384,12 +365,7 @@ absl::Status WriteSyntheticCheckpoint(const SynthOptions& options) {
   if (absl::Status s = WriteJson((dir / "config.json").string(), config); !s.ok()) return s;
 
   // Make the new directory entries durable too.
-  int dfd = ::open(options.out_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return Errno("cannot open directory", options.out_dir);
-  const int rc = ::fsync(dfd);
-  ::close(dfd);
-  if (rc != 0) return Errno("cannot fsync directory", options.out_dir);
-  return absl::OkStatus();
+  return FsyncDirectory(options.out_dir);
 }
 
 }  // namespace engram
