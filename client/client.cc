@@ -192,43 +192,6 @@ int SetSocketTimeout(int fd, int64_t timeout_ns) {
   return 0;
 }
 
-// Receives one message (and up to two fds). Returns its size or -errno.
-ssize_t ReceiveMessage(int fd, uint8_t* buffer, size_t capacity, int* ret_fds, int* ret_nfds) {
-  iovec iov{.iov_base = buffer, .iov_len = capacity};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return -errno;
-  int nfds = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      int* fds = reinterpret_cast<int*>(CMSG_DATA(c));
-      for (size_t i = 0; i < count; ++i) {
-        if (ret_fds != nullptr && nfds < 2) {
-          ret_fds[nfds++] = fds[i];
-        } else {
-          close(fds[i]);
-        }
-      }
-    }
-  }
-  if (ret_nfds != nullptr) *ret_nfds = nfds;
-  if ((msg.msg_flags & MSG_TRUNC) != 0) {
-    for (int i = 0; i < nfds; ++i) close(ret_fds[i]);
-    if (ret_nfds != nullptr) *ret_nfds = 0;
-    return -EMSGSIZE;
-  }
-  return n;
-}
-
 int SendAll(int fd, const void* data, size_t size) {
   ssize_t n;
   do {
@@ -252,7 +215,8 @@ int ControlExchange(engram_session* s, uint16_t type, uint16_t expected_reply,
     return LostError(s);
   }
   reply->resize(ENGRAM_MSG_MAX_BYTES);
-  ssize_t n = ReceiveMessage(s->socket_fd, reply->data(), reply->size(), nullptr, nullptr);
+  ssize_t n = proto::ReceiveMessage(s->socket_fd, reply->data(), reply->size(), nullptr, 0,
+                                    nullptr);
   if (n == 0 || n == -ECONNRESET || n == -EPIPE) {
     s->lost.store(true);
     return LostError(s);
@@ -459,7 +423,7 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
   int fds[2] = {-1, -1};
   int nfds = 0;
-  ssize_t n = ReceiveMessage(s->socket_fd, buffer, sizeof(buffer), fds, &nfds);
+  ssize_t n = proto::ReceiveMessage(s->socket_fd, buffer, sizeof(buffer), fds, 2, &nfds);
   auto close_fds = [&] {
     for (int i = 0; i < nfds; ++i) close(fds[i]);
   };

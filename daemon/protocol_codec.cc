@@ -1,6 +1,10 @@
 // Decoding and checking of socket messages and submission entries (see protocol_codec.h).
 #include "daemon/protocol_codec.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -364,6 +368,44 @@ const char* StatusCodeName(int32_t code) {
                                        "DATA_LOSS"};
   if (code < 0 || code > ENGRAM_STATUS_DATA_LOSS) return "UNKNOWN";
   return kNames[code];
+}
+
+ssize_t ReceiveMessage(int fd, uint8_t* buffer, size_t capacity, int* ret_fds, int max_fds,
+                       int* ret_nfds) {
+  constexpr int kMaxFds = 4;
+  iovec iov{.iov_base = buffer, .iov_len = capacity};
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n;
+  do {
+    n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -errno;
+  int nfds = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int passed;
+      std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (ret_fds != nullptr && nfds < max_fds) {
+        ret_fds[nfds++] = passed;
+      } else {
+        close(passed);
+      }
+    }
+  }
+  if ((msg.msg_flags & MSG_TRUNC) != 0) {
+    for (int i = 0; i < nfds; ++i) close(ret_fds[i]);
+    nfds = 0;
+    n = -EMSGSIZE;
+  }
+  if (ret_nfds != nullptr) *ret_nfds = nfds;
+  return n;
 }
 
 }  // namespace engram::protocol

@@ -3,6 +3,8 @@
 // that the fuzz targets build standalone with clang and the client library can share it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -12,6 +14,13 @@
 #include "engram/protocol.h"
 
 namespace engram::protocol {
+
+// Receives one message from a SOCK_SEQPACKET socket with up to `max_fds` descriptors passed
+// alongside (received O_CLOEXEC; any beyond `max_fds` are closed). Retries EINTR. Returns the
+// message size (0: the peer closed the connection) or -errno; -EMSGSIZE when the message did
+// not fit `capacity`, in which case every passed descriptor is closed and *ret_nfds is 0.
+ssize_t ReceiveMessage(int fd, uint8_t* buffer, size_t capacity, int* ret_fds, int max_fds,
+                       int* ret_nfds);
 
 // Why something was refused: a wire status code and a message naming what was wrong.
 struct CodecError {

@@ -30,36 +30,15 @@ bool Receive(int fd, std::vector<uint8_t>* ret_bytes, int* ret_fd, std::string* 
     return false;
   }
   ret_bytes->resize(ENGRAM_MSG_MAX_BYTES);
-  iovec iov{.iov_base = ret_bytes->data(), .iov_len = ret_bytes->size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n;
-  do {
-    n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
+  int nfds = 0;
+  const ssize_t n = engram::protocol::ReceiveMessage(fd, ret_bytes->data(), ret_bytes->size(),
+                                                     ret_fd, 1, &nfds);
   if (n <= 0) {
-    *ret_why = n == 0 ? "the daemon closed the connection" : strerror(errno);
+    *ret_why = n == 0 ? "the daemon closed the connection" : strerror(static_cast<int>(-n));
     return false;
   }
+  if (nfds == 0) *ret_fd = -1;
   ret_bytes->resize(static_cast<size_t>(n));
-  *ret_fd = -1;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    std::vector<int> fds(count);
-    memcpy(fds.data(), CMSG_DATA(c), count * sizeof(int));
-    for (size_t i = 0; i < count; ++i) {
-      if (i == 0 && *ret_fd < 0) {
-        *ret_fd = fds[i];
-      } else {
-        close(fds[i]);
-      }
-    }
-  }
   return true;
 }
 
