@@ -728,10 +728,13 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
                     .dest_offsets = request->dest_offsets};
   auto finish = [this, start](Session& s, const protocol::DecodedRequest& r,
                               const absl::Status& status) {
+    // The session's count drops before the completion is published, so a client that reuses
+    // the finished request's place at once is not refused for the limit; the daemon-wide count,
+    // which shutdown drains on, only after it.
+    s.inflight.fetch_sub(1, std::memory_order_relaxed);
     s.Complete(r.ticket, r.slot, static_cast<int32_t>(status.code()),
                status.ok() ? nullptr : std::string(status.message()).c_str(),
                status.ok() ? r.rows.size() : 0, NowNs() - start);
-    s.inflight.fetch_sub(1, std::memory_order_relaxed);
     inflight_total_.fetch_sub(1, std::memory_order_release);
   };
   if (request->rows.size() <= config_.poll.inline_rows) {

@@ -88,6 +88,17 @@ uint32_t Session::TakeSubmissions(engram_sqe* out, uint32_t max, bool* ret_garba
 
 void Session::Complete(uint64_t ticket, uint32_t slot, int32_t code, const char* message,
                        uint64_t rows, uint64_t service_ns) {
+  // Counted before the completion is published: a client that sees its request done and then
+  // asks for statistics finds the request in them.
+  if (code == ENGRAM_STATUS_OK) {
+    counters.ok.fetch_add(1, std::memory_order_relaxed);
+    counters.rows.fetch_add(rows, std::memory_order_relaxed);
+    counters.bytes.fetch_add(rows * ENGRAM_ROW_BYTES, std::memory_order_relaxed);
+  } else {
+    counters.failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  const int bucket = service_ns == 0 ? 0 : 63 - __builtin_clzll(service_ns);
+  counters.latency_log2[bucket].fetch_add(1, std::memory_order_relaxed);
   engram_arena_header* h = arena_->header();
   engram_request_status& st = arena_->status()[slot];
   st.code = code;
@@ -120,15 +131,6 @@ void Session::Complete(uint64_t ticket, uint32_t slot, int32_t code, const char*
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h->completions), FUTEX_WAKE, INT_MAX, nullptr,
             nullptr, 0);
   }
-  if (code == ENGRAM_STATUS_OK) {
-    counters.ok.fetch_add(1, std::memory_order_relaxed);
-    counters.rows.fetch_add(rows, std::memory_order_relaxed);
-    counters.bytes.fetch_add(rows * ENGRAM_ROW_BYTES, std::memory_order_relaxed);
-  } else {
-    counters.failed.fetch_add(1, std::memory_order_relaxed);
-  }
-  const int bucket = service_ns == 0 ? 0 : 63 - __builtin_clzll(service_ns);
-  counters.latency_log2[bucket].fetch_add(1, std::memory_order_relaxed);
 }
 
 void Session::MarkStopped() {
