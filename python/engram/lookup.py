@@ -3,6 +3,7 @@
     lookup = engram.EngramLookup(layers=[1, 14], heads=24, max_tokens=512)   # once
     ...
     lookup.prepare({1: ids_1, 14: ids_14})  # forward entry: every layer's gather submitted
+    # or, from token ids: lookup.prepare_tokens(hasher, new_ids, history=last_ids)
     ...
     emb = lookup.get(14)                    # in layer 14: bf16 [tokens, heads, 256]
 
@@ -35,7 +36,8 @@ import torch
 from . import _lib
 from .client import Client
 from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
-from .errors import GpuUnavailableError, InvalidArgumentError, RowOutOfRangeError, error_for
+from .errors import (GpuUnavailableError, InvalidArgumentError, RowOutOfRangeError,
+                     UnknownTableError, error_for)
 
 _PAGE = 4096
 
@@ -200,6 +202,31 @@ class EngramLookup:
             # The GPU waits until every request of the step completed: requests may complete
             # in any order, so only the step's total is a safe value to wait for.
             self._target.value = self._submitted
+
+    def prepare_tokens(self, hasher, tokens, history=None, *, tp_size=None, tp_rank=None,
+                       heads=None, compressed=False, timeout=None):
+        """prepare() with the step's row ids hashed on the host from its token ids.
+
+        hasher: an engram.Hasher of the served model. tokens, history, compressed: as for
+        Hasher.hash (one sequence, or a list of sequences whose positions run in order, each
+        with the ids right before its new tokens). tp_size/tp_rank or heads pick the heads,
+        which must number `heads` of this lookup. Every layer of the lookup is hashed with its
+        own multipliers and primes; the token count is the step's total positions.
+        Raises as Hasher.hash and prepare() do."""
+        self._check_open()
+        begin, end = hasher.head_range(tp_size, tp_rank, heads)
+        if end - begin != self.heads:
+            raise InvalidArgumentError(
+                -errno.EINVAL, f"the hasher's head selection [{begin}, {end}) has "
+                               f"{end - begin} heads; this lookup was made for {self.heads}")
+        unknown = [layer for layer in self.layers if layer not in hasher.layers]
+        if unknown:
+            raise UnknownTableError(
+                -errno.ENOENT, f"layer(s) {unknown} are not Engram layers of the hasher's model "
+                               f"(it has {sorted(hasher.layers)})")
+        row_ids = {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
+                                      compressed=compressed) for layer in self.layers}
+        self.prepare(row_ids, timeout)
 
     def _validate(self, layer_id, ids):
         layer = self._layers[layer_id]

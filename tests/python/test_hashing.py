@@ -267,3 +267,38 @@ def test_errors_name_what_was_wrong(hclient, hasher, hash_model, tmp_path):
     closed.close()
     with pytest.raises(engram.InvalidArgumentError, match="closed"):
         closed.hash([1], layer=1)
+
+
+def test_lookup_prepare_tokens_equals_the_reference(hash_daemon, hasher, hash_model,
+                                                    hash_tables):
+    """EngramLookup.prepare_tokens over a chunked prefill and decode steps with history, for
+    all heads and for a TP rank's heads, against the reference rows dequantised in PyTorch."""
+    import reference
+    _, r, lookup, vocab_size = hash_model
+    ids = _stream(160, vocab_size, 7)
+    expect = {layer: r.rows(layer, lookup[ids]) for layer in (1, 14)}
+    with engram.EngramLookup([1, 14], HEADS, 64, device="cpu",
+                             socket=hash_daemon.socket) as full, \
+            engram.EngramLookup([14, 1], 6, 64, device="cpu", socket=hash_daemon.socket) as rank:
+        for at, n in [(0, 64), (64, 50), (114, 1), (115, 1)]:
+            new, hist = ids[at:at + n], ids[max(0, at - 3):at]
+            full.prepare_tokens(hasher, new, history=hist)
+            rank.prepare_tokens(hasher, lookup[new], history=lookup[hist], tp_size=4, tp_rank=2,
+                                compressed=True)
+            for layer in (1, 14):
+                want = reference.embeddings(hash_tables, layer, expect[layer][at:at + n])
+                assert torch.equal(reference.bits(full.get(layer)), reference.bits(want))
+                assert torch.equal(reference.bits(rank.get(layer)),
+                                   reference.bits(want[:, 12:18]))
+        # A decode step of several sequences, one new token each, in one call.
+        seqs = [ids[i:i + 1] for i in range(120, 160, 8)]
+        hist = [ids[i - 3:i] for i in range(120, 160, 8)]
+        full.prepare_tokens(hasher, seqs, history=hist)
+        rows = np.concatenate([expect[14][i:i + 1] for i in range(120, 160, 8)])
+        assert torch.equal(reference.bits(full.get(14)),
+                           reference.bits(reference.embeddings(hash_tables, 14, rows)))
+        with pytest.raises(engram.InvalidArgumentError, match=r"\[0, 24\) has 24 heads; this "
+                                                              r"lookup was made for 6"):
+            rank.prepare_tokens(hasher, ids[:4])
+        with pytest.raises(engram.InvalidArgumentError, match="65 tokens, more than max_tokens"):
+            full.prepare_tokens(hasher, ids[:65])
