@@ -159,7 +159,7 @@ struct TableState {
   std::atomic<uint64_t> batches{0}, rows_requested{0}, rows_unique{0}, read_calls{0},
       nowait_hits{0}, nowait_eagain{0}, partial_reads{0}, uring_reads{0}, pool_reads{0},
       direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, syscalls{0},
-      probes{0}, dedup_copies{0};
+      probes{0}, dedup_copies{0}, ring_failures{0}, ring_resets{0}, fixed_reads{0};
   std::atomic<double> hit_rate{1.0};
   std::atomic<bool> nowait_enabled{true};
   std::atomic<uint64_t> since_probe{0};
@@ -177,7 +177,10 @@ class GatherEngineImpl final : public GatherEngine {
   explicit GatherEngineImpl(const GatherEngineOptions& options)
       : options_(options),
         planner_(PlannerOptions{.merge = options.merge_reads,
-                                .max_batch_rows = options.max_batch_rows}) {}
+                                .max_batch_rows = options.max_batch_rows}) {
+    reader_shared_.enter_fault = options.uring_enter_fault;
+    reader_shared_.notice = options.notice;
+  }
 
   absl::Status Start() {
     if (options_.workers == 0) options_.workers = std::max(1u, std::thread::hardware_concurrency());
@@ -310,6 +313,9 @@ class GatherEngineImpl final : public GatherEngine {
       s.syscalls = ts->syscalls.load();
       s.probes = ts->probes.load();
       s.dedup_copies = ts->dedup_copies.load();
+      s.ring_failures = ts->ring_failures.load();
+      s.ring_resets = ts->ring_resets.load();
+      s.fixed_reads = ts->fixed_reads.load();
       s.nowait_supported = true;
       for (const auto& f : ts->files) {
         if (!f->nowait_ok.load()) s.nowait_supported = false;
@@ -332,8 +338,9 @@ class GatherEngineImpl final : public GatherEngine {
 
  private:
   std::unique_ptr<ReaderContext> MakeContext(bool want_ring) {
-    auto ctx = std::make_unique<ReaderContext>();
+    auto ctx = std::make_unique<ReaderContext>(&reader_shared_);
     ctx->direct_bounce_target = options_.direct_bounce_bytes;
+    ctx->want_fixed_buffers = options_.register_direct_buffers;
     if (want_ring && options_.use_io_uring) {
       absl::Status s = ctx->InitRing(options_.ring_entries, options_.max_fixed_files);
       if (!s.ok()) {
@@ -574,6 +581,9 @@ class GatherEngineImpl final : public GatherEngine {
     ts->nowait_zero.fetch_add(total.nowait_zero, std::memory_order_relaxed);
     ts->eintr_retries.fetch_add(total.eintr_retries, std::memory_order_relaxed);
     ts->syscalls.fetch_add(total.syscalls, std::memory_order_relaxed);
+    ts->ring_failures.fetch_add(total.ring_failures, std::memory_order_relaxed);
+    ts->ring_resets.fetch_add(total.ring_resets, std::memory_order_relaxed);
+    ts->fixed_reads.fetch_add(total.fixed_reads, std::memory_order_relaxed);
     if (!first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
     const uint64_t ns = NowNs() - t0;
     ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
@@ -593,6 +603,7 @@ class GatherEngineImpl final : public GatherEngine {
 
   GatherEngineOptions options_;
   GatherPlanner planner_;
+  ReaderShared reader_shared_;  // every ReaderContext points here: declared before the pools
   std::unique_ptr<ThreadPool> workers_;
   std::once_flag pool_once_;
   std::unique_ptr<ThreadPool> pool_;

@@ -53,6 +53,17 @@ using ReadFn =
 // never logs: the daemon logs these once. Called from any gather thread; must be thread-safe.
 using NoticeFn = std::function<void(const std::string& notice)>;
 
+// A fault seam for the gather rings: called before every io_uring_enter a gather ring makes to
+// submit and wait for reads. A nonzero `error` makes that call fail with it as if the kernel had
+// refused it: with `after_submit`, the reads queued so far reach the kernel first and the wait
+// fails (reads are in flight when the ring breaks); without, nothing is submitted. Tests use it to
+// break a ring in the middle of a batch. Must be thread-safe.
+struct UringEnterFault {
+  int error = 0;  // a positive errno; 0: no fault
+  bool after_submit = false;
+};
+using UringEnterFaultFn = std::function<UringEnterFault()>;
+
 struct GatherEngineOptions {
   // Gather workers, each owning one io_uring ring; 0 = number of online CPUs.
   uint32_t workers = 0;
@@ -86,6 +97,11 @@ struct GatherEngineOptions {
   uint32_t direct_bounce_bytes = 4u << 20;
   ReadFn read_fn;   // empty: preadv2
   NoticeFn notice;  // empty: notices only show in Stats()
+  // Register each thread's O_DIRECT bounce area with its ring (io_uring fixed buffers: the kernel
+  // skips pinning the pages on every read). It pins direct_bounce_bytes per ring; when the kernel
+  // refuses (RLIMIT_MEMLOCK, ENOMEM) the reads go unregistered and one notice says why.
+  bool register_direct_buffers = true;
+  UringEnterFaultFn uring_enter_fault;  // empty: never (the production setting)
 };
 
 // One batch: rows[i] of `table` goes to dest + dest_offsets[i] (or dest + i * row_bytes when
@@ -122,6 +138,11 @@ struct TableGatherStats {
   uint64_t syscalls = 0;      // preadv2, pread and io_uring_enter calls made for the table
   uint64_t probes = 0;        // batches that probed the NOWAIT pass while it was off
   uint64_t dedup_copies = 0;  // slots filled by copying a row read once for the batch
+  // io_uring_enter failures that retired a gather ring while it read this table (the reads in
+  // flight were reaped first, the rest finished elsewhere), and the fresh rings set up after them.
+  uint64_t ring_failures = 0;
+  uint64_t ring_resets = 0;
+  uint64_t fixed_reads = 0;  // O_DIRECT reads into a registered (fixed) bounce buffer
   ReadMode mode = ReadMode::kBuffered;
   std::string residue_path;  // "io_uring", "blocking pool" or "O_DIRECT io_uring" / "O_DIRECT pool"
   // Batch latency histogram: bucket i counts batches with latency in [2^i, 2^(i+1)) ns.

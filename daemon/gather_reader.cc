@@ -3,7 +3,9 @@
 #include "daemon/gather_reader.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/clock.h"
 
 namespace engram {
 namespace {
@@ -21,6 +24,16 @@ constexpr uint64_t kMaxDirectRun = 256 * 1024;
 // A blocking read that keeps answering EAGAIN (only a ReadFn can make it) is an error after this
 // many tries instead of a spin.
 constexpr int kMaxBlockingRetries = 1000;
+// The user_data of a queued SQE that a ring failure turned into a no-op.
+constexpr uint64_t kAbandonedUserData = UINT64_MAX;
+// After more than this many ring failures without a successful enter in between, a failed ring
+// is not replaced: the context goes on without io_uring.
+constexpr uint32_t kMaxRingFailuresInARow = 4;
+// After a ring failure: how long reads in flight may take before a notice says the wait goes on,
+// how often the completion queue is polled, and how long the kernel may take to cancel.
+constexpr uint64_t kSlowDrainNs = 5'000'000'000;
+constexpr long kDrainPollNs = 50'000;
+constexpr long kCancelTimeoutNs = 100'000'000;
 
 ssize_t DoRead(const ReadTarget& t, int fd, const iovec* iov, int cnt, off_t off, int flags) {
   if (t.read_fn != nullptr && *t.read_fn) return (*t.read_fn)(fd, iov, cnt, off, flags);
@@ -71,31 +84,152 @@ void ReadCounters::Add(const ReadCounters& o) {
   nowait_zero += o.nowait_zero;
   eintr_retries += o.eintr_retries;
   syscalls += o.syscalls;
+  ring_failures += o.ring_failures;
+  ring_resets += o.ring_resets;
+  fixed_reads += o.fixed_reads;
+}
+
+void ReaderShared::NoticeOnce(std::atomic<bool>& once, const std::string& text) {
+  if (!once.exchange(true) && notice) notice(text);
 }
 
 ReaderContext::~ReaderContext() {
+  // The ring goes first: it holds the bounce area's pages while it is registered.
   if (has_ring_) io_uring_queue_exit(&ring_);
   std::free(bounce_);
 }
 
 absl::Status ReaderContext::InitRing(uint32_t entries, uint32_t max_fixed_files) {
-  io_uring_params params{};
-  // COOP_TASKRUN: completions run when this thread enters the kernel anyway, not by IPI.
-  params.flags = IORING_SETUP_COOP_TASKRUN;
-  int r = io_uring_queue_init_params(entries, &ring_, &params);
-  if (r == -EINVAL) {
-    params = {};
-    r = io_uring_queue_init_params(entries, &ring_, &params);
-  }
-  if (r < 0) return absl::ErrnoToStatus(-r, "io_uring_queue_init");
-  has_ring_ = true;
-  if (max_fixed_files > 0 && io_uring_register_files_sparse(&ring_, max_fixed_files) == 0) {
-    fixed_files_ = true;
-  }
+  ring_entries_ = entries;
+  max_fixed_files_ = max_fixed_files;
+  if (absl::Status s = SetUpRing(); !s.ok()) return s;
   slots.resize(entries);
   free_slots.clear();
   for (uint32_t i = entries; i > 0; --i) free_slots.push_back(i - 1);
   return absl::OkStatus();
+}
+
+absl::Status ReaderContext::SetUpRing() {
+  io_uring_params params{};
+  // COOP_TASKRUN: completions run when this thread enters the kernel anyway, not by IPI.
+  params.flags = IORING_SETUP_COOP_TASKRUN;
+  int r = io_uring_queue_init_params(ring_entries_, &ring_, &params);
+  if (r == -EINVAL) {
+    params = {};
+    r = io_uring_queue_init_params(ring_entries_, &ring_, &params);
+  }
+  if (r < 0) return absl::ErrnoToStatus(-r, "io_uring_queue_init");
+  has_ring_ = true;
+  fixed_files_ = false;
+  bounce_registered_ = false;
+  if (max_fixed_files_ > 0 && io_uring_register_files_sparse(&ring_, max_fixed_files_) == 0) {
+    fixed_files_ = true;
+    // A ring that replaces a failed one takes over the files its predecessor held, so the
+    // fixed indexes of the batch in progress stay valid.
+    const unsigned n = registered_fds_.size();
+    if (n > 0 && io_uring_register_files_update(&ring_, 0, registered_fds_.data(), n) !=
+                     static_cast<int>(n)) {
+      fixed_files_ = false;
+    }
+  }
+  return absl::OkStatus();
+}
+
+int ReaderContext::SubmitAndWait(unsigned wait_nr) {
+  if (shared_ != nullptr && shared_->enter_fault) {
+    if (const UringEnterFault f = shared_->enter_fault(); f.error != 0) {
+      if (f.after_submit) io_uring_submit(&ring_);
+      return -std::abs(f.error);
+    }
+  }
+  const int r = io_uring_submit_and_wait(&ring_, wait_nr);
+  if (r >= 0) failures_in_a_row_ = 0;
+  return r;
+}
+
+void ReaderContext::RecoverRing(int err, uint32_t& inflight, const std::string& what,
+                                absl::FunctionRef<void(uint64_t user_data)> abandon,
+                                absl::FunctionRef<void(const io_uring_cqe& cqe)> reap,
+                                ReadCounters& c) {
+  c.ring_failures++;
+  ++failures_in_a_row_;
+  if (shared_ != nullptr) {
+    shared_->NoticeOnce(
+        shared_->ring_failure_noticed,
+        absl::StrCat("io_uring_enter failed (", std::strerror(err), ") while reading ", what,
+                     ": the gather ring was retired once the reads it had started completed and "
+                     "replaced by a new one, the batch's other reads went on without it (further "
+                     "failures only show in the ring_failures statistic)"));
+  }
+
+  // 1. Without SQPOLL the kernel takes SQEs only inside io_uring_enter, which this thread alone
+  // calls: those past the kernel's head never started and never will once they are no-ops.
+  io_uring_sq& sq = ring_.sq;
+  for (unsigned i = io_uring_smp_load_acquire(sq.khead); i != sq.sqe_tail; ++i) {
+    io_uring_sqe* sqe = &sq.sqes[i & sq.ring_mask];
+    const uint64_t data = sqe->user_data;
+    io_uring_prep_nop(sqe);
+    io_uring_sqe_set_data64(sqe, kAbandonedUserData);
+    abandon(data);
+    --inflight;
+  }
+
+  // 2. Reads the kernel took may still write into their buffers: wait for every completion.
+  // Cancelling interrupts reads parked on worker threads; a read waiting for its page cannot be
+  // cancelled and completes when the page arrives.
+  if (inflight > 0) {
+    io_uring_sync_cancel_reg reg{};
+    reg.fd = -1;
+    reg.flags = IORING_ASYNC_CANCEL_ANY;
+    reg.timeout.tv_sec = 0;
+    reg.timeout.tv_nsec = kCancelTimeoutNs;
+    io_uring_register_sync_cancel(&ring_, &reg);  // best effort; the wait below is what counts
+    c.syscalls++;
+  }
+  const uint64_t start = NowNs();
+  while (true) {
+    unsigned head, seen = 0;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      if (cqe->user_data == kAbandonedUserData) continue;
+      reap(*cqe);
+      --inflight;
+    }
+    io_uring_cq_advance(&ring_, seen);
+    if (inflight == 0) break;
+    // Completion work the kernel queued for this thread (COOP_TASKRUN) runs when any system call
+    // returns, so a short sleep lets it post completions without entering the failed ring. At
+    // most ring_entries reads are in flight and the completion queue holds twice that: none can
+    // be lost to an overflow that only an enter would flush.
+    const timespec pause{0, kDrainPollNs};
+    nanosleep(&pause, nullptr);
+    c.syscalls++;
+    if (NowNs() - start > kSlowDrainNs && shared_ != nullptr) {
+      shared_->NoticeOnce(shared_->slow_drain_noticed,
+                          absl::StrCat(inflight, " reads of ", what, " were still in flight ",
+                                       kSlowDrainNs / 1'000'000'000,
+                                       " s after their io_uring ring failed; the "
+                                       "gather thread waits for the device to finish them"));
+    }
+  }
+
+  // 3. A fresh ring, unless rings keep failing here.
+  io_uring_queue_exit(&ring_);
+  ring_ = {};
+  has_ring_ = false;
+  fixed_files_ = false;
+  bounce_registered_ = false;
+  absl::Status s =
+      absl::ResourceExhaustedError(absl::StrCat(failures_in_a_row_, " ring failures in a row"));
+  if (failures_in_a_row_ <= kMaxRingFailuresInARow) s = SetUpRing();
+  if (s.ok()) {
+    c.ring_resets++;
+  } else if (shared_ != nullptr) {
+    shared_->NoticeOnce(shared_->ring_given_up_noticed,
+                        absl::StrCat("a gather thread could not replace its failed io_uring ring (",
+                                     s.message(), "): it reads with blocking preadv2 from now on"));
+  }
 }
 
 void ReaderContext::SyncFixedFiles(const std::vector<int>& fds,
@@ -104,6 +238,7 @@ void ReaderContext::SyncFixedFiles(const std::vector<int>& fds,
   // a slot so the ring drops its reference to a closed table's file.
   if (fixed_files_) {
     registered_versions_.resize(fds.size(), 0);
+    registered_fds_.resize(fds.size(), -1);
     for (size_t i = 0; i < fds.size() && fixed_files_; ++i) {
       if (registered_versions_[i] == versions[i]) continue;
       size_t j = i;
@@ -113,6 +248,7 @@ void ReaderContext::SyncFixedFiles(const std::vector<int>& fds,
         break;
       }
       std::copy(versions.begin() + i, versions.begin() + j, registered_versions_.begin() + i);
+      std::copy(fds.begin() + i, fds.begin() + j, registered_fds_.begin() + i);
       i = j;
     }
   }
@@ -121,11 +257,47 @@ void ReaderContext::SyncFixedFiles(const std::vector<int>& fds,
 
 uint8_t* ReaderContext::Bounce(size_t bytes) {
   if (bounce_bytes_ < bytes) {
+    UnregisterBounce();  // the ring must let go of the pages before they are freed
     std::free(bounce_);
     bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, bytes));
     bounce_bytes_ = bounce_ != nullptr ? bytes : 0;
   }
   return bounce_;
+}
+
+void ReaderContext::UnregisterBounce() {
+  if (bounce_registered_ && has_ring_) io_uring_unregister_buffers(&ring_);
+  bounce_registered_ = false;
+}
+
+bool ReaderContext::FixedBounce() {
+  if (!has_ring_ || !want_fixed_buffers || fixed_buffers_refused_ || bounce_ == nullptr) {
+    return false;
+  }
+  if (bounce_registered_) return true;
+  const iovec area{bounce_, bounce_bytes_};
+  const int r = io_uring_register_buffers(&ring_, &area, 1);
+  if (r == 0) {
+    bounce_registered_ = true;
+    return true;
+  }
+  fixed_buffers_refused_ = true;  // a memory limit does not go away between batches
+  if (shared_ != nullptr) {
+    rlimit lim{};
+    std::string memlock = "unknown";
+    if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0) {
+      memlock = lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited")
+                                              : absl::StrCat(lim.rlim_cur >> 10, " KiB");
+    }
+    shared_->NoticeOnce(
+        shared_->fixed_buffers_noticed,
+        absl::StrCat("io_uring refused to register a gather thread's ", bounce_bytes_ >> 10,
+                     " KiB O_DIRECT bounce area as a fixed buffer (", std::strerror(-r),
+                     "; RLIMIT_MEMLOCK ", memlock,
+                     "): O_DIRECT reads use unregistered buffers, which costs a page pinning per "
+                     "read; raise LimitMEMLOCK or lower direct_bounce_bytes"));
+  }
+  return false;
 }
 
 void RemainingIovs(const GatherPlan& plan, const PlannedRead& read, uint32_t done,
@@ -259,11 +431,13 @@ absl::Status UringPass(ReaderContext& ctx, const ReadTarget& t,
                        const std::vector<PendingRead>& reads, bool nowait,
                        std::vector<PendingRead>* residue, ReadCounters& c) {
   const GatherPlan& plan = *t.plan;
-  io_uring* ring = ctx.ring();
+  io_uring* ring = ctx.ring();  // the context's ring stays at this address when it is replaced
   std::vector<PendingRead>& queue = ctx.queue;  // reads to (re)submit before the next input
   queue.clear();
   size_t next = 0;
   uint32_t inflight = 0;
+  int ring_failures = 0;
+  bool finish_without_ring = false;
   absl::Status first_error;
   auto fail = [&](absl::Status s) {
     if (first_error.ok()) first_error = std::move(s);
@@ -279,6 +453,55 @@ absl::Status UringPass(ReaderContext& ctx, const ReadTarget& t,
       return true;
     }
     return false;
+  };
+  // One completion: frees its slot and routes the read on.
+  auto complete = [&](const io_uring_cqe& cqe) {
+    const uint32_t s = static_cast<uint32_t>(cqe.user_data);
+    const int res = cqe.res;
+    PendingRead p = ctx.slots[s].p;
+    ctx.free_slots.push_back(s);
+    const PlannedRead& rd = plan.reads[p.read];
+    GatherFile& f = *(*t.files)[rd.file];
+    const uint32_t remaining = rd.length - p.done;
+    if (res == static_cast<int>(remaining)) {
+      c.bytes_read += res;
+      if (nowait) {
+        c.nowait_reads_hit++;
+      } else {
+        c.uring_reads++;
+      }
+    } else if (res > 0 && res < static_cast<int>(remaining)) {
+      c.partial_reads++;
+      c.bytes_read += res;
+      p.done += res;
+      queue.push_back(p);
+    } else if (res == 0) {
+      if (nowait) {
+        c.nowait_zero++;
+        residue->push_back(p);
+      } else {
+        fail(EndOfFileError(t, rd, p.done));
+      }
+    } else if (res == -EINTR || res == -ECANCELED) {  // ECANCELED: cancelled by RecoverRing
+      c.eintr_retries += res == -EINTR;
+      queue.push_back(p);
+    } else if (res == -EAGAIN) {
+      if (nowait) {
+        residue->push_back(p);
+      } else if (absl::Status st = BlockingRead(t, p, c); !st.ok()) {
+        fail(std::move(st));
+      }
+    } else if (nowait && (res == -EOPNOTSUPP || res == -EINVAL)) {
+      DisableNowait(t, f, -res);
+      residue->push_back(p);
+    } else if (!nowait && res == -EOPNOTSUPP) {
+      f.uring_ok.store(false, std::memory_order_relaxed);
+      if (absl::Status st = BlockingRead(t, p, c); !st.ok()) fail(std::move(st));
+    } else if (res > 0) {
+      fail(absl::InternalError("io_uring read returned more bytes than asked for"));
+    } else {
+      fail(ReadError(t, rd, p.done, -res));
+    }
   };
   while (true) {
     while (first_error.ok() && !ctx.free_slots.empty()) {
@@ -324,68 +547,44 @@ absl::Status UringPass(ReaderContext& ctx, const ReadTarget& t,
       c.read_calls++;
     }
     if (inflight == 0) break;
-    const int r = io_uring_submit_and_wait(ring, 1);
+    const int r = ctx.SubmitAndWait(1);
     c.syscalls++;
-    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-      // The ring cannot take or report work any more; what was submitted may still land in the
-      // slots, so this is fatal for the batch.
-      return absl::ErrnoToStatus(
-          -r, absl::StrCat("io_uring_enter while reading table ", plan.table->Describe()));
+    if (ReaderContext::FatalEnterError(r)) {
+      // Reads that never started go back to the queue; those the kernel took are reaped before
+      // anything else happens, so no read can land in a destination after this pass returns.
+      ctx.RecoverRing(
+          -r, inflight, absl::StrCat("table ", plan.table->Describe()),
+          [&](uint64_t s) {
+            queue.push_back(ctx.slots[s].p);
+            ctx.free_slots.push_back(static_cast<uint32_t>(s));
+          },
+          complete, c);
+      // The fresh ring takes the rest; after a second failure in one pass, the blocking path.
+      if (ctx.has_ring() && ++ring_failures == 1) continue;
+      finish_without_ring = true;
+      break;
     }
     unsigned head;
     unsigned seen = 0;
     io_uring_cqe* cqe;
     io_uring_for_each_cqe(ring, head, cqe) {
       ++seen;
-      const uint32_t s = static_cast<uint32_t>(io_uring_cqe_get_data64(cqe));
-      const int res = cqe->res;
-      PendingRead p = ctx.slots[s].p;
-      ctx.free_slots.push_back(s);
       inflight--;
-      const PlannedRead& rd = plan.reads[p.read];
-      GatherFile& f = *(*t.files)[rd.file];
-      const uint32_t remaining = rd.length - p.done;
-      if (res == static_cast<int>(remaining)) {
-        c.bytes_read += res;
-        if (nowait) {
-          c.nowait_reads_hit++;
-        } else {
-          c.uring_reads++;
-        }
-      } else if (res > 0 && res < static_cast<int>(remaining)) {
-        c.partial_reads++;
-        c.bytes_read += res;
-        p.done += res;
-        queue.push_back(p);
-      } else if (res == 0) {
-        if (nowait) {
-          c.nowait_zero++;
-          residue->push_back(p);
-        } else {
-          fail(EndOfFileError(t, rd, p.done));
-        }
-      } else if (res == -EINTR) {
-        c.eintr_retries++;
-        queue.push_back(p);
-      } else if (res == -EAGAIN) {
-        if (nowait) {
-          residue->push_back(p);
-        } else if (absl::Status st = BlockingRead(t, p, c); !st.ok()) {
-          fail(std::move(st));
-        }
-      } else if (nowait && (res == -EOPNOTSUPP || res == -EINVAL)) {
-        DisableNowait(t, f, -res);
-        residue->push_back(p);
-      } else if (!nowait && res == -EOPNOTSUPP) {
-        f.uring_ok.store(false, std::memory_order_relaxed);
-        if (absl::Status st = BlockingRead(t, p, c); !st.ok()) fail(std::move(st));
-      } else if (res > 0) {
-        fail(absl::InternalError("io_uring read returned more bytes than asked for"));
-      } else {
-        fail(ReadError(t, rd, p.done, -res));
-      }
+      complete(*cqe);
     }
     io_uring_cq_advance(ring, seen);
+  }
+  if (finish_without_ring) {
+    // Nothing is in flight any more: the NOWAIT pass hands what is left to the residue pass that
+    // follows it; the residue pass reads it with blocking reads.
+    PendingRead p;
+    while (take(p)) {
+      if (nowait) {
+        residue->push_back(p);
+      } else if (first_error.ok()) {
+        if (absl::Status s = BlockingRead(t, p, c); !s.ok()) fail(std::move(s));
+      }
+    }
   }
   return first_error;
 }
@@ -440,8 +639,30 @@ absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
     absl::Status first_error;
     if (ctx.has_ring()) {
       io_uring* ring = ctx.ring();
+      // Registered once per ring and bounce area; the kernel then skips pinning the bounce pages
+      // on every read.
+      const bool fixed_buffer = ctx.FixedBounce();
       size_t submitted = 0, completed = 0;
       std::vector<uint8_t> retry(runs.size(), 0);
+      auto complete = [&](const io_uring_cqe& cqe) {
+        ++completed;
+        const size_t i = cqe.user_data;
+        Run& run = runs[i];
+        const int res = cqe.res;
+        if (res >= 0) {
+          c.bytes_read += res;
+          c.direct_reads++;
+          c.fixed_reads += fixed_buffer;
+          run.valid = res;
+          // A short read that stopped on an aligned boundary before the end is finished below
+          // with blocking reads; an unaligned one reached the end of the file.
+          if (res < static_cast<int64_t>(run.length) && res % kDirectAlign == 0 && res > 0) {
+            retry[i] = 1;
+          }
+        } else {
+          retry[i] = 1;  // EINTR, EAGAIN, ECANCELED or a real error: read it plainly
+        }
+      };
       while (completed < runs.size()) {
         while (submitted < runs.size() && submitted - completed < ctx.slots.size()) {
           io_uring_sqe* sqe = io_uring_get_sqe(ring);
@@ -449,37 +670,39 @@ absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
           Run& run = runs[submitted];
           const GatherFile& f = *(*t.files)[run.file];
           const bool fixed = ctx.fixed_files() && f.direct_fixed_index >= 0;
-          io_uring_prep_read(sqe, fixed ? f.direct_fixed_index : f.direct_fd,
-                             bounce + run.bounce_offset, run.length, run.start);
+          const int fd = fixed ? f.direct_fixed_index : f.direct_fd;
+          if (fixed_buffer) {
+            io_uring_prep_read_fixed(sqe, fd, bounce + run.bounce_offset, run.length, run.start,
+                                     /*buf_index=*/0);
+          } else {
+            io_uring_prep_read(sqe, fd, bounce + run.bounce_offset, run.length, run.start);
+          }
           if (fixed) sqe->flags |= IOSQE_FIXED_FILE;
           io_uring_sqe_set_data64(sqe, submitted);
           ++submitted;
           c.read_calls++;
         }
-        const int r = io_uring_submit_and_wait(ring, 1);
+        const int r = ctx.SubmitAndWait(1);
         c.syscalls++;
-        if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
-          return absl::ErrnoToStatus(-r, "io_uring_enter for O_DIRECT reads");
+        if (ReaderContext::FatalEnterError(r)) {
+          // The runs in flight land in the bounce area, which the next flush reuses: reap them
+          // all, then read what did not complete (or never started) with blocking reads.
+          uint32_t inflight = static_cast<uint32_t>(submitted - completed);
+          ctx.RecoverRing(
+              -r, inflight, absl::StrCat("table ", plan.table->Describe(), " (O_DIRECT)"),
+              [&](uint64_t i) {
+                retry[i] = 1;
+                ++completed;
+              },
+              complete, c);
+          for (; submitted < runs.size(); ++submitted, ++completed) retry[submitted] = 1;
+          break;
         }
         unsigned head, seen = 0;
         io_uring_cqe* cqe;
         io_uring_for_each_cqe(ring, head, cqe) {
           ++seen;
-          ++completed;
-          Run& run = runs[io_uring_cqe_get_data64(cqe)];
-          const int res = cqe->res;
-          if (res >= 0) {
-            c.bytes_read += res;
-            c.direct_reads++;
-            run.valid = res;
-            // A short read that stopped on an aligned boundary before the end is finished below
-            // with blocking reads; an unaligned one reached the end of the file.
-            if (res < static_cast<int64_t>(run.length) && res % kDirectAlign == 0 && res > 0) {
-              retry[&run - runs.data()] = 1;
-            }
-          } else {
-            retry[&run - runs.data()] = 1;  // EINTR, EAGAIN or a real error: read it plainly
-          }
+          complete(*cqe);
         }
         io_uring_cq_advance(ring, seen);
       }
