@@ -230,10 +230,19 @@ int Run(const Config& c) {
           MakeEngineMethod("engine (no NOWAIT)", eo({.nowait_pass = NowaitPass::kOff})));
     else if (m == "engine-1w")
       methods.push_back(MakeEngineMethod("engine (1 worker)", eo({.workers = 1})));
-    else {
+    else if (m == "engine-direct" || m == "engine-direct-plain") {
+      // O_DIRECT page runs into each thread's bounce area, registered with its ring (fixed
+      // buffers) or not.
+      GatherEngineOptions o = eo({});
+      o.register_direct_buffers = m == "engine-direct";
+      methods.push_back(MakeEngineMethod(
+          m == "engine-direct" ? "engine O_DIRECT (fixed buffers)" : "engine O_DIRECT (plain)", o,
+          {.mode = ReadMode::kDirect}));
+    } else {
       std::fprintf(stderr,
                    "unknown method '%s' (mmap, pool, nowait, uring, engine, "
-                   "engine-serial, engine-nonowait, engine-1w)\n",
+                   "engine-serial, engine-nonowait, engine-1w, engine-direct, "
+                   "engine-direct-plain)\n",
                    m.c_str());
       return 2;
     }
@@ -377,7 +386,7 @@ int main(int argc, char** argv) {
   app.add_option("--dists", c.dists, "uniform, zipf")->delimiter(',');
   app.add_option("--methods", c.methods,
                  "mmap, pool, nowait, uring, engine (extra: engine-serial, engine-nonowait, "
-                 "engine-1w)")
+                 "engine-1w, engine-direct, engine-direct-plain)")
       ->delimiter(',');
   app.add_option("--zipf-s", c.zipf_s, "Zipf exponent");
   app.add_option("--budget", c.budget_s, "timed seconds per warm case and method");

@@ -219,7 +219,8 @@ class UringOnlyMethod final : public GatherMethod {
 
 class EngineMethod final : public GatherMethod {
  public:
-  EngineMethod(std::string name, const GatherEngineOptions& o) : name_(std::move(name)), o_(o) {}
+  EngineMethod(std::string name, const GatherEngineOptions& o, const TableGatherOptions& to)
+      : name_(std::move(name)), o_(o), to_(to) {}
   std::string name() const override { return name_; }
   absl::Status Attach(const Table& table) override {
     if (engine_ == nullptr) {
@@ -227,7 +228,7 @@ class EngineMethod final : public GatherMethod {
       if (!e.ok()) return e.status();
       engine_ = std::move(*e);
     }
-    if (attached_.insert(&table).second) return engine_->AddTable(&table, {});
+    if (attached_.insert(&table).second) return engine_->AddTable(&table, to_);
     return absl::OkStatus();
   }
   absl::Status Gather(const Table& table, std::span<const uint64_t> rows, uint8_t* dest) override {
@@ -243,6 +244,7 @@ class EngineMethod final : public GatherMethod {
  private:
   std::string name_;
   GatherEngineOptions o_;
+  TableGatherOptions to_;
   std::unique_ptr<GatherEngine> engine_;
   std::set<const Table*> attached_;
 };
@@ -298,8 +300,9 @@ std::unique_ptr<GatherMethod> MakeUringOnlyMethod(uint32_t depth) {
   return std::make_unique<UringOnlyMethod>(depth);
 }
 std::unique_ptr<GatherMethod> MakeEngineMethod(const std::string& name,
-                                               const GatherEngineOptions& options) {
-  return std::make_unique<EngineMethod>(name, options);
+                                               const GatherEngineOptions& options,
+                                               const TableGatherOptions& table_options) {
+  return std::make_unique<EngineMethod>(name, options, table_options);
 }
 
 }  // namespace engram::bench

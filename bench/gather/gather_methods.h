@@ -58,7 +58,9 @@ std::unique_ptr<GatherMethod> MakeRecipePoolMethod(int threads = 32, int chunk =
 std::unique_ptr<GatherMethod> MakeNowaitPoolMethod(int threads = 32, int chunk = 16);
 // One io_uring on the calling thread, one buffered READ per row part, in batch order.
 std::unique_ptr<GatherMethod> MakeUringOnlyMethod(uint32_t depth = 256);
+// The gather engine; `table_options` is what every table is added with (kDirect: O_DIRECT).
 std::unique_ptr<GatherMethod> MakeEngineMethod(const std::string& name,
-                                               const GatherEngineOptions& options);
+                                               const GatherEngineOptions& options,
+                                               const TableGatherOptions& table_options = {});
 
 }  // namespace engram::bench
