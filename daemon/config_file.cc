@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -102,6 +103,39 @@ Setter Strings(std::vector<std::string> DaemonSettings::*field) {
   };
 }
 
+// An array of numeric uids or gids (`what`: "uid" or "gid"). Numbers, not names: the check
+// runs on every control request and must not depend on the name service being up.
+Setter Ids(std::vector<uint32_t> ServerConfig::*field, const char* what) {
+  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
+    const toml::array* a = n.as_array();
+    if (a == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("expected an array of %ss (integers 0 to %u)", what, kMaxId));
+    }
+    std::vector<uint32_t> ids;
+    size_t index = 0;
+    for (const toml::node& e : *a) {
+      const auto v = e.value<int64_t>();
+      if (!e.is_integer() || !v) {
+        std::ostringstream shown;
+        e.visit([&](const auto& value) { shown << value; });
+        return absl::InvalidArgumentError(
+            absl::StrFormat("element %u, %s, is not a %s (an integer 0 to %u; `id -u NAME` "
+                            "gives a user's)",
+                            index, shown.str(), what, kMaxId));
+      }
+      if (*v < 0 || *v > int64_t{kMaxId}) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("element %u, %d, is not a %s (0 to %u)", index, *v, what, kMaxId));
+      }
+      ids.push_back(static_cast<uint32_t>(*v));
+      ++index;
+    }
+    s->server.*field = std::move(ids);  // a later file replaces the list, it does not append
+    return absl::OkStatus();
+  };
+}
+
 Setter Bool(std::function<void(DaemonSettings*, bool)> set) {
   return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
     if (!n.is_boolean()) return TypeError("true or false");
@@ -174,6 +208,8 @@ const std::map<std::string, Setter>& Keys() {
        })},
       {"access.allow_users", Strings(&DaemonSettings::allow_users)},
       {"access.allow_groups", Strings(&DaemonSettings::allow_groups)},
+      {"access.admin_uids", Ids(&ServerConfig::admin_uids, "uid")},
+      {"access.admin_gids", Ids(&ServerConfig::admin_gids, "gid")},
       {"limits.max_clients",
        Uint([](DaemonSettings* s, uint64_t v) { s->server.limits.max_clients = v; }, 1, 65536)},
       {"limits.max_inflight",

@@ -57,6 +57,12 @@ struct ServerConfig {
   // Peers allowed by SO_PEERCRED. Empty allow_uids means the daemon's own uid and root.
   std::vector<uid_t> allow_uids;
   std::vector<gid_t> allow_gids;
+  // Peers who may run the control requests that change what every client sees (warm, evict;
+  // control.cc keeps the list), besides root and the daemon's own uid, which always may: they
+  // can signal or trace the daemon anyway. Matched against the peer's uid and its primary and
+  // supplementary groups as the kernel recorded them at connect time.
+  std::vector<uid_t> admin_uids;
+  std::vector<gid_t> admin_gids;
 
   Limits limits;
   PollOptions poll;
@@ -70,5 +76,16 @@ struct ServerConfig {
 
 // "A:B" → [A, B). Refuses empty, reversed or non-numeric ranges, naming the text.
 absl::StatusOr<RowRange> ParseRowRange(const std::string& text);
+
+// The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.
+inline constexpr uint32_t kMaxId = UINT32_MAX - 1;
+
+// Is a peer with `uid`, primary group `gid` and supplementary `groups` an administrator of a
+// daemon running as `own_uid`? Root and `own_uid` always are.
+bool IsAdministrator(const ServerConfig& config, uid_t own_uid, uid_t uid, gid_t gid,
+                     const std::vector<gid_t>& groups);
+
+// The administrators for people: "root, uid 998 (engramd's own), uids 1000,1001, gids 27".
+std::string DescribeAdministrators(const ServerConfig& config, uid_t own_uid);
 
 }  // namespace engram

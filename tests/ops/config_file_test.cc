@@ -46,6 +46,8 @@ TEST_CASE("an empty file keeps every default") {
   CHECK(s.log_level == "info");
   CHECK(s.metrics.http_port == 0);
   CHECK(s.models.empty());
+  CHECK(s.server.admin_uids.empty());  // root and the daemon's own uid only
+  CHECK(s.server.admin_gids.empty());
 }
 
 TEST_CASE("every section is applied") {
@@ -65,6 +67,8 @@ group = "engram"
 [access]
 allow_users = ["root", "1000"]
 allow_groups = ["engram"]
+admin_uids = [0, 1000, 4294967294]
+admin_gids = [27]
 [limits]
 max_clients = 3
 max_inflight = 16
@@ -100,6 +104,8 @@ textfile_interval_seconds = 30
   CHECK(s.server.socket_group == "engram");
   CHECK(s.allow_users == std::vector<std::string>{"root", "1000"});
   CHECK(s.allow_groups == std::vector<std::string>{"engram"});
+  CHECK(s.server.admin_uids == std::vector<uid_t>{0, 1000, 4294967294u});
+  CHECK(s.server.admin_gids == std::vector<gid_t>{27});
   CHECK(s.server.limits.max_clients == 3);
   CHECK(s.server.limits.max_inflight == 16);
   CHECK(s.server.limits.max_rows_per_request == 4096);
@@ -151,6 +157,15 @@ TEST_CASE("unknown keys and bad values are refused with file, line and key") {
   CheckRefused("[metrics]\nhttp_address = \"0.0.0.0\"\n", 2, "metrics.http_address", "loopback");
   CheckRefused("[metrics]\nhttp_port = 70000\n", 2, "metrics.http_port", "outside");
   CheckRefused("[tables]\ncheck_holes = 1\n", 2, "tables.check_holes", "true or false");
+  CheckRefused("[access]\nadmin_uids = [-1]\n", 2, "access.admin_uids", "-1, is not a uid");
+  CheckRefused("[access]\n\nadmin_uids = [1000, \"alice\"]\n", 3, "access.admin_uids",
+               "element 1, 'alice', is not a uid");
+  CheckRefused("[access]\nadmin_uids = [1.5]\n", 2, "access.admin_uids", "is not a uid");
+  CheckRefused("[access]\nadmin_uids = [4294967295]\n", 2, "access.admin_uids",
+               "4294967295, is not a uid");
+  CheckRefused("[access]\nadmin_uids = 1000\n", 2, "access.admin_uids", "array of uids");
+  CheckRefused("[access]\nadmin_gids = [true]\n", 2, "access.admin_gids", "is not a gid");
+  CheckRefused("[access]\nadmin_users = [0]\n", 2, "access.admin_users", "unknown key");
   // Syntax errors name the file and line too.
   CheckRefused("[limits\nmax_clients = 3\n", 1, "", "");
 }
@@ -217,6 +232,8 @@ TEST_CASE("the example /etc/engramd/engramd.toml parses") {
   REQUIRE(st.ok());
   CHECK(s.allow_groups == std::vector<std::string>{"engram"});
   CHECK(s.server.socket_group == "engram");
+  CHECK(s.server.admin_uids.empty());
+  CHECK(s.server.admin_gids.empty());
   const DaemonSettings d;
   CHECK(s.server.limits.max_clients == d.server.limits.max_clients);
   CHECK(s.server.limits.max_total_arena_bytes == d.server.limits.max_total_arena_bytes);
