@@ -78,6 +78,44 @@ absl::StatusOr<uint64_t> Resident(const FileRange& r) {
   return resident;
 }
 
+// Every control command, and why it needs an administrator (nullptr: any peer the socket
+// admits may run it). The reading ones only report; warm and evict change the page cache that
+// every client's gathers depend on, so on a shared node they are the operators' to run.
+struct CommandSpec {
+  const char* name;
+  const char* admin_reason;
+};
+constexpr CommandSpec kCommands[] = {
+    {"status", nullptr},
+    {"tables", nullptr},
+    {"stats", nullptr},
+    {"clients", nullptr},
+    {"metrics", nullptr},
+    {"warm", "it fills the page cache every client shares"},
+    {"evict", "it drops table pages that every client reads from the page cache"},
+};
+
+const CommandSpec* FindCommand(const std::string& name) {
+  for (const CommandSpec& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+// The names of the commands for which `admin` holds, in table order.
+std::vector<std::string> CommandNames(bool admin_only) {
+  std::vector<std::string> names;
+  for (const CommandSpec& c : kCommands) {
+    if (!admin_only || c.admin_reason != nullptr) names.push_back(c.name);
+  }
+  return names;
+}
+
+// A refused peer's uid is logged at most once in this long; the refusals in between are counted.
+constexpr uint64_t kRefusalLogWindowNs = 60'000'000'000;
+// Uids remembered for that; past it, the ones logged longest ago are forgotten.
+constexpr size_t kMaxRefusalUids = 4096;
+
 const char* StateName(bool draining) { return draining ? "stopping" : "serving"; }
 
 json EngineStatsJson(const TableGatherStats& s) {
@@ -111,6 +149,8 @@ json EngineStatsJson(const TableGatherStats& s) {
 }
 
 }  // namespace
+
+std::vector<std::string> AdminCommandNames() { return CommandNames(true); }
 
 Control::Control(Server* server) : server_(server) {}
 Control::~Control() = default;
@@ -171,10 +211,12 @@ void Control::Reply(Session& session, uint32_t request_id, const std::string& te
 void Control::Handle(Session& session, const engram_msg_header& header, const uint8_t* body,
                      size_t body_bytes) {
   absl::StatusOr<std::string> reply =
-      Run(std::string(reinterpret_cast<const char*>(body), body_bytes));
+      Run(session, std::string(reinterpret_cast<const char*>(body), body_bytes));
   if (!reply.ok()) {
     uint64_t suppressed = 0;
-    if (server_->garbage_log_.Allow(NowNs(), &suppressed)) {
+    // Permission refusals were logged by Run, per uid.
+    if (reply.status().code() != absl::StatusCode::kPermissionDenied &&
+        server_->garbage_log_.Allow(NowNs(), &suppressed)) {
       log::Info("{}: control request refused: {} ({} similar messages suppressed)",
                 session.Describe(), std::string(reply.status().message()), suppressed);
     }
@@ -187,7 +229,45 @@ void Control::Handle(Session& session, const engram_msg_header& header, const ui
   Reply(session, header.request_id, *reply);
 }
 
-absl::StatusOr<std::string> Control::Run(const std::string& request_text) {
+bool Control::PeerIsAdministrator(const Session& session) const {
+  const PeerInfo& peer = session.peer();
+  const Server& s = *server_;
+  std::vector<gid_t> groups;
+  if (!s.config_.admin_gids.empty()) groups = PeerGroups(session.socket_fd());
+  return IsAdministrator(s.config_, s.own_uid_, peer.uid, peer.gid, groups);
+}
+
+void Control::LogRefusal(const Session& session, const std::string& command) {
+  const uint64_t now = NowNs();
+  const uid_t uid = session.peer().uid;
+  auto it = refusals_.find(uid);
+  if (it == refusals_.end()) {
+    if (refusals_.size() >= kMaxRefusalUids) {
+      std::erase_if(refusals_,
+                    [&](const auto& e) { return now - e.second.logged_ns >= kRefusalLogWindowNs; });
+    }
+    if (refusals_.size() >= kMaxRefusalUids) refusals_.clear();
+    it = refusals_.emplace(uid, Refusals{}).first;
+  }
+  Refusals& r = it->second;
+  uint64_t suppressed = 0;
+  if ((r.logged_ns != 0 && now - r.logged_ns < kRefusalLogWindowNs) ||
+      !refusal_log_.Allow(now, &suppressed)) {
+    ++r.unlogged;
+    return;
+  }
+  log::Warning(
+      "{}: refused '{}': uid {} is not an engramd administrator (access.admin_uids / "
+      "admin_gids){}",
+      session.Describe(), command, uid,
+      r.unlogged == 0 ? ""
+                      : fmt::format("; {} more refusal(s) of uid {} since the last such line",
+                                    r.unlogged, uid));
+  r.logged_ns = now;
+  r.unlogged = 0;
+}
+
+absl::StatusOr<std::string> Control::Run(Session& session, const std::string& request_text) {
   json request = json::parse(request_text, nullptr, /*allow_exceptions=*/false);
   if (!request.is_object() || !request.contains("command") || !request["command"].is_string()) {
     return absl::InvalidArgumentError(
@@ -195,6 +275,22 @@ absl::StatusOr<std::string> Control::Run(const std::string& request_text) {
   }
   const std::string command = request["command"];
   Server& s = *server_;
+  const CommandSpec* spec = FindCommand(command);
+  if (spec == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("unknown control command '%s' (%s)", command,
+                                                      absl::StrJoin(CommandNames(false), ", ")));
+  }
+  if (spec->admin_reason != nullptr && !PeerIsAdministrator(session)) {
+    LogRefusal(session, command);
+    const PeerInfo& peer = session.peer();
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "'%s' needs an engramd administrator because %s; uid %u (gid %u, pid %d) is not one "
+        "(administrators: %s). To allow it, add the uid to [access] admin_uids, or one of its "
+        "groups to admin_gids, in engramd's configuration and reload (systemctl reload "
+        "engramd), or run it as root",
+        command, spec->admin_reason, peer.uid, peer.gid, peer.pid,
+        DescribeAdministrators(s.config_, s.own_uid_)));
+  }
   json out = {{"schema_version", kSchemaVersion}, {"command", command}};
   auto find_table = [&](const json& r) -> absl::StatusOr<const Table*> {
     if (!r.contains("table") || !r["table"].is_number_unsigned()) {
@@ -251,6 +347,22 @@ absl::StatusOr<std::string> Control::Run(const std::string& request_text) {
     }
     out["rows_served"] = rows;
     out["batches"] = batches;
+    // Who may do what, and what the asking peer may.
+    std::vector<uid_t> admin_uids = s.config_.admin_uids;
+    admin_uids.push_back(0);
+    admin_uids.push_back(s.own_uid_);
+    std::sort(admin_uids.begin(), admin_uids.end());
+    admin_uids.erase(std::unique(admin_uids.begin(), admin_uids.end()), admin_uids.end());
+    std::vector<uid_t> allow_uids = s.config_.allow_uids;
+    if (allow_uids.empty()) allow_uids = {s.own_uid_, 0};
+    out["access"] = {{"allow_uids", allow_uids},
+                     {"allow_gids", s.config_.allow_gids},
+                     {"admin_uids", admin_uids},
+                     {"admin_gids", s.config_.admin_gids},
+                     {"admin_commands", CommandNames(true)},
+                     {"administrators", DescribeAdministrators(s.config_, s.own_uid_)},
+                     {"peer_uid", session.peer().uid},
+                     {"peer_is_administrator", PeerIsAdministrator(session)}};
   } else if (command == "tables") {
     const bool residency = !request.contains("residency") || request["residency"] == true;
     json tables = json::array();
@@ -369,9 +481,7 @@ absl::StatusOr<std::string> Control::Run(const std::string& request_text) {
   } else if (command == "metrics") {
     out["text"] = MetricsText();
   } else {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "unknown control command '%s' (status, tables, stats, clients, warm, evict, metrics)",
-        command));
+    return absl::InternalError(absl::StrFormat("control command '%s' has no handler", command));
   }
   return out.dump();
 }
@@ -579,6 +689,19 @@ void Control::Reload() {
                                       absl::StrJoin(cur.allow_gids, ","),
                                       absl::StrJoin(next.allow_gids, ",")));
     cur.allow_gids = next.allow_gids;
+  }
+  // Read by the control thread only, on each warm or evict: live.
+  if (cur.admin_uids != next.admin_uids) {
+    changed.push_back(absl::StrFormat("administrator uids [%s] -> [%s]",
+                                      absl::StrJoin(cur.admin_uids, ","),
+                                      absl::StrJoin(next.admin_uids, ",")));
+    cur.admin_uids = next.admin_uids;
+  }
+  if (cur.admin_gids != next.admin_gids) {
+    changed.push_back(absl::StrFormat("administrator gids [%s] -> [%s]",
+                                      absl::StrJoin(cur.admin_gids, ","),
+                                      absl::StrJoin(next.admin_gids, ",")));
+    cur.admin_gids = next.admin_gids;
   }
   if (fresh->log_level != log_level_) {
     static const std::map<std::string, log::Priority> levels = {{"error", log::kError},

@@ -1,16 +1,23 @@
 // The operator side of engramd: control requests on the socket (status, tables, stats, clients,
 // warm, evict, metrics; JSON in and out), the Prometheus metrics, systemd notifications and the
 // watchdog, and SIGHUP reloads. Runs on the server's control thread, except MetricsText(),
-// which the HTTP listener calls from its own.
+// which the HTTP listener calls from its own. Any peer the socket admits may read; the requests
+// that change what every client sees (warm, evict) need an administrator (ServerConfig's
+// admin_uids / admin_gids, root, the daemon's own uid) and are refused with PermissionDenied.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "daemon/config_file.h"
+#include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "engram/protocol.h"
 
@@ -18,6 +25,9 @@ namespace engram {
 
 class Server;
 class Session;
+
+// The control commands that need an administrator ("warm", "evict").
+std::vector<std::string> AdminCommandNames();
 
 // What a SIGHUP re-read yields: the resolved server configuration and the rest of the settings.
 struct ReloadedConfig {
@@ -61,7 +71,11 @@ class Control {
   void Stopping();
 
  private:
-  absl::StatusOr<std::string> Run(const std::string& request_text);
+  absl::StatusOr<std::string> Run(Session& session, const std::string& request_text);
+  bool PeerIsAdministrator(const Session& session) const;
+  // Logs a refused request at warning level: once per uid a minute, with the count of the
+  // refusals not logged since.
+  void LogRefusal(const Session& session, const std::string& command);
   std::string StatusLine() const;
   void Reply(Session& session, uint32_t request_id, const std::string& text);
 
@@ -76,6 +90,12 @@ class Control {
   uint64_t last_textfile_ns_ = 0;
   std::string last_status_;
   bool poller_stall_reported_ = false;
+  struct Refusals {
+    uint64_t logged_ns = 0;
+    uint64_t unlogged = 0;
+  };
+  std::unordered_map<uid_t, Refusals> refusals_;
+  log::RateLimit refusal_log_{5};  // refusal lines of all uids together, per second
 };
 
 }  // namespace engram

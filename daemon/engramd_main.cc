@@ -135,6 +135,15 @@ int Main(int argc, char** argv) {
                  "User (name or uid) allowed to connect; repeatable (default: own uid and root)");
   app.add_option("--allow-gid", allow_groups,
                  "Group (name or gid) whose members may connect; repeatable");
+  app.add_option("--admin-uid", config.admin_uids,
+                 "uid that may also run warm and evict (root and engramd's own uid always may); "
+                 "repeatable")
+      ->type_name("UID")
+      ->check(CLI::Range(uint32_t{0}, kMaxId));
+  app.add_option("--admin-gid", config.admin_gids,
+                 "gid whose members may run warm and evict; repeatable")
+      ->type_name("GID")
+      ->check(CLI::Range(uint32_t{0}, kMaxId));
   app.add_option("--max-clients", config.limits.max_clients, "Sessions at once")
       ->capture_default_str();
   app.add_option("--max-inflight", config.limits.max_inflight, "Requests in flight per session")
@@ -262,6 +271,15 @@ int Main(int argc, char** argv) {
       printf("  %s: rows [%lu, %lu) of %lu\n", t->Describe().c_str(), t->covered().begin,
              t->covered().end, t->num_rows());
     }
+    printf("  may connect: %s%s\n",
+           config.allow_uids.empty()
+               ? absl::StrFormat("root and uid %u (engramd's own)", geteuid()).c_str()
+               : ("uids " + absl::StrJoin(config.allow_uids, ",")).c_str(),
+           config.allow_gids.empty()
+               ? ""
+               : (", members of gids " + absl::StrJoin(config.allow_gids, ",")).c_str());
+    printf("  administrators (%s): %s\n", absl::StrJoin(AdminCommandNames(), ", ").c_str(),
+           DescribeAdministrators(config, geteuid()).c_str());
     return 0;
   }
   if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {

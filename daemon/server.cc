@@ -57,6 +57,20 @@ void SendBytes(int fd, const void* data, size_t size, int fd_a = -1, int fd_b = 
 
 }  // namespace
 
+std::vector<gid_t> PeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  while (true) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    // ERANGE: `len` now holds the size needed (a peer may be in up to 65536 groups).
+    if (errno != ERANGE || len / sizeof(gid_t) <= groups.size()) return {};
+    groups.resize(len / sizeof(gid_t));
+  }
+}
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& config,
                                                        std::vector<std::unique_ptr<Table>> tables,
                                                        std::unique_ptr<GatherEngine> engine) {
@@ -364,10 +378,7 @@ bool Server::PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why) {
     return true;
   }
   if (!config_.allow_gids.empty()) {
-    std::vector<gid_t> groups(256);
-    socklen_t glen = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &glen) < 0) glen = 0;
-    groups.resize(glen / sizeof(gid_t));
+    std::vector<gid_t> groups = PeerGroups(fd);
     groups.push_back(cred.gid);
     for (gid_t g : groups) {
       if (std::find(config_.allow_gids.begin(), config_.allow_gids.end(), g) !=

@@ -29,6 +29,10 @@ namespace engram {
 
 class Control;
 
+// The supplementary groups of the peer of the Unix socket `fd`, as the kernel recorded them when
+// the peer connected (SO_PEERGROUPS); empty if they cannot be read.
+std::vector<gid_t> PeerGroups(int fd);
+
 class Server {
  public:
   // Binds the socket (refusing to take over one that a live engramd answers on). The tables
