@@ -31,8 +31,8 @@ bool Receive(int fd, std::vector<uint8_t>* ret_bytes, int* ret_fd, std::string* 
   }
   ret_bytes->resize(ENGRAM_MSG_MAX_BYTES);
   int nfds = 0;
-  const ssize_t n = engram::protocol::ReceiveMessage(fd, ret_bytes->data(), ret_bytes->size(),
-                                                     ret_fd, 1, &nfds);
+  const ssize_t n =
+      engram::protocol::ReceiveMessage(fd, ret_bytes->data(), ret_bytes->size(), ret_fd, 1, &nfds);
   if (n <= 0) {
     *ret_why = n == 0 ? "the daemon closed the connection" : strerror(static_cast<int>(-n));
     return false;
@@ -122,9 +122,10 @@ std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_
   engram_msg_welcome welcome;
   engram::protocol::CodecError error;
   if (!engram::protocol::DecodeWelcome(bytes.data(), bytes.size(), &welcome, &error)) {
-    *ret_error = {
-        error.code == ENGRAM_STATUS_PERMISSION_DENIED ? kExitUnknown : kExitUnknown,
-        absl::StrFormat("engramd on %s refused engramctl: %s", socket_path, error.message)};
+    // A peer the daemon does not admit at all stays "cannot tell" (4), as when the socket's
+    // file mode keeps it out.
+    *ret_error = {kExitUnknown, absl::StrFormat("engramd on %s refused engramctl: %s", socket_path,
+                                                error.message)};
     return nullptr;
   }
   return c;
@@ -176,6 +177,11 @@ bool ControlClient::Call(const std::string& command, const nlohmann::json& args,
     if (reply.type == ENGRAM_MSG_ERROR) {
       engram::protocol::DecodeError(bytes.data(), bytes.size(), &error);
       const bool old = error.code == ENGRAM_STATUS_UNIMPLEMENTED;
+      if (error.code == ENGRAM_STATUS_PERMISSION_DENIED) {
+        *ret_error = {kExitNotPermitted, absl::StrFormat("engramd on %s: permission denied: %s",
+                                                         socket_path_, error.message)};
+        return false;
+      }
       *ret_error = {kExitFailed,
                     old ? absl::StrFormat("engramd on %s does not serve '%s' (an older daemon? "
                                           "upgrade it): %s",

@@ -11,11 +11,14 @@
 
 namespace engramctl {
 
-// Exit codes, as systemctl status uses them.
+// Exit codes, as systemctl status uses them; and one for a request only administrators may make.
 inline constexpr int kExitRunning = 0;
 inline constexpr int kExitFailed = 1;      // the daemon answered with an error
 inline constexpr int kExitNotRunning = 3;  // no daemon on the socket
 inline constexpr int kExitUnknown = 4;     // cannot tell: no permission, protocol trouble
+// The daemon refused the request: the caller is not one of its administrators (warm, evict).
+// sysexits.h's EX_NOPERM, so scripts can tell it from a failed request.
+inline constexpr int kExitNotPermitted = 77;
 
 struct ControlError {
   int exit_code = kExitFailed;

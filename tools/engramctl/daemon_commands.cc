@@ -76,6 +76,16 @@ void PrintStatus(const json& r, const json* before, double dt) {
          U(r, "watchdog_usec") == 0
              ? "off"
              : absl::StrFormat("%.0f s", U(r, "watchdog_usec") / 1e6).c_str());
+  if (r.contains("access") && r["access"].is_object()) {
+    const json& a = r["access"];
+    std::string commands;
+    for (const json& c : a.value("admin_commands", json::array())) {
+      commands += (commands.empty() ? "" : ", ") + c.get<std::string>();
+    }
+    printf("  administrators (%s): %s\n", commands.c_str(), a.value("administrators", "?").c_str());
+    printf("  you (uid %lu): %s\n", U(a, "peer_uid"),
+           a.value("peer_is_administrator", false) ? "administrator" : "read and gather only");
+  }
 }
 
 void PrintStats(const json& r, const json* before, double dt) {
@@ -173,7 +183,8 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
     auto* watch = new WatchOptions();
     CLI::App* c = app.add_subcommand(
         "status",
-        "Is engramd running: version, uptime, tables, clients (exit 0/3/4 like systemctl)");
+        "Is engramd running: version, uptime, tables, clients, who administers it (exit 0/3/4 "
+        "like systemctl)");
     AddCommonOptions(c, options);
     AddWatchOptions(c, watch);
     c->callback([=] { *exit_code = Run(*options, *watch, "status", json::object(), PrintStatus); });

@@ -106,8 +106,10 @@ void AddWarmCommands(CLI::App& app, int* exit_code) {
     const std::string command = name;
     CLI::App* c = app.add_subcommand(
         name, command == "warm"
-                  ? "Load a table (or --rows A:B of it) into the page cache; Ctrl-C cancels"
-                  : "Drop a table (or --rows A:B of it) from the page cache");
+                  ? "Load a table (or --rows A:B of it) into the page cache; Ctrl-C cancels "
+                    "(administrators only: exit 77 otherwise)"
+                  : "Drop a table (or --rows A:B of it) from the page cache (administrators "
+                    "only: exit 77 otherwise)");
     AddCommonOptions(c, &o->common);
     c->add_option("TABLE", o->table, "Layer id of the table")->required();
     c->add_option("--rows", o->rows, "Only rows A:B")->type_name("A:B");
