@@ -1,0 +1,334 @@
+// Who may run which control request: a peer the socket admits but that is not an administrator
+// (an unprivileged uid, run by forking and dropping to it) gathers and reads status, tables,
+// stats, clients and metrics, and is refused warm and evict with PermissionDenied, engramctl's
+// exit 77 and one warning line; admin_uids and admin_gids added by SIGHUP let it warm; bad
+// values are refused with file, line and key. Needs root to change uid; skips otherwise.
+#include <grp.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "tests/daemon/daemon_test_util.h"
+
+namespace engram::testing {
+namespace {
+
+using nlohmann::json;
+
+// The unprivileged peers: a reader, and one that gets administrator rights through a group.
+constexpr uid_t kReader = 65534;
+constexpr uid_t kGroupPeer = 65533;
+constexpr gid_t kAdminGroup = 4242;
+
+std::string Engramctl() {
+  const char* p = getenv("ENGRAMCTL");
+  return p != nullptr ? p : "tools/engramctl/engramctl";
+}
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `argv` as `uid` (primary group `gid`, supplementary `groups`), capturing its output.
+Result RunAs(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
+             std::vector<std::string> argv) {
+  int out[2], err[2];
+  REQUIRE(pipe2(out, O_CLOEXEC) == 0);
+  REQUIRE(pipe2(err, O_CLOEXEC) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    if (setgroups(groups.size(), groups.data()) != 0 || setresgid(gid, gid, gid) != 0 ||
+        setresuid(uid, uid, uid) != 0) {
+      fprintf(stderr, "cannot become uid %u gid %u: %s\n", uid, gid, strerror(errno));
+      _exit(126);
+    }
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    fprintf(stderr, "exec %s as uid %u: %s\n", args[0], uid, strerror(errno));
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  Result r;
+  pollfd p[2] = {{.fd = out[0], .events = POLLIN}, {.fd = err[0], .events = POLLIN}};
+  std::string* sink[2] = {&r.out, &r.err};
+  int open_pipes = 2;
+  while (open_pipes > 0) {
+    if (poll(p, 2, 30'000) <= 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (p[i].fd < 0 || p[i].revents == 0) continue;
+      char buf[4096];
+      const ssize_t n = read(p[i].fd, buf, sizeof(buf));
+      if (n > 0) {
+        sink[i]->append(buf, static_cast<size_t>(n));
+      } else {
+        close(p[i].fd);
+        p[i].fd = -1;
+        --open_pipes;
+      }
+    }
+  }
+  for (const pollfd& x : p) {
+    if (x.fd >= 0) close(x.fd);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string ConfigPath() { return TestDir() + "/access.toml"; }
+std::string LogPath() { return TestDir() + "/engramd.log"; }
+
+// The configuration: the socket open to every local user, the test's peers admitted, and
+// `admin` appended to [access].
+void WriteConfig(const std::string& admin) {
+  std::ofstream(ConfigPath()) << "[socket]\nmode = \"0666\"\n[access]\nallow_users = [\"0\", \""
+                              << kReader << "\", \"" << kGroupPeer << "\"]\n"
+                              << admin;
+}
+
+std::string ReadLog() {
+  std::ifstream f(LogPath());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// One daemon for the cases below (they run in order), its log in LogPath().
+struct Fixture {
+  std::unique_ptr<Daemon> daemon;
+  Fixture() {
+    if (geteuid() != 0) {
+      fprintf(stderr, "SKIP: changing to an unprivileged uid needs root\n");
+      exit(77);
+    }
+    // The unprivileged peers must reach the socket in the test directory (mkdtemp: 0700).
+    chmod(TestDir().c_str(), 0755);
+    Checkpoint();
+    WriteConfig("");
+    // engramd inherits stderr: point it at the log file while the daemon is started.
+    const int saved = dup(STDERR_FILENO);
+    const int log = open(LogPath().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    dup2(log, STDERR_FILENO);
+    daemon = std::make_unique<Daemon>(std::vector<std::string>{"--config", ConfigPath()});
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    close(log);
+  }
+};
+Fixture& F() {
+  static Fixture f;
+  return f;
+}
+
+Result Ctl(uid_t uid, const std::vector<std::string>& args, std::vector<gid_t> groups = {}) {
+  std::vector<std::string> argv = {Engramctl()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--socket");
+  argv.push_back(F().daemon->socket());
+  return RunAs(uid, uid, groups, argv);
+}
+
+json CtlJson(uid_t uid, std::vector<std::string> args, std::vector<gid_t> groups = {}) {
+  args.push_back("--json");
+  Result r = Ctl(uid, args, groups);
+  INFO(absl::StrJoin(args, " ") << " as uid " << uid << ": " << r.err);
+  REQUIRE(r.code == 0);
+  return json::parse(r.out);
+}
+
+// Sends SIGHUP and waits until the daemon reports `uids` as its administrators.
+void ReloadUntil(const std::vector<uid_t>& admin_uids, const std::vector<gid_t>& admin_gids) {
+  kill(F().daemon->pid(), SIGHUP);
+  json access;
+  for (int i = 0; i < 300; ++i) {
+    access = CtlJson(0, {"status"})["access"];
+    if (access["admin_gids"] == admin_gids) {
+      bool all = true;
+      for (uid_t u : admin_uids) {
+        bool found = false;
+        for (const json& a : access["admin_uids"]) found |= a == u;
+        all &= found;
+      }
+      if (all) return;
+    }
+    usleep(10'000);
+  }
+  FAIL("the reload never showed the administrators: " << access.dump());
+}
+
+TEST_CASE("a peer that is not an administrator gathers and reads everything") {
+  REQUIRE(F().daemon->alive());
+  json status = CtlJson(kReader, {"status"});
+  CHECK(status["state"] == "serving");
+  const json& access = status["access"];
+  CHECK(access["peer_uid"] == kReader);
+  CHECK(access["peer_is_administrator"] == false);
+  // The default: root and the daemon's own uid (root here) only.
+  CHECK(access["admin_uids"] == json::array({0}));
+  CHECK(access["admin_gids"] == json::array());
+  CHECK(access["admin_commands"] == json::array({"warm", "evict"}));
+  CHECK(access["allow_uids"] == json::array({0, kReader, kGroupPeer}));
+  CHECK(CtlJson(0, {"status"})["access"]["peer_is_administrator"] == true);
+
+  Result human = Ctl(kReader, {"status"});
+  CHECK(human.code == 0);
+  CHECK(human.out.find("administrators (warm, evict): root (engramd's own uid)") !=
+        std::string::npos);
+  CHECK(human.out.find("you (uid 65534): read and gather only") != std::string::npos);
+
+  CHECK(CtlJson(kReader, {"tables"})["tables"].size() == 2);
+  CHECK(CtlJson(kReader, {"stats"})["tables"].size() == 2);
+  CHECK(CtlJson(kReader, {"clients"}).contains("clients"));
+  CHECK(CtlJson(kReader, {"metrics"})["text"].get<std::string>().find("engram_up 1") !=
+        std::string::npos);
+  // A gather through the client library, as an inference process of that uid does.
+  json rows = CtlJson(kReader, {"rows", "14", "3", "19999"});
+  REQUIRE(rows["rows"].size() == 2);
+  uint8_t expect[kRowBytes];
+  SyntheticRow(kSeed, 14, 19999, expect);
+  std::string hex;
+  for (uint8_t b : expect) hex += absl::StrFormat("%02x", b);
+  CHECK(rows["rows"][1]["hex"] == hex);
+}
+
+TEST_CASE("warm and evict are refused to a non-administrator, naming command, uid and setting") {
+  Result warm = Ctl(kReader, {"warm", "14"});
+  INFO(warm.err);
+  CHECK(warm.code == 77);
+  CHECK(warm.out.empty());
+  CHECK(warm.err.find("permission denied: ") != std::string::npos);
+  CHECK(warm.err.find("'warm' needs an engramd administrator") != std::string::npos);
+  CHECK(warm.err.find("uid 65534") != std::string::npos);
+  CHECK(warm.err.find("admin_uids") != std::string::npos);
+  CHECK(warm.err.find("administrators: root") != std::string::npos);
+
+  Result evict = Ctl(kReader, {"evict", "14", "--rows", "0:10", "--json"});
+  CHECK(evict.code == 77);
+  json e = json::parse(evict.out);
+  CHECK(e["exit_code"] == 77);
+  CHECK(e["error"].get<std::string>().find("'evict' needs an engramd administrator") !=
+        std::string::npos);
+
+  // Several refusals within a minute: one warning line for the uid.
+  CHECK(Ctl(kReader, {"warm", "1", "--rows", "0:10"}).code == 77);
+  const std::string log = ReadLog();
+  INFO(log);
+  CHECK(Count(log, "is not an engramd administrator") == 1);
+  CHECK(Count(log, "<4>session ") == 1);
+  CHECK(log.find("refused 'warm': uid 65534 is not an engramd administrator") != std::string::npos);
+
+  // Root still may, on the same daemon.
+  CHECK(CtlJson(0, {"warm", "14", "--rows", "0:10"})["done_to"] == 10);
+  // A refused peer is not disconnected: the gathers of its next session still work.
+  CHECK(CtlJson(kReader, {"rows", "1", "0"})["rows"].size() == 1);
+}
+
+TEST_CASE("admin_uids added by SIGHUP lets that uid warm and evict") {
+  WriteConfig("admin_uids = [" + std::to_string(kReader) + "]\n");
+  ReloadUntil({0, kReader}, {});
+  json status = CtlJson(kReader, {"status"});
+  CHECK(status["access"]["peer_is_administrator"] == true);
+  CHECK(status["access"]["admin_uids"] == json::array({0, kReader}));
+  json w = CtlJson(kReader, {"warm", "14", "--rows", "0:1000"});
+  CHECK(w["done_to"] == 1000);
+  CHECK(w["bytes"].get<uint64_t>() >= 1000 * 264);
+  CHECK(CtlJson(kReader, {"evict", "14", "--rows", "0:1000"})["done_to"] == 1000);
+  // Others still may not.
+  CHECK(Ctl(kGroupPeer, {"warm", "14"}).code == 77);
+}
+
+TEST_CASE("admin_gids makes members of the group administrators, supplementary groups too") {
+  WriteConfig("admin_gids = [" + std::to_string(kAdminGroup) + "]\n");
+  ReloadUntil({0}, {kAdminGroup});
+  // The uid of the last case is an administrator no more.
+  CHECK(Ctl(kReader, {"warm", "14", "--rows", "0:10"}).code == 77);
+  CHECK(Ctl(kGroupPeer, {"warm", "14", "--rows", "0:10"}).code == 77);
+  json w = CtlJson(kGroupPeer, {"warm", "14", "--rows", "0:10"}, {kAdminGroup});
+  CHECK(w["done_to"] == 10);
+  CHECK(CtlJson(kGroupPeer, {"status"}, {kAdminGroup})["access"]["peer_is_administrator"] == true);
+  // As the primary group.
+  Result primary =
+      RunAs(kGroupPeer, kAdminGroup, {},
+            {Engramctl(), "evict", "14", "--rows", "0:10", "--socket", F().daemon->socket()});
+  INFO(primary.err);
+  CHECK(primary.code == 0);
+}
+
+TEST_CASE("a reload with a bad administrator value is refused and keeps the running set") {
+  std::ofstream(ConfigPath()) << "[socket]\nmode = \"0666\"\n[access]\nallow_users = [\"0\", \""
+                              << kReader << "\"]\nadmin_gids = [" << kAdminGroup
+                              << "]\nadmin_uids = [-7]\n";
+  kill(F().daemon->pid(), SIGHUP);
+  const std::string want =
+      ConfigPath() + ":6: key 'access.admin_uids': element 0, -7, is not a uid";
+  std::string log;
+  for (int i = 0; i < 300 && log.find(want) == std::string::npos; ++i) {
+    usleep(10'000);
+    log = ReadLog();
+  }
+  INFO(log);
+  CHECK(log.find("SIGHUP: configuration refused, keeping the running one: " + want) !=
+        std::string::npos);
+  json access = CtlJson(0, {"status"})["access"];
+  CHECK(access["admin_gids"] == json::array({kAdminGroup}));
+  CHECK(access["admin_uids"] == json::array({0}));
+  // The peer the refused file would have dropped may still connect.
+  CHECK(Ctl(kGroupPeer, {"status"}).code == 0);
+}
+
+TEST_CASE("--check-config prints the administrators and refuses bad values") {
+  const std::string base = "[tables]\nmodels = [\"" + Checkpoint() + "\"]\n[access]\n";
+  const std::string good = TestDir() + "/check-admin.toml";
+  std::ofstream(good) << base << "admin_uids = [1000, 1001]\nadmin_gids = [27]\n";
+  Result r = RunAs(0, 0, {}, {EngramdPath(), "--config", good, "--check-config"});
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("administrators (warm, evict): root (engramd's own uid), uids 1000,1001, "
+                   "gids 27") != std::string::npos);
+  CHECK(r.out.find("may connect: root and uid 0") != std::string::npos);
+  // Flags replace the file's lists.
+  r = RunAs(
+      0, 0, {},
+      {EngramdPath(), "--config", good, "--admin-uid", "5", "--admin-uid", "6", "--check-config"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("uids 5,6, gids 27") != std::string::npos);
+  r = RunAs(0, 0, {}, {EngramdPath(), "--config", good, "--admin-gid", "x", "--check-config"});
+  CHECK(r.code != 0);
+  CHECK(r.err.find("--admin-gid") != std::string::npos);
+  r = RunAs(0, 0, {},
+            {EngramdPath(), "--config", good, "--admin-uid", "4294967295", "--check-config"});
+  CHECK(r.code != 0);
+  CHECK(r.err.find("--admin-uid") != std::string::npos);
+
+  const std::string bad = TestDir() + "/check-admin-bad.toml";
+  std::ofstream(bad) << base << "admin_gids = [\"wheel\"]\n";
+  r = RunAs(0, 0, {}, {EngramdPath(), "--config", bad, "--check-config"});
+  CHECK(r.code == 1);
+  CHECK(r.err.find(bad + ":4: key 'access.admin_gids': element 0, 'wheel', is not a gid") !=
+        std::string::npos);
+}
+
+}  // namespace
+}  // namespace engram::testing
