@@ -102,7 +102,7 @@ const CommandSpec* FindCommand(const std::string& name) {
   return nullptr;
 }
 
-// The names of the commands for which `admin` holds, in table order.
+// The command names in table order: all, or only those that need an administrator.
 std::vector<std::string> CommandNames(bool admin_only) {
   std::vector<std::string> names;
   for (const CommandSpec& c : kCommands) {
@@ -113,7 +113,8 @@ std::vector<std::string> CommandNames(bool admin_only) {
 
 // A refused peer's uid is logged at most once in this long; the refusals in between are counted.
 constexpr uint64_t kRefusalLogWindowNs = 60'000'000'000;
-// Uids remembered for that; past it, the ones logged longest ago are forgotten.
+// Uids remembered for that. Past it, those not logged within the window are forgotten, and if
+// that is not enough, all (a burst of refusals from that many uids is logged again).
 constexpr size_t kMaxRefusalUids = 4096;
 
 const char* StateName(bool draining) { return draining ? "stopping" : "serving"; }
