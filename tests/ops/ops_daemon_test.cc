@@ -236,7 +236,14 @@ TEST_CASE("engramctl evict and warm move the table through the page cache") {
   CHECK(w["bytes"].get<uint64_t>() >= 10000 * 264);
   w = Json("warm 14");
   CHECK(w["done_to"] == kRows);
-  CHECK(Residency(14) == Approx(1.0));
+  // A proactive reclaimer (DAMON pageout runs on some hosts) may take a page back between the
+  // warm and the residency scan; a second warm settles that, a warm that does nothing does not.
+  double resident = Residency(14);
+  for (int again = 0; again < 3 && resident < 0.999; ++again) {
+    Json("warm 14");
+    resident = Residency(14);
+  }
+  CHECK(resident >= 0.999);
   Result human = Sh(Ctl("warm 14 --rows 5:10"));
   CHECK(human.code == 0);
   CHECK(human.out.find("warmed layer 14 rows [5, 10)") != std::string::npos);
