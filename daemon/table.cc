@@ -123,6 +123,11 @@ TableBuilder::TableBuilder(uint32_t layer_id, uint64_t num_rows, RowRange covere
 }
 
 uint32_t TableBuilder::AddFile(OpenedFile file) {
+  // A checkpoint shard usually holds both tensors of a layer: one entry (and one fd) per path,
+  // so that per-file state (NOWAIT support, residency, notices) is kept once.
+  for (size_t i = 0; i < table_->files_.size(); ++i) {
+    if (table_->files_[i].path == file.path) return static_cast<uint32_t>(i);
+  }
   table_->files_.push_back(TableFile{file.path, file.fd.Release(), file.size});
   return static_cast<uint32_t>(table_->files_.size() - 1);
 }

@@ -115,8 +115,12 @@ TEST_CASE("table files are O_CLOEXEC and closed with the table", "[checkpoint]")
   {
     auto tables = OpenTables(dir.path(), {});
     REQUIRE(tables.ok());
-    CHECK(CountOpenFds() == before + 4);  // two files per checkpoint table
+    // One fd per shard a table reads: each synthetic layer keeps both tensors in one shard.
+    CHECK(CountOpenFds() == before + 2);
     for (const auto& t : *tables) {
+      CHECK(t->files().size() == 1);
+      CHECK(t->parts().size() == 2);
+      CHECK(t->parts()[0].file == t->parts()[1].file);
       for (const TableFile& f : t->files()) {
         CHECK(f.fd >= 0);
         CHECK((::fcntl(f.fd, F_GETFD) & FD_CLOEXEC) != 0);
