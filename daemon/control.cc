@@ -140,6 +140,9 @@ json EngineStatsJson(const TableGatherStats& s) {
           {"uring_reads", s.uring_reads},
           {"pool_reads", s.pool_reads},
           {"direct_reads", s.direct_reads},
+          {"fixed_reads", s.fixed_reads},
+          {"ring_failures", s.ring_failures},
+          {"ring_resets", s.ring_resets},
           {"bytes_read", s.bytes_read},
           {"errors", s.errors},
           {"read_mode", s.mode == ReadMode::kDirect ? "direct" : "buffered"},
@@ -526,6 +529,13 @@ std::string Control::MetricsText() const {
     e.Counter("engram_gather_pool_reads_total", "Residue reads through the blocking pool", l,
               double(t.pool_reads));
     e.Counter("engram_gather_direct_reads_total", "O_DIRECT reads", l, double(t.direct_reads));
+    e.Counter("engram_gather_fixed_reads_total", "O_DIRECT reads into registered buffers", l,
+              double(t.fixed_reads));
+    e.Counter("engram_gather_ring_failures_total",
+              "io_uring_enter failures survived by draining and replacing the ring", l,
+              double(t.ring_failures));
+    e.Counter("engram_gather_ring_resets_total", "io_uring rings replaced after a failure", l,
+              double(t.ring_resets));
     e.Counter("engram_gather_read_bytes_total", "Bytes read from the table files", l,
               double(t.bytes_read));
     e.Counter("engram_gather_errors_total", "Gathers that failed", l, double(t.errors));

@@ -287,7 +287,12 @@ int Main(int argc, char** argv) {
     log::Info("using the socket passed by systemd for {}", config.socket_path);
   }
   absl::StatusOr<std::unique_ptr<GatherEngine>> engine =
-      GatherEngine::Create({.workers = config.workers});
+      GatherEngine::Create({.workers = config.workers,
+                            // Once per file or worker: a file without RWF_NOWAIT, io_uring
+                            // missing or failing, unregistrable O_DIRECT buffers.
+                            .notice = [](const std::string& notice) {
+                              log::Notice("gather engine: {}", notice);
+                            }});
   if (!engine.ok()) return fail(engine.status());
   for (const auto& t : *opened) {
     TableGatherOptions table_options;

@@ -313,6 +313,9 @@ TEST_CASE("engramctl stats and clients show a client's gathers") {
     CHECK(t["dedup_saved_rows"].get<uint64_t>() >= 500);
     CHECK(t["batches"].get<uint64_t>() >= 1);
     CHECK(t["errors"] == 0);
+    CHECK(t.value("ring_failures", uint64_t{99}) == 0);
+    CHECK(t.value("ring_resets", uint64_t{99}) == 0);
+    CHECK(t.value("fixed_reads", uint64_t{99}) == 0);  // buffered table: no O_DIRECT reads
   }
   CHECK(table_seen);
   bool client_seen = false;
@@ -404,6 +407,8 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
   CHECK(m.samples.at("engram_tables") == 2);
   CHECK(m.samples.at("engram_table_rows{table=\"14\"}") == kRows);
   CHECK(m.samples.at("engram_gather_rows_total{table=\"14\"}") >= 200);
+  CHECK(m.samples.at("engram_gather_ring_failures_total{table=\"14\"}") == 0);
+  CHECK(m.types.at("engram_gather_fixed_reads_total") == "counter");
   for (const auto& [name, type] : m.types) {
     INFO(name << " " << type);
     CHECK(name.rfind("engram_", 0) == 0);

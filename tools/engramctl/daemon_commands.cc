@@ -106,13 +106,19 @@ void PrintStats(const json& r, const json* before, double dt) {
     printf("  NOWAIT %lu hits, %lu misses (EAGAIN residue), hit rate %.1f%%, pass %s\n", hits, miss,
            hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss),
            t.value("nowait_enabled", false) ? "on" : "off");
-    printf("  reads %lu (io_uring %lu, pool %lu, direct %lu), %s read%s, %lu syscalls\n",
+    printf("  reads %lu (io_uring %lu, pool %lu, direct %lu of which %lu registered), %s read%s, "
+           "%lu syscalls\n",
            U(t, "read_calls"), U(t, "uring_reads"), U(t, "pool_reads"), U(t, "direct_reads"),
+           U(t, "fixed_reads"),
            Bytes(double(U(t, "bytes_read"))).c_str(),
            Rate(t, b, "bytes_read", dt) < 0
                ? ""
                : absl::StrFormat(" (%s/s)", Bytes(Rate(t, b, "bytes_read", dt))).c_str(),
            U(t, "syscalls"));
+    if (U(t, "ring_failures") != 0) {
+      printf("  io_uring rings failed %lu times, %lu replaced\n", U(t, "ring_failures"),
+             U(t, "ring_resets"));
+    }
     printf("  errors %lu, batch latency p50 %s p99 %s p99.9 %s\n", U(t, "errors"),
            Duration(U(t, "latency_p50_ns")).c_str(), Duration(U(t, "latency_p99_ns")).c_str(),
            Duration(U(t, "latency_p999_ns")).c_str());
