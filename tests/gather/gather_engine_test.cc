@@ -14,8 +14,10 @@
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "daemon/gather_planner.h"
@@ -99,6 +101,24 @@ ssize_t RealRead(int fd, const iovec* iov, int cnt, off_t off, int flags) {
   return n < 0 ? -errno : n;
 }
 
+// Warms the table and runs `attempt` (a fresh engine, its gathers and the checks of the bytes),
+// which returns the engine's statistics; while they show more NOWAIT misses than the test
+// caused (`caused`), warms and runs it again, up to four times in all. Hosts with a proactive
+// reclaimer (a DAMON pageout scheme) take cold page-cache pages back at any moment, also
+// between the warm and the gather. The statistics of the last attempt are returned for the
+// test's exact checks, so a reader that misses on truly resident rows still fails them.
+TableGatherStats OnWarmTable(const Table& table, uint64_t caused,
+                             const std::function<TableGatherStats()>& attempt) {
+  TableGatherStats s;
+  for (int i = 0; i < 4; ++i) {
+    Warm(table);
+    s = attempt();
+    if (s.nowait_eagain + s.nowait_zero <= caused) break;
+    UNSCOPED_INFO("attempt " << i << ": " << s.nowait_eagain << " NOWAIT misses, warming again");
+  }
+  return s;
+}
+
 TEST_CASE("gathers are byte-exact in both layouts, warm and cold, on every residue path",
           "[gather]") {
   for (const std::string& path : {Files().ckpt, Files().packed}) {
@@ -107,26 +127,25 @@ TEST_CASE("gathers are byte-exact in both layouts, warm and cold, on every resid
       for (bool cold : {false, true}) {
         DYNAMIC_SECTION(TableLayoutName(table->layout())
                         << (uring ? " io_uring" : " pool") << (cold ? " cold" : " warm")) {
-          auto engine = MakeEngine({.workers = 2, .use_io_uring = uring});
-          REQUIRE(engine->AddTable(table.get(), {}).ok());
           const auto rows = RandomRows(3000, 11);
           // Slots in reverse order with a gap between them.
           std::vector<uint64_t> offsets(rows.size());
           for (size_t i = 0; i < rows.size(); ++i) offsets[i] = (rows.size() - 1 - i) * 300;
-          std::vector<uint8_t> out(rows.size() * 300, 0xEE);
-          if (cold) {
-            Evict(*table);
-          } else {
-            Warm(*table);
-          }
-          REQUIRE(engine
-                      ->Gather({.table = table.get(),
-                                .rows = rows,
-                                .dest = out.data(),
-                                .dest_offsets = offsets})
-                      .ok());
-          CHECK(FirstMismatch(kSeed, *table, rows, out.data(), offsets) == -1);
-          const auto s = StatsOf(*engine);
+          auto attempt = [&] {
+            auto engine = MakeEngine({.workers = 2, .use_io_uring = uring});
+            REQUIRE(engine->AddTable(table.get(), {}).ok());
+            std::vector<uint8_t> out(rows.size() * 300, 0xEE);
+            if (cold) Evict(*table);
+            REQUIRE(engine
+                        ->Gather({.table = table.get(),
+                                  .rows = rows,
+                                  .dest = out.data(),
+                                  .dest_offsets = offsets})
+                        .ok());
+            CHECK(FirstMismatch(kSeed, *table, rows, out.data(), offsets) == -1);
+            return StatsOf(*engine);
+          };
+          const auto s = cold ? attempt() : OnWarmTable(*table, 0, attempt);
           CHECK(s.rows_requested == rows.size());
           CHECK(s.rows_unique < rows.size());
           CHECK(s.dedup_copies == s.rows_requested - s.rows_unique);
@@ -143,15 +162,16 @@ TEST_CASE("gathers are byte-exact in both layouts, warm and cold, on every resid
 
 TEST_CASE("forced path: hit, every row from the NOWAIT pass", "[gather][paths]") {
   auto table = Open(Files().packed);
-  Warm(*table);
   for (NowaitPass pass : {NowaitPass::kSerial, NowaitPass::kUring}) {
-    auto engine = MakeEngine({.workers = 1, .nowait_pass = pass});
-    REQUIRE(engine->AddTable(table.get(), {}).ok());
     const auto rows = SpreadRows(200);
-    std::vector<uint8_t> out;
-    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
-    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
-    const auto s = StatsOf(*engine);
+    const auto s = OnWarmTable(*table, 0, [&] {
+      auto engine = MakeEngine({.workers = 1, .nowait_pass = pass});
+      REQUIRE(engine->AddTable(table.get(), {}).ok());
+      std::vector<uint8_t> out;
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+      return StatsOf(*engine);
+    });
     CHECK(s.nowait_hits == rows.size());
     CHECK(s.nowait_eagain == 0);
     CHECK(s.uring_reads == 0);
@@ -164,45 +184,50 @@ TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does", "
   auto table = Open(Files().packed);
   Warm(*table);
   SECTION("injected: the first NOWAIT read answers EAGAIN") {
-    std::atomic<int> eagains{0};
-    GatherEngineOptions o{.workers = 1, .use_io_uring = false};
-    o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
-      if ((flags & RWF_NOWAIT) && eagains.fetch_add(1) == 0) return -EAGAIN;
-      return RealRead(fd, iov, cnt, off, flags);
-    };
-    auto engine = MakeEngine(o);
-    REQUIRE(engine->AddTable(table.get(), {}).ok());
     const auto rows = SpreadRows(100);
-    std::vector<uint8_t> out;
-    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
-    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
-    const auto s = StatsOf(*engine);
+    const auto s = OnWarmTable(*table, 1, [&] {
+      std::atomic<int> eagains{0};
+      GatherEngineOptions o{.workers = 1, .use_io_uring = false};
+      o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+        if ((flags & RWF_NOWAIT) && eagains.fetch_add(1) == 0) return -EAGAIN;
+        return RealRead(fd, iov, cnt, off, flags);
+      };
+      auto engine = MakeEngine(o);
+      REQUIRE(engine->AddTable(table.get(), {}).ok());
+      std::vector<uint8_t> out;
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+      return StatsOf(*engine);
+    });
     CHECK(s.nowait_eagain == 1);
     CHECK(s.nowait_hits == rows.size() - 1);
     CHECK(s.pool_reads == 1);
   }
   SECTION("real: one row's page evicted") {
-    auto engine = MakeEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
-    REQUIRE(engine->AddTable(table.get(), {}).ok());
     const auto rows = SpreadRows(100);
-    // Evict the page range holding row 50 of the batch (and nothing else of the batch).
-    const RowPart& p = table->parts()[0];
-    const uint64_t off = p.FileOffset(rows[50]);
-    const uint64_t first = off & ~4095ull, end = (off + kRowBytes + 4095) & ~4095ull;
-    const TableFile& file = table->files()[0];
-    posix_fadvise(file.fd, first, end - first, POSIX_FADV_DONTNEED);
-    // DONTNEED cannot split a large folio that also holds other rows: check what it evicted.
-    void* map = mmap(nullptr, file.size, PROT_READ, MAP_SHARED, file.fd, 0);
-    REQUIRE(map != MAP_FAILED);
-    unsigned char vec[2] = {1, 1};
-    REQUIRE(mincore(static_cast<uint8_t*>(map) + first, end - first, vec) == 0);
-    munmap(map, file.size);
-    const bool evicted = !(vec[0] & 1) || (end - first > 4096 && !(vec[1] & 1));
+    bool evicted = false;
+    const auto s = OnWarmTable(*table, 1, [&] {
+      auto engine = MakeEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
+      REQUIRE(engine->AddTable(table.get(), {}).ok());
+      // Evict the page range holding row 50 of the batch (and nothing else of the batch).
+      const RowPart& p = table->parts()[0];
+      const uint64_t off = p.FileOffset(rows[50]);
+      const uint64_t first = off & ~4095ull, end = (off + kRowBytes + 4095) & ~4095ull;
+      const TableFile& file = table->files()[0];
+      posix_fadvise(file.fd, first, end - first, POSIX_FADV_DONTNEED);
+      // DONTNEED cannot split a large folio that also holds other rows: check what it evicted.
+      void* map = mmap(nullptr, file.size, PROT_READ, MAP_SHARED, file.fd, 0);
+      REQUIRE(map != MAP_FAILED);
+      unsigned char vec[2] = {1, 1};
+      REQUIRE(mincore(static_cast<uint8_t*>(map) + first, end - first, vec) == 0);
+      munmap(map, file.size);
+      evicted = !(vec[0] & 1) || (end - first > 4096 && !(vec[1] & 1));
+      std::vector<uint8_t> out;
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+      return StatsOf(*engine);
+    });
     if (!evicted) WARN("the row's pages stayed resident (large folio): checking the bytes only");
-    std::vector<uint8_t> out;
-    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
-    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
-    const auto s = StatsOf(*engine);
     if (evicted) {
       CHECK(s.nowait_eagain == 1);
       CHECK(s.uring_reads + s.partial_reads >= 1);
@@ -279,13 +304,15 @@ TEST_CASE("forced path: a partial read continues where it stopped", "[gather][pa
       }
       return RealRead(fd, iov, cnt, off, flags);
     };
-    auto engine = MakeEngine(o);
-    REQUIRE(engine->AddTable(table.get(), {}).ok());
     const auto rows = SpreadRows(50);
-    std::vector<uint8_t> out;
-    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
-    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
-    const auto s = StatsOf(*engine);
+    const auto s = OnWarmTable(*table, 0, [&] {
+      auto engine = MakeEngine(o);
+      REQUIRE(engine->AddTable(table.get(), {}).ok());
+      std::vector<uint8_t> out;
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+      return StatsOf(*engine);
+    });
     CHECK(s.partial_reads >= rows.size());
     CHECK(s.nowait_hits == rows.size());
     CHECK(s.nowait_eagain == 0);
@@ -364,6 +391,7 @@ TEST_CASE("forced path: a filesystem without RWF_NOWAIT (tmpfs) disables the fas
     CHECK(notices[0].find("RWF_NOWAIT") != std::string::npos);
     for (int i = 0; i < 20; ++i) REQUIRE(GatherInto(*engine, *table, rows, out).ok());
     CHECK(notices.size() <= table->files().size());
+    CHECK(std::set<std::string>(notices.begin(), notices.end()).size() == notices.size());
   }
 }
 
