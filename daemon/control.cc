@@ -540,7 +540,7 @@ std::string Control::MetricsText() const {
               double(t.bytes_read));
     e.Counter("engram_gather_errors_total", "Gathers that failed", l, double(t.errors));
     e.Log2Histogram("engram_gather_batch_duration_seconds", "Latency of one gather batch", l,
-                    t.latency_buckets.data(), t.latency_buckets.size());
+                    t.latency_buckets.data(), t.latency_buckets.size(), t.latency_sum_ns);
   }
   std::vector<std::shared_ptr<Session>> sessions;
   {
@@ -573,7 +573,8 @@ std::string Control::MetricsText() const {
     uint64_t buckets[64];
     for (size_t i = 0; i < 64; ++i) buckets[i] = c.latency_log2[i].load();
     e.Log2Histogram("engram_client_request_duration_seconds",
-                    "Service time of a client's requests in the daemon", l, buckets, 64);
+                    "Service time of a client's requests in the daemon", l, buckets, 64,
+                    c.latency_sum_ns.load());
   }
   return e.Text();
 }

@@ -164,6 +164,7 @@ struct TableState {
   std::atomic<bool> nowait_enabled{true};
   std::atomic<uint64_t> since_probe{0};
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
+  std::atomic<uint64_t> latency_sum_ns{0};
 
   ~TableState() {
     for (auto& f : files) {
@@ -329,6 +330,7 @@ class GatherEngineImpl final : public GatherEngine {
                                     uring ? "io_uring" : "blocking pool");
       s.latency_buckets.resize(kLatencyBuckets);
       for (size_t i = 0; i < kLatencyBuckets; ++i) s.latency_buckets[i] = ts->latency[i].load();
+      s.latency_sum_ns = ts->latency_sum_ns.load();
       out.push_back(std::move(s));
     }
     std::sort(out.begin(), out.end(),
@@ -588,6 +590,7 @@ class GatherEngineImpl final : public GatherEngine {
     const uint64_t ns = NowNs() - t0;
     ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
         1, std::memory_order_relaxed);
+    ts->latency_sum_ns.fetch_add(ns, std::memory_order_relaxed);
     return first_error;
   }
 

@@ -147,6 +147,7 @@ struct TableGatherStats {
   std::string residue_path;  // "io_uring", "blocking pool" or "O_DIRECT io_uring" / "O_DIRECT pool"
   // Batch latency histogram: bucket i counts batches with latency in [2^i, 2^(i+1)) ns.
   std::vector<uint64_t> latency_buckets;
+  uint64_t latency_sum_ns = 0;  // every batch's latency added up (the histogram's exact sum)
   // The upper edge of the bucket holding the q-quantile (q in [0, 1]); 0 with no batches.
   uint64_t LatencyPercentileNs(double q) const;
 };

@@ -76,13 +76,12 @@ void Exposition::Counter(const std::string& name, const std::string& help, const
 }
 
 void Exposition::Log2Histogram(const std::string& name, const std::string& help,
-                               const Labels& labels, const uint64_t* buckets, size_t num_buckets) {
+                               const Labels& labels, const uint64_t* buckets, size_t num_buckets,
+                               uint64_t sum_ns) {
   Family& f = Get(name, help, "histogram");
   // Buckets below 1 µs fold into the first edge; above ~17 s into +Inf.
   constexpr size_t kFirst = 9, kLast = 34;
   uint64_t cumulative = 0;
-  double sum = 0;
-  for (size_t i = 0; i < num_buckets; ++i) sum += buckets[i] * 1.5 * std::ldexp(1.0, int(i)) / 1e9;
   size_t i = 0;
   for (size_t edge = kFirst; edge <= kLast; ++edge) {
     for (; i < num_buckets && i <= edge; ++i) cumulative += buckets[i];
@@ -93,7 +92,7 @@ void Exposition::Log2Histogram(const std::string& name, const std::string& help,
   for (; i < num_buckets; ++i) cumulative += buckets[i];
   f.samples.push_back(name + "_bucket" + RenderLabels(labels, "le", "+Inf") + " " +
                       Number(double(cumulative)));
-  f.samples.push_back(name + "_sum" + RenderLabels(labels) + " " + Number(sum));
+  f.samples.push_back(name + "_sum" + RenderLabels(labels) + " " + Number(double(sum_ns) / 1e9));
   f.samples.push_back(name + "_count" + RenderLabels(labels) + " " + Number(double(cumulative)));
 }
 

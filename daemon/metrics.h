@@ -25,11 +25,10 @@ class Exposition {
   void Gauge(const std::string& name, const std::string& help, const Labels& labels, double value);
   void Counter(const std::string& name, const std::string& help, const Labels& labels,
                double value);
-  // A histogram from log2 nanosecond buckets (bucket i counts [2^i, 2^(i+1)) ns), exposed in
-  // seconds. The engine and the sessions count buckets only, so _sum is estimated from the
-  // bucket midpoints (1.5 × 2^i); _count is exact.
+  // A histogram from log2 nanosecond buckets (bucket i counts [2^i, 2^(i+1)) ns) and the exact
+  // total of the observations (`sum_ns`), exposed in seconds.
   void Log2Histogram(const std::string& name, const std::string& help, const Labels& labels,
-                     const uint64_t* buckets, size_t num_buckets);
+                     const uint64_t* buckets, size_t num_buckets, uint64_t sum_ns);
   std::string Text() const;
 
  private:

@@ -99,6 +99,7 @@ void Session::Complete(uint64_t ticket, uint32_t slot, int32_t code, const char*
   }
   const int bucket = service_ns == 0 ? 0 : 63 - __builtin_clzll(service_ns);
   counters.latency_log2[bucket].fetch_add(1, std::memory_order_relaxed);
+  counters.latency_sum_ns.fetch_add(service_ns, std::memory_order_relaxed);
   engram_arena_header* h = arena_->header();
   engram_request_status& st = arena_->status()[slot];
   st.code = code;

@@ -71,6 +71,7 @@ class Session {
     std::atomic<uint64_t> doorbells{0};
     std::atomic<uint64_t> garbage{0};
     std::array<std::atomic<uint64_t>, 64> latency_log2{};  // service time buckets [2^i, 2^i+1)
+    std::atomic<uint64_t> latency_sum_ns{0};                // every request's service time added
   };
   Counters counters;
   engram_wire_session_stats Stats() const;

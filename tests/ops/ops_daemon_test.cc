@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "absl/strings/str_format.h"
+#include "engram/protocol.h"
 #include "tests/daemon/daemon_test_util.h"
 
 namespace engram::testing {
@@ -433,6 +434,24 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
     }
   }
   CHECK(client_rows);
+  // The client histogram's _sum is the request's exact service time, which the daemon also
+  // wrote into the request's status in the arena.
+  void* base = nullptr;
+  uint64_t arena_bytes = 0;
+  REQUIRE(engram_arena(s, &base, &arena_bytes) == 0);
+  const auto* header = static_cast<const engram_arena_header*>(base);
+  const auto* status = reinterpret_cast<const engram_request_status*>(
+      static_cast<const uint8_t*>(base) + header->status_offset);
+  uint64_t service_ns = 0;
+  for (uint32_t i = 0; i < header->slots; ++i) {
+    if (status[i].rows == 200) service_ns = status[i].service_ns;
+  }
+  REQUIRE(service_ns > 0);
+  const std::string labels =
+      absl::StrFormat("{client=\"ops-test\",session=\"%u\"}", header->session_id);
+  CHECK(m.samples.at("engram_client_request_duration_seconds_count" + labels) == 1);
+  CHECK(m.samples.at("engram_client_request_duration_seconds_sum" + labels) ==
+        Approx(double(service_ns) / 1e9).epsilon(1e-6));
   // engramctl metrics serves the same families over the socket.
   Result r = Sh(Ctl("metrics"));
   REQUIRE(r.code == 0);
