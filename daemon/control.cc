@@ -18,6 +18,7 @@
 #include "daemon/clock.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
+#include "daemon/residency.h"
 #include "daemon/server.h"
 
 namespace engram {
@@ -47,36 +48,6 @@ std::vector<FileRange> RangesOf(const Table& table, uint64_t begin, uint64_t end
   return out;
 }
 
-// Bytes of [offset, offset + bytes) of `fd` resident in the page cache (mincore over a
-// read-only mapping, 1 GiB at a time).
-absl::StatusOr<uint64_t> Resident(const FileRange& r) {
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t first = r.offset / page * page, last = r.offset + r.bytes;
-  uint64_t resident = 0;
-  std::vector<unsigned char> vec;
-  for (uint64_t at = first; at < last;) {
-    const uint64_t len = std::min<uint64_t>(last - at, uint64_t{1} << 30);
-    void* map = mmap(nullptr, len, PROT_READ, MAP_SHARED, r.fd, static_cast<off_t>(at));
-    if (map == MAP_FAILED) {
-      return absl::InternalError(
-          absl::StrFormat("mmap of %s at %u for residency: %s", *r.path, at, strerror(errno)));
-    }
-    vec.assign((len + page - 1) / page, 0);
-    const int rc = mincore(map, len, vec.data());
-    munmap(map, len);
-    if (rc < 0) {
-      return absl::InternalError(absl::StrFormat("mincore on %s: %s", *r.path, strerror(errno)));
-    }
-    for (size_t i = 0; i < vec.size(); ++i) {
-      if ((vec[i] & 1) == 0) continue;
-      const uint64_t lo = std::max(at + i * page, r.offset);
-      const uint64_t hi = std::min(at + (i + 1) * page, last);
-      if (hi > lo) resident += hi - lo;
-    }
-    at += len;
-  }
-  return resident;
-}
 
 // Every control command, and why it needs an administrator (nullptr: any peer the socket
 // admits may run it). The reading ones only report; warm and evict change the page cache that
@@ -383,15 +354,20 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
                 {"covered_end", t->covered().end},
                 {"data_bytes", t->data_bytes()}};
       if (residency) {
-        uint64_t total = 0, resident = 0;
+        uint64_t total = 0, resident = 0, evicted = 0;
+        const char* method = "cachestat";
         for (const FileRange& r : RangesOf(*t, t->covered().begin, t->covered().end)) {
-          absl::StatusOr<uint64_t> res = Resident(r);
+          absl::StatusOr<Residency> res = ResidencyOf(r.fd, *r.path, r.offset, r.bytes);
           if (!res.ok()) return res.status();
           total += r.bytes;
-          resident += *res;
+          resident += res->resident_bytes;
+          evicted += res->recently_evicted_bytes;
+          if (std::string_view(res->method) == "mincore") method = res->method;
         }
         j["resident_bytes"] = resident;
         j["resident_fraction"] = total == 0 ? 0.0 : double(resident) / double(total);
+        j["recently_evicted_bytes"] = evicted;
+        j["residency_method"] = method;
       }
       tables.push_back(j);
     }

@@ -210,6 +210,8 @@ TEST_CASE("engramctl tables lists both layers with residency") {
     CHECK(t["data_bytes"] == kRows * 264);
     CHECK(t["resident_fraction"].get<double>() >= 0.0);
     CHECK(t["resident_fraction"].get<double>() <= 1.0);
+    CHECK((t["residency_method"] == "cachestat" || t["residency_method"] == "mincore"));
+    CHECK(t["recently_evicted_bytes"].get<uint64_t>() <= kRows * 264);
     CHECK_FALSE(t["files"].empty());
   }
 }

@@ -234,6 +234,11 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
               for (const json& f : t["files"]) {
                 printf("         %s\n", f.get<std::string>().c_str());
               }
+              // Pages that left recently and would be read again: the table is thrashing.
+              if (U(t, "recently_evicted_bytes") != 0) {
+                printf("         %s recently evicted (refaults when read again)\n",
+                       Bytes(double(U(t, "recently_evicted_bytes"))).c_str());
+              }
             }
           });
     });
