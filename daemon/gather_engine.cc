@@ -328,6 +328,10 @@ class GatherEngineImpl final : public GatherEngine {
       const bool uring = options_.use_io_uring && ring_works_.load();
       s.residue_path = absl::StrCat(ts->options.mode == ReadMode::kDirect ? "O_DIRECT " : "",
                                     uring ? "io_uring" : "blocking pool");
+      if (const uint32_t given_up = reader_shared_.rings_given_up.load(); uring && given_up > 0) {
+        absl::StrAppend(&s.residue_path, " (", given_up,
+                        " thread(s) on blocking reads after their rings kept failing)");
+      }
       s.latency_buckets.resize(kLatencyBuckets);
       for (size_t i = 0; i < kLatencyBuckets; ++i) s.latency_buckets[i] = ts->latency[i].load();
       s.latency_sum_ns = ts->latency_sum_ns.load();

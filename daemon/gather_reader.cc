@@ -226,6 +226,7 @@ void ReaderContext::RecoverRing(int err, uint32_t& inflight, const std::string& 
   if (s.ok()) {
     c.ring_resets++;
   } else if (shared_ != nullptr) {
+    shared_->rings_given_up.fetch_add(1, std::memory_order_relaxed);
     shared_->NoticeOnce(shared_->ring_given_up_noticed,
                         absl::StrCat("a gather thread could not replace its failed io_uring ring (",
                                      s.message(), "): it reads with blocking preadv2 from now on"));

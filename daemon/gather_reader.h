@@ -60,6 +60,8 @@ struct ReaderShared {
   std::atomic<bool> ring_given_up_noticed{false};
   std::atomic<bool> slow_drain_noticed{false};
   std::atomic<bool> fixed_buffers_noticed{false};
+  // Threads whose rings kept failing and that read with blocking calls from then on.
+  std::atomic<uint32_t> rings_given_up{0};
   // Sends `text` through `notice` unless `once` was already set.
   void NoticeOnce(std::atomic<bool>& once, const std::string& text);
 };

@@ -414,6 +414,8 @@ TEST_CASE("rings that keep failing are given up: the thread reads with blocking 
   CHECK(given_up.ring_failures == 5);  // four replacements, then none
   CHECK(given_up.ring_resets == 4);
   CHECK(given_up.errors == 0);
+  CHECK(given_up.residue_path ==
+        "io_uring (1 thread(s) on blocking reads after their rings kept failing)");
 
   const uint64_t calls = fault.calls.load();
   const auto rows = SpreadRows(500, 99);
