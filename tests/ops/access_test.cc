@@ -3,12 +3,14 @@
 // stats, clients and metrics, and is refused warm and evict with PermissionDenied, engramctl's
 // exit 77 and one warning line; admin_uids and admin_gids added by SIGHUP let it warm; bad
 // values are refused with file, line and key. Needs root to change uid; skips otherwise.
+#include <dlfcn.h>
 #include <grp.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -27,9 +29,31 @@ constexpr uid_t kReader = 65534;
 constexpr uid_t kGroupPeer = 65533;
 constexpr gid_t kAdminGroup = 4242;
 
-std::string Engramctl() {
+std::string BuiltEngramctl() {
   const char* p = getenv("ENGRAMCTL");
   return p != nullptr ? p : "tools/engramctl/engramctl";
+}
+
+// The unprivileged peers run copies of engramctl and the client library it loads, in the test
+// directory: the build tree may sit below a directory they cannot enter (a checkout in /root).
+std::string Engramctl() { return TestDir() + "/bin/engramctl"; }
+std::string PeerLibDir() { return TestDir() + "/lib"; }
+
+void CopyEngramctlForPeers() {
+  namespace fs = std::filesystem;
+  Dl_info info{};
+  REQUIRE(dladdr(reinterpret_cast<void*>(&engram_connect), &info) != 0);
+  REQUIRE(info.dli_fname != nullptr);
+  fs::create_directories(TestDir() + "/bin");
+  fs::create_directories(PeerLibDir());
+  fs::copy_file(BuiltEngramctl(), Engramctl(), fs::copy_options::overwrite_existing);
+  // Under the soname engramctl asks for.
+  fs::copy_file(fs::canonical(info.dli_fname), PeerLibDir() + "/libengram_client.so.0",
+                fs::copy_options::overwrite_existing);
+  for (const std::string& p : {TestDir() + "/bin", PeerLibDir(), Engramctl(),
+                               PeerLibDir() + "/libengram_client.so.0"}) {
+    chmod(p.c_str(), 0755);
+  }
 }
 
 struct Result {
@@ -44,6 +68,11 @@ Result RunAs(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
   int out[2], err[2];
   REQUIRE(pipe2(out, O_CLOEXEC) == 0);
   REQUIRE(pipe2(err, O_CLOEXEC) == 0);
+  // The child's environment, made before fork: LD_LIBRARY_PATH finds the copied library first.
+  std::vector<std::string> env_text = {"LD_LIBRARY_PATH=" + PeerLibDir(), "LANG=C.UTF-8"};
+  std::vector<char*> env;
+  for (auto& e : env_text) env.push_back(e.data());
+  env.push_back(nullptr);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -57,7 +86,7 @@ Result RunAs(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), env.data());
     fprintf(stderr, "exec %s as uid %u: %s\n", args[0], uid, strerror(errno));
     _exit(127);
   }
@@ -125,6 +154,7 @@ struct Fixture {
     }
     // The unprivileged peers must reach the socket in the test directory (mkdtemp: 0700).
     chmod(TestDir().c_str(), 0755);
+    CopyEngramctlForPeers();
     Checkpoint();
     WriteConfig("");
     // engramd inherits stderr: point it at the log file while the daemon is started.
