@@ -21,14 +21,19 @@
 #include <thread>
 
 #include "daemon/gather_planner.h"
-#include "tests/gather/gather_test_util.h"
+#include "tests/gather/gather_catch_util.h"
 
 namespace engram {
 namespace {
 
 using testing::Evict;
 using testing::FirstMismatch;
-using testing::OpenOne;
+using testing::GatherInto;
+using testing::Notices;
+using testing::RealRead;
+using testing::RequireEngine;
+using testing::RequireTable;
+using testing::StatsOf;
 using testing::TempDir;
 using testing::Warm;
 
@@ -55,19 +60,7 @@ Fixture& Files() {
   return f;
 }
 
-std::unique_ptr<Table> Open(const std::string& path) {
-  auto t = OpenOne(path, kLayer);
-  INFO(t.status().ToString());
-  REQUIRE(t.ok());
-  return std::move(*t);
-}
-
-std::unique_ptr<GatherEngine> MakeEngine(GatherEngineOptions o) {
-  auto e = GatherEngine::Create(o);
-  INFO(e.status().ToString());
-  REQUIRE(e.ok());
-  return std::move(*e);
-}
+std::unique_ptr<Table> Open(const std::string& path) { return RequireTable(path, kLayer); }
 
 // Rows far enough apart that no two share a page or get merged.
 std::vector<uint64_t> SpreadRows(size_t n, uint64_t first = 3) {
@@ -84,22 +77,22 @@ std::vector<uint64_t> RandomRows(size_t n, uint64_t seed, uint64_t limit = kRows
   return rows;
 }
 
-absl::Status GatherInto(GatherEngine& e, const Table& t, const std::vector<uint64_t>& rows,
-                        std::vector<uint8_t>& out) {
-  out.assign(rows.size() * kRowBytes, 0xEE);
-  return e.Gather({.table = &t, .rows = rows, .dest = out.data()});
-}
-
-TableGatherStats StatsOf(GatherEngine& e) {
-  auto s = e.Stats();
-  REQUIRE(s.size() == 1);
-  return s[0];
-}
-
-ssize_t RealRead(int fd, const iovec* iov, int cnt, off_t off, int flags) {
-  const ssize_t n = preadv2(fd, iov, cnt, off, flags);
-  return n < 0 ? -errno : n;
-}
+// A read seam that counts NOWAIT reads and answers them EAGAIN while `refuse` is set, as rows
+// that are not resident would be.
+struct RefusableNowait {
+  std::atomic<bool> refuse;
+  std::atomic<uint64_t> calls{0};
+  explicit RefusableNowait(bool refusing) : refuse(refusing) {}
+  ReadFn Fn() {
+    return [this](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
+      if (flags & RWF_NOWAIT) {
+        calls++;
+        if (refuse) return -EAGAIN;
+      }
+      return RealRead(fd, iov, cnt, off, flags);
+    };
+  }
+};
 
 // Warms the table and runs `attempt` (a fresh engine, its gathers and the checks of the bytes),
 // which returns the engine's statistics; while they show more NOWAIT misses than the test
@@ -132,7 +125,7 @@ TEST_CASE("gathers are byte-exact in both layouts, warm and cold, on every resid
           std::vector<uint64_t> offsets(rows.size());
           for (size_t i = 0; i < rows.size(); ++i) offsets[i] = (rows.size() - 1 - i) * 300;
           auto attempt = [&] {
-            auto engine = MakeEngine({.workers = 2, .use_io_uring = uring});
+            auto engine = RequireEngine({.workers = 2, .use_io_uring = uring});
             REQUIRE(engine->AddTable(table.get(), {}).ok());
             std::vector<uint8_t> out(rows.size() * 300, 0xEE);
             if (cold) Evict(*table);
@@ -165,7 +158,7 @@ TEST_CASE("forced path: hit, every row from the NOWAIT pass", "[gather][paths]")
   for (NowaitPass pass : {NowaitPass::kSerial, NowaitPass::kUring}) {
     const auto rows = SpreadRows(200);
     const auto s = OnWarmTable(*table, 0, [&] {
-      auto engine = MakeEngine({.workers = 1, .nowait_pass = pass});
+      auto engine = RequireEngine({.workers = 1, .nowait_pass = pass});
       REQUIRE(engine->AddTable(table.get(), {}).ok());
       std::vector<uint8_t> out;
       REQUIRE(GatherInto(*engine, *table, rows, out).ok());
@@ -192,7 +185,7 @@ TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does", "
         if ((flags & RWF_NOWAIT) && eagains.fetch_add(1) == 0) return -EAGAIN;
         return RealRead(fd, iov, cnt, off, flags);
       };
-      auto engine = MakeEngine(o);
+      auto engine = RequireEngine(o);
       REQUIRE(engine->AddTable(table.get(), {}).ok());
       std::vector<uint8_t> out;
       REQUIRE(GatherInto(*engine, *table, rows, out).ok());
@@ -207,7 +200,7 @@ TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does", "
     const auto rows = SpreadRows(100);
     bool evicted = false;
     const auto s = OnWarmTable(*table, 1, [&] {
-      auto engine = MakeEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
+      auto engine = RequireEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
       REQUIRE(engine->AddTable(table.get(), {}).ok());
       // Evict the page range holding row 50 of the batch (and nothing else of the batch).
       const RowPart& p = table->parts()[0];
@@ -240,19 +233,12 @@ TEST_CASE("forced path: persistent EAGAIN, and the adaptive policy turning NOWAI
           "[gather][paths]") {
   auto table = Open(Files().packed);
   Warm(*table);
-  std::atomic<bool> refuse{true};
-  std::atomic<uint64_t> nowait_calls{0};
+  RefusableNowait seam(true);
   GatherEngineOptions o{.workers = 1, .use_io_uring = false};
   o.probe_interval = 4;
   o.probe_reads = 16;
-  o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
-    if (flags & RWF_NOWAIT) {
-      nowait_calls++;
-      if (refuse) return -EAGAIN;
-    }
-    return RealRead(fd, iov, cnt, off, flags);
-  };
-  auto engine = MakeEngine(o);
+  o.read_fn = seam.Fn();
+  auto engine = RequireEngine(o);
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   const auto rows = SpreadRows(64);
   std::vector<uint8_t> out;
@@ -266,15 +252,15 @@ TEST_CASE("forced path: persistent EAGAIN, and the adaptive policy turning NOWAI
   CHECK(s.recent_hit_rate < 0.5);
 
   // While off, only every 4th batch probes 16 reads.
-  nowait_calls = 0;
+  seam.calls = 0;
   for (int i = 0; i < 8; ++i) REQUIRE(GatherInto(*engine, *table, rows, out).ok());
-  CHECK(nowait_calls == 2 * 16);
+  CHECK(seam.calls == 2 * 16);
   s = StatsOf(*engine);
   CHECK(s.probes == 2);
   CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
 
   // The rows become resident: probes see hits and the policy switches the pass back on.
-  refuse = false;
+  seam.refuse = false;
   for (int i = 0; i < 40 && !StatsOf(*engine).nowait_enabled; ++i) {
     REQUIRE(GatherInto(*engine, *table, rows, out).ok());
   }
@@ -306,7 +292,7 @@ TEST_CASE("forced path: a partial read continues where it stopped", "[gather][pa
     };
     const auto rows = SpreadRows(50);
     const auto s = OnWarmTable(*table, 0, [&] {
-      auto engine = MakeEngine(o);
+      auto engine = RequireEngine(o);
       REQUIRE(engine->AddTable(table.get(), {}).ok());
       std::vector<uint8_t> out;
       REQUIRE(GatherInto(*engine, *table, rows, out).ok());
@@ -318,7 +304,7 @@ TEST_CASE("forced path: a partial read continues where it stopped", "[gather][pa
     CHECK(s.nowait_eagain == 0);
   }
   SECTION("real: a row straddling a resident page and an evicted one") {
-    auto engine = MakeEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
+    auto engine = RequireEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
     REQUIRE(engine->AddTable(table.get(), {}).ok());
     const RowPart& p = table->parts()[0];
     const TableFile& file = table->files()[0];
@@ -364,14 +350,10 @@ TEST_CASE("forced path: a filesystem without RWF_NOWAIT (tmpfs) disables the fas
           .ok());
   auto table = Open(ckpt);
   for (NowaitPass pass : {NowaitPass::kSerial, NowaitPass::kUring}) {
-    std::mutex mu;
-    std::vector<std::string> notices;
+    Notices collected;
     GatherEngineOptions o{.workers = 1, .nowait_pass = pass};
-    o.notice = [&](const std::string& n) {
-      std::lock_guard<std::mutex> l(mu);
-      notices.push_back(n);
-    };
-    auto engine = MakeEngine(o);
+    o.notice = collected.Fn();
+    auto engine = RequireEngine(o);
     REQUIRE(engine->AddTable(table.get(), {}).ok());
     const auto rows = RandomRows(500, 3, 4000);
     std::vector<uint8_t> out;
@@ -383,13 +365,15 @@ TEST_CASE("forced path: a filesystem without RWF_NOWAIT (tmpfs) disables the fas
     CHECK_FALSE(s.nowait_supported);
     CHECK_FALSE(s.nowait_enabled);
     CHECK(s.nowait_hits == 0);
-    // One notice per file that was tried (once its first wave misses, a batch stops trying, so
-    // the scales' file may never be), never two for one file.
+    // One notice per file that was tried, never two for one file (both tensors of the layer
+    // are in one shard, which the table opens once).
+    std::vector<std::string> notices = collected.All();
     REQUIRE(notices.size() >= 1);
     CHECK(notices.size() <= table->files().size());
     CHECK(notices[0].find(table->files()[0].path) != std::string::npos);
     CHECK(notices[0].find("RWF_NOWAIT") != std::string::npos);
     for (int i = 0; i < 20; ++i) REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    notices = collected.All();
     CHECK(notices.size() <= table->files().size());
     CHECK(std::set<std::string>(notices.begin(), notices.end()).size() == notices.size());
   }
@@ -405,7 +389,7 @@ TEST_CASE("forced path: a NOWAIT read returning 0 is a miss, not the end of the 
       if (flags & RWF_NOWAIT) return 0;
       return RealRead(fd, iov, cnt, off, flags);
     };
-    auto engine = MakeEngine(o);
+    auto engine = RequireEngine(o);
     REQUIRE(engine->AddTable(table.get(), {}).ok());
     const auto rows = SpreadRows(40);
     std::vector<uint8_t> out;
@@ -447,7 +431,7 @@ TEST_CASE("forced path: a file that ends inside a row is a data error naming fil
   };
   for (auto& c : cases) {
     DYNAMIC_SECTION(c.name) {
-      auto engine = MakeEngine(c.options);
+      auto engine = RequireEngine(c.options);
       REQUIRE(engine->AddTable(table.get(), c.table).ok());
       if (c.warm) {
         Warm(*table);
@@ -476,7 +460,7 @@ TEST_CASE("EINTR is retried on the NOWAIT pass and in the pool", "[gather][paths
     if (calls.fetch_add(1) % 2 == 0) return -EINTR;
     return RealRead(fd, iov, cnt, off, flags);
   };
-  auto engine = MakeEngine(o);
+  auto engine = RequireEngine(o);
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   const auto rows = SpreadRows(30);
   std::vector<uint8_t> out;
@@ -489,7 +473,7 @@ TEST_CASE("O_DIRECT tables read aligned page runs, byte-exact in both layouts", 
   for (const std::string& path : {Files().ckpt, Files().packed}) {
     auto table = Open(path);
     for (bool uring : {true, false}) {
-      auto engine = MakeEngine({.workers = 2, .use_io_uring = uring, .split_reads = 256});
+      auto engine = RequireEngine({.workers = 2, .use_io_uring = uring, .split_reads = 256});
       REQUIRE(engine->AddTable(table.get(), {.mode = ReadMode::kDirect}).ok());
       auto rows = RandomRows(2000, 5);
       rows.push_back(kRows - 1);  // the last row, at the end of the file
@@ -508,7 +492,7 @@ TEST_CASE("O_DIRECT tables read aligned page runs, byte-exact in both layouts", 
 TEST_CASE("bad batches are refused before anything is read", "[gather]") {
   auto table = Open(Files().packed);
   auto other = Open(Files().ckpt);
-  auto engine = MakeEngine({.workers = 1, .max_batch_rows = 100});
+  auto engine = RequireEngine({.workers = 1, .max_batch_rows = 100});
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   CHECK(engine->AddTable(table.get(), {}).code() == absl::StatusCode::kAlreadyExists);
   std::vector<uint8_t> out(200 * kRowBytes);
@@ -601,7 +585,7 @@ TEST_CASE("latency percentiles come from the histogram", "[gather]") {
   CHECK(s.LatencyPercentileNs(0.5) == 2048);
   CHECK(s.LatencyPercentileNs(0.99) == (2u << 20));
   CHECK(s.LatencyPercentileNs(0.999) == (2u << 30));
-  auto engine = MakeEngine({.workers = 1});
+  auto engine = RequireEngine({.workers = 1});
   auto table = Open(Files().packed);
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   std::vector<uint8_t> out;
@@ -615,7 +599,7 @@ TEST_CASE("latency percentiles come from the histogram", "[gather]") {
 
 TEST_CASE("Submit runs batches on the workers and reports each outcome once", "[gather]") {
   auto table = Open(Files().ckpt);
-  auto engine = MakeEngine({.workers = 2});
+  auto engine = RequireEngine({.workers = 2});
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   constexpr int kBatches = 8;
   std::vector<std::vector<uint64_t>> rows(kBatches);
@@ -654,7 +638,7 @@ TEST_CASE("Submit runs batches on the workers and reports each outcome once", "[
 TEST_CASE("several threads gather at once, large batches split over the workers", "[gather]") {
   auto ckpt = Open(Files().ckpt);
   auto packed = Open(Files().packed);
-  auto engine = MakeEngine({.workers = 3, .split_reads = 256});
+  auto engine = RequireEngine({.workers = 3, .split_reads = 256});
   REQUIRE(engine->AddTable(ckpt.get(), {}).ok());
   REQUIRE(engine->AddTable(packed.get(), {}).ok());
   Evict(*ckpt);
@@ -681,7 +665,7 @@ TEST_CASE("several threads gather at once, large batches split over the workers"
 
 TEST_CASE("a removed table's files leave the rings; a table opened in its place reads right",
           "[gather]") {
-  auto engine = MakeEngine({.workers = 1});
+  auto engine = RequireEngine({.workers = 1});
   for (int round = 0; round < 3; ++round) {
     // Alternate layouts: the new table often reuses the old one's address and fd numbers.
     auto table = Open(round % 2 ? Files().packed : Files().ckpt);
@@ -700,30 +684,23 @@ TEST_CASE("a batch that finds the cache gone cold stops its NOWAIT pass after on
           "[gather][paths]") {
   auto table = Open(Files().packed);
   Warm(*table);
-  std::atomic<bool> refuse{false};
-  std::atomic<uint64_t> nowait_calls{0};
+  RefusableNowait seam(false);
   GatherEngineOptions o{.workers = 1, .use_io_uring = false};
   o.probe_reads = 32;
   o.split_reads = 1024;  // one chunk: every chunk of a split batch runs its own first wave
-  o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) -> ssize_t {
-    if (flags & RWF_NOWAIT) {
-      nowait_calls++;
-      if (refuse) return -EAGAIN;
-    }
-    return RealRead(fd, iov, cnt, off, flags);
-  };
-  auto engine = MakeEngine(o);
+  o.read_fn = seam.Fn();
+  auto engine = RequireEngine(o);
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   const auto rows = SpreadRows(300);
   std::vector<uint8_t> out;
   REQUIRE(GatherInto(*engine, *table, rows, out).ok());
-  CHECK(nowait_calls == rows.size());  // all resident: the whole pass runs
+  CHECK(seam.calls == rows.size());  // all resident: the whole pass runs
   REQUIRE(StatsOf(*engine).nowait_enabled);
-  refuse = true;
-  nowait_calls = 0;
+  seam.refuse = true;
+  seam.calls = 0;
   REQUIRE(GatherInto(*engine, *table, rows, out).ok());
   CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
-  CHECK(nowait_calls == 32);  // one wave, then straight to the residue path
+  CHECK(seam.calls == 32);  // one wave, then straight to the residue path
   const auto s = StatsOf(*engine);
   CHECK(s.nowait_eagain == 32);
   CHECK_FALSE(s.nowait_enabled);

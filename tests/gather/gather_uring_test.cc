@@ -27,14 +27,18 @@
 
 #include "daemon/gather_engine.h"
 #include "daemon/gather_reader.h"
-#include "tests/gather/gather_test_util.h"
+#include "tests/gather/gather_catch_util.h"
 
 namespace engram {
 namespace {
 
 using testing::Evict;
 using testing::FirstMismatch;
-using testing::OpenOne;
+using testing::GatherInto;
+using testing::Notices;
+using testing::RequireEngine;
+using testing::RequireTable;
+using testing::StatsOf;
 using testing::TempDir;
 using testing::Warm;
 
@@ -73,19 +77,7 @@ Fixture& Files() {
   return f;
 }
 
-std::unique_ptr<Table> Open() {
-  auto t = OpenOne(Files().packed, kLayer);
-  INFO(t.status().ToString());
-  REQUIRE(t.ok());
-  return std::move(*t);
-}
-
-std::unique_ptr<GatherEngine> MakeEngine(const GatherEngineOptions& o) {
-  auto e = GatherEngine::Create(o);
-  INFO(e.status().ToString());
-  REQUIRE(e.ok());
-  return std::move(*e);
-}
+std::unique_ptr<Table> Open() { return RequireTable(Files().packed, kLayer); }
 
 // Rows 19 apart (5,016 bytes: never on one page, never merged), without wrapping around the
 // table: one planned read per row.
@@ -102,30 +94,6 @@ std::vector<uint64_t> RandomRows(size_t n, uint64_t seed) {
   for (auto& r : rows) r = rng() % kRows;
   return rows;
 }
-
-TableGatherStats StatsOf(GatherEngine& e) {
-  auto s = e.Stats();
-  REQUIRE(s.size() == 1);
-  return s[0];
-}
-
-// Collects notices; thread-safe.
-struct Notices {
-  std::mutex mu;
-  std::vector<std::string> seen;
-  NoticeFn Fn() {
-    return [this](const std::string& n) {
-      std::lock_guard<std::mutex> l(mu);
-      seen.push_back(n);
-    };
-  }
-  int Count(const std::string& part) {
-    std::lock_guard<std::mutex> l(mu);
-    return static_cast<int>(std::count_if(seen.begin(), seen.end(), [&](const std::string& n) {
-      return n.find(part) != std::string::npos;
-    }));
-  }
-};
 
 // Makes the gather rings' io_uring_enter fail with `err` on call number `fail_at` (0-based), and
 // on every later call as well when `sticky`; with `after_submit` the failing call submits what
@@ -156,12 +124,6 @@ bool NothingLandsAfterReturn(std::vector<uint8_t>& dest) {
     (void)getppid();
   }
   return std::all_of(dest.begin(), dest.end(), [](uint8_t b) { return b == 0x5A; });
-}
-
-absl::Status GatherInto(GatherEngine& e, const Table& t, const std::vector<uint64_t>& rows,
-                        std::vector<uint8_t>& out) {
-  out.assign(rows.size() * kRowBytes, 0xEE);
-  return e.Gather({.table = &t, .rows = rows, .dest = out.data()});
 }
 
 TEST_CASE("RecoverRing abandons what the kernel never took and reaps what it did",
@@ -270,7 +232,7 @@ TEST_CASE("a residue ring that fails mid-batch is drained and replaced; every ba
       o.split_reads = 1 << 20;           // one chunk, on the calling thread
       o.uring_enter_fault = fault.Fn();
       o.notice = notices.Fn();
-      auto engine = MakeEngine(o);
+      auto engine = RequireEngine(o);
       REQUIRE(engine->AddTable(table.get(), {}).ok());
 
       const auto rows = SpreadRows(1500, 5);
@@ -319,7 +281,7 @@ TEST_CASE("a NOWAIT pass whose ring fails hands its reads on and the batch is ex
   o.nowait_pass = NowaitPass::kUring;
   o.split_reads = 1 << 20;
   o.uring_enter_fault = fault.Fn();
-  auto engine = MakeEngine(o);
+  auto engine = RequireEngine(o);
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   const auto rows = SpreadRows(600, 11);
   std::vector<uint8_t> out;
@@ -351,7 +313,7 @@ TEST_CASE("a worker's ring that fails under Submit and split batches is replaced
   o.nowait_pass = NowaitPass::kOff;
   o.split_reads = 256;  // chunks of 128 reads over the caller and both workers
   o.uring_enter_fault = fault.Fn();
-  auto engine = MakeEngine(o);
+  auto engine = RequireEngine(o);
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   Evict(*table);
   const auto rows = SpreadRows(1500, 1);
@@ -395,7 +357,7 @@ TEST_CASE("rings that keep failing are given up: the thread reads with blocking 
   o.split_reads = 1 << 20;
   o.uring_enter_fault = fault.Fn();
   o.notice = notices.Fn();
-  auto engine = MakeEngine(o);
+  auto engine = RequireEngine(o);
   REQUIRE(engine->AddTable(table.get(), {}).ok());
   fault.sticky = true;
   fault.fail_at = 0;
@@ -439,7 +401,7 @@ TEST_CASE("an O_DIRECT pass whose ring fails reaps its page runs and reads the r
       o.direct_bounce_bytes = 256 * 1024;  // several flushes per batch
       o.register_direct_buffers = fixed;
       o.uring_enter_fault = fault.Fn();
-      auto engine = MakeEngine(o);
+      auto engine = RequireEngine(o);
       REQUIRE(engine->AddTable(table.get(), {.mode = ReadMode::kDirect}).ok());
       auto rows = RandomRows(1500, 3);
       rows.push_back(kRows - 1);
@@ -475,7 +437,7 @@ TEST_CASE("O_DIRECT gathers read through the registered bounce area", "[gather][
       GatherEngineOptions o{.workers = workers, .split_reads = 256};
       o.register_direct_buffers = fixed;
       o.notice = notices.Fn();
-      auto engine = MakeEngine(o);
+      auto engine = RequireEngine(o);
       REQUIRE(engine->AddTable(table.get(), {.mode = ReadMode::kDirect}).ok());
       for (int b = 0; b < 3; ++b) {
         auto rows = RandomRows(3000, 10 + b);
