@@ -48,7 +48,6 @@ std::vector<FileRange> RangesOf(const Table& table, uint64_t begin, uint64_t end
   return out;
 }
 
-
 // Every control command, and why it needs an administrator (nullptr: any peer the socket
 // admits may run it). The reading ones only report; warm and evict change the page cache that
 // every client's gathers depend on, so on a shared node they are the operators' to run.
@@ -162,24 +161,8 @@ void Control::Reply(Session& session, uint32_t request_id, const std::string& te
   engram_msg_header h;
   protocol::FillHeader(&h, ENGRAM_MSG_CONTROL_REPLY, static_cast<uint32_t>(out.size()), request_id);
   memcpy(out.data(), &h, sizeof(h));
-  iovec iov{.iov_base = out.data(), .iov_len = out.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (memfd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-  }
-  ssize_t n;
-  do {
-    n = sendmsg(session.socket_fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
+  (void)protocol::SendMessage(session.socket_fd(), out.data(), out.size(), &memfd,
+                              memfd >= 0 ? 1 : 0);
   if (memfd >= 0) close(memfd);
 }
 

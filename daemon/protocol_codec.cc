@@ -408,4 +408,28 @@ ssize_t ReceiveMessage(int fd, uint8_t* buffer, size_t capacity, int* ret_fds, i
   return n;
 }
 
+ssize_t SendMessage(int fd, const void* data, size_t size, const int* fds, int nfds) {
+  constexpr int kMaxFds = 4;
+  if (nfds < 0 || nfds > kMaxFds) return -EINVAL;
+  iovec iov{.iov_base = const_cast<void*>(data), .iov_len = size};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))];
+  if (nfds > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+    std::memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+  }
+  ssize_t n;
+  do {
+    n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return n < 0 ? -errno : n;
+}
+
 }  // namespace engram::protocol

@@ -22,6 +22,11 @@ namespace engram::protocol {
 ssize_t ReceiveMessage(int fd, uint8_t* buffer, size_t capacity, int* ret_fds, int max_fds,
                        int* ret_nfds);
 
+// Sends one message with `nfds` (at most 4) descriptors passed alongside (SCM_RIGHTS), without
+// blocking and without SIGPIPE; retries EINTR. Returns the bytes sent or -errno (-EAGAIN when
+// the peer's receive queue is full: the daemon never waits on a client that does not read).
+ssize_t SendMessage(int fd, const void* data, size_t size, const int* fds, int nfds);
+
 // Why something was refused: a wire status code and a message naming what was wrong.
 struct CodecError {
   int32_t code = ENGRAM_STATUS_OK;

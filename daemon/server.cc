@@ -32,27 +32,10 @@ constexpr uint64_t kTagSignal = kTagListen + 2;
 // The poller's kick eventfd; session doorbells are tagged by session id (from 1).
 constexpr uint64_t kTagKick = 0;
 
-void SendBytes(int fd, const void* data, size_t size, int fd_a = -1, int fd_b = -1) {
-  iovec iov{.iov_base = const_cast<void*>(data), .iov_len = size};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
-  if (fd_a >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-    int fds[2] = {fd_a, fd_b};
-    memcpy(CMSG_DATA(c), fds, sizeof(fds));
-  }
-  ssize_t n;
-  do {
-    n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  // A client that does not read its replies loses them; it is never waited for.
+// A client that does not read its replies loses them (SendMessage never blocks): the daemon
+// never waits on one.
+void SendBytes(int fd, const void* data, size_t size) {
+  (void)protocol::SendMessage(fd, data, size, nullptr, 0);
 }
 
 }  // namespace
@@ -253,8 +236,9 @@ absl::Status Server::Run() {
   epoll_event events[64];
   while (!stopping) {
     const int wait_ms = control_->WaitMs();
-    const int n = epoll_wait(control_epoll_, events, 64,
-                             pending_.empty() ? wait_ms : (wait_ms < 0 ? 100 : std::min(wait_ms, 100)));
+    const int n =
+        epoll_wait(control_epoll_, events, 64,
+                   pending_.empty() ? wait_ms : (wait_ms < 0 ? 100 : std::min(wait_ms, 100)));
     if (n < 0 && errno != EINTR) {
       log::Error("epoll_wait: {}", strerror(errno));
       break;
@@ -483,7 +467,8 @@ void Server::Handshake(int fd) {
   welcome.arena_bytes = layout.arena_bytes;
   welcome.data_bytes = layout.data_bytes;
   welcome.max_rows_per_request = limits.max_rows_per_request;
-  SendBytes(fd, &welcome, sizeof(welcome), (*arena)->fd(), doorbell);
+  const int passed[2] = {(*arena)->fd(), doorbell};
+  (void)protocol::SendMessage(fd, &welcome, sizeof(welcome), passed, 2);
   (*arena)->CloseFd();
   pending_.erase(fd);
   auto session = std::make_shared<Session>(id, fd, std::move(*arena), doorbell, peer,

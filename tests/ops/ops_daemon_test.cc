@@ -464,6 +464,34 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
   engram_close(s);
 }
 
+TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
+  // 24 sessions' histograms and counters make the exposition longer than one message.
+  std::vector<engram_session*> sessions;
+  for (int i = 0; i < 24; ++i) {
+    engram_connect_options o = F().daemon->Options();
+    const std::string name = absl::StrFormat("bulk-%02d", i);
+    o.client_name = name.c_str();
+    engram_session* s = nullptr;
+    REQUIRE(engram_connect(&o, &s) == 0);
+    sessions.push_back(s);
+  }
+  Result r = Sh(Ctl("metrics"));
+  REQUIRE(r.code == 0);
+  CHECK(r.out.size() > ENGRAM_MSG_MAX_BYTES);
+  Scrape m = Parse(r.out);
+  for (int i = 0; i < 24; ++i) {
+    bool seen = false;
+    for (const auto& [key, value] : m.samples) {
+      const std::string family =
+          absl::StrFormat("engram_client_rows_total{client=\"bulk-%02d\"", i);
+      seen |= key.rfind(family, 0) == 0;
+    }
+    CHECK(seen);
+  }
+  CHECK(m.samples.at("engram_up") == 1);
+  for (engram_session* s : sessions) engram_close(s);
+}
+
 TEST_CASE("SIGHUP applies what can change live and says what needs a restart") {
   Fixture& f = F();
   f.notify.Read(300, "no message contains this");  // drain the queue
