@@ -649,31 +649,19 @@ void Control::Reload() {
        next.limits.max_total_arena_bytes);
   live("limits.default_data_bytes", cur.limits.default_data_bytes, next.limits.default_data_bytes);
   live("limits.default_slots", cur.limits.default_slots, next.limits.default_slots);
-  if (cur.allow_uids != next.allow_uids) {
-    changed.push_back(absl::StrFormat("allowed uids [%s] -> [%s]",
-                                      absl::StrJoin(cur.allow_uids, ","),
-                                      absl::StrJoin(next.allow_uids, ",")));
-    cur.allow_uids = next.allow_uids;
-  }
-  if (cur.allow_gids != next.allow_gids) {
-    changed.push_back(absl::StrFormat("allowed gids [%s] -> [%s]",
-                                      absl::StrJoin(cur.allow_gids, ","),
-                                      absl::StrJoin(next.allow_gids, ",")));
-    cur.allow_gids = next.allow_gids;
-  }
+  auto live_ids = [&](const char* what, std::vector<uint32_t>& field,
+                      const std::vector<uint32_t>& value) {
+    if (field != value) {
+      changed.push_back(absl::StrFormat("%s [%s] -> [%s]", what, absl::StrJoin(field, ","),
+                                        absl::StrJoin(value, ",")));
+      field = value;
+    }
+  };
+  live_ids("allowed uids", cur.allow_uids, next.allow_uids);
+  live_ids("allowed gids", cur.allow_gids, next.allow_gids);
   // Read by the control thread only, on each warm or evict: live.
-  if (cur.admin_uids != next.admin_uids) {
-    changed.push_back(absl::StrFormat("administrator uids [%s] -> [%s]",
-                                      absl::StrJoin(cur.admin_uids, ","),
-                                      absl::StrJoin(next.admin_uids, ",")));
-    cur.admin_uids = next.admin_uids;
-  }
-  if (cur.admin_gids != next.admin_gids) {
-    changed.push_back(absl::StrFormat("administrator gids [%s] -> [%s]",
-                                      absl::StrJoin(cur.admin_gids, ","),
-                                      absl::StrJoin(next.admin_gids, ",")));
-    cur.admin_gids = next.admin_gids;
-  }
+  live_ids("administrator uids", cur.admin_uids, next.admin_uids);
+  live_ids("administrator gids", cur.admin_gids, next.admin_gids);
   if (fresh->log_level != log_level_) {
     static const std::map<std::string, log::Priority> levels = {{"error", log::kError},
                                                                 {"warning", log::kWarning},
