@@ -76,8 +76,12 @@ inline bool SocketAnswers(const std::string& socket_path) {
 // engramd as a child process. Stopped (SIGTERM, then SIGKILL) on destruction.
 class Daemon {
  public:
-  explicit Daemon(std::vector<std::string> extra_args = {}, std::string name = "main")
-      : socket_(TestDir() + "/" + name + ".sock"), extra_(std::move(extra_args)) {
+  // Serves `model` (default: the synthetic Checkpoint()) on TestDir()/name.sock.
+  explicit Daemon(std::vector<std::string> extra_args = {}, std::string name = "main",
+                  std::string model = "")
+      : socket_(TestDir() + "/" + name + ".sock"),
+        model_(std::move(model)),
+        extra_(std::move(extra_args)) {
     Start();
   }
   ~Daemon() {
@@ -95,7 +99,8 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
 
   void Start() {
-    std::vector<std::string> args = {EngramdPath(), "--model", Checkpoint(),  "--socket", socket_,
+    const std::string model = model_.empty() ? Checkpoint() : model_;
+    std::vector<std::string> args = {EngramdPath(), "--model", model,         "--socket", socket_,
                                      "--workers",   "2",       "--log-level", "warning"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = fork();
@@ -145,6 +150,7 @@ class Daemon {
 
  private:
   std::string socket_;
+  std::string model_;  // empty: Checkpoint()
   std::vector<std::string> extra_;
   pid_t pid_ = -1;
 };

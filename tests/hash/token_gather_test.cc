@@ -3,8 +3,6 @@
 // chunks with history and head selections; and every bad request is refused before anything
 // is submitted, with a message naming what was wrong.
 #include <errno.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -23,8 +21,6 @@
 
 namespace {
 
-using engram::testing::EngramdPath;
-using engram::testing::SocketAnswers;
 using engram::testing::TestDir;
 
 constexpr uint64_t kSeed = 424242;
@@ -85,8 +81,9 @@ const std::string& Model() {
            << rows[0] << ", " << rows[1]
            << "], \"engram_max_ngram_size\": 4, \"engram_n_heads\": 8, \"engram_head_dim\": 256, "
               "\"engram_vocab_size\": "
-           << kPrimeStart << ", \"engram_pad_token_id\": 2, \"engram_compressed_vocab_size\": "
-           << kCompressedVocab << "}}\n";
+           << kPrimeStart
+           << ", \"engram_pad_token_id\": 2, \"engram_compressed_vocab_size\": " << kCompressedVocab
+           << "}}\n";
     config.close();
     if (!config) abort();
     return d;
@@ -94,58 +91,15 @@ const std::string& Model() {
   return dir;
 }
 
-class Engramd {
- public:
-  Engramd() : socket_(TestDir() + "/hash.sock") {
-    std::vector<std::string> args = {EngramdPath(), "--model",   Model(),        "--socket",
-                                     socket_,       "--workers", "2",            "--log-level",
-                                     "warning"};
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
-      _exit(127);
-    }
-    for (int i = 0; i < 1000 && !SocketAnswers(socket_); ++i) {
-      int status;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        FAIL("engramd exited during startup (status " << status << ")");
-      }
-      usleep(10000);
-    }
-  }
-  ~Engramd() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    int status;
-    for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
-    if (waitpid(pid_, &status, WNOHANG) == 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-    }
-  }
-  const std::string& socket() const { return socket_; }
-
- private:
-  std::string socket_;
-  pid_t pid_ = -1;
-};
-
 // One daemon for the whole binary (Catch2 runs a test case once per SECTION).
-const Engramd& Daemon() {
-  static Engramd d;
+const engram::testing::Daemon& Daemon() {
+  static engram::testing::Daemon d({}, "hash", Model());
+  REQUIRE(d.alive());
   return d;
 }
 
-engram_session* Connect(const Engramd& d) {
-  engram_connect_options o;
-  engram_connect_options_init(&o);
-  o.socket_path = d.socket().c_str();
-  o.data_bytes = 32 << 20;
+engram_session* Connect(const engram::testing::Daemon& d) {
+  engram_connect_options o = d.Options(32 << 20);
   engram_session* s = nullptr;
   REQUIRE(engram_connect(&o, &s) == 0);
   return s;
@@ -234,7 +188,7 @@ uint64_t Submitted(engram_session* s) {
 
 TEST_CASE("submit_tokens gathers the rows engram_hash computes, for batches and head ranges",
           "[hash][daemon]") {
-  const Engramd& d = Daemon();
+  const auto& d = Daemon();
   engram_session* s = Connect(d);
   engram_hasher* h = OpenHasher();
   const std::vector<uint64_t> table_rows = LayerRows();
@@ -250,10 +204,10 @@ TEST_CASE("submit_tokens gathers the rows engram_hash computes, for batches and 
     uint32_t head_begin, head_end, tp_size, tp_rank, first, count;
   };
   const Selection selections[] = {
-      {0, 0, 0, 0, 0, kHeads},    // all heads
-      {0, 0, 4, 1, 6, 6},         // TP4 rank 1
-      {0, 0, 3, 2, 16, 8},        // TP3 rank 2: order 4
-      {5, 19, 0, 0, 5, 14},       // an explicit range across orders
+      {0, 0, 0, 0, 0, kHeads},  // all heads
+      {0, 0, 4, 1, 6, 6},       // TP4 rank 1
+      {0, 0, 3, 2, 16, 8},      // TP3 rank 2: order 4
+      {5, 19, 0, 0, 5, 14},     // an explicit range across orders
   };
   for (uint32_t layer_index = 0; layer_index < 2; ++layer_index) {
     const uint32_t layer = kLayers[layer_index];
@@ -287,9 +241,8 @@ TEST_CASE("submit_tokens gathers the rows engram_hash computes, for batches and 
   engram_close(s);
 }
 
-TEST_CASE("chunks submitted with history gather the rows of the whole sequence",
-          "[hash][daemon]") {
-  const Engramd& d = Daemon();
+TEST_CASE("chunks submitted with history gather the rows of the whole sequence", "[hash][daemon]") {
+  const auto& d = Daemon();
   engram_session* s = Connect(d);
   engram_hasher* h = OpenHasher();
   const std::vector<uint64_t> table_rows = LayerRows();
@@ -334,7 +287,7 @@ TEST_CASE("chunks submitted with history gather the rows of the whole sequence",
 
 TEST_CASE("bad token requests are refused, naming what was wrong, and submit nothing",
           "[hash][daemon]") {
-  const Engramd& d = Daemon();
+  const auto& d = Daemon();
   engram_session* s = Connect(d);
   engram_hasher* h = OpenHasher();
   const std::vector<int32_t> tokens = Tokens(10, 3);
@@ -436,7 +389,7 @@ TEST_CASE("bad token requests are refused, naming what was wrong, and submit not
 }
 
 TEST_CASE("the C++ wrapper: Hasher and Session::GatherTokens", "[hash][daemon]") {
-  const Engramd& d = Daemon();
+  const auto& d = Daemon();
   engram::Session session;
   engram::ConnectOptions options;
   options.socket_path = d.socket();
