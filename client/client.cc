@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/clock.h"
 #include "daemon/protocol_codec.h"
 #include "engram/engram.h"
 #include "engram/protocol.h"
@@ -84,19 +85,8 @@ int ErrnoForCode(int32_t code) {
   }
 }
 
-int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
+// Signed, for deadlines that may lie in the past.
+int64_t NowNs() { return static_cast<int64_t>(engram::NowNs()); }
 
 template <typename T>
 std::atomic_ref<T> Shared(T& word) {
@@ -659,7 +649,7 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
       if (CheckLostCheap(s)) break;
       if (NowNs() >= spin_until) break;
     }
-    CpuRelax();
+    engram::CpuRelax();
   }
   std::atomic_ref<uint32_t> waiters(s->header->client_waiters);
   // The low half of the completion counter is the futex word (little-endian).

@@ -1,4 +1,5 @@
-// The daemon's one clock and spin hint: monotonic nanoseconds, the unit of time inside engramd.
+// One clock and spin hint for engramd and its client library: monotonic nanoseconds, the unit
+// of time inside engramd.
 #pragma once
 
 #include <time.h>
