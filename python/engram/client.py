@@ -24,6 +24,7 @@ import weakref
 import numpy as np
 
 from . import _lib
+from ._arrays import integer_array
 from .errors import InvalidArgumentError, RowOutOfRangeError, error_for
 
 ROW_BYTES = _lib.ROW_BYTES
@@ -88,29 +89,8 @@ def row_ids_array(row_ids, what="row ids"):
     Raises TypeError for non-integer ids, ValueError for a tensor on a GPU, a shape that is not
     1-D, or a negative id.
     """
-    try:
-        import torch
-    except ImportError:  # gathering needs torch; validating ids does not
-        torch = None
-    if torch is not None and isinstance(row_ids, torch.Tensor):
-        if row_ids.device.type != "cpu":
-            raise InvalidArgumentError(
-                -errno.EINVAL, f"{what} are on {row_ids.device}; pass a CPU tensor (the daemon "
-                               f"reads them from host memory)")
-        if row_ids.dtype == torch.bool or row_ids.is_floating_point() or row_ids.is_complex():
-            raise TypeError(f"{what} must be integers, got a tensor of {row_ids.dtype}")
-        array = row_ids.detach().contiguous().numpy()
-    elif isinstance(row_ids, np.ndarray):
-        array = row_ids
-    else:
-        array = np.asarray(row_ids)
-        if array.size == 0:
-            array = array.astype(np.int64)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{what} must be integers, got {array.dtype}")
-    if array.ndim != 1:
-        raise InvalidArgumentError(-errno.EINVAL,
-                                   f"{what} must be 1-D, got shape {tuple(array.shape)}")
+    array = integer_array(row_ids, what, cpu_hint="pass a CPU tensor (the daemon reads them "
+                                                  "from host memory)")
     if array.dtype.kind == "i" and array.size and array.min() < 0:
         index = int(np.argmax(array < 0))
         raise RowOutOfRangeError(-errno.ERANGE,

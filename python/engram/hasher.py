@@ -18,6 +18,7 @@ import errno
 import numpy as np
 
 from . import _lib
+from ._arrays import integer_array
 from .errors import InvalidArgumentError, hash_error_for
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -34,26 +35,7 @@ def token_array(tokens, what="tokens"):
 
     Raises TypeError for non-integers, InvalidArgumentError for a GPU tensor, a shape that is
     not 1-D or an id that does not fit 32 bits (the vocabulary check is the library's)."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency of the package
-        torch = None
-    if torch is not None and isinstance(tokens, torch.Tensor):
-        if tokens.device.type != "cpu":
-            raise InvalidArgumentError(-errno.EINVAL, f"{what} are on {tokens.device}; pass "
-                                                      f"them on the CPU")
-        if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
-            raise TypeError(f"{what} must be integers, got a tensor of {tokens.dtype}")
-        array = tokens.detach().contiguous().numpy()
-    else:
-        array = np.asarray(tokens)
-        if array.size == 0:
-            array = array.astype(np.int32)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{what} must be integers, got {array.dtype}")
-    if array.ndim != 1:
-        raise InvalidArgumentError(-errno.EINVAL,
-                                   f"{what} must be 1-D, got shape {tuple(array.shape)}")
+    array = integer_array(tokens, what, empty_dtype=np.int32)
     if array.size and array.dtype != np.int32:
         low, high = int(array.min()), int(array.max())
         if low < _INT32_MIN or high > _INT32_MAX:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from . import _lib
+from ._arrays import integer_array
 from .client import Client
 from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
 from .errors import (GpuUnavailableError, InvalidArgumentError, RowOutOfRangeError,
@@ -230,15 +231,9 @@ class EngramLookup:
 
     def _validate(self, layer_id, ids):
         layer = self._layers[layer_id]
-        if isinstance(ids, torch.Tensor):
-            if ids.device.type != "cpu":
-                raise InvalidArgumentError(
-                    -errno.EINVAL, f"layer {layer_id}: row ids are on {ids.device}; pass them "
-                                   f"on the CPU (they are hashed from token ids on the host)")
-            ids = ids.detach().contiguous().numpy()
-        ids = np.asarray(ids)
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"layer {layer_id}: row ids must be integers, got {ids.dtype}")
+        ids = integer_array(ids, f"layer {layer_id}: row ids", ndim=None,
+                            cpu_hint="pass them on the CPU (they are hashed from token ids on "
+                                     "the host)")
         if ids.ndim != 2 or ids.shape[1] != self.heads:
             raise InvalidArgumentError(-errno.EINVAL,
                                        f"layer {layer_id}: row ids must have shape [tokens, "
