@@ -20,6 +20,17 @@ def test_protocol_version_and_library_path():
     assert os.path.isfile(engram.library_path())
 
 
+def test_meson_install_lists_every_module():
+    """`meson install` copies the modules python/meson.build names: a module missing there
+    makes the installed package fail at import."""
+    import re
+    listed = set(re.findall(r"'engram/([A-Za-z0-9_]+\.py)'", (REPO / "python" / "meson.build")
+                            .read_text()))
+    modules = {p.name for p in (REPO / "python" / "engram").glob("*.py")}
+    assert modules - listed == set(), "modules python/meson.build does not install"
+    assert listed - modules == set(), "python/meson.build names modules that do not exist"
+
+
 def test_tables_lists_the_checkpoint(client):
     tables = client.tables()
     assert [t.layer_id for t in tables] == list(LAYERS)
