@@ -1,7 +1,9 @@
 #!/bin/bash
-# Builds the table-header libFuzzer target with clang (address + undefined + fuzzer sanitizers)
-# against the table library's sources and runs it briefly on a seed corpus.
-# Usage: run_fuzz.sh FUZZ_SOURCE SOURCE_ROOT BUILD_DIR SECONDS TABLE_SOURCES...
+# Builds one libFuzzer target with clang (address + undefined + fuzzer sanitizers) from its
+# source and the project sources it exercises, and runs it briefly.
+# Usage: run_fuzz.sh FUZZ_SOURCE SOURCE_ROOT BUILD_DIR SECONDS [SOURCES...]
+#   FUZZ_PKGS   pkg-config packages to link (none by default)
+#   FUZZ_SEEDS  a script run with the corpus directory to write seed inputs into it
 # Exits 77 (skipped) when clang or its fuzzer runtime is missing.
 set -euo pipefail
 src=$1 root=$2 out=$3 seconds=$4
@@ -15,9 +17,10 @@ name=$(basename "$src" .cc)
 bin="$out/$name"
 objdir="$out/$name.objs"
 mkdir -p "$objdir"
-libs=$(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format libxxhash)
+libs=""
+if [[ -n "${FUZZ_PKGS:-}" ]]; then libs=$(pkg-config --libs $FUZZ_PKGS); fi
 flags=(-std=c++20 -O1 -gline-tables-only -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined
-       -fno-sanitize-recover=all -I"$root")
+       -fno-sanitize-recover=all -I"$root" -I"$root/include")
 # Rebuild only when a source or this script changed; compile the units two at a time.
 stale=0
 for f in "$src" "$@" "$0"; do [[ -e "$bin" && "$bin" -nt "$f" ]] || stale=1; done
@@ -45,20 +48,6 @@ if ((stale)); then
 fi
 corpus="$out/$name.corpus"
 mkdir -p "$corpus"
-# Seeds: a small valid shard and a valid packed file, so mutations start from the real formats.
-if [[ ! -e "$corpus/seed-shard" ]]; then
-  json='{"a":{"dtype":"F8_E4M3","shape":[2,256],"data_offsets":[0,512]},"b":{"dtype":"F8_E8M0","shape":[2,8],"data_offsets":[512,528]}}'
-  { printf "$(printf '\\x%02x' ${#json} 0 0 0 0 0 0 0)"; printf '%s' "$json"; head -c 528 /dev/zero; } \
-    >"$corpus/seed-shard"
-fi
-if [[ ! -e "$corpus/seed-packed" ]]; then
-  # A 2-row packed table (docs/table_format.md); the target reseals the checksum itself.
-  /usr/bin/python3 -c '
-import struct, sys
-h = struct.pack("<8sHHIIIQQQQIIIBBHQ40sQ", b"ENGRAMTB", 1, 0, 128, 14, 264, 2, 0, 2, 4096,
-                0, 256, 8, 1, 2, 32, 4096 + 2 * 264, bytes(40), 0)
-sys.stdout.buffer.write(h + bytes(4096 - len(h)) + bytes(range(256)) * 2 + bytes(16))
-' >"$corpus/seed-packed"
-fi
+if [[ -n "${FUZZ_SEEDS:-}" ]]; then bash "$FUZZ_SEEDS" "$corpus"; fi
 exec "$bin" -max_total_time="$seconds" -rss_limit_mb=1024 -malloc_limit_mb=512 \
   -print_final_stats=1 "$corpus"
