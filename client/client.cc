@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/clock.h"
-#include "daemon/protocol_codec.h"
+#include "protocol/clock.h"
+#include "protocol/codec.h"
 #include "engram/engram.h"
 #include "engram/protocol.h"
 

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/gather_engine.h"
-#include "daemon/table.h"
+#include "daemon/gather/gather_engine.h"
+#include "tables/table.h"
 #include "engram/engram.h"
 #include "tools/tables/synthetic.h"
 

@@ -28,7 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/gather/gather_methods.h"
-#include "tests/gather/gather_test_util.h"
+#include "tests/common/gather_test_util.h"
 
 namespace engram::bench {
 namespace {

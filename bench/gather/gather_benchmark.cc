@@ -8,8 +8,8 @@
 #include <random>
 
 #include "bench/gather/gather_methods.h"
-#include "daemon/gather_planner.h"
-#include "tests/gather/gather_test_util.h"
+#include "daemon/gather/gather_planner.h"
+#include "tests/common/gather_test_util.h"
 
 namespace engram::bench {
 namespace {

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/gather_engine.h"
-#include "daemon/table.h"
+#include "daemon/gather/gather_engine.h"
+#include "tables/table.h"
 
 namespace engram::bench {
 

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/table.h"
+#include "tables/table.h"
 #include "engram/engram.h"
 #include "engram/engram.hpp"
 #include "engram/protocol.h"
-#include "tests/daemon/daemon_test_util.h"
+#include "tests/common/daemon_test_util.h"
 
 using engram::kRowBytes;
 using namespace engram::testing;

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "daemon/protocol_codec.h"
+#include "protocol/codec.h"
 
 using namespace engram::protocol;
 

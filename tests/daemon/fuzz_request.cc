@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "daemon/protocol_codec.h"
+#include "protocol/codec.h"
 
 using namespace engram::protocol;
 

@@ -1,5 +1,5 @@
 // The protocol codec on its own: arena layout, HELLO decoding and the request decoder's statuses.
-#include "daemon/protocol_codec.h"
+#include "protocol/codec.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/gather_engine.h"
-#include "tests/gather/gather_test_util.h"
+#include "daemon/gather/gather_engine.h"
+#include "tests/common/gather_test_util.h"
 
 namespace engram::testing {
 

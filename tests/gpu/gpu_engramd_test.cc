@@ -14,7 +14,7 @@
 #include "engram/engram.h"
 #include "engram/gpu.h"
 #include "kernels/dequant_ref.h"
-#include "tests/daemon/daemon_test_util.h"
+#include "tests/common/daemon_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace engram {

@@ -17,7 +17,7 @@
 
 #include "engram/engram.h"
 #include "engram/engram.hpp"
-#include "tests/daemon/daemon_test_util.h"
+#include "tests/common/daemon_test_util.h"
 
 namespace {
 

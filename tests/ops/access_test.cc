@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "tests/daemon/daemon_test_util.h"
+#include "tests/common/daemon_test_util.h"
 
 namespace engram::testing {
 namespace {

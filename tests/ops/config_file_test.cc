@@ -1,6 +1,6 @@
 // engramd's configuration file: defaults from an empty file, every section applied, drop-ins in
 // name order, and refusals that name the file, the line and the key.
-#include "daemon/config_file.h"
+#include "daemon/ops/config_file.h"
 
 #include <unistd.h>
 

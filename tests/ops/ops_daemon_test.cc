@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_format.h"
 #include "engram/protocol.h"
-#include "tests/daemon/daemon_test_util.h"
+#include "tests/common/daemon_test_util.h"
 
 namespace engram::testing {
 namespace {

@@ -1,7 +1,7 @@
-// Page-cache residency (daemon/residency.h): cachestat and mincore agree on a file whose pages
+// Page-cache residency (daemon/ops/residency.h): cachestat and mincore agree on a file whose pages
 // were read and dropped, partial pages at the ends count as the methods document, and errors
 // name the file.
-#include "daemon/residency.h"
+#include "daemon/ops/residency.h"
 
 #include <fcntl.h>
 #include <unistd.h>

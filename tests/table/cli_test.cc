@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "tests/table/table_test_util.h"
+#include "tests/common/table_test_util.h"
 
 namespace engram {
 namespace {

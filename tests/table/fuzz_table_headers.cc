@@ -9,9 +9,9 @@
 #include <cstring>
 #include <string>
 
-#include "daemon/packed_format.h"
-#include "daemon/safetensors.h"
-#include "daemon/table.h"
+#include "tables/packed_format.h"
+#include "tables/safetensors.h"
+#include "tables/table.h"
 
 namespace {
 

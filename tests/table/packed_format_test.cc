@@ -1,5 +1,5 @@
 // Tests of the packed header: layout, checksum and every refusal of ValidatePackedHeader.
-#include "daemon/packed_format.h"
+#include "tables/packed_format.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>

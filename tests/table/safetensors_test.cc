@@ -1,6 +1,6 @@
 // Tests of safetensors header parsing: a good header, and every kind of damage refused with
 // DataLoss naming the file and tensor.
-#include "daemon/safetensors.h"
+#include "tables/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "tests/table/table_test_util.h"
+#include "tests/common/table_test_util.h"
 
 namespace engram {
 namespace {

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "daemon/table.h"
-#include "tests/table/table_test_util.h"
+#include "tables/table.h"
+#include "tests/common/table_test_util.h"
 #include "tools/tables/synthetic.h"
 
 namespace engram {

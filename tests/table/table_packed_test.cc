@@ -8,9 +8,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "daemon/packed_format.h"
-#include "daemon/table.h"
-#include "tests/table/table_test_util.h"
+#include "tables/packed_format.h"
+#include "tables/table.h"
+#include "tests/common/table_test_util.h"
 #include "tools/tables/pack.h"
 #include "tools/tables/synthetic.h"
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/table.h"
+#include "tables/table.h"
 #include "engram/engram.h"
 #include "tools/tables/synthetic.h"
 

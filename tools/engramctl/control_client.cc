@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "daemon/protocol_codec.h"
+#include "protocol/codec.h"
 #include "engram/engram.h"
 
 namespace engramctl {

@@ -9,7 +9,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
-#include "daemon/server_config.h"
+#include "tables/table.h"
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
 

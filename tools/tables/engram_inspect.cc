@@ -5,7 +5,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "daemon/table.h"
+#include "tables/table.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "tools/tables/pack.h"

@@ -12,12 +12,9 @@
 #include <filesystem>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
-#include "daemon/packed_format.h"
-#include "daemon/table_internal.h"
+#include "tables/packed_format.h"
+#include "tables/table_internal.h"
 #include "tools/tables/file_io.h"
 
 namespace engram {
@@ -61,22 +58,6 @@ class TempOutput {
 };
 
 }  // namespace
-
-absl::StatusOr<RowRange> ParseRowRange(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ':');
-  RowRange range;
-  if (parts.size() != 2 ||
-      !absl::SimpleAtoi(absl::StrReplaceAll(parts[0], {{"_", ""}}), &range.begin) ||
-      !absl::SimpleAtoi(absl::StrReplaceAll(parts[1], {{"_", ""}}), &range.end)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row range '", text, "' is not of the form BEGIN:END"));
-  }
-  if (range.begin >= range.end) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row range '", text, "' is empty (BEGIN must be below END)"));
-  }
-  return range;
-}
 
 absl::Status PackTable(const PackOptions& options) {
   if (options.out.empty()) return absl::InvalidArgumentError("no output file given");

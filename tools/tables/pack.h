@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/table.h"
+#include "tables/table.h"
 
 namespace engram {
 
@@ -37,7 +37,5 @@ struct PackOptions {
 // checks the result opens. On failure nothing is left at `out` (an existing file there is kept).
 absl::Status PackTable(const PackOptions& options);
 
-// Parses "A:B" (half-open, decimal, underscores allowed as digit separators) into a RowRange.
-absl::StatusOr<RowRange> ParseRowRange(const std::string& text);
 
 }  // namespace engram

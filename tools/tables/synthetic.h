@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/table.h"
+#include "tables/table.h"
 
 namespace engram {
 

@@ -1,0 +1,643 @@
+// The gather engine: plans each batch, serves page-cache-resident rows with an RWF_NOWAIT pass
+// on the calling thread, and finishes the residue with io_uring (one ring per thread) or a
+// blocking pool; large batches are split between the caller and the workers.
+#include "daemon/gather/gather_engine.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "protocol/clock.h"
+#include "daemon/gather/gather_planner.h"
+#include "daemon/gather/gather_reader.h"
+
+namespace engram {
+
+uint64_t TableGatherStats::LatencyPercentileNs(double q) const {
+  uint64_t total = 0;
+  for (uint64_t b : latency_buckets) total += b;
+  if (total == 0) return 0;
+  q = std::clamp(q, 0.0, 1.0);
+  const uint64_t target = std::max<uint64_t>(1, static_cast<uint64_t>(q * total + 0.5));
+  uint64_t seen = 0;
+  for (size_t i = 0; i < latency_buckets.size(); ++i) {
+    seen += latency_buckets[i];
+    if (seen >= target) return i >= 63 ? UINT64_MAX : uint64_t{2} << i;
+  }
+  return UINT64_MAX;
+}
+
+namespace {
+
+using Task = absl::AnyInvocable<void(ReaderContext&)>;
+constexpr size_t kLatencyBuckets = 64;
+// Residue reads per task when the blocking pool shares them out.
+constexpr size_t kPoolTaskReads = 16;
+
+// Threads that each own a ReaderContext and run posted tasks in order of arrival. The destructor
+// runs every task already posted before the threads exit.
+class ThreadPool {
+ public:
+  using MakeContext = std::function<std::unique_ptr<ReaderContext>()>;
+  ThreadPool(uint32_t threads, const MakeContext& make) {
+    for (uint32_t i = 0; i < threads; ++i) {
+      threads_.emplace_back([this, ctx = make()]() mutable { Loop(*ctx); });
+    }
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void Post(Task task, size_t copies = 1) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      tasks_.push_back(std::move(task));
+      for (size_t i = 1; i < copies; ++i) tasks_.push_back(nullptr);  // placeholder, see Loop
+    }
+    if (copies == 1) {
+      cv_.notify_one();
+    } else {
+      cv_.notify_all();
+    }
+  }
+  // Posts `copies` tasks that all run `fn`.
+  void PostShared(std::shared_ptr<absl::AnyInvocable<void(ReaderContext&)>> fn, size_t copies) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (size_t i = 0; i < copies; ++i) {
+        tasks_.push_back([fn](ReaderContext& ctx) { (*fn)(ctx); });
+      }
+    }
+    if (copies == 1) {
+      cv_.notify_one();
+    } else {
+      cv_.notify_all();
+    }
+  }
+  size_t size() const { return threads_.size(); }
+
+ private:
+  void Loop(ReaderContext& ctx) {
+    while (true) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stopping and drained
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      if (task) std::move(task)(ctx);
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// Runs fn(i) for every i in [0, n) on the calling thread and up to `helpers` threads of `pool`;
+// each index is claimed once. Returns when all have run.
+void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& caller,
+                 const std::function<void(size_t, ReaderContext&)>& fn) {
+  if (pool == nullptr || helpers == 0 || n <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i, caller);
+    return;
+  }
+  struct Job {
+    const std::function<void(size_t, ReaderContext&)>* fn;
+    size_t n;
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> done{0};
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->n = n;
+  auto claim = [](Job& j, ReaderContext& ctx) {
+    size_t i;
+    while ((i = j.next.fetch_add(1, std::memory_order_relaxed)) < j.n) {
+      (*j.fn)(i, ctx);
+      if (j.done.fetch_add(1, std::memory_order_acq_rel) + 1 == j.n) {
+        std::lock_guard<std::mutex> l(j.mu);
+        j.cv.notify_all();
+      }
+    }
+  };
+  pool->PostShared(std::make_shared<absl::AnyInvocable<void(ReaderContext&)>>(
+                       [job, claim](ReaderContext& ctx) { claim(*job, ctx); }),
+                   std::min(helpers, n - 1));
+  claim(*job, caller);
+  std::unique_lock<std::mutex> l(job->mu);
+  job->cv.wait(l, [&] { return job->done.load(std::memory_order_acquire) == job->n; });
+}
+
+struct TableState {
+  const Table* table = nullptr;
+  TableGatherOptions options;
+  std::vector<std::unique_ptr<GatherFile>> files;
+
+  std::atomic<uint64_t> batches{0}, rows_requested{0}, rows_unique{0}, read_calls{0},
+      nowait_hits{0}, nowait_eagain{0}, partial_reads{0}, uring_reads{0}, pool_reads{0},
+      direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, syscalls{0},
+      probes{0}, dedup_copies{0}, ring_failures{0}, ring_resets{0}, fixed_reads{0};
+  std::atomic<double> hit_rate{1.0};
+  std::atomic<bool> nowait_enabled{true};
+  std::atomic<uint64_t> since_probe{0};
+  std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
+  std::atomic<uint64_t> latency_sum_ns{0};
+
+  ~TableState() {
+    for (auto& f : files) {
+      if (f->direct_fd >= 0) close(f->direct_fd);
+    }
+  }
+};
+
+class GatherEngineImpl final : public GatherEngine {
+ public:
+  explicit GatherEngineImpl(const GatherEngineOptions& options)
+      : options_(options),
+        planner_(PlannerOptions{.merge = options.merge_reads,
+                                .max_batch_rows = options.max_batch_rows}) {
+    reader_shared_.enter_fault = options.uring_enter_fault;
+    reader_shared_.notice = options.notice;
+  }
+
+  absl::Status Start() {
+    if (options_.workers == 0) options_.workers = std::max(1u, std::thread::hardware_concurrency());
+    if (options_.ring_entries == 0 || options_.ring_entries > 32768) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring_entries must be in [1, 32768], not ", options_.ring_entries));
+    }
+    if (options_.blocking_threads == 0) options_.blocking_threads = 1;
+    if (options_.split_reads == 0) options_.split_reads = 1;
+    workers_ = std::make_unique<ThreadPool>(options_.workers, [this] { return MakeContext(true); });
+    return absl::OkStatus();
+  }
+
+  ~GatherEngineImpl() override {
+    workers_.reset();  // runs what was submitted
+    pool_.reset();
+  }
+
+  absl::Status AddTable(const Table* table, const TableGatherOptions& options) override {
+    if (table == nullptr) return absl::InvalidArgumentError("AddTable: no table");
+    auto state = std::make_unique<TableState>();
+    state->table = table;
+    state->options = options;
+    for (const TableFile& tf : table->files()) {
+      auto f = std::make_unique<GatherFile>();
+      f->file = &tf;
+      f->fd = tf.fd;
+      // Stops the kernel from reading 128 KiB ahead of every 264-byte row.
+      posix_fadvise(tf.fd, 0, 0, POSIX_FADV_RANDOM);
+      if (options.mode == ReadMode::kDirect) {
+        f->direct_fd = open(tf.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (f->direct_fd < 0) {
+          return absl::ErrnoToStatus(
+              errno,
+              absl::StrCat("opening ", tf.path, " with O_DIRECT for table ", table->Describe()));
+        }
+      }
+      state->files.push_back(std::move(f));
+    }
+    std::unique_lock<std::shared_mutex> l(tables_mu_);
+    if (tables_.contains(table)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("table ", table->Describe(), " was already added to the gather engine"));
+    }
+    {
+      std::lock_guard<std::mutex> fl(files_mu_);
+      // A fixed-file slot for `fd`: a freed one, or a new one while under the limit.
+      auto slot_for = [&](int fd) {
+        for (size_t i = 0; i < fixed_fds_.size(); ++i) {
+          if (fixed_fds_[i] == -1) {
+            fixed_fds_[i] = fd;
+            fixed_versions_[i] = ++fixed_version_counter_;
+            return static_cast<int>(i);
+          }
+        }
+        if (fixed_fds_.size() >= options_.max_fixed_files) return -1;
+        fixed_fds_.push_back(fd);
+        fixed_versions_.push_back(++fixed_version_counter_);
+        return static_cast<int>(fixed_fds_.size() - 1);
+      };
+      for (auto& f : state->files) {
+        f->fixed_index = slot_for(f->fd);
+        if (f->direct_fd >= 0) f->direct_fixed_index = slot_for(f->direct_fd);
+      }
+      files_generation_.fetch_add(1, std::memory_order_release);
+    }
+    tables_.emplace(table, std::move(state));
+    return absl::OkStatus();
+  }
+
+  absl::Status RemoveTable(const Table* table) override {
+    std::unique_ptr<TableState> state;
+    {
+      std::unique_lock<std::shared_mutex> l(tables_mu_);
+      auto it = tables_.find(table);
+      if (it == tables_.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("table ", table == nullptr ? std::string("(null)") : table->Describe(),
+                         " is not in the gather engine"));
+      }
+      state = std::move(it->second);
+      tables_.erase(it);
+      std::lock_guard<std::mutex> fl(files_mu_);
+      for (auto& f : state->files) {
+        for (int i : {f->fixed_index, f->direct_fixed_index}) {
+          if (i < 0) continue;
+          fixed_fds_[i] = -1;
+          fixed_versions_[i] = ++fixed_version_counter_;
+        }
+      }
+      files_generation_.fetch_add(1, std::memory_order_release);
+    }
+    return absl::OkStatus();  // `state` closes the O_DIRECT fds here
+  }
+
+  absl::Status Gather(const GatherBatch& batch) override {
+    std::unique_ptr<ReaderContext> ctx = AcquireContext();
+    absl::Status s = RunBatch(batch, *ctx);
+    ReleaseContext(std::move(ctx));
+    return s;
+  }
+
+  void Submit(const GatherBatch& batch, Done done) override {
+    workers_->Post([this, batch, done = std::move(done)](ReaderContext& ctx) mutable {
+      absl::Status s = RunBatch(batch, ctx);
+      std::move(done)(std::move(s));
+    });
+  }
+
+  std::vector<TableGatherStats> Stats() const override {
+    std::shared_lock<std::shared_mutex> l(tables_mu_);
+    std::vector<TableGatherStats> out;
+    for (const auto& [table, ts] : tables_) {
+      TableGatherStats s;
+      s.layer_id = table->layer_id();
+      s.batches = ts->batches.load();
+      s.rows_requested = ts->rows_requested.load();
+      s.rows_unique = ts->rows_unique.load();
+      s.read_calls = ts->read_calls.load();
+      s.nowait_hits = ts->nowait_hits.load();
+      s.nowait_eagain = ts->nowait_eagain.load();
+      s.partial_reads = ts->partial_reads.load();
+      s.uring_reads = ts->uring_reads.load();
+      s.pool_reads = ts->pool_reads.load();
+      s.direct_reads = ts->direct_reads.load();
+      s.bytes_read = ts->bytes_read.load();
+      s.errors = ts->errors.load();
+      s.nowait_zero = ts->nowait_zero.load();
+      s.eintr_retries = ts->eintr_retries.load();
+      s.syscalls = ts->syscalls.load();
+      s.probes = ts->probes.load();
+      s.dedup_copies = ts->dedup_copies.load();
+      s.ring_failures = ts->ring_failures.load();
+      s.ring_resets = ts->ring_resets.load();
+      s.fixed_reads = ts->fixed_reads.load();
+      s.nowait_supported = true;
+      for (const auto& f : ts->files) {
+        if (!f->nowait_ok.load()) s.nowait_supported = false;
+      }
+      s.nowait_enabled = ts->nowait_enabled.load() && s.nowait_supported &&
+                         options_.nowait_pass != NowaitPass::kOff;
+      s.recent_hit_rate = ts->hit_rate.load();
+      s.mode = ts->options.mode;
+      const bool uring = options_.use_io_uring && ring_works_.load();
+      s.residue_path = absl::StrCat(ts->options.mode == ReadMode::kDirect ? "O_DIRECT " : "",
+                                    uring ? "io_uring" : "blocking pool");
+      if (const uint32_t given_up = reader_shared_.rings_given_up.load(); uring && given_up > 0) {
+        absl::StrAppend(&s.residue_path, " (", given_up,
+                        " thread(s) on blocking reads after their rings kept failing)");
+      }
+      s.latency_buckets.resize(kLatencyBuckets);
+      for (size_t i = 0; i < kLatencyBuckets; ++i) s.latency_buckets[i] = ts->latency[i].load();
+      s.latency_sum_ns = ts->latency_sum_ns.load();
+      out.push_back(std::move(s));
+    }
+    std::sort(out.begin(), out.end(),
+              [](const auto& a, const auto& b) { return a.layer_id < b.layer_id; });
+    return out;
+  }
+
+ private:
+  std::unique_ptr<ReaderContext> MakeContext(bool want_ring) {
+    auto ctx = std::make_unique<ReaderContext>(&reader_shared_);
+    ctx->direct_bounce_target = options_.direct_bounce_bytes;
+    ctx->want_fixed_buffers = options_.register_direct_buffers;
+    if (want_ring && options_.use_io_uring) {
+      absl::Status s = ctx->InitRing(options_.ring_entries, options_.max_fixed_files);
+      if (!s.ok()) {
+        ring_works_.store(false);
+        if (!uring_notice_sent_.exchange(true) && options_.notice) {
+          options_.notice(absl::StrCat("io_uring is unavailable (", s.message(),
+                                       "): residue reads go to the blocking pool"));
+        }
+      }
+    }
+    return ctx;
+  }
+
+  std::unique_ptr<ReaderContext> AcquireContext() {
+    {
+      std::lock_guard<std::mutex> l(ctx_mu_);
+      if (!free_contexts_.empty()) {
+        auto ctx = std::move(free_contexts_.back());
+        free_contexts_.pop_back();
+        return ctx;
+      }
+    }
+    return MakeContext(true);
+  }
+
+  void ReleaseContext(std::unique_ptr<ReaderContext> ctx) {
+    std::lock_guard<std::mutex> l(ctx_mu_);
+    free_contexts_.push_back(std::move(ctx));
+  }
+
+  void SyncFiles(ReaderContext& ctx) {
+    if (!ctx.has_ring()) return;
+    const uint64_t gen = files_generation_.load(std::memory_order_acquire);
+    if (ctx.fixed_generation() == gen) return;
+    std::lock_guard<std::mutex> l(files_mu_);
+    ctx.SyncFixedFiles(fixed_fds_, fixed_versions_, files_generation_.load());
+  }
+
+  ThreadPool* BlockingPool() {
+    std::call_once(pool_once_, [this] {
+      pool_ = std::make_unique<ThreadPool>(options_.blocking_threads,
+                                           [this] { return MakeContext(false); });
+    });
+    return pool_.get();
+  }
+
+  TableState* Lookup(const Table* table) const {
+    std::shared_lock<std::shared_mutex> l(tables_mu_);
+    auto it = tables_.find(table);
+    return it == tables_.end() ? nullptr : it->second.get();
+  }
+
+  // Finishes `residue` with blocking reads, shared with the blocking pool when there are many.
+  absl::Status BlockingResidue(const ReadTarget& t, const std::vector<PendingRead>& residue,
+                               ReaderContext& ctx, ReadCounters& c) {
+    if (residue.size() <= kPoolTaskReads) {
+      for (const PendingRead& p : residue) {
+        if (absl::Status s = BlockingRead(t, p, c); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    }
+    ThreadPool* pool = BlockingPool();
+    const size_t tasks = (residue.size() + kPoolTaskReads - 1) / kPoolTaskReads;
+    std::mutex mu;
+    absl::Status first_error;
+    ParallelFor(pool, tasks, pool->size(), ctx, [&](size_t i, ReaderContext&) {
+      ReadCounters local;
+      absl::Status s;
+      const size_t end = std::min(residue.size(), (i + 1) * kPoolTaskReads);
+      for (size_t k = i * kPoolTaskReads; k < end && s.ok(); ++k)
+        s = BlockingRead(t, residue[k], local);
+      std::lock_guard<std::mutex> l(mu);
+      c.Add(local);
+      if (!s.ok() && first_error.ok()) first_error = std::move(s);
+    });
+    return first_error;
+  }
+
+  absl::Status RunBatch(const GatherBatch& batch, ReaderContext& ctx) {
+    const uint64_t t0 = NowNs();
+    TableState* ts = batch.table == nullptr ? nullptr : Lookup(batch.table);
+    if (ts == nullptr) {
+      return absl::FailedPreconditionError(
+          batch.table == nullptr ? std::string("gather batch names no table")
+                                 : absl::StrCat("table ", batch.table->Describe(),
+                                                " was not added to the gather engine"));
+    }
+    // The caller's plan; helper threads reach it through this reference, not their own copy.
+    thread_local GatherPlan thread_plan;
+    GatherPlan& plan = thread_plan;
+    if (absl::Status s = planner_.Plan(batch, &plan); !s.ok()) {
+      ts->errors.fetch_add(1, std::memory_order_relaxed);
+      return s;
+    }
+    SyncFiles(ctx);
+    const ReadTarget target{.plan = &plan,
+                            .files = &ts->files,
+                            .read_fn = &options_.read_fn,
+                            .notice = &options_.notice};
+    const size_t num_reads = plan.reads.size();
+    const size_t num_unique = plan.unique_rows.size();
+
+    // The adaptive policy: the NOWAIT pass runs while the table's recent hit rate is high;
+    // otherwise every probe_interval-th batch tries a few reads with it.
+    bool any_nowait_file = false;
+    for (const auto& f : ts->files) any_nowait_file |= f->nowait_ok.load(std::memory_order_relaxed);
+    size_t nowait_limit = 0;  // reads of each chunk's front tried with NOWAIT
+    if (ts->options.mode == ReadMode::kBuffered && options_.nowait_pass != NowaitPass::kOff &&
+        any_nowait_file) {
+      if (ts->nowait_enabled.load(std::memory_order_relaxed)) {
+        nowait_limit = SIZE_MAX;
+      } else if (ts->since_probe.fetch_add(1, std::memory_order_relaxed) + 1 >=
+                 options_.probe_interval) {
+        ts->since_probe.store(0, std::memory_order_relaxed);
+        ts->probes.fetch_add(1, std::memory_order_relaxed);
+        nowait_limit = options_.probe_reads;
+      }
+    }
+    const bool track_rows = nowait_limit > 0;
+    // Per unique row: bit 0 = a NOWAIT read of it was tried, bit 1 = one would have blocked.
+    std::unique_ptr<std::atomic<uint8_t>[]> marks;
+    if (track_rows) marks.reset(new std::atomic<uint8_t>[num_unique]());
+
+    size_t chunks = 1;
+    if (num_reads > options_.split_reads && workers_->size() > 0) {
+      chunks = std::min<size_t>((num_reads + options_.split_reads / 2 - 1) /
+                                    std::max<uint32_t>(1, options_.split_reads / 2),
+                                (workers_->size() + 1) * 4);
+    }
+    if (nowait_limit != SIZE_MAX && nowait_limit > 0) chunks = 1;  // a probe stays small
+    const size_t per_chunk = (num_reads + chunks - 1) / std::max<size_t>(chunks, 1);
+
+    std::mutex mu;
+    absl::Status first_error;
+    ReadCounters total;
+    auto run_chunk = [&](size_t ci, ReaderContext& cx) {
+      SyncFiles(cx);
+      const size_t b = ci * per_chunk;
+      const size_t e = std::min(num_reads, b + per_chunk);
+      ReadCounters c;
+      absl::Status s;
+      thread_local std::vector<PendingRead> input, residue;
+      input.clear();
+      residue.clear();
+      if (ts->options.mode == ReadMode::kDirect) {
+        for (size_t r = b; r < e; ++r) input.push_back({static_cast<uint32_t>(r), 0});
+        s = DirectPass(cx, target, input, c);
+      } else {
+        size_t nowait_end = nowait_limit == SIZE_MAX ? e : std::min(e, b + nowait_limit);
+        const bool uring_nowait =
+            cx.has_ring() && (options_.nowait_pass == NowaitPass::kUring ||
+                              (options_.nowait_pass == NowaitPass::kAuto && !options_.read_fn));
+        // Tries reads [from, to) with RWF_NOWAIT; returns how many would have blocked.
+        auto nowait_range = [&](size_t from, size_t to) -> size_t {
+          input.clear();
+          for (size_t r = from; r < to; ++r) input.push_back({static_cast<uint32_t>(r), 0});
+          const size_t before = residue.size();
+          s = uring_nowait ? UringPass(cx, target, input, /*nowait=*/true, &residue, c)
+                           : NowaitPassSerial(target, input, residue, c);
+          for (size_t r = from; r < to && s.ok(); ++r) MarkRows(plan, r, 1, marks.get());
+          for (size_t k = before; k < residue.size(); ++k) {
+            MarkRows(plan, residue[k].read, 2, marks.get());
+          }
+          return residue.size() - before;
+        };
+        if (nowait_end > b) {
+          // A long pass starts with a first wave: when the cache went cold since the policy last
+          // looked, most of that wave misses and the rest of the chunk skips the pass, so a
+          // sudden eviction costs probe_reads misses, not a whole batch of them.
+          size_t first_end = nowait_end;
+          if (nowait_limit == SIZE_MAX && options_.probe_reads > 0 &&
+              e - b > 2 * size_t{options_.probe_reads}) {
+            first_end = b + options_.probe_reads;
+          }
+          const size_t misses = nowait_range(b, first_end);
+          const size_t tried = first_end - b;
+          if (s.ok() && first_end < nowait_end) {
+            if (static_cast<double>(tried - misses) >= options_.nowait_min_hit_rate * tried) {
+              nowait_range(first_end, nowait_end);
+            } else {
+              nowait_end = first_end;
+            }
+          }
+        }
+        for (size_t r = nowait_end; r < e; ++r) residue.push_back({static_cast<uint32_t>(r), 0});
+        if (s.ok() && !residue.empty()) {
+          if (cx.has_ring()) {
+            s = UringPass(cx, target, residue, /*nowait=*/false, nullptr, c);
+          } else {
+            s = BlockingResidue(target, residue, cx, c);
+          }
+        }
+      }
+      std::lock_guard<std::mutex> l(mu);
+      total.Add(c);
+      if (!s.ok() && first_error.ok()) first_error = std::move(s);
+    };
+    ParallelFor(workers_.get(), chunks, std::min<size_t>(workers_->size(), chunks - 1), ctx,
+                run_chunk);
+
+    if (first_error.ok()) {
+      for (const SlotCopy& copy : plan.copies) {
+        std::memcpy(copy.slot, plan.unique_dest[copy.unique], kRowBytes);
+      }
+    }
+
+    // Statistics and the policy's input.
+    uint64_t hits = 0, eagain = 0;
+    if (track_rows) {
+      for (size_t i = 0; i < num_unique; ++i) {
+        const uint8_t m = marks[i].load(std::memory_order_relaxed);
+        if (m == 1) ++hits;
+        if (m & 2) ++eagain;
+      }
+      const uint64_t tried = hits + eagain;
+      if (tried > 0) {
+        const double rate = static_cast<double>(hits) / tried;
+        // A few reads move the rate a little, a wave of them decisively.
+        const double w = static_cast<double>(tried) / (tried + 8.0);
+        double old = ts->hit_rate.load(std::memory_order_relaxed);
+        const double now = old + w * (rate - old);
+        ts->hit_rate.store(now, std::memory_order_relaxed);
+        ts->nowait_enabled.store(now >= options_.nowait_min_hit_rate, std::memory_order_relaxed);
+      }
+    }
+    ts->batches.fetch_add(1, std::memory_order_relaxed);
+    ts->rows_requested.fetch_add(plan.rows_requested, std::memory_order_relaxed);
+    ts->rows_unique.fetch_add(num_unique, std::memory_order_relaxed);
+    ts->dedup_copies.fetch_add(plan.copies.size(), std::memory_order_relaxed);
+    ts->read_calls.fetch_add(total.read_calls, std::memory_order_relaxed);
+    ts->nowait_hits.fetch_add(hits, std::memory_order_relaxed);
+    ts->nowait_eagain.fetch_add(eagain, std::memory_order_relaxed);
+    ts->partial_reads.fetch_add(total.partial_reads, std::memory_order_relaxed);
+    ts->uring_reads.fetch_add(total.uring_reads, std::memory_order_relaxed);
+    ts->pool_reads.fetch_add(total.pool_reads, std::memory_order_relaxed);
+    ts->direct_reads.fetch_add(total.direct_reads, std::memory_order_relaxed);
+    ts->bytes_read.fetch_add(total.bytes_read, std::memory_order_relaxed);
+    ts->nowait_zero.fetch_add(total.nowait_zero, std::memory_order_relaxed);
+    ts->eintr_retries.fetch_add(total.eintr_retries, std::memory_order_relaxed);
+    ts->syscalls.fetch_add(total.syscalls, std::memory_order_relaxed);
+    ts->ring_failures.fetch_add(total.ring_failures, std::memory_order_relaxed);
+    ts->ring_resets.fetch_add(total.ring_resets, std::memory_order_relaxed);
+    ts->fixed_reads.fetch_add(total.fixed_reads, std::memory_order_relaxed);
+    if (!first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t ns = NowNs() - t0;
+    ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
+        1, std::memory_order_relaxed);
+    ts->latency_sum_ns.fetch_add(ns, std::memory_order_relaxed);
+    return first_error;
+  }
+
+  static void MarkRows(const GatherPlan& plan, size_t read, uint8_t bit,
+                       std::atomic<uint8_t>* marks) {
+    if (marks == nullptr) return;
+    const PlannedRead& rd = plan.reads[read];
+    for (uint32_t k = 0; k < rd.iov_count; ++k) {
+      const uint32_t u = plan.iov_unique[rd.iov_begin + k];
+      if (u != kGapIov) marks[u].fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+
+  GatherEngineOptions options_;
+  GatherPlanner planner_;
+  ReaderShared reader_shared_;  // every ReaderContext points here: declared before the pools
+  std::unique_ptr<ThreadPool> workers_;
+  std::once_flag pool_once_;
+  std::unique_ptr<ThreadPool> pool_;
+
+  mutable std::shared_mutex tables_mu_;
+  std::unordered_map<const Table*, std::unique_ptr<TableState>> tables_;
+
+  std::mutex files_mu_;
+  std::vector<int> fixed_fds_;  // fixed-file slot -> fd, -1 when free
+  std::vector<uint64_t> fixed_versions_;
+  uint64_t fixed_version_counter_ = 0;
+  std::atomic<uint64_t> files_generation_{0};
+
+  std::mutex ctx_mu_;
+  std::vector<std::unique_ptr<ReaderContext>> free_contexts_;
+
+  std::atomic<bool> ring_works_{true};
+  std::atomic<bool> uring_notice_sent_{false};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GatherEngine>> GatherEngine::Create(
+    const GatherEngineOptions& options) {
+  auto engine = std::make_unique<GatherEngineImpl>(options);
+  if (absl::Status s = engine->Start(); !s.ok()) return s;
+  return std::unique_ptr<GatherEngine>(std::move(engine));
+}
+
+}  // namespace engram

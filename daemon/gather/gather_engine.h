@@ -1,0 +1,180 @@
+// The gather engine: fills destination slots with Engram rows, reading page-cache-resident rows
+// with serial RWF_NOWAIT reads on the calling thread and handing only the rows that would block
+// to io_uring workers or a blocking pool.
+//
+//   auto engine = engram::GatherEngine::Create({.workers = 4});
+//   engine->AddTable(table.get(), {});
+//   engram::GatherBatch batch{.table = table.get(), .rows = rows, .dest = buf};
+//   absl::Status s = (*engine)->Gather(batch);        // synchronous
+//   (*engine)->Submit(batch, [](absl::Status s) {});  // asynchronous, on a worker
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tables/table.h"
+
+namespace engram {
+
+enum class ReadMode : uint8_t {
+  kBuffered,  // page cache: NOWAIT fast path, then io_uring / pool for the residue
+  kDirect,    // O_DIRECT page runs into an aligned bounce area (tables much larger than RAM)
+};
+
+struct TableGatherOptions {
+  ReadMode mode = ReadMode::kBuffered;
+};
+
+// How the fast path issues its RWF_NOWAIT reads.
+enum class NowaitPass : uint8_t {
+  kAuto,    // batched io_uring reads with RWF_NOWAIT when the thread has a ring, else kSerial
+  kSerial,  // one preadv2(RWF_NOWAIT) per planned read on the calling thread
+  kUring,   // batched io_uring reads with RWF_NOWAIT (falls back to kSerial without a ring)
+  kOff,     // never: every read goes straight to io_uring / the blocking pool
+};
+
+// A preadv2-compatible read: returns the bytes read or -errno (never -1 with errno). The engine
+// calls it for every RWF_NOWAIT read of the serial fast path and every blocking-pool read, so a
+// test or a tracing build can wrap the real call. Must be thread-safe.
+using ReadFn =
+    std::function<ssize_t(int fd, const struct iovec* iov, int iovcnt, off_t offset, int flags)>;
+
+// Receives one-time notices (a file that refused RWF_NOWAIT, io_uring unavailable). Library code
+// never logs: the daemon logs these once. Called from any gather thread; must be thread-safe.
+using NoticeFn = std::function<void(const std::string& notice)>;
+
+// A fault seam for the gather rings: called before every io_uring_enter a gather ring makes to
+// submit and wait for reads. A nonzero `error` makes that call fail with it as if the kernel had
+// refused it: with `after_submit`, the reads queued so far reach the kernel first and the wait
+// fails (reads are in flight when the ring breaks); without, nothing is submitted. Tests use it to
+// break a ring in the middle of a batch. Must be thread-safe.
+struct UringEnterFault {
+  int error = 0;  // a positive errno; 0: no fault
+  bool after_submit = false;
+};
+using UringEnterFaultFn = std::function<UringEnterFault()>;
+
+struct GatherEngineOptions {
+  // Gather workers, each owning one io_uring ring; 0 = number of online CPUs.
+  uint32_t workers = 0;
+  // io_uring queue depth per worker.
+  uint32_t ring_entries = 256;
+  // Use io_uring for the residue when the kernel allows it; false forces the blocking pool.
+  bool use_io_uring = true;
+
+  // --- Extensions (all optional) ---
+  // Threads of the blocking pool, started only when a residue must go there (no io_uring, or a
+  // file whose filesystem refuses async buffered reads).
+  uint32_t blocking_threads = 16;
+  NowaitPass nowait_pass = NowaitPass::kAuto;
+  // Adaptive policy: a table's NOWAIT pass runs while its recent hit rate is at least this;
+  // below it, batches go straight to the residue path and every `probe_interval`-th batch
+  // tries `probe_reads` NOWAIT reads to notice when the rows became resident again.
+  double nowait_min_hit_rate = 0.5;
+  uint32_t probe_interval = 8;
+  uint32_t probe_reads = 32;
+  // Batches with more planned reads than this are split into chunks of split_reads / 2 reads,
+  // claimed by the calling thread and the workers together (a decode step's 1,152 rows fan out
+  // over a few threads; fewer, bigger chunks save CPU on small machines).
+  uint32_t split_reads = 256;
+  // Bound on rows per batch (a client cannot push past it: ResourceExhausted).
+  uint32_t max_batch_rows = 1u << 22;
+  // Merge reads that are adjacent or share a page (false: one read per row part).
+  bool merge_reads = true;
+  // Table files the engine can register with its rings (fixed files); more are read unfixed.
+  uint32_t max_fixed_files = 1024;
+  // Bounce area per thread for O_DIRECT tables.
+  uint32_t direct_bounce_bytes = 4u << 20;
+  ReadFn read_fn;   // empty: preadv2
+  NoticeFn notice;  // empty: notices only show in Stats()
+  // Register each thread's O_DIRECT bounce area with its ring (io_uring fixed buffers: the kernel
+  // skips pinning the pages on every read). It pins direct_bounce_bytes per ring; when the kernel
+  // refuses (RLIMIT_MEMLOCK, ENOMEM) the reads go unregistered and one notice says why.
+  bool register_direct_buffers = true;
+  UringEnterFaultFn uring_enter_fault;  // empty: never (the production setting)
+};
+
+// One batch: rows[i] of `table` goes to dest + dest_offsets[i] (or dest + i * row_bytes when
+// dest_offsets is empty). Every destination must have room for 264 bytes. The spans must stay
+// valid until the batch completes.
+struct GatherBatch {
+  const Table* table = nullptr;
+  std::span<const uint64_t> rows;
+  uint8_t* dest = nullptr;
+  std::span<const uint64_t> dest_offsets;
+};
+
+// Counters of one table since the engine started. Every field only grows, except the policy.
+struct TableGatherStats {
+  uint32_t layer_id = 0;
+  uint64_t batches = 0;
+  uint64_t rows_requested = 0;
+  uint64_t rows_unique = 0;    // after de-duplication
+  uint64_t read_calls = 0;     // preadv2 / io_uring reads issued, after merging
+  uint64_t nowait_hits = 0;    // rows served by the NOWAIT pass
+  uint64_t nowait_eagain = 0;  // rows handed on as residue
+  uint64_t partial_reads = 0;
+  uint64_t uring_reads = 0;
+  uint64_t pool_reads = 0;
+  uint64_t direct_reads = 0;
+  uint64_t bytes_read = 0;
+  uint64_t errors = 0;
+  bool nowait_supported = true;  // false once the filesystem refused RWF_NOWAIT
+  bool nowait_enabled = true;    // the adaptive policy's current choice
+  double recent_hit_rate = 1.0;  // the policy's input
+  // --- Extensions ---
+  uint64_t nowait_zero = 0;  // NOWAIT reads that returned 0 before EOF (treated as misses)
+  uint64_t eintr_retries = 0;
+  uint64_t syscalls = 0;      // preadv2, pread and io_uring_enter calls made for the table
+  uint64_t probes = 0;        // batches that probed the NOWAIT pass while it was off
+  uint64_t dedup_copies = 0;  // slots filled by copying a row read once for the batch
+  // io_uring_enter failures that retired a gather ring while it read this table (the reads in
+  // flight were reaped first, the rest finished elsewhere), and the fresh rings set up after them.
+  uint64_t ring_failures = 0;
+  uint64_t ring_resets = 0;
+  uint64_t fixed_reads = 0;  // O_DIRECT reads into a registered (fixed) bounce buffer
+  ReadMode mode = ReadMode::kBuffered;
+  std::string residue_path;  // "io_uring", "blocking pool" or "O_DIRECT io_uring" / "O_DIRECT pool"
+  // Batch latency histogram: bucket i counts batches with latency in [2^i, 2^(i+1)) ns.
+  std::vector<uint64_t> latency_buckets;
+  uint64_t latency_sum_ns = 0;  // every batch's latency added up (the histogram's exact sum)
+  // The upper edge of the bucket holding the q-quantile (q in [0, 1]); 0 with no batches.
+  uint64_t LatencyPercentileNs(double q) const;
+};
+
+class GatherEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<GatherEngine>> Create(const GatherEngineOptions& options);
+  virtual ~GatherEngine() = default;
+
+  // Registers a table before it is gathered from. The table must outlive the engine, or be
+  // removed with RemoveTable() before it is closed.
+  virtual absl::Status AddTable(const Table* table, const TableGatherOptions& options) = 0;
+
+  // Forgets a table (extension): its files leave every ring's fixed-file set and its statistics
+  // are dropped. No batch of the table may be running or submitted. NotFound if it was not added.
+  virtual absl::Status RemoveTable(const Table* table) = 0;
+
+  // Fills every slot of the batch, or returns the first error (a row outside the table, a file
+  // that ended early): the status names the table, row, file and offset. Rows are validated
+  // before anything is read. Thread-safe; concurrent batches run in parallel.
+  virtual absl::Status Gather(const GatherBatch& batch) = 0;
+
+  // Runs the batch on a gather worker and calls `done` there with its outcome.
+  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+  virtual void Submit(const GatherBatch& batch, Done done) = 0;
+
+  virtual std::vector<TableGatherStats> Stats() const = 0;
+};
+
+}  // namespace engram

@@ -1,0 +1,226 @@
+// Prometheus exposition, loopback HTTP listener and textfile writer (metrics.h).
+#include "daemon/ops/metrics.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+
+namespace engram::metrics {
+namespace {
+
+std::string RenderLabels(const Labels& labels, const std::string& extra_key = "",
+                         const std::string& extra_value = "") {
+  std::string out;
+  auto add = [&](const std::string& k, const std::string& v) {
+    out += (out.empty() ? "{" : ",") + k + "=\"" + EscapeLabel(v) + "\"";
+  };
+  for (const auto& [k, v] : labels) add(k, v);
+  if (!extra_key.empty()) add(extra_key, extra_value);
+  if (!out.empty()) out += "}";
+  return out;
+}
+
+std::string Number(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);
+  return absl::StrFormat("%.9g", v);
+}
+
+}  // namespace
+
+std::string EscapeLabel(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
+}
+
+Exposition::Family& Exposition::Get(const std::string& name, const std::string& help,
+                                    const char* type) {
+  auto [it, inserted] = families_.try_emplace(name);
+  if (inserted) {
+    order_.push_back(name);
+    it->second.help = help;
+    it->second.type = type;
+  }
+  return it->second;
+}
+
+void Exposition::Gauge(const std::string& name, const std::string& help, const Labels& labels,
+                       double value) {
+  Get(name, help, "gauge").samples.push_back(name + RenderLabels(labels) + " " + Number(value));
+}
+
+void Exposition::Counter(const std::string& name, const std::string& help, const Labels& labels,
+                         double value) {
+  Get(name, help, "counter").samples.push_back(name + RenderLabels(labels) + " " + Number(value));
+}
+
+void Exposition::Log2Histogram(const std::string& name, const std::string& help,
+                               const Labels& labels, const uint64_t* buckets, size_t num_buckets,
+                               uint64_t sum_ns) {
+  Family& f = Get(name, help, "histogram");
+  // Buckets below 1 µs fold into the first edge; above ~17 s into +Inf.
+  constexpr size_t kFirst = 9, kLast = 34;
+  uint64_t cumulative = 0;
+  size_t i = 0;
+  for (size_t edge = kFirst; edge <= kLast; ++edge) {
+    for (; i < num_buckets && i <= edge; ++i) cumulative += buckets[i];
+    const double le = std::ldexp(1.0, int(edge) + 1) / 1e9;
+    f.samples.push_back(name + "_bucket" + RenderLabels(labels, "le", absl::StrFormat("%.9g", le)) +
+                        " " + Number(double(cumulative)));
+  }
+  for (; i < num_buckets; ++i) cumulative += buckets[i];
+  f.samples.push_back(name + "_bucket" + RenderLabels(labels, "le", "+Inf") + " " +
+                      Number(double(cumulative)));
+  f.samples.push_back(name + "_sum" + RenderLabels(labels) + " " + Number(double(sum_ns) / 1e9));
+  f.samples.push_back(name + "_count" + RenderLabels(labels) + " " + Number(double(cumulative)));
+}
+
+std::string Exposition::Text() const {
+  std::string out;
+  for (const std::string& name : order_) {
+    const Family& f = families_.at(name);
+    out += "# HELP " + name + " " + f.help + "\n# TYPE " + name + " " + f.type + "\n";
+    for (const std::string& s : f.samples) out += s + "\n";
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
+    const std::string& address, uint16_t port, std::function<std::string()> render) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(address.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("metrics address '%s': %s", address, gai_strerror(rc)));
+  }
+  std::unique_ptr<HttpListener> l(new HttpListener());
+  l->render_ = std::move(render);
+  l->fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  const int one = 1;
+  if (l->fd_ >= 0) setsockopt(l->fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (l->fd_ < 0 || bind(l->fd_, found->ai_addr, found->ai_addrlen) < 0 || listen(l->fd_, 16) < 0) {
+    const int err = errno;
+    freeaddrinfo(found);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot listen for metrics on %s port %u: %s", address, port, strerror(err)));
+  }
+  freeaddrinfo(found);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(l->fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+  l->port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                               : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  l->stop_fd_ = eventfd(0, EFD_CLOEXEC);
+  l->thread_ = std::thread([p = l.get()] { p->Loop(); });
+  return l;
+}
+
+HttpListener::~HttpListener() {
+  if (thread_.joinable()) {
+    const uint64_t one = 1;
+    ssize_t ignored = write(stop_fd_, &one, sizeof(one));
+    (void)ignored;
+    thread_.join();
+  }
+  if (fd_ >= 0) close(fd_);
+  if (stop_fd_ >= 0) close(stop_fd_);
+}
+
+void HttpListener::Loop() {
+  while (true) {
+    pollfd fds[2] = {{.fd = fd_, .events = POLLIN}, {.fd = stop_fd_, .events = POLLIN}};
+    if (poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    if (fds[1].revents != 0) return;
+    if (fds[0].revents == 0) continue;
+    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) continue;
+    // One request line is all that matters; a client that sends nothing within a second is
+    // dropped so that it cannot hold the listener.
+    timeval tv{.tv_sec = 1, .tv_usec = 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    std::string request;
+    char buf[2048];
+    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
+      const ssize_t n = recv(c, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      request.append(buf, static_cast<size_t>(n));
+    }
+    std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+    if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0) {
+      body = render_();
+    } else if (request.rfind("GET ", 0) == 0) {
+      status = "404 Not Found";
+      body = "engramd serves only /metrics here\n";
+    } else {
+      status = "405 Method Not Allowed";
+      body = "only GET /metrics\n";
+    }
+    const std::string head = absl::StrFormat(
+        "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %u\r\nConnection: close\r\n\r\n",
+        status, type, body.size());
+    const std::string out = head + body;
+    size_t sent = 0;
+    while (sent < out.size()) {
+      const ssize_t n = send(c, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    close(c);
+  }
+}
+
+absl::Status WriteTextfile(const std::string& dir, const std::string& text) {
+  const std::string final_path = dir + "/engramd.prom";
+  const std::string tmp = final_path + ".tmp";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot write metrics textfile %s: %s", tmp, strerror(errno)));
+  }
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return absl::FailedPreconditionError(
+          absl::StrFormat("writing metrics textfile %s: %s", tmp, strerror(err)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (rename(tmp.c_str(), final_path.c_str()) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot rename %s to %s: %s", tmp, final_path, strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace engram::metrics

@@ -1,0 +1,48 @@
+// A session's shared-memory arena on the daemon side: a sealed memfd laid out as
+// include/engram/protocol.h describes, mapped here for as long as the session has I/O in flight.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "protocol/codec.h"
+#include "engram/protocol.h"
+
+namespace engram {
+
+class Arena {
+ public:
+  // Creates, sizes, initialises, maps and seals the memfd (F_SEAL_SHRINK | F_SEAL_GROW |
+  // F_SEAL_SEAL: the client can neither truncate it under the daemon nor undo the seals).
+  static absl::StatusOr<std::unique_ptr<Arena>> Create(const protocol::ArenaLayout& layout,
+                                                       uint64_t session_id,
+                                                       uint64_t max_rows_per_request);
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena();
+
+  // The memfd to pass to the client. Owned by the Arena.
+  int fd() const { return fd_; }
+  const protocol::ArenaLayout& layout() const { return layout_; }
+  engram_arena_header* header() const { return reinterpret_cast<engram_arena_header*>(base_); }
+  engram_sqe* sq() const { return reinterpret_cast<engram_sqe*>(base_ + layout_.sq_offset); }
+  engram_cqe* cq() const { return reinterpret_cast<engram_cqe*>(base_ + layout_.cq_offset); }
+  engram_request_status* status() const {
+    return reinterpret_cast<engram_request_status*>(base_ + layout_.status_offset);
+  }
+  uint8_t* data() const { return base_ + layout_.data_offset; }
+  uint64_t data_bytes() const { return layout_.data_bytes; }
+  uint64_t bytes() const { return layout_.arena_bytes; }
+
+  // Drops the memfd (after it was sent); the mapping stays.
+  void CloseFd();
+
+ private:
+  Arena() = default;
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+  protocol::ArenaLayout layout_;
+};
+
+}  // namespace engram

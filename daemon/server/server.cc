@@ -1,0 +1,750 @@
+// The engramd server: socket, handshake, ring polling and request dispatch (see server.h).
+#include "daemon/server/server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "protocol/clock.h"
+#include "daemon/ops/control.h"
+
+namespace engram {
+namespace {
+
+// epoll data tags of the control loop; session sockets are tagged by their fd (>= 0 … < 2^31).
+constexpr uint64_t kTagListen = uint64_t{1} << 40;
+constexpr uint64_t kTagStop = kTagListen + 1;
+constexpr uint64_t kTagSignal = kTagListen + 2;
+// The poller's kick eventfd; session doorbells are tagged by session id (from 1).
+constexpr uint64_t kTagKick = 0;
+
+// A client that does not read its replies loses them (SendMessage never blocks): the daemon
+// never waits on one.
+void SendBytes(int fd, const void* data, size_t size) {
+  (void)protocol::SendMessage(fd, data, size, nullptr, 0);
+}
+
+}  // namespace
+
+std::vector<gid_t> PeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  while (true) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    // ERANGE: `len` now holds the size needed (a peer may be in up to 65536 groups).
+    if (errno != ERANGE || len / sizeof(gid_t) <= groups.size()) return {};
+    groups.resize(len / sizeof(gid_t));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& config,
+                                                       std::vector<std::unique_ptr<Table>> tables,
+                                                       std::unique_ptr<GatherEngine> engine) {
+  std::unique_ptr<Server> server(new Server());
+  server->config_ = config;
+  server->own_uid_ = geteuid();
+  std::sort(tables.begin(), tables.end(),
+            [](const auto& a, const auto& b) { return a->layer_id() < b->layer_id(); });
+  server->tables_ = std::move(tables);
+  for (const auto& t : server->tables_) {
+    server->bounds_.push_back({.layer_id = t->layer_id(),
+                               .num_rows = t->num_rows(),
+                               .covered_begin = t->covered().begin,
+                               .covered_end = t->covered().end});
+  }
+  server->engine_ = std::move(engine);
+  server->requests_ =
+      std::make_unique<RequestPool>(config.request_threads, config.poll.spin_min_ns);
+  server->control_epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  server->poller_epoll_ = epoll_create1(EPOLL_CLOEXEC);
+  server->kick_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  server->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (server->control_epoll_ < 0 || server->poller_epoll_ < 0 || server->kick_fd_ < 0 ||
+      server->stop_fd_ < 0) {
+    return absl::InternalError(absl::StrFormat("epoll/eventfd: %s", strerror(errno)));
+  }
+  epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagKick}};
+  epoll_ctl(server->poller_epoll_, EPOLL_CTL_ADD, server->kick_fd_, &ev);
+  ev.data.u64 = kTagStop;
+  epoll_ctl(server->control_epoll_, EPOLL_CTL_ADD, server->stop_fd_, &ev);
+  if (absl::Status s = server->Bind(); !s.ok()) return s;
+  server->start_ns_ = NowNs();
+  server->control_ = std::make_unique<Control>(server.get());
+  return server;
+}
+
+Server::~Server() {
+  control_.reset();  // its metrics listener reads the sessions and the engine
+  if (poller_.joinable()) {
+    draining_.store(true);
+    Kick();
+    poller_.join();
+  }
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
+  }
+  for (int fd : {control_epoll_, poller_epoll_, kick_fd_, stop_fd_, signal_fd_}) {
+    if (fd >= 0) close(fd);
+  }
+  for (auto& [fd, deadline] : pending_) close(fd);
+}
+
+absl::Status Server::Bind() {
+  const std::string& path = config_.socket_path;
+  if (config_.listen_fd >= 0) {
+    // Socket activation: systemd bound and listens; check it is the kind of socket we serve.
+    int type = 0;
+    socklen_t len = sizeof(type);
+    if (getsockopt(config_.listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 ||
+        type != SOCK_SEQPACKET) {
+      return absl::FailedPreconditionError(
+          "the socket passed by systemd is not a SOCK_SEQPACKET Unix socket "
+          "(engramd.socket needs ListenSequentialPacket=)");
+    }
+    listen_fd_ = config_.listen_fd;
+    fcntl(listen_fd_, F_SETFL, fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
+    epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagListen}};
+    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    return absl::OkStatus();
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket path '%s' is empty or longer than %d bytes", path, sizeof(addr.sun_path) - 1));
+  }
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    struct stat st;
+    if (stat(dir.c_str(), &st) < 0) {
+      if (errno != ENOENT || mkdir(dir.c_str(), 0755) < 0) {
+        return absl::FailedPreconditionError(
+            absl::StrFormat("socket directory '%s' does not exist and cannot be created: %s", dir,
+                            strerror(errno)));
+      }
+    }
+  }
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("'%s' exists and is not a socket; refusing to replace it", path));
+    }
+    int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    const bool live =
+        probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) close(probe);
+    if (live) {
+      return absl::AlreadyExistsError(
+          absl::StrFormat("another engramd is serving on '%s'; stop it first", path));
+    }
+    unlink(path.c_str());  // a stale socket of a daemon that died
+  }
+  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listen_fd_ < 0) {
+    return absl::InternalError(absl::StrFormat("socket(AF_UNIX): %s", strerror(errno)));
+  }
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
+  }
+  if (chmod(path.c_str(), config_.socket_mode) < 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot set mode %04o on '%s': %s", config_.socket_mode, path, strerror(errno)));
+  }
+  if (!config_.socket_group.empty()) {
+    group* g = getgrnam(config_.socket_group.c_str());
+    if (g == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("socket group '%s' does not exist", config_.socket_group));
+    }
+    if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) < 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cannot give '%s' to group '%s': %s", path, config_.socket_group, strerror(errno)));
+    }
+  }
+  if (listen(listen_fd_, 128) < 0) {
+    return absl::InternalError(absl::StrFormat("listen on '%s': %s", path, strerror(errno)));
+  }
+  epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagListen}};
+  epoll_ctl(control_epoll_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  return absl::OkStatus();
+}
+
+void Server::Stop() {
+  const uint64_t one = 1;
+  ssize_t ignored = write(stop_fd_, &one, sizeof(one));
+  (void)ignored;
+}
+
+void Server::Kick() {
+  const uint64_t one = 1;
+  ssize_t ignored = write(kick_fd_, &one, sizeof(one));
+  (void)ignored;
+}
+
+void Server::PublishSessions() {
+  {
+    std::lock_guard<std::mutex> lock(sessions_mutex_);
+    sessions_.clear();
+    for (auto& [fd, s] : by_fd_) sessions_.push_back(s);
+  }
+  sessions_generation_.fetch_add(1, std::memory_order_release);
+  Kick();
+}
+
+absl::Status Server::Run() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  signal_fd_ = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd_ >= 0) {
+    epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagSignal}};
+    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, signal_fd_, &ev);
+  }
+  std::vector<std::string> layers;
+  for (const auto& t : tables_) layers.push_back(t->Describe());
+  log::Notice("engramd serving {} table(s) on {}: {}", tables_.size(), config_.socket_path,
+              absl::StrJoin(layers, "; "));
+  poller_heartbeat_ns_.store(NowNs());
+  poller_ = std::thread([this] { PollerLoop(); });
+  control_->Start();
+
+  bool stopping = false;
+  epoll_event events[64];
+  while (!stopping) {
+    const int wait_ms = control_->WaitMs();
+    const int n =
+        epoll_wait(control_epoll_, events, 64,
+                   pending_.empty() ? wait_ms : (wait_ms < 0 ? 100 : std::min(wait_ms, 100)));
+    if (n < 0 && errno != EINTR) {
+      log::Error("epoll_wait: {}", strerror(errno));
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == kTagListen) {
+        Accept();
+      } else if (tag == kTagStop) {
+        log::Notice("stop requested");
+        stopping = true;
+      } else if (tag == kTagSignal) {
+        signalfd_siginfo info{};
+        if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) continue;
+        if (info.ssi_signo == SIGHUP) {
+          control_->Reload();
+        } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
+          log::Notice("received {}; finishing requests in flight", strsignal(info.ssi_signo));
+          stopping = true;
+        }
+      } else {
+        const int fd = static_cast<int>(tag);
+        if (pending_.count(fd) != 0) {
+          Handshake(fd);
+          continue;
+        }
+        auto it = by_fd_.find(fd);
+        if (it == by_fd_.end()) continue;
+        std::shared_ptr<Session> session = it->second;
+        if ((events[i].events & EPOLLIN) != 0) HandleMessage(session);
+        if (by_fd_.count(fd) != 0 && (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) {
+          Disconnect(session, "closed its connection");
+        }
+      }
+    }
+    control_->Tick();
+    // Connections that never finished their handshake are dropped.
+    const uint64_t now = NowNs();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (now >= it->second) {
+        log::Info("dropping a connection that sent no HELLO within {} ms",
+                  config_.handshake_timeout_ns / 1'000'000);
+        epoll_ctl(control_epoll_, EPOLL_CTL_DEL, it->first, nullptr);
+        close(it->first);
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Shutdown: no new connections, finish what the rings hold and what is in flight.
+  control_->Stopping();
+  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+  close(listen_fd_);
+  listen_fd_ = -1;
+  if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
+  for (auto& [fd, deadline] : pending_) close(fd);
+  pending_.clear();
+  draining_.store(true);
+  Kick();
+  poller_.join();
+  const uint64_t drain_start = NowNs();
+  absl::Status result = absl::OkStatus();
+  while (inflight_total_.load() != 0) {
+    if (NowNs() - drain_start > config_.drain_timeout_ns) {
+      result = absl::DeadlineExceededError(
+          absl::StrFormat("%u request(s) still in flight after %u s; exiting without them",
+                          inflight_total_.load(), config_.drain_timeout_ns / 1'000'000'000));
+      break;
+    }
+    usleep(1000);
+  }
+  for (auto& [fd, session] : by_fd_) {
+    session->MarkStopped();
+    shutdown(fd, SHUT_RDWR);
+  }
+  by_fd_.clear();
+  PublishSessions();
+  log::Notice("engramd stopped");
+  return result;
+}
+
+void Server::Accept() {
+  while (true) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        uint64_t suppressed = 0;
+        if (garbage_log_.Allow(NowNs(), &suppressed)) {
+          log::Warning("accept on {}: {}", config_.socket_path, strerror(errno));
+        }
+      }
+      return;
+    }
+    if (pending_.size() >= config_.limits.max_clients) {
+      close(fd);  // unauthenticated connections are bounded too; no reply to a flood
+      continue;
+    }
+    epoll_event ev{.events = EPOLLIN | EPOLLRDHUP, .data = {.u64 = static_cast<uint64_t>(fd)}};
+    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, fd, &ev);
+    pending_[fd] = NowNs() + config_.handshake_timeout_ns;
+  }
+}
+
+bool Server::PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+    *ret_why = absl::StrFormat("cannot read the peer's credentials: %s", strerror(errno));
+    return false;
+  }
+  ret_peer->pid = cred.pid;
+  ret_peer->uid = cred.uid;
+  ret_peer->gid = cred.gid;
+  if (config_.allow_uids.empty()) {
+    if (cred.uid == own_uid_ || cred.uid == 0) return true;
+  } else if (std::find(config_.allow_uids.begin(), config_.allow_uids.end(), cred.uid) !=
+             config_.allow_uids.end()) {
+    return true;
+  }
+  if (!config_.allow_gids.empty()) {
+    std::vector<gid_t> groups = PeerGroups(fd);
+    groups.push_back(cred.gid);
+    for (gid_t g : groups) {
+      if (std::find(config_.allow_gids.begin(), config_.allow_gids.end(), g) !=
+          config_.allow_gids.end()) {
+        return true;
+      }
+    }
+  }
+  *ret_why = absl::StrFormat(
+      "uid %u (gid %u, pid %d) may not use engramd; allowed: %s (see --allow-uid/--allow-gid)",
+      cred.uid, cred.gid, cred.pid,
+      config_.allow_uids.empty()
+          ? absl::StrFormat("uid %u and root", own_uid_)
+          : "uids " + absl::StrJoin(config_.allow_uids, ",") +
+                (config_.allow_gids.empty() ? ""
+                                            : ", gids " + absl::StrJoin(config_.allow_gids, ",")));
+  return false;
+}
+
+void Server::Refuse(int fd, int32_t code, const std::string& message) {
+  log::Notice("refused a client: {}", message);
+  std::vector<uint8_t> bytes = protocol::EncodeError(code, message, 0);
+  SendBytes(fd, bytes.data(), bytes.size());
+  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  pending_.erase(fd);
+  close(fd);
+}
+
+void Server::Handshake(int fd) {
+  uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
+  const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n <= 0) {
+    epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    pending_.erase(fd);
+    close(fd);
+    return;
+  }
+  PeerInfo peer;
+  std::string why;
+  if (!PeerAllowed(fd, &peer, &why)) {
+    Refuse(fd, ENGRAM_STATUS_PERMISSION_DENIED, why);
+    return;
+  }
+  engram_msg_hello hello;
+  protocol::CodecError error;
+  if (!protocol::DecodeHello(buffer, static_cast<size_t>(n), &hello, &error)) {
+    Refuse(fd, error.code, error.message);
+    return;
+  }
+  const Limits& limits = config_.limits;
+  if (by_fd_.size() >= limits.max_clients) {
+    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+           absl::StrFormat("engramd already serves %u clients, the limit (--max-clients)",
+                           by_fd_.size()));
+    return;
+  }
+  const uint64_t data_bytes = hello.data_bytes != 0 ? hello.data_bytes : limits.default_data_bytes;
+  if (data_bytes > limits.max_arena_bytes) {
+    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+           absl::StrFormat("a data region of %u bytes was asked for; the limit is %u bytes per "
+                           "session (--max-arena-bytes)",
+                           data_bytes, limits.max_arena_bytes));
+    return;
+  }
+  uint32_t slots = hello.slots != 0 ? hello.slots : limits.default_slots;
+  slots = std::min({slots, limits.max_inflight, uint32_t{ENGRAM_MAX_SLOTS}});
+  protocol::ArenaLayout layout;
+  if (!protocol::ComputeArenaLayout(slots, data_bytes, &layout)) {
+    Refuse(fd, ENGRAM_STATUS_INVALID_ARGUMENT,
+           absl::StrFormat("no arena can have %u slots and %u data bytes", slots, data_bytes));
+    return;
+  }
+  if (total_arena_bytes_ + layout.arena_bytes > limits.max_total_arena_bytes) {
+    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+           absl::StrFormat("arenas of all sessions would reach %u bytes; the limit is %u "
+                           "(--max-total-arena-bytes)",
+                           total_arena_bytes_ + layout.arena_bytes, limits.max_total_arena_bytes));
+    return;
+  }
+  const uint64_t id = next_session_id_++;
+  absl::StatusOr<std::unique_ptr<Arena>> arena =
+      Arena::Create(layout, id, limits.max_rows_per_request);
+  if (!arena.ok()) {
+    Refuse(fd, static_cast<int32_t>(arena.status().code()), std::string(arena.status().message()));
+    return;
+  }
+  const int doorbell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (doorbell < 0) {
+    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+           absl::StrFormat("eventfd for the session: %s", strerror(errno)));
+    return;
+  }
+  engram_msg_welcome welcome{};
+  protocol::FillHeader(&welcome.header, ENGRAM_MSG_WELCOME, sizeof(welcome),
+                       hello.header.request_id);
+  welcome.version_major = ENGRAM_PROTOCOL_MAJOR;
+  welcome.version_minor = ENGRAM_PROTOCOL_MINOR;
+  welcome.slots = layout.slots;
+  welcome.features = hello.features & ENGRAM_FEATURES_V1_0;
+  welcome.session_id = id;
+  welcome.arena_bytes = layout.arena_bytes;
+  welcome.data_bytes = layout.data_bytes;
+  welcome.max_rows_per_request = limits.max_rows_per_request;
+  const int passed[2] = {(*arena)->fd(), doorbell};
+  (void)protocol::SendMessage(fd, &welcome, sizeof(welcome), passed, 2);
+  (*arena)->CloseFd();
+  pending_.erase(fd);
+  auto session = std::make_shared<Session>(id, fd, std::move(*arena), doorbell, peer,
+                                           std::string(hello.client_name));
+  total_arena_bytes_ += layout.arena_bytes;
+  by_fd_[fd] = session;
+  epoll_event ev{.events = EPOLLIN, .data = {.u64 = id}};
+  epoll_ctl(poller_epoll_, EPOLL_CTL_ADD, doorbell, &ev);
+  PublishSessions();
+  log::Info("{} connected: {} slots, {} data bytes", session->Describe(), layout.slots,
+            layout.data_bytes);
+}
+
+void Server::Disconnect(const std::shared_ptr<Session>& session, const char* why) {
+  log::Info("{} {}; {} request(s) in flight finish first", session->Describe(), why,
+            session->inflight.load());
+  session->set_closing();
+  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, session->socket_fd(), nullptr);
+  epoll_ctl(poller_epoll_, EPOLL_CTL_DEL, session->doorbell_fd(), nullptr);
+  total_arena_bytes_ -= session->arena().bytes();
+  by_fd_.erase(session->socket_fd());
+  PublishSessions();
+  // The socket, doorbell and arena go with the last reference: the poller's snapshot or a
+  // request still running on a gather worker.
+}
+
+void Server::SendError(Session& session, int32_t code, const std::string& message,
+                       uint32_t request_id) {
+  std::vector<uint8_t> bytes = protocol::EncodeError(code, message, request_id);
+  SendBytes(session.socket_fd(), bytes.data(), bytes.size());
+}
+
+void Server::HandleMessage(const std::shared_ptr<Session>& session) {
+  uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
+  const ssize_t n = recv(session->socket_fd(), buffer, sizeof(buffer), MSG_DONTWAIT | MSG_TRUNC);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n <= 0) {
+    Disconnect(session, n == 0 ? "closed its connection" : "lost its connection");
+    return;
+  }
+  if (static_cast<size_t>(n) > sizeof(buffer)) {
+    SendError(*session, ENGRAM_STATUS_INVALID_ARGUMENT,
+              absl::StrFormat("message of %d bytes is longer than the %u-byte maximum", n,
+                              ENGRAM_MSG_MAX_BYTES),
+              0);
+    return;
+  }
+  engram_msg_header header;
+  protocol::CodecError error;
+  if (!protocol::DecodeHeader(buffer, static_cast<size_t>(n), &header, &error)) {
+    SendError(*session, error.code, error.message, 0);
+    return;
+  }
+  if ((header.type == ENGRAM_MSG_LIST_TABLES || header.type == ENGRAM_MSG_SESSION_STATS) &&
+      header.bytes != sizeof(engram_msg_header)) {
+    SendError(
+        *session, ENGRAM_STATUS_INVALID_ARGUMENT,
+        absl::StrFormat("message type %u takes no body, got %u bytes", header.type, header.bytes),
+        header.request_id);
+    return;
+  }
+  switch (header.type) {
+    case ENGRAM_MSG_LIST_TABLES:
+      SendTables(*session, header.request_id);
+      break;
+    case ENGRAM_MSG_SESSION_STATS:
+      SendStats(*session, header.request_id);
+      break;
+    case ENGRAM_MSG_CONTROL:
+      control_->Handle(*session, header, buffer + sizeof(header), header.bytes - sizeof(header));
+      break;
+    case ENGRAM_MSG_HELLO:
+      SendError(*session, ENGRAM_STATUS_FAILED_PRECONDITION,
+                "HELLO on a session that already has its arena", header.request_id);
+      break;
+    default:
+      SendError(*session, ENGRAM_STATUS_UNIMPLEMENTED,
+                absl::StrFormat("message type %u is not a request engramd serves", header.type),
+                header.request_id);
+  }
+}
+
+void Server::SendTables(Session& session, uint32_t request_id) {
+  std::vector<uint8_t> out(sizeof(engram_msg_tables) + tables_.size() * sizeof(engram_wire_table));
+  engram_msg_tables head{};
+  protocol::FillHeader(&head.header, ENGRAM_MSG_TABLES, static_cast<uint32_t>(out.size()),
+                       request_id);
+  head.count = static_cast<uint32_t>(tables_.size());
+  head.entry_bytes = sizeof(engram_wire_table);
+  memcpy(out.data(), &head, sizeof(head));
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    const Table& t = *tables_[i];
+    engram_wire_table w{};
+    w.layer_id = t.layer_id();
+    w.row_bytes = t.row_bytes();
+    w.num_rows = t.num_rows();
+    w.covered_begin = t.covered().begin;
+    w.covered_end = t.covered().end;
+    w.layout = t.layout() == TableLayout::kPacked ? ENGRAM_LAYOUT_PACKED : ENGRAM_LAYOUT_CHECKPOINT;
+    w.files = static_cast<uint32_t>(t.files().size());
+    w.data_bytes = t.data_bytes();
+    memcpy(out.data() + sizeof(head) + i * sizeof(w), &w, sizeof(w));
+  }
+  SendBytes(session.socket_fd(), out.data(), out.size());
+}
+
+void Server::SendStats(Session& session, uint32_t request_id) {
+  engram_msg_stats m{};
+  protocol::FillHeader(&m.header, ENGRAM_MSG_STATS, sizeof(m), request_id);
+  m.stats = session.Stats();
+  SendBytes(session.socket_fd(), &m, sizeof(m));
+}
+
+void Server::PollerLoop() {
+  std::vector<std::shared_ptr<Session>> snapshot;
+  uint64_t generation = ~uint64_t{0};
+  engram_sqe scratch[32];
+  const PollOptions& poll = config_.poll;
+  uint64_t spin_ns = poll.spin_min_ns;
+  uint64_t last_work = NowNs();
+  epoll_event events[64];
+  while (true) {
+    if (generation != sessions_generation_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(sessions_mutex_);
+      snapshot = sessions_;
+      generation = sessions_generation_.load(std::memory_order_acquire);
+    }
+    const bool draining = draining_.load(std::memory_order_acquire);
+    uint32_t work = 0;
+    for (const auto& s : snapshot) {
+      if (!s->closing()) work += DrainSession(s, scratch);
+    }
+    if (draining) {
+      if (work == 0) break;  // the final sweep found the rings empty
+      continue;
+    }
+    uint64_t now = NowNs();
+    poller_heartbeat_ns_.store(now, std::memory_order_relaxed);
+    if (work != 0) {
+      last_work = now;
+      continue;
+    }
+    if (now - last_work < spin_ns) {
+      CpuRelax();
+      continue;
+    }
+    // Going to sleep: ask clients to ring, then look once more (a client that published just
+    // before seeing the flag is picked up here instead of waiting for its doorbell).
+    for (const auto& s : snapshot) s->SetNeedWakeup(true);
+    bool pending = false;
+    for (const auto& s : snapshot) pending |= !s->closing() && s->HasSubmissions();
+    bool rang = false;
+    uint64_t woke = now;
+    if (!pending && !draining_.load() &&
+        generation == sessions_generation_.load(std::memory_order_acquire)) {
+      const int n = epoll_wait(poller_epoll_, events, 64, 1000);
+      woke = NowNs();
+      for (int i = 0; i < n; ++i) {
+        const uint64_t tag = events[i].data.u64;
+        uint64_t count = 0;
+        if (tag == kTagKick) {
+          ssize_t ignored = read(kick_fd_, &count, sizeof(count));
+          (void)ignored;
+          continue;
+        }
+        for (const auto& s : snapshot) {
+          if (s->id() == tag) {
+            if (read(s->doorbell_fd(), &count, sizeof(count)) == sizeof(count)) {
+              s->counters.doorbells.fetch_add(count, std::memory_order_relaxed);
+              rang = true;
+            }
+            break;
+          }
+        }
+      }
+      // Adapt the spell: work that came soon after we slept would have been caught by a longer
+      // spin; long idle gaps shorten it again.
+      const uint64_t gap = woke - now;
+      if (rang && gap < poll.spin_max_ns) {
+        spin_ns = std::min(poll.spin_max_ns, std::max(spin_ns * 2, gap * 2));
+      } else {
+        spin_ns = std::max(poll.spin_min_ns, spin_ns / 2);
+      }
+    }
+    for (const auto& s : snapshot) s->SetNeedWakeup(false);
+    last_work = NowNs();
+  }
+  for (const auto& s : snapshot) s->SetNeedWakeup(true);  // nobody polls any more
+}
+
+uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch) {
+  bool garbage = false;
+  const uint32_t n = session->TakeSubmissions(scratch, 32, &garbage);
+  if (garbage) {
+    uint64_t suppressed = 0;
+    if (garbage_log_.Allow(NowNs(), &suppressed)) {
+      log::Warning(
+          "{} wrote a submission ring tail beyond its {} slots; skipped ({} similar "
+          "messages suppressed)",
+          session->Describe(), session->arena().layout().slots, suppressed);
+    }
+  }
+  for (uint32_t i = 0; i < n; ++i) Dispatch(session, scratch[i]);
+  return n + (garbage ? 1 : 0);
+}
+
+void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe) {
+  const uint64_t start = NowNs();
+  session->counters.submitted.fetch_add(1, std::memory_order_relaxed);
+  Arena& arena = session->arena();
+  protocol::RequestContext context{.slots = arena.layout().slots,
+                                   .max_rows = config_.limits.max_rows_per_request,
+                                   .data = arena.data(),
+                                   .data_bytes = arena.data_bytes(),
+                                   .tables = bounds_};
+  auto request = std::make_unique<protocol::DecodedRequest>();
+  bool slot_valid = false;
+  protocol::CodecError error;
+  if (!protocol::DecodeRequest(sqe, context, request.get(), &slot_valid, &error)) {
+    if (slot_valid) {
+      session->Complete(request->ticket, request->slot, error.code, error.message.c_str(), 0,
+                        NowNs() - start);
+    } else {
+      session->counters.failed.fetch_add(1, std::memory_order_relaxed);
+      session->counters.garbage.fetch_add(1, std::memory_order_relaxed);
+      uint64_t suppressed = 0;
+      if (garbage_log_.Allow(start, &suppressed)) {
+        log::Warning("{}: unanswerable submission: {} ({} similar messages suppressed)",
+                     session->Describe(), error.message, suppressed);
+      }
+    }
+    return;
+  }
+  if (request->opcode == ENGRAM_OP_NOP || request->rows.empty()) {
+    session->Complete(request->ticket, request->slot, ENGRAM_STATUS_OK, nullptr, 0,
+                      NowNs() - start);
+    return;
+  }
+  if (session->inflight.load(std::memory_order_relaxed) >= config_.limits.max_inflight) {
+    session->Complete(request->ticket, request->slot, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+                      absl::StrFormat("%u requests already in flight on this session, the limit "
+                                      "(--max-inflight)",
+                                      session->inflight.load())
+                          .c_str(),
+                      0, NowNs() - start);
+    return;
+  }
+  session->inflight.fetch_add(1, std::memory_order_relaxed);
+  inflight_total_.fetch_add(1, std::memory_order_relaxed);
+  GatherBatch batch{.table = tables_[request->table_index].get(),
+                    .rows = request->rows,
+                    .dest = arena.data() + request->dest_offset,
+                    .dest_offsets = request->dest_offsets};
+  auto finish = [this, start](Session& s, const protocol::DecodedRequest& r,
+                              const absl::Status& status) {
+    // The session's count drops before the completion is published, so a client that reuses
+    // the finished request's place at once is not refused for the limit; the daemon-wide count,
+    // which shutdown drains on, only after it.
+    s.inflight.fetch_sub(1, std::memory_order_relaxed);
+    s.Complete(r.ticket, r.slot, static_cast<int32_t>(status.code()),
+               status.ok() ? nullptr : std::string(status.message()).c_str(),
+               status.ok() ? r.rows.size() : 0, NowNs() - start);
+    inflight_total_.fetch_sub(1, std::memory_order_release);
+  };
+  if (request->rows.size() <= config_.poll.inline_rows) {
+    finish(*session, *request, engine_->Gather(batch));
+    return;
+  }
+  // A request thread runs it as the engine's calling thread, as an in-process caller would.
+  requests_->Post([this, session, request = std::move(request), finish]() mutable {
+    GatherBatch b{.table = tables_[request->table_index].get(),
+                  .rows = request->rows,
+                  .dest = session->arena().data() + request->dest_offset,
+                  .dest_offsets = request->dest_offsets};
+    finish(*session, *request, engine_->Gather(b));
+  });
+}
+
+}  // namespace engram

@@ -1,0 +1,107 @@
+// The engramd server: listens on the Unix socket, runs the handshake, hands each session a sealed
+// arena, polls the submission rings and runs the requests on the gather engine.
+//
+//   auto server = engram::Server::Create(config, std::move(tables), std::move(engine));
+//   absl::Status s = (*server)->Run();  // until SIGTERM/SIGINT or Stop(): drains, then returns
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/gather/gather_engine.h"
+#include "daemon/ops/log.h"
+#include "protocol/codec.h"
+#include "daemon/server/request_pool.h"
+#include "daemon/server/server_config.h"
+#include "daemon/server/session.h"
+#include "tables/table.h"
+
+namespace engram {
+
+class Control;
+
+// The supplementary groups of the peer of the Unix socket `fd`, as the kernel recorded them when
+// the peer connected (SO_PEERGROUPS); empty if they cannot be read.
+std::vector<gid_t> PeerGroups(int fd);
+
+class Server {
+ public:
+  // Binds the socket (refusing to take over one that a live engramd answers on). The tables
+  // must already be registered with the engine.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerConfig& config,
+                                                        std::vector<std::unique_ptr<Table>> tables,
+                                                        std::unique_ptr<GatherEngine> engine);
+  ~Server();
+
+  // Serves until SIGTERM or SIGINT arrives (they must be blocked in every thread; Run reads
+  // them through a signalfd) or Stop() is called; then stops accepting, finishes the requests
+  // in flight, tells every client and returns.
+  absl::Status Run();
+  // Asks Run() to stop. Thread-safe, async-signal-safe.
+  void Stop();
+  // Control requests, metrics, systemd notifications and reloads (daemon/ops/control.h).
+  Control& control() { return *control_; }
+
+ private:
+  friend class Control;
+  Server() = default;
+  absl::Status Bind();
+  void PollerLoop();
+  uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
+  void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
+  void Accept();
+  void Handshake(int fd);
+  void HandleMessage(const std::shared_ptr<Session>& session);
+  void Disconnect(const std::shared_ptr<Session>& session, const char* why);
+  void Refuse(int fd, int32_t code, const std::string& message);
+  bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
+  void SendTables(Session& session, uint32_t request_id);
+  void SendStats(Session& session, uint32_t request_id);
+  void SendError(Session& session, int32_t code, const std::string& message, uint32_t request_id);
+  void PublishSessions();
+  void Kick();
+
+  ServerConfig config_;
+  std::vector<std::unique_ptr<Table>> tables_;
+  std::vector<protocol::TableBounds> bounds_;
+  std::unique_ptr<GatherEngine> engine_;
+  std::unique_ptr<RequestPool> requests_;  // after engine_: its threads stop first
+
+  int listen_fd_ = -1;
+  int control_epoll_ = -1;
+  int poller_epoll_ = -1;
+  int kick_fd_ = -1;  // wakes the poller: session list changed or shutdown
+  int stop_fd_ = -1;  // Stop()
+  int signal_fd_ = -1;
+
+  // Control thread only.
+  std::unordered_map<int, std::shared_ptr<Session>> by_fd_;
+  std::unordered_map<int, uint64_t> pending_;  // fd → handshake deadline (ns)
+  uint64_t next_session_id_ = 1;
+  uint64_t total_arena_bytes_ = 0;
+
+  // Shared with the poller: the session list, republished on every change.
+  std::mutex sessions_mutex_;
+  std::vector<std::shared_ptr<Session>> sessions_;
+  std::atomic<uint64_t> sessions_generation_{0};
+
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> inflight_total_{0};  // requests handed to the engine, all sessions
+  std::thread poller_;
+  uid_t own_uid_ = 0;
+  log::RateLimit garbage_log_{5};
+  uint64_t start_ns_ = 0;
+  std::atomic<uint64_t> poller_heartbeat_ns_{0};  // the poller's last pass (watchdog)
+  std::unique_ptr<Control> control_;              // first member torn down (~Server)
+};
+
+}  // namespace engram

@@ -1,0 +1,88 @@
+// What engramd is told to do: tables to serve, the socket, who may connect, limits and polling.
+// Command-line flags fill this struct today; the configuration file (TOML) fills the same one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tables/table.h"
+
+namespace engram {
+
+// Every bound a client can push on. Going past one is an error the client sees
+// (ResourceExhausted), never a crash.
+struct Limits {
+  uint32_t max_clients = 64;                            // sessions at once
+  uint32_t max_inflight = 256;                          // requests in flight per session
+  uint64_t max_rows_per_request = 131072;               // rows in one request
+  uint64_t max_arena_bytes = uint64_t{1} << 30;         // data region of one session
+  uint64_t max_total_arena_bytes = uint64_t{16} << 30;  // all sessions together
+  uint64_t default_data_bytes = uint64_t{64} << 20;     // when the client asks for 0
+  uint32_t default_slots = 64;                          // when the client asks for 0
+};
+
+// How the poller waits for submissions.
+struct PollOptions {
+  // The poller spins over the submission rings this long after the last work before it sleeps;
+  // the spell adapts between min and max to how soon work arrived after the last sleep.
+  uint64_t spin_min_ns = 20'000;
+  uint64_t spin_max_ns = 500'000;
+  // Requests of at most this many rows are gathered on the polling thread itself (saves a
+  // hand-off to a gather worker; larger ones would stall other sessions).
+  uint64_t inline_rows = 0;
+};
+
+// One source of tables: a checkpoint directory or a packed table file.
+struct TableSource {
+  std::string path;
+  std::optional<RowRange> rows;  // per-rank copy: the rows it holds
+};
+
+struct ServerConfig {
+  std::vector<TableSource> sources;
+  std::vector<uint32_t> layers;  // serve only these layers (empty: all found)
+  bool check_holes = true;
+
+  std::string socket_path = "/run/engramd/engramd.sock";
+  uint32_t socket_mode = 0660;
+  std::string socket_group;  // empty: the daemon's group
+  // A listening socket passed by systemd socket activation (-1: bind socket_path). The
+  // socket unit owns its path, so it is neither created nor removed.
+  int listen_fd = -1;
+  // Peers allowed by SO_PEERCRED. Empty allow_uids means the daemon's own uid and root.
+  std::vector<uid_t> allow_uids;
+  std::vector<gid_t> allow_gids;
+  // Peers who may run the control requests that change what every client sees (warm, evict;
+  // control.cc keeps the list), besides root and the daemon's own uid, which always may: they
+  // can signal or trace the daemon anyway. Matched against the peer's uid and its primary and
+  // supplementary groups as the kernel recorded them at connect time.
+  std::vector<uid_t> admin_uids;
+  std::vector<gid_t> admin_gids;
+
+  Limits limits;
+  PollOptions poll;
+  uint32_t workers = 0;  // gather workers (0: online CPUs)
+  // Threads that run requests, each as the gather engine's calling thread (requests gathered
+  // at the same time; the engine's workers help each of them).
+  uint32_t request_threads = 2;
+  uint64_t handshake_timeout_ns = 5'000'000'000;
+  uint64_t drain_timeout_ns = 60'000'000'000;  // longest wait for in-flight I/O at shutdown
+};
+
+// The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.
+inline constexpr uint32_t kMaxId = UINT32_MAX - 1;
+
+// Is a peer with `uid`, primary group `gid` and supplementary `groups` an administrator of a
+// daemon running as `own_uid`? Root and `own_uid` always are.
+bool IsAdministrator(const ServerConfig& config, uid_t own_uid, uid_t uid, gid_t gid,
+                     const std::vector<gid_t>& groups);
+
+// The administrators for people: "root, uid 998 (engramd's own), uids 1000,1001, gids 27".
+std::string DescribeAdministrators(const ServerConfig& config, uid_t own_uid);
+
+}  // namespace engram

@@ -1,0 +1,91 @@
+// One client session on the daemon side: its socket, its arena and doorbell, the requests it
+// has in flight and its counters. Completion is published from whichever thread finishes a
+// request; the arena stays mapped until the last request of a closed session has finished.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "daemon/server/arena.h"
+#include "engram/protocol.h"
+
+namespace engram {
+
+struct PeerInfo {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+class Session {
+ public:
+  Session(uint64_t id, int socket_fd, std::unique_ptr<Arena> arena, int doorbell_fd,
+          const PeerInfo& peer, std::string name);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  // Closes the socket and the doorbell, unmaps the arena. Runs when the last reference (the
+  // server's, or a request's still in flight) goes.
+  ~Session();
+
+  uint64_t id() const { return id_; }
+  int socket_fd() const { return socket_fd_; }
+  int doorbell_fd() const { return doorbell_fd_; }
+  Arena& arena() { return *arena_; }
+  const PeerInfo& peer() const { return peer_; }
+  const std::string& name() const { return name_; }
+  // "session 7 (pid 123, uid 1000, 'vllm')": for logs and errors.
+  std::string Describe() const;
+
+  // Poller side (one thread). Copies up to `max` new submissions into `out` and consumes them
+  // from the ring; returns how many. A ring whose tail is garbage (more entries than slots) is
+  // skipped entirely and counted: *ret_garbage is set.
+  uint32_t TakeSubmissions(engram_sqe* out, uint32_t max, bool* ret_garbage);
+  bool HasSubmissions() const;
+  void SetNeedWakeup(bool on);
+
+  // Any thread. Writes the outcome into the slot, queues a completion entry, increments the
+  // completion counter and wakes sleeping client threads.
+  void Complete(uint64_t ticket, uint32_t slot, int32_t code, const char* message, uint64_t rows,
+                uint64_t service_ns);
+
+  // Marks the session closed: its ring is no longer read and clients see it stopped.
+  void MarkStopped();
+  bool closing() const { return closing_.load(std::memory_order_acquire); }
+  void set_closing() { closing_.store(true, std::memory_order_release); }
+
+  std::atomic<uint32_t> inflight{0};
+
+  struct Counters {
+    std::atomic<uint64_t> submitted{0};
+    std::atomic<uint64_t> ok{0};
+    std::atomic<uint64_t> failed{0};
+    std::atomic<uint64_t> rows{0};
+    std::atomic<uint64_t> bytes{0};
+    std::atomic<uint64_t> doorbells{0};
+    std::atomic<uint64_t> garbage{0};
+    std::array<std::atomic<uint64_t>, 64> latency_log2{};  // service time buckets [2^i, 2^i+1)
+    std::atomic<uint64_t> latency_sum_ns{0};                // every request's service time added
+  };
+  Counters counters;
+  engram_wire_session_stats Stats() const;
+
+ private:
+  const uint64_t id_;
+  const int socket_fd_;
+  std::unique_ptr<Arena> arena_;
+  const int doorbell_fd_;
+  const PeerInfo peer_;
+  const std::string name_;
+  uint32_t sq_head_ = 0;  // poller-private copy of the consumed position
+  std::mutex cq_mutex_;   // daemon-private: completion entries come from several threads
+  std::atomic<bool> closing_{false};
+};
+
+}  // namespace engram

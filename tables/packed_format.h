@@ -1,0 +1,94 @@
+// The packed table layout: one file per Engram table, a 128-byte versioned header, then
+// 264-byte rows (256 FP8 E4M3 values, 8 E8M0 scales) starting at a 4 KiB-aligned offset.
+// docs/table_format.md describes it in prose; this header is the authority for the bytes.
+//
+//   PackedHeader h = MakePackedHeader(/*layer_id=*/14, num_rows, {0, num_rows}, false);
+//   SealPackedHeader(&h);                            // fills the checksum
+//   absl::Status s = ValidatePackedHeader(h, path);  // what a reader does
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "tables/table.h"
+
+namespace engram {
+
+static_assert(std::endian::native == std::endian::little,
+              "the packed header is little-endian and read by copying it into the struct");
+
+inline constexpr char kPackedMagic[8] = {'E', 'N', 'G', 'R', 'A', 'M', 'T', 'B'};
+inline constexpr uint16_t kPackedVersionMajor = 1;  // readers refuse another major version
+inline constexpr uint16_t kPackedVersionMinor = 0;  // readers accept any minor version
+// Rows start here so that O_DIRECT page runs of the data are page-aligned.
+inline constexpr uint64_t kPackedDataOffset = 4096;
+
+inline constexpr uint8_t kDtypeF8E4M3 = 1;  // element_layout.value_dtype
+inline constexpr uint8_t kDtypeF8E8M0 = 2;  // element_layout.scale_dtype
+
+// flags
+inline constexpr uint32_t kPackedFlagSparse = 1u << 0;  // rows at their original offsets
+inline constexpr uint32_t kPackedKnownFlags = kPackedFlagSparse;
+
+// On-disk header, little-endian, at file offset 0. Every field is naturally aligned; reserved
+// bytes are written as zero and covered by the checksum.
+struct PackedHeader {
+  char magic[8];           // "ENGRAMTB"
+  uint16_t version_major;  // kPackedVersionMajor
+  uint16_t version_minor;  // kPackedVersionMinor
+  uint32_t header_bytes;   // sizeof(PackedHeader) for this version
+  uint32_t layer_id;       // Engram layer (1 or 14 in DeepSeek-V4.1)
+  uint32_t row_bytes;      // 264
+  uint64_t num_rows;       // rows of the whole logical table (engram_num_embeddings)
+  uint64_t covered_begin;  // rows this file holds: [covered_begin, covered_end)
+  uint64_t covered_end;
+  uint64_t data_offset;      // file offset of the first stored row (4096)
+  uint32_t flags;            // kPackedFlag*
+  uint32_t value_bytes;      // 256: values come first in a row
+  uint32_t scale_bytes;      // 8: scales follow the values
+  uint8_t value_dtype;       // kDtypeF8E4M3
+  uint8_t scale_dtype;       // kDtypeF8E8M0
+  uint16_t scale_block;      // 32 values per scale
+  uint64_t data_end;         // file offset just past the last covered row
+  uint8_t reserved[40];      // zero
+  uint64_t header_checksum;  // XXH64 (seed 0) of the 120 bytes before this field
+};
+static_assert(sizeof(PackedHeader) == 128);
+static_assert(offsetof(PackedHeader, version_major) == 8);
+static_assert(offsetof(PackedHeader, header_bytes) == 12);
+static_assert(offsetof(PackedHeader, layer_id) == 16);
+static_assert(offsetof(PackedHeader, row_bytes) == 20);
+static_assert(offsetof(PackedHeader, num_rows) == 24);
+static_assert(offsetof(PackedHeader, covered_begin) == 32);
+static_assert(offsetof(PackedHeader, covered_end) == 40);
+static_assert(offsetof(PackedHeader, data_offset) == 48);
+static_assert(offsetof(PackedHeader, flags) == 56);
+static_assert(offsetof(PackedHeader, value_bytes) == 60);
+static_assert(offsetof(PackedHeader, scale_bytes) == 64);
+static_assert(offsetof(PackedHeader, value_dtype) == 68);
+static_assert(offsetof(PackedHeader, scale_dtype) == 69);
+static_assert(offsetof(PackedHeader, scale_block) == 70);
+static_assert(offsetof(PackedHeader, data_end) == 72);
+static_assert(offsetof(PackedHeader, reserved) == 80);
+static_assert(offsetof(PackedHeader, header_checksum) == 120);
+
+// A header for `covered` rows of a `num_rows`-row table of `layer_id`, compacted (row `begin`
+// at data_offset) or sparse (row r at data_offset + r * 264). The checksum is not yet set.
+PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange covered, bool sparse);
+
+uint64_t PackedHeaderChecksum(const PackedHeader& header);
+void SealPackedHeader(PackedHeader* header);
+
+// File offset of row `row` (inside the covered range) in a file with this header.
+uint64_t PackedRowOffset(const PackedHeader& header, uint64_t row);
+
+// Validates a header read from `path`: magic (InvalidArgument: not a packed table), major
+// version (FailedPrecondition), header size, checksum (DataLoss), then the geometry: row and
+// element layout, covered range inside the table, data offset and data end consistent with the
+// rows (DataLoss). Every error names `path`.
+absl::Status ValidatePackedHeader(const PackedHeader& header, const std::string& path);
+
+}  // namespace engram

@@ -1,0 +1,182 @@
+// Helpers for the engramd integration tests: a synthetic checkpoint written once per test binary,
+// engramd started as a child process on a private socket, and row checks against SyntheticRow.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tables/table.h"
+#include "engram/engram.h"
+#include "tools/tables/synthetic.h"
+
+namespace engram::testing {
+
+inline constexpr uint64_t kSeed = 20261130;
+inline constexpr uint64_t kRows = 20000;
+
+// A private directory, removed with everything in it at exit.
+inline const std::string& TestDir() {
+  static std::string dir = [] {
+    char tmpl[] = "/tmp/engramd-test-XXXXXX";
+    std::string d = mkdtemp(tmpl);
+    static std::string cleanup = d;
+    atexit([] { std::filesystem::remove_all(cleanup); });
+    return d;
+  }();
+  return dir;
+}
+
+// The synthetic checkpoint (layers 1 and 14, kRows rows each), written on first use.
+inline const std::string& Checkpoint() {
+  static std::string dir = [] {
+    std::string d = TestDir() + "/model";
+    SynthOptions o{.out_dir = d, .rows = kRows, .seed = kSeed};
+    absl::Status s = WriteSyntheticCheckpoint(o);
+    if (!s.ok()) {
+      fprintf(stderr, "cannot write the synthetic checkpoint: %s\n", s.ToString().c_str());
+      abort();
+    }
+    return d;
+  }();
+  return dir;
+}
+
+inline std::string EngramdPath() {
+  const char* p = getenv("ENGRAMD");
+  return p != nullptr ? p : "daemon/engramd";
+}
+
+// Can a client connect to `socket` right now?
+inline bool SocketAnswers(const std::string& socket_path) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", socket_path.c_str());
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// engramd as a child process. Stopped (SIGTERM, then SIGKILL) on destruction.
+class Daemon {
+ public:
+  // Serves `model` (default: the synthetic Checkpoint()) on TestDir()/name.sock.
+  explicit Daemon(std::vector<std::string> extra_args = {}, std::string name = "main",
+                  std::string model = "")
+      : socket_(TestDir() + "/" + name + ".sock"),
+        model_(std::move(model)),
+        extra_(std::move(extra_args)) {
+    Start();
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status;
+      for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
+      if (waitpid(pid_, &status, WNOHANG) == 0) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+      }
+    }
+  }
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  void Start() {
+    const std::string model = model_.empty() ? Checkpoint() : model_;
+    std::vector<std::string> args = {EngramdPath(), "--model", model,         "--socket", socket_,
+                                     "--workers",   "2",       "--log-level", "warning"};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      // A test that dies without running its destructors must not leave engramd behind: it
+      // would hold the test runner's output pipes open and stall the whole suite.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+      _exit(127);
+    }
+    for (int i = 0; i < 1000; ++i) {
+      if (SocketAnswers(socket_)) return;
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        fprintf(stderr, "engramd exited during startup (status %d)\n", status);
+        return;
+      }
+      usleep(10000);
+    }
+  }
+
+  // Sends `sig` and returns the wait status.
+  int Stop(int sig = SIGTERM) {
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+  bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
+  pid_t pid() const { return pid_; }
+  const std::string& socket() const { return socket_; }
+
+  engram_connect_options Options(uint64_t data_bytes = 0, uint32_t slots = 0) const {
+    engram_connect_options o;
+    engram_connect_options_init(&o);
+    o.socket_path = socket_.c_str();
+    o.data_bytes = data_bytes;
+    o.slots = slots;
+    return o;
+  }
+
+ private:
+  std::string socket_;
+  std::string model_;  // empty: Checkpoint()
+  std::vector<std::string> extra_;
+  pid_t pid_ = -1;
+};
+
+// Index of the first row of `out` (rows[i] at out + i * 264) that differs from the checkpoint,
+// or -1 when every byte matches.
+inline int64_t FirstBadRow(uint32_t layer, const uint64_t* rows, uint64_t n, const uint8_t* out,
+                           const uint64_t* dest_offsets = nullptr) {
+  uint8_t expect[kRowBytes];
+  for (uint64_t i = 0; i < n; ++i) {
+    SyntheticRow(kSeed, layer, rows[i], expect);
+    const uint8_t* got = out + (dest_offsets != nullptr ? dest_offsets[i] : i * kRowBytes);
+    if (memcmp(expect, got, kRowBytes) != 0) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// Deterministic pseudo-random rows in [0, limit).
+inline void FillRows(uint64_t* rows, uint64_t n, uint64_t limit, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (uint64_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    rows[i] = x % limit;
+  }
+}
+
+}  // namespace engram::testing
