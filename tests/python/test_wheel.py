@@ -87,6 +87,8 @@ def venv(wheel, tmp_path_factory):
 
 def test_wheel_holds_the_package_and_its_libraries(wheel):
     path, kernels = wheel
+    # no Python extension inside: any CPython 3 on the platform may install it
+    assert path.name.startswith("engram-0.1.0-py3-none-linux_"), path.name
     names = zipfile.ZipFile(path).namelist()
     assert "engram/__init__.py" in names and "engram/py.typed" in names
     assert "engram/lib/libengram_client.so.0" in names
