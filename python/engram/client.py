@@ -121,7 +121,8 @@ class ArenaBuffer:
         self.freed = False
 
     def __repr__(self):
-        return f"<engram.ArenaBuffer 0x{self.address:x}+{self.bytes}{' freed' if self.freed else ''}>"
+        state = " freed" if self.freed else ""
+        return f"<engram.ArenaBuffer 0x{self.address:x}+{self.bytes}{state}>"
 
     def __enter__(self):
         return self

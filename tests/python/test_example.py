@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 import torch
 
 from test_hashing import hash_daemon, hash_model  # noqa: F401  (module fixtures)

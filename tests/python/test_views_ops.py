@@ -59,7 +59,7 @@ def test_health_check_without_a_daemon(tmp_path):
     assert '"status": "not answering"' in run.stdout and "none.sock" in run.stdout
 
 
-# ---- typed views -----------------------------------------------------------------------------------
+# ---- typed views ---------------------------------------------------------------------------------
 
 def test_numpy_gather_and_views_are_zero_copy(client, expected_rows):
     ids = [5, 17, 99, 5, SYNTH_ROWS - 1]
@@ -87,10 +87,9 @@ def test_numpy_dequantize_matches_the_reference(client):
                           reference.bits(torch.from_numpy(want).to(torch.bfloat16)).numpy())
     # every byte value decodes like the reference's bit-field decode
     every = np.arange(256, dtype=np.uint8)
-    assert np.array_equal(engram.decode_e4m3(every), reference.decode_e4m3(every).astype(np.float32),
-                          equal_nan=True)
-    assert np.array_equal(engram.decode_e8m0(every), reference.decode_e8m0(every).astype(np.float32),
-                          equal_nan=True)
+    for ours, theirs in ((engram.decode_e4m3, reference.decode_e4m3),
+                         (engram.decode_e8m0, reference.decode_e8m0)):
+        assert np.array_equal(ours(every), theirs(every).astype(np.float32), equal_nan=True)
 
 
 def test_split_rows_refuses_bad_input():
@@ -131,7 +130,7 @@ def test_float8_typed_gather(client, expected_rows):
     assert torch.equal(reference.bits(got), reference.bits(reference.dequantize(want)))
 
 
-# ---- custom ops --------------------------------------------------------------------------------------
+# ---- custom ops ----------------------------------------------------------------------------------
 
 def test_dequantize_op_values_and_meta(client):
     import engram.ops  # noqa: F401  registers torch.ops.engram
