@@ -10,11 +10,12 @@
 Both have fake (meta) implementations that give the output's shape, dtype and device without
 touching the daemon, so torch.compile(fullgraph=True) traces a model through them without a
 graph break, and torch.cuda.graphs can capture gather_wait (its work is two launches on the
-current stream). They are registered with torch.library.custom_op where torch has it (2.4+),
-else with torch.library.Library define/impl and a Meta kernel (e.g. Debian's torch 1.13).
+current stream). They are registered with torch.library.custom_op where it takes a schema
+(torch 2.4+), else with torch.library.Library define/impl and a Meta kernel (Debian's 1.13).
 Importing this module registers them; `import engram` alone does not import torch.
 """
 
+import inspect
 import itertools
 import threading
 import weakref
@@ -81,7 +82,17 @@ _SCHEMAS = {
 
 # ---- registration ------------------------------------------------------------------------------
 
-USES_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+def _custom_op_takes_a_schema() -> bool:
+    custom_op = getattr(torch.library, "custom_op", None)
+    if custom_op is None or not hasattr(torch.library, "register_fake"):
+        return False
+    try:
+        return "schema" in inspect.signature(custom_op).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+USES_CUSTOM_OP = _custom_op_takes_a_schema()
 _library = None
 
 
