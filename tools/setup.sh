@@ -8,6 +8,7 @@ packages=(
   liburing-dev libboost-dev libabsl-dev catch2 libbenchmark-dev
   libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libsystemd-dev libxxhash-dev
   pybind11-dev python3 python3-numpy python3-torch python3-pytest python3-matplotlib
+  python3-venv python3-pip python3-mesonpy patchelf
   systemd
 )
 if [[ "${ENGRAM_SETUP_HIP:-1}" == 1 ]]; then

@@ -1,25 +1,24 @@
 """Integer id arrays from what callers pass: lists, tuples, ranges, NumPy arrays, CPU tensors."""
 
 import errno
+import sys
+from typing import Any, Optional
 
 import numpy as np
 
 from .errors import InvalidArgumentError
 
-try:
-    import torch
-except ImportError:  # validating ids does not need torch
-    torch = None
 
-
-def integer_array(values, what, *, ndim=1, empty_dtype=np.int64,
-                  cpu_hint="pass them on the CPU"):
+def integer_array(values: Any, what: str, *, ndim: Optional[int] = 1,
+                  empty_dtype: Any = np.int64, cpu_hint: str = "pass them on the CPU"
+                  ) -> np.ndarray:
     """values as a NumPy array of integers with `ndim` dimensions (None: any), without a copy
-    where NumPy allows one.
+    where NumPy allows one. Never imports torch: a tensor can only come from a loaded torch.
 
     Raises InvalidArgumentError for a tensor on a GPU (the message ends with cpu_hint) or
     another number of dimensions, TypeError for values that are not integers. `what` names
     the values in every message."""
+    torch = sys.modules.get("torch")
     if torch is not None and isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
             raise InvalidArgumentError(-errno.EINVAL,

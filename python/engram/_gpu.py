@@ -22,7 +22,7 @@ def _kernels_check(lib, rc, what):
 class Registration:
     """[address, address + length) pinned and mapped for the GPU (engram_gpu_register)."""
 
-    def __init__(self, address, length):
+    def __init__(self, address: int, length: int):
         self._lib = _lib.gpu_register_lib()
         handle = ctypes.c_void_p()
         rc = self._lib.engram_gpu_register(ctypes.c_void_p(address), length, ctypes.byref(handle))
@@ -35,7 +35,7 @@ class Registration:
         self.address = address
         self.length = length
 
-    def device_ptr(self, host_address):
+    def device_ptr(self, host_address: int) -> int:
         """The device address of a host address inside the registered range."""
         if self._handle is None:
             raise error_for(-errno.EINVAL, "the GPU registration was released")
@@ -45,7 +45,7 @@ class Registration:
                                            f"range 0x{self.address:x}+{self.length}")
         return ptr
 
-    def unregister(self):
+    def unregister(self) -> None:
         """Unpins the range; no queued GPU work may still read it. Idempotent."""
         handle, self._handle = self._handle, None
         if handle is not None:

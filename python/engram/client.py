@@ -5,6 +5,10 @@
         ...
         client.release(rows)                      # the arena range may now be reused
 
+Results are torch.uint8 tensors, or NumPy uint8 arrays with array="numpy" (no torch needed);
+typed=True splits them into FP8 E4M3 values and E8M0 scales over the same memory (RowView, see
+engram.views).
+
 Lifetime of gathered tensors: a tensor returned by gather() or Ticket.wait() is a view of the
 session's shared-memory arena, not a copy. Its range goes back to the arena when it is released
 (Client.release, Ticket.release, leaving a Ticket's `with` block) or when the last tensor
@@ -20,19 +24,23 @@ import os
 import threading
 import time
 import weakref
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
 from . import _lib
 from ._arrays import integer_array
 from .errors import InvalidArgumentError, RowOutOfRangeError, error_for
+from .views import split_rows
+
+ARRAY_KINDS = ("torch", "numpy")
 
 ROW_BYTES = _lib.ROW_BYTES
 DEFAULT_SOCKET = "/run/engramd/engramd.sock"
 _NS = 1_000_000_000
 
 
-def _timeout_ns(timeout):
+def _timeout_ns(timeout: Optional[float]) -> int:
     if timeout is None:
         return -1
     if timeout < 0:
@@ -71,19 +79,19 @@ class SessionStats:
     client_sleeps: int
 
 
-def protocol_version():
+def protocol_version() -> Tuple[int, int]:
     """(major, minor) of the wire protocol the loaded client library speaks."""
     major, minor = ctypes.c_uint32(), ctypes.c_uint32()
     _lib.client_lib().engram_protocol_version(ctypes.byref(major), ctypes.byref(minor))
     return major.value, minor.value
 
 
-def library_path():
+def library_path() -> str:
     """Path of the libengram_client.so this package loaded (see engram._lib for the search)."""
     return _lib.client_lib_path()
 
 
-def row_ids_array(row_ids, what="row ids"):
+def row_ids_array(row_ids, what: str = "row ids") -> np.ndarray:
     """row_ids (list, tuple, range, NumPy array or CPU integer tensor) as a 1-D NumPy array.
 
     Raises TypeError for non-integer ids, ValueError for a tensor on a GPU, a shape that is not
@@ -99,19 +107,46 @@ def row_ids_array(row_ids, what="row ids"):
     return array
 
 
-class _Allocation:
-    """One range of the session's data region; freed once, by release or by the GC."""
+class ArenaBuffer:
+    """A range of the session's data region (Client.alloc): memory the daemon can gather
+    into and read row ids from. Freed once, by free(), the end of a `with` block, or (for the
+    ranges behind gathered tensors) when the last view is garbage collected."""
 
     __slots__ = ("client", "address", "bytes", "freed", "__weakref__")
 
-    def __init__(self, client, address, nbytes):
+    def __init__(self, client: "Client", address: int, nbytes: int):
         self.client = client
         self.address = address
         self.bytes = nbytes
         self.freed = False
 
-    def free(self):
+    def __repr__(self):
+        state = " freed" if self.freed else ""
+        return f"<engram.ArenaBuffer 0x{self.address:x}+{self.bytes}{state}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def numpy(self, dtype, count: int, offset: int = 0) -> np.ndarray:
+        """A NumPy view of `count` items of `dtype` at byte `offset`; valid until free()."""
+        dtype = np.dtype(dtype)
+        if self.freed:
+            raise InvalidArgumentError(-errno.EINVAL, "the arena buffer was freed")
+        if offset < 0 or count < 0 or offset + count * dtype.itemsize > self.bytes:
+            raise InvalidArgumentError(-errno.EINVAL, f"{count} x {dtype} at offset {offset} "
+                                                      f"exceeds the buffer's {self.bytes} bytes")
+        raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(self.address + offset)
+        return np.frombuffer(raw, dtype=dtype, count=count)
+
+    def free(self) -> None:
+        """Hands the range back to the arena (no request may still use it). Idempotent."""
         self.client._free(self)
+
+
+_Allocation = ArenaBuffer
 
 
 class Client:
@@ -130,7 +165,8 @@ class Client:
     no daemon listens or the session was lost, ValueError for a bad table or row, ...).
     """
 
-    def __init__(self, socket=None, *, data_bytes=0, slots=0, client_name=None, timeout=None):
+    def __init__(self, socket: Optional[str] = None, *, data_bytes: int = 0, slots: int = 0,
+                 client_name: Optional[str] = None, timeout: Optional[float] = None):
         lib = _lib.client_lib()
         self._lib = lib
         options = _lib.ConnectOptions()
@@ -168,10 +204,10 @@ class Client:
         return f"<engram.Client {self.socket!r} {state}>"
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closing
 
-    def close(self):
+    def close(self) -> None:
         """Ends the session. Tensors still viewing the arena keep it mapped until they are
         released or garbage collected; no new request may be made. Idempotent."""
         with self._mutex:
@@ -204,7 +240,7 @@ class Client:
 
     # ---- tables and statistics ------------------------------------------------------------
 
-    def tables(self):
+    def tables(self) -> List[TableInfo]:
         """The tables the daemon serves, ordered by layer id (list of TableInfo)."""
         session = self._session()
         count = ctypes.c_size_t()
@@ -221,7 +257,7 @@ class Client:
                           layouts.get(e.layout, str(e.layout)), e.files, e.data_bytes)
                 for e in entries[:count.value]]
 
-    def table(self, layer_id):
+    def table(self, layer_id: int) -> TableInfo:
         """TableInfo of one layer; UnknownTableError (a ValueError) if it is not served."""
         for info in self.tables():
             if info.layer_id == layer_id:
@@ -230,7 +266,7 @@ class Client:
         raise error_for(-errno.ENOENT, f"engramd at {self.socket} serves no table {layer_id} "
                                        f"(it serves: {served})")
 
-    def stats(self):
+    def stats(self) -> SessionStats:
         """This session's statistics (SessionStats)."""
         stats = _lib.SessionStatsStruct()
         stats.size = ctypes.sizeof(stats)
@@ -240,22 +276,28 @@ class Client:
     # ---- the arena ------------------------------------------------------------------------
 
     @property
-    def data_region(self):
+    def data_region(self) -> Tuple[int, int]:
         """(address, bytes) of the arena's data region, where rows land."""
         return self._data_region
 
-    def arena(self):
+    def arena(self) -> Tuple[int, int]:
         """(address, bytes) of the whole arena mapping (for GPU registration)."""
         base, size = ctypes.c_void_p(), ctypes.c_uint64()
         _lib.check(self._lib.engram_arena(self._session(), ctypes.byref(base),
                                           ctypes.byref(size)))
         return base.value, size.value
 
-    def completion_counter_address(self):
+    def completion_counter_address(self) -> int:
         """Address of the session's 64-bit completion counter (in the arena)."""
         counter = ctypes.c_void_p()
         _lib.check(self._lib.engram_completion_counter(self._session(), ctypes.byref(counter)))
         return counter.value
+
+    def alloc(self, nbytes: int) -> ArenaBuffer:
+        """A buffer of `nbytes` in the session's data region (8-byte aligned), for gathers
+        whose row ids and destination the caller lays out (submit_in_arena). Raises
+        ResourceExhaustedError when the data region is full."""
+        return self._alloc(nbytes)
 
     def _alloc(self, nbytes):
         ptr = ctypes.c_void_p()
@@ -283,43 +325,62 @@ class Client:
         if close_now:
             self._close_now()
 
-    def _tensor(self, allocation, offset, shape):
-        """A torch.uint8 tensor viewing allocation bytes [offset, offset + prod(shape))."""
-        import torch
+    def _view(self, allocation, shape, array="torch"):
+        """A uint8 tensor (or NumPy array) viewing allocation bytes [0, prod(shape))."""
         nbytes = int(np.prod(shape))
+        if array == "numpy":
+            if nbytes == 0:
+                return np.empty(shape, dtype=np.uint8)
+            view = (ctypes.c_uint8 * nbytes).from_address(allocation.address)
+            weakref.finalize(view, allocation.free)
+            return np.frombuffer(view, dtype=np.uint8).reshape(shape)  # keeps `view` alive
+        import torch
         if nbytes == 0:
             return torch.empty(shape, dtype=torch.uint8)
-        view = (ctypes.c_uint8 * nbytes).from_address(allocation.address + offset)
+        view = (ctypes.c_uint8 * nbytes).from_address(allocation.address)
         # torch.frombuffer keeps `view` alive as long as any tensor shares its storage: the
         # allocation is freed when the last of them goes away (unless released earlier).
         weakref.finalize(view, allocation.free)
         return torch.frombuffer(view, dtype=torch.uint8).view(shape)
 
-    def release(self, tensor):
-        """Returns the arena range behind a tensor from gather()/Ticket.wait() now; the tensor
-        (and every view of it) must not be used afterwards. Idempotent."""
-        try:
-            address = tensor.untyped_storage().data_ptr()
-        except AttributeError:  # torch < 2.0
-            address = tensor.storage().data_ptr()
+    def release(self, rows: Any) -> None:
+        """Returns the arena range behind rows from gather()/Ticket.wait() (a tensor, a NumPy
+        array, a RowView or any view into them) now; the rows and every view of them must not
+        be used afterwards. Idempotent."""
+        if hasattr(rows, "raw") and hasattr(rows, "scales"):
+            rows = rows.raw
+        if isinstance(rows, np.ndarray):
+            address, empty = rows.__array_interface__["data"][0], rows.size == 0
+        else:
+            address, empty = rows.data_ptr(), rows.numel() == 0
         with self._mutex:
-            allocation = self._live.get(address)
+            allocation = next((a for a in self._live.values()
+                               if a.address <= address < a.address + max(1, a.bytes)), None)
         if allocation is None:
-            if tensor.numel() == 0:
+            if empty:
                 return
-            raise InvalidArgumentError(-errno.EINVAL, "the tensor is not a live gather of this "
+            raise InvalidArgumentError(-errno.EINVAL, "the rows are not a live gather of this "
                                                       "client (already released?)")
         allocation.free()
 
+    @staticmethod
+    def _check_array(array):
+        if array not in ARRAY_KINDS:
+            raise ValueError(f"array must be one of {ARRAY_KINDS}, got {array!r}")
+
     # ---- gathering ------------------------------------------------------------------------
 
-    def submit(self, table, row_ids):
+    def submit(self, table: int, row_ids: Any, *, array: str = "torch",
+               typed: bool = False) -> "Ticket":
         """Starts gathering rows `row_ids` of table `table` (a layer id); returns a Ticket.
 
         row_ids: list, NumPy array or CPU tensor of integers (1-D). Nothing is copied but the
-        ids, into the arena. Raises UnknownTableError / RowOutOfRangeError when the daemon
-        refuses the request (at wait time), ResourceExhaustedError when every slot is busy.
+        ids, into the arena. array: "torch" (torch.uint8 results) or "numpy" (numpy.uint8, no
+        torch import); typed: results as RowView(values, scales, raw) (engram.split_rows).
+        Raises UnknownTableError / RowOutOfRangeError when the daemon refuses the request (at
+        wait time), ResourceExhaustedError when every slot is busy.
         """
+        self._check_array(array)
         ids = row_ids_array(row_ids)
         n = int(ids.size)
         rows_bytes = n * ROW_BYTES  # a multiple of 8: the ids that follow stay aligned
@@ -339,19 +400,23 @@ class Client:
         except BaseException:
             allocation.free()
             raise
-        return Ticket(self, ticket.value, table, n, allocation)
+        return Ticket(self, ticket.value, table, n, allocation, array=array, typed=typed)
 
-    def gather(self, table, row_ids, timeout=None):
+    def gather(self, table: int, row_ids: Any, timeout: Optional[float] = None, *,
+               array: str = "torch", typed: bool = False) -> Any:
         """Gathers rows `row_ids` of table `table`: a torch.uint8 tensor [n, 264] viewing the
-        arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales). See the
+        arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales); a NumPy
+        array with array="numpy"; RowView(values, scales, raw) with typed=True. See the
         module's notes on its lifetime. timeout in seconds (None: no limit)."""
-        ticket = self.submit(table, row_ids)
+        ticket = self.submit(table, row_ids, array=array, typed=typed)
         # On a timeout the request stays in flight: the dropped ticket's finaliser waits for it
         # before its range is reused.
         return ticket.wait(timeout)
 
-    def submit_tokens(self, hasher, table, tokens, history=None, *, tp_size=None, tp_rank=None,
-                      heads=None, compressed=False):
+    def submit_tokens(self, hasher: Any, table: int, tokens: Any, history: Any = None, *,
+                      tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
+                      heads: Any = None, compressed: bool = False, array: str = "torch",
+                      typed: bool = False) -> "Ticket":
         """Hashes `tokens` with `hasher` (an engram.Hasher) straight into the arena and submits
         the gather of those rows of table `table` in the same call (engram_submit_tokens);
         returns a Ticket whose wait() gives a torch.uint8 tensor [positions, heads, 264]
@@ -360,7 +425,8 @@ class Client:
         tokens, history, tp_size/tp_rank, heads and compressed as for Hasher.hash. Errors of
         the hash (UnknownTableError for a layer the hasher does not know, InvalidArgumentError
         for an id outside the vocabulary, NoVocabularyError) are raised here, before anything
-        is submitted; the daemon's at wait time."""
+        is submitted; the daemon's at wait time. array and typed as for submit()."""
+        self._check_array(array)
         from .hasher import _Sequences
         from .errors import hash_error_for
         begin, end = hasher.head_range(tp_size, tp_rank, heads)
@@ -386,17 +452,63 @@ class Client:
             allocation.free()
             raise
         return Ticket(self, ticket.value, table, n, allocation,
-                      shape=(seqs.positions, width, ROW_BYTES))
+                      shape=(seqs.positions, width, ROW_BYTES), array=array, typed=typed)
 
-    def gather_tokens(self, hasher, table, tokens, history=None, *, tp_size=None, tp_rank=None,
-                      heads=None, compressed=False, timeout=None):
+    def gather_tokens(self, hasher: Any, table: int, tokens: Any, history: Any = None, *,
+                      tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
+                      heads: Any = None, compressed: bool = False,
+                      timeout: Optional[float] = None, array: str = "torch",
+                      typed: bool = False) -> Any:
         """submit_tokens(...).wait(timeout): torch.uint8 [positions, heads, 264] viewing the
         arena (see the module's notes on its lifetime)."""
         ticket = self.submit_tokens(hasher, table, tokens, history, tp_size=tp_size,
-                                    tp_rank=tp_rank, heads=heads, compressed=compressed)
+                                    tp_rank=tp_rank, heads=heads, compressed=compressed,
+                                    array=array, typed=typed)
         return ticket.wait(timeout)
 
-    def nop(self, timeout=None):
+    def submit_in_arena(self, table: int, ids: ArenaBuffer, num_rows: int, dest: ArenaBuffer,
+                        *, ids_offset: int = 0, dest_offset: int = 0) -> int:
+        """Submits a gather whose row ids (uint64) and destination already lie in buffers of
+        this session's arena (alloc()): num_rows ids at ids.address + ids_offset, rows written
+        to dest.address + dest_offset, 264 bytes each. Returns the request's ticket number for
+        wait_request / poll_request; the buffers must stay allocated until it completed.
+        Nothing is checked here but the bounds of the buffers: the daemon refuses a bad table
+        or row when the request runs (raised by wait_request)."""
+        for buffer, offset, nbytes, what in ((ids, ids_offset, num_rows * 8, "row ids"),
+                                             (dest, dest_offset, num_rows * ROW_BYTES, "rows")):
+            if buffer.client is not self or buffer.freed:
+                raise InvalidArgumentError(-errno.EINVAL, f"the {what} buffer is not a live "
+                                                          f"buffer of this client")
+            if offset < 0 or offset + nbytes > buffer.bytes:
+                raise InvalidArgumentError(-errno.EINVAL,
+                                           f"{num_rows} {what} at offset {offset} exceed the "
+                                           f"buffer's {buffer.bytes} bytes")
+        request = _lib.GatherRequest(
+            size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=0,
+            rows=ids.address + ids_offset, num_rows=num_rows, dest=dest.address + dest_offset,
+            dest_offsets=None)
+        ticket = ctypes.c_uint64()
+        _lib.check(self._lib.engram_submit(self._session(), ctypes.byref(request),
+                                           ctypes.byref(ticket)))
+        return ticket.value
+
+    def wait_request(self, ticket: int, timeout: Optional[float] = None) -> None:
+        """Waits for request `ticket` (from submit_in_arena); raises its error, or
+        EngramTimeoutError (the request stays in flight)."""
+        rc = self._wait(ticket, _timeout_ns(timeout))
+        if rc < 0:
+            raise error_for(rc, _lib.last_error())
+
+    def poll_request(self, ticket: int) -> bool:
+        """True once request `ticket` completed (its error is raised); never blocks."""
+        rc = self._poll(ticket)
+        if rc == -errno.EAGAIN:
+            return False
+        if rc < 0:
+            raise error_for(rc, _lib.last_error())
+        return True
+
+    def nop(self, timeout: Optional[float] = None) -> float:
         """Round trip through the daemon with an empty request; returns seconds taken."""
         start = time.perf_counter()
         ticket = ctypes.c_uint64()
@@ -421,8 +533,11 @@ class Ticket:
 
     _PENDING, _DONE, _FAILED, _RELEASED = range(4)
 
-    def __init__(self, client, ticket, table, num_rows, allocation, shape=None):
+    def __init__(self, client, ticket, table, num_rows, allocation, shape=None, array="torch",
+                 typed=False):
         self._client = client
+        self._array = array
+        self._typed = typed
         self._shape = tuple(shape) if shape is not None else (num_rows, ROW_BYTES)
         self._ticket = ticket
         self.table = table
@@ -465,7 +580,7 @@ class Ticket:
         self._state = self._DONE
         # The ticket holds the tensor until released, so wait() may be called again; the range
         # goes back when both the ticket and every view of the tensor are gone.
-        self._tensor = self._client._tensor(self._allocation, 0, self._shape)
+        self._tensor = self._client._view(self._allocation, self._shape, self._array)
         if self.num_rows == 0:
             self._allocation.free()
 
@@ -474,11 +589,12 @@ class Ticket:
             raise self._error
         if self._state == self._RELEASED:
             raise InvalidArgumentError(-errno.EINVAL, "the rows of this ticket were released")
-        return self._tensor
+        return split_rows(self._tensor) if self._typed else self._tensor
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> Any:
         """Waits for the rows (timeout in seconds, None: no limit) and returns them as a
-        torch.uint8 tensor [n, 264] viewing the arena. Raises EngramTimeoutError (the request
+        torch.uint8 tensor [n, 264] viewing the arena (a NumPy array, or a RowView, as the
+        submit asked). Raises EngramTimeoutError (the request
         stays in flight: wait again) or the daemon's error (UnknownTableError,
         RowOutOfRangeError, EngramIOError, EngramConnectionError ...). May be called again."""
         with self._mutex:
@@ -489,7 +605,7 @@ class Ticket:
                 self._settle(rc)
             return self._result()
 
-    def done(self):
+    def done(self) -> bool:
         """True once the request completed (successfully or not); never blocks."""
         with self._mutex:
             if self._state == self._PENDING:
@@ -499,7 +615,7 @@ class Ticket:
                 self._settle(rc)
             return True
 
-    def release(self):
+    def release(self) -> None:
         """Hands the rows' arena range back (waiting for the request first if it is still in
         flight); tensors from wait() must not be used afterwards. Idempotent."""
         with self._mutex:

@@ -9,6 +9,7 @@ rounds once, to nearest even, as the kernel does. NaN is written as the kernel w
 """
 
 import functools
+from typing import Any
 
 import torch
 
@@ -18,7 +19,7 @@ BLOCK_VALUES = 32
 SCALE_BYTES = ROW_VALUES // BLOCK_VALUES
 
 
-def e4m3_value(byte):
+def e4m3_value(byte: int) -> float:
     """The real number an FP8 E4M3 (fn variant: no infinities) byte encodes, as a float."""
     sign = -1.0 if byte & 0x80 else 1.0
     exponent = (byte >> 3) & 0xF
@@ -31,21 +32,20 @@ def e4m3_value(byte):
 
 
 @functools.lru_cache(maxsize=None)
-def _tables():
+def _tables(device: str = "cpu"):
     # Debian's torch (1.13) has no float8 dtypes: decode through 256-entry tables instead.
     values = torch.tensor([e4m3_value(b) for b in range(256)], dtype=torch.float32)
     scales = torch.tensor([2.0 ** (s - 127) if s != 255 else float("nan") for s in range(256)],
                           dtype=torch.float32)
-    return values, scales
+    return values.to(device), scales.to(device)
 
 
-def dequantize_rows(rows):
-    """rows: uint8 tensor [n, 264] (CPU). Returns bf16 [n, 256]."""
+def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
+    """rows: uint8 tensor [n, 264]. Returns bf16 [n, 256] on the rows' device."""
     if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != ROW_BYTES:
         raise ValueError(f"rows must be a uint8 tensor [n, {ROW_BYTES}], got {rows.dtype} "
                          f"{list(rows.shape)}")
-    values_table, scales_table = _tables()
-    rows = rows.cpu()
+    values_table, scales_table = _tables(str(rows.device))
     n = rows.shape[0]
     values = values_table[rows[:, :ROW_VALUES].long()].view(n, SCALE_BYTES, BLOCK_VALUES)
     scales = scales_table[rows[:, ROW_VALUES:].long()].view(n, SCALE_BYTES, 1)
@@ -57,7 +57,8 @@ def dequantize_rows(rows):
     return out
 
 
-def dequantize_scatter(rows, index_map, tokens, heads):
+def dequantize_scatter(rows: torch.Tensor, index_map: Any, tokens: int,
+                       heads: int) -> torch.Tensor:
     """The CPU twin of engram_dequant_scatter: bf16 [tokens, heads, 256] where slot
     token * heads + head holds row index_map[slot] of `rows`, +0.0 where index_map < 0.
     Indices past the rows raise IndexError (the kernel writes NaN; a CPU caller gets told)."""
@@ -70,6 +71,7 @@ def dequantize_scatter(rows, index_map, tokens, heads):
         raise IndexError(f"index_map holds {int(index_map.max())}, but only "
                          f"{dequantized.shape[0]} rows were gathered")
     out = torch.zeros((tokens * heads, ROW_VALUES), dtype=torch.bfloat16)
+    dequantized = dequantized.cpu()
     valid = index_map >= 0
     if bool(valid.any()):
         out[valid] = dequantized[index_map[valid]]

@@ -16,7 +16,7 @@ class EngramError(Exception):
         message: what the library said was wrong.
     """
 
-    def __init__(self, code, message):
+    def __init__(self, code: int, message: str):
         self.code = code
         self.message = message
         name = _errno.errorcode.get(-code, str(code)) if code else ""
@@ -98,12 +98,12 @@ _BY_ERRNO = {
 }
 
 
-def error_for(code, message):
+def error_for(code: int, message: str) -> EngramError:
     """The exception for a negative errno returned by the C library."""
     return _BY_ERRNO.get(code, EngramError)(code, message)
 
 
-def hash_error_for(code, message, opening=False):
+def hash_error_for(code: int, message: str, opening: bool = False) -> EngramError:
     """The exception for a negative errno from the hashing functions (engram/hash.h) or from
     engram_submit_tokens: -EOPNOTSUPP means no compressed vocabulary there, not a GPU matter;
     -ENOENT while opening is a missing model file."""

@@ -14,6 +14,7 @@ may be shared by any number of threads and clients.
 
 import ctypes
 import errno
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -24,13 +25,13 @@ from .errors import InvalidArgumentError, hash_error_for
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
-def _check(rc, opening=False):
+def _check(rc: int, opening: bool = False) -> int:
     if rc < 0:
         raise hash_error_for(rc, _lib.hash_last_error(), opening)
     return rc
 
 
-def token_array(tokens, what="tokens"):
+def token_array(tokens: Any, what: str = "tokens") -> np.ndarray:
     """tokens (list, tuple, range, NumPy array or CPU integer tensor, 1-D) as contiguous int32.
 
     Raises TypeError for non-integers, InvalidArgumentError for a GPU tensor, a shape that is
@@ -97,8 +98,17 @@ class Hasher:
     derived tables), InvalidArgumentError (a config this hash does not describe).
     """
 
-    def __init__(self, model_dir, *, derived_path=None, compressed_only=False,
-                 compressed_pad_id=None):
+    layers: Dict[int, int]
+    num_layers: int
+    max_ngram_size: int
+    heads_per_order: int
+    heads_per_layer: int
+    vocab_size: int
+    compressed_vocab_size: int
+    compressed_pad_id: int
+
+    def __init__(self, model_dir: Any, *, derived_path: Any = None,
+                 compressed_only: bool = False, compressed_pad_id: Optional[int] = None):
         import os
         lib = _lib.hash_lib()
         self._lib = lib
@@ -135,7 +145,7 @@ class Hasher:
     def __exit__(self, *exc):
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Frees the hasher; calls afterwards raise. Idempotent."""
         handle, self._handle = getattr(self, "_handle", None), None
         if handle is not None:
@@ -154,14 +164,14 @@ class Hasher:
 
     # ---- heads and rows ---------------------------------------------------------------------
 
-    def rank_heads(self, tp_size, tp_rank):
+    def rank_heads(self, tp_size: int, tp_rank: int) -> Tuple[int, int]:
         """(begin, end) of the heads tensor-parallel rank tp_rank of tp_size owns."""
         begin, end = ctypes.c_uint32(), ctypes.c_uint32()
         _check(self._lib.engram_hasher_rank_heads(self._h(), tp_size, tp_rank,
                                                   ctypes.byref(begin), ctypes.byref(end)))
         return begin.value, end.value
 
-    def head_rows(self, layer, heads=None):
+    def head_rows(self, layer: int, heads: Any = None) -> Tuple[int, int]:
         """(row_begin, row_end): the one contiguous row range heads (begin, end) of a layer own
         (all heads when None)."""
         begin, end = self.head_range(heads=heads)
@@ -170,7 +180,8 @@ class Hasher:
                                                  ctypes.byref(row_begin), ctypes.byref(row_end)))
         return row_begin.value, row_end.value
 
-    def head_range(self, tp_size=None, tp_rank=None, heads=None):
+    def head_range(self, tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
+                   heads: Any = None) -> Tuple[int, int]:
         """The heads a call selects: a TP rank's (tp_size and tp_rank), an explicit (begin, end)
         or range, or all of them."""
         if tp_size is not None or tp_rank is not None:
@@ -191,7 +202,7 @@ class Hasher:
 
     # ---- hashing ------------------------------------------------------------------------------
 
-    def compress(self, tokens):
+    def compress(self, tokens: Any) -> np.ndarray:
         """Tokenizer ids -> compressed ids (numpy int32)."""
         ids = token_array(tokens)
         out = np.empty(ids.size, dtype=np.int32)
@@ -199,8 +210,9 @@ class Hasher:
                                               out.ctypes.data))
         return out
 
-    def hash(self, tokens, history=None, *, layer, tp_size=None, tp_rank=None, heads=None,
-             compressed=False):
+    def hash(self, tokens: Any, history: Any = None, *, layer: int,
+             tp_size: Optional[int] = None, tp_rank: Optional[int] = None, heads: Any = None,
+             compressed: bool = False) -> np.ndarray:
         """Row ids of `tokens` for layer `layer`: numpy int64 [positions, heads], head order.
 
         tokens: the new token ids of one sequence (list, NumPy array or CPU tensor, 1-D), or a

@@ -6,6 +6,8 @@
     # or, from token ids: lookup.prepare_tokens(hasher, new_ids, history=last_ids)
     ...
     emb = lookup.get(14)                    # in layer 14: bf16 [tokens, heads, 256]
+    emb = lookup.embeddings(14, input_ids)  # the same through torch.ops.engram.gather_wait,
+                                            # which torch.compile(fullgraph=True) traces
 
 ids_L are the step's row ids of layer L, shape [tokens, heads] (integers on the CPU; a negative
 id marks a padding slot, which reads as zeros). prepare() returns as soon as the requests are
@@ -29,16 +31,16 @@ Step protocol (the rows of a step live at fixed arena addresses until the next p
 
 import ctypes
 import errno
+from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from . import _lib
 from ._arrays import integer_array
-from .client import Client
+from .client import ArenaBuffer, Client, TableInfo
 from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
-from .errors import (GpuUnavailableError, InvalidArgumentError, RowOutOfRangeError,
-                     UnknownTableError, error_for)
+from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
+                     InvalidArgumentError, RowOutOfRangeError, UnknownTableError, error_for)
 
 _PAGE = 4096
 
@@ -50,19 +52,17 @@ def _round_up(n, to):
 class _Layer:
     """One Engram layer's buffers in the arena and (on a GPU) its output on the device."""
 
-    def __init__(self, layer_id, info, capacity, allocation):
+    def __init__(self, layer_id: int, info: TableInfo, capacity: int, buffer: ArenaBuffer):
         self.layer_id = layer_id
         self.info = info
         self.capacity = capacity
-        self.allocation = allocation
-        base = allocation.address
-        self.rows_address = base
-        self.ids_address = base + capacity * ROW_BYTES
-        self.map_address = self.ids_address + capacity * 8
-        self.ids = np.ctypeslib.as_array((ctypes.c_uint64 * capacity).from_address(
-            self.ids_address))
-        self.index_map = np.ctypeslib.as_array((ctypes.c_int32 * capacity).from_address(
-            self.map_address))
+        self.buffer = buffer  # rows [capacity, 264], then ids (uint64), then the index map
+        self.ids_offset = capacity * ROW_BYTES
+        self.map_offset = self.ids_offset + capacity * 8
+        self.rows_address = buffer.address
+        self.map_address = buffer.address + self.map_offset
+        self.ids = buffer.numpy(np.uint64, capacity, self.ids_offset)
+        self.index_map = buffer.numpy(np.int32, capacity, self.map_offset)
         self.index_map[:] = -1
         self.map_high_water = 0  # index_map entries beyond the step's slots are kept at -1
         self.tokens = None  # of the prepared step
@@ -86,8 +86,9 @@ class EngramLookup:
             completion counter must count only its requests).
     """
 
-    def __init__(self, layers, heads, max_tokens, *, device=None, socket=None, client_name=None,
-                 timeout=None):
+    def __init__(self, layers: Sequence[int], heads: int, max_tokens: int, *,
+                 device: Union[str, torch.device, None] = None, socket: Optional[str] = None,
+                 client_name: Optional[str] = None, timeout: Optional[float] = None):
         layers = [int(layer) for layer in layers]
         if not layers or len(set(layers)) != len(layers):
             raise ValueError(f"layers must be distinct layer ids, got {layers}")
@@ -117,6 +118,8 @@ class EngramLookup:
         self._closed = False
         self._registration = None
         self._event = None
+        self._layers: Dict[int, _Layer] = {}
+        self._target_buffer = None
         try:
             served = {t.layer_id: t for t in self._client.tables()}
             missing = [layer for layer in layers if layer not in served]
@@ -124,11 +127,11 @@ class EngramLookup:
                 raise error_for(-errno.ENOENT,
                                 f"engramd at {self._client.socket} serves no table for layer(s) "
                                 f"{missing} (it serves: {sorted(served) or 'none'})")
-            self._layers = {layer: _Layer(layer, served[layer], capacity,
-                                          self._client._alloc(capacity * (ROW_BYTES + 12)))
-                            for layer in layers}
-            self._target_allocation = self._client._alloc(8)
-            self._target = ctypes.c_uint64.from_address(self._target_allocation.address)
+            for layer in layers:
+                self._layers[layer] = _Layer(layer, served[layer], capacity,
+                                             self._client.alloc(capacity * (ROW_BYTES + 12)))
+            self._target_buffer = self._client.alloc(8)
+            self._target = ctypes.c_uint64.from_address(self._target_buffer.address)
             counter_address = self._client.completion_counter_address()
             self._counter = ctypes.c_uint64.from_address(counter_address)
             # Only this object submits on the session: completions = base + requests submitted.
@@ -140,9 +143,11 @@ class EngramLookup:
             # Nothing outside this object views its buffers: end the session at once.
             if self._registration is not None:
                 self._registration.unregister()
-            self._client._closing = True
-            self._client._close_now()
+            self._free_buffers()
+            self._client.close()
             raise
+        from . import ops
+        self.op_id = ops.register_lookup(self)  # names this lookup to torch.ops.engram
 
     def _setup_gpu(self, counter_address):
         from . import _gpu
@@ -152,7 +157,7 @@ class EngramLookup:
             self._registration = _gpu.Registration(address, length)
             reg = self._registration
             self._counter_d = reg.device_ptr(counter_address)
-            self._target_d = reg.device_ptr(self._target_allocation.address)
+            self._target_d = reg.device_ptr(self._target_buffer.address)
             for layer in self._layers.values():
                 layer.rows_d = reg.device_ptr(layer.rows_address)
                 layer.map_d = reg.device_ptr(layer.map_address)
@@ -162,7 +167,8 @@ class EngramLookup:
 
     # ---- the step --------------------------------------------------------------------------
 
-    def prepare(self, row_ids, timeout=None):
+    def prepare(self, row_ids: Union[Dict[int, Any], Sequence[Any]],
+                timeout: Optional[float] = None) -> None:
         """Submits the step's gathers, one request per layer, and returns without waiting.
 
         row_ids: {layer_id: ids} or a sequence in the order of `layers`; ids of shape
@@ -183,29 +189,25 @@ class EngramLookup:
         self._finish_step(timeout)
         for layer_id in self.layers:
             self._stage(self._layers[layer_id], *steps[layer_id])
-        lib = self._client._lib
         try:
             for layer_id in self.layers:
                 layer = self._layers[layer_id]
                 layer.cpu_result = None
                 if layer.num_rows == 0:
                     continue
-                request = _lib.GatherRequest(
-                    size=ctypes.sizeof(_lib.GatherRequest), table=layer_id, flags=0,
-                    rows=layer.ids_address, num_rows=layer.num_rows, dest=layer.rows_address,
-                    dest_offsets=None)
-                ticket = ctypes.c_uint64()
-                _lib.check(lib.engram_submit(self._client._session(), ctypes.byref(request),
-                                             ctypes.byref(ticket)))
-                layer.ticket = ticket.value
+                layer.ticket = self._client.submit_in_arena(
+                    layer_id, layer.buffer, layer.num_rows, layer.buffer,
+                    ids_offset=layer.ids_offset)
                 self._submitted += 1
         finally:
             # The GPU waits until every request of the step completed: requests may complete
             # in any order, so only the step's total is a safe value to wait for.
             self._target.value = self._submitted
 
-    def prepare_tokens(self, hasher, tokens, history=None, *, tp_size=None, tp_rank=None,
-                       heads=None, compressed=False, timeout=None):
+    def prepare_tokens(self, hasher: Any, tokens: Any, history: Any = None, *,
+                       tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
+                       heads: Any = None, compressed: bool = False,
+                       timeout: Optional[float] = None) -> None:
         """prepare() with the step's row ids hashed on the host from its token ids.
 
         hasher: an engram.Hasher of the served model. tokens, history, compressed: as for
@@ -281,16 +283,16 @@ class EngramLookup:
         for layer in self._layers.values():
             if layer.ticket is None:
                 continue
-            rc = self._client._wait(layer.ticket, -1 if timeout is None else int(timeout * 1e9))
-            if rc == -errno.ETIMEDOUT:
-                raise error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
-            layer.ticket = None
-            if rc < 0 and first_error is None:
-                first_error = error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
+            try:
+                self._host_wait(layer, timeout)
+            except EngramTimeoutError:
+                raise
+            except EngramError as e:
+                first_error = first_error or e
         if first_error is not None:
             raise first_error
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: Optional[float] = None) -> None:
         """Waits on the host until every layer's rows of the prepared step are in the arena,
         raising the daemon's error if a request failed. Optional: get() does not need it."""
         self._check_open()
@@ -299,35 +301,71 @@ class EngramLookup:
                 self._host_wait(layer, timeout)
 
     def _host_wait(self, layer, timeout=None):
-        rc = self._client._wait(layer.ticket, -1 if timeout is None else int(timeout * 1e9))
-        if rc == -errno.ETIMEDOUT:
-            raise error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
+        """Waits for the layer's request; a timeout leaves it in flight, an error ends it."""
+        try:
+            self._client.wait_request(layer.ticket, timeout)
+        except EngramTimeoutError as e:
+            raise type(e)(e.code, f"layer {layer.layer_id}: {e.message}") from None
+        except EngramError as e:
+            layer.ticket = None
+            raise type(e)(e.code, f"layer {layer.layer_id}: {e.message}") from None
         layer.ticket = None
-        if rc < 0:
-            raise error_for(rc, f"layer {layer.layer_id}: {_lib.last_error()}")
 
-    def get(self, layer_id):
+    def get(self, layer_id: int) -> torch.Tensor:
         """The bf16 embeddings [tokens, heads, 256] of layer `layer_id` for the prepared step.
 
         On a GPU: a view of this layer's output buffer, written by work queued on the current
         stream (valid until the next get() of this layer); capturable into a CUDA graph. On the
         CPU: a new tensor, after waiting for the rows on the host."""
+        layer = self._prepared_layer(layer_id)
+        if self.device.type == "cpu":
+            if layer.cpu_result is None:
+                if layer.ticket is not None:
+                    self._host_wait(layer)
+                layer.cpu_result = self._dequantize_cpu(layer)
+            return layer.cpu_result
+        with torch.cuda.device(self.device):
+            return self._launch_gpu(layer, layer.out)[:layer.tokens]
+
+    def embeddings(self, layer_id: int, tokens: torch.Tensor) -> torch.Tensor:
+        """get(layer_id) as a torch custom op, torch.ops.engram.gather_wait: what a model
+        compiled with torch.compile(fullgraph=True) calls. `tokens` is any tensor on this
+        lookup's device whose first dimension is the step's token count (the step's input ids);
+        it gives the result its shape when traced. Returns a new bf16 [tokens, heads, 256]
+        tensor each call (on a GPU written by work queued on the current stream, capturable
+        into a CUDA graph)."""
+        return torch.ops.engram.gather_wait(tokens, self.op_id, layer_id)
+
+    def _prepared_layer(self, layer_id):
         self._check_open()
         layer = self._layers.get(layer_id)
         if layer is None:
             raise ValueError(f"layer {layer_id} is not one of {self.layers}")
         if layer.tokens is None:
             raise RuntimeError(f"layer {layer_id}: get() before any prepare()")
+        return layer
+
+    def _op_result(self, layer_id, tokens):
+        """torch.ops.engram.gather_wait's implementation: a new tensor, never a view of ours."""
+        layer = self._prepared_layer(layer_id)
+        if tokens != layer.tokens:
+            raise InvalidArgumentError(
+                -errno.EINVAL, f"layer {layer_id}: the tokens tensor has {tokens} rows but "
+                               f"the prepared step has {layer.tokens} tokens")
         if self.device.type == "cpu":
-            if layer.cpu_result is None:
-                if layer.ticket is not None:
-                    self._host_wait(layer)
-                rows = self._rows_tensor(layer)
-                layer.cpu_result = dequantize_scatter(
-                    rows, torch.from_numpy(layer.index_map[:layer.tokens * self.heads]),
-                    layer.tokens, self.heads)
-            return layer.cpu_result
-        return self._get_gpu(layer)
+            if layer.ticket is not None:
+                self._host_wait(layer)
+            return self._dequantize_cpu(layer)
+        with torch.cuda.device(self.device):
+            out = torch.empty((layer.tokens, self.heads, ROW_VALUES), dtype=torch.bfloat16,
+                              device=self.device)
+            return self._launch_gpu(layer, out)
+
+    def _dequantize_cpu(self, layer):
+        return dequantize_scatter(
+            self._rows_tensor(layer),
+            torch.from_numpy(layer.index_map[:layer.tokens * self.heads]), layer.tokens,
+            self.heads)
 
     def _rows_tensor(self, layer):
         if layer.num_rows == 0:
@@ -335,24 +373,25 @@ class EngramLookup:
         view = (ctypes.c_uint8 * (layer.num_rows * ROW_BYTES)).from_address(layer.rows_address)
         return torch.frombuffer(view, dtype=torch.uint8).view(layer.num_rows, ROW_BYTES)
 
-    def _get_gpu(self, layer):
-        with torch.cuda.device(self.device):
-            stream = torch.cuda.current_stream(self.device)
-            handle = stream.cuda_stream
-            self._kernels.stream_wait_ticket(handle, self._counter_d, self._target_d, 1,
-                                             layer.step_counter.data_ptr())
-            # num_rows = capacity: a captured graph must accept any later step's row count.
-            self._kernels.dequant_scatter(layer.rows_d, layer.capacity, layer.map_d,
-                                          layer.tokens, self.heads, layer.out.data_ptr(), handle)
-            if not torch.cuda.is_current_stream_capturing():
-                event = torch.cuda.Event()
-                event.record(stream)
-                self._event = event
-        return layer.out[:layer.tokens]
+    def _launch_gpu(self, layer, out):
+        """Queues the wait for the daemon and the dequant-scatter into `out` (bf16, at least
+        [tokens, heads, 256], contiguous) on the current stream; returns `out`."""
+        stream = torch.cuda.current_stream(self.device)
+        handle = stream.cuda_stream
+        self._kernels.stream_wait_ticket(handle, self._counter_d, self._target_d, 1,
+                                         layer.step_counter.data_ptr())
+        # num_rows = capacity: a captured graph must accept any later step's row count.
+        self._kernels.dequant_scatter(layer.rows_d, layer.capacity, layer.map_d, layer.tokens,
+                                      self.heads, out.data_ptr(), handle)
+        if not torch.cuda.is_current_stream_capturing():
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._event = event
+        return out
 
     # ---- lifetime ---------------------------------------------------------------------------
 
-    def stats(self):
+    def stats(self) -> Any:
         """The session's statistics (engram.SessionStats)."""
         return self._client.stats()
 
@@ -360,7 +399,7 @@ class EngramLookup:
         if self._closed:
             raise RuntimeError("the EngramLookup is closed")
 
-    def close(self):
+    def close(self) -> None:
         """Waits for requests in flight and queued GPU work, then releases everything."""
         if self._closed:
             return
@@ -368,19 +407,26 @@ class EngramLookup:
         try:
             for layer in self._layers.values():
                 if layer.ticket is not None:
-                    self._client._wait(layer.ticket, -1)
+                    try:
+                        self._client.wait_request(layer.ticket)
+                    except EngramError:
+                        pass  # closing: the step's error no longer matters
                     layer.ticket = None
             if self._registration is not None:
                 torch.cuda.synchronize(self.device)
                 self._registration.unregister()
         finally:
             # Hand the buffers back so that close() ends the session now, not at collection.
-            for layer in self._layers.values():
-                layer.ids = layer.index_map = None
-                layer.allocation.free()
-            self._target = None
-            self._target_allocation.free()
+            self._free_buffers()
             self._client.close()
+
+    def _free_buffers(self):
+        for layer in self._layers.values():
+            layer.ids = layer.index_map = None
+            layer.buffer.free()
+        self._target = None
+        if self._target_buffer is not None:
+            self._target_buffer.free()
 
     def __enter__(self):
         return self

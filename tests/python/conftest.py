@@ -209,6 +209,8 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA/ROCm GPU and the engram kernel library")
+    config.addinivalue_line("markers", "wheel: builds the wheel and installs it into a venv "
+                                       "(meson test python-wheel)")
 
 
 def pytest_sessionfinish(session, exitstatus):

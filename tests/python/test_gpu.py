@@ -92,3 +92,51 @@ def test_gpu_get_does_not_wait_on_the_host(daemon, tables):
         torch.cuda.synchronize()
         want = reference.embeddings(tables, 1, ids)
         assert torch.equal(reference.bits(out.cpu()), reference.bits(want))
+
+
+def test_gpu_gather_wait_op_compiled_and_captured(daemon, tables):
+    """A layer calling lookup.embeddings (torch.ops.engram.gather_wait) compiles with
+    torch.compile(fullgraph=True) on the GPU, and the compiled layer captures into a CUDA graph
+    that later steps replay with their own rows."""
+    if not hasattr(torch, "compile"):
+        pytest.skip(f"torch {torch.__version__} has no torch.compile (2.0 added it)")
+    heads, tokens = 6, 16
+    rng = np.random.default_rng(25)
+    weight = torch.randn(heads * 256, 32, device="cuda")
+    with engram.EngramLookup([14], heads, tokens, device="cuda", socket=daemon.socket) as lookup:
+        def layer(hidden, input_ids):
+            return hidden + lookup.embeddings(14, input_ids).flatten(1).float() @ weight
+
+        compiled = torch.compile(layer, fullgraph=True)
+        input_ids = torch.zeros(tokens, dtype=torch.int64, device="cuda")
+        hidden = torch.randn(tokens, 32, device="cuda")
+
+        def want(ids):
+            memory = reference.embeddings(tables, 14, ids).flatten(1).float().cuda()
+            return hidden + memory @ weight
+
+        for _ in range(2):  # eager compiled steps (the second reuses the compiled graph)
+            ids = step_ids(rng, tokens, heads, padding=0.0)
+            lookup.prepare([ids])
+            got = compiled(hidden, input_ids)
+            torch.cuda.synchronize()
+            assert torch.allclose(got, want(ids), rtol=1e-3, atol=1e-2)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            compiled(hidden, input_ids)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        first = step_ids(rng, tokens, heads, padding=0.0)
+        lookup.prepare([first])
+        with torch.cuda.graph(graph):
+            captured = compiled(hidden, input_ids)
+        for index, ids in enumerate([first] + [step_ids(rng, tokens, heads, padding=0.0)
+                                               for _ in range(3)]):
+            if index:
+                lookup.prepare([ids])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.allclose(captured, want(ids), rtol=1e-3, atol=1e-2), index
