@@ -17,6 +17,11 @@ using gpuStream_t = hipStream_t;
 #define gpuGetLastError hipGetLastError
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyDefault hipMemcpyDefault
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMemcpy hipMemcpy
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuErrorMemoryAllocation hipErrorOutOfMemory
 // Polling back-off inside a waiting kernel: s_sleep takes a constant (units of 64 clocks).
 #define ENGRAM_GPU_PAUSE() __builtin_amdgcn_s_sleep(2)
 
@@ -36,5 +41,10 @@ using gpuStream_t = cudaStream_t;
 #define gpuGetLastError cudaGetLastError
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyDefault cudaMemcpyDefault
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMemcpy cudaMemcpy
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
 #define ENGRAM_GPU_PAUSE() __nanosleep(256)
 #endif
