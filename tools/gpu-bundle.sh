@@ -13,7 +13,7 @@ if [[ ! -f "$builddir/build.ninja" ]]; then
   meson setup "$builddir"
 fi
 targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gpu_kernel_test
-         tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test
+         tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test tests/gpu/gpu_step_test
          tests/gpu/gpu_engramd_test daemon/engramd
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench)
 ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
@@ -59,7 +59,7 @@ mkdir -p "$logs"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 failed=0
 for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_hash_test \
-         gpu_engramd_test; do
+         gpu_step_test gpu_engramd_test; do
   start=$(date +%s.%N)
   # A hung GPU wait must not eat the machine's time: each test gets a bounded run.
   timeout "${ENGRAM_GPU_TEST_TIMEOUT:-90}" "$here/bin/$t" >"$logs/$t.log" 2>&1
