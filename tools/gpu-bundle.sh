@@ -15,7 +15,7 @@ fi
 targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gpu_kernel_test
          tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test tests/gpu/gpu_step_test
          tests/gpu/gpu_engramd_test daemon/engramd
-         tools/tables/engram-synth bench/gpu/gpu_dequant_bench)
+         tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench)
 ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
 
 rm -rf "$bundle"
@@ -89,6 +89,9 @@ if [[ "${1:-}" == "--bench" ]]; then
   kill "$daemon" 2>/dev/null
   wait "$daemon" 2>/dev/null
   rm -rf "$work"
+  # The GPU-driven decode step against the host-driven one (it starts its own engramd).
+  timeout "${ENGRAM_GPU_BENCH_TIMEOUT:-240}" "$here/bin/gpu_step_bench" 2>&1 |
+    tee "$logs/gpu_step_bench.log"
 fi
 exit $failed
 RUNNER
