@@ -125,6 +125,7 @@ struct engram_session {
   std::vector<uint8_t> slot_busy;
   std::vector<uint64_t> slot_rows;  // rows of the request in flight in each slot
   uint32_t sq_tail = 0;
+  bool device_submit = false;  // the ring belongs to a device producer (engram_device_ring)
 
   std::mutex control_mutex;  // one control exchange at a time
   uint32_t next_request_id = 1;
@@ -245,6 +246,11 @@ bool InData(const engram_session* s, const void* p, uint64_t bytes, uint64_t* re
 // Pushes one entry onto the submission ring and rings the doorbell if the poller sleeps.
 int Push(engram_session* s, engram_sqe sqe, uint64_t* ret_ticket) {
   if (CheckLostCheap(s)) return LostError(s);
+  if (s->device_submit) {
+    return SetError(-EBUSY,
+                    "this session's submission ring belongs to a GPU producer "
+                    "(connected with ENGRAM_CONNECT_DEVICE_SUBMIT): submit from the device");
+  }
   std::lock_guard<std::mutex> lock(s->submit_mutex);
   if (s->free_slots.empty()) {
     return SetError(-ENOSPC,
@@ -370,6 +376,10 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   if (slots > ENGRAM_MAX_SLOTS) {
     return SetError(-EINVAL, "%u slots asked, at most %u", slots, ENGRAM_MAX_SLOTS);
   }
+  if ((o.flags & ~ENGRAM_CONNECT_DEVICE_SUBMIT) != 0 || o.reserved != 0) {
+    return SetError(-EINVAL, "engram_connect_options: unknown flags 0x%x or reserved field set",
+                    o.flags);
+  }
   const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
 
   auto s = new engram_session();
@@ -402,6 +412,7 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   hello.version_minor = ENGRAM_PROTOCOL_MINOR;
   hello.slots = slots;
   hello.features = ENGRAM_FEATURES_V1_0;
+  if (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) hello.features |= ENGRAM_FEATURE_DEVICE_SUBMIT;
   hello.data_bytes = data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());
   snprintf(hello.client_name, sizeof(hello.client_name), "%s",
@@ -462,6 +473,14 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
         SetError(-EPROTO, "arena from engramd at %s is unusable: %s", path.c_str(),
                  error.message.empty() ? "header disagrees with WELCOME" : error.message.c_str()));
   }
+  if ((o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) &&
+      !(s->welcome.features & ENGRAM_FEATURE_DEVICE_SUBMIT)) {
+    return fail(SetError(-EOPNOTSUPP,
+                         "engramd at %s (protocol %u.%u) does not accept submissions from a "
+                         "device; upgrade it or submit from the host",
+                         path.c_str(), s->welcome.version_major, s->welcome.version_minor));
+  }
+  s->device_submit = (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) != 0;
   s->slots = s->header->slots;
   s->sq = reinterpret_cast<engram_sqe*>(s->arena + s->header->sq_offset);
   s->cq = reinterpret_cast<engram_cqe*>(s->arena + s->header->cq_offset);
@@ -482,6 +501,29 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
 void engram_close(engram_session* session) { delete session; }
 
 const char* engram_last_error(void) { return g_last_error.c_str(); }
+
+int engram_device_ring(engram_session* s, struct engram_device_ring* ret_ring) {
+  if (s == nullptr || ret_ring == nullptr ||
+      ret_ring->size < offsetof(struct engram_device_ring, reserved) ||
+      ret_ring->size > sizeof(struct engram_device_ring)) {
+    return SetError(-EINVAL, "engram_device_ring needs a session and a ring with its size set");
+  }
+  if (!s->device_submit) {
+    return SetError(-EPERM,
+                    "this session submits from the host; connect with "
+                    "ENGRAM_CONNECT_DEVICE_SUBMIT to hand its ring to a device");
+  }
+  struct engram_device_ring ring {};
+  ring.size = ret_ring->size;
+  ring.header = s->header;
+  ring.sq = s->sq;
+  ring.status = s->status;
+  ring.data = s->data;
+  ring.data_bytes = s->data_bytes;
+  ring.slots = s->slots;
+  memcpy(ret_ring, &ring, ring.size);
+  return 0;
+}
 
 int engram_data_region(engram_session* s, void** ret_base, uint64_t* ret_bytes) {
   if (s == nullptr || ret_base == nullptr || ret_bytes == nullptr) {

@@ -8,21 +8,13 @@
 
 #include "engram/gpu.h"
 #include "kernels/gpu_compat.h"
+#include "kernels/kernel_errors.h"
 
+namespace engram::kernels {
 namespace {
-
-constexpr uint32_t kRowBytes = ENGRAM_GPU_ROW_BYTES;
-constexpr uint32_t kRowValues = ENGRAM_GPU_ROW_VALUES;
-// A group of 32 threads handles one output slot: 8 values (8 bytes in, 16 bytes out) each.
-constexpr uint32_t kThreadsPerSlot = 32;
-constexpr uint32_t kValuesPerThread = kRowValues / kThreadsPerSlot;
-constexpr uint32_t kBlockThreads = 256;
-constexpr uint32_t kSlotsPerBlock = kBlockThreads / kThreadsPerSlot;
-constexpr uint32_t kMaxBlocks = 1u << 20;  // the grid-stride loop covers any larger job
-
 thread_local char g_error[512];
+}  // namespace
 
-int Fail(int err, const char* format, ...) __attribute__((format(printf, 2, 3)));
 int Fail(int err, const char* format, ...) {
   va_list args;
   va_start(args, format);
@@ -37,6 +29,24 @@ int FailRuntime(const char* call, gpuError_t status) {
                                                                                        : EIO;
   return Fail(err, "%s failed: %s (%s)", call, gpuGetErrorName(status), gpuGetErrorString(status));
 }
+
+const char* LastError() { return g_error; }
+
+}  // namespace engram::kernels
+
+namespace {
+
+constexpr uint32_t kRowBytes = ENGRAM_GPU_ROW_BYTES;
+constexpr uint32_t kRowValues = ENGRAM_GPU_ROW_VALUES;
+// A group of 32 threads handles one output slot: 8 values (8 bytes in, 16 bytes out) each.
+constexpr uint32_t kThreadsPerSlot = 32;
+constexpr uint32_t kValuesPerThread = kRowValues / kThreadsPerSlot;
+constexpr uint32_t kBlockThreads = 256;
+constexpr uint32_t kSlotsPerBlock = kBlockThreads / kThreadsPerSlot;
+constexpr uint32_t kMaxBlocks = 1u << 20;  // the grid-stride loop covers any larger job
+
+using engram::kernels::Fail;
+using engram::kernels::FailRuntime;
 
 // ---- dequantisation -------------------------------------------------------------------------
 
@@ -230,7 +240,7 @@ bool Has64BitMemOps() {
 
 extern "C" {
 
-const char* engram_kernels_last_error(void) { return g_error; }
+const char* engram_kernels_last_error(void) { return engram::kernels::LastError(); }
 
 const char* engram_kernels_backend(void) { return ENGRAM_GPU_BACKEND; }
 

@@ -17,6 +17,20 @@ using gpuStream_t = hipStream_t;
 #define gpuGetLastError hipGetLastError
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyDefault hipMemcpyDefault
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuMemcpy hipMemcpy
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuErrorMemoryAllocation hipErrorOutOfMemory
+#define gpuMemset hipMemset
+#define gpuHostAlloc hipHostMalloc
+#define gpuHostAllocMapped hipHostMallocMapped
+#define gpuHostAllocPortable hipHostMallocPortable
+#define gpuHostGetDevicePointer hipHostGetDevicePointer
+#define gpuFreeHost hipHostFree
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+// Nanoseconds of a constant-rate device clock: s_memrealtime counts at 100 MHz on gfx9.
+#define ENGRAM_GPU_NOW_NS() (__builtin_amdgcn_s_memrealtime() * 10ull)
 // Polling back-off inside a waiting kernel: s_sleep takes a constant (units of 64 clocks).
 #define ENGRAM_GPU_PAUSE() __builtin_amdgcn_s_sleep(2)
 
@@ -36,5 +50,24 @@ using gpuStream_t = cudaStream_t;
 #define gpuGetLastError cudaGetLastError
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyDefault cudaMemcpyDefault
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuMemcpy cudaMemcpy
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
+#define gpuMemset cudaMemset
+#define gpuHostAlloc cudaHostAlloc
+#define gpuHostAllocMapped cudaHostAllocMapped
+#define gpuHostAllocPortable cudaHostAllocPortable
+#define gpuHostGetDevicePointer cudaHostGetDevicePointer
+#define gpuFreeHost cudaFreeHost
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+// Nanoseconds of the device's global timer (the same on every SM).
+__device__ __forceinline__ unsigned long long EngramGpuNowNs() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define ENGRAM_GPU_NOW_NS() EngramGpuNowNs()
 #define ENGRAM_GPU_PAUSE() __nanosleep(256)
 #endif

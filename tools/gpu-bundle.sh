@@ -13,8 +13,9 @@ if [[ ! -f "$builddir/build.ninja" ]]; then
   meson setup "$builddir"
 fi
 targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gpu_kernel_test
-         tests/gpu/gpu_wait_test tests/gpu/gpu_engramd_test daemon/engramd
-         tools/tables/engram-synth bench/gpu/gpu_dequant_bench)
+         tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test tests/gpu/gpu_step_test
+         tests/gpu/gpu_engramd_test daemon/engramd
+         tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench)
 ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
 
 rm -rf "$bundle"
@@ -33,6 +34,17 @@ done | sort -u | while read -r name path; do
 done
 for lib in "$bundle"/lib/*; do strip --strip-debug "$lib" 2>/dev/null || true; done
 
+# A model directory with a tokenizer fixture and its derived tables, for the GPU hasher's
+# tokenizer-id test (the target machine runs no Python of ours).
+/usr/bin/python3 - "$bundle/hash-model" <<'PY'
+import pathlib, sys
+sys.path.insert(0, "tests/hash")
+import test_hash
+d = pathlib.Path(sys.argv[1])
+d.mkdir(parents=True, exist_ok=True)
+test_hash.build_tokenizer_model(d)
+PY
+
 cat > "$bundle/run.sh" <<'RUNNER'
 #!/usr/bin/env bash
 # Runs the bundled GPU tests (and with --bench the GPU benchmark). Exit status: 0 if every test
@@ -41,11 +53,13 @@ set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ENGRAMD="$here/bin/engramd"  # the daemon gpu_engramd_test starts
+export ENGRAM_HASH_MODEL="$here/hash-model"  # tokenizer ids for gpu_hash_test
 logs=${OUT:-$here/logs}
 mkdir -p "$logs"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 failed=0
-for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_engramd_test; do
+for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_hash_test \
+         gpu_step_test gpu_engramd_test; do
   start=$(date +%s.%N)
   # A hung GPU wait must not eat the machine's time: each test gets a bounded run.
   timeout "${ENGRAM_GPU_TEST_TIMEOUT:-90}" "$here/bin/$t" >"$logs/$t.log" 2>&1
@@ -75,6 +89,9 @@ if [[ "${1:-}" == "--bench" ]]; then
   kill "$daemon" 2>/dev/null
   wait "$daemon" 2>/dev/null
   rm -rf "$work"
+  # The GPU-driven decode step against the host-driven one (it starts its own engramd).
+  timeout "${ENGRAM_GPU_BENCH_TIMEOUT:-240}" "$here/bin/gpu_step_bench" 2>&1 |
+    tee "$logs/gpu_step_bench.log"
 fi
 exit $failed
 RUNNER

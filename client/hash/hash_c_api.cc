@@ -173,6 +173,25 @@ int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint
   return 0;
 }
 
+int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t layer_id,
+                              int64_t* ret_multipliers, size_t cap) {
+  if (hasher == nullptr || ret_multipliers == nullptr) {
+    return FailInvalid("engram_hasher_multipliers: NULL argument");
+  }
+  auto index = hasher->impl.LayerIndex(layer_id);
+  if (!index.ok()) return Fail(index.status(), EINVAL);
+  const std::vector<int64_t>& multipliers = hasher->impl.layer(*index).multipliers;
+  if (cap < multipliers.size()) {
+    last_error = absl::StrFormat(
+        "engram_hasher_multipliers: layer %d has %d multipliers, the "
+        "output holds %d",
+        layer_id, multipliers.size(), cap);
+    return -ENOSPC;
+  }
+  std::copy(multipliers.begin(), multipliers.end(), ret_multipliers);
+  return 0;
+}
+
 int engram_hash(const engram_hasher* hasher, uint32_t layer_id, const struct engram_hash_seq* seqs,
                 size_t n_seqs, uint32_t head_begin, uint32_t head_end, uint32_t flags,
                 uint64_t* ret_rows, size_t rows_cap) {

@@ -462,7 +462,7 @@ void Server::Handshake(int fd) {
   welcome.version_major = ENGRAM_PROTOCOL_MAJOR;
   welcome.version_minor = ENGRAM_PROTOCOL_MINOR;
   welcome.slots = layout.slots;
-  welcome.features = hello.features & ENGRAM_FEATURES_V1_0;
+  welcome.features = hello.features & ENGRAM_FEATURES_V1_1;
   welcome.session_id = id;
   welcome.arena_bytes = layout.arena_bytes;
   welcome.data_bytes = layout.data_bytes;
@@ -473,6 +473,7 @@ void Server::Handshake(int fd) {
   pending_.erase(fd);
   auto session = std::make_shared<Session>(id, fd, std::move(*arena), doorbell, peer,
                                            std::string(hello.client_name));
+  session->set_device_submit((welcome.features & ENGRAM_FEATURE_DEVICE_SUBMIT) != 0);
   total_arena_bytes_ += layout.arena_bytes;
   by_fd_[fd] = session;
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = id}};
@@ -590,11 +591,15 @@ void Server::PollerLoop() {
   uint64_t spin_ns = poll.spin_min_ns;
   uint64_t last_work = NowNs();
   epoll_event events[64];
+  size_t device_sessions = 0;
   while (true) {
     if (generation != sessions_generation_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(sessions_mutex_);
       snapshot = sessions_;
       generation = sessions_generation_.load(std::memory_order_acquire);
+      // A device cannot ring a doorbell: while a session submits from one, never sleep.
+      device_sessions = std::count_if(snapshot.begin(), snapshot.end(),
+                                      [](const auto& s) { return s->device_submit(); });
     }
     const bool draining = draining_.load(std::memory_order_acquire);
     uint32_t work = 0;
@@ -611,7 +616,7 @@ void Server::PollerLoop() {
       last_work = now;
       continue;
     }
-    if (now - last_work < spin_ns) {
+    if (now - last_work < spin_ns || device_sessions > 0) {
       CpuRelax();
       continue;
     }

@@ -58,6 +58,10 @@ class Session {
   // Marks the session closed: its ring is no longer read and clients see it stopped.
   void MarkStopped();
   bool closing() const { return closing_.load(std::memory_order_acquire); }
+  // Whether the client publishes submissions from a device (ENGRAM_FEATURE_DEVICE_SUBMIT): set
+  // once, before the session is published to the poller.
+  bool device_submit() const { return device_submit_; }
+  void set_device_submit(bool on) { device_submit_ = on; }
   void set_closing() { closing_.store(true, std::memory_order_release); }
 
   std::atomic<uint32_t> inflight{0};
@@ -86,6 +90,7 @@ class Session {
   uint32_t sq_head_ = 0;  // poller-private copy of the consumed position
   std::mutex cq_mutex_;   // daemon-private: completion entries come from several threads
   std::atomic<bool> closing_{false};
+  bool device_submit_ = false;
 };
 
 }  // namespace engram

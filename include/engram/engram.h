@@ -85,7 +85,15 @@ struct engram_connect_options {
                               requests predict for this one (at most 2 ms) */
   const char* client_name; /* shown in statistics; NULL: the program name */
   int64_t timeout_ns;      /* connect + handshake timeout; 0: 5 s */
+  uint32_t flags;          /* ENGRAM_CONNECT_* */
+  uint32_t reserved;       /* 0 */
 };
+
+/* engram_connect_options.flags */
+/* The session's requests come from a GPU kernel (engram/gpu_submit.h), not from this process:
+ * the daemon keeps polling its ring (it cannot be woken by a device), and engram_submit* on it
+ * fail with -EBUSY. -EOPNOTSUPP at connect if the daemon does not offer it. */
+#define ENGRAM_CONNECT_DEVICE_SUBMIT (1u << 0)
 
 /* Fills *ret_options with the defaults (size set). Thread-safe. */
 ENGRAM_API void engram_connect_options_init(struct engram_connect_options* ret_options);
@@ -104,6 +112,24 @@ ENGRAM_API void engram_close(engram_session* session);
 /* The message of the calling thread's last failed call; "" if none. Valid until that thread's
  * next call into the library. Thread-safe (per-thread). */
 ENGRAM_API const char* engram_last_error(void);
+
+/* Where a device producer finds a session's rings: host addresses inside the arena (register
+ * the arena, engram_arena(), and translate them with engram_gpu_device_ptr). */
+struct engram_device_ring {
+  size_t size;                          /* sizeof(struct engram_device_ring), set by caller */
+  struct engram_arena_header* header;   /* sq_tail, daemon_state, completions */
+  struct engram_sqe* sq;                /* slots entries */
+  struct engram_request_status* status; /* slots entries */
+  uint8_t* data;                        /* the data region; SQE offsets are relative to it */
+  uint64_t data_bytes;
+  uint32_t slots;
+  uint32_t reserved;
+};
+
+/* Fills *ret_ring for a session connected with ENGRAM_CONNECT_DEVICE_SUBMIT. Returns 0, -EINVAL
+ * (NULL, a size this library does not know) or -EPERM (the session submits from the host).
+ * Thread-safe. */
+ENGRAM_API int engram_device_ring(engram_session* session, struct engram_device_ring* ret_ring);
 
 /* ---- the data region ------------------------------------------------------------------- */
 

@@ -119,6 +119,14 @@ ENGRAM_API int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t lay
                                        uint32_t head_begin, uint32_t head_end,
                                        uint64_t* ret_row_begin, uint64_t* ret_row_end);
 
+/* The max_ngram_size odd multipliers of layer_id (ret_multipliers[k] multiplies the id at lag
+ * k), as the hash uses them: what a re-implementation of the hash (the GPU hasher in
+ * engram/gpu_hash.h) needs beyond engram_hasher_head_rows. cap is the capacity of
+ * ret_multipliers in entries. Returns 0, -ENOENT (not an Engram layer), -ENOSPC (cap below
+ * max_ngram_size) or -EINVAL. */
+ENGRAM_API int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t layer_id,
+                                         int64_t* ret_multipliers, size_t cap);
+
 /* One sequence of a hash call: its new token ids, and the ids right before them (oldest
  * first, only the last max_ngram_size - 1 matter; fewer means the sequence starts there and
  * the pad id fills in). Chunks hashed with the previous chunk's tail as history give exactly

@@ -26,7 +26,7 @@ extern "C" {
 
 /* A different major version cannot talk to this one; a newer minor only adds features. */
 #define ENGRAM_PROTOCOL_MAJOR 1
-#define ENGRAM_PROTOCOL_MINOR 0
+#define ENGRAM_PROTOCOL_MINOR 1
 
 /* Feature bits, offered by the client in HELLO and granted by the daemon in WELCOME. */
 #define ENGRAM_FEATURE_GATHER (1ull << 0)        /* GATHER submissions in the arena */
@@ -34,14 +34,19 @@ extern "C" {
 #define ENGRAM_FEATURE_TABLE_LIST (1ull << 2)    /* LIST_TABLES control message */
 #define ENGRAM_FEATURE_SESSION_STATS (1ull << 3) /* SESSION_STATS control message */
 #define ENGRAM_FEATURE_COUNTER64 (1ull << 4)     /* 64-bit completion counter in the header */
-/* Reserved for later minors (issues 5, 8): daemon-wide statistics, client listing, combined
- * hash-and-gather submissions. A daemon never grants a bit it does not implement. */
+/* Reserved for later minors: daemon-wide statistics, client listing, combined hash-and-gather
+ * submissions. A daemon never grants a bit it does not implement. */
 #define ENGRAM_FEATURE_DAEMON_STATS (1ull << 5)
 #define ENGRAM_FEATURE_CLIENT_LIST (1ull << 6)
 #define ENGRAM_FEATURE_HASH_GATHER (1ull << 7)
+/* 1.1: submissions published by a device (a GPU kernel) that cannot ring the doorbell. The
+ * daemon keeps polling such a session's ring instead of sleeping (docs/gpu.md, "Requests from
+ * the GPU"); the client's library stops submitting from the host on it. */
+#define ENGRAM_FEATURE_DEVICE_SUBMIT (1ull << 8)
 #define ENGRAM_FEATURES_V1_0                                                        \
   (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
    ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
+#define ENGRAM_FEATURES_V1_1 (ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_DEVICE_SUBMIT)
 
 /* ---- status codes ---------------------------------------------------------------------- */
 

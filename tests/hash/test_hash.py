@@ -240,9 +240,9 @@ def make_tokenizer(d):
     return vocab, added
 
 
-@pytest.fixture(scope="module")
-def tokenizer_model(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tok")
+def build_tokenizer_model(d):
+    """Writes the fixture model (tokenizer.json, config.json, engram-hash.bin) into d; also used
+    by tools/gpu-bundle.sh for the GPU hasher's tokenizer-id test."""
     vocab, added = make_tokenizer(d)
     lookup, count = ref.compressed_lookup(d / "tokenizer.json")
     p = {"layer_ids": [3, 9], "num_embeddings": [], "max_ngram_size": 4, "n_heads": 8,
@@ -257,6 +257,11 @@ def tokenizer_model(tmp_path_factory):
                          text=True)
     assert run.returncode == 0, run.stderr
     return d, vocab, added, lookup, r
+
+
+@pytest.fixture(scope="module")
+def tokenizer_model(tmp_path_factory):
+    return build_tokenizer_model(tmp_path_factory.mktemp("tok"))
 
 
 def fixture_ids(vocab, texts):

@@ -1,0 +1,214 @@
+// A decode step's Engram lookups (one TP4 rank: 16 sequences x 6 tokens, heads [6, 12), both
+// layers, 1,152 rows) three ways, side by side against one engramd:
+//   host gather  the rows' round trip alone: host-hashed ids, engram_submit x2, engram_wait x2;
+//   host step    what an engine does today: hash on the host, submit, make the stream wait on
+//                the completion counter, dequantise on the GPU, synchronise;
+//   GPU step     the captured graph of tests/gpu/gpu_step_util.h: GPU hash into the arena, GPU
+//                submit, GPU wait, dequantise; the host only launches it.
+// Prints p50/p99 wall time per step, the host thread's time per step, and the ratios; checks that
+// the two steps' outputs agree. Needs $ENGRAMD (the bundle's run.sh --bench sets it).
+// Usage: gpu_step_bench [--steps N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/gpu/gpu_step_util.h"
+
+namespace engram {
+namespace {
+
+using testing::CapturedStep;
+using testing::Daemon;
+using testing::DeviceBuffer;
+using testing::DeviceSession;
+using testing::Download;
+using testing::Hashers;
+using testing::kHistory;
+using testing::kLayerIds;
+using testing::kPerSeq;
+using testing::kSeqs;
+using testing::kTokens;
+using testing::StepInputs;
+using Clock = std::chrono::steady_clock;
+
+struct Stats {
+  double p50 = 0, p99 = 0, host_us = 0;
+};
+
+Stats Summarise(std::vector<double> wall_us, double host_total_us) {
+  std::sort(wall_us.begin(), wall_us.end());
+  return {wall_us[wall_us.size() / 2], wall_us[wall_us.size() * 99 / 100],
+          host_total_us / wall_us.size()};
+}
+
+double Us(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+int Steps() {
+  const char* env = std::getenv("ENGRAM_BENCH_STEPS");
+  return env != nullptr ? std::max(100, std::atoi(env)) : 2000;
+}
+
+// The host path's session: row ids and rows per layer in its arena, the arena registered.
+struct HostSession {
+  engram_session* s = nullptr;
+  engram_gpu_registration* reg = nullptr;
+  const volatile uint64_t* counter = nullptr;
+  uint64_t* ids[2] = {};
+  uint8_t* rows[2] = {};
+  explicit HostSession(const Daemon& daemon, uint32_t n) {
+    engram_connect_options o = daemon.Options(16 << 20);
+    REQUIRE(engram_connect(&o, &s) == 0);
+    void* arena = nullptr;
+    uint64_t bytes = 0;
+    REQUIRE(engram_arena(s, &arena, &bytes) == 0);
+    REQUIRE(engram_gpu_register(arena, bytes, &reg) == 0);
+    REQUIRE(engram_completion_counter(s, &counter) == 0);
+    for (int l = 0; l < 2; ++l) {
+      REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&ids[l])) == 0);
+      REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&rows[l])) == 0);
+    }
+  }
+  ~HostSession() {
+    engram_gpu_unregister(reg);
+    engram_close(s);
+  }
+  // Hashes the step's tokens for both layers into the arena.
+  void Hash(const Hashers& h, const StepInputs& in) {
+    std::vector<engram_hash_seq> seqs;
+    for (uint32_t q = 0; q < kSeqs; ++q) {
+      seqs.push_back({sizeof(engram_hash_seq), in.tokens.data() + q * kPerSeq, kPerSeq,
+                      in.history.data() + q * kHistory, kHistory});
+    }
+    const uint32_t n = kTokens * h.heads();
+    for (int l = 0; l < 2; ++l) {
+      REQUIRE(engram_hash(h.host, kLayerIds[l], seqs.data(), kSeqs, h.head_begin, h.head_end,
+                          ENGRAM_HASH_COMPRESSED_IDS, ids[l], n) == 0);
+    }
+  }
+  void Submit(uint32_t n, uint64_t tickets[2]) {
+    for (int l = 0; l < 2; ++l) {
+      engram_gather_request r{};
+      r.size = sizeof(r);
+      r.table = kLayerIds[l];
+      r.rows = ids[l];
+      r.num_rows = n;
+      r.dest = rows[l];
+      REQUIRE(engram_submit(s, &r, &tickets[l]) == 0);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("decode step: host-driven against GPU-driven") {
+  Daemon daemon({}, "gpu-step-bench", testing::HashModel());
+  REQUIRE(daemon.alive());
+  Hashers h;
+  StepInputs in;
+  const uint32_t n = kTokens * h.heads();
+  const int steps = Steps();
+  std::mt19937_64 rng(2026);
+  HostSession host(daemon, n);
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer map(n * 4), out[2] = {DeviceBuffer(n * 512), DeviceBuffer(n * 512)};
+  std::vector<int32_t> identity(n);
+  for (uint32_t i = 0; i < n; ++i) identity[i] = static_cast<int32_t>(i);
+  CUDA_REQUIRE(cudaMemcpy(map.get(), identity.data(), n * 4, cudaMemcpyHostToDevice));
+
+  // Host gather: the rows' round trip through engramd.
+  std::vector<double> wall;
+  for (int i = 0; i < steps + 200; ++i) {
+    in.Randomise(rng);
+    host.Hash(h, in);
+    const auto t0 = Clock::now();
+    uint64_t tickets[2];
+    host.Submit(n, tickets);
+    for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);
+    if (i >= 200) wall.push_back(Us(t0, Clock::now()));
+  }
+  const Stats gather = Summarise(wall, 0);
+
+  // Host step: hash on the host, submit, the stream waits on the counter, dequantise.
+  wall.clear();
+  double host_busy = 0;
+  uint64_t expected = *host.counter;
+  const void* counter_d = engram_gpu_device_ptr(host.reg, const_cast<const uint64_t*>(host.counter));
+  for (int i = 0; i < steps + 200; ++i) {
+    in.Randomise(rng);
+    const auto t0 = Clock::now();
+    host.Hash(h, in);
+    uint64_t tickets[2];
+    host.Submit(n, tickets);
+    expected += 2;
+    ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream), counter_d,
+                                              expected, nullptr));
+    for (int l = 0; l < 2; ++l) {
+      ENGRAM_REQUIRE(engram_dequant_scatter(engram_gpu_device_ptr(host.reg, host.rows[l]), n,
+                                            map.get<int32_t>(), kTokens, h.heads(), out[l].get(),
+                                            nullptr, 0, nullptr,
+                                            reinterpret_cast<uintptr_t>(stream)));
+    }
+    const auto t1 = Clock::now();
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);  // frees the slots
+    if (i >= 200) {
+      wall.push_back(Us(t0, Clock::now()));
+      host_busy += Us(t0, t1);
+    }
+  }
+  const Stats host_step = Summarise(wall, host_busy);
+  const std::vector<uint16_t> host_out = Download(out[1]);
+  const std::vector<int32_t> last_tokens = in.tokens, last_history = in.history;
+
+  // GPU step: the captured graph; the host writes the step's tokens (as a sampler kernel would)
+  // and launches it.
+  DeviceSession ds(daemon, n, 2'000'000'000);
+  CapturedStep step(h, in, ds);
+  wall.clear();
+  host_busy = 0;
+  for (int i = 0; i < steps + 200; ++i) {
+    in.Randomise(rng);  // new tokens in the device buffers, as the sampler leaves them
+    const auto t0 = Clock::now();
+    step.Replay();
+    const auto t1 = Clock::now();
+    step.Sync();
+    if (i >= 200) {
+      wall.push_back(Us(t0, Clock::now()));
+      host_busy += Us(t0, t1);
+    }
+  }
+  REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
+  const Stats gpu_step = Summarise(wall, host_busy);
+  // Same tokens as the host step's last: the outputs must agree bit for bit.
+  in.tokens = last_tokens;
+  in.history = last_history;
+  in.Upload();
+  step.Replay();
+  step.Sync();
+  REQUIRE(Download(step.out[1]) == host_out);
+
+  std::printf("\ndecode step, TP4 rank 1: %u sequences x %u tokens, %u heads, 2 layers = %u rows; "
+              "%d steps each, back to back\n",
+              kSeqs, kPerSeq, h.heads(), 2 * n, steps);
+  std::printf("%-13s %10s %10s %16s\n", "method", "p50 us", "p99 us", "host us/step");
+  std::printf("%-13s %10.1f %10.1f %16s\n", "host gather", gather.p50, gather.p99, "(all)");
+  std::printf("%-13s %10.1f %10.1f %16.1f\n", "host step", host_step.p50, host_step.p99,
+              host_step.host_us);
+  std::printf("%-13s %10.1f %10.1f %16.1f\n", "GPU step", gpu_step.p50, gpu_step.p99,
+              gpu_step.host_us);
+  std::printf("GPU step / host step: p50 %.2fx, p99 %.2fx; GPU step - host gather: p50 %+.1f us\n",
+              gpu_step.p50 / host_step.p50, gpu_step.p99 / host_step.p99,
+              gpu_step.p50 - gather.p50);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace engram

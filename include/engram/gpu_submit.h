@@ -1,0 +1,102 @@
+/* engram/gpu_submit.h: gather requests submitted and awaited by the GPU itself.
+ *
+ * A decode step whose row ids are computed on the GPU (engram/gpu_hash.h) should not hand them
+ * to a host thread to submit: the stream would wait on that thread. A GPU queue lets kernels on
+ * the stream publish the step's gather requests into the session's arena, wait for their
+ * completion, and go on to dequantise the rows, with no host call per step: the whole step is
+ * captured into a CUDA graph once and replayed. The protocol (memory ordering, who writes which
+ * word, ticket recycling, what happens when the daemon is gone) is in docs/gpu.md, "Requests from
+ * the GPU".
+ *
+ * Implemented by libengram_kernels_cuda (HIP: compile-checked only). Conventions: those of
+ * engram/gpu.h (0 or a negative errno, engram_kernels_last_error(), streams as integers).
+ *
+ * Example: one captured step (hash into the arena, gather, dequantise).
+ *
+ *   engram_connect_options o; engram_connect_options_init(&o);
+ *   o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
+ *   engram_connect(&o, &s);                              // the ring now belongs to the GPU
+ *   engram_arena(s, &arena, &arena_bytes);
+ *   engram_gpu_register(arena, arena_bytes, &reg);       // header, rings and data, once
+ *   engram_gpu_queue_create(s, reg, NULL, &q);
+ *   engram_alloc(s, n * 8, &ids); engram_alloc(s, n * 264, &rows);
+ *   struct engram_gpu_request r = {sizeof r, 14, 0, ids, n, rows};
+ *   cudaStreamBeginCapture(stream, ...);
+ *   engram_gpu_hash(gh, &args_writing_into(device_ptr(ids)), stream);
+ *   engram_gpu_queue_gather(q, &r, 1, stream);           // submit + wait, on the GPU
+ *   engram_dequant_scatter(device_ptr(rows), n, map, tokens, heads, out, NULL, 0, NULL, stream);
+ *   cudaStreamEndCapture(stream, &graph);
+ *   ... replay the graph every step; after a step, *engram_gpu_queue_error(q) != 0 means its
+ *   rows are not valid (see the recovery in docs/gpu.md).
+ */
+#ifndef ENGRAM_GPU_SUBMIT_H_
+#define ENGRAM_GPU_SUBMIT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engram/engram.h"
+#include "engram/gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct engram_gpu_queue engram_gpu_queue;
+
+struct engram_gpu_queue_options {
+  size_t size;         /* engram_gpu_queue_options_init sets it */
+  uint64_t timeout_ns; /* how long a device wait may take before it gives up and flags the
+                          step DEADLINE_EXCEEDED; 0: 2 s */
+};
+
+/* Fills *opts with the defaults; size = the caller's sizeof. */
+void engram_gpu_queue_options_init(struct engram_gpu_queue_options* opts, size_t size);
+
+/* A queue over a session connected with ENGRAM_CONNECT_DEVICE_SUBMIT whose whole arena
+ * (engram_arena) is registered as reg. Allocates the queue's device state and a pinned error
+ * word. Not capturable; call it once. Returns 0, -EINVAL, -EPERM (the session submits from the
+ * host), -ENOMEM or -EIO. */
+int engram_gpu_queue_create(engram_session* session, const engram_gpu_registration* reg,
+                            const struct engram_gpu_queue_options* opts,
+                            engram_gpu_queue** ret_queue);
+
+/* Frees the queue; the caller makes sure no queued work still uses it. NULL is a no-op. */
+int engram_gpu_queue_destroy(engram_gpu_queue* queue);
+
+/* One gather, as engram_submit takes it, but published by the GPU. rows and dest are host
+ * addresses inside the session's data region (engram_alloc); their offsets are fixed when the
+ * call is queued, their contents are read when the request runs. */
+struct engram_gpu_request {
+  size_t size;             /* sizeof(struct engram_gpu_request) */
+  uint32_t table;          /* Engram layer id */
+  uint32_t flags;          /* 0 */
+  const uint64_t* rows;    /* num_rows row ids (written by a kernel before the gather runs) */
+  uint64_t num_rows;
+  uint8_t* dest;           /* num_rows x 264 bytes */
+};
+
+/* Queues on stream: a kernel that publishes the n requests into the session's submission ring
+ * (system-scope fences, then the tail), then a kernel that waits until the daemon completed all
+ * of them, the deadline passed, or the daemon stopped. Work queued after it on the stream sees
+ * the rows. n must be at most the session's slots. On any failure the wait records a status
+ * code (enum engram_status_code) in the queue's error word and lets the stream go on.
+ * Capturable: replays reuse the same slots with fresh tickets. Returns 0, -EINVAL or -EIO. */
+int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_request* requests,
+                            uint32_t n, uintptr_t stream);
+
+/* The queue's error word, in pinned host memory: 0 while every step so far succeeded, else the
+ * status code of the first failure (DEADLINE_EXCEEDED for a timeout, UNAVAILABLE when the daemon
+ * stopped, the request's own code otherwise). The host reads it after a step; it stays set
+ * until the host writes 0. */
+volatile int32_t* engram_gpu_queue_error(engram_gpu_queue* queue);
+
+/* Steps the queue has completed (read after synchronising the stream): a device counter copied
+ * back. Returns 0 or -EIO. */
+int engram_gpu_queue_steps(engram_gpu_queue* queue, uint64_t* ret_steps);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ENGRAM_GPU_SUBMIT_H_ */

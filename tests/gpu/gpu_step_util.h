@@ -1,0 +1,197 @@
+// A decode step driven by the GPU, as the GPU step test and benchmark build it: the hashers,
+// the step's device inputs, a session whose ring belongs to the GPU, the captured step (hash,
+// submit, wait, dequantise) and the host path it must equal.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "engram/engram.h"
+#include "engram/gpu.h"
+#include "engram/gpu_hash.h"
+#include "engram/gpu_submit.h"
+#include "engram/hash.h"
+#include "kernels/dequant_ref.h"
+#include "tests/common/daemon_test_util.h"
+#include "tests/common/hash_model.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace engram::testing {
+
+// One TP4 rank of the H200 reference setup: 16 sequences x (1 + 5 speculative tokens), heads
+// [6, 12): 576 rows per layer, 1,152 for the step.
+inline constexpr uint32_t kSeqs = 16, kPerSeq = 6, kTokens = kSeqs * kPerSeq, kHistory = 3;
+inline constexpr uint32_t kLayerIds[2] = {1, 14};
+
+struct Hashers {
+  engram_hasher* host = nullptr;
+  engram_gpu_hasher* gpu = nullptr;
+  uint32_t head_begin = 0, head_end = 0;
+  Hashers() {
+    engram_hasher_opts o;
+    engram_hasher_opts_init(&o);
+    o.flags = ENGRAM_HASHER_COMPRESSED_ONLY;
+    o.compressed_pad_id = kPadId;
+    REQUIRE(engram_hasher_open(HashModel().c_str(), &o, &host) == 0);
+    ENGRAM_REQUIRE(engram_gpu_hasher_create(host, &gpu));
+    REQUIRE(engram_hasher_rank_heads(host, 4, 1, &head_begin, &head_end) == 0);
+  }
+  ~Hashers() {
+    engram_gpu_hasher_destroy(gpu);
+    engram_hasher_close(host);
+  }
+  uint32_t heads() const { return head_end - head_begin; }
+};
+
+// The step's inputs as the engine's sampler would leave them: device buffers, fixed addresses.
+struct StepInputs {
+  std::vector<int32_t> tokens = std::vector<int32_t>(kTokens);
+  std::vector<int32_t> history = std::vector<int32_t>(kSeqs * kHistory);
+  DeviceBuffer tokens_d{kTokens * 4}, starts_d{(kSeqs + 1) * 4}, history_d{kSeqs * kHistory * 4};
+  StepInputs() {
+    std::vector<int32_t> starts(kSeqs + 1);
+    for (uint32_t s = 0; s <= kSeqs; ++s) starts[s] = static_cast<int32_t>(s * kPerSeq);
+    CUDA_REQUIRE(
+        cudaMemcpy(starts_d.get(), starts.data(), starts.size() * 4, cudaMemcpyHostToDevice));
+  }
+  void Randomise(std::mt19937_64& rng) {
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % kCompressedVocab);
+    for (auto& h : history) h = static_cast<int32_t>(rng() % kCompressedVocab);
+    Upload();
+  }
+  void Upload() {
+    CUDA_REQUIRE(cudaMemcpy(tokens_d.get(), tokens.data(), kTokens * 4, cudaMemcpyHostToDevice));
+    CUDA_REQUIRE(
+        cudaMemcpy(history_d.get(), history.data(), history.size() * 4, cudaMemcpyHostToDevice));
+  }
+};
+
+// A session whose ring belongs to the GPU, its arena registered, and per layer the row ids and
+// rows of one step inside its data region.
+struct DeviceSession {
+  engram_session* session = nullptr;
+  engram_gpu_registration* reg = nullptr;
+  engram_gpu_queue* queue = nullptr;
+  uint64_t* ids[2] = {};
+  uint8_t* rows[2] = {};
+  DeviceSession(const Daemon& daemon, uint32_t step_rows, uint64_t timeout_ns) {
+    engram_connect_options o = daemon.Options(16 << 20, 8);
+    o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
+    INFO(engram_last_error());
+    REQUIRE(engram_connect(&o, &session) == 0);
+    void* arena = nullptr;
+    uint64_t arena_bytes = 0;
+    REQUIRE(engram_arena(session, &arena, &arena_bytes) == 0);
+    REQUIRE(engram_gpu_register(arena, arena_bytes, &reg) == 0);
+    for (int l = 0; l < 2; ++l) {
+      REQUIRE(engram_alloc(session, step_rows * 8, reinterpret_cast<void**>(&ids[l])) == 0);
+      REQUIRE(engram_alloc(session, step_rows * kRowBytes, reinterpret_cast<void**>(&rows[l])) ==
+              0);
+    }
+    engram_gpu_queue_options qo;
+    engram_gpu_queue_options_init(&qo, sizeof(qo));
+    qo.timeout_ns = timeout_ns;
+    ENGRAM_REQUIRE(engram_gpu_queue_create(session, reg, &qo, &queue));
+  }
+  ~DeviceSession() {
+    engram_gpu_queue_destroy(queue);
+    engram_gpu_unregister(reg);
+    engram_close(session);
+  }
+  template <typename T>
+  T* dev(const void* host) const {
+    return static_cast<T*>(engram_gpu_device_ptr(reg, host));
+  }
+};
+
+// The captured step: hash both layers into the arena, gather them, dequantise them.
+struct CapturedStep {
+  cudaStream_t stream{};
+  cudaGraphExec_t exec{};
+  DeviceBuffer map, out[2];
+  CapturedStep(const Hashers& h, const StepInputs& in, const DeviceSession& ds)
+      : map(kTokens * h.heads() * 4),
+        out{DeviceBuffer(kTokens * h.heads() * 256 * 2),
+            DeviceBuffer(kTokens * h.heads() * 256 * 2)} {
+    const uint32_t step_rows = kTokens * h.heads();
+    std::vector<int32_t> identity(step_rows);
+    for (uint32_t i = 0; i < step_rows; ++i) identity[i] = static_cast<int32_t>(i);
+    CUDA_REQUIRE(cudaMemcpy(map.get(), identity.data(), step_rows * 4, cudaMemcpyHostToDevice));
+    CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    engram_gpu_request reqs[2];
+    cudaGraph_t graph;
+    CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = 0;
+    for (int l = 0; l < 2 && rc == 0; ++l) {
+      engram_gpu_hash_args a;
+      engram_gpu_hash_args_init(&a, sizeof(a));
+      a.layer_id = kLayerIds[l];
+      a.flags = ENGRAM_HASH_COMPRESSED_IDS;
+      a.head_begin = h.head_begin;
+      a.head_end = h.head_end;
+      a.tokens = in.tokens_d.get<int32_t>();
+      a.n_tokens = kTokens;
+      a.n_seqs = kSeqs;
+      a.seq_starts = in.starts_d.get<int32_t>();
+      a.history = in.history_d.get<int32_t>();
+      a.rows = ds.dev<uint64_t>(ds.ids[l]);
+      rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
+      reqs[l] = {sizeof(engram_gpu_request), kLayerIds[l], 0, ds.ids[l], step_rows, ds.rows[l]};
+    }
+    if (rc == 0) {
+      rc = engram_gpu_queue_gather(ds.queue, reqs, 2, reinterpret_cast<uintptr_t>(stream));
+    }
+    for (int l = 0; l < 2 && rc == 0; ++l) {
+      rc = engram_dequant_scatter(ds.dev<void>(ds.rows[l]), step_rows, map.get<int32_t>(), kTokens,
+                                  h.heads(), out[l].get(), nullptr, 0, nullptr,
+                                  reinterpret_cast<uintptr_t>(stream));
+    }
+    CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+    INFO(engram_kernels_last_error());
+    REQUIRE(rc == 0);
+    CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+  }
+  ~CapturedStep() {
+    cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(stream);
+  }
+  void Replay() { CUDA_REQUIRE(cudaGraphLaunch(exec, stream)); }
+  void Sync() { CUDA_REQUIRE(cudaStreamSynchronize(stream)); }
+};
+
+// The host path for the same step and layer: hash, gather through a host session, dequantise.
+inline std::vector<uint16_t> HostStep(const Hashers& h, engram_session* host, uint64_t* ids, uint8_t* rows,
+                               const StepInputs& in, uint32_t layer) {
+  std::vector<engram_hash_seq> seqs;
+  for (uint32_t s = 0; s < kSeqs; ++s) {
+    seqs.push_back({sizeof(engram_hash_seq), in.tokens.data() + s * kPerSeq, kPerSeq,
+                    in.history.data() + s * kHistory, kHistory});
+  }
+  const uint32_t n = kTokens * h.heads();
+  REQUIRE(engram_hash(h.host, layer, seqs.data(), kSeqs, h.head_begin, h.head_end,
+                      ENGRAM_HASH_COMPRESSED_IDS, ids, n) == 0);
+  engram_gather_request r{};
+  r.size = sizeof(r);
+  r.table = layer;
+  r.rows = ids;
+  r.num_rows = n;
+  r.dest = rows;
+  INFO(engram_last_error());
+  REQUIRE(engram_gather(host, &r, -1) == 0);
+  std::vector<int32_t> identity(n);
+  for (uint32_t i = 0; i < n; ++i) identity[i] = static_cast<int32_t>(i);
+  std::vector<uint16_t> out(n * 256);
+  REQUIRE(DequantScatter({rows, n * kRowBytes}, n, identity, out) == 0);
+  return out;
+}
+
+inline std::vector<uint16_t> Download(const DeviceBuffer& b) {
+  std::vector<uint16_t> v(b.bytes() / 2);
+  CUDA_REQUIRE(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+}  // namespace engram::testing
