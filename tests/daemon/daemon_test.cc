@@ -622,7 +622,9 @@ TEST_CASE("handshakes engramd refuses", "[daemon]") {
     hello.version_minor = 3;
     std::string text = RawHandshake(d.socket(), &hello, sizeof(hello), &code);
     CHECK(code == ENGRAM_STATUS_FAILED_PRECONDITION);
-    CHECK(text == "protocol version mismatch: client speaks 2.3, engramd speaks 1.0");
+    CHECK(text == "protocol version mismatch: client speaks 2.3, engramd speaks " +
+                      std::to_string(ENGRAM_PROTOCOL_MAJOR) + "." +
+                      std::to_string(ENGRAM_PROTOCOL_MINOR));
   }
   SECTION("not our protocol") {
     const char junk[] = "GET / HTTP/1.1\r\n\r\n";

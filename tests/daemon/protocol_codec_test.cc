@@ -34,7 +34,9 @@ TEST_CASE("HELLO decoding", "[codec]") {
   h.version_major = 0;
   CHECK_FALSE(DecodeHello(reinterpret_cast<uint8_t*>(&h), sizeof(h), &out, &e));
   CHECK(e.code == ENGRAM_STATUS_FAILED_PRECONDITION);
-  CHECK(e.message == "protocol version mismatch: client speaks 0.0, engramd speaks 1.0");
+  CHECK(e.message == "protocol version mismatch: client speaks 0.0, engramd speaks " +
+                         std::to_string(ENGRAM_PROTOCOL_MAJOR) + "." +
+                         std::to_string(ENGRAM_PROTOCOL_MINOR));
   h.version_major = ENGRAM_PROTOCOL_MAJOR;
   h.header.bytes = 12;
   CHECK_FALSE(DecodeHello(reinterpret_cast<uint8_t*>(&h), sizeof(h), &out, &e));
