@@ -41,6 +41,7 @@ __version__ = "0.1.0"
 # Names whose modules import torch: loaded on first use (PEP 562).
 _LAZY = {
     "EngramLookup": "lookup",
+    "GpuDecodeStep": "gpu_step",
     "dequantize_rows": "dequant",
     "dequantize_scatter": "dequant",
     "ops": None,
@@ -63,6 +64,7 @@ def __dir__():
 
 __all__ = [
     "Client", "Ticket", "TableInfo", "SessionStats", "ArenaBuffer", "EngramLookup",
+    "GpuDecodeStep",
     "DEFAULT_SOCKET", "ROW_BYTES", "ARRAY_KINDS", "library_path", "protocol_version",
     "dequantize_rows", "dequantize_scatter", "split_rows", "RowView", "decode_e4m3",
     "decode_e8m0", "dequantize_numpy", "Float8UnavailableError",

@@ -45,7 +45,12 @@ class ConnectOptions(ctypes.Structure):
         ("spin_ns", c_u32),
         ("client_name", c_char_p),
         ("timeout_ns", c_i64),
+        ("flags", c_u32),
+        ("reserved", c_u32),
     ]
+
+
+CONNECT_DEVICE_SUBMIT = 1  # ENGRAM_CONNECT_DEVICE_SUBMIT
 
 
 class GatherRequest(ctypes.Structure):

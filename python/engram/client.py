@@ -160,13 +160,17 @@ class Client:
         slots: requests in flight at once; 0: the library's default (64).
         client_name: shown in the daemon's statistics; None: the program name.
         timeout: seconds allowed for connecting and the handshake; None: the library's 5 s.
+        device_submit: hand the session's submission ring to a GPU producer (what
+            engram.GpuDecodeStep does); host-side gathers on it then fail (EngramError,
+            errno EBUSY).
 
     Methods are thread-safe. Errors raise engram.EngramError subclasses (ConnectionError when
     no daemon listens or the session was lost, ValueError for a bad table or row, ...).
     """
 
     def __init__(self, socket: Optional[str] = None, *, data_bytes: int = 0, slots: int = 0,
-                 client_name: Optional[str] = None, timeout: Optional[float] = None):
+                 client_name: Optional[str] = None, timeout: Optional[float] = None,
+                 device_submit: bool = False):
         lib = _lib.client_lib()
         self._lib = lib
         options = _lib.ConnectOptions()
@@ -179,6 +183,8 @@ class Client:
         options.slots = slots
         options.client_name = self._name_bytes
         options.timeout_ns = 0 if timeout is None else max(1, int(timeout * _NS))
+        # The ring then belongs to a GPU producer (engram.GpuDecodeStep): host submits fail.
+        options.flags = _lib.CONNECT_DEVICE_SUBMIT if device_submit else 0
         handle = ctypes.c_void_p()
         _lib.check(lib.engram_connect(ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle

@@ -268,3 +268,12 @@ def test_threads_share_a_client(client, expected_rows):
     for t in threads:
         t.join()
     assert not failures, failures
+
+
+def test_host_gathers_on_a_device_session_are_refused(daemon):
+    # A session whose ring belongs to a GPU producer (engram.GpuDecodeStep) takes no host
+    # submissions: two producers would race on the ring's tail.
+    with engram.Client(daemon.socket, device_submit=True) as c:
+        with pytest.raises(engram.EngramError) as e:
+            c.gather(14, [1, 2, 3])
+        assert "GPU producer" in str(e.value)
