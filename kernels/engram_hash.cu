@@ -193,6 +193,9 @@ int engram_gpu_hasher_create(const engram_hasher* hasher, engram_gpu_hasher** re
   if (hasher == nullptr || ret_gpu_hasher == nullptr) {
     return Fail(EINVAL, "engram_gpu_hasher_create: NULL argument");
   }
+  if (const gpuError_t st = PreloadKernel(HashKernel); st != gpuSuccess) {
+    return FailRuntime("engram_gpu_hasher_create: loading the hash kernel", st);
+  }
   auto* g = new (std::nothrow) engram_gpu_hasher;
   if (g == nullptr) return Fail(ENOMEM, "engram_gpu_hasher_create: out of memory");
   std::vector<uint64_t> words;  // per layer: its heads' primes, then their first rows

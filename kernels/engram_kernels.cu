@@ -86,18 +86,45 @@ __device__ __forceinline__ uint32_t DequantOne(uint32_t byte, float scale, bool 
   return FloatToBf16Bits(E4M3ToFloat(byte) * scale);
 }
 
+// Where slot s's row comes from: a compact array of gathered rows and an int32 index map
+// (negative: padding), or a table mapped in place and absolute uint64 row ids.
+struct MappedRows {
+  const uint8_t* rows;
+  uint32_t num_rows;
+  const int32_t* index_map;
+  // The row of `slot`, nullptr when there is none; *ret_padding says whether that is padding
+  // (+0.0) or a bad index (NaN, counted).
+  __device__ __forceinline__ const uint8_t* Row(uint64_t slot, bool* ret_padding) const {
+    const int32_t index = index_map[slot];
+    *ret_padding = index < 0;
+    if (index < 0 || static_cast<uint32_t>(index) >= num_rows) return nullptr;
+    return rows + uint64_t(index) * kRowBytes;
+  }
+};
+struct TableRows {
+  const uint8_t* table;  // row row_begin of the table
+  uint64_t row_begin, num_rows;
+  const uint64_t* row_ids;
+  __device__ __forceinline__ const uint8_t* Row(uint64_t slot, bool* ret_padding) const {
+    const uint64_t id = row_ids[slot];
+    *ret_padding = false;
+    if (id < row_begin || id - row_begin >= num_rows) return nullptr;
+    return table + (id - row_begin) * kRowBytes;
+  }
+};
+
+template <typename Source>
 __global__ void __launch_bounds__(kBlockThreads)
-    DequantScatterKernel(const uint8_t* __restrict__ rows, uint32_t num_rows,
-                         const int32_t* __restrict__ index_map, uint64_t slots,
-                         uint16_t* __restrict__ out, uint32_t* bad_index_count) {
+    DequantKernel(Source source, uint64_t slots, uint16_t* __restrict__ out,
+                  uint32_t* bad_index_count) {
   const uint32_t lane = threadIdx.x % kThreadsPerSlot;
   const uint64_t first = uint64_t{blockIdx.x} * kSlotsPerBlock + threadIdx.x / kThreadsPerSlot;
   const uint64_t stride = uint64_t{gridDim.x} * kSlotsPerBlock;
   for (uint64_t slot = first; slot < slots; slot += stride) {
-    const int32_t index = index_map[slot];
+    bool padding = false;
+    const uint8_t* row = source.Row(slot, &padding);
     uint4 packed;
-    if (index >= 0 && static_cast<uint32_t>(index) < num_rows) {
-      const uint8_t* row = rows + uint64_t(index) * kRowBytes;
+    if (row != nullptr) {
       // 8 value bytes per thread: one 8-byte load (rows are 264 = 33 * 8 bytes apart).
       const uint2 values = *reinterpret_cast<const uint2*>(row + lane * kValuesPerThread);
       const uint32_t scale_byte = row[kRowValues + lane * kValuesPerThread / 32];
@@ -113,7 +140,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       packed.y = half[2] | (half[3] << 16);
       packed.z = half[4] | (half[5] << 16);
       packed.w = half[6] | (half[7] << 16);
-    } else if (index < 0) {
+    } else if (padding) {
       packed = make_uint4(0, 0, 0, 0);  // padding slot: +0.0
     } else {
       const uint32_t nan2 = ENGRAM_GPU_BF16_NAN | (ENGRAM_GPU_BF16_NAN << 16);
@@ -145,23 +172,13 @@ int EnsureKernelsLoaded() {
   static gpuError_t status = gpuSuccess;
   static const char* which = "";
   std::call_once(once, [] {
-#if defined(ENGRAM_HIP)
-    hipFuncAttributes attributes;
-    status = hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(DequantScatterKernel));
-    which = "DequantScatterKernel";
+    which = "DequantKernel";
+    status = PreloadKernel(DequantKernel<MappedRows>);
+    if (status == gpuSuccess) status = PreloadKernel(DequantKernel<TableRows>);
     if (status == gpuSuccess) {
-      status = hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(WaitTicketKernel));
       which = "WaitTicketKernel";
+      status = PreloadKernel(WaitTicketKernel);
     }
-#else
-    cudaFuncAttributes attributes;
-    status = cudaFuncGetAttributes(&attributes, DequantScatterKernel);
-    which = "DequantScatterKernel";
-    if (status == gpuSuccess) {
-      status = cudaFuncGetAttributes(&attributes, WaitTicketKernel);
-      which = "WaitTicketKernel";
-    }
-#endif
   });
   if (status != gpuSuccess) {
     char call[96];
@@ -236,6 +253,20 @@ bool Has64BitMemOps() {
 }
 #endif
 
+template <typename Source>
+int LaunchDequant(const Source& source, uint64_t slots, void* out, uint32_t* bad_index_count,
+                  gpuStream_t stream, const char* what) {
+  uint64_t blocks = (slots + kSlotsPerBlock - 1) / kSlotsPerBlock;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  DequantKernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(
+      source, slots, static_cast<uint16_t*>(out), bad_index_count);
+  const gpuError_t status = gpuGetLastError();
+  if (status == gpuSuccess) return 0;
+  char call[96];
+  snprintf(call, sizeof(call), "%s: kernel launch", what);
+  return FailRuntime(call, status);
+}
+
 }  // namespace
 
 extern "C" {
@@ -286,13 +317,29 @@ int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* i
     if (status != gpuSuccess) return FailRuntime("engram_dequant_scatter: row copy", status);
     source = static_cast<const uint8_t*>(staging);
   }
-  uint64_t blocks = (slots + kSlotsPerBlock - 1) / kSlotsPerBlock;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  DequantScatterKernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, s>>>(
-      source, num_rows, index_map, slots, static_cast<uint16_t*>(out), bad_index_count);
-  const gpuError_t status = gpuGetLastError();
-  if (status != gpuSuccess) return FailRuntime("engram_dequant_scatter: kernel launch", status);
-  return 0;
+  return LaunchDequant(MappedRows{source, num_rows, index_map}, slots, out, bad_index_count, s,
+                       "engram_dequant_scatter");
+}
+
+int engram_dequant_gather(const void* table, uint64_t row_begin, uint64_t num_rows,
+                          const uint64_t* row_ids, uint32_t tokens, uint32_t heads, void* out,
+                          uint32_t* bad_index_count, uintptr_t stream) {
+  const uint64_t slots = uint64_t{tokens} * heads;
+  if (slots > 0 && (table == nullptr || row_ids == nullptr || out == nullptr)) {
+    return Fail(EINVAL, "engram_dequant_gather: table (%p), row_ids (%p) and out (%p) must be "
+                "set for %u tokens x %u heads", table, static_cast<const void*>(row_ids), out,
+                tokens, heads);
+  }
+  if (reinterpret_cast<uintptr_t>(table) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return Fail(EINVAL, "engram_dequant_gather: table %p must be 8-byte and out %p 16-byte "
+                "aligned", table, out);
+  }
+  if (slots == 0) return 0;
+  if (int rc = EnsureKernelsLoaded(); rc != 0) return rc;
+  return LaunchDequant(TableRows{static_cast<const uint8_t*>(table), row_begin, num_rows, row_ids},
+                       slots, out, bad_index_count, reinterpret_cast<gpuStream_t>(stream),
+                       "engram_dequant_gather");
 }
 
 int engram_stream_wait_value64(uintptr_t stream, const void* addr, uint64_t value,

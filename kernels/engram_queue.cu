@@ -191,6 +191,11 @@ int engram_gpu_queue_create(engram_session* session, const engram_gpu_registrati
     }
     std::memcpy(&o, opts, opts->size);
   }
+  gpuError_t loaded = PreloadKernel(SubmitKernel);
+  if (loaded == gpuSuccess) loaded = PreloadKernel(WaitKernel);
+  if (loaded != gpuSuccess) {
+    return FailRuntime("engram_gpu_queue_create: loading the queue kernels", loaded);
+  }
   auto* q = new (std::nothrow) engram_gpu_queue;
   if (q == nullptr) return Fail(ENOMEM, "engram_gpu_queue_create: out of memory");
   if (o.timeout_ns != 0) q->timeout_ns = o.timeout_ns;

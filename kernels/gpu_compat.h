@@ -71,3 +71,18 @@ __device__ __forceinline__ unsigned long long EngramGpuNowNs() {
 #define ENGRAM_GPU_NOW_NS() EngramGpuNowNs()
 #define ENGRAM_GPU_PAUSE() __nanosleep(256)
 #endif
+
+// Loads `kernel`'s module into the current context now. With lazy module loading (CUDA's
+// default since 12.2) a kernel otherwise loads at its first launch, and that load can wait
+// behind a stream parked on a completion wait; every library entry point that launches a
+// kernel loads it first, outside any capture.
+template <typename Kernel>
+inline gpuError_t PreloadKernel(Kernel kernel) {
+#if defined(ENGRAM_HIP)
+  hipFuncAttributes attributes;
+  return hipFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel));
+#else
+  cudaFuncAttributes attributes;
+  return cudaFuncGetAttributes(&attributes, kernel);
+#endif
+}

@@ -4,7 +4,10 @@
 //   host step    what an engine does today: hash on the host, submit, make the stream wait on
 //                the completion counter, dequantise on the GPU, synchronise;
 //   GPU step     the captured graph of tests/gpu/gpu_step_util.h: GPU hash into the arena, GPU
-//                submit, GPU wait, dequantise; the host only launches it.
+//                submit, GPU wait, dequantise; the host only launches it;
+//   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
+//                from a copy of each layer's table in registered host memory (what a resident
+//                table's mapping gives a client), no daemon request at all.
 // Prints p50/p99 wall time per step, the host thread's time per step, and the ratios; checks that
 // the two steps' outputs agree. Needs $ENGRAMD (the bundle's run.sh --bench sets it).
 // Usage: gpu_step_bench [--steps N]
@@ -15,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -141,7 +145,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   wall.clear();
   double host_busy = 0;
   uint64_t expected = *host.counter;
-  const void* counter_d = engram_gpu_device_ptr(host.reg, const_cast<const uint64_t*>(host.counter));
+  const void* counter_d =
+      engram_gpu_device_ptr(host.reg, const_cast<const uint64_t*>(host.counter));
   for (int i = 0; i < steps + 200; ++i) {
     in.Randomise(rng);
     const auto t0 = Clock::now();
@@ -152,10 +157,9 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream), counter_d,
                                               expected, nullptr));
     for (int l = 0; l < 2; ++l) {
-      ENGRAM_REQUIRE(engram_dequant_scatter(engram_gpu_device_ptr(host.reg, host.rows[l]), n,
-                                            map.get<int32_t>(), kTokens, h.heads(), out[l].get(),
-                                            nullptr, 0, nullptr,
-                                            reinterpret_cast<uintptr_t>(stream)));
+      ENGRAM_REQUIRE(engram_dequant_scatter(
+          engram_gpu_device_ptr(host.reg, host.rows[l]), n, map.get<int32_t>(), kTokens, h.heads(),
+          out[l].get(), nullptr, 0, nullptr, reinterpret_cast<uintptr_t>(stream)));
     }
     const auto t1 = Clock::now();
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
@@ -196,15 +200,97 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   step.Sync();
   REQUIRE(Download(step.out[1]) == host_out);
 
-  std::printf("\ndecode step, TP4 rank 1: %u sequences x %u tokens, %u heads, 2 layers = %u rows; "
-              "%d steps each, back to back\n",
-              kSeqs, kPerSeq, h.heads(), 2 * n, steps);
+  // In place: every row of both tables copied once into registered host memory (gathered
+  // through the host session), then hash + dequant-gather in one graph.
+  std::vector<uint64_t> table_rows(2);
+  for (int l = 0; l < 2; ++l) {
+    uint64_t begin = 0;
+    REQUIRE(engram_hasher_head_rows(h.host, kLayerIds[l], 0, 24, &begin, &table_rows[l]) == 0);
+  }
+  testing::RegisteredHostBuffer tables((table_rows[0] + table_rows[1]) * kRowBytes);
+  for (int l = 0; l < 2; ++l) {
+    uint8_t* base = tables.host<uint8_t>() + (l == 0 ? 0 : table_rows[0] * kRowBytes);
+    for (uint64_t first = 0; first < table_rows[l]; first += n) {
+      const uint64_t count = std::min<uint64_t>(n, table_rows[l] - first);
+      for (uint64_t i = 0; i < count; ++i) host.ids[0][i] = first + i;
+      engram_gather_request r{};
+      r.size = sizeof(r);
+      r.table = kLayerIds[l];
+      r.rows = host.ids[0];
+      r.num_rows = count;
+      r.dest = host.rows[0];
+      REQUIRE(engram_gather(host.s, &r, -1) == 0);
+      std::memcpy(base + first * kRowBytes, host.rows[0], count * kRowBytes);
+    }
+  }
+  DeviceBuffer ids_d[2] = {DeviceBuffer(n * 8), DeviceBuffer(n * 8)};
+  cudaGraphExec_t inplace_exec;
+  {
+    cudaGraph_t graph;
+    CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = 0;
+    for (int l = 0; l < 2 && rc == 0; ++l) {
+      engram_gpu_hash_args a;
+      engram_gpu_hash_args_init(&a, sizeof(a));
+      a.layer_id = kLayerIds[l];
+      a.flags = ENGRAM_HASH_COMPRESSED_IDS;
+      a.head_begin = h.head_begin;
+      a.head_end = h.head_end;
+      a.tokens = in.tokens_d.get<int32_t>();
+      a.n_tokens = kTokens;
+      a.n_seqs = kSeqs;
+      a.seq_starts = in.starts_d.get<int32_t>();
+      a.history = in.history_d.get<int32_t>();
+      a.rows = ids_d[l].get<uint64_t>();
+      rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
+      if (rc == 0) {
+        rc = engram_dequant_gather(tables.device(l == 0 ? 0 : table_rows[0] * kRowBytes), 0,
+                                   table_rows[l], ids_d[l].get<uint64_t>(), kTokens, h.heads(),
+                                   out[l].get(), nullptr, reinterpret_cast<uintptr_t>(stream));
+      }
+    }
+    CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+    INFO(engram_kernels_last_error());
+    REQUIRE(rc == 0);
+    CUDA_REQUIRE(cudaGraphInstantiate(&inplace_exec, graph, 0));
+    cudaGraphDestroy(graph);
+  }
+  wall.clear();
+  host_busy = 0;
+  for (int i = 0; i < steps + 200; ++i) {
+    in.Randomise(rng);
+    const auto t0 = Clock::now();
+    CUDA_REQUIRE(cudaGraphLaunch(inplace_exec, stream));
+    const auto t1 = Clock::now();
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    if (i >= 200) {
+      wall.push_back(Us(t0, Clock::now()));
+      host_busy += Us(t0, t1);
+    }
+  }
+  const Stats in_place = Summarise(wall, host_busy);
+  in.tokens = last_tokens;
+  in.history = last_history;
+  in.Upload();
+  CUDA_REQUIRE(cudaGraphLaunch(inplace_exec, stream));
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  REQUIRE(Download(out[1]) == host_out);
+  cudaGraphExecDestroy(inplace_exec);
+
+  std::printf(
+      "\ndecode step, TP4 rank 1: %u sequences x %u tokens, %u heads, 2 layers = %u rows; "
+      "%d steps each, back to back\n",
+      kSeqs, kPerSeq, h.heads(), 2 * n, steps);
   std::printf("%-13s %10s %10s %16s\n", "method", "p50 us", "p99 us", "host us/step");
   std::printf("%-13s %10.1f %10.1f %16s\n", "host gather", gather.p50, gather.p99, "(all)");
   std::printf("%-13s %10.1f %10.1f %16.1f\n", "host step", host_step.p50, host_step.p99,
               host_step.host_us);
   std::printf("%-13s %10.1f %10.1f %16.1f\n", "GPU step", gpu_step.p50, gpu_step.p99,
               gpu_step.host_us);
+  std::printf("%-13s %10.1f %10.1f %16.1f   (tables of %llu + %llu rows in registered memory)\n",
+              "in place", in_place.p50, in_place.p99, in_place.host_us,
+              static_cast<unsigned long long>(table_rows[0]),
+              static_cast<unsigned long long>(table_rows[1]));
   std::printf("GPU step / host step: p50 %.2fx, p99 %.2fx; GPU step - host gather: p50 %+.1f us\n",
               gpu_step.p50 / host_step.p50, gpu_step.p99 / host_step.p99,
               gpu_step.p50 - gather.p50);

@@ -110,6 +110,18 @@ int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* i
                            uint32_t tokens, uint32_t heads, void* out, void* staging,
                            size_t staging_bytes, uint32_t* bad_index_count, uintptr_t stream);
 
+/* The same dequantisation, reading rows in place from a table mapped for the GPU (a resident
+ * table's read-only mapping, registered with engram_gpu_register) by their absolute row ids:
+ * slot s = token * heads + head receives row row_ids[s], found at
+ * table + (row_ids[s] - row_begin) * 264. A row id outside [row_begin, row_begin + num_rows)
+ * (e.g. UINT64_MAX, what engram_gpu_hash writes for a bad token id) is written as NaN and, if
+ * bad_index_count is not NULL, counted. No request reaches the daemon: the GPU reads the rows
+ * over the bus, which suits decode-sized batches (random 264-byte reads over PCIe are bound by
+ * the number of requests; docs/gpu.md). Returns 0, -EINVAL, -ENODEV/-EIO. Capturable. */
+int engram_dequant_gather(const void* table, uint64_t row_begin, uint64_t num_rows,
+                          const uint64_t* row_ids, uint32_t tokens, uint32_t heads, void* out,
+                          uint32_t* bad_index_count, uintptr_t stream);
+
 /* Makes the stream wait, on the GPU, until the 64-bit word at addr (device pointer, e.g. the
  * registered completion counter) reaches value: (int64_t)(*addr - value) >= 0. Nothing on the
  * host waits. Uses cuStreamWaitValue64 (hipStreamWaitValue64); where the device lacks 64-bit
