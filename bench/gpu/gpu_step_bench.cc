@@ -230,18 +230,7 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     int rc = 0;
     for (int l = 0; l < 2 && rc == 0; ++l) {
-      engram_gpu_hash_args a;
-      engram_gpu_hash_args_init(&a, sizeof(a));
-      a.layer_id = kLayerIds[l];
-      a.flags = ENGRAM_HASH_COMPRESSED_IDS;
-      a.head_begin = h.head_begin;
-      a.head_end = h.head_end;
-      a.tokens = in.tokens_d.get<int32_t>();
-      a.n_tokens = kTokens;
-      a.n_seqs = kSeqs;
-      a.seq_starts = in.starts_d.get<int32_t>();
-      a.history = in.history_d.get<int32_t>();
-      a.rows = ids_d[l].get<uint64_t>();
+      const engram_gpu_hash_args a = in.HashArgs(h, kLayerIds[l], ids_d[l].get<uint64_t>());
       rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
       if (rc == 0) {
         rc = engram_dequant_gather(tables.device(l == 0 ? 0 : table_rows[0] * kRowBytes), 0,

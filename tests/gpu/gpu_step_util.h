@@ -61,6 +61,22 @@ struct StepInputs {
     for (auto& h : history) h = static_cast<int32_t>(rng() % kCompressedVocab);
     Upload();
   }
+  // The GPU hash of these inputs for `layer`, the rank's heads, into `rows_d`.
+  engram_gpu_hash_args HashArgs(const Hashers& h, uint32_t layer, uint64_t* rows_d) const {
+    engram_gpu_hash_args a;
+    engram_gpu_hash_args_init(&a, sizeof(a));
+    a.layer_id = layer;
+    a.flags = ENGRAM_HASH_COMPRESSED_IDS;
+    a.head_begin = h.head_begin;
+    a.head_end = h.head_end;
+    a.tokens = tokens_d.get<int32_t>();
+    a.n_tokens = kTokens;
+    a.n_seqs = kSeqs;
+    a.seq_starts = starts_d.get<int32_t>();
+    a.history = history_d.get<int32_t>();
+    a.rows = rows_d;
+    return a;
+  }
   void Upload() {
     CUDA_REQUIRE(cudaMemcpy(tokens_d.get(), tokens.data(), kTokens * 4, cudaMemcpyHostToDevice));
     CUDA_REQUIRE(
@@ -125,18 +141,7 @@ struct CapturedStep {
     CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     int rc = 0;
     for (int l = 0; l < 2 && rc == 0; ++l) {
-      engram_gpu_hash_args a;
-      engram_gpu_hash_args_init(&a, sizeof(a));
-      a.layer_id = kLayerIds[l];
-      a.flags = ENGRAM_HASH_COMPRESSED_IDS;
-      a.head_begin = h.head_begin;
-      a.head_end = h.head_end;
-      a.tokens = in.tokens_d.get<int32_t>();
-      a.n_tokens = kTokens;
-      a.n_seqs = kSeqs;
-      a.seq_starts = in.starts_d.get<int32_t>();
-      a.history = in.history_d.get<int32_t>();
-      a.rows = ds.dev<uint64_t>(ds.ids[l]);
+      const engram_gpu_hash_args a = in.HashArgs(h, kLayerIds[l], ds.dev<uint64_t>(ds.ids[l]));
       rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
       reqs[l] = {sizeof(engram_gpu_request), kLayerIds[l], 0, ds.ids[l], step_rows, ds.rows[l]};
     }
@@ -163,8 +168,8 @@ struct CapturedStep {
 };
 
 // The host path for the same step and layer: hash, gather through a host session, dequantise.
-inline std::vector<uint16_t> HostStep(const Hashers& h, engram_session* host, uint64_t* ids, uint8_t* rows,
-                               const StepInputs& in, uint32_t layer) {
+inline std::vector<uint16_t> HostStep(const Hashers& h, engram_session* host, uint64_t* ids,
+                                      uint8_t* rows, const StepInputs& in, uint32_t layer) {
   std::vector<engram_hash_seq> seqs;
   for (uint32_t s = 0; s < kSeqs; ++s) {
     seqs.push_back({sizeof(engram_hash_seq), in.tokens.data() + s * kPerSeq, kPerSeq,
