@@ -11,8 +11,8 @@
 
 namespace {
 
-constexpr uint32_t kRowBytes = ENGRAM_GPU_ROW_BYTES;
-constexpr uint32_t kRowValues = ENGRAM_GPU_ROW_VALUES;
+constexpr uint32_t kRowBytes = ENGRAM_ROW_BYTES;
+constexpr uint32_t kRowValues = ENGRAM_ROW_VALUES;
 // A group of 32 threads handles one output slot: 8 values (8 bytes in, 16 bytes out) each.
 constexpr uint32_t kThreadsPerSlot = 32;
 constexpr uint32_t kValuesPerThread = kRowValues / kThreadsPerSlot;

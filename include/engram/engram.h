@@ -62,14 +62,14 @@ extern "C" {
 
 /* engram_hasher and struct engram_hash_seq, for engram_submit_tokens(). */
 #include "engram/hash.h"
+/* ENGRAM_ROW_BYTES (264) and enum engram_table_layout. */
+#include "engram/row.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define ENGRAM_DEFAULT_SOCKET "/run/engramd/engramd.sock"
-/* Bytes per row as gathered: 256 FP8 E4M3 values, then 8 E8M0 scales. */
-#define ENGRAM_ROW_BYTES 264u
 
 typedef struct engram_session engram_session;
 
@@ -167,7 +167,9 @@ ENGRAM_API int engram_arena(engram_session* session, void** ret_base, uint64_t* 
 
 /* ---- tables and statistics ------------------------------------------------------------- */
 
-enum engram_table_layout_kind { ENGRAM_TABLE_CHECKPOINT = 0, ENGRAM_TABLE_PACKED = 1 };
+/* Older names of enum engram_table_layout's values (engram/row.h). */
+#define ENGRAM_TABLE_CHECKPOINT ENGRAM_LAYOUT_CHECKPOINT
+#define ENGRAM_TABLE_PACKED ENGRAM_LAYOUT_PACKED
 
 struct engram_table_info {
   uint32_t layer_id;
@@ -175,7 +177,7 @@ struct engram_table_info {
   uint64_t num_rows;  /* of the whole logical table */
   uint64_t covered_begin; /* rows this daemon serves: [covered_begin, covered_end) */
   uint64_t covered_end;
-  uint32_t layout; /* enum engram_table_layout_kind */
+  uint32_t layout; /* enum engram_table_layout */
   uint32_t files;
   uint64_t data_bytes;
 };

@@ -38,13 +38,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engram/row.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* One gathered row: 256 FP8 E4M3 values, then 8 E8M0 scales (one per 32 values). */
-#define ENGRAM_GPU_ROW_BYTES 264
-#define ENGRAM_GPU_ROW_VALUES 256
+/* One gathered row (engram/row.h): 256 FP8 E4M3 values, then 8 E8M0 scales. The _GPU_ names are
+ * the older spellings of ENGRAM_ROW_BYTES and ENGRAM_ROW_VALUES. */
+#define ENGRAM_GPU_ROW_BYTES ENGRAM_ROW_BYTES
+#define ENGRAM_GPU_ROW_VALUES ENGRAM_ROW_VALUES
 /* bf16 bit pattern written for a NaN input (e4m3 0x7F/0xFF, or scale byte 255) and for a slot
  * whose index is out of range. */
 #define ENGRAM_GPU_BF16_NAN 0x7FC0
