@@ -24,17 +24,20 @@
 #include <string>
 #include <vector>
 
-#include "protocol/clock.h"
-#include "protocol/codec.h"
+#include "client/abi_struct.h"
+#include "client/last_error.h"
 #include "engram/engram.h"
 #include "engram/protocol.h"
+#include "protocol/clock.h"
+#include "protocol/codec.h"
 
 namespace {
 
 namespace proto = engram::protocol;
+using engram::client::ReadStruct;
+using engram::client::SetError;
+using engram::client::WriteStruct;
 
-constexpr uint64_t kDefaultDataBytes = uint64_t{64} << 20;
-constexpr uint32_t kDefaultSlots = 64;
 constexpr uint32_t kDefaultSpinNs = 50'000;
 // Adaptive spinning (spin_ns = 0) spins up to the service time predicted from the session's
 // recent requests, within these bounds.
@@ -42,19 +45,6 @@ constexpr int64_t kAdaptiveSpinMaxNs = 2'000'000;
 constexpr int64_t kDefaultTimeoutNs = 5'000'000'000;
 // While sleeping, a waiter wakes this often to check that the daemon is still there.
 constexpr int64_t kLivenessCheckNs = 20'000'000;
-
-thread_local std::string g_last_error;
-
-int SetError(int neg_errno, const char* format, ...) __attribute__((format(printf, 2, 3)));
-int SetError(int neg_errno, const char* format, ...) {
-  char buffer[1024];
-  va_list args;
-  va_start(args, format);
-  vsnprintf(buffer, sizeof(buffer), format, args);
-  va_end(args);
-  g_last_error = buffer;
-  return neg_errno;
-}
 
 int ErrnoForCode(int32_t code) {
   switch (code) {
@@ -333,21 +323,18 @@ int FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
 
 extern "C" {
 
-void engram_connect_options_init(struct engram_connect_options* ret_options) {
-  memset(ret_options, 0, sizeof(*ret_options));
-  ret_options->size = sizeof(*ret_options);
+void engram_connect_options_init(struct engram_connect_options* ret_options, size_t size) {
+  engram_connect_options defaults{};
+  defaults.size = sizeof(defaults);
+  engram::client::InitStruct(defaults, ret_options, size);
 }
+
 
 int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
   struct engram_connect_options o;
-  engram_connect_options_init(&o);
+  engram_connect_options_init(&o, sizeof(o));
   if (options != nullptr) {
-    if (options->size < offsetof(engram_connect_options, timeout_ns) || options->size > sizeof(o)) {
-      return SetError(-EINVAL, "engram_connect_options.size is %zu; set it to sizeof (%zu)",
-                      options->size, sizeof(o));
-    }
-    memcpy(&o, options, options->size);
-    o.size = sizeof(o);
+    if (int rc = ReadStruct("engram_connect_options", options, &o); rc < 0) return rc;
   }
   if (ret_session == nullptr) return SetError(-EINVAL, "ret_session is NULL");
   std::string path;
@@ -365,8 +352,9 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
                     sizeof(addr.sun_path) - 1);
   }
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const uint64_t data_bytes = o.data_bytes != 0 ? o.data_bytes : kDefaultDataBytes;
-  const uint32_t slots = o.slots != 0 ? o.slots : kDefaultSlots;
+  // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
+  const uint64_t data_bytes = o.data_bytes;
+  const uint32_t slots = o.slots;
   if (slots > ENGRAM_MAX_SLOTS) {
     return SetError(-EINVAL, "%u slots asked, at most %u", slots, ENGRAM_MAX_SLOTS);
   }
@@ -481,7 +469,7 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
 
 void engram_close(engram_session* session) { delete session; }
 
-const char* engram_last_error(void) { return g_last_error.c_str(); }
+uint32_t engram_row_bytes(void) { return ENGRAM_ROW_BYTES; }
 
 int engram_data_region(engram_session* s, void** ret_base, uint64_t* ret_bytes) {
   if (s == nullptr || ret_base == nullptr || ret_bytes == nullptr) {
@@ -568,10 +556,9 @@ int engram_submit(engram_session* s, const struct engram_gather_request* request
   if (s == nullptr || request == nullptr || ret_ticket == nullptr) {
     return SetError(-EINVAL, "engram_submit needs a session, a request and ret_ticket");
   }
-  if (request->size != sizeof(engram_gather_request)) {
-    return SetError(-EINVAL, "engram_gather_request.size is %zu; set it to sizeof (%zu)",
-                    request->size, sizeof(engram_gather_request));
-  }
+  engram_gather_request r{};
+  if (int rc = ReadStruct("engram_gather_request", request, &r); rc < 0) return rc;
+  request = &r;
   if (request->flags != 0) return SetError(-EINVAL, "unknown request flags 0x%x", request->flags);
   const uint64_t n = request->num_rows;
   engram_sqe sqe{};
@@ -689,11 +676,8 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
     return SetError(-EINVAL,
                     "engram_submit_tokens needs a session, a hasher, a request and ret_ticket");
   }
-  if (request->size != sizeof(engram_token_request)) {
-    return SetError(-EINVAL, "engram_token_request.size is %zu; set it to sizeof (%zu)",
-                    request->size, sizeof(engram_token_request));
-  }
-  const engram_token_request& r = *request;
+  engram_token_request r{};
+  if (int rc = ReadStruct("engram_token_request", request, &r); rc < 0) return rc;
   if ((r.flags & ~ENGRAM_HASH_COMPRESSED_IDS) != 0) {
     return SetError(-EINVAL, "table %u: unknown token request flags 0x%x", r.table, r.flags);
   }
@@ -726,12 +710,16 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
                     head_end);
   }
   uint64_t positions = 0;
+  const size_t stride = r.n_seqs > 0 ? engram::client::DeclaredSize(r.seqs) : 0;
   for (size_t i = 0; i < r.n_seqs; ++i) {
-    if (r.seqs[i].size != sizeof(engram_hash_seq)) {
-      return SetError(-EINVAL, "table %u: sequence %zu has size %zu; set it to sizeof (%zu)",
-                      r.table, i, r.seqs[i].size, sizeof(engram_hash_seq));
+    engram_hash_seq seq{};
+    const void* theirs = engram::client::ArrayElement(r.seqs, stride, i);
+    if (engram::client::DeclaredSize(theirs) != stride) {
+      return SetError(-EINVAL, "table %u: sequence %zu has size %zu, sequence 0 has %zu",
+                      r.table, i, engram::client::DeclaredSize(theirs), stride);
     }
-    positions += r.seqs[i].n_tokens;
+    if (int rc = ReadStruct("engram_hash_seq", theirs, &seq); rc < 0) return rc;
+    positions += seq.n_tokens;
     if (positions > s->data_bytes) {
       return SetError(-EINVAL, "table %u: more tokens than the %llu-byte data region can hold",
                       r.table, static_cast<unsigned long long>(s->data_bytes));
@@ -794,11 +782,10 @@ int engram_completion_counter(engram_session* s, const volatile uint64_t** ret_c
   return 0;
 }
 
-int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, size_t capacity,
-                       size_t* ret_count) {
-  if (s == nullptr || ret_count == nullptr || (capacity != 0 && ret_tables == nullptr)) {
-    return SetError(-EINVAL, "engram_list_tables needs a session, ret_count and room");
-  }
+namespace {
+
+// The daemon's table list, as the wire gives it.
+int FetchTables(engram_session* s, std::vector<engram_wire_table>* ret_tables) {
   std::vector<uint8_t> reply;
   if (int rc = ControlExchange(s, ENGRAM_MSG_LIST_TABLES, ENGRAM_MSG_TABLES, &reply); rc < 0) {
     return rc;
@@ -811,20 +798,52 @@ int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, 
     return SetError(-EPROTO, "TABLES reply with %u entries of %u bytes in %zu bytes", head.count,
                     head.entry_bytes, reply.size());
   }
-  for (uint32_t i = 0; i < head.count && i < capacity; ++i) {
-    engram_wire_table w;
-    memcpy(&w, reply.data() + sizeof(head) + size_t{i} * head.entry_bytes, sizeof(w));
-    engram_table_info& t = ret_tables[i];
-    t.layer_id = w.layer_id;
-    t.row_bytes = w.row_bytes;
-    t.num_rows = w.num_rows;
-    t.covered_begin = w.covered_begin;
-    t.covered_end = w.covered_end;
-    t.layout = w.layout;
-    t.files = w.files;
-    t.data_bytes = w.data_bytes;
+  ret_tables->resize(head.count);
+  for (uint32_t i = 0; i < head.count; ++i) {
+    memcpy(&(*ret_tables)[i], reply.data() + sizeof(head) + size_t{i} * head.entry_bytes,
+           sizeof(engram_wire_table));
   }
-  *ret_count = head.count;
+  return 0;
+}
+
+engram_table_info TableInfo(const engram_wire_table& w) {
+  engram_table_info t{};
+  t.size = sizeof(t);
+  t.layer_id = w.layer_id;
+  t.row_bytes = w.row_bytes;
+  t.num_rows = w.num_rows;
+  t.covered_begin = w.covered_begin;
+  t.covered_end = w.covered_end;
+  t.layout = w.layout;
+  t.files = w.files;
+  t.data_bytes = w.data_bytes;
+  return t;
+}
+
+}  // namespace
+
+int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, size_t capacity,
+                       size_t* ret_count) {
+  if (s == nullptr || ret_count == nullptr || (capacity != 0 && ret_tables == nullptr)) {
+    return SetError(-EINVAL, "engram_list_tables needs a session, ret_count and room");
+  }
+  const size_t stride = capacity != 0 ? engram::client::DeclaredSize(ret_tables) : 0;
+  for (size_t i = 0; i < capacity; ++i) {
+    const size_t size = engram::client::DeclaredSize(engram::client::ArrayElement(ret_tables, stride, i));
+    if (size != stride || size < sizeof(size_t)) {
+      return SetError(-EINVAL,
+                      "engram_table_info %zu has size %zu, entry 0 has %zu; set every entry's "
+                      "size to sizeof(struct engram_table_info) (%zu here)",
+                      i, size, stride, sizeof(engram_table_info));
+    }
+  }
+  std::vector<engram_wire_table> tables;
+  if (int rc = FetchTables(s, &tables); rc < 0) return rc;
+  for (size_t i = 0; i < tables.size() && i < capacity; ++i) {
+    WriteStruct("engram_table_info", TableInfo(tables[i]),
+                const_cast<void*>(engram::client::ArrayElement(ret_tables, stride, i)));
+  }
+  *ret_count = tables.size();
   return 0;
 }
 
@@ -832,9 +851,8 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   if (s == nullptr || ret_stats == nullptr) {
     return SetError(-EINVAL, "engram_get_session_stats needs a session and ret_stats");
   }
-  if (ret_stats->size < offsetof(struct engram_session_stats, latency_max_ns) + sizeof(uint64_t) ||
-      ret_stats->size > sizeof(struct engram_session_stats)) {
-    return SetError(-EINVAL, "engram_session_stats.size is %zu; set it to sizeof (%zu)",
+  if (ret_stats->size < sizeof(size_t)) {
+    return SetError(-EINVAL, "struct engram_session_stats has size %zu; set it to sizeof (%zu)",
                     ret_stats->size, sizeof(struct engram_session_stats));
   }
   std::vector<uint8_t> reply;
@@ -845,7 +863,7 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   if (reply.size() != sizeof(m)) return SetError(-EPROTO, "STATS reply of %zu bytes", reply.size());
   memcpy(&m, reply.data(), sizeof(m));
   struct engram_session_stats out {};
-  out.size = ret_stats->size;
+  out.size = sizeof(out);
   out.session_id = m.stats.session_id;
   out.requests_submitted = m.stats.requests_submitted;
   out.requests_ok = m.stats.requests_ok;
@@ -859,8 +877,7 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   out.latency_p99_ns = m.stats.latency_p99_ns;
   out.latency_max_ns = m.stats.latency_max_ns;
   out.client_sleeps = s->client_sleeps.load();
-  memcpy(ret_stats, &out, ret_stats->size);
-  return 0;
+  return WriteStruct("engram_session_stats", out, ret_stats);
 }
 
 void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor) {

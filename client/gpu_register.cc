@@ -2,6 +2,8 @@
 // runtime (libcudart or libamdhip64) the process uses, found with dlopen so nothing links it.
 #include "client/gpu_register.h"
 
+#include "client/last_error.h"
+
 #include <dlfcn.h>
 
 #include <cerrno>
@@ -22,8 +24,6 @@ struct engram_gpu_registration {
 
 namespace engram {
 namespace {
-
-thread_local std::string g_error;
 
 // printf-style formatting into a std::string. libengram_client links no Abseil, and this file
 // goes into it whole.
@@ -47,8 +47,7 @@ std::string JoinNames(std::span<const char* const> names) {
 }
 
 int Fail(int err, std::string message) {
-  g_error = std::move(message);
-  return -err;
+  return client::SetErrorMessage(-err, std::move(message));
 }
 
 // The runtime calls used here have the same shape in CUDA and HIP; the error codes and flag
@@ -233,7 +232,5 @@ int engram_gpu_unregister(engram_gpu_registration* reg) {
   delete reg;
   return rc;
 }
-
-const char* engram_gpu_last_error(void) { return engram::g_error.c_str(); }
 
 }  // extern "C"

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "client/last_error.h"
 #include "engram/gpu.h"
 #include "kernels/gpu_compat.h"
 
@@ -28,6 +29,7 @@ int Fail(int err, const char* format, ...) {
   va_start(args, format);
   vsnprintf(g_error, sizeof(g_error), format, args);
   va_end(args);
+  engram_internal_set_last_error(g_error);  // where engram_last_error() finds it
   return -err;
 }
 

@@ -62,6 +62,7 @@ class GatherRequest(ctypes.Structure):
 
 class TableInfoStruct(ctypes.Structure):
     _fields_ = [
+        ("size", c_size_t),
         ("layer_id", c_u32),
         ("row_bytes", c_u32),
         ("num_rows", c_u64),
@@ -148,7 +149,7 @@ _P = ctypes.POINTER
 
 # name: (restype, argtypes)
 _CLIENT_FUNCTIONS = {
-    "engram_connect_options_init": (None, [_P(ConnectOptions)]),
+    "engram_connect_options_init": (None, [_P(ConnectOptions), c_size_t]),
     "engram_connect": (c_int, [_P(ConnectOptions), _P(c_void_p)]),
     "engram_close": (None, [c_void_p]),
     "engram_last_error": (c_char_p, []),
@@ -167,7 +168,7 @@ _CLIENT_FUNCTIONS = {
 }
 
 _HASH_FUNCTIONS = {
-    "engram_hasher_opts_init": (None, [_P(HasherOpts)]),
+    "engram_hasher_opts_init": (None, [_P(HasherOpts), c_size_t]),
     "engram_hasher_open": (c_int, [c_char_p, _P(HasherOpts), _P(c_void_p)]),
     "engram_hasher_close": (None, [c_void_p]),
     "engram_hasher_get_info": (c_int, [c_void_p, _P(HasherInfo)]),

@@ -120,7 +120,7 @@ class Client:
     Args:
         socket: path of the daemon's socket; None: $ENGRAM_SOCKET, else
             /run/engramd/engramd.sock (as the daemon's default).
-        data_bytes: size of the arena's data region (rows, row ids); 0: the library's default
+        data_bytes: size of the arena's data region (rows, row ids); 0: the daemon's default
             (64 MiB). The daemon bounds it (--max-arena-bytes).
         slots: requests in flight at once; 0: the library's default (64).
         client_name: shown in the daemon's statistics; None: the program name.
@@ -134,7 +134,7 @@ class Client:
         lib = _lib.client_lib()
         self._lib = lib
         options = _lib.ConnectOptions()
-        lib.engram_connect_options_init(ctypes.byref(options))
+        lib.engram_connect_options_init(ctypes.byref(options), ctypes.sizeof(options))
         socket = os.fspath(socket) if socket is not None else None
         self._socket_bytes = socket.encode() if socket is not None else None
         self._name_bytes = client_name.encode() if client_name is not None else None
@@ -211,6 +211,8 @@ class Client:
         capacity = 16
         while True:
             entries = (_lib.TableInfoStruct * capacity)()
+            for entry in entries:
+                entry.size = ctypes.sizeof(entry)
             _lib.check(self._lib.engram_list_tables(session, entries, capacity,
                                                     ctypes.byref(count)))
             if count.value <= capacity:
