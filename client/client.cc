@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -30,6 +31,8 @@
 #include "engram/protocol.h"
 #include "protocol/clock.h"
 #include "protocol/codec.h"
+#include "protocol/unique_fd.h"
+#include "protocol/unique_mapping.h"
 
 namespace {
 
@@ -90,9 +93,10 @@ const char* ProgramName() {
 }  // namespace
 
 struct engram_session {
-  int socket_fd = -1;
-  int doorbell_fd = -1;
-  uint8_t* arena = nullptr;
+  engram::UniqueFd socket;
+  engram::UniqueFd doorbell;
+  engram::UniqueMapping arena_mapping;
+  uint8_t* arena = nullptr;  // arena_mapping's start
   uint64_t arena_bytes = 0;
   engram_arena_header* header = nullptr;
   engram_sqe* sq = nullptr;
@@ -125,12 +129,6 @@ struct engram_session {
 
   std::atomic<bool> lost{false};
   std::atomic<uint64_t> client_sleeps{0};
-
-  ~engram_session() {
-    if (arena != nullptr) munmap(arena, arena_bytes);
-    if (doorbell_fd >= 0) close(doorbell_fd);
-    if (socket_fd >= 0) close(socket_fd);
-  }
 };
 
 namespace {
@@ -154,7 +152,7 @@ bool CheckLost(engram_session* s) {
     s->lost.store(true);
     return true;
   }
-  pollfd pfd{.fd = s->socket_fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+  pollfd pfd{.fd = s->socket.get(), .events = POLLIN | POLLRDHUP, .revents = 0};
   if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
     s->lost.store(true);
     return true;
@@ -190,12 +188,12 @@ int ControlExchange(engram_session* s, uint16_t type, uint16_t expected_reply,
   engram_msg_header request;
   const uint32_t id = s->next_request_id++;
   proto::FillHeader(&request, type, sizeof(request), id);
-  if (SendAll(s->socket_fd, &request, sizeof(request)) < 0) {
+  if (SendAll(s->socket.get(), &request, sizeof(request)) < 0) {
     s->lost.store(true);
     return LostError(s);
   }
   reply->resize(ENGRAM_MSG_MAX_BYTES);
-  ssize_t n = proto::ReceiveMessage(s->socket_fd, reply->data(), reply->size(), nullptr, 0,
+  ssize_t n = proto::ReceiveMessage(s->socket.get(), reply->data(), reply->size(), nullptr, 0,
                                     nullptr);
   if (n == 0 || n == -ECONNRESET || n == -EPIPE) {
     s->lost.store(true);
@@ -256,7 +254,7 @@ int Push(engram_session* s, engram_sqe sqe, uint64_t* ret_ticket) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if ((Shared(s->header->sq_flags).load(std::memory_order_relaxed) & ENGRAM_SQ_NEED_WAKEUP) != 0) {
     const uint64_t one = 1;
-    ssize_t ignored = write(s->doorbell_fd, &one, sizeof(one));
+    ssize_t ignored = write(s->doorbell.get(), &one, sizeof(one));
     (void)ignored;
   }
   *ret_ticket = ticket;
@@ -330,125 +328,125 @@ void engram_connect_options_init(struct engram_connect_options* ret_options, siz
 }
 
 
-int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
-  struct engram_connect_options o;
-  engram_connect_options_init(&o, sizeof(o));
-  if (options != nullptr) {
-    if (int rc = ReadStruct("engram_connect_options", options, &o); rc < 0) return rc;
-  }
-  if (ret_session == nullptr) return SetError(-EINVAL, "ret_session is NULL");
+}  // extern "C"
+
+namespace {
+
+// The socket to connect to: the options', else $ENGRAM_SOCKET, else the default.
+int SocketAddress(const char* option, sockaddr_un* ret_addr, std::string* ret_path) {
   std::string path;
-  if (o.socket_path != nullptr) {
-    path = o.socket_path;
+  if (option != nullptr) {
+    path = option;
   } else if (const char* env = getenv("ENGRAM_SOCKET"); env != nullptr && env[0] != '\0') {
     path = env;
   } else {
     path = ENGRAM_DEFAULT_SOCKET;
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+  *ret_addr = sockaddr_un{};
+  ret_addr->sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(ret_addr->sun_path)) {
     return SetError(-EINVAL, "socket path '%s' is empty or longer than %zu bytes", path.c_str(),
-                    sizeof(addr.sun_path) - 1);
+                    sizeof(ret_addr->sun_path) - 1);
   }
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
-  const uint64_t data_bytes = o.data_bytes;
-  const uint32_t slots = o.slots;
-  if (slots > ENGRAM_MAX_SLOTS) {
-    return SetError(-EINVAL, "%u slots asked, at most %u", slots, ENGRAM_MAX_SLOTS);
-  }
-  const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
+  memcpy(ret_addr->sun_path, path.c_str(), path.size() + 1);
+  *ret_path = std::move(path);
+  return 0;
+}
 
-  auto s = new engram_session();
-  s->socket_path = path;
-  s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;
-  s->adaptive_spin = o.spin_ns == 0;
-  auto fail = [&](int rc) {
-    delete s;
-    return rc;
-  };
-  s->socket_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (s->socket_fd < 0) {
-    return fail(SetError(-errno, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(errno)));
+int ConnectSocket(engram_session* s, const sockaddr_un& addr, int64_t timeout_ns) {
+  s->socket.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!s->socket.valid()) {
+    return SetError(-errno, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(errno));
   }
-  SetSocketTimeout(s->socket_fd, timeout_ns);
-  if (connect(s->socket_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+  SetSocketTimeout(s->socket.get(), timeout_ns);
+  if (connect(s->socket.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) < 0) {
     const int e = errno;
     if (e == EACCES || e == EPERM) {
-      return fail(SetError(-EACCES,
-                           "cannot connect to engramd at %s: %s (the socket's mode and group "
-                           "decide who may connect)",
-                           path.c_str(), strerror(e)));
+      return SetError(-EACCES,
+                      "cannot connect to engramd at %s: %s (the socket's mode and group decide "
+                      "who may connect)",
+                      s->socket_path.c_str(), strerror(e));
     }
-    return fail(SetError(-ECONNREFUSED, "cannot connect to engramd at %s: %s (is it running?)",
-                         path.c_str(), strerror(e)));
+    return SetError(-ECONNREFUSED, "cannot connect to engramd at %s: %s (is it running?)",
+                    s->socket_path.c_str(), strerror(e));
   }
+  return 0;
+}
+
+// HELLO, then WELCOME with its two fds: the arena memfd (*ret_memfd) and the doorbell.
+int Handshake(engram_session* s, const engram_connect_options& o, int64_t timeout_ns,
+              engram::UniqueFd* ret_memfd) {
+  const char* path = s->socket_path.c_str();
   engram_msg_hello hello{};
   proto::FillHeader(&hello.header, ENGRAM_MSG_HELLO, sizeof(hello), 0);
   hello.version_major = ENGRAM_PROTOCOL_MAJOR;
   hello.version_minor = ENGRAM_PROTOCOL_MINOR;
-  hello.slots = slots;
+  // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
+  hello.slots = o.slots;
   hello.features = ENGRAM_FEATURES_V1_0;
-  hello.data_bytes = data_bytes;
+  hello.data_bytes = o.data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());
   snprintf(hello.client_name, sizeof(hello.client_name), "%s",
            o.client_name != nullptr ? o.client_name : ProgramName());
-  if (int rc = SendAll(s->socket_fd, &hello, sizeof(hello)); rc < 0) {
-    return fail(SetError(-ECONNREFUSED, "cannot send HELLO to engramd at %s: %s", path.c_str(),
-                         strerror(-rc)));
+  if (int rc = SendAll(s->socket.get(), &hello, sizeof(hello)); rc < 0) {
+    return SetError(-ECONNREFUSED, "cannot send HELLO to engramd at %s: %s", path, strerror(-rc));
   }
-  uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
+  std::vector<uint8_t> buffer(ENGRAM_MSG_MAX_BYTES);
   int fds[2] = {-1, -1};
   int nfds = 0;
-  ssize_t n = proto::ReceiveMessage(s->socket_fd, buffer, sizeof(buffer), fds, 2, &nfds);
-  auto close_fds = [&] {
-    for (int i = 0; i < nfds; ++i) close(fds[i]);
-  };
+  const ssize_t n =
+      proto::ReceiveMessage(s->socket.get(), buffer.data(), buffer.size(), fds, 2, &nfds);
+  engram::UniqueFd memfd(nfds > 0 ? fds[0] : -1);
+  engram::UniqueFd doorbell(nfds > 1 ? fds[1] : -1);
+  if (n == -EAGAIN) {
+    return SetError(-ETIMEDOUT, "engramd at %s did not answer HELLO within %lld ms", path,
+                    static_cast<long long>(timeout_ns / 1'000'000));
+  }
   if (n <= 0) {
-    close_fds();
-    if (n == -EAGAIN) {
-      return fail(SetError(-ETIMEDOUT, "engramd at %s did not answer HELLO within %lld ms",
-                           path.c_str(), static_cast<long long>(timeout_ns / 1'000'000)));
-    }
-    return fail(
-        SetError(-ECONNREFUSED, "engramd at %s closed the connection during the handshake%s%s",
-                 path.c_str(), n < 0 ? ": " : "", n < 0 ? strerror(static_cast<int>(-n)) : ""));
+    return SetError(-ECONNREFUSED, "engramd at %s closed the connection during the handshake%s%s",
+                    path, n < 0 ? ": " : "", n < 0 ? strerror(static_cast<int>(-n)) : "");
   }
   proto::CodecError error;
-  if (!proto::DecodeWelcome(buffer, static_cast<size_t>(n), &s->welcome, &error)) {
-    close_fds();
-    return fail(SetError(ErrnoForCode(error.code), "engramd at %s refused the session: %s",
-                         path.c_str(), error.message.c_str()));
+  if (!proto::DecodeWelcome(buffer.data(), static_cast<size_t>(n), &s->welcome, &error)) {
+    return SetError(ErrnoForCode(error.code), "engramd at %s refused the session: %s", path,
+                    error.message.c_str());
   }
   if (nfds != 2) {
-    close_fds();
-    return fail(SetError(-EPROTO, "engramd at %s sent %d file descriptors with WELCOME, expected 2",
-                         path.c_str(), nfds));
+    return SetError(-EPROTO, "engramd at %s sent %d file descriptors with WELCOME, expected 2",
+                    path, nfds);
   }
-  const int memfd = fds[0];
-  s->doorbell_fd = fds[1];
+  s->doorbell = std::move(doorbell);
+  *ret_memfd = std::move(memfd);
+  return 0;
+}
+
+// Maps the arena memfd and checks its header against WELCOME.
+int MapArena(engram_session* s, const engram::UniqueFd& memfd) {
+  const char* path = s->socket_path.c_str();
+  const uint64_t bytes = s->welcome.arena_bytes;
   struct stat st;
-  if (fstat(memfd, &st) < 0 || static_cast<uint64_t>(st.st_size) != s->welcome.arena_bytes) {
-    close(memfd);
-    return fail(SetError(-EPROTO, "arena from engramd at %s is %lld bytes, WELCOME says %llu",
-                         path.c_str(), static_cast<long long>(st.st_size),
-                         static_cast<unsigned long long>(s->welcome.arena_bytes)));
+  if (fstat(memfd.get(), &st) < 0) {
+    return SetError(-errno, "cannot stat the arena from engramd at %s: %s", path, strerror(errno));
   }
-  void* map = mmap(nullptr, s->welcome.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  close(memfd);
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    return SetError(-EPROTO, "arena from engramd at %s is %lld bytes, WELCOME says %llu", path,
+                    static_cast<long long>(st.st_size), static_cast<unsigned long long>(bytes));
+  }
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
   if (map == MAP_FAILED) {
-    return fail(SetError(-errno, "cannot map the %llu-byte arena: %s",
-                         static_cast<unsigned long long>(s->welcome.arena_bytes), strerror(errno)));
+    return SetError(-errno, "cannot map the %llu-byte arena: %s",
+                    static_cast<unsigned long long>(bytes), strerror(errno));
   }
+  s->arena_mapping.Reset(map, bytes);
   s->arena = static_cast<uint8_t*>(map);
-  s->arena_bytes = s->welcome.arena_bytes;
+  s->arena_bytes = bytes;
   s->header = reinterpret_cast<engram_arena_header*>(s->arena);
+  proto::CodecError error;
   if (!proto::CheckArenaHeader(*s->header, s->arena_bytes, &error) ||
       s->header->slots != s->welcome.slots || s->header->data_bytes != s->welcome.data_bytes) {
-    return fail(
-        SetError(-EPROTO, "arena from engramd at %s is unusable: %s", path.c_str(),
-                 error.message.empty() ? "header disagrees with WELCOME" : error.message.c_str()));
+    return SetError(
+        -EPROTO, "arena from engramd at %s is unusable: %s", path,
+        error.message.empty() ? "header disagrees with WELCOME" : error.message.c_str());
   }
   s->slots = s->header->slots;
   s->sq = reinterpret_cast<engram_sqe*>(s->arena + s->header->sq_offset);
@@ -462,8 +460,35 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   s->slot_rows.assign(s->slots, 0);
   for (uint32_t i = s->slots; i > 0; --i) s->free_slots.push_back(i - 1);
   s->free_ranges[0] = s->data_bytes;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
+  struct engram_connect_options o;
+  engram_connect_options_init(&o, sizeof(o));
+  if (options != nullptr) {
+    if (int rc = ReadStruct("engram_connect_options", options, &o); rc < 0) return rc;
+  }
+  if (ret_session == nullptr) return SetError(-EINVAL, "ret_session is NULL");
+  if (o.slots > ENGRAM_MAX_SLOTS) {
+    return SetError(-EINVAL, "%u slots asked, at most %u", o.slots, ENGRAM_MAX_SLOTS);
+  }
+  const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
+  auto s = std::make_unique<engram_session>();
+  sockaddr_un addr;
+  if (int rc = SocketAddress(o.socket_path, &addr, &s->socket_path); rc < 0) return rc;
+  s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;
+  s->adaptive_spin = o.spin_ns == 0;
+  engram::UniqueFd memfd;
+  if (int rc = ConnectSocket(s.get(), addr, timeout_ns); rc < 0) return rc;
+  if (int rc = Handshake(s.get(), o, timeout_ns, &memfd); rc < 0) return rc;
+  if (int rc = MapArena(s.get(), memfd); rc < 0) return rc;
   // Control exchanges after the handshake wait as long as a handshake may.
-  *ret_session = s;
+  *ret_session = s.release();
   return 0;
 }
 
