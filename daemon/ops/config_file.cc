@@ -296,6 +296,12 @@ absl::Status Walk(const std::string& path, const toml::table& table, const std::
 
 }  // namespace
 
+std::vector<std::string> ConfigKeys() {
+  std::vector<std::string> keys;
+  for (const auto& [key, setter] : Keys()) keys.push_back(key);
+  return keys;
+}
+
 absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings) {
   toml::table table;
   try {

@@ -49,6 +49,10 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings);
 absl::Status LoadConfig(const std::string& path, bool must_exist, DaemonSettings* settings,
                         std::vector<std::string>* ret_files);
 
+// Every key the file accepts ("section.name"), sorted. docs/operations.md must list each one
+// (tests/ops checks it).
+std::vector<std::string> ConfigKeys();
+
 // "1G", "512M", "4096" → bytes. InvalidArgument on anything else.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);
 

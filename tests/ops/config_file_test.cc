@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -242,3 +243,22 @@ TEST_CASE("the example /etc/engramd/engramd.toml parses") {
 
 }  // namespace
 }  // namespace engram
+
+TEST_CASE("docs/operations.md lists every configuration key, and no other") {
+  const char* path = getenv("ENGRAMD_OPERATIONS_MD");
+  REQUIRE(path != nullptr);
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  // The rows "| `key` | default | flag | live |" of the configuration file's table.
+  std::vector<std::string> documented;
+  bool in_section = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("## ", 0) == 0) in_section = line == "## The configuration file";
+    if (!in_section || line.rfind("| `", 0) != 0) continue;
+    const size_t end = line.find('`', 3);
+    REQUIRE(end != std::string::npos);
+    documented.push_back(line.substr(3, end - 3));
+  }
+  std::sort(documented.begin(), documented.end());
+  CHECK(documented == engram::ConfigKeys());
+}
