@@ -24,8 +24,8 @@ inline size_t DeclaredSize(const void* s) {
 // header this library does not know, left at their zero default). -EINVAL / -E2BIG otherwise.
 inline int CheckSize(const char* name, const void* theirs, size_t their_size, size_t our_size) {
   if (their_size < sizeof(size_t)) {
-    return SetError(-EINVAL, "struct %s has size %zu; set it to sizeof(struct %s) (%zu here)",
-                    name, their_size, name, our_size);
+    return SetError(-EINVAL, "struct %s has size %zu; set it to sizeof(struct %s) (%zu here)", name,
+                    their_size, name, our_size);
   }
   if (their_size > our_size) {
     const auto* extra = static_cast<const unsigned char*>(theirs) + our_size;
@@ -59,8 +59,8 @@ template <typename T>
 int WriteStruct(const char* name, const T& ours, void* theirs) {
   const size_t their_size = DeclaredSize(theirs);
   if (their_size < sizeof(size_t)) {
-    return SetError(-EINVAL, "struct %s has size %zu; set it to sizeof(struct %s) (%zu here)",
-                    name, their_size, name, sizeof(T));
+    return SetError(-EINVAL, "struct %s has size %zu; set it to sizeof(struct %s) (%zu here)", name,
+                    their_size, name, sizeof(T));
   }
   auto* out = static_cast<unsigned char*>(theirs);
   const size_t n = std::min(their_size, sizeof(T));

@@ -193,8 +193,8 @@ int ControlExchange(engram_session* s, uint16_t type, uint16_t expected_reply,
     return LostError(s);
   }
   reply->resize(ENGRAM_MSG_MAX_BYTES);
-  ssize_t n = proto::ReceiveMessage(s->socket.get(), reply->data(), reply->size(), nullptr, 0,
-                                    nullptr);
+  ssize_t n =
+      proto::ReceiveMessage(s->socket.get(), reply->data(), reply->size(), nullptr, 0, nullptr);
   if (n == 0 || n == -ECONNRESET || n == -EPIPE) {
     s->lost.store(true);
     return LostError(s);
@@ -326,7 +326,6 @@ void engram_connect_options_init(struct engram_connect_options* ret_options, siz
   defaults.size = sizeof(defaults);
   engram::client::InitStruct(defaults, ret_options, size);
 }
-
 
 }  // extern "C"
 
@@ -740,8 +739,8 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
     engram_hash_seq seq{};
     const void* theirs = engram::client::ArrayElement(r.seqs, stride, i);
     if (engram::client::DeclaredSize(theirs) != stride) {
-      return SetError(-EINVAL, "table %u: sequence %zu has size %zu, sequence 0 has %zu",
-                      r.table, i, engram::client::DeclaredSize(theirs), stride);
+      return SetError(-EINVAL, "table %u: sequence %zu has size %zu, sequence 0 has %zu", r.table,
+                      i, engram::client::DeclaredSize(theirs), stride);
     }
     if (int rc = ReadStruct("engram_hash_seq", theirs, &seq); rc < 0) return rc;
     positions += seq.n_tokens;
@@ -854,7 +853,8 @@ int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, 
   }
   const size_t stride = capacity != 0 ? engram::client::DeclaredSize(ret_tables) : 0;
   for (size_t i = 0; i < capacity; ++i) {
-    const size_t size = engram::client::DeclaredSize(engram::client::ArrayElement(ret_tables, stride, i));
+    const size_t size =
+        engram::client::DeclaredSize(engram::client::ArrayElement(ret_tables, stride, i));
     if (size != stride || size < sizeof(size_t)) {
       return SetError(-EINVAL,
                       "engram_table_info %zu has size %zu, entry 0 has %zu; set every entry's "

@@ -2,8 +2,6 @@
 // runtime (libcudart or libamdhip64) the process uses, found with dlopen so nothing links it.
 #include "client/gpu_register.h"
 
-#include "client/last_error.h"
-
 #include <dlfcn.h>
 
 #include <cerrno>
@@ -11,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+
+#include "client/last_error.h"
 
 struct engram_gpu_registration {
   void* library = nullptr;  // dlopen handle, closed on unregister
@@ -46,9 +46,7 @@ std::string JoinNames(std::span<const char* const> names) {
   return out;
 }
 
-int Fail(int err, std::string message) {
-  return client::SetErrorMessage(-err, std::move(message));
-}
+int Fail(int err, std::string message) { return client::SetErrorMessage(-err, std::move(message)); }
 
 // The runtime calls used here have the same shape in CUDA and HIP; the error codes and flag
 // values that matter are equal too (Portable = 1, Mapped = 2, NoDevice = 100,

@@ -240,13 +240,18 @@ absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) cons
   return absl::OkStatus();
 }
 
+void Setting::ClearList(DaemonSettings* s) const {
+  if (kind == Kind::kStrings) At<std::vector<std::string>>(*this, s).clear();
+  if (kind == Kind::kIds) At<std::vector<uint32_t>>(*this, s).clear();
+}
+
 const std::vector<Setting>& Settings() {
   using S = DaemonSettings;
   static const auto* settings = new std::vector<Setting>{
       {"tables.models", "--model", "Checkpoint directory; every Engram table in it is served",
        Kind::kStrings, [](S* s) -> void* { return &s->models; }},
-      {"tables.files", "--table", "A packed table file (or a checkpoint directory)",
-       Kind::kStrings, [](S* s) -> void* { return &s->tables; }},
+      {"tables.files", "--table", "A packed table file (or a checkpoint directory)", Kind::kStrings,
+       [](S* s) -> void* { return &s->tables; }},
       {"tables.rows", "--rows", "Per-rank copy: the rows A:B the sources hold (others are refused)",
        Kind::kString, [](S* s) -> void* { return &s->rows; }, 0, 0,
        [](const std::string& v) -> absl::Status {
@@ -263,7 +268,9 @@ const std::vector<Setting>& Settings() {
        "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables much larger "
        "than RAM)",
        Kind::kString, [](S* s) -> void* { return &s->read_mode; }, 0, 0,
-       [](const std::string& v) { return OneOf(v, {"buffered", "direct"}); }},
+       [](const std::string& v) {
+         return OneOf(v, {"buffered", "direct"});
+       }},
       {"socket.path", "--socket", "Unix socket to listen on", Kind::kString,
        [](S* s) -> void* { return &s->server.socket_path; }, 0, 0,
        [](const std::string& v) { return AbsolutePath(v, false); }},
@@ -288,9 +295,11 @@ const std::vector<Setting>& Settings() {
        [](S* s) -> void* { return &s->allow_groups; }},
       {"access.admin_uids", "--admin-uid",
        "uid that may also run warm and evict (root and engramd's own uid always may); repeatable",
-       Kind::kIds, [](S* s) -> void* { return &s->server.admin_uids; }, 0, kMaxId, nullptr, "", "uid"},
+       Kind::kIds, [](S* s) -> void* { return &s->server.admin_uids; }, 0, kMaxId, nullptr, "",
+       "uid"},
       {"access.admin_gids", "--admin-gid", "gid whose members may run warm and evict; repeatable",
-       Kind::kIds, [](S* s) -> void* { return &s->server.admin_gids; }, 0, kMaxId, nullptr, "", "gid"},
+       Kind::kIds, [](S* s) -> void* { return &s->server.admin_gids; }, 0, kMaxId, nullptr, "",
+       "gid"},
       {"limits.max_clients", "--max-clients", "Sessions at once", Kind::kUint32,
        [](S* s) -> void* { return &s->server.limits.max_clients; }, 1, 65536},
       {"limits.max_inflight", "--max-inflight", "Requests in flight per session", Kind::kUint32,
@@ -301,9 +310,8 @@ const std::vector<Setting>& Settings() {
       {"limits.max_arena_bytes", "--max-arena-bytes",
        "Data region of one session (bytes; K/M/G suffixes)", Kind::kBytes,
        [](S* s) -> void* { return &s->server.limits.max_arena_bytes; }},
-      {"limits.max_total_arena_bytes", "--max-total-arena-bytes",
-       "Arenas of all sessions together", Kind::kBytes,
-       [](S* s) -> void* { return &s->server.limits.max_total_arena_bytes; }},
+      {"limits.max_total_arena_bytes", "--max-total-arena-bytes", "Arenas of all sessions together",
+       Kind::kBytes, [](S* s) -> void* { return &s->server.limits.max_total_arena_bytes; }},
       {"limits.default_data_bytes", "",
        "Data region of a session whose client asks for the default (0)", Kind::kBytes,
        [](S* s) -> void* { return &s->server.limits.default_data_bytes; }},

@@ -72,6 +72,8 @@ struct Setting {
   std::string DefaultText() const { return Text(DaemonSettings{}); }
   // Applies one value given as text (a flag's argument; a list setting appends it).
   absl::Status ApplyText(const std::string& text, DaemonSettings* s) const;
+  // Empties a list setting (a flag replaces the file's list); no-op for others.
+  void ClearList(DaemonSettings* s) const;
 };
 
 // Every setting, in the order of docs/operations.md.
