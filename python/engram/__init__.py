@@ -18,8 +18,9 @@ A thin layer over libengram_client's C ABI (include/engram/engram.h, gpu.h) thro
 docs/python.md describes it in full.
 """
 
-from .client import (DEFAULT_SOCKET, ROW_BYTES, Client, SessionStats, TableInfo, Ticket,
-                     library_path, protocol_version)
+from . import _lib
+from .client import (DEFAULT_SOCKET, Client, SessionStats, TableInfo, Ticket, library_path,
+                     protocol_version)
 from .dequant import dequantize_rows, dequantize_scatter
 from .errors import (EngramConnectionError, EngramError, EngramIOError, EngramPermissionError,
                      EngramTimeoutError, GpuUnavailableError, HashTablesError,
@@ -39,3 +40,10 @@ __all__ = [
     "EngramTimeoutError", "ProtocolError", "EngramIOError", "GpuUnavailableError", "Hasher",
     "ModelFileNotFoundError", "HashTablesError", "NoVocabularyError",
 ]
+
+
+def __getattr__(name):
+    # ROW_BYTES (264) comes from libengram_client's engram_row_bytes(), read on first use.
+    if name == "ROW_BYTES":
+        return _lib.row_bytes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

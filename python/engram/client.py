@@ -27,7 +27,6 @@ from . import _lib
 from ._arrays import integer_array
 from .errors import InvalidArgumentError, RowOutOfRangeError, error_for
 
-ROW_BYTES = _lib.ROW_BYTES
 DEFAULT_SOCKET = "/run/engramd/engramd.sock"
 _NS = 1_000_000_000
 
@@ -324,7 +323,7 @@ class Client:
         """
         ids = row_ids_array(row_ids)
         n = int(ids.size)
-        rows_bytes = n * ROW_BYTES  # a multiple of 8: the ids that follow stay aligned
+        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
         allocation = self._alloc(rows_bytes + n * 8)
         try:
             if n:
@@ -369,7 +368,7 @@ class Client:
         seqs = _Sequences(tokens, history)
         width = max(0, end - begin)
         n = seqs.positions * width
-        rows_bytes = n * ROW_BYTES  # a multiple of 8: the ids that follow stay aligned
+        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
         allocation = self._alloc(rows_bytes + n * 8)
         try:
             request = _lib.TokenRequest(
@@ -388,7 +387,7 @@ class Client:
             allocation.free()
             raise
         return Ticket(self, ticket.value, table, n, allocation,
-                      shape=(seqs.positions, width, ROW_BYTES))
+                      shape=(seqs.positions, width, _lib.row_bytes()))
 
     def gather_tokens(self, hasher, table, tokens, history=None, *, tp_size=None, tp_rank=None,
                       heads=None, compressed=False, timeout=None):
@@ -425,7 +424,7 @@ class Ticket:
 
     def __init__(self, client, ticket, table, num_rows, allocation, shape=None):
         self._client = client
-        self._shape = tuple(shape) if shape is not None else (num_rows, ROW_BYTES)
+        self._shape = tuple(shape) if shape is not None else (num_rows, _lib.row_bytes())
         self._ticket = ticket
         self.table = table
         self.num_rows = num_rows

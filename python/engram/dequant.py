@@ -12,7 +12,8 @@ import functools
 
 import torch
 
-ROW_BYTES = 264
+from . import _lib
+
 ROW_VALUES = 256
 BLOCK_VALUES = 32
 SCALE_BYTES = ROW_VALUES // BLOCK_VALUES
@@ -41,8 +42,9 @@ def _tables():
 
 def dequantize_rows(rows):
     """rows: uint8 tensor [n, 264] (CPU). Returns bf16 [n, 256]."""
-    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != ROW_BYTES:
-        raise ValueError(f"rows must be a uint8 tensor [n, {ROW_BYTES}], got {rows.dtype} "
+    row_bytes = _lib.row_bytes()
+    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != row_bytes:
+        raise ValueError(f"rows must be a uint8 tensor [n, {row_bytes}], got {rows.dtype} "
                          f"{list(rows.shape)}")
     values_table, scales_table = _tables()
     rows = rows.cpu()

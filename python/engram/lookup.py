@@ -36,7 +36,7 @@ import torch
 from . import _lib
 from ._arrays import integer_array
 from .client import Client
-from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
+from .dequant import ROW_VALUES, dequantize_scatter
 from .errors import (GpuUnavailableError, InvalidArgumentError, RowOutOfRangeError,
                      UnknownTableError, error_for)
 
@@ -57,7 +57,7 @@ class _Layer:
         self.allocation = allocation
         base = allocation.address
         self.rows_address = base
-        self.ids_address = base + capacity * ROW_BYTES
+        self.ids_address = base + capacity * _lib.row_bytes()
         self.map_address = self.ids_address + capacity * 8
         self.ids = np.ctypeslib.as_array((ctypes.c_uint64 * capacity).from_address(
             self.ids_address))
@@ -110,7 +110,7 @@ class EngramLookup:
         self.max_tokens = max_tokens
         self.layers = layers
         capacity = max_tokens * heads
-        per_layer = _round_up(capacity * (ROW_BYTES + 8 + 4), _PAGE)
+        per_layer = _round_up(capacity * (_lib.row_bytes() + 8 + 4), _PAGE)
         data_bytes = per_layer * len(layers) + 2 * _PAGE
         self._client = Client(socket, data_bytes=data_bytes, slots=max(8, 2 * len(layers)),
                               client_name=client_name, timeout=timeout)
@@ -125,7 +125,7 @@ class EngramLookup:
                                 f"engramd at {self._client.socket} serves no table for layer(s) "
                                 f"{missing} (it serves: {sorted(served) or 'none'})")
             self._layers = {layer: _Layer(layer, served[layer], capacity,
-                                          self._client._alloc(capacity * (ROW_BYTES + 12)))
+                                          self._client._alloc(capacity * (_lib.row_bytes() + 12)))
                             for layer in layers}
             self._target_allocation = self._client._alloc(8)
             self._target = ctypes.c_uint64.from_address(self._target_allocation.address)
@@ -331,9 +331,10 @@ class EngramLookup:
 
     def _rows_tensor(self, layer):
         if layer.num_rows == 0:
-            return torch.empty((0, ROW_BYTES), dtype=torch.uint8)
-        view = (ctypes.c_uint8 * (layer.num_rows * ROW_BYTES)).from_address(layer.rows_address)
-        return torch.frombuffer(view, dtype=torch.uint8).view(layer.num_rows, ROW_BYTES)
+            return torch.empty((0, _lib.row_bytes()), dtype=torch.uint8)
+        row_bytes = _lib.row_bytes()
+        view = (ctypes.c_uint8 * (layer.num_rows * row_bytes)).from_address(layer.rows_address)
+        return torch.frombuffer(view, dtype=torch.uint8).view(layer.num_rows, row_bytes)
 
     def _get_gpu(self, layer):
         with torch.cuda.device(self.device):
