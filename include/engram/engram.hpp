@@ -85,8 +85,8 @@ class Buffer {
 
 struct ConnectOptions {
   std::string socket_path;  // empty: $ENGRAM_SOCKET or ENGRAM_DEFAULT_SOCKET
-  uint64_t data_bytes = 0;  // 0: library default (64 MiB)
-  uint32_t slots = 0;       // 0: library default (64)
+  uint64_t data_bytes = 0;  // 0: the daemon's default (limits.default_data_bytes, 64 MiB)
+  uint32_t slots = 0;       // 0: the daemon's default (limits.default_slots, 64)
   uint32_t spin_ns = 0;     // 0: adaptive (see engram_connect_options)
   std::string client_name;  // empty: program name
   std::chrono::nanoseconds timeout{0};

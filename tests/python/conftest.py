@@ -103,7 +103,7 @@ class Daemon:
     def __init__(self, model_dir, socket_path, log_path):
         self.socket = str(socket_path)
         self.log_path = log_path
-        engramd = _find_program("engramd", "ENGRAMD", "daemon")
+        engramd = _find_program("engramd", "ENGRAMD", "daemon/server")
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             [str(engramd), "--model", str(model_dir), "--socket", self.socket,
