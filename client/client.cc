@@ -20,21 +20,27 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "protocol/clock.h"
-#include "protocol/codec.h"
+#include "client/abi_struct.h"
+#include "client/last_error.h"
 #include "engram/engram.h"
 #include "engram/protocol.h"
+#include "protocol/clock.h"
+#include "protocol/codec.h"
+#include "protocol/unique_fd.h"
+#include "protocol/unique_mapping.h"
 
 namespace {
 
 namespace proto = engram::protocol;
+using engram::client::ReadStruct;
+using engram::client::SetError;
+using engram::client::WriteStruct;
 
-constexpr uint64_t kDefaultDataBytes = uint64_t{64} << 20;
-constexpr uint32_t kDefaultSlots = 64;
 constexpr uint32_t kDefaultSpinNs = 50'000;
 // Adaptive spinning (spin_ns = 0) spins up to the service time predicted from the session's
 // recent requests, within these bounds.
@@ -42,19 +48,6 @@ constexpr int64_t kAdaptiveSpinMaxNs = 2'000'000;
 constexpr int64_t kDefaultTimeoutNs = 5'000'000'000;
 // While sleeping, a waiter wakes this often to check that the daemon is still there.
 constexpr int64_t kLivenessCheckNs = 20'000'000;
-
-thread_local std::string g_last_error;
-
-int SetError(int neg_errno, const char* format, ...) __attribute__((format(printf, 2, 3)));
-int SetError(int neg_errno, const char* format, ...) {
-  char buffer[1024];
-  va_list args;
-  va_start(args, format);
-  vsnprintf(buffer, sizeof(buffer), format, args);
-  va_end(args);
-  g_last_error = buffer;
-  return neg_errno;
-}
 
 int ErrnoForCode(int32_t code) {
   switch (code) {
@@ -100,9 +93,10 @@ const char* ProgramName() {
 }  // namespace
 
 struct engram_session {
-  int socket_fd = -1;
-  int doorbell_fd = -1;
-  uint8_t* arena = nullptr;
+  engram::UniqueFd socket;
+  engram::UniqueFd doorbell;
+  engram::UniqueMapping arena_mapping;
+  uint8_t* arena = nullptr;  // arena_mapping's start
   uint64_t arena_bytes = 0;
   engram_arena_header* header = nullptr;
   engram_sqe* sq = nullptr;
@@ -136,12 +130,6 @@ struct engram_session {
 
   std::atomic<bool> lost{false};
   std::atomic<uint64_t> client_sleeps{0};
-
-  ~engram_session() {
-    if (arena != nullptr) munmap(arena, arena_bytes);
-    if (doorbell_fd >= 0) close(doorbell_fd);
-    if (socket_fd >= 0) close(socket_fd);
-  }
 };
 
 namespace {
@@ -165,7 +153,7 @@ bool CheckLost(engram_session* s) {
     s->lost.store(true);
     return true;
   }
-  pollfd pfd{.fd = s->socket_fd, .events = POLLIN | POLLRDHUP, .revents = 0};
+  pollfd pfd{.fd = s->socket.get(), .events = POLLIN | POLLRDHUP, .revents = 0};
   if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) {
     s->lost.store(true);
     return true;
@@ -201,13 +189,13 @@ int ControlExchange(engram_session* s, uint16_t type, uint16_t expected_reply,
   engram_msg_header request;
   const uint32_t id = s->next_request_id++;
   proto::FillHeader(&request, type, sizeof(request), id);
-  if (SendAll(s->socket_fd, &request, sizeof(request)) < 0) {
+  if (SendAll(s->socket.get(), &request, sizeof(request)) < 0) {
     s->lost.store(true);
     return LostError(s);
   }
   reply->resize(ENGRAM_MSG_MAX_BYTES);
-  ssize_t n = proto::ReceiveMessage(s->socket_fd, reply->data(), reply->size(), nullptr, 0,
-                                    nullptr);
+  ssize_t n =
+      proto::ReceiveMessage(s->socket.get(), reply->data(), reply->size(), nullptr, 0, nullptr);
   if (n == 0 || n == -ECONNRESET || n == -EPIPE) {
     s->lost.store(true);
     return LostError(s);
@@ -272,7 +260,7 @@ int Push(engram_session* s, engram_sqe sqe, uint64_t* ret_ticket) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if ((Shared(s->header->sq_flags).load(std::memory_order_relaxed) & ENGRAM_SQ_NEED_WAKEUP) != 0) {
     const uint64_t one = 1;
-    ssize_t ignored = write(s->doorbell_fd, &one, sizeof(one));
+    ssize_t ignored = write(s->doorbell.get(), &one, sizeof(one));
     (void)ignored;
   }
   *ret_ticket = ticket;
@@ -339,148 +327,133 @@ int FutexWait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
 
 extern "C" {
 
-void engram_connect_options_init(struct engram_connect_options* ret_options) {
-  memset(ret_options, 0, sizeof(*ret_options));
-  ret_options->size = sizeof(*ret_options);
+void engram_connect_options_init(struct engram_connect_options* ret_options, size_t size) {
+  engram_connect_options defaults{};
+  defaults.size = sizeof(defaults);
+  engram::client::InitStruct(defaults, ret_options, size);
 }
 
-int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
-  struct engram_connect_options o;
-  engram_connect_options_init(&o);
-  if (options != nullptr) {
-    if (options->size < offsetof(engram_connect_options, timeout_ns) || options->size > sizeof(o)) {
-      return SetError(-EINVAL, "engram_connect_options.size is %zu; set it to sizeof (%zu)",
-                      options->size, sizeof(o));
-    }
-    memcpy(&o, options, options->size);
-    o.size = sizeof(o);
-  }
-  if (ret_session == nullptr) return SetError(-EINVAL, "ret_session is NULL");
+}  // extern "C"
+
+namespace {
+
+// The socket to connect to: the options', else $ENGRAM_SOCKET, else the default.
+int SocketAddress(const char* option, sockaddr_un* ret_addr, std::string* ret_path) {
   std::string path;
-  if (o.socket_path != nullptr) {
-    path = o.socket_path;
+  if (option != nullptr) {
+    path = option;
   } else if (const char* env = getenv("ENGRAM_SOCKET"); env != nullptr && env[0] != '\0') {
     path = env;
   } else {
     path = ENGRAM_DEFAULT_SOCKET;
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+  *ret_addr = sockaddr_un{};
+  ret_addr->sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(ret_addr->sun_path)) {
     return SetError(-EINVAL, "socket path '%s' is empty or longer than %zu bytes", path.c_str(),
-                    sizeof(addr.sun_path) - 1);
+                    sizeof(ret_addr->sun_path) - 1);
   }
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const uint64_t data_bytes = o.data_bytes != 0 ? o.data_bytes : kDefaultDataBytes;
-  const uint32_t slots = o.slots != 0 ? o.slots : kDefaultSlots;
-  if (slots > ENGRAM_MAX_SLOTS) {
-    return SetError(-EINVAL, "%u slots asked, at most %u", slots, ENGRAM_MAX_SLOTS);
-  }
-  if ((o.flags & ~ENGRAM_CONNECT_DEVICE_SUBMIT) != 0 || o.reserved != 0) {
-    return SetError(-EINVAL, "engram_connect_options: unknown flags 0x%x or reserved field set",
-                    o.flags);
-  }
-  const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
+  memcpy(ret_addr->sun_path, path.c_str(), path.size() + 1);
+  *ret_path = std::move(path);
+  return 0;
+}
 
-  auto s = new engram_session();
-  s->socket_path = path;
-  s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;
-  s->adaptive_spin = o.spin_ns == 0;
-  auto fail = [&](int rc) {
-    delete s;
-    return rc;
-  };
-  s->socket_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (s->socket_fd < 0) {
-    return fail(SetError(-errno, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(errno)));
+int ConnectSocket(engram_session* s, const sockaddr_un& addr, int64_t timeout_ns) {
+  s->socket.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!s->socket.valid()) {
+    return SetError(-errno, "socket(AF_UNIX, SOCK_SEQPACKET): %s", strerror(errno));
   }
-  SetSocketTimeout(s->socket_fd, timeout_ns);
-  if (connect(s->socket_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+  SetSocketTimeout(s->socket.get(), timeout_ns);
+  if (connect(s->socket.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) < 0) {
     const int e = errno;
     if (e == EACCES || e == EPERM) {
-      return fail(SetError(-EACCES,
-                           "cannot connect to engramd at %s: %s (the socket's mode and group "
-                           "decide who may connect)",
-                           path.c_str(), strerror(e)));
+      return SetError(-EACCES,
+                      "cannot connect to engramd at %s: %s (the socket's mode and group decide "
+                      "who may connect)",
+                      s->socket_path.c_str(), strerror(e));
     }
-    return fail(SetError(-ECONNREFUSED, "cannot connect to engramd at %s: %s (is it running?)",
-                         path.c_str(), strerror(e)));
+    return SetError(-ECONNREFUSED, "cannot connect to engramd at %s: %s (is it running?)",
+                    s->socket_path.c_str(), strerror(e));
   }
+  return 0;
+}
+
+// HELLO, then WELCOME with its two fds: the arena memfd (*ret_memfd) and the doorbell.
+int Handshake(engram_session* s, const engram_connect_options& o, int64_t timeout_ns,
+              engram::UniqueFd* ret_memfd) {
+  const char* path = s->socket_path.c_str();
   engram_msg_hello hello{};
   proto::FillHeader(&hello.header, ENGRAM_MSG_HELLO, sizeof(hello), 0);
   hello.version_major = ENGRAM_PROTOCOL_MAJOR;
   hello.version_minor = ENGRAM_PROTOCOL_MINOR;
-  hello.slots = slots;
+  // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
+  hello.slots = o.slots;
   hello.features = ENGRAM_FEATURES_V1_0;
   if (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) hello.features |= ENGRAM_FEATURE_DEVICE_SUBMIT;
-  hello.data_bytes = data_bytes;
+  hello.data_bytes = o.data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());
   snprintf(hello.client_name, sizeof(hello.client_name), "%s",
            o.client_name != nullptr ? o.client_name : ProgramName());
-  if (int rc = SendAll(s->socket_fd, &hello, sizeof(hello)); rc < 0) {
-    return fail(SetError(-ECONNREFUSED, "cannot send HELLO to engramd at %s: %s", path.c_str(),
-                         strerror(-rc)));
+  if (int rc = SendAll(s->socket.get(), &hello, sizeof(hello)); rc < 0) {
+    return SetError(-ECONNREFUSED, "cannot send HELLO to engramd at %s: %s", path, strerror(-rc));
   }
-  uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
+  std::vector<uint8_t> buffer(ENGRAM_MSG_MAX_BYTES);
   int fds[2] = {-1, -1};
   int nfds = 0;
-  ssize_t n = proto::ReceiveMessage(s->socket_fd, buffer, sizeof(buffer), fds, 2, &nfds);
-  auto close_fds = [&] {
-    for (int i = 0; i < nfds; ++i) close(fds[i]);
-  };
+  const ssize_t n =
+      proto::ReceiveMessage(s->socket.get(), buffer.data(), buffer.size(), fds, 2, &nfds);
+  engram::UniqueFd memfd(nfds > 0 ? fds[0] : -1);
+  engram::UniqueFd doorbell(nfds > 1 ? fds[1] : -1);
+  if (n == -EAGAIN) {
+    return SetError(-ETIMEDOUT, "engramd at %s did not answer HELLO within %lld ms", path,
+                    static_cast<long long>(timeout_ns / 1'000'000));
+  }
   if (n <= 0) {
-    close_fds();
-    if (n == -EAGAIN) {
-      return fail(SetError(-ETIMEDOUT, "engramd at %s did not answer HELLO within %lld ms",
-                           path.c_str(), static_cast<long long>(timeout_ns / 1'000'000)));
-    }
-    return fail(
-        SetError(-ECONNREFUSED, "engramd at %s closed the connection during the handshake%s%s",
-                 path.c_str(), n < 0 ? ": " : "", n < 0 ? strerror(static_cast<int>(-n)) : ""));
+    return SetError(-ECONNREFUSED, "engramd at %s closed the connection during the handshake%s%s",
+                    path, n < 0 ? ": " : "", n < 0 ? strerror(static_cast<int>(-n)) : "");
   }
   proto::CodecError error;
-  if (!proto::DecodeWelcome(buffer, static_cast<size_t>(n), &s->welcome, &error)) {
-    close_fds();
-    return fail(SetError(ErrnoForCode(error.code), "engramd at %s refused the session: %s",
-                         path.c_str(), error.message.c_str()));
+  if (!proto::DecodeWelcome(buffer.data(), static_cast<size_t>(n), &s->welcome, &error)) {
+    return SetError(ErrnoForCode(error.code), "engramd at %s refused the session: %s", path,
+                    error.message.c_str());
   }
   if (nfds != 2) {
-    close_fds();
-    return fail(SetError(-EPROTO, "engramd at %s sent %d file descriptors with WELCOME, expected 2",
-                         path.c_str(), nfds));
+    return SetError(-EPROTO, "engramd at %s sent %d file descriptors with WELCOME, expected 2",
+                    path, nfds);
   }
-  const int memfd = fds[0];
-  s->doorbell_fd = fds[1];
+  s->doorbell = std::move(doorbell);
+  *ret_memfd = std::move(memfd);
+  return 0;
+}
+
+// Maps the arena memfd and checks its header against WELCOME.
+int MapArena(engram_session* s, const engram::UniqueFd& memfd) {
+  const char* path = s->socket_path.c_str();
+  const uint64_t bytes = s->welcome.arena_bytes;
   struct stat st;
-  if (fstat(memfd, &st) < 0 || static_cast<uint64_t>(st.st_size) != s->welcome.arena_bytes) {
-    close(memfd);
-    return fail(SetError(-EPROTO, "arena from engramd at %s is %lld bytes, WELCOME says %llu",
-                         path.c_str(), static_cast<long long>(st.st_size),
-                         static_cast<unsigned long long>(s->welcome.arena_bytes)));
+  if (fstat(memfd.get(), &st) < 0) {
+    return SetError(-errno, "cannot stat the arena from engramd at %s: %s", path, strerror(errno));
   }
-  void* map = mmap(nullptr, s->welcome.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-  close(memfd);
+  if (static_cast<uint64_t>(st.st_size) != bytes) {
+    return SetError(-EPROTO, "arena from engramd at %s is %lld bytes, WELCOME says %llu", path,
+                    static_cast<long long>(st.st_size), static_cast<unsigned long long>(bytes));
+  }
+  void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
   if (map == MAP_FAILED) {
-    return fail(SetError(-errno, "cannot map the %llu-byte arena: %s",
-                         static_cast<unsigned long long>(s->welcome.arena_bytes), strerror(errno)));
+    return SetError(-errno, "cannot map the %llu-byte arena: %s",
+                    static_cast<unsigned long long>(bytes), strerror(errno));
   }
+  s->arena_mapping.Reset(map, bytes);
   s->arena = static_cast<uint8_t*>(map);
-  s->arena_bytes = s->welcome.arena_bytes;
+  s->arena_bytes = bytes;
   s->header = reinterpret_cast<engram_arena_header*>(s->arena);
+  proto::CodecError error;
   if (!proto::CheckArenaHeader(*s->header, s->arena_bytes, &error) ||
       s->header->slots != s->welcome.slots || s->header->data_bytes != s->welcome.data_bytes) {
-    return fail(
-        SetError(-EPROTO, "arena from engramd at %s is unusable: %s", path.c_str(),
-                 error.message.empty() ? "header disagrees with WELCOME" : error.message.c_str()));
+    return SetError(
+        -EPROTO, "arena from engramd at %s is unusable: %s", path,
+        error.message.empty() ? "header disagrees with WELCOME" : error.message.c_str());
   }
-  if ((o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) &&
-      !(s->welcome.features & ENGRAM_FEATURE_DEVICE_SUBMIT)) {
-    return fail(SetError(-EOPNOTSUPP,
-                         "engramd at %s (protocol %u.%u) does not accept submissions from a "
-                         "device; upgrade it or submit from the host",
-                         path.c_str(), s->welcome.version_major, s->welcome.version_minor));
-  }
-  s->device_submit = (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) != 0;
   s->slots = s->header->slots;
   s->sq = reinterpret_cast<engram_sqe*>(s->arena + s->header->sq_offset);
   s->cq = reinterpret_cast<engram_cqe*>(s->arena + s->header->cq_offset);
@@ -493,14 +466,60 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   s->slot_rows.assign(s->slots, 0);
   for (uint32_t i = s->slots; i > 0; --i) s->free_slots.push_back(i - 1);
   s->free_ranges[0] = s->data_bytes;
+  return 0;
+}
+
+// A session asked for with ENGRAM_CONNECT_DEVICE_SUBMIT hands its ring to a device producer,
+// if the daemon granted the feature.
+int TakeDeviceSubmit(engram_session* s, const engram_connect_options& o) {
+  if (!(o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT)) return 0;
+  if (!(s->welcome.features & ENGRAM_FEATURE_DEVICE_SUBMIT)) {
+    return SetError(-EOPNOTSUPP,
+                    "engramd at %s (protocol %u.%u) does not accept submissions from a device; "
+                    "upgrade it or submit from the host",
+                    s->socket_path.c_str(), s->welcome.version_major, s->welcome.version_minor);
+  }
+  s->device_submit = true;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
+  struct engram_connect_options o;
+  engram_connect_options_init(&o, sizeof(o));
+  if (options != nullptr) {
+    if (int rc = ReadStruct("engram_connect_options", options, &o); rc < 0) return rc;
+  }
+  if (ret_session == nullptr) return SetError(-EINVAL, "ret_session is NULL");
+  if (o.slots > ENGRAM_MAX_SLOTS) {
+    return SetError(-EINVAL, "%u slots asked, at most %u", o.slots, ENGRAM_MAX_SLOTS);
+  }
+  if ((o.flags & ~ENGRAM_CONNECT_DEVICE_SUBMIT) != 0 || o.reserved != 0) {
+    return SetError(-EINVAL, "engram_connect_options: unknown flags 0x%x or reserved field set",
+                    o.flags);
+  }
+  const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
+  auto s = std::make_unique<engram_session>();
+  sockaddr_un addr;
+  if (int rc = SocketAddress(o.socket_path, &addr, &s->socket_path); rc < 0) return rc;
+  s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;
+  s->adaptive_spin = o.spin_ns == 0;
+  engram::UniqueFd memfd;
+  if (int rc = ConnectSocket(s.get(), addr, timeout_ns); rc < 0) return rc;
+  if (int rc = Handshake(s.get(), o, timeout_ns, &memfd); rc < 0) return rc;
+  if (int rc = MapArena(s.get(), memfd); rc < 0) return rc;
+  if (int rc = TakeDeviceSubmit(s.get(), o); rc < 0) return rc;
   // Control exchanges after the handshake wait as long as a handshake may.
-  *ret_session = s;
+  *ret_session = s.release();
   return 0;
 }
 
 void engram_close(engram_session* session) { delete session; }
 
-const char* engram_last_error(void) { return g_last_error.c_str(); }
+uint32_t engram_row_bytes(void) { return ENGRAM_ROW_BYTES; }
 
 int engram_device_ring(engram_session* s, struct engram_device_ring* ret_ring) {
   if (s == nullptr || ret_ring == nullptr ||
@@ -610,10 +629,9 @@ int engram_submit(engram_session* s, const struct engram_gather_request* request
   if (s == nullptr || request == nullptr || ret_ticket == nullptr) {
     return SetError(-EINVAL, "engram_submit needs a session, a request and ret_ticket");
   }
-  if (request->size != sizeof(engram_gather_request)) {
-    return SetError(-EINVAL, "engram_gather_request.size is %zu; set it to sizeof (%zu)",
-                    request->size, sizeof(engram_gather_request));
-  }
+  engram_gather_request r{};
+  if (int rc = ReadStruct("engram_gather_request", request, &r); rc < 0) return rc;
+  request = &r;
   if (request->flags != 0) return SetError(-EINVAL, "unknown request flags 0x%x", request->flags);
   const uint64_t n = request->num_rows;
   engram_sqe sqe{};
@@ -731,11 +749,8 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
     return SetError(-EINVAL,
                     "engram_submit_tokens needs a session, a hasher, a request and ret_ticket");
   }
-  if (request->size != sizeof(engram_token_request)) {
-    return SetError(-EINVAL, "engram_token_request.size is %zu; set it to sizeof (%zu)",
-                    request->size, sizeof(engram_token_request));
-  }
-  const engram_token_request& r = *request;
+  engram_token_request r{};
+  if (int rc = ReadStruct("engram_token_request", request, &r); rc < 0) return rc;
   if ((r.flags & ~ENGRAM_HASH_COMPRESSED_IDS) != 0) {
     return SetError(-EINVAL, "table %u: unknown token request flags 0x%x", r.table, r.flags);
   }
@@ -768,12 +783,16 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
                     head_end);
   }
   uint64_t positions = 0;
+  const size_t stride = r.n_seqs > 0 ? engram::client::DeclaredSize(r.seqs) : 0;
   for (size_t i = 0; i < r.n_seqs; ++i) {
-    if (r.seqs[i].size != sizeof(engram_hash_seq)) {
-      return SetError(-EINVAL, "table %u: sequence %zu has size %zu; set it to sizeof (%zu)",
-                      r.table, i, r.seqs[i].size, sizeof(engram_hash_seq));
+    engram_hash_seq seq{};
+    const void* theirs = engram::client::ArrayElement(r.seqs, stride, i);
+    if (engram::client::DeclaredSize(theirs) != stride) {
+      return SetError(-EINVAL, "table %u: sequence %zu has size %zu, sequence 0 has %zu", r.table,
+                      i, engram::client::DeclaredSize(theirs), stride);
     }
-    positions += r.seqs[i].n_tokens;
+    if (int rc = ReadStruct("engram_hash_seq", theirs, &seq); rc < 0) return rc;
+    positions += seq.n_tokens;
     if (positions > s->data_bytes) {
       return SetError(-EINVAL, "table %u: more tokens than the %llu-byte data region can hold",
                       r.table, static_cast<unsigned long long>(s->data_bytes));
@@ -836,11 +855,10 @@ int engram_completion_counter(engram_session* s, const volatile uint64_t** ret_c
   return 0;
 }
 
-int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, size_t capacity,
-                       size_t* ret_count) {
-  if (s == nullptr || ret_count == nullptr || (capacity != 0 && ret_tables == nullptr)) {
-    return SetError(-EINVAL, "engram_list_tables needs a session, ret_count and room");
-  }
+namespace {
+
+// The daemon's table list, as the wire gives it.
+int FetchTables(engram_session* s, std::vector<engram_wire_table>* ret_tables) {
   std::vector<uint8_t> reply;
   if (int rc = ControlExchange(s, ENGRAM_MSG_LIST_TABLES, ENGRAM_MSG_TABLES, &reply); rc < 0) {
     return rc;
@@ -853,20 +871,53 @@ int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, 
     return SetError(-EPROTO, "TABLES reply with %u entries of %u bytes in %zu bytes", head.count,
                     head.entry_bytes, reply.size());
   }
-  for (uint32_t i = 0; i < head.count && i < capacity; ++i) {
-    engram_wire_table w;
-    memcpy(&w, reply.data() + sizeof(head) + size_t{i} * head.entry_bytes, sizeof(w));
-    engram_table_info& t = ret_tables[i];
-    t.layer_id = w.layer_id;
-    t.row_bytes = w.row_bytes;
-    t.num_rows = w.num_rows;
-    t.covered_begin = w.covered_begin;
-    t.covered_end = w.covered_end;
-    t.layout = w.layout;
-    t.files = w.files;
-    t.data_bytes = w.data_bytes;
+  ret_tables->resize(head.count);
+  for (uint32_t i = 0; i < head.count; ++i) {
+    memcpy(&(*ret_tables)[i], reply.data() + sizeof(head) + size_t{i} * head.entry_bytes,
+           sizeof(engram_wire_table));
   }
-  *ret_count = head.count;
+  return 0;
+}
+
+engram_table_info TableInfo(const engram_wire_table& w) {
+  engram_table_info t{};
+  t.size = sizeof(t);
+  t.layer_id = w.layer_id;
+  t.row_bytes = w.row_bytes;
+  t.num_rows = w.num_rows;
+  t.covered_begin = w.covered_begin;
+  t.covered_end = w.covered_end;
+  t.layout = w.layout;
+  t.files = w.files;
+  t.data_bytes = w.data_bytes;
+  return t;
+}
+
+}  // namespace
+
+int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, size_t capacity,
+                       size_t* ret_count) {
+  if (s == nullptr || ret_count == nullptr || (capacity != 0 && ret_tables == nullptr)) {
+    return SetError(-EINVAL, "engram_list_tables needs a session, ret_count and room");
+  }
+  const size_t stride = capacity != 0 ? engram::client::DeclaredSize(ret_tables) : 0;
+  for (size_t i = 0; i < capacity; ++i) {
+    const size_t size =
+        engram::client::DeclaredSize(engram::client::ArrayElement(ret_tables, stride, i));
+    if (size != stride || size < sizeof(size_t)) {
+      return SetError(-EINVAL,
+                      "engram_table_info %zu has size %zu, entry 0 has %zu; set every entry's "
+                      "size to sizeof(struct engram_table_info) (%zu here)",
+                      i, size, stride, sizeof(engram_table_info));
+    }
+  }
+  std::vector<engram_wire_table> tables;
+  if (int rc = FetchTables(s, &tables); rc < 0) return rc;
+  for (size_t i = 0; i < tables.size() && i < capacity; ++i) {
+    WriteStruct("engram_table_info", TableInfo(tables[i]),
+                const_cast<void*>(engram::client::ArrayElement(ret_tables, stride, i)));
+  }
+  *ret_count = tables.size();
   return 0;
 }
 
@@ -874,9 +925,8 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   if (s == nullptr || ret_stats == nullptr) {
     return SetError(-EINVAL, "engram_get_session_stats needs a session and ret_stats");
   }
-  if (ret_stats->size < offsetof(struct engram_session_stats, latency_max_ns) + sizeof(uint64_t) ||
-      ret_stats->size > sizeof(struct engram_session_stats)) {
-    return SetError(-EINVAL, "engram_session_stats.size is %zu; set it to sizeof (%zu)",
+  if (ret_stats->size < sizeof(size_t)) {
+    return SetError(-EINVAL, "struct engram_session_stats has size %zu; set it to sizeof (%zu)",
                     ret_stats->size, sizeof(struct engram_session_stats));
   }
   std::vector<uint8_t> reply;
@@ -887,7 +937,7 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   if (reply.size() != sizeof(m)) return SetError(-EPROTO, "STATS reply of %zu bytes", reply.size());
   memcpy(&m, reply.data(), sizeof(m));
   struct engram_session_stats out {};
-  out.size = ret_stats->size;
+  out.size = sizeof(out);
   out.session_id = m.stats.session_id;
   out.requests_submitted = m.stats.requests_submitted;
   out.requests_ok = m.stats.requests_ok;
@@ -901,8 +951,7 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   out.latency_p99_ns = m.stats.latency_p99_ns;
   out.latency_max_ns = m.stats.latency_max_ns;
   out.client_sleeps = s->client_sleeps.load();
-  memcpy(ret_stats, &out, ret_stats->size);
-  return 0;
+  return WriteStruct("engram_session_stats", out, ret_stats);
 }
 
 void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor) {

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <string>
 
+#include "client/last_error.h"
+
 struct engram_gpu_registration {
   void* library = nullptr;  // dlopen handle, closed on unregister
   int runtime = 0;          // enum engram_gpu_runtime
@@ -22,8 +24,6 @@ struct engram_gpu_registration {
 
 namespace engram {
 namespace {
-
-thread_local std::string g_error;
 
 // printf-style formatting into a std::string. libengram_client links no Abseil, and this file
 // goes into it whole.
@@ -46,10 +46,7 @@ std::string JoinNames(std::span<const char* const> names) {
   return out;
 }
 
-int Fail(int err, std::string message) {
-  g_error = std::move(message);
-  return -err;
-}
+int Fail(int err, std::string message) { return client::SetErrorMessage(-err, std::move(message)); }
 
 // The runtime calls used here have the same shape in CUDA and HIP; the error codes and flag
 // values that matter are equal too (Portable = 1, Mapped = 2, NoDevice = 100,
@@ -233,7 +230,5 @@ int engram_gpu_unregister(engram_gpu_registration* reg) {
   delete reg;
   return rc;
 }
-
-const char* engram_gpu_last_error(void) { return engram::g_error.c_str(); }
 
 }  // extern "C"

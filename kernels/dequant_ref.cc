@@ -6,11 +6,13 @@
 #include <cmath>
 #include <limits>
 
+#include "engram/row.h"
+
 namespace engram {
 namespace {
-constexpr uint32_t kRowBytes = 264;
-constexpr uint32_t kRowValues = 256;
-constexpr uint32_t kScaleBlock = 32;
+constexpr uint32_t kRowBytes = ENGRAM_ROW_BYTES;
+constexpr uint32_t kRowValues = ENGRAM_ROW_VALUES;
+constexpr uint32_t kScaleBlock = ENGRAM_ROW_SCALE_BLOCK;
 }  // namespace
 
 double E4M3ToDouble(uint8_t byte) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "client/last_error.h"
 #include "engram/gpu.h"
 #include "kernels/gpu_compat.h"
 #include "kernels/kernel_errors.h"
@@ -20,6 +21,7 @@ int Fail(int err, const char* format, ...) {
   va_start(args, format);
   vsnprintf(g_error, sizeof(g_error), format, args);
   va_end(args);
+  engram_internal_set_last_error(g_error);  // where engram_last_error() finds it
   return -err;
 }
 
@@ -36,8 +38,8 @@ const char* LastError() { return g_error; }
 
 namespace {
 
-constexpr uint32_t kRowBytes = ENGRAM_GPU_ROW_BYTES;
-constexpr uint32_t kRowValues = ENGRAM_GPU_ROW_VALUES;
+constexpr uint32_t kRowBytes = ENGRAM_ROW_BYTES;
+constexpr uint32_t kRowValues = ENGRAM_ROW_VALUES;
 // A group of 32 threads handles one output slot: 8 values (8 bytes in, 16 bytes out) each.
 constexpr uint32_t kThreadsPerSlot = 32;
 constexpr uint32_t kValuesPerThread = kRowValues / kThreadsPerSlot;

@@ -256,7 +256,7 @@ int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_req
                   i, r.size, sizeof(engram_gpu_request), r.flags);
     }
     const auto* rows = reinterpret_cast<const uint8_t*>(r.rows);
-    const uint64_t row_bytes = r.num_rows * 8, dest_bytes = r.num_rows * ENGRAM_GPU_ROW_BYTES;
+    const uint64_t row_bytes = r.num_rows * 8, dest_bytes = r.num_rows * ENGRAM_ROW_BYTES;
     if (r.num_rows == 0 || rows < data || r.dest < data ||
         static_cast<uint64_t>(rows - data) + row_bytes > queue->data_bytes ||
         static_cast<uint64_t>(r.dest - data) + dest_bytes > queue->data_bytes) {

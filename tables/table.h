@@ -21,18 +21,23 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engram/row.h"
 
 namespace engram {
 
-// DeepSeek-V4.1 row geometry: 256 FP8 E4M3 values followed by 8 E8M0 scales (one per 32 values).
-inline constexpr uint32_t kValueBytes = 256;
-inline constexpr uint32_t kScaleBytes = 8;
-inline constexpr uint32_t kRowBytes = kValueBytes + kScaleBytes;
-inline constexpr uint32_t kScaleBlock = 32;
+// DeepSeek-V4.1 row geometry (include/engram/row.h): 256 FP8 E4M3 values followed by 8 E8M0
+// scales (one per 32 values).
+inline constexpr uint32_t kValueBytes = ENGRAM_ROW_VALUES;
+inline constexpr uint32_t kScaleBytes = ENGRAM_ROW_SCALES;
+inline constexpr uint32_t kRowBytes = ENGRAM_ROW_BYTES;
+inline constexpr uint32_t kScaleBlock = ENGRAM_ROW_SCALE_BLOCK;
 
+// enum engram_table_layout (include/engram/row.h) as a scoped enum with the same values:
+// safetensors shards (values and scales in two tensors, one row = two reads), or one packed
+// file of 264-byte rows after a header (docs/table_format.md).
 enum class TableLayout : uint8_t {
-  kCheckpoint,  // safetensors shards: values and scales in two tensors, one row = two reads
-  kPacked,      // one file, 264-byte rows after a header (docs/table_format.md)
+  kCheckpoint = ENGRAM_LAYOUT_CHECKPOINT,
+  kPacked = ENGRAM_LAYOUT_PACKED,
 };
 const char* TableLayoutName(TableLayout layout);
 

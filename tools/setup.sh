@@ -5,8 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
-  liburing-dev libboost-dev libabsl-dev catch2 libbenchmark-dev
-  libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libsystemd-dev libxxhash-dev
+  liburing-dev libabsl-dev catch2 libbenchmark-dev
+  libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
   pybind11-dev python3 python3-numpy python3-torch python3-pytest python3-matplotlib
   python3-venv python3-pip python3-mesonpy patchelf
   systemd

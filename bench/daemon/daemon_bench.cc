@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 500 && !SocketAnswers(sock); ++i) usleep(10000);
 
   engram_connect_options o;
-  engram_connect_options_init(&o);
+  engram_connect_options_init(&o, sizeof(o));
   o.socket_path = sock.c_str();
   o.data_bytes = large * (264 + 8) + (2 << 20);
   o.spin_ns = spin_us * 1000;

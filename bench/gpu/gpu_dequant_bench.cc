@@ -194,7 +194,7 @@ class TokenStep {
 void RunEngramdSteps(const StepSetup& setup, const char* socket_path, uint32_t table,
                      uint64_t table_rows) {
   engram_connect_options options;
-  engram_connect_options_init(&options);
+  engram_connect_options_init(&options, sizeof(options));
   options.socket_path = socket_path;
   engram_session* session = nullptr;
   if (engram_connect(&options, &session) != 0) {

@@ -10,7 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "client/abi_struct.h"
 #include "client/hash/ngram_hasher.h"
+#include "client/last_error.h"
 #include "engram/hash.h"
 
 static_assert(sizeof(engram_hasher_opts) == 32);
@@ -28,46 +30,46 @@ struct engram_hasher {
 
 namespace {
 
-thread_local std::string last_error;
+int ErrnoFor(const absl::Status& status, int failed_precondition_errno) {
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+      return ENOENT;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return EINVAL;
+    case absl::StatusCode::kFailedPrecondition:
+      return failed_precondition_errno;
+    case absl::StatusCode::kDataLoss:
+      return EBADMSG;
+    case absl::StatusCode::kResourceExhausted:
+      return ENOSPC;
+    case absl::StatusCode::kPermissionDenied:
+      return EACCES;
+    default:
+      return EIO;
+  }
+}
 
 // Records the message and returns the errno for a status. FailedPrecondition means a stale
 // derived-tables file when opening (-ESTALE) and a missing vocabulary when hashing.
 int Fail(const absl::Status& status, int failed_precondition_errno) {
-  last_error = std::string(status.message());
-  switch (status.code()) {
-    case absl::StatusCode::kNotFound:
-      return -ENOENT;
-    case absl::StatusCode::kInvalidArgument:
-      return -EINVAL;
-    case absl::StatusCode::kOutOfRange:
-      return -EINVAL;
-    case absl::StatusCode::kFailedPrecondition:
-      return -failed_precondition_errno;
-    case absl::StatusCode::kDataLoss:
-      return -EBADMSG;
-    case absl::StatusCode::kResourceExhausted:
-      return -ENOSPC;
-    case absl::StatusCode::kPermissionDenied:
-      return -EACCES;
-    default:
-      return -EIO;
-  }
+  return engram::client::SetErrorMessage(-ErrnoFor(status, failed_precondition_errno),
+                                         std::string(status.message()));
 }
 
 int FailInvalid(std::string message) {
-  last_error = std::move(message);
-  return -EINVAL;
+  return engram::client::SetErrorMessage(-EINVAL, std::move(message));
 }
 
 }  // namespace
 
 extern "C" {
 
-void engram_hasher_opts_init(struct engram_hasher_opts* opts) {
-  if (opts == nullptr) return;
-  std::memset(opts, 0, sizeof(*opts));
-  opts->size = sizeof(*opts);
-  opts->compressed_pad_id = -1;
+void engram_hasher_opts_init(struct engram_hasher_opts* opts, size_t size) {
+  engram_hasher_opts defaults{};
+  defaults.size = sizeof(defaults);
+  defaults.compressed_pad_id = -1;
+  engram::client::InitStruct(defaults, opts, size);
 }
 
 int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* opts,
@@ -76,14 +78,9 @@ int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* o
     return FailInvalid("engram_hasher_open: model_dir and ret_hasher must not be NULL");
   }
   engram_hasher_opts o;
-  engram_hasher_opts_init(&o);
+  engram_hasher_opts_init(&o, sizeof(o));
   if (opts != nullptr) {
-    if (opts->size < offsetof(engram_hasher_opts, reserved) || opts->size > sizeof(o)) {
-      return FailInvalid(absl::StrFormat(
-          "engram_hasher_open: opts size %d is not a known size of engram_hasher_opts (%d)",
-          opts->size, sizeof(o)));
-    }
-    std::memcpy(&o, opts, opts->size);
+    if (int rc = engram::client::ReadStruct("engram_hasher_opts", opts, &o); rc < 0) return rc;
   }
   if ((o.flags & ~ENGRAM_HASHER_COMPRESSED_ONLY) || o.reserved != 0) {
     return FailInvalid(absl::StrFormat(
@@ -103,8 +100,7 @@ int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* o
   if (!hasher.ok()) return Fail(hasher.status(), ESTALE);
   auto* h = new (std::nothrow) engram_hasher{*std::move(hasher)};
   if (h == nullptr) {
-    last_error = "engram_hasher_open: out of memory";
-    return -ENOMEM;
+    return engram::client::SetErrorMessage(-ENOMEM, "engram_hasher_open: out of memory");
   }
   *ret_hasher = h;
   return 0;
@@ -118,7 +114,7 @@ int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_inf
   }
   const engram::NgramHasher& h = hasher->impl;
   engram_hasher_info info{};
-  info.size = std::min(ret_info->size, sizeof(info));
+  info.size = sizeof(info);
   info.num_layers = h.num_layers();
   info.max_ngram_size = h.config().max_ngram_size;
   info.heads_per_order = h.config().n_heads;
@@ -126,8 +122,7 @@ int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_inf
   info.vocab_size = h.vocab_size();
   info.compressed_vocab_size = static_cast<uint32_t>(h.config().compressed_vocab_size);
   info.compressed_pad_id = h.compressed_pad_id();
-  std::memcpy(ret_info, &info, info.size);
-  return 0;
+  return engram::client::WriteStruct("engram_hasher_info", info, ret_info);
 }
 
 int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
@@ -140,11 +135,10 @@ int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
                                        hasher->impl.num_layers()));
   }
   engram_hash_layer_info info{};
-  info.size = std::min(ret_info->size, sizeof(info));
+  info.size = sizeof(info);
   info.layer_id = hasher->impl.layer(index).layer_id;
   info.num_rows = hasher->impl.layer(index).num_rows();
-  std::memcpy(ret_info, &info, info.size);
-  return 0;
+  return engram::client::WriteStruct("engram_hash_layer_info", info, ret_info);
 }
 
 int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp_size, uint32_t tp_rank,
@@ -182,11 +176,10 @@ int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t layer_id,
   if (!index.ok()) return Fail(index.status(), EINVAL);
   const std::vector<int64_t>& multipliers = hasher->impl.layer(*index).multipliers;
   if (cap < multipliers.size()) {
-    last_error = absl::StrFormat(
-        "engram_hasher_multipliers: layer %d has %d multipliers, the "
-        "output holds %d",
-        layer_id, multipliers.size(), cap);
-    return -ENOSPC;
+    return engram::client::SetErrorMessage(
+        -ENOSPC, absl::StrFormat("engram_hasher_multipliers: layer %d has %d multipliers, the "
+                                 "output holds %d",
+                                 layer_id, multipliers.size(), cap));
   }
   std::copy(multipliers.begin(), multipliers.end(), ret_multipliers);
   return 0;
@@ -213,12 +206,16 @@ int engram_hash(const engram_hasher* hasher, uint32_t layer_id, const struct eng
     heap_seqs.resize(n_seqs);
     converted = heap_seqs.data();
   }
+  // The first sequence's size is the array's stride (a caller's header may be older or newer).
+  const size_t stride = n_seqs > 0 ? engram::client::DeclaredSize(seqs) : 0;
   for (size_t i = 0; i < n_seqs; ++i) {
-    const engram_hash_seq& s = seqs[i];
-    if (s.size != sizeof(engram_hash_seq)) {
-      return FailInvalid(absl::StrFormat("engram_hash: sequence %d has size %d, expected %d", i,
-                                         s.size, sizeof(engram_hash_seq)));
+    const void* theirs = engram::client::ArrayElement(seqs, stride, i);
+    if (engram::client::DeclaredSize(theirs) != stride) {
+      return FailInvalid(absl::StrFormat("engram_hash: sequence %d has size %d, sequence 0 has %d",
+                                         i, engram::client::DeclaredSize(theirs), stride));
     }
+    engram_hash_seq s{};
+    if (int rc = engram::client::ReadStruct("engram_hash_seq", theirs, &s); rc < 0) return rc;
     if ((s.tokens == nullptr && s.n_tokens > 0) || (s.history == nullptr && s.n_history > 0)) {
       return FailInvalid(absl::StrFormat("engram_hash: sequence %d has a NULL array", i));
     }
@@ -242,7 +239,5 @@ int engram_hash_compress(const engram_hasher* hasher, const int32_t* tokens, siz
   if (!st.ok()) return Fail(st, EOPNOTSUPP);
   return 0;
 }
-
-const char* engram_hash_last_error(void) { return last_error.c_str(); }
 
 }  // extern "C"

@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -43,106 +42,7 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text) {
 
 namespace {
 
-// One key the file may set: how to apply a TOML value to the settings.
-using Setter = std::function<absl::Status(const toml::node&, DaemonSettings*)>;
-
-absl::Status TypeError(const char* want) {
-  return absl::InvalidArgumentError(absl::StrFormat("expected %s", want));
-}
-
-Setter Uint(std::function<void(DaemonSettings*, uint64_t)> set, uint64_t min, uint64_t max) {
-  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
-    const auto v = n.value<int64_t>();
-    if (!n.is_integer() || !v) return TypeError("an integer");
-    if (*v < 0 || static_cast<uint64_t>(*v) < min || static_cast<uint64_t>(*v) > max) {
-      return absl::InvalidArgumentError(absl::StrFormat("%d is outside [%u, %u]", *v, min, max));
-    }
-    set(s, static_cast<uint64_t>(*v));
-    return absl::OkStatus();
-  };
-}
-
-Setter Bytes(std::function<void(DaemonSettings*, uint64_t)> set) {
-  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
-    uint64_t bytes = 0;
-    if (n.is_integer()) {
-      const int64_t v = *n.value<int64_t>();
-      if (v < 0) return absl::InvalidArgumentError("a byte size cannot be negative");
-      bytes = static_cast<uint64_t>(v);
-    } else if (n.is_string()) {
-      absl::StatusOr<uint64_t> parsed = ParseByteSize(*n.value<std::string>());
-      if (!parsed.ok()) return parsed.status();
-      bytes = *parsed;
-    } else {
-      return TypeError("a byte count or a string such as \"1G\"");
-    }
-    if (bytes == 0) return absl::InvalidArgumentError("must be above 0");
-    set(s, bytes);
-    return absl::OkStatus();
-  };
-}
-
-Setter String(std::function<absl::Status(DaemonSettings*, const std::string&)> set) {
-  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
-    if (!n.is_string()) return TypeError("a string");
-    return set(s, *n.value<std::string>());
-  };
-}
-
-Setter Strings(std::vector<std::string> DaemonSettings::*field) {
-  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
-    const toml::array* a = n.as_array();
-    if (a == nullptr) return TypeError("an array of strings");
-    std::vector<std::string> out;
-    for (const toml::node& e : *a) {
-      if (!e.is_string()) return TypeError("an array of strings");
-      out.push_back(*e.value<std::string>());
-    }
-    s->*field = std::move(out);  // a later file replaces the list, it does not append
-    return absl::OkStatus();
-  };
-}
-
-// An array of numeric uids or gids (`what`: "uid" or "gid"). Numbers, not names: the check
-// runs on every control request and must not depend on the name service being up.
-Setter Ids(std::vector<uint32_t> ServerConfig::*field, const char* what) {
-  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
-    const toml::array* a = n.as_array();
-    if (a == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("expected an array of %ss (integers 0 to %u)", what, kMaxId));
-    }
-    std::vector<uint32_t> ids;
-    size_t index = 0;
-    for (const toml::node& e : *a) {
-      const auto v = e.value<int64_t>();
-      if (!e.is_integer() || !v) {
-        std::ostringstream shown;
-        e.visit([&](const auto& value) { shown << value; });
-        return absl::InvalidArgumentError(
-            absl::StrFormat("element %u, %s, is not a %s (an integer 0 to %u; `id -u NAME` "
-                            "gives a user's)",
-                            index, shown.str(), what, kMaxId));
-      }
-      if (*v < 0 || *v > int64_t{kMaxId}) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("element %u, %d, is not a %s (0 to %u)", index, *v, what, kMaxId));
-      }
-      ids.push_back(static_cast<uint32_t>(*v));
-      ++index;
-    }
-    s->server.*field = std::move(ids);  // a later file replaces the list, it does not append
-    return absl::OkStatus();
-  };
-}
-
-Setter Bool(std::function<void(DaemonSettings*, bool)> set) {
-  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
-    if (!n.is_boolean()) return TypeError("true or false");
-    set(s, *n.value<bool>());
-    return absl::OkStatus();
-  };
-}
+using Kind = Setting::Kind;
 
 absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
   for (const char* a : allowed) {
@@ -153,122 +53,319 @@ absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allo
   return absl::InvalidArgumentError(absl::StrFormat("'%s' is not one of %s", v, list));
 }
 
-const std::map<std::string, Setter>& Keys() {
-  static const auto* keys = new std::map<std::string, Setter>{
-      {"tables.models", Strings(&DaemonSettings::models)},
-      {"tables.files", Strings(&DaemonSettings::tables)},
-      {"tables.rows", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
-         if (!v.empty()) {
-           if (absl::StatusOr<RowRange> r = ParseRowRange(v); !r.ok()) return r.status();
-         }
-         s->rows = v;
-         return absl::OkStatus();
-       })},
-      {"tables.layers",
-       [](const toml::node& n, DaemonSettings* s) -> absl::Status {
-         const toml::array* a = n.as_array();
-         if (a == nullptr) return TypeError("an array of layer ids");
-         std::vector<uint32_t> layers;
-         for (const toml::node& e : *a) {
-           const auto v = e.value<int64_t>();
-           if (!e.is_integer() || *v < 0 || *v > UINT32_MAX) {
-             return TypeError("an array of layer ids (non-negative integers)");
-           }
-           layers.push_back(static_cast<uint32_t>(*v));
-         }
-         s->server.layers = std::move(layers);
-         return absl::OkStatus();
+absl::Status AbsolutePath(const std::string& v, bool may_be_empty) {
+  if ((v.empty() && may_be_empty) || (!v.empty() && v[0] == '/')) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat("'%s' is not an absolute path", v));
+}
+
+// "64M" for 64 << 20: the largest unit that divides the size.
+std::string ByteText(uint64_t bytes) {
+  const char* units = "KMGT";
+  int unit = -1;
+  while (unit < 3 && bytes != 0 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return unit < 0 ? absl::StrFormat("%u", bytes) : absl::StrFormat("\"%u%c\"", bytes, units[unit]);
+}
+
+absl::Status CheckRange(const Setting& setting, uint64_t v) {
+  if (v < setting.min || v > setting.max) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%u is outside [%u, %u]", v, setting.min, setting.max));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+T& At(const Setting& setting, DaemonSettings* s) {
+  return *static_cast<T*>(setting.field(s));
+}
+
+absl::Status ApplyTomlList(const Setting& setting, const toml::node& n, DaemonSettings* s) {
+  const toml::array* a = n.as_array();
+  const bool ids = setting.kind == Kind::kIds;
+  if (a == nullptr) {
+    return absl::InvalidArgumentError(
+        ids ? absl::StrFormat("expected an array of %ss (integers %u to %u)", setting.item,
+                              setting.min, setting.max)
+            : "expected an array of strings");
+  }
+  // A later file replaces the list, it does not append.
+  if (ids) {
+    At<std::vector<uint32_t>>(setting, s).clear();
+  } else {
+    At<std::vector<std::string>>(setting, s).clear();
+  }
+  size_t index = 0;
+  for (const toml::node& e : *a) {
+    std::ostringstream shown;
+    e.visit([&](const auto& value) { shown << value; });
+    if (ids) {
+      if (!e.is_integer() || *e.value<int64_t>() < 0 || !setting.ApplyText(shown.str(), s).ok()) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "element %u, %s, is not a %s (an array of %ss, integers %u to %u)", index, shown.str(),
+            setting.item, setting.item, setting.min, setting.max));
+      }
+    } else {
+      absl::Status st = e.is_string() ? setting.ApplyText(*e.value<std::string>(), s)
+                                      : absl::InvalidArgumentError("expected an array of strings");
+      if (!st.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("element %u, %s: %s", index, shown.str(), st.message()));
+      }
+    }
+    ++index;
+  }
+  return absl::OkStatus();
+}
+
+// Applies a TOML value; scalars go through Setting::ApplyText, as flags do.
+absl::Status ApplyToml(const Setting& setting, const toml::node& n, DaemonSettings* s) {
+  switch (setting.kind) {
+    case Kind::kUint32:
+    case Kind::kUint64: {
+      const auto v = n.value<int64_t>();
+      if (!n.is_integer() || !v) return absl::InvalidArgumentError("expected an integer");
+      if (*v < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%d is outside [%u, %u]", *v, setting.min, setting.max));
+      }
+      return setting.ApplyText(absl::StrFormat("%d", *v), s);
+    }
+    case Kind::kBytes:
+      if (n.is_integer()) {
+        if (*n.value<int64_t>() < 0) {
+          return absl::InvalidArgumentError("a byte size cannot be negative");
+        }
+        return setting.ApplyText(absl::StrFormat("%d", *n.value<int64_t>()), s);
+      }
+      if (n.is_string()) return setting.ApplyText(*n.value<std::string>(), s);
+      return absl::InvalidArgumentError("expected a byte count or a string such as \"1G\"");
+    case Kind::kString:
+      if (!n.is_string()) return absl::InvalidArgumentError("expected a string");
+      return setting.ApplyText(*n.value<std::string>(), s);
+    case Kind::kBool:
+      if (!n.is_boolean()) return absl::InvalidArgumentError("expected true or false");
+      At<bool>(setting, s) = *n.value<bool>();
+      return absl::OkStatus();
+    case Kind::kStrings:
+    case Kind::kIds:
+      return ApplyTomlList(setting, n, s);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string Setting::Text(const DaemonSettings& settings) const {
+  auto* s = const_cast<DaemonSettings*>(&settings);
+  switch (kind) {
+    case Kind::kUint32:
+      return absl::StrFormat("%u", At<uint32_t>(*this, s));
+    case Kind::kUint64:
+      return absl::StrFormat("%u", At<uint64_t>(*this, s));
+    case Kind::kBytes:
+      return ByteText(At<uint64_t>(*this, s));
+    case Kind::kString:
+      return "\"" + At<std::string>(*this, s) + "\"";
+    case Kind::kBool:
+      return At<bool>(*this, s) ? "true" : "false";
+    case Kind::kStrings: {
+      std::string out;
+      for (const std::string& v : At<std::vector<std::string>>(*this, s)) {
+        out += (out.empty() ? "\"" : ", \"") + v + "\"";
+      }
+      return "[" + out + "]";
+    }
+    case Kind::kIds: {
+      std::string out;
+      for (uint32_t v : At<std::vector<uint32_t>>(*this, s)) {
+        out += (out.empty() ? "" : ", ") + std::to_string(v);
+      }
+      return "[" + out + "]";
+    }
+  }
+  return "";
+}
+
+absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) const {
+  switch (kind) {
+    case Kind::kUint32:
+    case Kind::kUint64:
+    case Kind::kIds: {
+      uint64_t v = 0;
+      if (!absl::SimpleAtoi(text, &v)) {
+        return absl::InvalidArgumentError(absl::StrFormat("'%s' is not an integer", text));
+      }
+      if (absl::Status st = CheckRange(*this, v); !st.ok()) return st;
+      if (kind == Kind::kUint32) {
+        At<uint32_t>(*this, s) = static_cast<uint32_t>(v);
+      } else if (kind == Kind::kUint64) {
+        At<uint64_t>(*this, s) = v;
+      } else {
+        At<std::vector<uint32_t>>(*this, s).push_back(static_cast<uint32_t>(v));
+      }
+      return absl::OkStatus();
+    }
+    case Kind::kBytes: {
+      absl::StatusOr<uint64_t> v = ParseByteSize(text);
+      if (!v.ok()) return v.status();
+      if (*v == 0) return absl::InvalidArgumentError("must be above 0");
+      At<uint64_t>(*this, s) = *v;
+      return absl::OkStatus();
+    }
+    case Kind::kString:
+      if (check) {
+        if (absl::Status st = check(text); !st.ok()) return st;
+      }
+      At<std::string>(*this, s) = text;
+      return absl::OkStatus();
+    case Kind::kBool: {
+      // A flag without a value sets the opposite of the default.
+      DaemonSettings defaults;
+      if (text.empty()) {
+        At<bool>(*this, s) = !At<bool>(*this, &defaults);
+      } else if (text == "true" || text == "false") {
+        At<bool>(*this, s) = text == "true";
+      } else {
+        return absl::InvalidArgumentError(absl::StrFormat("'%s' is not true or false", text));
+      }
+      return absl::OkStatus();
+    }
+    case Kind::kStrings:
+      At<std::vector<std::string>>(*this, s).push_back(text);
+      return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+void Setting::ClearList(DaemonSettings* s) const {
+  if (kind == Kind::kStrings) At<std::vector<std::string>>(*this, s).clear();
+  if (kind == Kind::kIds) At<std::vector<uint32_t>>(*this, s).clear();
+}
+
+const std::vector<Setting>& Settings() {
+  using S = DaemonSettings;
+  static const auto* settings = new std::vector<Setting>{
+      {"tables.models", "--model", "Checkpoint directory; every Engram table in it is served",
+       Kind::kStrings, [](S* s) -> void* { return &s->models; }},
+      {"tables.files", "--table", "A packed table file (or a checkpoint directory)", Kind::kStrings,
+       [](S* s) -> void* { return &s->tables; }},
+      {"tables.rows", "--rows", "Per-rank copy: the rows A:B the sources hold (others are refused)",
+       Kind::kString, [](S* s) -> void* { return &s->rows; }, 0, 0,
+       [](const std::string& v) -> absl::Status {
+         if (v.empty()) return absl::OkStatus();
+         absl::StatusOr<RowRange> r = ParseRowRange(v);
+         return r.ok() ? absl::OkStatus() : r.status();
        }},
-      {"tables.check_holes", Bool([](DaemonSettings* s, bool v) { s->server.check_holes = v; })},
-      {"tables.read_mode", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
-         if (absl::Status st = OneOf(v, {"buffered", "direct"}); !st.ok()) return st;
-         s->read_mode = v;
-         return absl::OkStatus();
-       })},
-      {"socket.path", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
-         if (v.empty() || v[0] != '/') {
-           return absl::InvalidArgumentError(absl::StrFormat("'%s' is not an absolute path", v));
-         }
-         s->server.socket_path = v;
-         return absl::OkStatus();
-       })},
-      {"socket.mode", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
+      {"tables.layers", "--layers", "Serve only these layer ids (empty: all)", Kind::kIds,
+       [](S* s) -> void* { return &s->server.layers; }, 0, UINT32_MAX, nullptr, ",", "layer id"},
+      {"tables.check_holes", "--no-check-holes",
+       "Do not check sparse copies for holes in the rows they claim", Kind::kBool,
+       [](S* s) -> void* { return &s->server.check_holes; }},
+      {"tables.read_mode", "--read-mode",
+       "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables much larger "
+       "than RAM)",
+       Kind::kString, [](S* s) -> void* { return &s->read_mode; }, 0, 0,
+       [](const std::string& v) {
+         return OneOf(v, {"buffered", "direct"});
+       }},
+      {"socket.path", "--socket", "Unix socket to listen on", Kind::kString,
+       [](S* s) -> void* { return &s->server.socket_path; }, 0, 0,
+       [](const std::string& v) { return AbsolutePath(v, false); }},
+      {"socket.mode", "--socket-mode", "File mode of the socket (octal)", Kind::kString,
+       [](S* s) -> void* { return &s->socket_mode; }, 0, 0,
+       [](const std::string& v) -> absl::Status {
          char* end = nullptr;
          const unsigned long mode = strtoul(v.c_str(), &end, 8);
          if (v.empty() || *end != '\0' || mode > 07777) {
            return absl::InvalidArgumentError(
                absl::StrFormat("'%s' is not an octal file mode such as \"0660\"", v));
          }
-         s->socket_mode = v;
          return absl::OkStatus();
-       })},
-      {"socket.group", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
-         s->server.socket_group = v;
-         return absl::OkStatus();
-       })},
-      {"access.allow_users", Strings(&DaemonSettings::allow_users)},
-      {"access.allow_groups", Strings(&DaemonSettings::allow_groups)},
-      {"access.admin_uids", Ids(&ServerConfig::admin_uids, "uid")},
-      {"access.admin_gids", Ids(&ServerConfig::admin_gids, "gid")},
-      {"limits.max_clients",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.limits.max_clients = v; }, 1, 65536)},
-      {"limits.max_inflight",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.limits.max_inflight = v; }, 1,
-            ENGRAM_MAX_SLOTS)},
-      {"limits.max_rows_per_request",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.limits.max_rows_per_request = v; }, 1,
-            uint64_t{1} << 32)},
-      {"limits.max_arena_bytes",
-       Bytes([](DaemonSettings* s, uint64_t v) { s->server.limits.max_arena_bytes = v; })},
-      {"limits.max_total_arena_bytes",
-       Bytes([](DaemonSettings* s, uint64_t v) { s->server.limits.max_total_arena_bytes = v; })},
-      {"limits.default_data_bytes",
-       Bytes([](DaemonSettings* s, uint64_t v) { s->server.limits.default_data_bytes = v; })},
-      {"limits.default_slots",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.limits.default_slots = v; }, 1,
-            ENGRAM_MAX_SLOTS)},
-      {"engine.workers",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.workers = v; }, 0, 1024)},
-      {"engine.request_threads",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.request_threads = v; }, 1, 1024)},
-      {"engine.poll_spin_min_us",
-       Uint([](DaemonSettings* s, uint64_t v) { s->spin_min_us = v; }, 0, 10'000'000)},
-      {"engine.poll_spin_max_us",
-       Uint([](DaemonSettings* s, uint64_t v) { s->spin_max_us = v; }, 0, 10'000'000)},
-      {"engine.inline_rows",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.poll.inline_rows = v; }, 0,
-            uint64_t{1} << 32)},
-      {"log.level", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
-         if (absl::Status st = OneOf(v, {"error", "warning", "notice", "info", "debug"});
-             !st.ok()) {
-           return st;
-         }
-         s->log_level = v;
-         return absl::OkStatus();
-       })},
-      {"metrics.http_port",
-       Uint([](DaemonSettings* s, uint64_t v) { s->metrics.http_port = v; }, 0, 65535)},
-      {"metrics.http_address", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
+       }},
+      {"socket.group", "--socket-group", "Group owning the socket (empty: the daemon's group)",
+       Kind::kString, [](S* s) -> void* { return &s->server.socket_group; }},
+      {"access.allow_users", "--allow-uid",
+       "User (name or uid) allowed to connect; repeatable (default: own uid and root)",
+       Kind::kStrings, [](S* s) -> void* { return &s->allow_users; }},
+      {"access.allow_groups", "--allow-gid",
+       "Group (name or gid) whose members may connect; repeatable", Kind::kStrings,
+       [](S* s) -> void* { return &s->allow_groups; }},
+      {"access.admin_uids", "--admin-uid",
+       "uid that may also run warm and evict (root and engramd's own uid always may); repeatable",
+       Kind::kIds, [](S* s) -> void* { return &s->server.admin_uids; }, 0, kMaxId, nullptr, "",
+       "uid"},
+      {"access.admin_gids", "--admin-gid", "gid whose members may run warm and evict; repeatable",
+       Kind::kIds, [](S* s) -> void* { return &s->server.admin_gids; }, 0, kMaxId, nullptr, "",
+       "gid"},
+      {"limits.max_clients", "--max-clients", "Sessions at once", Kind::kUint32,
+       [](S* s) -> void* { return &s->server.limits.max_clients; }, 1, 65536},
+      {"limits.max_inflight", "--max-inflight", "Requests in flight per session", Kind::kUint32,
+       [](S* s) -> void* { return &s->server.limits.max_inflight; }, 1, ENGRAM_MAX_SLOTS},
+      {"limits.max_rows_per_request", "--max-rows-per-request", "Rows in one request",
+       Kind::kUint64, [](S* s) -> void* { return &s->server.limits.max_rows_per_request; }, 1,
+       uint64_t{1} << 32},
+      {"limits.max_arena_bytes", "--max-arena-bytes",
+       "Data region of one session (bytes; K/M/G suffixes)", Kind::kBytes,
+       [](S* s) -> void* { return &s->server.limits.max_arena_bytes; }},
+      {"limits.max_total_arena_bytes", "--max-total-arena-bytes", "Arenas of all sessions together",
+       Kind::kBytes, [](S* s) -> void* { return &s->server.limits.max_total_arena_bytes; }},
+      {"limits.default_data_bytes", "",
+       "Data region of a session whose client asks for the default (0)", Kind::kBytes,
+       [](S* s) -> void* { return &s->server.limits.default_data_bytes; }},
+      {"limits.default_slots", "", "Request slots of a session whose client asks for the default",
+       Kind::kUint32, [](S* s) -> void* { return &s->server.limits.default_slots; }, 1,
+       ENGRAM_MAX_SLOTS},
+      {"engine.workers", "--workers", "Gather workers (0: one per CPU)", Kind::kUint32,
+       [](S* s) -> void* { return &s->server.workers; }, 0, 1024},
+      {"engine.request_threads", "--request-threads",
+       "Requests gathered at the same time (each helped by the workers)", Kind::kUint32,
+       [](S* s) -> void* { return &s->server.request_threads; }, 1, 1024},
+      {"engine.poll_spin_min_us", "--poll-spin-min-us", "Shortest polling spell before sleeping",
+       Kind::kUint64, [](S* s) -> void* { return &s->spin_min_us; }, 0, 10'000'000},
+      {"engine.poll_spin_max_us", "--poll-spin-max-us", "Longest polling spell before sleeping",
+       Kind::kUint64, [](S* s) -> void* { return &s->spin_max_us; }, 0, 10'000'000},
+      {"engine.inline_rows", "--inline-rows",
+       "Gather requests of up to this many rows on the polling thread", Kind::kUint64,
+       [](S* s) -> void* { return &s->server.poll.inline_rows; }, 0, uint64_t{1} << 32},
+      {"log.level", "--log-level", "error, warning, notice, info or debug", Kind::kString,
+       [](S* s) -> void* { return &s->log_level; }, 0, 0,
+       [](const std::string& v) {
+         return OneOf(v, {"error", "warning", "notice", "info", "debug"});
+       }},
+      {"metrics.http_port", "--metrics-port",
+       "Serve Prometheus metrics on this loopback TCP port (0: off)", Kind::kUint32,
+       [](S* s) -> void* { return &s->metrics.http_port; }, 0, 65535},
+      {"metrics.http_address", "", "Loopback address of the metrics port", Kind::kString,
+       [](S* s) -> void* { return &s->metrics.http_address; }, 0, 0,
+       [](const std::string& v) -> absl::Status {
          if (v != "127.0.0.1" && v != "::1" && v != "localhost") {
            return absl::InvalidArgumentError(absl::StrFormat(
                "'%s' is not a loopback address (127.0.0.1, ::1 or localhost); the metrics "
                "port is never exposed beyond the node",
                v));
          }
-         s->metrics.http_address = v;
          return absl::OkStatus();
-       })},
-      {"metrics.textfile_dir", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
-         if (!v.empty() && v[0] != '/') {
-           return absl::InvalidArgumentError(absl::StrFormat("'%s' is not an absolute path", v));
-         }
-         s->metrics.textfile_dir = v;
-         return absl::OkStatus();
-       })},
-      {"metrics.textfile_interval_seconds",
-       Uint([](DaemonSettings* s, uint64_t v) { s->metrics.textfile_interval_s = v; }, 1, 3600)},
+       }},
+      {"metrics.textfile_dir", "--metrics-textfile-dir",
+       "Write engramd.prom for node-exporter's textfile collector into this directory",
+       Kind::kString, [](S* s) -> void* { return &s->metrics.textfile_dir; }, 0, 0,
+       [](const std::string& v) { return AbsolutePath(v, true); }},
+      {"metrics.textfile_interval_seconds", "", "Seconds between textfile writes", Kind::kUint32,
+       [](S* s) -> void* { return &s->metrics.textfile_interval_s; }, 1, 3600},
   };
-  return *keys;
+  return *settings;
+}
+
+namespace {
+
+const Setting* FindSetting(const std::string& key) {
+  for (const Setting& s : Settings()) {
+    if (key == s.key) return &s;
+  }
+  return nullptr;
 }
 
 absl::Status Walk(const std::string& path, const toml::table& table, const std::string& prefix,
@@ -281,12 +378,12 @@ absl::Status Walk(const std::string& path, const toml::table& table, const std::
       if (absl::Status s = Walk(path, *sub, name, settings); !s.ok()) return s;
       continue;
     }
-    auto it = Keys().find(name);
-    if (it == Keys().end()) {
+    const Setting* setting = FindSetting(name);
+    if (setting == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s:%u: unknown key '%s' (docs/operations.md lists every key)", path, line, name));
     }
-    if (absl::Status s = it->second(node, settings); !s.ok()) {
+    if (absl::Status s = ApplyToml(*setting, node, settings); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("%s:%u: key '%s': %s", path, line, name, s.message()));
     }
@@ -295,6 +392,13 @@ absl::Status Walk(const std::string& path, const toml::table& table, const std::
 }
 
 }  // namespace
+
+std::vector<std::string> ConfigKeys() {
+  std::vector<std::string> keys;
+  for (const Setting& s : Settings()) keys.push_back(s.key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
 
 absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings) {
   toml::table table;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,43 @@ struct DaemonSettings {
   MetricsOptions metrics;
 };
 
+// One setting of engramd, defined once: its configuration-file key, its command-line flag, its
+// help text, where its value lives in DaemonSettings and how a value is checked. The file
+// parser, engramd's flags (and --help) and the check of docs/operations.md all read Settings();
+// the defaults are DaemonSettings' member initialisers, shown through DefaultText().
+struct Setting {
+  enum class Kind {
+    kUint32,   // an integer in [min, max]
+    kUint64,   // an integer in [min, max]
+    kBytes,    // a byte size above 0 (uint64_t): an integer or "64M" (K, M, G, T: powers of 1024)
+    kString,   // text, checked by `check` when set
+    kStrings,  // a list of text; a repeatable flag
+    kIds,      // a list of integers in [min, max]; a repeatable (or comma-separated) flag
+    kBool,     // true or false; the flag, if any, sets the opposite of the default
+  };
+  const char* key;   // "limits.max_clients"
+  const char* flag;  // "--max-clients"; "" when only the file sets it
+  const char* help;  // one line, for --help and the docs
+  Kind kind;
+  std::function<void*(DaemonSettings*)> field;  // the value's storage (type as Kind says)
+  uint64_t min = 0;
+  uint64_t max = UINT64_MAX;
+  std::function<absl::Status(const std::string&)> check;  // kString: the value's rules
+  const char* flag_separator = "";  // kIds: a flag may list values with this separator
+  const char* item = "";            // kIds: what one value is ("uid"), for messages
+
+  // The value as TOML text ("64M", "[]", "\"info\"", "true").
+  std::string Text(const DaemonSettings& s) const;
+  std::string DefaultText() const { return Text(DaemonSettings{}); }
+  // Applies one value given as text (a flag's argument; a list setting appends it).
+  absl::Status ApplyText(const std::string& text, DaemonSettings* s) const;
+  // Empties a list setting (a flag replaces the file's list); no-op for others.
+  void ClearList(DaemonSettings* s) const;
+};
+
+// Every setting, in the order of docs/operations.md.
+const std::vector<Setting>& Settings();
+
 // Applies one TOML file onto *settings. InvalidArgument names "FILE:LINE: key 'a.b': why".
 absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings);
 
@@ -48,6 +86,10 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings);
 // `*.toml` of `path + ".d/"` in name order. *ret_files lists the files read, in order.
 absl::Status LoadConfig(const std::string& path, bool must_exist, DaemonSettings* settings,
                         std::vector<std::string>* ret_files);
+
+// Every key the file accepts ("section.name"), sorted. docs/operations.md must list each one
+// with its default and flag (tests/ops checks it).
+std::vector<std::string> ConfigKeys();
 
 // "1G", "512M", "4096" → bytes. InvalidArgument on anything else.
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text);

@@ -1,6 +1,8 @@
 // systemd integration without libsystemd: the sd_notify datagram protocol (READY, STATUS,
 // WATCHDOG, EXTEND_TIMEOUT_USEC) and socket activation (LISTEN_FDS), both plain environment
-// and socket conventions documented in sd_notify(3) and sd_listen_fds(3).
+// and socket conventions documented in sd_notify(3) and sd_listen_fds(3). Implemented here
+// rather than linked: the two protocols take a few dozen lines, and engramd then runs with no
+// libsystemd on hosts that lack it (the GPU hosts it is carried to, cross builds).
 #pragma once
 
 #include <cstdint>

@@ -18,24 +18,25 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const protocol::ArenaLayout
   std::unique_ptr<Arena> arena(new Arena());
   arena->layout_ = layout;
   const std::string name = absl::StrFormat("engram-session-%u", session_id);
-  arena->fd_ = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (arena->fd_ < 0) {
+  arena->fd_.Reset(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!arena->fd_.valid()) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("memfd_create for session %u: %s", session_id, strerror(errno)));
   }
-  if (ftruncate(arena->fd_, static_cast<off_t>(layout.arena_bytes)) < 0) {
+  if (ftruncate(arena->fd(), static_cast<off_t>(layout.arena_bytes)) < 0) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("sizing the arena of session %u to %u bytes: %s", session_id,
                         layout.arena_bytes, strerror(errno)));
   }
-  void* map = mmap(nullptr, layout.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena->fd_, 0);
+  void* map = mmap(nullptr, layout.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena->fd(), 0);
   if (map == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("mapping the %u-byte arena of session %u: %s", layout.arena_bytes,
                         session_id, strerror(errno)));
   }
+  arena->mapping_.Reset(map, layout.arena_bytes);
   arena->base_ = static_cast<uint8_t*>(map);
-  if (fcntl(arena->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+  if (fcntl(arena->fd(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
     return absl::InternalError(
         absl::StrFormat("sealing the arena of session %u: %s", session_id, strerror(errno)));
   }
@@ -57,16 +58,6 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const protocol::ArenaLayout
   h->max_rows_per_request = max_rows_per_request;
   h->daemon_state = ENGRAM_DAEMON_SERVING;
   return arena;
-}
-
-void Arena::CloseFd() {
-  if (fd_ >= 0) close(fd_);
-  fd_ = -1;
-}
-
-Arena::~Arena() {
-  if (base_ != nullptr) munmap(base_, layout_.arena_bytes);
-  CloseFd();
 }
 
 }  // namespace engram

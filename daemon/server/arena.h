@@ -6,8 +6,10 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "protocol/codec.h"
 #include "engram/protocol.h"
+#include "protocol/codec.h"
+#include "protocol/unique_fd.h"
+#include "protocol/unique_mapping.h"
 
 namespace engram {
 
@@ -20,10 +22,9 @@ class Arena {
                                                        uint64_t max_rows_per_request);
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
-  ~Arena();
 
   // The memfd to pass to the client. Owned by the Arena.
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   const protocol::ArenaLayout& layout() const { return layout_; }
   engram_arena_header* header() const { return reinterpret_cast<engram_arena_header*>(base_); }
   engram_sqe* sq() const { return reinterpret_cast<engram_sqe*>(base_ + layout_.sq_offset); }
@@ -36,12 +37,13 @@ class Arena {
   uint64_t bytes() const { return layout_.arena_bytes; }
 
   // Drops the memfd (after it was sent); the mapping stays.
-  void CloseFd();
+  void CloseFd() { fd_.Reset(); }
 
  private:
   Arena() = default;
-  int fd_ = -1;
-  uint8_t* base_ = nullptr;
+  UniqueFd fd_;
+  UniqueMapping mapping_;
+  uint8_t* base_ = nullptr;  // mapping_'s start
   protocol::ArenaLayout layout_;
 };
 

@@ -14,9 +14,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/control.h"
-#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/notify.h"
 #include "daemon/server/server.h"
@@ -78,181 +78,121 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenAll(const ServerConfig& 
   return all;
 }
 
-int Main(int argc, char** argv) {
-  CLI::App app{"engramd: serves DeepSeek-V4.1 Engram table rows to local processes"};
-  app.set_version_flag("--version", absl::StrFormat("engramd %s (protocol %u.%u)", ENGRAMD_VERSION,
-                                                    ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR));
-  // The configuration file is read before the flags are parsed into the same settings, so a
-  // flag given on the command line overrides the file.
-  std::string config_path = kDefaultConfigPath;
-  bool config_given = false;
+// --config PATH from the command line, found before the flags are parsed: the file is read
+// first, so that the flags, parsed into the same settings, override it.
+std::string FindConfigPath(int argc, char** argv, bool* ret_given) {
+  std::string path = kDefaultConfigPath;
+  *ret_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--config" && i + 1 < argc) {
-      config_path = argv[i + 1];
-      config_given = true;
+      path = argv[i + 1];
+      *ret_given = true;
     } else if (a.rfind("--config=", 0) == 0) {
-      config_path = a.substr(9);
-      config_given = true;
+      path = a.substr(9);
+      *ret_given = true;
     }
   }
-  DaemonSettings settings;
-  std::vector<std::string> config_files;
-  const absl::Status config_status =
-      LoadConfig(config_path, config_given, &settings, &config_files);
-  ServerConfig& config = settings.server;
-  std::vector<std::string>&models = settings.models, &tables = settings.tables,
-  &allow_users = settings.allow_users, &allow_groups = settings.allow_groups;
-  std::string &rows_text = settings.rows, &log_level = settings.log_level;
-  bool no_check_holes = false, check_config = false;
-  std::string& mode_text = settings.socket_mode;
-  app.add_option("--config", config_path,
-                 "Configuration file; drop-ins in PATH.d/*.toml are applied after it")
-      ->type_name("PATH")
-      ->capture_default_str();
-  app.add_flag("--check-config", check_config,
-               "Validate the configuration and open every table, then exit without serving");
-  app.add_option("--metrics-port", settings.metrics.http_port,
-                 "Serve Prometheus metrics on this loopback TCP port (0: off)")
-      ->capture_default_str();
-  app.add_option("--metrics-textfile-dir", settings.metrics.textfile_dir,
-                 "Write engramd.prom for node-exporter's textfile collector into this directory");
-  app.add_option("--model", models, "Checkpoint directory; every Engram table in it is served")
-      ->type_name("DIR");
-  app.add_option("--table", tables, "A packed table file (or a checkpoint directory)")
-      ->type_name("PATH");
-  app.add_option("--rows", rows_text,
-                 "Per-rank copy: the rows A:B the sources hold (others are refused)")
-      ->type_name("A:B");
-  app.add_option("--layers", config.layers, "Serve only these layer ids")->delimiter(',');
-  app.add_flag("--no-check-holes", no_check_holes,
-               "Do not check sparse copies for holes in the rows they claim");
-  app.add_option("--socket", config.socket_path, "Unix socket to listen on")->capture_default_str();
-  app.add_option("--socket-mode", mode_text, "File mode of the socket (octal)")
-      ->capture_default_str();
-  app.add_option("--socket-group", config.socket_group, "Group owning the socket");
-  app.add_option("--allow-uid", allow_users,
-                 "User (name or uid) allowed to connect; repeatable (default: own uid and root)");
-  app.add_option("--allow-gid", allow_groups,
-                 "Group (name or gid) whose members may connect; repeatable");
-  app.add_option("--admin-uid", config.admin_uids,
-                 "uid that may also run warm and evict (root and engramd's own uid always may); "
-                 "repeatable")
-      ->type_name("UID")
-      ->check(CLI::Range(uint32_t{0}, kMaxId));
-  app.add_option("--admin-gid", config.admin_gids,
-                 "gid whose members may run warm and evict; repeatable")
-      ->type_name("GID")
-      ->check(CLI::Range(uint32_t{0}, kMaxId));
-  app.add_option("--max-clients", config.limits.max_clients, "Sessions at once")
-      ->capture_default_str();
-  app.add_option("--max-inflight", config.limits.max_inflight, "Requests in flight per session")
-      ->capture_default_str();
-  app.add_option("--max-rows-per-request", config.limits.max_rows_per_request,
-                 "Rows in one request")
-      ->capture_default_str();
-  app.add_option("--max-arena-bytes", config.limits.max_arena_bytes,
-                 "Data region of one session (bytes; K/M/G suffixes)")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_option("--max-total-arena-bytes", config.limits.max_total_arena_bytes,
-                 "Arenas of all sessions together")
-      ->transform(CLI::AsSizeValue(false))
-      ->capture_default_str();
-  app.add_option("--workers", config.workers, "Gather workers (0: one per CPU)")
-      ->capture_default_str();
-  app.add_option("--request-threads", config.request_threads,
-                 "Requests gathered at the same time (each helped by the workers)")
-      ->capture_default_str();
-  uint64_t &spin_min_us = settings.spin_min_us, &spin_max_us = settings.spin_max_us;
-  app.add_option("--poll-spin-min-us", spin_min_us, "Shortest polling spell before sleeping")
-      ->capture_default_str();
-  app.add_option("--poll-spin-max-us", spin_max_us, "Longest polling spell before sleeping")
-      ->capture_default_str();
-  app.add_option("--inline-rows", config.poll.inline_rows,
-                 "Gather requests of up to this many rows on the polling thread")
-      ->capture_default_str();
-  std::string& read_mode = settings.read_mode;
-  app.add_option("--read-mode", read_mode,
-                 "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables "
-                 "much larger than RAM)")
-      ->check(CLI::IsMember({"buffered", "direct"}))
-      ->capture_default_str();
-  app.add_option("--log-level", log_level, "error, warning, notice, info or debug")
-      ->check(CLI::IsMember({"error", "warning", "notice", "info", "debug"}))
-      ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  if (!config_status.ok()) {
-    log::Error("engramd: {}", config_status.ToString());
-    return 1;
-  }
+  return path;
+}
 
-  const std::map<std::string, log::Priority> levels = {{"error", log::kError},
-                                                       {"warning", log::kWarning},
-                                                       {"notice", log::kNotice},
-                                                       {"info", log::kInfo},
-                                                       {"debug", log::kDebug}};
-  log::g_max_priority = levels.at(log_level);
-  auto fail = [](const absl::Status& s) {
-    log::Error("engramd: {}", s.ToString());
-    return 1;
-  };
-  // Turns the settings into the server configuration (names resolved, text parsed). Also
-  // used by SIGHUP, which reloads the files and applies the same flags again.
-  auto resolve = [&]() -> absl::Status {
-    if (models.empty() && tables.empty()) {
-      return absl::InvalidArgumentError(
-          "nothing to serve: give --model DIR or --table PATH, or tables.models / tables.files "
-          "in " +
-          config_path);
+// One flag per setting of Settings() that has one, writing into *settings; --help shows each
+// with the value it has before the flags (the default, or the configuration file's).
+void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
+  using Kind = Setting::Kind;
+  for (const Setting& setting : Settings()) {
+    if (setting.flag[0] == '\0') continue;
+    const Setting* st = &setting;
+    auto apply = [st, settings](const std::string& text) {
+      if (absl::Status s = st->ApplyText(text, settings); !s.ok()) {
+        throw CLI::ValidationError(st->flag, std::string(s.message()));
+      }
+    };
+    const char* metavar = setting.kind == Kind::kBytes                                     ? "SIZE"
+                          : setting.kind == Kind::kUint32 || setting.kind == Kind::kUint64 ? "N"
+                          : setting.kind == Kind::kIds                                     ? "ID"
+                                                                                           : "TEXT";
+    std::string shown = setting.Text(*settings);
+    if (shown.size() >= 2 && shown.front() == '"') shown = shown.substr(1, shown.size() - 2);
+    if (setting.kind == Kind::kBool) {
+      app.add_flag_callback(
+          setting.flag, [apply] { apply(""); }, setting.help);
+    } else if (setting.kind == Kind::kStrings || setting.kind == Kind::kIds) {
+      CLI::Option* o = app.add_option_function<std::vector<std::string>>(
+          setting.flag,
+          [st, settings, apply](const std::vector<std::string>& values) {
+            st->ClearList(settings);  // the flag's list replaces the file's
+            for (const std::string& v : values) apply(v);
+          },
+          setting.help);
+      o->type_name(metavar);
+      if (setting.flag_separator[0] != '\0') o->delimiter(setting.flag_separator[0]);
+      if (shown != "[]") o->default_str(shown);
+    } else {
+      CLI::Option* o = app.add_option_function<std::string>(setting.flag, apply, setting.help);
+      o->type_name(metavar);
+      if (!shown.empty()) o->default_str(shown);
     }
-    std::optional<RowRange> rows;
-    if (!rows_text.empty()) {
-      absl::StatusOr<RowRange> r = ParseRowRange(rows_text);
-      if (!r.ok()) return r.status();
-      rows = *r;
-    }
-    config.sources.clear();
-    for (const auto& m : models) config.sources.push_back({.path = m, .rows = rows});
-    for (const auto& t : tables) config.sources.push_back({.path = t, .rows = rows});
-    if (no_check_holes) config.check_holes = false;
-    char* end = nullptr;
-    config.socket_mode = static_cast<uint32_t>(strtoul(mode_text.c_str(), &end, 8));
-    if (end == mode_text.c_str() || *end != '\0' || config.socket_mode > 07777) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--socket-mode '%s' is not an octal file mode", mode_text));
-    }
-    config.allow_uids.clear();
-    config.allow_gids.clear();
-    for (const auto& u : allow_users) {
-      absl::StatusOr<uid_t> uid = ResolveUser(u);
-      if (!uid.ok()) return uid.status();
-      config.allow_uids.push_back(*uid);
-    }
-    for (const auto& g : allow_groups) {
-      absl::StatusOr<gid_t> gid = ResolveGroup(g);
-      if (!gid.ok()) return gid.status();
-      config.allow_gids.push_back(*gid);
-    }
-    if (!config.allow_gids.empty() && config.allow_uids.empty()) {
-      // Naming groups must not lock out the operator: keep the daemon's own uid and root.
-      config.allow_uids = {geteuid(), 0};
-    }
-    config.poll.spin_min_ns = spin_min_us * 1000;
-    config.poll.spin_max_ns = std::max(spin_max_us, spin_min_us) * 1000;
-    if (config.limits.max_clients == 0 || config.limits.max_inflight == 0 ||
-        config.limits.max_rows_per_request == 0 || config.limits.max_arena_bytes == 0) {
-      return absl::InvalidArgumentError("limits must be above 0");
-    }
-    return absl::OkStatus();
-  };
-  if (absl::Status s = resolve(); !s.ok()) return fail(s);
-  log::g_max_priority = levels.at(log_level);
-  if (!config_files.empty()) {
-    log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
   }
+}
 
-  // Signals are read through a signalfd by the server: block them before any thread starts.
+// Turns the settings into the server configuration (names resolved, text parsed). Also used by
+// SIGHUP, which reloads the files and applies the same flags again.
+absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
+  ServerConfig& config = settings->server;
+  if (settings->models.empty() && settings->tables.empty()) {
+    return absl::InvalidArgumentError(
+        "nothing to serve: give --model DIR or --table PATH, or tables.models / tables.files in " +
+        config_path);
+  }
+  std::optional<RowRange> rows;
+  if (!settings->rows.empty()) {
+    absl::StatusOr<RowRange> r = ParseRowRange(settings->rows);
+    if (!r.ok()) return r.status();
+    rows = *r;
+  }
+  config.sources.clear();
+  for (const auto& m : settings->models) config.sources.push_back({.path = m, .rows = rows});
+  for (const auto& t : settings->tables) config.sources.push_back({.path = t, .rows = rows});
+  // Checked when it was set: an octal mode of at most 07777.
+  config.socket_mode = static_cast<uint32_t>(strtoul(settings->socket_mode.c_str(), nullptr, 8));
+  config.allow_uids.clear();
+  config.allow_gids.clear();
+  for (const auto& u : settings->allow_users) {
+    absl::StatusOr<uid_t> uid = ResolveUser(u);
+    if (!uid.ok()) return uid.status();
+    config.allow_uids.push_back(*uid);
+  }
+  for (const auto& g : settings->allow_groups) {
+    absl::StatusOr<gid_t> gid = ResolveGroup(g);
+    if (!gid.ok()) return gid.status();
+    config.allow_gids.push_back(*gid);
+  }
+  if (!config.allow_gids.empty() && config.allow_uids.empty()) {
+    // Naming groups must not lock out the operator: keep the daemon's own uid and root.
+    config.allow_uids = {geteuid(), 0};
+  }
+  config.poll.spin_min_ns = settings->spin_min_us * 1000;
+  config.poll.spin_max_ns = std::max(settings->spin_max_us, settings->spin_min_us) * 1000;
+  return absl::OkStatus();
+}
+
+void SetLogLevel(const std::string& level) {
+  static const std::map<std::string, log::Priority> levels = {{"error", log::kError},
+                                                              {"warning", log::kWarning},
+                                                              {"notice", log::kNotice},
+                                                              {"info", log::kInfo},
+                                                              {"debug", log::kDebug}};
+  log::g_max_priority = levels.at(level);
+}
+
+int Fail(const absl::Status& s) {
+  log::Error("engramd: {}", s.ToString());
+  return 1;
+}
+
+// Signals are read through a signalfd by the server: block them before any thread starts.
+void BlockSignals() {
   sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGTERM);
@@ -260,70 +200,120 @@ int Main(int argc, char** argv) {
   sigaddset(&mask, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &mask, nullptr);
   signal(SIGPIPE, SIG_IGN);
+}
 
-  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(config);
-  if (!opened.ok()) return fail(opened.status());
-  if (check_config) {
-    printf("configuration OK (%s)\n", config_files.empty()
-                                          ? "no configuration file; defaults and flags"
-                                          : absl::StrJoin(config_files, ", ").c_str());
-    for (const auto& t : *opened) {
-      printf("  %s: rows [%lu, %lu) of %lu\n", t->Describe().c_str(), t->covered().begin,
-             t->covered().end, t->num_rows());
-    }
-    printf("  may connect: %s%s\n",
-           config.allow_uids.empty()
-               ? absl::StrFormat("root and uid %u (engramd's own)", geteuid()).c_str()
-               : ("uids " + absl::StrJoin(config.allow_uids, ",")).c_str(),
-           config.allow_gids.empty()
-               ? ""
-               : (", members of gids " + absl::StrJoin(config.allow_gids, ",")).c_str());
-    printf("  administrators (%s): %s\n", absl::StrJoin(AdminCommandNames(), ", ").c_str(),
-           DescribeAdministrators(config, geteuid()).c_str());
-    return 0;
+// --check-config: what would be served, and to whom.
+void PrintCheckedConfig(const ServerConfig& config, const std::vector<std::string>& files,
+                        const std::vector<std::unique_ptr<Table>>& tables) {
+  printf("configuration OK (%s)\n", files.empty() ? "no configuration file; defaults and flags"
+                                                  : absl::StrJoin(files, ", ").c_str());
+  for (const auto& t : tables) {
+    printf("  %s: rows [%lu, %lu) of %lu\n", t->Describe().c_str(), t->covered().begin,
+           t->covered().end, t->num_rows());
   }
+  printf("  may connect: %s%s\n",
+         config.allow_uids.empty()
+             ? absl::StrFormat("root and uid %u (engramd's own)", geteuid()).c_str()
+             : ("uids " + absl::StrJoin(config.allow_uids, ",")).c_str(),
+         config.allow_gids.empty()
+             ? ""
+             : (", members of gids " + absl::StrJoin(config.allow_gids, ",")).c_str());
+  printf("  administrators (%s): %s\n", absl::StrJoin(AdminCommandNames(), ", ").c_str(),
+         DescribeAdministrators(config, geteuid()).c_str());
+}
+
+// What the command line said, kept for SIGHUP, which reads the files and applies the same flags
+// over them again.
+struct CommandLine {
+  CLI::App* app;
+  int argc;
+  char** argv;
+  std::string config_path;
+  bool config_given;
+};
+
+absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* settings) {
+  DaemonSettings fresh;
+  std::vector<std::string> files;
+  if (absl::Status s = LoadConfig(cl.config_path, cl.config_given, &fresh, &files); !s.ok()) {
+    return s;
+  }
+  const int listen_fd = settings->server.listen_fd;
+  *settings = fresh;
+  cl.app->clear();
+  try {
+    cl.app->parse(cl.argc, cl.argv);
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  if (absl::Status s = Resolve(cl.config_path, settings); !s.ok()) return s;
+  settings->server.listen_fd = listen_fd;
+  return ReloadedConfig{
+      .server = settings->server, .log_level = settings->log_level, .metrics = settings->metrics};
+}
+
+// Starts the gather engine and the server on the opened tables and serves until a signal.
+int Serve(const CommandLine& cl, DaemonSettings* settings,
+          std::vector<std::unique_ptr<Table>> tables) {
+  ServerConfig& config = settings->server;
   if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
     config.listen_fd = fds[0];
     log::Info("using the socket passed by systemd for {}", config.socket_path);
   }
-  absl::StatusOr<std::unique_ptr<GatherEngine>> engine =
-      GatherEngine::Create({.workers = config.workers,
-                            // Once per file or worker: a file without RWF_NOWAIT, io_uring
-                            // missing or failing, unregistrable O_DIRECT buffers.
-                            .notice = [](const std::string& notice) {
-                              log::Notice("gather engine: {}", notice);
-                            }});
-  if (!engine.ok()) return fail(engine.status());
-  for (const auto& t : *opened) {
+  absl::StatusOr<std::unique_ptr<GatherEngine>> engine = GatherEngine::Create(
+      {.workers = config.workers,
+       // Once per file or worker: a file without RWF_NOWAIT, io_uring
+       // missing or failing, unregistrable O_DIRECT buffers.
+       .notice = [](const std::string& notice) { log::Notice("gather engine: {}", notice); }});
+  if (!engine.ok()) return Fail(engine.status());
+  for (const auto& t : tables) {
     TableGatherOptions table_options;
-    table_options.mode = read_mode == "direct" ? ReadMode::kDirect : ReadMode::kBuffered;
-    if (absl::Status s = (*engine)->AddTable(t.get(), table_options); !s.ok()) return fail(s);
+    table_options.mode = settings->read_mode == "direct" ? ReadMode::kDirect : ReadMode::kBuffered;
+    if (absl::Status s = (*engine)->AddTable(t.get(), table_options); !s.ok()) return Fail(s);
   }
   absl::StatusOr<std::unique_ptr<Server>> server =
-      Server::Create(config, std::move(*opened), std::move(*engine));
-  if (!server.ok()) return fail(server.status());
-  (*server)->control().Configure(settings.metrics, log_level, ENGRAMD_VERSION);
-  // SIGHUP: the files again, then the same flags over them.
-  (*server)->control().SetReloader([&]() -> absl::StatusOr<ReloadedConfig> {
-    DaemonSettings fresh;
-    std::vector<std::string> files;
-    if (absl::Status s = LoadConfig(config_path, config_given, &fresh, &files); !s.ok()) return s;
-    const int listen_fd = config.listen_fd;
-    settings = fresh;
-    no_check_holes = false;
-    app.clear();
-    try {
-      app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-      return absl::InvalidArgumentError(e.what());
-    }
-    if (absl::Status s = resolve(); !s.ok()) return s;
-    config.listen_fd = listen_fd;
-    return ReloadedConfig{.server = config, .log_level = log_level, .metrics = settings.metrics};
-  });
-  absl::Status s = (*server)->Run();
-  if (!s.ok()) return fail(s);
+      Server::Create(config, std::move(tables), std::move(*engine));
+  if (!server.ok()) return Fail(server.status());
+  (*server)->control().Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION);
+  (*server)->control().SetReloader([&cl, settings] { return Reload(cl, settings); });
+  if (absl::Status s = (*server)->Run(); !s.ok()) return Fail(s);
   return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"engramd: serves DeepSeek-V4.1 Engram table rows to local processes"};
+  app.set_version_flag("--version", absl::StrFormat("engramd %s (protocol %u.%u)", ENGRAMD_VERSION,
+                                                    ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR));
+  CommandLine cl{.app = &app, .argc = argc, .argv = argv};
+  cl.config_path = FindConfigPath(argc, argv, &cl.config_given);
+  DaemonSettings settings;
+  std::vector<std::string> config_files;
+  const absl::Status config_status =
+      LoadConfig(cl.config_path, cl.config_given, &settings, &config_files);
+  bool check_config = false;
+  std::string config_flag = cl.config_path;  // parsed again by FindConfigPath
+  app.add_option("--config", config_flag,
+                 "Configuration file; drop-ins in PATH.d/*.toml are applied after it")
+      ->type_name("PATH")
+      ->capture_default_str();
+  app.add_flag("--check-config", check_config,
+               "Validate the configuration and open every table, then exit without serving");
+  AddSettingFlags(app, &settings);
+  CLI11_PARSE(app, argc, argv);
+  if (!config_status.ok()) return Fail(config_status);
+  SetLogLevel(settings.log_level);
+  if (absl::Status s = Resolve(cl.config_path, &settings); !s.ok()) return Fail(s);
+  if (!config_files.empty()) {
+    log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
+  }
+  BlockSignals();
+  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(settings.server);
+  if (!opened.ok()) return Fail(opened.status());
+  if (check_config) {
+    PrintCheckedConfig(settings.server, config_files, *opened);
+    return 0;
+  }
+  return Serve(cl, &settings, std::move(*opened));
 }
 
 }  // namespace

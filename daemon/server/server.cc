@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -301,16 +302,15 @@ absl::Status Server::Run() {
   draining_.store(true);
   Kick();
   poller_.join();
-  const uint64_t drain_start = NowNs();
   absl::Status result = absl::OkStatus();
-  while (inflight_total_.load() != 0) {
-    if (NowNs() - drain_start > config_.drain_timeout_ns) {
+  {
+    std::unique_lock<std::mutex> lock(drain_mutex_);
+    if (!drained_.wait_for(lock, std::chrono::nanoseconds(config_.drain_timeout_ns),
+                           [this] { return inflight_total_.load() == 0; })) {
       result = absl::DeadlineExceededError(
           absl::StrFormat("%u request(s) still in flight after %u s; exiting without them",
                           inflight_total_.load(), config_.drain_timeout_ns / 1'000'000'000));
-      break;
     }
-    usleep(1000);
   }
   for (auto& [fd, session] : by_fd_) {
     session->MarkStopped();
@@ -736,7 +736,11 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
     s.Complete(r.ticket, r.slot, static_cast<int32_t>(status.code()),
                status.ok() ? nullptr : std::string(status.message()).c_str(),
                status.ok() ? r.rows.size() : 0, NowNs() - start);
-    inflight_total_.fetch_sub(1, std::memory_order_release);
+    if (inflight_total_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+        draining_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(drain_mutex_);  // not lost between check and wait
+      drained_.notify_all();
+    }
   };
   if (request->rows.size() <= config_.poll.inline_rows) {
     finish(*session, *request, engine_->Gather(batch));

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -96,6 +97,10 @@ class Server {
 
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> inflight_total_{0};  // requests handed to the engine, all sessions
+  // Shutdown waits here for inflight_total_ to reach 0; the last request to finish while
+  // draining_ is set notifies it.
+  std::mutex drain_mutex_;
+  std::condition_variable drained_;
   std::thread poller_;
   uid_t own_uid_ = 0;
   log::RateLimit garbage_log_{5};

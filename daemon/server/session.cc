@@ -42,11 +42,6 @@ Session::Session(uint64_t id, int socket_fd, std::unique_ptr<Arena> arena, int d
       peer_(peer),
       name_(std::move(name)) {}
 
-Session::~Session() {
-  if (socket_fd_ >= 0) close(socket_fd_);
-  if (doorbell_fd_ >= 0) close(doorbell_fd_);
-}
-
 std::string Session::Describe() const {
   return absl::StrFormat("session %u (pid %d, uid %u, '%s')", id_, peer_.pid, peer_.uid, name_);
 }

@@ -15,6 +15,7 @@
 
 #include "daemon/server/arena.h"
 #include "engram/protocol.h"
+#include "protocol/unique_fd.h"
 
 namespace engram {
 
@@ -32,11 +33,11 @@ class Session {
   Session& operator=(const Session&) = delete;
   // Closes the socket and the doorbell, unmaps the arena. Runs when the last reference (the
   // server's, or a request's still in flight) goes.
-  ~Session();
+  ~Session() = default;  // closes the socket and the doorbell
 
   uint64_t id() const { return id_; }
-  int socket_fd() const { return socket_fd_; }
-  int doorbell_fd() const { return doorbell_fd_; }
+  int socket_fd() const { return socket_fd_.get(); }
+  int doorbell_fd() const { return doorbell_fd_.get(); }
   Arena& arena() { return *arena_; }
   const PeerInfo& peer() const { return peer_; }
   const std::string& name() const { return name_; }
@@ -75,16 +76,16 @@ class Session {
     std::atomic<uint64_t> doorbells{0};
     std::atomic<uint64_t> garbage{0};
     std::array<std::atomic<uint64_t>, 64> latency_log2{};  // service time buckets [2^i, 2^i+1)
-    std::atomic<uint64_t> latency_sum_ns{0};                // every request's service time added
+    std::atomic<uint64_t> latency_sum_ns{0};               // every request's service time added
   };
   Counters counters;
   engram_wire_session_stats Stats() const;
 
  private:
   const uint64_t id_;
-  const int socket_fd_;
+  const UniqueFd socket_fd_;
   std::unique_ptr<Arena> arena_;
-  const int doorbell_fd_;
+  const UniqueFd doorbell_fd_;
   const PeerInfo peer_;
   const std::string name_;
   uint32_t sq_head_ = 0;  // poller-private copy of the consumed position

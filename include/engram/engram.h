@@ -17,14 +17,29 @@
  *   int rc = engram_wait(s, ticket, -1);   // out[i * 264 ...] holds row rows[i]
  *   engram_close(s);
  *
- * Conventions (as in the rest of the engramd C ABI):
+ * Conventions of the engramd C ABI (this header, hash.h and gpu.h; libengram_client and
+ * libengram_kernels):
  *  1. Handles are opaque; every function that can fail returns 0 or a negative errno.
- *  2. Options and result structs start with a `size` field set by the caller to
- *     sizeof(struct ...), so the structs can grow without new function names.
- *  3. Out-parameters are named ret_*, come last, and are untouched on failure.
- *  4. After a failure, engram_last_error() gives a message naming what was wrong (the socket,
- *     the table, the row, the limit). The library never prints or logs.
- *  5. Each function states its thread-safety.
+ *  2. A struct that crosses the ABI starts with `size_t size`, set by the caller to
+ *     sizeof(struct ...) as its header declares it, so that structs grow at their end without
+ *     new function names. *_init(ptr, sizeof *ptr) functions fill one with the defaults.
+ *  3. Input structs (options, requests): a caller compiled against an older, smaller struct is
+ *     served as if the fields it lacks held their defaults (0 unless the field says otherwise).
+ *     A larger struct (a newer header) is accepted when every byte past the end of the struct
+ *     this library knows is zero, and refused with -E2BIG otherwise: a field the library does
+ *     not know would be ignored silently. A size smaller than the size field is -EINVAL.
+ *  4. Output structs (engram_table_info, engram_session_stats, engram_hasher_info, ...): the
+ *     library fills the fields that fit in the caller's size and zeroes the bytes past the end
+ *     of its own struct, so fields unknown to this library read 0; the caller's size field is
+ *     left as it was. In an array of structs the first element's size is the stride and every
+ *     element must carry it.
+ *  5. Out-parameters are named ret_*, come last, and are untouched on failure.
+ *  6. After a failure, engram_last_error() gives a message naming what was wrong (the socket,
+ *     the table, the row, the limit, the struct). One message per thread for the whole library:
+ *     sessions, hashing, GPU registration and the kernels. The library never prints or logs.
+ *  7. Each function states its thread-safety.
+ *  8. Exported symbols carry a version node per release (libengram_client.map); a changed
+ *     signature keeps its old version for binaries linked before the change.
  *
  * Errors map to the daemon's status codes as follows:
  *   -EINVAL        InvalidArgument: a bad argument or request
@@ -34,6 +49,7 @@
  *                  request, arena bytes, data region full)
  *   -EACCES        PermissionDenied: this uid/gid may not connect
  *   -EPROTO        FailedPrecondition: protocol version mismatch, or a corrupt arena
+ *   -E2BIG         a struct from a newer header sets fields this library does not know
  *   -ECONNREFUSED  Unavailable: no daemon listens on the socket
  *   -ENOTCONN      Unavailable: the session was lost (daemon stopped or died); connect again
  *   -ETIMEDOUT     the wait timed out; the ticket is still in flight
@@ -62,14 +78,14 @@ extern "C" {
 
 /* engram_hasher and struct engram_hash_seq, for engram_submit_tokens(). */
 #include "engram/hash.h"
+/* ENGRAM_ROW_BYTES (264) and enum engram_table_layout. */
+#include "engram/row.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define ENGRAM_DEFAULT_SOCKET "/run/engramd/engramd.sock"
-/* Bytes per row as gathered: 256 FP8 E4M3 values, then 8 E8M0 scales. */
-#define ENGRAM_ROW_BYTES 264u
 
 typedef struct engram_session engram_session;
 
@@ -78,8 +94,10 @@ typedef struct engram_session engram_session;
 struct engram_connect_options {
   size_t size;             /* sizeof(struct engram_connect_options) */
   const char* socket_path; /* NULL: $ENGRAM_SOCKET, else ENGRAM_DEFAULT_SOCKET */
-  uint64_t data_bytes;     /* data region size; 0: 64 MiB */
-  uint32_t slots;          /* requests in flight at once; 0: 64 */
+  uint64_t data_bytes;     /* data region size; 0: the daemon's default (limits.default_data_bytes,
+                              64 MiB unless configured) */
+  uint32_t slots;          /* requests in flight at once; 0: the daemon's default
+                              (limits.default_slots, 64 unless configured) */
   uint32_t spin_ns;        /* how long engram_wait spins before sleeping; 0: adaptive, at
                               least 50 µs and up to the service time the session's recent
                               requests predict for this one (at most 2 ms) */
@@ -95,8 +113,10 @@ struct engram_connect_options {
  * fail with -EBUSY. -EOPNOTSUPP at connect if the daemon does not offer it. */
 #define ENGRAM_CONNECT_DEVICE_SUBMIT (1u << 0)
 
-/* Fills *ret_options with the defaults (size set). Thread-safe. */
-ENGRAM_API void engram_connect_options_init(struct engram_connect_options* ret_options);
+/* Fills the caller's struct of `size` bytes (sizeof *ret_options) with the defaults and sets
+ * its size field. Thread-safe. */
+ENGRAM_API void engram_connect_options_init(struct engram_connect_options* ret_options,
+                                            size_t size);
 
 /* Connects to engramd and maps the session's arena. `options` may be NULL for the defaults.
  * After a -ENOTCONN from any call (daemon restarted), call this again for a new session.
@@ -109,8 +129,9 @@ ENGRAM_API int engram_connect(const struct engram_connect_options* options,
  * Not thread-safe with other calls on the same session. */
 ENGRAM_API void engram_close(engram_session* session);
 
-/* The message of the calling thread's last failed call; "" if none. Valid until that thread's
- * next call into the library. Thread-safe (per-thread). */
+/* The message of the calling thread's last failed call into libengram_client or
+ * libengram_kernels (engram_hash_last_error and engram_gpu_last_error return the same); "" if
+ * none. Valid until that thread's next call into the library. Thread-safe (per-thread). */
 ENGRAM_API const char* engram_last_error(void);
 
 /* Where a device producer finds a session's rings: host addresses inside the arena (register
@@ -130,6 +151,9 @@ struct engram_device_ring {
  * (NULL, a size this library does not know) or -EPERM (the session submits from the host).
  * Thread-safe. */
 ENGRAM_API int engram_device_ring(engram_session* session, struct engram_device_ring* ret_ring);
+/* Bytes per gathered row, ENGRAM_ROW_BYTES (engram/row.h): for callers that cannot include a
+ * header (Python). Thread-safe. */
+ENGRAM_API uint32_t engram_row_bytes(void);
 
 /* ---- the data region ------------------------------------------------------------------- */
 
@@ -193,22 +217,26 @@ ENGRAM_API int engram_arena(engram_session* session, void** ret_base, uint64_t* 
 
 /* ---- tables and statistics ------------------------------------------------------------- */
 
-enum engram_table_layout_kind { ENGRAM_TABLE_CHECKPOINT = 0, ENGRAM_TABLE_PACKED = 1 };
+/* Older names of enum engram_table_layout's values (engram/row.h). */
+#define ENGRAM_TABLE_CHECKPOINT ENGRAM_LAYOUT_CHECKPOINT
+#define ENGRAM_TABLE_PACKED ENGRAM_LAYOUT_PACKED
 
 struct engram_table_info {
+  size_t size; /* set by the caller to sizeof(struct engram_table_info) */
   uint32_t layer_id;
   uint32_t row_bytes; /* 264 */
   uint64_t num_rows;  /* of the whole logical table */
   uint64_t covered_begin; /* rows this daemon serves: [covered_begin, covered_end) */
   uint64_t covered_end;
-  uint32_t layout; /* enum engram_table_layout_kind */
+  uint32_t layout; /* enum engram_table_layout */
   uint32_t files;
   uint64_t data_bytes;
 };
 
 /* Lists the tables the daemon serves, ordered by layer id. Writes up to `capacity` entries and
- * sets *ret_count to the number of tables (which may exceed capacity). Thread-safe (control
- * messages on one session are serialised). */
+ * sets *ret_count to the number of tables (which may exceed capacity). With capacity > 0, set
+ * ret_tables[0].size (the array's stride) and the size of every entry to sizeof(struct
+ * engram_table_info). Thread-safe (control messages on one session are serialised). */
 ENGRAM_API int engram_list_tables(engram_session* session, struct engram_table_info* ret_tables,
                                   size_t capacity, size_t* ret_count);
 

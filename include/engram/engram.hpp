@@ -85,8 +85,8 @@ class Buffer {
 
 struct ConnectOptions {
   std::string socket_path;  // empty: $ENGRAM_SOCKET or ENGRAM_DEFAULT_SOCKET
-  uint64_t data_bytes = 0;  // 0: library default (64 MiB)
-  uint32_t slots = 0;       // 0: library default (64)
+  uint64_t data_bytes = 0;  // 0: the daemon's default (limits.default_data_bytes, 64 MiB)
+  uint32_t slots = 0;       // 0: the daemon's default (limits.default_slots, 64)
   uint32_t spin_ns = 0;     // 0: adaptive (see engram_connect_options)
   std::string client_name;  // empty: program name
   std::chrono::nanoseconds timeout{0};
@@ -120,13 +120,13 @@ class Hasher {
 
   static Status Open(const std::string& model_dir, const Options& options, Hasher* ret_hasher) {
     engram_hasher_opts o;
-    engram_hasher_opts_init(&o);
+    engram_hasher_opts_init(&o, sizeof(o));
     o.flags = options.compressed_only ? ENGRAM_HASHER_COMPRESSED_ONLY : 0u;
     o.derived_path = options.derived_path.empty() ? nullptr : options.derived_path.c_str();
     o.compressed_pad_id = options.compressed_pad_id;
     engram_hasher* h = nullptr;
     const int rc = engram_hasher_open(model_dir.c_str(), &o, &h);
-    if (rc < 0) return Status(rc, engram_hash_last_error());
+    if (rc < 0) return Status(rc, engram_last_error());
     ret_hasher->Close();
     ret_hasher->h_ = h;
     return {};
@@ -143,7 +143,7 @@ class Hasher {
     engram_hasher_info info{};
     info.size = sizeof(info);
     const int rc = engram_hasher_get_info(h_, &info);
-    if (rc < 0) return Status(rc, engram_hash_last_error());
+    if (rc < 0) return Status(rc, engram_last_error());
     *ret_info = info;
     return {};
   }
@@ -168,7 +168,7 @@ class Hasher {
 
  private:
   static Status FromHash(int rc) {
-    return rc < 0 ? Status(rc, engram_hash_last_error()) : Status();
+    return rc < 0 ? Status(rc, engram_last_error()) : Status();
   }
   engram_hasher* h_ = nullptr;
 };
@@ -204,7 +204,7 @@ class Session {
   // Connects (or reconnects: a connected *ret_session is closed first).
   static Status Connect(const ConnectOptions& options, Session* ret_session) {
     engram_connect_options o;
-    engram_connect_options_init(&o);
+    engram_connect_options_init(&o, sizeof(o));
     o.socket_path = options.socket_path.empty() ? nullptr : options.socket_path.c_str();
     o.data_bytes = options.data_bytes;
     o.slots = options.slots;
@@ -288,13 +288,15 @@ class Session {
   }
 
   Status ListTables(std::vector<engram_table_info>* ret_tables) {
-    std::vector<engram_table_info> tables(16);
+    engram_table_info blank{};
+    blank.size = sizeof(blank);
+    std::vector<engram_table_info> tables(16, blank);
     size_t count = 0;
     while (true) {
       Status s = Status::FromReturn(engram_list_tables(s_, tables.data(), tables.size(), &count));
       if (!s.ok()) return s;
       if (count <= tables.size()) break;
-      tables.resize(count);
+      tables.resize(count, blank);
     }
     tables.resize(count);
     *ret_tables = std::move(tables);

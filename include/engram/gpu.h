@@ -11,8 +11,9 @@
  *
  * Conventions (as in the rest of the engram C ABI):
  *   1. Functions return 0 or a negative errno; they never print. After a failure,
- *      engram_gpu_last_error() (client side) or engram_kernels_last_error() (kernel side)
- *      returns a message for the calling thread naming what was wrong.
+ *      engram_last_error() (engram/engram.h) returns a message for the calling thread naming
+ *      what was wrong, for both libraries (the kernel library links libengram_client);
+ *      engram_gpu_last_error() and engram_kernels_last_error() are older names for it.
  *   2. Out-parameters are named ret_*, come last and are left untouched on failure.
  *   3. Streams, graphs and graph nodes are passed as integers (uintptr_t of cudaStream_t /
  *      hipStream_t, cudaGraphExec_t, cudaGraphNode_t), so Python (ctypes, torch's
@@ -24,7 +25,7 @@
  *
  * Example (one decode step, rows read straight from the registered arena):
  *   engram_gpu_registration* reg;
- *   if (engram_gpu_register(arena, arena_len, &reg) < 0) log(engram_gpu_last_error());
+ *   if (engram_gpu_register(arena, arena_len, &reg) < 0) log(engram_last_error());
  *   const void* rows_d = engram_gpu_device_ptr(reg, arena_rows);
  *   const void* done_d = engram_gpu_device_ptr(reg, completion_counter);
  *   engram_stream_wait_value64(stream, done_d, ticket, NULL);       // GPU waits, host doesn't
@@ -38,13 +39,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engram/row.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* One gathered row: 256 FP8 E4M3 values, then 8 E8M0 scales (one per 32 values). */
-#define ENGRAM_GPU_ROW_BYTES 264
-#define ENGRAM_GPU_ROW_VALUES 256
+/* One gathered row (engram/row.h): 256 FP8 E4M3 values, then 8 E8M0 scales. The _GPU_ names are
+ * the older spellings of ENGRAM_ROW_BYTES and ENGRAM_ROW_VALUES. */
+#define ENGRAM_GPU_ROW_BYTES ENGRAM_ROW_BYTES
+#define ENGRAM_GPU_ROW_VALUES ENGRAM_ROW_VALUES
 /* bf16 bit pattern written for a NaN input (e4m3 0x7F/0xFF, or scale byte 255) and for a slot
  * whose index is out of range. */
 #define ENGRAM_GPU_BF16_NAN 0x7FC0
@@ -83,7 +87,7 @@ int engram_gpu_registration_runtime(const engram_gpu_registration* reg);
  * -EIO). The caller must make sure no queued GPU work still reads the range. NULL is a no-op. */
 int engram_gpu_unregister(engram_gpu_registration* reg);
 
-/* The message for the calling thread's last failed registration call ("" if none). */
+/* engram_last_error() under its older name. */
 const char* engram_gpu_last_error(void);
 
 /* ---- Kernels (libengram_kernels_cuda / libengram_kernels_hip) --------------------------- */
@@ -148,7 +152,8 @@ int engram_graph_set_wait_value64(uintptr_t graph_exec, uintptr_t node, uint64_t
 int engram_stream_wait_ticket(uintptr_t stream, const void* counter, const uint64_t* tickets,
                               uint32_t ring, uint32_t* step_counter);
 
-/* The message for the calling thread's last failed kernel-side call ("" if none). */
+/* The message of the calling thread's last failed kernel-side call ("" if none); the same
+ * message reaches engram_last_error(). */
 const char* engram_kernels_last_error(void);
 
 /* "cuda" or "hip": which runtime this kernel library was built for. */

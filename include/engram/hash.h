@@ -5,24 +5,19 @@
  * reference (docs/hashing.md): compressed vocabulary, per-layer odd multipliers, XOR mix over
  * n-grams of orders 2..N, modulo per-head primes, plus head offsets.
  *
- * Conventions:
- *  Same conventions as engram/engram.h, and:
+ * Conventions: those of engram/engram.h (size-prefixed structs that grow, -errno returns,
+ * ret_* out-parameters, one engram_last_error() message per thread), and:
  *  1. engram_hasher is an opaque handle. It is immutable once opened: any number of threads may
  *     call the functions below on one hasher at the same time. engram_hasher_close() must not
  *     race with any other call on that hasher.
- *  2. Functions return 0 or a negative errno and never print. Out-parameters are named ret_*,
- *     come last and are untouched on failure. engram_hash_last_error() returns a message for the
- *     calling thread's last failure (naming the file, layer, sequence or id concerned).
- *  3. Structs start with a `size` field set to sizeof(struct) by the caller, so the ABI can
- *     grow; fields beyond the caller's size take their defaults.
- *  4. Sequences carry their own history (the ids before their new tokens): the hasher keeps no
+ *  2. Sequences carry their own history (the ids before their new tokens): the hasher keeps no
  *     per-sequence state, so speculative tokens that are later rejected need no rollback.
  *
  * Example: the rows of TP rank 1 of 4 for a decode step of two sequences, layer 14.
  *
  *   engram_hasher* h;
  *   if (engram_hasher_open("/models/DeepSeek-V4.1-Flash", NULL, &h) < 0) {
- *     fprintf(stderr, "%s\n", engram_hash_last_error());
+ *     fprintf(stderr, "%s\n", engram_last_error());
  *   }
  *   uint32_t hb, he;
  *   engram_hasher_rank_heads(h, 4, 1, &hb, &he);            // heads [6, 12)
@@ -66,8 +61,10 @@ struct engram_hasher_opts {
   int64_t compressed_pad_id; /* compressed id of the pad token; -1: take it from the file */
 };
 
-/* Fills opts with the defaults (no flags, default path, pad id from the file). */
-ENGRAM_API void engram_hasher_opts_init(struct engram_hasher_opts* opts);
+/* Fills the caller's struct of `size` bytes (sizeof *opts) with the defaults (no flags,
+ * default path, pad id from the file) and sets its size field. A caller whose struct ends
+ * before compressed_pad_id gets the pad id from the file. */
+ENGRAM_API void engram_hasher_opts_init(struct engram_hasher_opts* opts, size_t size);
 
 /* Opens the hasher of the model in model_dir (its config.json, and the derived-tables file
  * written by tools/engram_vocab.py). opts may be NULL.
@@ -130,7 +127,8 @@ ENGRAM_API int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t l
 /* One sequence of a hash call: its new token ids, and the ids right before them (oldest
  * first, only the last max_ngram_size - 1 matter; fewer means the sequence starts there and
  * the pad id fills in). Chunks hashed with the previous chunk's tail as history give exactly
- * the rows of the whole sequence. */
+ * the rows of the whole sequence. In an array of sequences the first one's size is the
+ * stride: every sequence must carry the same size. */
 struct engram_hash_seq {
   size_t size; /* sizeof(struct engram_hash_seq) */
   const int32_t* tokens;
@@ -157,8 +155,7 @@ ENGRAM_API int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
 ENGRAM_API int engram_hash_compress(const engram_hasher* hasher, const int32_t* tokens, size_t n,
                                     int32_t* ret_ids);
 
-/* The message of the calling thread's last failed engram_hash* / engram_hasher* call; "" if
- * none. Valid until that thread's next failing call. */
+/* The same message as engram_last_error() (engram/engram.h), under its older name. */
 ENGRAM_API const char* engram_hash_last_error(void);
 
 #ifdef __cplusplus

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engram/row.h" /* ENGRAM_ROW_BYTES, enum engram_table_layout */
+
 #ifdef __cplusplus
 #define ENGRAM_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 extern "C" {
@@ -142,7 +144,6 @@ struct engram_msg_error {
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_error) == 24, "error size");
 
 /* TABLES: a count, then that many entries. */
-enum engram_table_layout { ENGRAM_LAYOUT_CHECKPOINT = 0, ENGRAM_LAYOUT_PACKED = 1 };
 struct engram_wire_table {
   uint32_t layer_id;
   uint32_t row_bytes;
@@ -190,7 +191,6 @@ ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_stats) == 144, "msg stats size");
 
 #define ENGRAM_ARENA_MAGIC 0x414D5247u /* "GRMA" */
 #define ENGRAM_ARENA_ALIGN 4096u       /* data region start, for GPU registration and O_DIRECT */
-#define ENGRAM_ROW_BYTES 264u
 #define ENGRAM_MAX_SLOTS 4096u /* slots fit in the low 16 bits of a ticket */
 
 /* Daemon state word in the header. */

@@ -25,8 +25,9 @@ torch feature is first used (EngramLookup, dequantize_rows, engram.ops, torch re
 
 from typing import Any
 
-from .client import (ARRAY_KINDS, DEFAULT_SOCKET, ROW_BYTES, ArenaBuffer, Client, SessionStats,
-                     TableInfo, Ticket, library_path, protocol_version)
+from . import _lib
+from .client import (ARRAY_KINDS, DEFAULT_SOCKET, ArenaBuffer, Client, SessionStats, TableInfo,
+                     Ticket, library_path, protocol_version)
 from .errors import (EngramConnectionError, EngramError, EngramIOError, EngramPermissionError,
                      EngramTimeoutError, GpuUnavailableError, HashTablesError,
                      InvalidArgumentError, LibraryNotFoundError, ModelFileNotFoundError,
@@ -49,6 +50,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "ROW_BYTES":  # from libengram_client's engram_row_bytes(), read on first use
+        return _lib.row_bytes()
     if name not in _LAZY:
         raise AttributeError(f"module 'engram' has no attribute {name!r}")
     import importlib
@@ -59,7 +62,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"ROW_BYTES"})
 
 
 __all__ = [

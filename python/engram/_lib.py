@@ -13,6 +13,7 @@ $ENGRAM_KERNELS_LIB in place of $ENGRAM_CLIENT_LIB and kernels/ in place of clie
 """
 
 import ctypes
+import functools
 import ctypes.util
 import os
 import pathlib
@@ -20,7 +21,6 @@ import threading
 
 from .errors import GpuUnavailableError, LibraryNotFoundError, error_for
 
-ROW_BYTES = 264
 ROW_VALUES = 256
 BLOCK_VALUES = 32
 
@@ -67,6 +67,7 @@ class GatherRequest(ctypes.Structure):
 
 class TableInfoStruct(ctypes.Structure):
     _fields_ = [
+        ("size", c_size_t),
         ("layer_id", c_u32),
         ("row_bytes", c_u32),
         ("num_rows", c_u64),
@@ -153,7 +154,7 @@ _P = ctypes.POINTER
 
 # name: (restype, argtypes)
 _CLIENT_FUNCTIONS = {
-    "engram_connect_options_init": (None, [_P(ConnectOptions)]),
+    "engram_connect_options_init": (None, [_P(ConnectOptions), c_size_t]),
     "engram_connect": (c_int, [_P(ConnectOptions), _P(c_void_p)]),
     "engram_close": (None, [c_void_p]),
     "engram_last_error": (c_char_p, []),
@@ -169,10 +170,11 @@ _CLIENT_FUNCTIONS = {
     "engram_list_tables": (c_int, [c_void_p, _P(TableInfoStruct), c_size_t, _P(c_size_t)]),
     "engram_get_session_stats": (c_int, [c_void_p, _P(SessionStatsStruct)]),
     "engram_protocol_version": (None, [_P(c_u32), _P(c_u32)]),
+    "engram_row_bytes": (c_u32, []),
 }
 
 _HASH_FUNCTIONS = {
-    "engram_hasher_opts_init": (None, [_P(HasherOpts)]),
+    "engram_hasher_opts_init": (None, [_P(HasherOpts), c_size_t]),
     "engram_hasher_open": (c_int, [c_char_p, _P(HasherOpts), _P(c_void_p)]),
     "engram_hasher_close": (None, [c_void_p]),
     "engram_hasher_get_info": (c_int, [c_void_p, _P(HasherInfo)]),
@@ -315,6 +317,19 @@ def client_lib():
 def client_lib_path():
     client_lib()
     return _client_path
+
+
+@functools.lru_cache(maxsize=None)
+def row_bytes():
+    """Bytes per gathered row (264), as libengram_client defines it (engram_row_bytes)."""
+    return int(client_lib().engram_row_bytes())
+
+
+def __getattr__(name):
+    # ROW_BYTES is read from the library on first use, so that importing needs no library.
+    if name == "ROW_BYTES":
+        return row_bytes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def last_error():

@@ -35,9 +35,14 @@ from .views import split_rows
 
 ARRAY_KINDS = ("torch", "numpy")
 
-ROW_BYTES = _lib.ROW_BYTES
 DEFAULT_SOCKET = "/run/engramd/engramd.sock"
 _NS = 1_000_000_000
+
+
+def row_bytes() -> int:
+    """Bytes per gathered row (264: 256 FP8 values, 8 E8M0 scales), as libengram_client defines
+    it (engram_row_bytes); engram.ROW_BYTES is the same number."""
+    return _lib.row_bytes()
 
 
 def _timeout_ns(timeout: Optional[float]) -> int:
@@ -155,7 +160,7 @@ class Client:
     Args:
         socket: path of the daemon's socket; None: $ENGRAM_SOCKET, else
             /run/engramd/engramd.sock (as the daemon's default).
-        data_bytes: size of the arena's data region (rows, row ids); 0: the library's default
+        data_bytes: size of the arena's data region (rows, row ids); 0: the daemon's default
             (64 MiB). The daemon bounds it (--max-arena-bytes).
         slots: requests in flight at once; 0: the library's default (64).
         client_name: shown in the daemon's statistics; None: the program name.
@@ -174,7 +179,7 @@ class Client:
         lib = _lib.client_lib()
         self._lib = lib
         options = _lib.ConnectOptions()
-        lib.engram_connect_options_init(ctypes.byref(options))
+        lib.engram_connect_options_init(ctypes.byref(options), ctypes.sizeof(options))
         socket = os.fspath(socket) if socket is not None else None
         self._socket_bytes = socket.encode() if socket is not None else None
         self._name_bytes = client_name.encode() if client_name is not None else None
@@ -253,6 +258,8 @@ class Client:
         capacity = 16
         while True:
             entries = (_lib.TableInfoStruct * capacity)()
+            for entry in entries:
+                entry.size = ctypes.sizeof(entry)
             _lib.check(self._lib.engram_list_tables(session, entries, capacity,
                                                     ctypes.byref(count)))
             if count.value <= capacity:
@@ -389,7 +396,7 @@ class Client:
         self._check_array(array)
         ids = row_ids_array(row_ids)
         n = int(ids.size)
-        rows_bytes = n * ROW_BYTES  # a multiple of 8: the ids that follow stay aligned
+        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
         allocation = self._alloc(rows_bytes + n * 8)
         try:
             if n:
@@ -439,7 +446,7 @@ class Client:
         seqs = _Sequences(tokens, history)
         width = max(0, end - begin)
         n = seqs.positions * width
-        rows_bytes = n * ROW_BYTES  # a multiple of 8: the ids that follow stay aligned
+        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
         allocation = self._alloc(rows_bytes + n * 8)
         try:
             request = _lib.TokenRequest(
@@ -458,7 +465,7 @@ class Client:
             allocation.free()
             raise
         return Ticket(self, ticket.value, table, n, allocation,
-                      shape=(seqs.positions, width, ROW_BYTES), array=array, typed=typed)
+                      shape=(seqs.positions, width, _lib.row_bytes()), array=array, typed=typed)
 
     def gather_tokens(self, hasher: Any, table: int, tokens: Any, history: Any = None, *,
                       tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
@@ -481,7 +488,7 @@ class Client:
         Nothing is checked here but the bounds of the buffers: the daemon refuses a bad table
         or row when the request runs (raised by wait_request)."""
         for buffer, offset, nbytes, what in ((ids, ids_offset, num_rows * 8, "row ids"),
-                                             (dest, dest_offset, num_rows * ROW_BYTES, "rows")):
+                                             (dest, dest_offset, num_rows * _lib.row_bytes(), "rows")):
             if buffer.client is not self or buffer.freed:
                 raise InvalidArgumentError(-errno.EINVAL, f"the {what} buffer is not a live "
                                                           f"buffer of this client")
@@ -544,7 +551,7 @@ class Ticket:
         self._client = client
         self._array = array
         self._typed = typed
-        self._shape = tuple(shape) if shape is not None else (num_rows, ROW_BYTES)
+        self._shape = tuple(shape) if shape is not None else (num_rows, _lib.row_bytes())
         self._ticket = ticket
         self.table = table
         self.num_rows = num_rows

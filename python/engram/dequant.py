@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-ROW_BYTES = 264
+from . import _lib
+
 ROW_VALUES = 256
 BLOCK_VALUES = 32
 SCALE_BYTES = ROW_VALUES // BLOCK_VALUES
@@ -42,8 +43,9 @@ def _tables(device: str = "cpu"):
 
 def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
     """rows: uint8 tensor [n, 264]. Returns bf16 [n, 256] on the rows' device."""
-    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != ROW_BYTES:
-        raise ValueError(f"rows must be a uint8 tensor [n, {ROW_BYTES}], got {rows.dtype} "
+    row_bytes = _lib.row_bytes()
+    if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != row_bytes:
+        raise ValueError(f"rows must be a uint8 tensor [n, {row_bytes}], got {rows.dtype} "
                          f"{list(rows.shape)}")
     values_table, scales_table = _tables(str(rows.device))
     n = rows.shape[0]

@@ -28,7 +28,6 @@ from typing import Any, Optional, Sequence
 
 from . import _lib
 from ._gpu import Kernels, Registration, _kernels_check
-from ._lib import ROW_BYTES
 from .client import Client
 
 HISTORY = 3  # DeepSeek-V4.1: max_ngram_size 4
@@ -113,12 +112,12 @@ class GpuDecodeStep:
                                         device=dev) for layer in self.layers}
         self._hash_errors = torch.zeros(1, dtype=torch.int32, device=dev)
         self._client = Client(socket, data_bytes=max(1 << 20, 2 * len(self.layers) * n *
-                                                     (8 + ROW_BYTES)),
+                                                     (8 + _lib.row_bytes())),
                               slots=max(8, len(self.layers)), device_submit=True)
         base, size = self._client.arena()
         self._reg = Registration(base, size)
         self._ids = {layer: self._client.alloc(n * 8) for layer in self.layers}
-        self._rows = {layer: self._client.alloc(n * ROW_BYTES) for layer in self.layers}
+        self._rows = {layer: self._client.alloc(n * _lib.row_bytes()) for layer in self.layers}
         self._gpu_hasher = ctypes.c_void_p()
         _kernels_check(lib, lib.engram_gpu_hasher_create(hasher._h(),
                                                          ctypes.byref(self._gpu_hasher)),

@@ -114,7 +114,7 @@ class Hasher:
         self._lib = lib
         self.model_dir = os.fspath(model_dir)
         opts = _lib.HasherOpts()
-        lib.engram_hasher_opts_init(ctypes.byref(opts))
+        lib.engram_hasher_opts_init(ctypes.byref(opts), ctypes.sizeof(opts))
         self._derived = os.fsencode(derived_path) if derived_path is not None else None
         opts.derived_path = self._derived
         opts.flags = _lib.HASHER_COMPRESSED_ONLY if compressed_only else 0

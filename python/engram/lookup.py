@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from ._arrays import integer_array
-from .client import ArenaBuffer, Client, TableInfo
-from .dequant import ROW_BYTES, ROW_VALUES, dequantize_scatter
+from .client import ArenaBuffer, Client, TableInfo, row_bytes
+from .dequant import ROW_VALUES, dequantize_scatter
 from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
                      InvalidArgumentError, RowOutOfRangeError, UnknownTableError, error_for)
 
@@ -57,7 +57,7 @@ class _Layer:
         self.info = info
         self.capacity = capacity
         self.buffer = buffer  # rows [capacity, 264], then ids (uint64), then the index map
-        self.ids_offset = capacity * ROW_BYTES
+        self.ids_offset = capacity * row_bytes()
         self.map_offset = self.ids_offset + capacity * 8
         self.rows_address = buffer.address
         self.map_address = buffer.address + self.map_offset
@@ -111,7 +111,7 @@ class EngramLookup:
         self.max_tokens = max_tokens
         self.layers = layers
         capacity = max_tokens * heads
-        per_layer = _round_up(capacity * (ROW_BYTES + 8 + 4), _PAGE)
+        per_layer = _round_up(capacity * (row_bytes() + 8 + 4), _PAGE)
         data_bytes = per_layer * len(layers) + 2 * _PAGE
         self._client = Client(socket, data_bytes=data_bytes, slots=max(8, 2 * len(layers)),
                               client_name=client_name, timeout=timeout)
@@ -129,7 +129,7 @@ class EngramLookup:
                                 f"{missing} (it serves: {sorted(served) or 'none'})")
             for layer in layers:
                 self._layers[layer] = _Layer(layer, served[layer], capacity,
-                                             self._client.alloc(capacity * (ROW_BYTES + 12)))
+                                             self._client.alloc(capacity * (row_bytes() + 12)))
             self._target_buffer = self._client.alloc(8)
             self._target = ctypes.c_uint64.from_address(self._target_buffer.address)
             counter_address = self._client.completion_counter_address()
@@ -369,9 +369,10 @@ class EngramLookup:
 
     def _rows_tensor(self, layer):
         if layer.num_rows == 0:
-            return torch.empty((0, ROW_BYTES), dtype=torch.uint8)
-        view = (ctypes.c_uint8 * (layer.num_rows * ROW_BYTES)).from_address(layer.rows_address)
-        return torch.frombuffer(view, dtype=torch.uint8).view(layer.num_rows, ROW_BYTES)
+            return torch.empty((0, row_bytes()), dtype=torch.uint8)
+        width = row_bytes()
+        view = (ctypes.c_uint8 * (layer.num_rows * width)).from_address(layer.rows_address)
+        return torch.frombuffer(view, dtype=torch.uint8).view(layer.num_rows, width)
 
     def _launch_gpu(self, layer, out):
         """Queues the wait for the daemon and the dequant-scatter into `out` (bf16, at least

@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from .dequant import ROW_BYTES, ROW_VALUES, dequantize_rows
+from . import _lib
+from .dequant import ROW_VALUES, dequantize_rows
 
 _lookups: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
@@ -48,16 +49,16 @@ def _lookup(op_id: int) -> Any:
 # ---- implementations ---------------------------------------------------------------------------
 
 def _dequantize(rows: torch.Tensor) -> torch.Tensor:
-    if rows.dtype != torch.uint8 or rows.dim() < 1 or rows.shape[-1] != ROW_BYTES:
-        raise ValueError(f"torch.ops.engram.dequantize: rows must be uint8 [..., {ROW_BYTES}], "
+    if rows.dtype != torch.uint8 or rows.dim() < 1 or rows.shape[-1] != _lib.row_bytes():
+        raise ValueError(f"torch.ops.engram.dequantize: rows must be uint8 [..., {_lib.row_bytes()}], "
                          f"got {rows.dtype} {list(rows.shape)}")
     lead = rows.shape[:-1]
-    return dequantize_rows(rows.reshape(-1, ROW_BYTES)).reshape(*lead, ROW_VALUES)
+    return dequantize_rows(rows.reshape(-1, _lib.row_bytes())).reshape(*lead, ROW_VALUES)
 
 
 def _dequantize_fake(rows: torch.Tensor) -> torch.Tensor:
-    if rows.dtype != torch.uint8 or rows.dim() < 1 or rows.shape[-1] != ROW_BYTES:
-        raise ValueError(f"torch.ops.engram.dequantize: rows must be uint8 [..., {ROW_BYTES}], "
+    if rows.dtype != torch.uint8 or rows.dim() < 1 or rows.shape[-1] != _lib.row_bytes():
+        raise ValueError(f"torch.ops.engram.dequantize: rows must be uint8 [..., {_lib.row_bytes()}], "
                          f"got {rows.dtype} {list(rows.shape)}")
     return rows.new_empty((*rows.shape[:-1], ROW_VALUES), dtype=torch.bfloat16)
 

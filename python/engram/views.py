@@ -24,7 +24,8 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-ROW_BYTES = 264
+from . import _lib
+
 ROW_VALUES = 256
 BLOCK_VALUES = 32
 SCALE_BYTES = ROW_VALUES // BLOCK_VALUES
@@ -68,8 +69,9 @@ def split_rows(rows, *, float8: Optional[bool] = None) -> RowView:
         contiguous = rows.ndim > 0 and rows.strides[-1] == 1
     else:
         raise TypeError(f"rows must be a torch tensor or a NumPy array, got {type(rows).__name__}")
-    if dtype not in ("torch.uint8", "uint8") or not shape or shape[-1] != ROW_BYTES:
-        raise ValueError(f"rows must be uint8 [..., {ROW_BYTES}], got {dtype} {list(shape)}")
+    if dtype not in ("torch.uint8", "uint8") or not shape or shape[-1] != _lib.row_bytes():
+        raise ValueError(f"rows must be uint8 [..., {_lib.row_bytes()}], got {dtype} "
+                         f"{list(shape)}")
     if not contiguous:
         raise ValueError("rows must be contiguous in their last dimension (264 bytes a row)")
     values, scales = rows[..., :ROW_VALUES], rows[..., ROW_VALUES:]
@@ -124,8 +126,9 @@ def dequantize_numpy(rows) -> np.ndarray:
     """uint8 rows [..., 264] -> float32 [..., 256]: value x block scale, exact in float32
     (rounding it to bfloat16, to nearest even, gives what the GPU kernel writes)."""
     rows = np.asarray(rows, dtype=np.uint8)
-    if rows.ndim == 0 or rows.shape[-1] != ROW_BYTES:
-        raise ValueError(f"rows must be uint8 [..., {ROW_BYTES}], got {list(rows.shape)}")
+    if rows.ndim == 0 or rows.shape[-1] != _lib.row_bytes():
+        raise ValueError(f"rows must be uint8 [..., {_lib.row_bytes()}], got "
+                         f"{list(rows.shape)}")
     lead = rows.shape[:-1]
     values = decode_e4m3(rows[..., :ROW_VALUES]).reshape(*lead, SCALE_BYTES, BLOCK_VALUES)
     scales = decode_e8m0(rows[..., ROW_VALUES:]).reshape(*lead, SCALE_BYTES, 1)

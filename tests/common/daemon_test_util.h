@@ -141,7 +141,7 @@ class Daemon {
 
   engram_connect_options Options(uint64_t data_bytes = 0, uint32_t slots = 0) const {
     engram_connect_options o;
-    engram_connect_options_init(&o);
+    engram_connect_options_init(&o, sizeof(o));
     o.socket_path = socket_.c_str();
     o.data_bytes = data_bytes;
     o.slots = slots;

@@ -139,6 +139,7 @@ TEST_CASE("engramd lists its tables with their geometry", "[daemon]") {
   REQUIRE(d.alive());
   Client c(d, 16);
   engram_table_info tables[4];
+  for (auto& t : tables) t.size = sizeof(t);
   size_t count = 0;
   REQUIRE(engram_list_tables(c.s, tables, 4, &count) == 0);
   REQUIRE(count == 2);
@@ -716,6 +717,7 @@ TEST_CASE("a per-rank copy serves only its rows", "[daemon]") {
   REQUIRE(d.alive());
   Client c(d, 64);
   engram_table_info t[2];
+  for (auto& e : t) e.size = sizeof(e);
   size_t count;
   REQUIRE(engram_list_tables(c.s, t, 2, &count) == 0);
   CHECK(t[0].covered_begin == 5000);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engram/engram.h" /* engram_last_error */
 #include "engram/hash.h"
 
 static int failures;
@@ -40,12 +41,12 @@ int main(void) {
   engram_hasher* h = NULL;
   /* No derived tables and no flag: tokenizer ids need them. */
   CHECK(engram_hasher_open(dir, NULL, &h) == -ENOENT);
-  CHECK(strstr(engram_hash_last_error(), "engram_vocab.py") != NULL);
+  CHECK(strstr(engram_last_error(), "engram_vocab.py") != NULL);
   CHECK(h == NULL);
   CHECK(engram_hasher_open("/nonexistent-engram-model", NULL, &h) == -ENOENT);
 
   struct engram_hasher_opts opts;
-  engram_hasher_opts_init(&opts);
+  engram_hasher_opts_init(&opts, sizeof(opts));
   opts.flags = ENGRAM_HASHER_COMPRESSED_ONLY;
   CHECK(engram_hasher_open(dir, &opts, &h) == -EINVAL); /* pad id unknown */
   opts.compressed_pad_id = 2;
@@ -101,9 +102,10 @@ int main(void) {
   const int32_t bad[] = {1, 99092};
   struct engram_hash_seq bad_seq = {sizeof(struct engram_hash_seq), bad, 2, NULL, 0};
   CHECK(engram_hash(h, 1, &bad_seq, 1, 0, 24, ENGRAM_HASH_COMPRESSED_IDS, rows, 4 * 24) == -EINVAL);
-  CHECK(strstr(engram_hash_last_error(), "position 1") != NULL);
-  bad_seq.size = 8;
+  CHECK(strstr(engram_last_error(), "position 1") != NULL);
+  bad_seq.size = 4; /* not even the size field */
   CHECK(engram_hash(h, 1, &bad_seq, 1, 0, 24, ENGRAM_HASH_COMPRESSED_IDS, rows, 4 * 24) == -EINVAL);
+  CHECK(strstr(engram_last_error(), "engram_hash_seq has size 4") != NULL);
   int32_t compressed[2];
   CHECK(engram_hash_compress(h, first, 2, compressed) == -EOPNOTSUPP);
 

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -242,3 +243,39 @@ TEST_CASE("the example /etc/engramd/engramd.toml parses") {
 
 }  // namespace
 }  // namespace engram
+
+TEST_CASE("docs/operations.md lists every setting with its default and flag, and no other") {
+  const char* path = getenv("ENGRAMD_OPERATIONS_MD");
+  INFO("ENGRAMD_OPERATIONS_MD names docs/operations.md (set by meson test)");
+  REQUIRE(path != nullptr);
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  // The rows "| `key` | `default` (notes) | `--flag` or — | live |" of the configuration
+  // file's table.
+  std::vector<std::string> documented;
+  bool in_section = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("## ", 0) == 0) in_section = line == "## The configuration file";
+    if (!in_section || line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    for (size_t at = 1, bar; (bar = line.find(" | ", at)) != std::string::npos; at = bar + 3) {
+      cells.push_back(line.substr(at == 1 ? 2 : at, bar - (at == 1 ? 2 : at)));
+    }
+    REQUIRE(cells.size() >= 3);
+    const std::string key = cells[0].substr(1, cells[0].size() - 2);
+    documented.push_back(key);
+    const auto& all = engram::Settings();
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const engram::Setting& s) { return key == s.key; });
+    if (it == all.end()) continue;  // the key comparison below reports it
+    INFO(line);
+    CHECK(cells[1].rfind("`" + it->DefaultText() + "`", 0) == 0);
+    if (it->flag[0] == '\0') {
+      CHECK(cells[2] == "—");
+    } else {
+      CHECK(cells[2].rfind(std::string("`") + it->flag, 0) == 0);
+    }
+  }
+  std::sort(documented.begin(), documented.end());
+  CHECK(documented == engram::ConfigKeys());
+}

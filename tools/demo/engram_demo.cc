@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   Verifier verifier(seed, std::move(tables));
 
   engram_connect_options o;
-  engram_connect_options_init(&o);
+  engram_connect_options_init(&o, sizeof(o));
   o.socket_path = socket_path.empty() ? nullptr : socket_path.c_str();
   const uint64_t max_rows = std::max(decode_rows, prefill_rows);
   o.data_bytes = max_rows * (engram::kRowBytes + 8) + (1 << 20);
@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   engram_table_info infos[16];
+  for (auto& info : infos) info.size = sizeof(info);
   size_t count = 0;
   if (engram_list_tables(s, infos, 16, &count) != 0 || count == 0) {
     fprintf(stderr, "engram-demo: cannot list tables: %s\n", engram_last_error());

@@ -25,7 +25,7 @@ struct RowsOptions {
 
 int RunRows(const RowsOptions& o) {
   engram_connect_options options;
-  engram_connect_options_init(&options);
+  engram_connect_options_init(&options, sizeof(options));
   options.socket_path = o.common.socket.c_str();
   options.client_name = "engramctl rows";
   const uint64_t row_bytes = o.rows.size() * ENGRAM_ROW_BYTES;

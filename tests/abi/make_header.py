@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Writes a copy of include/engram/engram.h whose structs are those of an older or a newer
+release: `older` drops the last field of the options, request and output structs (as a header
+from before those fields existed), `newer` appends one field to each (as a header from after).
+
+usage: make_header.py older|newer IN OUT
+"""
+
+import re
+import sys
+
+# struct -> (the last field's declaration as it starts in engram.h, the field a newer header adds)
+STRUCTS = {
+    "engram_connect_options": ("int64_t timeout_ns;", "uint64_t future_option;"),
+    "engram_gather_request": ("const uint64_t* dest_offsets;", "uint64_t future_flags;"),
+    "engram_table_info": ("uint64_t data_bytes;", "uint64_t future_field;"),
+    "engram_session_stats": ("uint64_t client_sleeps;", "uint64_t future_counter;"),
+}
+
+
+def rewrite(text, mode):
+    for name, (last, added) in STRUCTS.items():
+        match = re.search(r"struct %s \{\n(.*?)\n\};" % name, text, re.S)
+        if match is None:
+            sys.exit(f"make_header.py: struct {name} not found")
+        body = match.group(1)
+        if mode == "older":
+            start = body.find("  " + last)
+            if start < 0:
+                sys.exit(f"make_header.py: struct {name} has no field '{last}'")
+            # The field and its comment lines, up to the end of the struct.
+            new_body = body[:start].rstrip("\n")
+        else:
+            new_body = body + "\n  " + added
+        text = text[:match.start(1)] + new_body + text[match.end(1):]
+    # The include guard stays: a test that includes this copy first gets it in place of the real
+    # header wherever "engram/engram.h" is included after it.
+    return text
+
+
+def main():
+    mode, src, dst = sys.argv[1:4]
+    if mode not in ("older", "newer"):
+        sys.exit("make_header.py: mode is older or newer")
+    with open(src) as f:
+        text = f.read()
+    with open(dst, "w") as f:
+        f.write(rewrite(text, mode))
+
+
+if __name__ == "__main__":
+    main()
