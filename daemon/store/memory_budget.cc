@@ -1,12 +1,8 @@
-// MemoryBudget and byte-size parsing.
+// MemoryBudget: reservations against the row store's byte cap.
 #include "daemon/store/memory_budget.h"
 
-#include <cctype>
 #include <limits>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace engram {
@@ -26,31 +22,6 @@ absl::Status MemoryBudget::Reserve(uint64_t bytes, const std::string& what) {
                        " of ", budget_, " left ([memory] budget)"));
     }
   } while (!used_.compare_exchange_weak(cur, cur + bytes, std::memory_order_relaxed));
-  return absl::OkStatus();
-}
-
-absl::Status ParseByteSize(const std::string& text, uint64_t* ret_bytes) {
-  std::string t(absl::StripAsciiWhitespace(text));
-  size_t digits = 0;
-  while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) ++digits;
-  uint64_t value = 0;
-  if (digits == 0 || !absl::SimpleAtoi(t.substr(0, digits), &value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", absl::CEscape(text), "' is not a byte size (e.g. 64G, 512M, 0)"));
-  }
-  std::string unit = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(t.substr(digits)));
-  int shift = -1;
-  if (unit.empty() || unit == "B") shift = 0;
-  const char* prefixes = "KMGT";
-  for (int i = 0; i < 4 && shift < 0; ++i) {
-    std::string p(1, prefixes[i]);
-    if (unit == p || unit == p + "B" || unit == p + "IB") shift = 10 * (i + 1);
-  }
-  if (shift < 0 || (shift > 0 && value > (std::numeric_limits<uint64_t>::max() >> shift))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", absl::CEscape(text), "' is not a byte size (e.g. 64G, 512M, 0)"));
-  }
-  *ret_bytes = value << shift;
   return absl::OkStatus();
 }
 

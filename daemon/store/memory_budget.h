@@ -37,8 +37,4 @@ class MemoryBudget {
   std::atomic<uint64_t> used_{0};
 };
 
-// Parses a byte size: a number with an optional K/M/G/T suffix (binary, "KiB"/"K"/"k" alike),
-// e.g. "64G", "512MiB", "0". InvalidArgument naming the text otherwise.
-absl::Status ParseByteSize(const std::string& text, uint64_t* ret_bytes);
-
 }  // namespace engram

@@ -1,4 +1,4 @@
-// Tests of the memory budget, byte sizes, PSI parsing and the pressure monitor's shrink and grow
+// Tests of the memory budget, PSI parsing and the pressure monitor's shrink and grow
 // steps (driven through a PSI file the test writes, then against the kernel's own file).
 #include "daemon/store/memory_budget.h"
 
@@ -28,26 +28,6 @@ TEST_CASE("the budget refuses what it does not have, naming the asker", "[budget
   MemoryBudget unbounded(0);
   REQUIRE(unbounded.Reserve(uint64_t{1} << 60, "x").ok());
   REQUIRE(unbounded.available() == UINT64_MAX);
-}
-
-TEST_CASE("byte sizes parse with binary suffixes and bad ones are named", "[budget]") {
-  uint64_t v = 0;
-  REQUIRE(ParseByteSize("0", &v).ok());
-  REQUIRE(v == 0);
-  REQUIRE(ParseByteSize("64G", &v).ok());
-  REQUIRE(v == 64ull << 30);
-  REQUIRE(ParseByteSize("512MiB", &v).ok());
-  REQUIRE(v == 512ull << 20);
-  REQUIRE(ParseByteSize("3 k", &v).ok());
-  REQUIRE(v == 3072);
-  REQUIRE(ParseByteSize("2T", &v).ok());
-  REQUIRE(v == 2ull << 40);
-  for (const char* bad : {"", "G", "12X", "-1", "99999999999999T", "1.5G"}) {
-    absl::Status s = ParseByteSize(bad, &v);
-    INFO(bad);
-    REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
-    REQUIRE_THAT(std::string(s.message()), Contains("byte size"));
-  }
 }
 
 TEST_CASE("PSI text parses, malformed text is refused", "[pressure]") {
