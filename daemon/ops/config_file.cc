@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -144,6 +145,21 @@ Setter Bool(std::function<void(DaemonSettings*, bool)> set) {
   };
 }
 
+// A byte size where 0 means "unbounded" or "derived" (the [memory] keys).
+Setter BytesOrZero(std::function<void(DaemonSettings*, uint64_t)> set) {
+  return [=](const toml::node& n, DaemonSettings* s) -> absl::Status {
+    if (n.is_integer() && *n.value<int64_t>() == 0) {
+      set(s, 0);
+      return absl::OkStatus();
+    }
+    if (n.is_string() && *n.value<std::string>() == "0") {
+      set(s, 0);
+      return absl::OkStatus();
+    }
+    return Bytes(set)(n, s);
+  };
+}
+
 absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
   for (const char* a : allowed) {
     if (v == a) return absl::OkStatus();
@@ -151,6 +167,33 @@ absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allo
   std::string list;
   for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
   return absl::InvalidArgumentError(absl::StrFormat("'%s' is not one of %s", v, list));
+}
+
+// [tables] tiers = { 1 = "cache", 14 = "resident" }: a tier per layer id.
+Setter StoreTiers() {
+  return [](const toml::node& n, DaemonSettings* s) -> absl::Status {
+    const toml::table* t = n.as_table();
+    if (t == nullptr)
+      return TypeError("a table of layer id = \"storage\" | \"resident\" | \"cache\"");
+    std::map<uint32_t, Tier> tiers;
+    for (const auto& [key, value] : *t) {
+      const std::string name(key.str());
+      uint32_t layer = 0;
+      if (!absl::SimpleAtoi(name, &layer)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("'%s' is not a layer id", absl::CEscape(name)));
+      }
+      const std::optional<std::string> text = value.value<std::string>();
+      const std::optional<Tier> tier = text ? ParseTier(*text) : std::nullopt;
+      if (!tier) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("layer %u: expected \"storage\", \"resident\" or \"cache\"", layer));
+      }
+      tiers[layer] = *tier;
+    }
+    s->store.tiers = std::move(tiers);  // a later file replaces the map, it does not merge
+    return absl::OkStatus();
+  };
 }
 
 const std::map<std::string, Setter>& Keys() {
@@ -185,6 +228,18 @@ const std::map<std::string, Setter>& Keys() {
          s->read_mode = v;
          return absl::OkStatus();
        })},
+      {"tables.tier", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
+         if (absl::Status st = OneOf(v, {"storage", "resident", "cache"}); !st.ok()) return st;
+         s->store.default_tier = *ParseTier(v);
+         return absl::OkStatus();
+       })},
+      {"tables.tiers", StoreTiers()},
+      {"memory.budget",
+       BytesOrZero([](DaemonSettings* s, uint64_t v) { s->store.budget_bytes = v; })},
+      {"memory.cache",
+       BytesOrZero([](DaemonSettings* s, uint64_t v) { s->store.cache_bytes = v; })},
+      {"memory.pressure", Bool([](DaemonSettings* s, bool v) { s->store.pressure = v; })},
+      {"memory.huge_pages", Bool([](DaemonSettings* s, bool v) { s->store.huge_pages = v; })},
       {"socket.path", String([](DaemonSettings* s, const std::string& v) -> absl::Status {
          if (v.empty() || v[0] != '/') {
            return absl::InvalidArgumentError(absl::StrFormat("'%s' is not an absolute path", v));

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/server/server_config.h"
+#include "daemon/store/store_config.h"
 
 namespace engram {
 
@@ -39,6 +40,7 @@ struct DaemonSettings {
   uint64_t spin_min_us = 20;
   uint64_t spin_max_us = 500;
   MetricsOptions metrics;
+  StoreConfig store;  // [tables] tier / tiers, [memory] (docs/row-store.md)
 };
 
 // Applies one TOML file onto *settings. InvalidArgument names "FILE:LINE: key 'a.b': why".

@@ -14,11 +14,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/control.h"
-#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/notify.h"
+#include "daemon/server/row_store.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_config.h"
 #include "tables/table.h"
@@ -178,6 +179,20 @@ int Main(int argc, char** argv) {
                  "much larger than RAM)")
       ->check(CLI::IsMember({"buffered", "direct"}))
       ->capture_default_str();
+  StoreConfig& store_config = settings.store;
+  std::vector<std::string> tier_flags;
+  std::string default_tier_flag;
+  app.add_option("--tier", tier_flags,
+                 "A table's tier, LAYER=storage|resident|cache; repeatable (docs/row-store.md)")
+      ->type_name("LAYER=TIER");
+  app.add_option("--default-tier", default_tier_flag, "Tier of tables --tier does not name")
+      ->check(CLI::IsMember({"storage", "resident", "cache"}));
+  app.add_option("--memory-budget", store_config.budget_bytes,
+                 "Bytes the row store may hold, resident tables and cache (0: unbounded)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_option("--cache-bytes", store_config.cache_bytes,
+                 "Size of the row cache (0: what the budget leaves)")
+      ->transform(CLI::AsSizeValue(false));
   app.add_option("--log-level", log_level, "error, warning, notice, info or debug")
       ->check(CLI::IsMember({"error", "warning", "notice", "info", "debug"}))
       ->capture_default_str();
@@ -238,6 +253,18 @@ int Main(int argc, char** argv) {
       // Naming groups must not lock out the operator: keep the daemon's own uid and root.
       config.allow_uids = {geteuid(), 0};
     }
+    if (!default_tier_flag.empty()) store_config.default_tier = *ParseTier(default_tier_flag);
+    for (const std::string& f : tier_flags) {
+      const size_t eq = f.find('=');
+      uint32_t layer = 0;
+      const std::optional<Tier> tier =
+          eq == std::string::npos ? std::nullopt : ParseTier(f.substr(eq + 1));
+      if (!tier || !absl::SimpleAtoi(f.substr(0, eq), &layer)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("--tier '%s' is not LAYER=storage, LAYER=resident or LAYER=cache", f));
+      }
+      store_config.tiers[layer] = *tier;
+    }
     config.poll.spin_min_ns = spin_min_us * 1000;
     config.poll.spin_max_ns = std::max(spin_max_us, spin_min_us) * 1000;
     if (config.limits.max_clients == 0 || config.limits.max_inflight == 0 ||
@@ -294,14 +321,29 @@ int Main(int argc, char** argv) {
                               log::Notice("gather engine: {}", notice);
                             }});
   if (!engine.ok()) return fail(engine.status());
+  bool use_store = false;
   for (const auto& t : *opened) {
+    const Tier tier = store_config.TierOf(t->layer_id());
+    use_store |= tier != Tier::kStorage;
     TableGatherOptions table_options;
-    table_options.mode = read_mode == "direct" ? ReadMode::kDirect : ReadMode::kBuffered;
+    table_options.mode = RowStore::ReadModeFor(
+        tier, read_mode == "direct" ? ReadMode::kDirect : ReadMode::kBuffered);
     if (absl::Status s = (*engine)->AddTable(t.get(), table_options); !s.ok()) return fail(s);
+  }
+  std::unique_ptr<RowStore> store;
+  if (use_store) {
+    auto created = RowStore::Create(store_config, *opened, engine->get(),
+                                    [](const std::string& line) { log::Notice("{}", line); });
+    if (!created.ok()) return fail(created.status());
+    store = std::move(*created);
   }
   absl::StatusOr<std::unique_ptr<Server>> server =
       Server::Create(config, std::move(*opened), std::move(*engine));
   if (!server.ok()) return fail(server.status());
+  if (store != nullptr) {
+    store->StartLoading();
+    (*server)->SetRowStore(std::move(store));
+  }
   (*server)->control().Configure(settings.metrics, log_level, ENGRAMD_VERSION);
   // SIGHUP: the files again, then the same flags over them.
   (*server)->control().SetReloader([&]() -> absl::StatusOr<ReloadedConfig> {

@@ -734,7 +734,7 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
     inflight_total_.fetch_sub(1, std::memory_order_release);
   };
   if (request->rows.size() <= config_.poll.inline_rows) {
-    finish(*session, *request, engine_->Gather(batch));
+    finish(*session, *request, Gather(batch));
     return;
   }
   // A request thread runs it as the engine's calling thread, as an in-process caller would.
@@ -743,7 +743,7 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
                   .rows = request->rows,
                   .dest = session->arena().data() + request->dest_offset,
                   .dest_offsets = request->dest_offsets};
-    finish(*session, *request, engine_->Gather(b));
+    finish(*session, *request, Gather(b));
   });
 }
 
