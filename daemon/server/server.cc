@@ -540,6 +540,9 @@ void Server::HandleMessage(const std::shared_ptr<Session>& session) {
     case ENGRAM_MSG_CONTROL:
       control_->Handle(*session, header, buffer + sizeof(header), header.bytes - sizeof(header));
       break;
+    case ENGRAM_MSG_MAP_TABLE:
+      SendTableMap(*session, header, buffer);
+      break;
     case ENGRAM_MSG_HELLO:
       SendError(*session, ENGRAM_STATUS_FAILED_PRECONDITION,
                 "HELLO on a session that already has its arena", header.request_id);

@@ -70,6 +70,8 @@ class Server {
   bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
   void SendTables(Session& session, uint32_t request_id);
   void SendStats(Session& session, uint32_t request_id);
+  // MAP_TABLE (table_map.cc): a resident table's sealed memfd, or an error naming why not.
+  void SendTableMap(Session& session, const engram_msg_header& header, const uint8_t* message);
   void SendError(Session& session, int32_t code, const std::string& message, uint32_t request_id);
   absl::Status Gather(const GatherBatch& batch) {
     return store_ != nullptr ? store_->Gather(batch) : engine_->Gather(batch);

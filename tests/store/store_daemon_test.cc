@@ -1,6 +1,7 @@
 // The row store through engramd: a resident table and a cached table (cache much smaller than
 // the table) served byte-exact to client processes, scattered and duplicate rows included, hits
 // answered without the engine, and the tiers, hit rates and cache shown by engramctl.
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -208,6 +209,67 @@ TEST_CASE("a budget too small for a resident table stops engramd naming the tabl
   CHECK(WEXITSTATUS(status) == 1);
   CHECK(out.find("layer 14") != std::string::npos);
   CHECK(out.find("[memory] budget") != std::string::npos);
+}
+
+TEST_CASE("a client maps a resident table read-only and gathers from it", "[store][map]") {
+  const Daemon& d = StoreDaemon();
+  WaitResident(d);
+  engram_connect_options o = d.Options(1 << 20, 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  engram_table_map* map = nullptr;
+  REQUIRE(engram_map_table(s, 14, &map) == 0);
+  engram_table_map_info info{.size = sizeof(info)};
+  REQUIRE(engram_get_table_map_info(map, &info) == 0);
+  CHECK(info.layer_id == 14);
+  CHECK(info.row_bytes == kRowBytes);
+  CHECK(info.covered_begin == 0);
+  CHECK(info.covered_end == kRows);
+  REQUIRE(info.map_bytes >= kRows * kRowBytes);
+  // In place: every row of the table.
+  const auto* base = static_cast<const uint8_t*>(info.base);
+  std::vector<uint64_t> all(kRows);
+  for (uint64_t r = 0; r < kRows; ++r) all[r] = r;
+  CHECK(FirstBadRow(14, all.data(), kRows, base) == -1);
+  // The CPU gather of random rows.
+  std::vector<uint64_t> rows(1152);
+  FillRows(rows.data(), rows.size(), kRows, 77);
+  std::vector<uint8_t> out(rows.size() * kRowBytes);
+  REQUIRE(engram_table_map_gather(map, rows.data(), rows.size(), out.data()) == 0);
+  CHECK(FirstBadRow(14, rows.data(), rows.size(), out.data()) == -1);
+  rows[5] = kRows;
+  CHECK(engram_table_map_gather(map, rows.data(), rows.size(), out.data()) == -ERANGE);
+  CHECK(std::string(engram_last_error()).find("index 5") != std::string::npos);
+  // Read-only for good: the mapping cannot be made writable.
+  CHECK(mprotect(const_cast<void*>(info.base), 4096, PROT_READ | PROT_WRITE) == -1);
+  engram_close(s);  // the mapping outlives the session
+  CHECK(FirstBadRow(14, all.data(), 100, base) == -1);
+  engram_unmap_table(map);
+}
+
+TEST_CASE("mapping a table that is not resident is refused naming why", "[store][map]") {
+  const Daemon& d = StoreDaemon();
+  engram_connect_options o = d.Options(1 << 20, 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  engram_table_map* map = nullptr;
+  CHECK(engram_map_table(s, 1, &map) == -EOPNOTSUPP);
+  const std::string why = engram_last_error();
+  CHECK(why.find("layer 1") != std::string::npos);
+  CHECK(why.find("not resident") != std::string::npos);
+  CHECK(engram_map_table(s, 7, &map) == -ENOENT);
+  CHECK(std::string(engram_last_error()).find("layer 7") != std::string::npos);
+  CHECK(map == nullptr);
+  // The session still serves gathers after the refusals.
+  uint64_t* rows;
+  uint8_t* out;
+  REQUIRE(engram_alloc(s, 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  rows[0] = 3;
+  engram_gather_request r{.size = sizeof(r), .table = 1, .rows = rows, .num_rows = 1, .dest = out};
+  REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
+  CHECK(FirstBadRow(1, rows, 1, out) == -1);
+  engram_close(s);
 }
 
 }  // namespace
