@@ -291,12 +291,13 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(config);
   if (!opened.ok()) return fail(opened.status());
   if (check_config) {
+    if (absl::Status s = RowStore::Validate(store_config, *opened); !s.ok()) return fail(s);
     printf("configuration OK (%s)\n", config_files.empty()
                                           ? "no configuration file; defaults and flags"
                                           : absl::StrJoin(config_files, ", ").c_str());
     for (const auto& t : *opened) {
-      printf("  %s: rows [%lu, %lu) of %lu\n", t->Describe().c_str(), t->covered().begin,
-             t->covered().end, t->num_rows());
+      printf("  %s: rows [%lu, %lu) of %lu, tier %s\n", t->Describe().c_str(), t->covered().begin,
+             t->covered().end, t->num_rows(), TierName(store_config.TierOf(t->layer_id())));
     }
     printf("  may connect: %s%s\n",
            config.allow_uids.empty()

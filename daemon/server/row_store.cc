@@ -28,9 +28,47 @@ thread_local MissScratch t_scratch;
 
 }  // namespace
 
+absl::Status RowStore::Validate(const StoreConfig& config,
+                                const std::vector<std::unique_ptr<Table>>& tables) {
+  for (const auto& [layer, tier] : config.tiers) {
+    bool found = false;
+    for (const auto& t : tables) found |= t->layer_id() == layer;
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a tier is set for layer %u ([tables] tiers or --tier), but no table of that layer is "
+          "served",
+          layer));
+    }
+  }
+  MemoryBudget budget(config.budget_bytes);
+  bool any_cache = false;
+  for (const auto& t : tables) {
+    const Tier tier = config.TierOf(t->layer_id());
+    any_cache |= tier == Tier::kCache;
+    if (tier != Tier::kResident) continue;
+    // The largest size the resident copy can take (rounded up to a 2 MiB page).
+    const uint64_t bytes = (t->data_bytes() + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
+    if (absl::Status s = budget.Reserve(bytes, "resident copy of " + t->Describe()); !s.ok()) {
+      return s;
+    }
+  }
+  if (any_cache && config.cache_bytes == 0 && !budget.bounded()) {
+    return absl::InvalidArgumentError(
+        "a table uses the cache tier but neither [memory] cache nor [memory] budget is set: the "
+        "cache needs a size");
+  }
+  if (any_cache && config.cache_bytes == 0 && budget.available() < (1u << 20)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the resident tables leave %u bytes of the %u-byte [memory] budget to the row cache",
+        budget.available(), budget.budget()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
     const StoreConfig& config, const std::vector<std::unique_ptr<Table>>& tables,
     GatherEngine* engine, Notice notice) {
+  if (absl::Status s = Validate(config, tables); !s.ok()) return s;
   std::unique_ptr<RowStore> store(new RowStore(config, engine, std::move(notice)));
   bool any_cache = false;
   for (const auto& t : tables) {
@@ -46,22 +84,8 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
     any_cache |= ts->tier == Tier::kCache;
     store->states_.push_back(std::move(ts));
   }
-  for (const auto& [layer, tier] : config.tiers) {
-    bool found = false;
-    for (const auto& ts : store->states_) found |= ts->table->layer_id() == layer;
-    if (!found) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "a tier is set for layer %u ([tables] tiers), but no table of that layer is served",
-          layer));
-    }
-  }
   if (any_cache) {
     uint64_t bytes = config.cache_bytes != 0 ? config.cache_bytes : store->budget_.available();
-    if (bytes == UINT64_MAX) {
-      return absl::InvalidArgumentError(
-          "a table uses the cache tier but neither [memory] cache nor [memory] budget is set: "
-          "the cache needs a size");
-    }
     auto cache = RowCache::Create({.max_bytes = bytes}, &store->budget_);
     if (!cache.ok()) return cache.status();
     store->cache_ = std::move(*cache);

@@ -52,6 +52,12 @@ class RowStore {
     return tier == Tier::kCache ? ReadMode::kDirect : configured;
   }
 
+  // The checks Create makes before it allocates anything (tiers naming layers that are not
+  // served, a cache without a size, resident tables larger than the budget), for
+  // engramd --check-config. InvalidArgument / ResourceExhausted naming the table or key.
+  static absl::Status Validate(const StoreConfig& config,
+                               const std::vector<std::unique_ptr<Table>>& tables);
+
   // Reserves the resident tables' memory and the cache from the budget (ResourceExhausted
   // naming the table when it does not fit) and creates them empty. `tables` and `engine` must
   // outlive the store. `notice` receives operator messages (huge pages, loading, pressure).

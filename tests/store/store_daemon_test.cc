@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "engram/engram.h"
 #include "nlohmann/json.hpp"
@@ -195,6 +197,36 @@ TEST_CASE("the metrics show tiers, store bytes, hits and evictions", "[store]") 
     INFO(want);
     CHECK(text.find(want) != std::string::npos);
   }
+}
+
+// Runs engramd with `args` on the test checkpoint; returns (exit code, output).
+std::pair<int, std::string> Engramd(const std::string& args) {
+  const std::string line = EngramdPath() + " --model " + Checkpoint() + " --socket " + TestDir() +
+                           "/check.sock " + args + " 2>&1";
+  FILE* p = popen(line.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_CASE("--check-config shows tiers and refuses store settings that cannot work", "[store]") {
+  auto [code, out] = Engramd("--tier 14=resident --tier 1=cache --cache-bytes 1M --check-config");
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("layer 14") != std::string::npos);
+  CHECK(out.find("tier resident") != std::string::npos);
+  CHECK(out.find("tier cache") != std::string::npos);
+  std::tie(code, out) = Engramd("--tier 9=resident --check-config");
+  CHECK(code == 1);
+  CHECK(out.find("layer 9") != std::string::npos);
+  std::tie(code, out) = Engramd("--tier 1=cache --check-config");
+  CHECK(code == 1);
+  CHECK(out.find("the cache needs a size") != std::string::npos);
+  std::tie(code, out) = Engramd("--tier 14=resident --memory-budget 1M --check-config");
+  CHECK(code == 1);
+  CHECK(out.find("[memory] budget") != std::string::npos);
 }
 
 TEST_CASE("a budget too small for a resident table stops engramd naming the table", "[store]") {
