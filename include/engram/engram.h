@@ -212,8 +212,8 @@ ENGRAM_API int engram_get_session_stats(engram_session* session,
 /* A resident table (docs/row-store.md) mapped read-only into this process: rows are read with a
  * memcpy, with no request to the daemon. The memory is the daemon's sealed memfd: nobody can
  * change, shrink or grow it, and the mapping stays valid until engram_unmap_table, even if the
- * daemon or the session goes away. Pass base and map_bytes to engram_gpu_register (gpu.h) to
- * let a GPU read rows from it. */
+ * daemon or the session goes away. (GPU registration of this read-only mapping needs the
+ * runtime's read-only registration flag, which engram_gpu_register does not pass yet.) */
 typedef struct engram_table_map engram_table_map;
 
 struct engram_table_map_info {
