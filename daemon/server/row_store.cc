@@ -194,6 +194,9 @@ absl::Status RowStore::Gather(const GatherBatch& batch) {
       miss.offsets.push_back(offset);
     }
   }
+  if (ts->tier == Tier::kCache) {
+    cache_->CountLookups(batch.rows.size() - miss.rows.size(), miss.rows.size());
+  }
   ts->requests.fetch_add(1, std::memory_order_relaxed);
   ts->rows.fetch_add(batch.rows.size(), std::memory_order_relaxed);
   ts->hit_rows.fetch_add(batch.rows.size() - miss.rows.size(), std::memory_order_relaxed);

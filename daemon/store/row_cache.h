@@ -83,12 +83,15 @@ class RowCache {
                                                           MemoryBudget* budget);
   ~RowCache();
 
-  // Lock-free lookup (see RowCacheReader::Lookup); counts a hit or a miss and marks the row as
-  // used for the policy.
+  // Lock-free lookup (see RowCacheReader::Lookup); marks the row as used for the policy. Not
+  // counted here: a shared counter bumped per row would bounce one cache line between every
+  // request thread, so callers count a batch and add it with CountLookups().
   bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst) {
-    bool hit = reader_.Lookup(layer, row, dst);
-    (hit ? hits_ : misses_).fetch_add(1, std::memory_order_relaxed);
-    return hit;
+    return reader_.Lookup(layer, row, dst);
+  }
+  void CountLookups(uint64_t hits, uint64_t misses) {
+    hits_.fetch_add(hits, std::memory_order_relaxed);
+    misses_.fetch_add(misses, std::memory_order_relaxed);
   }
   // Admits a row read from storage (a no-op if it is present or the capacity is 0). Evicts as
   // the policy says. Rows must be < 2^40 and layers < 2^23 (InvalidArgument otherwise).

@@ -58,6 +58,9 @@ TEST_CASE("rows of several tables hit byte-exact and others miss", "[cache]") {
   REQUIRE_FALSE(LookupChecked(*cache, 2, 0));
   RowCacheStats st = cache->Stats();
   REQUIRE(st.used_slots == 800);
+  REQUIRE(st.hits == 0);  // lookups are counted by the caller, a batch at a time
+  cache->CountLookups(800, 401);
+  st = cache->Stats();
   REQUIRE(st.hits == 800);
   REQUIRE(st.misses == 401);
   REQUIRE(st.evictions == 0);
