@@ -27,6 +27,7 @@
 
 #include "client/abi_struct.h"
 #include "client/last_error.h"
+#include "client/table_map.h"
 #include "engram/engram.h"
 #include "engram/protocol.h"
 #include "protocol/clock.h"
@@ -952,6 +953,55 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   out.latency_max_ns = m.stats.latency_max_ns;
   out.client_sleeps = s->client_sleeps.load();
   return WriteStruct("engram_session_stats", out, ret_stats);
+}
+
+int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_map) {
+  if (s == nullptr || ret_map == nullptr) {
+    return SetError(-EINVAL, "engram_map_table needs a session and ret_map");
+  }
+  if (s->lost.load()) return LostError(s);
+  std::lock_guard<std::mutex> lock(s->control_mutex);
+  engram_msg_map_table request{};
+  const uint32_t id = s->next_request_id++;
+  proto::FillHeader(&request.header, ENGRAM_MSG_MAP_TABLE, sizeof(request), id);
+  request.layer_id = layer;
+  if (SendAll(s->socket.get(), &request, sizeof(request)) < 0) {
+    s->lost.store(true);
+    return LostError(s);
+  }
+  std::vector<uint8_t> reply(ENGRAM_MSG_MAX_BYTES);
+  int fd = -1, nfds = 0;
+  const ssize_t n = proto::ReceiveMessage(s->socket.get(), reply.data(), reply.size(), &fd, 1, &nfds);
+  if (n == 0 || n == -ECONNRESET || n == -EPIPE) {
+    s->lost.store(true);
+    return LostError(s);
+  }
+  if (n < 0) return SetError(static_cast<int>(n), "no reply from engramd: %s", strerror(-n));
+  engram_msg_header header;
+  proto::CodecError error;
+  if (!proto::DecodeHeader(reply.data(), static_cast<size_t>(n), &header, &error) ||
+      header.request_id != id ||
+      (header.type != ENGRAM_MSG_ERROR && header.type != ENGRAM_MSG_TABLE_MAPPED)) {
+    if (nfds == 1) close(fd);
+    return SetError(-EPROTO, "bad reply from engramd to MAP_TABLE for layer %u", layer);
+  }
+  if (header.type == ENGRAM_MSG_ERROR) {
+    if (nfds == 1) close(fd);
+    proto::DecodeError(reply.data(), static_cast<size_t>(n), &error);
+    // Not -ENOTCONN for "still loading": that means "reconnect" everywhere else.
+    const int rc = error.code == ENGRAM_STATUS_FAILED_PRECONDITION ? -EOPNOTSUPP
+                   : error.code == ENGRAM_STATUS_UNAVAILABLE       ? -EAGAIN
+                                                                   : ErrnoForCode(error.code);
+    return SetError(rc, "engramd: %s", error.message.c_str());
+  }
+  engram_msg_table_mapped m;
+  if (static_cast<size_t>(n) != sizeof(m) || nfds != 1) {
+    if (nfds == 1) close(fd);
+    return SetError(-EPROTO, "TABLE_MAPPED reply of %zd bytes with %d descriptors", n, nfds);
+  }
+  memcpy(&m, reply.data(), sizeof(m));
+  return engram::client::MapSealedTable(fd, m.layer_id, m.row_bytes, m.covered_begin, m.covered_end,
+                                        m.map_bytes, ret_map);
 }
 
 void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor) {

@@ -108,7 +108,7 @@ bool DecodeHeader(const uint8_t* data, size_t size, engram_msg_header* ret_heade
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
                 "message header says %u bytes, %zu arrived", header.bytes, size);
   }
-  if (header.type == 0 || header.type > ENGRAM_MSG_CONTROL_REPLY) {
+  if (header.type == 0 || header.type > ENGRAM_MSG_TABLE_MAPPED) {
     return Fail(ret_error, ENGRAM_STATUS_UNIMPLEMENTED, "unknown message type %u", header.type);
   }
   *ret_header = header;

@@ -3,7 +3,8 @@
 # DeepSeek-V4.1-format checkpoint, validates it, packs its tables (full and one TP4 rank's range),
 # checks every copy against the synthetic row function, then starts engramd on the checkpoint,
 # drives decode-like and prefill-like gathers through the client library from a separate process
-# (every byte checked) and stops the daemon with SIGTERM.
+# (every byte checked), layer 14 from a resident copy and layer 1 through the row cache, shows
+# the row store's memory and hit rate, and stops the daemon with SIGTERM.
 # Usage: tools/quickstart.sh [--rows N]   (work files go to $ENGRAM_QUICKSTART_DIR or build/quickstart)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +38,13 @@ for f in "$work"/*.engram; do
   "$bin/engram-inspect" "$f" --verify-synthetic --seed 7
 done
 
-step "starting engramd on $work/model"
-"$builddir/daemon/engramd" --model "$work/model" --socket "$work/engramd.sock" &
+step "starting engramd on $work/model: layer 14 resident, layer 1 through a 32 MiB row cache"
+# A memory budget for the row store (docs/row-store.md): layer 14 in memory, layer 1's hot rows
+# in the cache, its misses read with O_DIRECT.
+resident_bytes=$(((rows * 264 + 2097151) / 2097152 * 2097152))
+budget=$((resident_bytes + 48 * 1048576))
+"$builddir/daemon/server/engramd" --model "$work/model" --socket "$work/engramd.sock" \
+  --tier 14=resident --tier 1=cache --cache-bytes 32M --memory-budget "$budget" &
 daemon_pid=$!
 trap '[[ -n "${daemon_pid:-}" ]] && kill -9 "$daemon_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 400); do
@@ -48,7 +54,14 @@ for _ in $(seq 400); do
 done
 
 step "engram-demo: decode-like and prefill-like gathers from a separate client process"
-"$builddir/tools/demo/engram-demo" --socket "$work/engramd.sock" --synthetic-seed 7
+for layer in 14 1; do
+  "$builddir/tools/demo/engram-demo" --socket "$work/engramd.sock" --synthetic-seed 7 \
+    --table "$layer"
+done
+step "row store: memory, cache hit rate and evictions (row ids above are uniform: the worst case)"
+ctl="$builddir/tools/engramctl/engramctl"
+"$ctl" status --socket "$work/engramd.sock" | grep -E "row store|row cache"
+"$ctl" stats --socket "$work/engramd.sock" | grep -E "^layer|tier "
 
 step "stopping engramd (SIGTERM)"
 kill -TERM "$daemon_pid"

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -134,6 +135,7 @@ absl::Status ApplyToml(const Setting& setting, const toml::node& n, DaemonSettin
       return setting.ApplyText(absl::StrFormat("%d", *v), s);
     }
     case Kind::kBytes:
+    case Kind::kBytesOrZero:
       if (n.is_integer()) {
         if (*n.value<int64_t>() < 0) {
           return absl::InvalidArgumentError("a byte size cannot be negative");
@@ -166,6 +168,7 @@ std::string Setting::Text(const DaemonSettings& settings) const {
     case Kind::kUint64:
       return absl::StrFormat("%u", At<uint64_t>(*this, s));
     case Kind::kBytes:
+    case Kind::kBytesOrZero:
       return ByteText(At<uint64_t>(*this, s));
     case Kind::kString:
       return "\"" + At<std::string>(*this, s) + "\"";
@@ -208,10 +211,11 @@ absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) cons
       }
       return absl::OkStatus();
     }
-    case Kind::kBytes: {
+    case Kind::kBytes:
+    case Kind::kBytesOrZero: {
       absl::StatusOr<uint64_t> v = ParseByteSize(text);
       if (!v.ok()) return v.status();
-      if (*v == 0) return absl::InvalidArgumentError("must be above 0");
+      if (*v == 0 && kind == Kind::kBytes) return absl::InvalidArgumentError("must be above 0");
       At<uint64_t>(*this, s) = *v;
       return absl::OkStatus();
     }
@@ -234,6 +238,9 @@ absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) cons
       return absl::OkStatus();
     }
     case Kind::kStrings:
+      if (check) {
+        if (absl::Status st = check(text); !st.ok()) return st;
+      }
       At<std::vector<std::string>>(*this, s).push_back(text);
       return absl::OkStatus();
   }
@@ -243,6 +250,18 @@ absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) cons
 void Setting::ClearList(DaemonSettings* s) const {
   if (kind == Kind::kStrings) At<std::vector<std::string>>(*this, s).clear();
   if (kind == Kind::kIds) At<std::vector<uint32_t>>(*this, s).clear();
+}
+
+// One tables.tiers entry: "LAYER=storage", "LAYER=resident" or "LAYER=cache".
+absl::Status CheckTierEntry(const std::string& v) {
+  const size_t eq = v.find('=');
+  uint32_t layer = 0;
+  if (eq == std::string::npos || !absl::SimpleAtoi(v.substr(0, eq), &layer) ||
+      !ParseTier(v.substr(eq + 1))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s' is not LAYER=storage, LAYER=resident or LAYER=cache", v));
+  }
+  return absl::OkStatus();
 }
 
 const std::vector<Setting>& Settings() {
@@ -271,6 +290,25 @@ const std::vector<Setting>& Settings() {
        [](const std::string& v) {
          return OneOf(v, {"buffered", "direct"});
        }},
+      {"tables.tier", "--default-tier",
+       "Tier of the tables tables.tiers does not name: storage, resident or cache "
+       "(docs/row-store.md)",
+       Kind::kString, [](S* s) -> void* { return &s->default_tier; }, 0, 0,
+       [](const std::string& v) { return OneOf(v, {"storage", "resident", "cache"}); }},
+      {"tables.tiers", "--tier", "A table's tier, LAYER=storage|resident|cache (repeatable)",
+       Kind::kStrings, [](S* s) -> void* { return &s->tiers; }, 0, 0, CheckTierEntry},
+      {"memory.budget", "--memory-budget",
+       "Bytes the row store may hold, resident tables and cache (0: unbounded); the service's "
+       "memory limits derive from it",
+       Kind::kBytesOrZero, [](S* s) -> void* { return &s->store.budget_bytes; }},
+      {"memory.cache", "--cache-bytes", "Size of the row cache (0: what the budget leaves)",
+       Kind::kBytesOrZero, [](S* s) -> void* { return &s->store.cache_bytes; }},
+      {"memory.pressure", "--no-memory-pressure",
+       "Do not shrink the row cache under memory pressure (PSI)", Kind::kBool,
+       [](S* s) -> void* { return &s->store.pressure; }},
+      {"memory.huge_pages", "--no-huge-pages",
+       "Do not put resident tables on 2 MiB pages even where vm.nr_hugepages reserves them",
+       Kind::kBool, [](S* s) -> void* { return &s->store.huge_pages; }},
       {"socket.path", "--socket", "Unix socket to listen on", Kind::kString,
        [](S* s) -> void* { return &s->server.socket_path; }, 0, 0,
        [](const std::string& v) { return AbsolutePath(v, false); }},
@@ -412,7 +450,22 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings) 
     return absl::InvalidArgumentError(
         absl::StrFormat("%s:%u: %s", path, e.source().begin.line, why));
   }
-  return Walk(path, table, "", settings);
+  if (absl::Status s = Walk(path, table, "", settings); !s.ok()) return s;
+  return ApplyTiers(settings);
+}
+
+absl::Status ApplyTiers(DaemonSettings* settings) {
+  StoreConfig& store = settings->store;
+  store.default_tier = *ParseTier(settings->default_tier);  // checked when it was set
+  store.tiers.clear();
+  for (const std::string& entry : settings->tiers) {
+    if (absl::Status s = CheckTierEntry(entry); !s.ok()) return s;
+    const size_t eq = entry.find('=');
+    uint32_t layer = 0;
+    (void)absl::SimpleAtoi(entry.substr(0, eq), &layer);
+    store.tiers[layer] = *ParseTier(entry.substr(eq + 1));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LoadConfig(const std::string& path, bool must_exist, DaemonSettings* settings,

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/server/server_config.h"
+#include "daemon/store/store_config.h"
 
 namespace engram {
 
@@ -40,6 +41,9 @@ struct DaemonSettings {
   uint64_t spin_min_us = 20;
   uint64_t spin_max_us = 500;
   MetricsOptions metrics;
+  StoreConfig store;  // [memory]; its tiers come from default_tier and tiers (docs/row-store.md)
+  std::string default_tier = "storage";  // [tables] tier
+  std::vector<std::string> tiers;        // [tables] tiers: "LAYER=tier"
 };
 
 // One setting of engramd, defined once: its configuration-file key, its command-line flag, its
@@ -51,6 +55,7 @@ struct Setting {
     kUint32,   // an integer in [min, max]
     kUint64,   // an integer in [min, max]
     kBytes,    // a byte size above 0 (uint64_t): an integer or "64M" (K, M, G, T: powers of 1024)
+    kBytesOrZero,  // the same, where 0 means "none" or "unbounded"
     kString,   // text, checked by `check` when set
     kStrings,  // a list of text; a repeatable flag
     kIds,      // a list of integers in [min, max]; a repeatable (or comma-separated) flag
@@ -86,6 +91,10 @@ absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings);
 // `*.toml` of `path + ".d/"` in name order. *ret_files lists the files read, in order.
 absl::Status LoadConfig(const std::string& path, bool must_exist, DaemonSettings* settings,
                         std::vector<std::string>* ret_files);
+
+// Turns tables.tier and tables.tiers (text, as the file and flags set them) into
+// settings->store's tiers. ApplyConfigFile does it; call it again after applying flags.
+absl::Status ApplyTiers(DaemonSettings* settings);
 
 // Every key the file accepts ("section.name"), sorted. docs/operations.md must list each one
 // with its default and flag (tests/ops checks it).

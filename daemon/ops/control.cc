@@ -446,6 +446,7 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
   } else {
     return absl::InternalError(absl::StrFormat("control command '%s' has no handler", command));
   }
+  if (s.store_ != nullptr) s.store_->AddControlFields(command, &out);
   return out.dump();
 }
 
@@ -501,6 +502,7 @@ std::string Control::MetricsText() const {
     e.Log2Histogram("engram_gather_batch_duration_seconds", "Latency of one gather batch", l,
                     t.latency_buckets.data(), t.latency_buckets.size(), t.latency_sum_ns);
   }
+  if (s.store_ != nullptr) s.store_->AddMetrics(&e);
   std::vector<std::shared_ptr<Session>> sessions;
   {
     std::lock_guard<std::mutex> lock(const_cast<Server&>(s).sessions_mutex_);

@@ -19,6 +19,7 @@
 #include "daemon/ops/control.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/notify.h"
+#include "daemon/server/row_store.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_config.h"
 #include "tables/table.h"
@@ -108,7 +109,8 @@ void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
         throw CLI::ValidationError(st->flag, std::string(s.message()));
       }
     };
-    const char* metavar = setting.kind == Kind::kBytes                                     ? "SIZE"
+    const char* metavar = setting.kind == Kind::kBytes || setting.kind == Kind::kBytesOrZero
+                              ? "SIZE"
                           : setting.kind == Kind::kUint32 || setting.kind == Kind::kUint64 ? "N"
                           : setting.kind == Kind::kIds                                     ? "ID"
                                                                                            : "TEXT";
@@ -174,7 +176,7 @@ absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
   }
   config.poll.spin_min_ns = settings->spin_min_us * 1000;
   config.poll.spin_max_ns = std::max(settings->spin_max_us, settings->spin_min_us) * 1000;
-  return absl::OkStatus();
+  return ApplyTiers(settings);
 }
 
 void SetLogLevel(const std::string& level) {
@@ -203,13 +205,14 @@ void BlockSignals() {
 }
 
 // --check-config: what would be served, and to whom.
-void PrintCheckedConfig(const ServerConfig& config, const std::vector<std::string>& files,
+void PrintCheckedConfig(const ServerConfig& config, const StoreConfig& store,
+                        const std::vector<std::string>& files,
                         const std::vector<std::unique_ptr<Table>>& tables) {
   printf("configuration OK (%s)\n", files.empty() ? "no configuration file; defaults and flags"
                                                   : absl::StrJoin(files, ", ").c_str());
   for (const auto& t : tables) {
-    printf("  %s: rows [%lu, %lu) of %lu\n", t->Describe().c_str(), t->covered().begin,
-           t->covered().end, t->num_rows());
+    printf("  %s: rows [%lu, %lu) of %lu, tier %s\n", t->Describe().c_str(), t->covered().begin,
+           t->covered().end, t->num_rows(), TierName(store.TierOf(t->layer_id())));
   }
   printf("  may connect: %s%s\n",
          config.allow_uids.empty()
@@ -266,14 +269,30 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
        // missing or failing, unregistrable O_DIRECT buffers.
        .notice = [](const std::string& notice) { log::Notice("gather engine: {}", notice); }});
   if (!engine.ok()) return Fail(engine.status());
+  const StoreConfig& store_config = settings->store;
+  bool use_store = false;
   for (const auto& t : tables) {
+    const Tier tier = store_config.TierOf(t->layer_id());
+    use_store |= tier != Tier::kStorage;
     TableGatherOptions table_options;
-    table_options.mode = settings->read_mode == "direct" ? ReadMode::kDirect : ReadMode::kBuffered;
+    table_options.mode = RowStore::ReadModeFor(
+        tier, settings->read_mode == "direct" ? ReadMode::kDirect : ReadMode::kBuffered);
     if (absl::Status s = (*engine)->AddTable(t.get(), table_options); !s.ok()) return Fail(s);
+  }
+  std::unique_ptr<RowStore> store;
+  if (use_store) {
+    auto created = RowStore::Create(store_config, tables, engine->get(),
+                                    [](const std::string& line) { log::Notice("{}", line); });
+    if (!created.ok()) return Fail(created.status());
+    store = std::move(*created);
   }
   absl::StatusOr<std::unique_ptr<Server>> server =
       Server::Create(config, std::move(tables), std::move(*engine));
   if (!server.ok()) return Fail(server.status());
+  if (store != nullptr) {
+    store->StartLoading();
+    (*server)->SetRowStore(std::move(store));
+  }
   (*server)->control().Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION);
   (*server)->control().SetReloader([&cl, settings] { return Reload(cl, settings); });
   if (absl::Status s = (*server)->Run(); !s.ok()) return Fail(s);
@@ -310,7 +329,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(settings.server);
   if (!opened.ok()) return Fail(opened.status());
   if (check_config) {
-    PrintCheckedConfig(settings.server, config_files, *opened);
+    if (absl::Status s = RowStore::Validate(settings.store, *opened); !s.ok()) return Fail(s);
+    PrintCheckedConfig(settings.server, settings.store, config_files, *opened);
     return 0;
   }
   return Serve(cl, &settings, std::move(*opened));

@@ -541,6 +541,9 @@ void Server::HandleMessage(const std::shared_ptr<Session>& session) {
     case ENGRAM_MSG_CONTROL:
       control_->Handle(*session, header, buffer + sizeof(header), header.bytes - sizeof(header));
       break;
+    case ENGRAM_MSG_MAP_TABLE:
+      SendTableMap(*session, header, buffer);
+      break;
     case ENGRAM_MSG_HELLO:
       SendError(*session, ENGRAM_STATUS_FAILED_PRECONDITION,
                 "HELLO on a session that already has its arena", header.request_id);
@@ -743,7 +746,7 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
     }
   };
   if (request->rows.size() <= config_.poll.inline_rows) {
-    finish(*session, *request, engine_->Gather(batch));
+    finish(*session, *request, Gather(batch));
     return;
   }
   // A request thread runs it as the engine's calling thread, as an in-process caller would.
@@ -752,7 +755,7 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
                   .rows = request->rows,
                   .dest = session->arena().data() + request->dest_offset,
                   .dest_offsets = request->dest_offsets};
-    finish(*session, *request, engine_->Gather(b));
+    finish(*session, *request, Gather(b));
   });
 }
 

@@ -20,10 +20,11 @@
 #include "absl/status/statusor.h"
 #include "daemon/gather/gather_engine.h"
 #include "daemon/ops/log.h"
-#include "protocol/codec.h"
 #include "daemon/server/request_pool.h"
+#include "daemon/server/row_store.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
+#include "protocol/codec.h"
 #include "tables/table.h"
 
 namespace engram {
@@ -51,6 +52,9 @@ class Server {
   void Stop();
   // Control requests, metrics, systemd notifications and reloads (daemon/ops/control.h).
   Control& control() { return *control_; }
+  // Serves the tables through a row store (resident and cached tiers); before Run().
+  void SetRowStore(std::unique_ptr<RowStore> store) { store_ = std::move(store); }
+  const RowStore* row_store() const { return store_.get(); }
 
  private:
   friend class Control;
@@ -67,7 +71,12 @@ class Server {
   bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
   void SendTables(Session& session, uint32_t request_id);
   void SendStats(Session& session, uint32_t request_id);
+  // MAP_TABLE (table_map.cc): a resident table's sealed memfd, or an error naming why not.
+  void SendTableMap(Session& session, const engram_msg_header& header, const uint8_t* message);
   void SendError(Session& session, int32_t code, const std::string& message, uint32_t request_id);
+  absl::Status Gather(const GatherBatch& batch) {
+    return store_ != nullptr ? store_->Gather(batch) : engine_->Gather(batch);
+  }
   void PublishSessions();
   void Kick();
 
@@ -75,7 +84,8 @@ class Server {
   std::vector<std::unique_ptr<Table>> tables_;
   std::vector<protocol::TableBounds> bounds_;
   std::unique_ptr<GatherEngine> engine_;
-  std::unique_ptr<RequestPool> requests_;  // after engine_: its threads stop first
+  std::unique_ptr<RowStore> store_;        // null: every table from storage
+  std::unique_ptr<RequestPool> requests_;  // after engine_ and store_: its threads stop first
 
   int listen_fd_ = -1;
   int control_epoll_ = -1;

@@ -261,6 +261,41 @@ struct engram_session_stats {
 ENGRAM_API int engram_get_session_stats(engram_session* session,
                                            struct engram_session_stats* ret_stats);
 
+/* ---- resident tables read in place (since ENGRAM_0.4) ------------------------------------ */
+
+/* A resident table (docs/row-store.md) mapped read-only into this process: rows are read with a
+ * memcpy, with no request to the daemon. The memory is the daemon's sealed memfd: nobody can
+ * change, shrink or grow it, and the mapping stays valid until engram_unmap_table, even if the
+ * daemon or the session goes away. (GPU registration of this read-only mapping needs the
+ * runtime's read-only registration flag, which engram_gpu_register does not pass yet.) */
+typedef struct engram_table_map engram_table_map;
+
+struct engram_table_map_info {
+  size_t size; /* set by the caller to sizeof(struct engram_table_map_info) */
+  uint32_t layer_id;
+  uint32_t row_bytes;     /* 264 */
+  uint64_t covered_begin; /* row r (covered_begin <= r < covered_end) is at */
+  uint64_t covered_end;   /* base + (r - covered_begin) * row_bytes */
+  const void* base;
+  uint64_t map_bytes;
+};
+
+/* Maps the table of `layer` read-only. -EOPNOTSUPP when the table is not of the resident tier,
+ * -EAGAIN while it is still loading, -ENOENT when no table of that layer is served;
+ * engram_last_error() says which. Thread-safe (control messages on one session
+ * are serialised). */
+ENGRAM_API int engram_map_table(engram_session* session, uint32_t layer,
+                                engram_table_map** ret_map);
+/* Describes a map. Set ret_info->size first. Thread-safe. */
+ENGRAM_API int engram_get_table_map_info(const engram_table_map* map,
+                                         struct engram_table_map_info* ret_info);
+/* CPU gather: copies rows[i] to dest + i * 264 for i < num_rows. -ERANGE naming the first row
+ * outside the table, before anything is copied. Thread-safe (reads only). */
+ENGRAM_API int engram_table_map_gather(const engram_table_map* map, const uint64_t* rows,
+                                       uint64_t num_rows, void* dest);
+/* Unmaps (null: no-op). No other call may use the map at the same time or after. */
+ENGRAM_API void engram_unmap_table(engram_table_map* map);
+
 /* Protocol version this library speaks. Thread-safe. */
 ENGRAM_API void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor);
 

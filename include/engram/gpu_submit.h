@@ -13,7 +13,7 @@
  *
  * Example: one captured step (hash into the arena, gather, dequantise).
  *
- *   engram_connect_options o; engram_connect_options_init(&o);
+ *   engram_connect_options o; engram_connect_options_init(&o, sizeof o);
  *   o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
  *   engram_connect(&o, &s);                              // the ring now belongs to the GPU
  *   engram_arena(s, &arena, &arena_bytes);

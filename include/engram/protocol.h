@@ -90,7 +90,10 @@ enum engram_msg_type {
    * with the reply (SCM_RIGHTS) and the inline body is empty. */
   ENGRAM_MSG_CONTROL = 8,       /* client → daemon: JSON text {"command": ...} */
   ENGRAM_MSG_CONTROL_REPLY = 9, /* daemon → client: JSON text, or a memfd holding it */
-  /* 10..31 reserved. */
+  /* A resident table mapped read-only by the client (docs/row-store.md). */
+  ENGRAM_MSG_MAP_TABLE = 10,    /* client → daemon: struct engram_msg_map_table */
+  ENGRAM_MSG_TABLE_MAPPED = 11, /* daemon → client: the table's sealed memfd (SCM_RIGHTS) */
+  /* 12..31 reserved. */
 };
 
 /* Every message starts with this header. `bytes` counts the header and the body. */
@@ -186,6 +189,25 @@ struct engram_msg_stats {
   struct engram_wire_session_stats stats;
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_stats) == 144, "msg stats size");
+
+/* MAP_TABLE: asks for the sealed memfd of a resident table. Refused (ERROR) for a table that
+ * is not resident or not loaded yet. TABLE_MAPPED comes with the memfd; row r of the table is
+ * at (r - covered_begin) * row_bytes of it, for covered_begin <= r < covered_end. */
+struct engram_msg_map_table {
+  struct engram_msg_header header;
+  uint32_t layer_id;
+  uint32_t reserved; /* 0 */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_map_table) == 24, "map table size");
+struct engram_msg_table_mapped {
+  struct engram_msg_header header;
+  uint32_t layer_id;
+  uint32_t row_bytes;
+  uint64_t covered_begin;
+  uint64_t covered_end;
+  uint64_t map_bytes; /* size of the memfd, a multiple of its page size */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_table_mapped) == 48, "table mapped size");
 
 /* ---- the arena ------------------------------------------------------------------------- */
 

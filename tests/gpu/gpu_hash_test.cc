@@ -184,7 +184,7 @@ TEST_CASE("GPU hash of compressed ids matches the host hasher") {
   const std::string dir = WriteDsv41Config();
   HostHasher host;
   engram_hasher_opts opts;
-  engram_hasher_opts_init(&opts);
+  engram_hasher_opts_init(&opts, sizeof(opts));
   opts.flags = ENGRAM_HASHER_COMPRESSED_ONLY;
   opts.compressed_pad_id = 2;
   REQUIRE(engram_hasher_open(dir.c_str(), &opts, &host.h) == 0);

@@ -31,7 +31,7 @@ struct Hashers {
   uint32_t head_begin = 0, head_end = 0;
   Hashers() {
     engram_hasher_opts o;
-    engram_hasher_opts_init(&o);
+    engram_hasher_opts_init(&o, sizeof(o));
     o.flags = ENGRAM_HASHER_COMPRESSED_ONLY;
     o.compressed_pad_id = kPadId;
     REQUIRE(engram_hasher_open(HashModel().c_str(), &o, &host) == 0);

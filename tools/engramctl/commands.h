@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 namespace engramctl {
 
@@ -15,5 +16,10 @@ void AddDaemonCommands(CLI::App& app, int* exit_code);
 void AddWarmCommands(CLI::App& app, int* exit_code);
 // engramctl rows (rows_command.cc).
 void AddRowsCommand(CLI::App& app, int* exit_code);
+
+// The row store's lines in status, stats (per table) and tables (per table) (store_lines.cc).
+void PrintStoreStatus(const nlohmann::json& reply);
+void PrintStoreTableStats(const nlohmann::json& table);
+void PrintStoreTable(const nlohmann::json& table);
 
 }  // namespace engramctl

@@ -72,6 +72,7 @@ void PrintStatus(const json& r, const json* before, double dt) {
          Bytes(double(U(r, "arena_bytes"))).c_str());
   printf("  rows served %lu in %lu batches%s\n", U(r, "rows_served"), U(r, "batches"),
          RateText(Rate(r, before, "rows_served", dt), "rows").c_str());
+  PrintStoreStatus(r);
   printf("  log level %s, watchdog %s\n", r.value("log_level", "?").c_str(),
          U(r, "watchdog_usec") == 0
              ? "off"
@@ -119,6 +120,7 @@ void PrintStats(const json& r, const json* before, double dt) {
       printf("  io_uring rings failed %lu times, %lu replaced\n", U(t, "ring_failures"),
              U(t, "ring_resets"));
     }
+    PrintStoreTableStats(t);
     printf("  errors %lu, batch latency p50 %s p99 %s p99.9 %s\n", U(t, "errors"),
            Duration(U(t, "latency_p50_ns")).c_str(), Duration(U(t, "latency_p99_ns")).c_str(),
            Duration(U(t, "latency_p999_ns")).c_str());
@@ -234,6 +236,7 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
               for (const json& f : t["files"]) {
                 printf("         %s\n", f.get<std::string>().c_str());
               }
+              PrintStoreTable(t);
               // Pages that left recently and would be read again: the table is thrashing.
               if (U(t, "recently_evicted_bytes") != 0) {
                 printf("         %s recently evicted (refaults when read again)\n",

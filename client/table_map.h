@@ -1,0 +1,25 @@
+// The client's read-only mapping of a resident table (engram_map_table in engram.h): the
+// mapping and what the daemon said about it. Internal to libengram_client.
+#pragma once
+
+#include <cstdint>
+
+#include "engram/engram.h"
+
+struct engram_table_map {
+  const uint8_t* base = nullptr;  // PROT_READ, MAP_SHARED of the sealed memfd
+  uint64_t map_bytes = 0;
+  uint32_t layer_id = 0;
+  uint32_t row_bytes = 0;
+  uint64_t covered_begin = 0;
+  uint64_t covered_end = 0;
+};
+
+namespace engram::client {
+
+// Checks the memfd's seals and size against what the daemon said, maps it read-only and
+// returns the map (or -errno with engram_last_error() set). Takes ownership of `fd`.
+int MapSealedTable(int fd, uint32_t layer, uint32_t row_bytes, uint64_t covered_begin,
+                   uint64_t covered_end, uint64_t map_bytes, engram_table_map** ret_map);
+
+}  // namespace engram::client

@@ -1,0 +1,123 @@
+// RowStore: engramd's row store in front of the gather engine. Resident tables are copied from
+// their memfd, cached tables from the shared row cache, on the request thread with no syscall;
+// only the rows it does not hold go to the engine (cached tables' misses read with O_DIRECT
+// into a private buffer, then admitted to the cache). Bytes, completion and errors are the
+// engine's: a batch the store cannot fully answer is finished by the engine.
+//
+//   auto store = engram::RowStore::Create(store_config, tables, engine.get(), notice);
+//   store->StartLoading();                 // resident tables stream in; storage serves meanwhile
+//   absl::Status s = store->Gather(batch);  // instead of engine->Gather(batch)
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/gather/gather_engine.h"
+#include "daemon/ops/metrics.h"
+#include "daemon/store/memory_budget.h"
+#include "daemon/store/pressure_monitor.h"
+#include "daemon/store/resident_table.h"
+#include "daemon/store/row_cache.h"
+#include "daemon/store/store_config.h"
+#include "nlohmann/json.hpp"
+#include "tables/table.h"
+
+namespace engram {
+
+// Counters of one table's requests through the store. Only grow.
+struct TableStoreStats {
+  uint32_t layer_id = 0;
+  Tier tier = Tier::kStorage;
+  uint64_t requests = 0;
+  uint64_t all_hit_requests = 0;  // answered wholly from memory: no engine, no I/O
+  uint64_t rows = 0;
+  uint64_t hit_rows = 0;
+  uint64_t resident_rows_loaded = 0;  // resident tier: rows in memory so far
+  uint64_t resident_bytes = 0;        // resident tier: bytes held
+};
+
+class RowStore {
+ public:
+  using Notice = std::function<void(const std::string& line)>;
+
+  // The engine's read mode for a table of this tier: cached tables' misses are read with
+  // O_DIRECT, so the page cache keeps no second copy of them.
+  static ReadMode ReadModeFor(Tier tier, ReadMode configured) {
+    return tier == Tier::kCache ? ReadMode::kDirect : configured;
+  }
+
+  // The checks Create makes before it allocates anything (tiers naming layers that are not
+  // served, a cache without a size, resident tables larger than the budget), for
+  // engramd --check-config. InvalidArgument / ResourceExhausted naming the table or key.
+  static absl::Status Validate(const StoreConfig& config,
+                               const std::vector<std::unique_ptr<Table>>& tables);
+
+  // Reserves the resident tables' memory and the cache from the budget (ResourceExhausted
+  // naming the table when it does not fit) and creates them empty. `tables` and `engine` must
+  // outlive the store. `notice` receives operator messages (huge pages, loading, pressure).
+  static absl::StatusOr<std::unique_ptr<RowStore>> Create(
+      const StoreConfig& config, const std::vector<std::unique_ptr<Table>>& tables,
+      GatherEngine* engine, Notice notice);
+  ~RowStore();  // cancels a load in progress and stops the pressure monitor
+
+  // Starts the loader thread (resident tables, one after another, with progress notices) and
+  // the pressure monitor.
+  void StartLoading();
+  // Waits until every resident table is loaded or failed (tests, tools).
+  void WaitLoaded();
+
+  // Fills the batch exactly as GatherEngine::Gather does. Thread-safe.
+  absl::Status Gather(const GatherBatch& batch);
+
+  std::vector<TableStoreStats> Stats() const;
+  // Adds the store's fields to a control reply: "status" gets "store", "tables" and "stats" get
+  // per-table fields in their "tables" entries (matched by "layer").
+  void AddControlFields(const std::string& command, nlohmann::json* out) const;
+  void AddMetrics(metrics::Exposition* e) const;
+
+  const MemoryBudget& budget() const { return budget_; }
+  const RowCache* cache() const { return cache_.get(); }
+  // Resident table of `layer`, or null.
+  const ResidentTable* resident(uint32_t layer) const;
+
+ private:
+  struct TableState {
+    const Table* table = nullptr;
+    Tier tier = Tier::kStorage;
+    std::unique_ptr<ResidentTable> resident;
+    std::atomic<uint64_t> requests{0};
+    std::atomic<uint64_t> all_hit_requests{0};
+    std::atomic<uint64_t> rows{0};
+    std::atomic<uint64_t> hit_rows{0};
+  };
+  RowStore(const StoreConfig& config, GatherEngine* engine, Notice notice)
+      : config_(config),
+        engine_(engine),
+        notice_(std::move(notice)),
+        budget_(config.budget_bytes) {}
+  TableState* StateOf(const Table* table);
+  absl::Status GatherMisses(TableState& ts, const GatherBatch& batch,
+                            const std::vector<uint64_t>& rows,
+                            const std::vector<uint64_t>& offsets);
+  void LoadAll();
+
+  const StoreConfig config_;
+  GatherEngine* const engine_;
+  Notice notice_;
+  MemoryBudget budget_;
+  std::vector<std::unique_ptr<TableState>> states_;
+  std::unique_ptr<RowCache> cache_;
+  uint64_t cache_target_slots_ = 0;
+  std::unique_ptr<PressureMonitor> pressure_;
+  std::atomic<bool> cancel_{false};
+  std::atomic<bool> loading_done_{true};
+  std::thread loader_;
+};
+
+}  // namespace engram

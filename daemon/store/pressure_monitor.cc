@@ -1,0 +1,149 @@
+// PressureMonitor: PSI sampling and the shrink/grow steps of the row cache.
+#include "daemon/store/pressure_monitor.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "protocol/clock.h"
+
+namespace engram {
+namespace {
+
+bool ReadText(const std::string& path, std::string* ret_text) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *ret_text = ss.str();
+  return !ret_text->empty();
+}
+
+std::string Mib(uint64_t slots) {
+  return absl::StrCat(RowCache::BytesForSlots(slots) >> 20, " MiB");
+}
+
+}  // namespace
+
+absl::StatusOr<PressureSample> ParsePressure(const std::string& text) {
+  PressureSample sample;
+  bool some = false;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.empty()) continue;
+    for (absl::string_view f : fields) {
+      if (!absl::ConsumePrefix(&f, "total=")) continue;
+      uint64_t total = 0;
+      if (!absl::SimpleAtoi(f, &total)) break;
+      if (fields[0] == "some") {
+        sample.some_total_us = total;
+        some = true;
+      } else if (fields[0] == "full") {
+        sample.full_total_us = total;
+      }
+    }
+  }
+  if (!some) return absl::InvalidArgumentError("PSI text has no 'some ... total=N' line");
+  return sample;
+}
+
+absl::StatusOr<std::string> FindMemoryPressureFile() {
+  std::string text, ignored;
+  if (ReadText("/proc/self/cgroup", &text)) {
+    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+      if (!absl::ConsumePrefix(&line, "0::")) continue;
+      // cgroup v2 mounted at /sys/fs/cgroup, or beside v1 at /sys/fs/cgroup/unified (hybrid).
+      for (const char* root : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
+        std::string path = absl::StrCat(root, line == "/" ? "" : line, "/memory.pressure");
+        if (ReadText(path, &ignored) && ParsePressure(ignored).ok()) return path;
+      }
+    }
+  }
+  if (ReadText("/proc/pressure/memory", &ignored) && ParsePressure(ignored).ok()) {
+    return std::string("/proc/pressure/memory");
+  }
+  return absl::NotFoundError(
+      "no memory pressure information (neither the cgroup's memory.pressure nor "
+      "/proc/pressure/memory can be read; the kernel needs CONFIG_PSI and psi=1)");
+}
+
+PressureMonitor::PressureMonitor(RowCache* cache, uint64_t target_slots, PressureOptions options,
+                                 Notice notice)
+    : cache_(cache),
+      target_slots_(target_slots),
+      options_(std::move(options)),
+      notice_(std::move(notice)) {}
+
+PressureMonitor::~PressureMonitor() { Stop(); }
+
+absl::Status PressureMonitor::Start() {
+  if (options_.path.empty()) {
+    auto path = FindMemoryPressureFile();
+    if (!path.ok()) return path.status();
+    options_.path = *path;
+  }
+  Tick(NowNs());
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+void PressureMonitor::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PressureMonitor::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, std::chrono::nanoseconds(options_.interval_ns),
+                       [this] { return stop_; })) {
+    lock.unlock();
+    Tick(NowNs());
+    lock.lock();
+  }
+}
+
+std::optional<double> PressureMonitor::Tick(uint64_t now_ns) {
+  std::string text;
+  if (!ReadText(options_.path, &text)) return std::nullopt;
+  auto sample = ParsePressure(text);
+  if (!sample.ok()) return std::nullopt;
+  std::optional<PressureSample> last = std::exchange(last_, *sample);
+  const uint64_t last_ns = std::exchange(last_ns_, now_ns);
+  if (!last || now_ns <= last_ns) return std::nullopt;
+  const double stall =
+      double(sample->some_total_us - last->some_total_us) * 1000.0 / double(now_ns - last_ns);
+  const uint64_t current = cache_->capacity_slots();
+  const uint64_t floor = static_cast<uint64_t>(target_slots_ * options_.floor_fraction);
+  if (stall > options_.shrink_above) {
+    calm_ = 0;
+    const uint64_t want =
+        std::max(floor, current - static_cast<uint64_t>(current * options_.shrink_step));
+    if (want < current) {
+      const uint64_t now = cache_->SetCapacitySlots(want);
+      notice_(absl::StrCat("memory pressure (", static_cast<int>(stall * 100),
+                           " % of the last interval stalled, ", options_.path,
+                           "): row cache shrunk from ", Mib(current), " to ", Mib(now)));
+    }
+  } else if (stall < options_.shrink_above / 4 && current < target_slots_) {
+    if (++calm_ >= options_.calm_intervals) {
+      const uint64_t want = std::min(
+          target_slots_, current + static_cast<uint64_t>(target_slots_ * options_.grow_step) + 1);
+      const uint64_t now = cache_->SetCapacitySlots(want);
+      if (now > current) {
+        notice_(absl::StrCat("memory pressure gone: row cache grown from ", Mib(current), " to ",
+                             Mib(now), " (configured ", Mib(target_slots_), ")"));
+      }
+    }
+  } else {
+    calm_ = 0;
+  }
+  return stall;
+}
+
+}  // namespace engram

@@ -1,0 +1,111 @@
+// ResidentTable: an Engram table (or the row range this copy covers) held in a daemon-owned
+// memfd, streamed from its checkpoint shards or packed file with O_DIRECT, then sealed so that
+// clients can map it read-only. Loading is incremental: rows below rows_loaded() are readable
+// while the rest streams in; a cancelled load resumes where it stopped.
+//
+//   auto rt = engram::ResidentTable::Create(table, &budget, {});
+//   std::atomic<bool> cancel{false};
+//   absl::Status s = (*rt)->Load(&cancel, [](uint64_t done, uint64_t total) { ... });
+//   uint8_t row[engram::kRowBytes];
+//   if ((*rt)->CopyRow(42, row)) { /* a hit: one memcpy */ }
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/store/memory_budget.h"
+#include "daemon/store/shared_region.h"
+#include "tables/table.h"
+
+namespace engram {
+
+struct ResidentOptions {
+  // Use 2 MiB hugetlb pages where they are reserved (a notice says when they are not).
+  bool huge_pages = true;
+  // Read the files with O_DIRECT (aligned page runs), so the page cache holds no second copy.
+  // Falls back to buffered reads, with a notice, where the filesystem refuses it (tmpfs).
+  bool direct_io = true;
+  // Rows read per step; progress, cancellation and the readable watermark move by this much.
+  uint64_t chunk_rows = 16384;
+};
+
+class ResidentTable {
+ public:
+  using Progress = std::function<void(uint64_t rows_done, uint64_t rows_total)>;
+
+  // Reserves the table's bytes from `budget` (may be null: unaccounted) and creates the memfd;
+  // nothing is read yet. ResourceExhausted naming the table when the budget or the kernel
+  // refuses the memory. `table` must outlive the ResidentTable.
+  static absl::StatusOr<std::unique_ptr<ResidentTable>> Create(const Table& table,
+                                                               MemoryBudget* budget,
+                                                               const ResidentOptions& options);
+  ~ResidentTable();
+
+  // Reads the rows not yet loaded, chunk by chunk, calling `progress` after each. Returns
+  // Cancelled (naming the table and the rows loaded) when *cancel becomes true between chunks; a
+  // later Load() resumes from there. Seals the memfd once every row is in. A read error names
+  // the file and offset. One Load() at a time (FailedPrecondition otherwise).
+  absl::Status Load(const std::atomic<bool>* cancel, const Progress& progress);
+
+  const Table& table() const { return table_; }
+  RowRange covered() const { return table_.covered(); }
+  // Rows [covered().begin, covered().begin + rows_loaded()) are readable.
+  uint64_t rows_loaded() const { return rows_loaded_.load(std::memory_order_acquire); }
+  bool loaded() const { return rows_loaded() == covered().size(); }
+  // Bytes of memory held (the region, rounded to its pages); what was reserved from the budget.
+  uint64_t bytes() const { return region_.size(); }
+  bool huge_pages() const { return region_.huge_pages(); }
+  bool direct_io() const { return direct_io_used_; }
+  // The sealed memfd (valid once loaded(); before that it is still being written).
+  int fd() const { return region_.fd(); }
+  // Notices for the operator (no huge pages, no O_DIRECT), each naming the table or file.
+  std::vector<std::string> notices() const;
+
+  // Copies row `row` (an absolute row id) into `dst` (264 bytes) if it is loaded; false if it is
+  // outside the covered range or not loaded yet. No syscalls; safe from any thread.
+  bool CopyRow(uint64_t row, uint8_t* dst) const {
+    uint64_t index = row - table_.covered().begin;
+    if (row < table_.covered().begin || index >= rows_loaded()) return false;
+    __builtin_memcpy(dst, region_.data() + index * kRowBytes, kRowBytes);
+    return true;
+  }
+  // The row in place (valid while this object lives), or null as for CopyRow.
+  const uint8_t* Row(uint64_t row) const {
+    uint64_t index = row - table_.covered().begin;
+    if (row < table_.covered().begin || index >= rows_loaded()) return nullptr;
+    return region_.data() + index * kRowBytes;
+  }
+
+ private:
+  ResidentTable(const Table& table, MemoryBudget* budget, const ResidentOptions& options)
+      : table_(table), budget_(budget), options_(options) {}
+  absl::Status OpenReaders();
+  absl::Status LoadChunk(uint64_t first, uint64_t count);
+  absl::Status ReadRange(uint32_t file, uint64_t begin, uint64_t end, uint8_t** ret_data);
+
+  const Table& table_;
+  MemoryBudget* budget_;
+  const ResidentOptions options_;
+  SharedRegion region_;
+  uint64_t reserved_ = 0;
+  std::atomic<uint64_t> rows_loaded_{0};
+  std::atomic<bool> loading_{false};
+  bool direct_io_used_ = false;
+  // Per file: an O_DIRECT fd when the filesystem takes it, else -1 (buffered through the table's).
+  std::vector<UniqueFd> direct_fds_;
+  bool readers_open_ = false;
+  // Aligned bounce buffer for one part of one chunk.
+  uint8_t* buffer_ = nullptr;
+  uint64_t buffer_bytes_ = 0;
+  mutable std::mutex notices_mu_;
+  std::vector<std::string> notices_;
+};
+
+}  // namespace engram

@@ -1,0 +1,408 @@
+// RowCache: the shared-memory slot array and bucket index, and the S3-FIFO policy over them.
+#include "daemon/store/row_cache.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace engram {
+namespace {
+
+constexpr uint64_t kBucketsOffset = 64;
+constexpr uint64_t kSlotBytes = sizeof(RowCacheSlot);
+constexpr uint8_t kMaxFreq = 3;
+
+uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
+
+struct Geometry {
+  uint32_t max_slots = 0;
+  uint32_t bucket_count = 0;
+  uint64_t slots_offset = 0;
+  uint64_t region_bytes = 0;
+};
+
+Geometry GeometryFor(uint64_t slots) {
+  Geometry g;
+  g.max_slots = static_cast<uint32_t>(slots);
+  g.bucket_count = static_cast<uint32_t>(std::bit_ceil(std::max<uint64_t>(2 * slots, 64)));
+  g.slots_offset =
+      RoundUp(kBucketsOffset + uint64_t{g.bucket_count} * sizeof(RowCacheBucket), 4096);
+  g.region_bytes = g.slots_offset + slots * kSlotBytes;
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<RowCacheReader> RowCacheReader::Attach(const uint8_t* base, uint64_t bytes) {
+  if (bytes < sizeof(RowCacheHeader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row cache region of ", bytes, " bytes is too small"));
+  }
+  const auto* h = reinterpret_cast<const RowCacheHeader*>(base);
+  const bool pow2 = h->bucket_count != 0 && (h->bucket_count & (h->bucket_count - 1)) == 0;
+  if (h->magic != kRowCacheMagic || h->version != kRowCacheVersion ||
+      h->header_bytes != sizeof(RowCacheHeader) || h->slot_bytes != sizeof(RowCacheSlot) || !pow2 ||
+      h->buckets_offset + uint64_t{h->bucket_count} * sizeof(RowCacheBucket) > h->slots_offset ||
+      h->slots_offset % alignof(RowCacheSlot) != 0 ||
+      h->slots_offset + uint64_t{h->max_slots} * sizeof(RowCacheSlot) > bytes) {
+    return absl::InvalidArgumentError("row cache region: bad header (magic, version or sizes)");
+  }
+  RowCacheReader r;
+  r.header_ = h;
+  r.buckets_ = reinterpret_cast<RowCacheBucket*>(const_cast<uint8_t*>(base) + h->buckets_offset);
+  r.slots_ = reinterpret_cast<RowCacheSlot*>(const_cast<uint8_t*>(base) + h->slots_offset);
+  r.bucket_mask_ = h->bucket_count - 1;
+  r.max_slots_ = h->max_slots;
+  return r;
+}
+
+bool RowCacheReader::Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const {
+  if (slots_ == nullptr) return false;
+  const uint64_t key = RowCacheKey(layer, row);
+  const uint64_t home = RowCacheHash(key);
+  for (uint64_t i = 0; i <= bucket_mask_; ++i) {
+    const uint32_t b = buckets_[(home + i) & bucket_mask_].load(std::memory_order_acquire);
+    if (b == 0) return false;
+    if (b > max_slots_) continue;
+    RowCacheSlot& s = slots_[b - 1];
+    const uint32_t before = s.seq.load(std::memory_order_acquire);
+    if ((before & 1) != 0 || s.key.load(std::memory_order_relaxed) != key) continue;
+    std::memcpy(dst, s.row, kRowBytes);
+    // The copy must be complete before seq is read again (the seqlock's read side).
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) != before) return false;
+    uint8_t f = s.freq.load(std::memory_order_relaxed);
+    if (mark_use_ && f < kMaxFreq) s.freq.store(f + 1, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+uint64_t RowCache::BytesForSlots(uint64_t slots) { return slots * kSlotBytes; }
+uint64_t RowCache::SlotsForBytes(uint64_t bytes) { return bytes / kSlotBytes; }
+
+absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions& options,
+                                                           MemoryBudget* budget) {
+  // The largest slot count whose slots and index fit max_bytes and what the budget has left:
+  // the cache can never grow past either, so a larger index would be memory wasted.
+  const uint64_t max_bytes =
+      budget != nullptr ? std::min(options.max_bytes, budget->available()) : options.max_bytes;
+  uint64_t slots = std::min<uint64_t>(max_bytes / (kSlotBytes + 8), UINT32_MAX / 4);
+  while (slots > 0 && GeometryFor(slots).region_bytes > max_bytes) slots -= slots / 64 + 1;
+  if (slots == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("row cache: ", max_bytes,
+                                                   " bytes (the smaller of its size and what the "
+                                                   "memory budget has left) hold no row"));
+  }
+  if (options.small_fraction <= 0 || options.small_fraction >= 1) {
+    return absl::InvalidArgumentError("row cache: small_fraction must lie in (0, 1)");
+  }
+  const Geometry g = GeometryFor(slots);
+  std::unique_ptr<RowCache> cache(new RowCache(options, budget));
+  if (budget != nullptr) {
+    if (absl::Status s = budget->Reserve(g.slots_offset, "row cache index"); !s.ok()) return s;
+    cache->reserved_bytes_ = g.slots_offset;
+  }
+  auto region = SharedRegion::Create("engram-row-cache", g.region_bytes, {});
+  if (!region.ok()) return region.status();
+  cache->region_ = std::move(*region);
+  uint8_t* base = cache->region_.data();
+  auto* h = new (base) RowCacheHeader{};
+  h->magic = kRowCacheMagic;
+  h->version = kRowCacheVersion;
+  h->header_bytes = sizeof(RowCacheHeader);
+  h->slot_bytes = sizeof(RowCacheSlot);
+  h->max_slots = g.max_slots;
+  h->bucket_count = g.bucket_count;
+  h->buckets_offset = kBucketsOffset;
+  h->slots_offset = g.slots_offset;
+  h->capacity_slots.store(0, std::memory_order_relaxed);
+  // The region is zero-filled: every bucket is empty, every slot has seq 0 and key 0.
+  cache->header_ = h;
+  cache->buckets_ = reinterpret_cast<RowCacheBucket*>(base + kBucketsOffset);
+  cache->slots_ = reinterpret_cast<RowCacheSlot*>(base + g.slots_offset);
+  cache->bucket_mask_ = g.bucket_count - 1;
+  cache->max_slots_ = g.max_slots;
+  cache->meta_.resize(g.max_slots);
+  auto reader = RowCacheReader::Attach(base, cache->region_.size());
+  if (!reader.ok()) return reader.status();
+  cache->reader_ = *reader;
+  cache->reader_.mark_use_ = true;
+  cache->SetCapacitySlots(g.max_slots);
+  return cache;
+}
+
+RowCache::~RowCache() {
+  if (budget_ != nullptr) budget_->Give(reserved_bytes_);
+}
+
+uint64_t RowCache::capacity_slots() const {
+  return header_->capacity_slots.load(std::memory_order_relaxed);
+}
+
+uint64_t RowCache::SmallTarget() const {
+  return std::max<uint64_t>(1, static_cast<uint64_t>(capacity_slots() * options_.small_fraction));
+}
+
+int64_t RowCache::FindBucket(uint64_t key) const {
+  const uint64_t home = RowCacheHash(key);
+  for (uint64_t i = 0; i <= bucket_mask_; ++i) {
+    const uint64_t at = (home + i) & bucket_mask_;
+    const uint32_t b = buckets_[at].load(std::memory_order_relaxed);
+    if (b == 0) return -1;
+    if (meta_[b - 1].key == key) return static_cast<int64_t>(at);
+  }
+  return -1;
+}
+
+void RowCache::InsertBucket(uint64_t key, uint32_t s) {
+  const uint64_t home = RowCacheHash(key);
+  for (uint64_t i = 0;; ++i) {  // the index is at most half full: an empty bucket exists
+    RowCacheBucket& b = buckets_[(home + i) & bucket_mask_];
+    if (b.load(std::memory_order_relaxed) == 0) {
+      b.store(s + 1, std::memory_order_release);
+      return;
+    }
+  }
+}
+
+// Backward-shift deletion: later entries of the probe run move up so that no lookup stops at
+// the hole. An entry is stored in its new bucket before the old one is cleared, so a concurrent
+// reader sees it twice or, at worst, misses it (a miss, never a wrong row).
+void RowCache::EraseBucket(uint64_t hole) {
+  uint64_t next = hole;
+  for (;;) {
+    next = (next + 1) & bucket_mask_;
+    const uint32_t b = buckets_[next].load(std::memory_order_relaxed);
+    if (b == 0) break;
+    const uint64_t home = RowCacheHash(meta_[b - 1].key) & bucket_mask_;
+    // Move the entry at `next` into the hole unless its home lies cyclically in (hole, next].
+    const bool stays = hole <= next ? (home > hole && home <= next) : (home > hole || home <= next);
+    if (stays) continue;
+    buckets_[hole].store(b, std::memory_order_release);
+    hole = next;
+  }
+  buckets_[hole].store(0, std::memory_order_release);
+}
+
+void RowCache::WriteSlot(uint32_t i, uint64_t key, const uint8_t* data) {
+  RowCacheSlot& s = slot(i);
+  const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+  s.seq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // odd seq is seen before any new byte
+  s.key.store(key, std::memory_order_relaxed);
+  std::memcpy(s.row, data, kRowBytes);
+  s.freq.store(0, std::memory_order_relaxed);
+  s.seq.store(seq + 2, std::memory_order_release);
+  meta_[i].key = key;
+}
+
+void RowCache::ClearSlot(uint32_t i) {
+  RowCacheSlot& s = slot(i);
+  const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+  s.seq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.key.store(0, std::memory_order_relaxed);
+  s.seq.store(seq + 2, std::memory_order_release);
+  meta_[i].key = 0;
+}
+
+void RowCache::Push(Queue queue, uint32_t s) {
+  meta_[s].queue = queue;
+  QueueEntry e{s, meta_[s].generation};
+  if (queue == kSmall) {
+    small_.push_back(e);
+    ++small_count_;
+  } else {
+    main_.push_back(e);
+    ++main_count_;
+  }
+}
+
+// Pops the oldest entry of `queue` that still describes its slot (entries go stale when a slot
+// is removed or moved outside the policy's order).
+bool RowCache::PopLive(std::deque<QueueEntry>& queue, Queue which, uint32_t* ret_slot) {
+  while (!queue.empty()) {
+    QueueEntry e = queue.front();
+    queue.pop_front();
+    if (meta_[e.slot].generation != e.generation || meta_[e.slot].queue != which) continue;
+    (which == kSmall ? small_count_ : main_count_) -= 1;
+    *ret_slot = e.slot;
+    return true;
+  }
+  return false;
+}
+
+void RowCache::AddGhost(uint64_t key) {
+  ghost_.emplace_back(key, ++ghost_sequence_);
+  ghost_index_[key] = ghost_sequence_;
+  // The ghost remembers as many keys as the main FIFO holds rows.
+  const uint64_t limit = std::max<uint64_t>(1, capacity_slots() - SmallTarget());
+  while (ghost_.size() > limit) {
+    auto [k, seq] = ghost_.front();
+    ghost_.pop_front();
+    auto it = ghost_index_.find(k);
+    if (it != ghost_index_.end() && it->second == seq) ghost_index_.erase(it);
+  }
+}
+
+void RowCache::RemoveSlot(uint32_t s, bool to_ghost) {
+  const uint64_t key = meta_[s].key;
+  if (int64_t b = FindBucket(key); b >= 0) EraseBucket(static_cast<uint64_t>(b));
+  ClearSlot(s);
+  if (meta_[s].queue == kSmall) --small_count_;
+  if (meta_[s].queue == kMain) --main_count_;
+  meta_[s].queue = kFree;
+  ++meta_[s].generation;
+  if (to_ghost) AddGhost(key);
+}
+
+// S3-FIFO eviction: while the small FIFO is over its share, its oldest row moves to the main FIFO
+// if it was used since admission, else it leaves (its key goes to the ghost); otherwise the main
+// FIFO's oldest row is reinserted while its use count lasts (decremented each time) and then
+// leaves. Returns the freed slot.
+uint32_t RowCache::EvictOne() {
+  // Callers evict only from a cache that holds rows (no free slot and a capacity above 0, or
+  // more rows than the capacity).
+  for (;;) {
+    uint32_t s = 0;
+    if ((small_count_ >= SmallTarget() || main_count_ == 0) && PopLive(small_, kSmall, &s)) {
+      meta_[s].queue = kFree;
+      if (slot(s).freq.load(std::memory_order_relaxed) >= options_.promote_threshold) {
+        slot(s).freq.store(0, std::memory_order_relaxed);
+        Push(kMain, s);
+        ++promotions_;
+        continue;
+      }
+      meta_[s].queue = kSmall;
+      ++small_count_;
+      RemoveSlot(s, /*to_ghost=*/true);
+      ++evictions_;
+      return s;
+    }
+    if (!PopLive(main_, kMain, &s)) continue;  // the small FIFO holds every row: pop it above
+    const uint8_t f = slot(s).freq.load(std::memory_order_relaxed);
+    if (f > 0) {
+      slot(s).freq.store(f - 1, std::memory_order_relaxed);
+      Push(kMain, s);
+      continue;
+    }
+    meta_[s].queue = kMain;
+    ++main_count_;
+    RemoveSlot(s, /*to_ghost=*/false);
+    ++evictions_;
+    return s;
+  }
+}
+
+absl::Status RowCache::Insert(uint32_t layer, uint64_t row, const uint8_t* data) {
+  if (row >> kRowCacheRowBits != 0 || layer >= (1u << 23)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row cache: layer ", layer, " row ", row, " is outside the key space"));
+  }
+  const uint64_t key = RowCacheKey(layer, row);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capacity_slots() == 0 || FindBucket(key) >= 0) return absl::OkStatus();
+  uint32_t s;
+  if (!free_.empty()) {
+    s = free_.back();
+    free_.pop_back();
+  } else {
+    s = EvictOne();
+  }
+  WriteSlot(s, key, data);
+  InsertBucket(key, s);
+  ++inserts_;
+  auto ghost = ghost_index_.find(key);
+  if (ghost != ghost_index_.end()) {
+    ghost_index_.erase(ghost);
+    ++ghost_hits_;
+    Push(kMain, s);
+  } else {
+    Push(kSmall, s);
+  }
+  return absl::OkStatus();
+}
+
+// Moves the row in slot `from` to the free slot `to`, keeping its queue (at the young end).
+void RowCache::MoveDown(uint32_t from, uint32_t to) {
+  const uint64_t key = meta_[from].key;
+  const Queue queue = meta_[from].queue;
+  const uint8_t freq = slot(from).freq.load(std::memory_order_relaxed);
+  WriteSlot(to, key, slot(from).row);
+  slot(to).freq.store(freq, std::memory_order_relaxed);
+  // Both slots hold the row now; point its bucket at the new one, then clear the old.
+  const uint64_t home = RowCacheHash(key);
+  for (uint64_t i = 0; i <= bucket_mask_; ++i) {
+    RowCacheBucket& bucket = buckets_[(home + i) & bucket_mask_];
+    if (bucket.load(std::memory_order_relaxed) == from + 1) {
+      bucket.store(to + 1, std::memory_order_release);
+      break;
+    }
+  }
+  ClearSlot(from);
+  meta_[from].queue = kFree;
+  ++meta_[from].generation;
+  (queue == kSmall ? small_count_ : main_count_) -= 1;
+  Push(queue, to);
+}
+
+uint64_t RowCache::SetCapacitySlots(uint64_t slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t old = capacity_slots();
+  slots = std::min<uint64_t>(slots, max_slots_);
+  if (slots > old && budget_ != nullptr) {
+    const uint64_t room = SlotsForBytes(budget_->available());
+    slots = std::min(slots, old + room);
+    if (slots > old) {
+      // Reserve cannot fail for what available() allowed unless another owner raced us.
+      if (!budget_->Reserve(BytesForSlots(slots - old), "row cache").ok()) slots = old;
+    }
+  }
+  if (slots == old) return old;
+  if (slots > old) {
+    for (uint64_t s = slots; s-- > old;) free_.push_back(static_cast<uint32_t>(s));
+    header_->capacity_slots.store(static_cast<uint32_t>(slots), std::memory_order_relaxed);
+    reserved_bytes_ += budget_ != nullptr ? BytesForSlots(slots - old) : 0;
+    return slots;
+  }
+  header_->capacity_slots.store(static_cast<uint32_t>(slots), std::memory_order_relaxed);
+  while (small_count_ + main_count_ > slots) free_.push_back(EvictOne());
+  std::erase_if(free_, [&](uint32_t s) { return s >= slots; });
+  for (uint32_t s = static_cast<uint32_t>(slots); s < old; ++s) {
+    if (meta_[s].queue == kFree) continue;
+    const uint32_t to = free_.back();
+    free_.pop_back();
+    MoveDown(s, to);
+  }
+  (void)region_.Release(reinterpret_cast<uint8_t*>(slots_ + slots) - region_.data(),
+                        BytesForSlots(old - slots));
+  if (budget_ != nullptr) {
+    budget_->Give(BytesForSlots(old - slots));
+    reserved_bytes_ -= BytesForSlots(old - slots);
+  }
+  return slots;
+}
+
+RowCacheStats RowCache::Stats() const {
+  RowCacheStats st;
+  std::lock_guard<std::mutex> lock(mu_);
+  st.capacity_slots = capacity_slots();
+  st.max_slots = max_slots_;
+  st.used_slots = small_count_ + main_count_;
+  st.bytes = header_ != nullptr ? reinterpret_cast<const uint8_t*>(slots_) - region_.data() +
+                                      BytesForSlots(st.capacity_slots)
+                                : 0;
+  st.resident_bytes = region_.ResidentBytes();
+  st.hits = hits_.load(std::memory_order_relaxed);
+  st.misses = misses_.load(std::memory_order_relaxed);
+  st.inserts = inserts_;
+  st.evictions = evictions_;
+  st.ghost_hits = ghost_hits_;
+  st.promotions = promotions_;
+  return st;
+}
+
+}  // namespace engram

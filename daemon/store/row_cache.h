@@ -1,0 +1,173 @@
+// RowCache: a bounded cache of 264-byte rows in daemon-owned shared memory, one per node, shared
+// by every table and client. Admission and eviction follow S3-FIFO (a small FIFO for new rows, a
+// main FIFO for rows seen again, a ghost queue of recently evicted keys), which resists the
+// one-pass scans of prefill. Lookups take no lock and make no syscall; one writer at a time
+// (under a mutex of the daemon's, never in shared memory) inserts, evicts and resizes.
+//
+//   auto cache = engram::RowCache::Create({.max_bytes = 8ull << 30}, &budget);
+//   uint8_t row[engram::kRowBytes];
+//   if (!(*cache)->Lookup(14, 42, row)) {
+//     /* read the row from storage, then */ (*cache)->Insert(14, 42, row);
+//   }
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/store/memory_budget.h"
+#include "daemon/store/row_cache_layout.h"
+#include "daemon/store/shared_region.h"
+
+namespace engram {
+
+// Looks rows up in a mapped row cache region; used by RowCache itself and by any process that
+// maps the region (it validates the header before trusting any offset in it).
+class RowCacheReader {
+ public:
+  RowCacheReader() = default;
+  // `base` is the start of a region of `bytes` bytes. InvalidArgument if the header does not
+  // describe a row cache that fits in it.
+  static absl::StatusOr<RowCacheReader> Attach(const uint8_t* base, uint64_t bytes);
+
+  // Copies row (layer, row) into dst (264 bytes) and returns true if it is cached. Never returns
+  // a torn row or another row's bytes; may miss a row that is being moved. Lock-free, no syscall.
+  // A reader that Attach() made only reads the region (it may be mapped read-only).
+  bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const;
+
+ private:
+  friend class RowCache;
+  bool mark_use_ = false;  // count hits in the slots' use counters (the writer's own reader)
+  const RowCacheHeader* header_ = nullptr;
+  RowCacheBucket* buckets_ = nullptr;
+  RowCacheSlot* slots_ = nullptr;
+  uint32_t bucket_mask_ = 0;
+  uint32_t max_slots_ = 0;
+};
+
+struct RowCacheOptions {
+  // Most bytes the cache may hold (slots and index); the budget may allow less.
+  uint64_t max_bytes = 0;
+  // Share of the capacity given to the small FIFO (S3-FIFO's 10 %).
+  double small_fraction = 0.1;
+  // Accesses while in the small FIFO that promote a row to the main FIFO instead of evicting it.
+  uint32_t promote_threshold = 1;
+};
+
+struct RowCacheStats {
+  uint64_t capacity_slots = 0;
+  uint64_t max_slots = 0;
+  uint64_t used_slots = 0;
+  uint64_t bytes = 0;           // bytes the capacity accounts for (slots + index + header)
+  uint64_t resident_bytes = 0;  // bytes of the region that hold pages now
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t inserts = 0;
+  uint64_t evictions = 0;
+  uint64_t ghost_hits = 0;  // inserts that went straight to the main FIFO
+  uint64_t promotions = 0;  // small -> main
+};
+
+class RowCache {
+ public:
+  // Maps a region for options.max_bytes worth of slots and takes as much of it from `budget`
+  // (null: unaccounted) as is available; the capacity is what the budget gave. InvalidArgument
+  // when max_bytes holds no slot.
+  static absl::StatusOr<std::unique_ptr<RowCache>> Create(const RowCacheOptions& options,
+                                                          MemoryBudget* budget);
+  ~RowCache();
+
+  // Lock-free lookup (see RowCacheReader::Lookup); marks the row as used for the policy. Not
+  // counted here: a shared counter bumped per row would bounce one cache line between every
+  // request thread, so callers count a batch and add it with CountLookups().
+  bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst) {
+    return reader_.Lookup(layer, row, dst);
+  }
+  void CountLookups(uint64_t hits, uint64_t misses) {
+    hits_.fetch_add(hits, std::memory_order_relaxed);
+    misses_.fetch_add(misses, std::memory_order_relaxed);
+  }
+  // Admits a row read from storage (a no-op if it is present or the capacity is 0). Evicts as
+  // the policy says. Rows must be < 2^40 and layers < 2^23 (InvalidArgument otherwise).
+  absl::Status Insert(uint32_t layer, uint64_t row, const uint8_t* data);
+
+  // Changes the capacity (clamped to [0, max_slots]): growing takes bytes from the budget (as
+  // many as it gives), shrinking evicts by policy, moves rows out of the released range and gives
+  // the pages back to the kernel and the bytes to the budget. Returns the new capacity in slots.
+  uint64_t SetCapacitySlots(uint64_t slots);
+  uint64_t SetCapacityBytes(uint64_t bytes) { return SetCapacitySlots(SlotsForBytes(bytes)); }
+  uint64_t capacity_slots() const;
+  uint64_t max_slots() const { return max_slots_; }
+  // Bytes accounted for `slots` slots, and the inverse.
+  static uint64_t BytesForSlots(uint64_t slots);
+  static uint64_t SlotsForBytes(uint64_t bytes);
+
+  RowCacheStats Stats() const;
+  const RowCacheReader& reader() const { return reader_; }
+  int fd() const { return region_.fd(); }
+  uint64_t region_bytes() const { return region_.size(); }
+
+ private:
+  enum Queue : uint8_t { kFree, kSmall, kMain };
+  struct SlotMeta {
+    uint64_t key = 0;
+    uint32_t generation = 0;
+    Queue queue = kFree;
+  };
+  struct QueueEntry {
+    uint32_t slot;
+    uint32_t generation;
+  };
+
+  RowCache(const RowCacheOptions& options, MemoryBudget* budget)
+      : options_(options), budget_(budget) {}
+  RowCacheSlot& slot(uint32_t i) { return slots_[i]; }
+  int64_t FindBucket(uint64_t key) const;
+  void InsertBucket(uint64_t key, uint32_t slot);
+  void EraseBucket(uint64_t bucket);
+  void WriteSlot(uint32_t slot, uint64_t key, const uint8_t* data);
+  void ClearSlot(uint32_t slot);
+  void RemoveSlot(uint32_t slot, bool to_ghost);
+  void Push(Queue queue, uint32_t slot);
+  bool PopLive(std::deque<QueueEntry>& queue, Queue which, uint32_t* ret_slot);
+  uint32_t EvictOne();
+  void AddGhost(uint64_t key);
+  void MoveDown(uint32_t from, uint32_t to);
+  uint64_t SmallTarget() const;
+
+  const RowCacheOptions options_;
+  MemoryBudget* budget_;
+  SharedRegion region_;
+  RowCacheHeader* header_ = nullptr;
+  RowCacheBucket* buckets_ = nullptr;
+  RowCacheSlot* slots_ = nullptr;
+  uint32_t bucket_mask_ = 0;
+  uint32_t max_slots_ = 0;
+  RowCacheReader reader_;
+  std::atomic<uint64_t> hits_{0};
+  std::atomic<uint64_t> misses_{0};
+
+  mutable std::mutex mu_;  // the writer's; everything below
+  uint64_t reserved_bytes_ = 0;
+  std::vector<SlotMeta> meta_;
+  std::vector<uint32_t> free_;
+  std::deque<QueueEntry> small_;
+  std::deque<QueueEntry> main_;
+  uint64_t small_count_ = 0;
+  uint64_t main_count_ = 0;
+  std::deque<std::pair<uint64_t, uint64_t>> ghost_;  // (key, sequence)
+  absl::flat_hash_map<uint64_t, uint64_t> ghost_index_;
+  uint64_t ghost_sequence_ = 0;
+  uint64_t inserts_ = 0;
+  uint64_t evictions_ = 0;
+  uint64_t ghost_hits_ = 0;
+  uint64_t promotions_ = 0;
+};
+
+}  // namespace engram

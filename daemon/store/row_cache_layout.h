@@ -1,0 +1,68 @@
+// The row cache's shared-memory layout: a header, a bucket index and an array of row slots.
+// Readers in any process that maps the region find a row with no lock and no syscall, and a
+// per-slot sequence number with the row's key, checked after the copy, keeps them from ever
+// returning a torn row or another row's bytes. docs/row-store.md describes it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "tables/table.h"
+
+namespace engram {
+
+inline constexpr uint64_t kRowCacheMagic = 0x314843524d524745ull;  // "EGRMRCH1"
+inline constexpr uint32_t kRowCacheVersion = 1;
+
+// Identifies a row across tables: (layer + 1) << 40 | row. 0 is never a key (empty slot).
+inline constexpr uint32_t kRowCacheRowBits = 40;
+inline constexpr uint64_t RowCacheKey(uint32_t layer, uint64_t row) {
+  return (uint64_t{layer} + 1) << kRowCacheRowBits | row;
+}
+inline constexpr uint64_t RowCacheHash(uint64_t key) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdull;
+  key ^= key >> 33;
+  key *= 0xc4ceb9fe1a85ec53ull;
+  key ^= key >> 33;
+  return key;
+}
+
+struct RowCacheHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t header_bytes;  // sizeof(RowCacheHeader)
+  uint32_t slot_bytes;    // sizeof(RowCacheSlot)
+  uint32_t max_slots;     // slots the region has room for
+  uint32_t bucket_count;  // a power of two, >= 2 * max_slots
+  uint32_t reserved0;
+  uint64_t buckets_offset;  // from the start of the region
+  uint64_t slots_offset;
+  std::atomic<uint32_t> capacity_slots;  // slots in use by the policy now (shrinks and grows)
+  uint32_t reserved1;
+};
+static_assert(sizeof(RowCacheHeader) == 56);
+static_assert(offsetof(RowCacheHeader, buckets_offset) == 32);
+static_assert(offsetof(RowCacheHeader, capacity_slots) == 48);
+
+// One row. `seq` is odd while the writer changes the slot; a reader copies `row` between two
+// equal even reads of `seq` and checks `key` in between.
+struct alignas(32) RowCacheSlot {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint8_t> freq;  // accesses since admission, saturating at 3 (the policy's input)
+  uint8_t reserved[3];
+  std::atomic<uint64_t> key;  // RowCacheKey, 0 when empty
+  uint8_t row[kRowBytes];
+};
+static_assert(sizeof(RowCacheSlot) == 288);
+static_assert(offsetof(RowCacheSlot, key) == 8);
+static_assert(offsetof(RowCacheSlot, row) == 16);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+// Bucket i holds slot + 1 (0: empty); linear probing from RowCacheHash(key) & (count - 1).
+using RowCacheBucket = std::atomic<uint32_t>;
+static_assert(sizeof(RowCacheBucket) == 4);
+
+}  // namespace engram

@@ -1,0 +1,53 @@
+// What the row store is told to do: each table's tier, the memory budget, the cache size and
+// whether memory pressure shrinks the cache. Filled from the [tables] and [memory] sections of
+// the configuration file and from engramd's flags; docs/row-store.md explains each choice.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace engram {
+
+// Where a table's rows are served from.
+enum class Tier : uint8_t {
+  kStorage,   // the files, through the page cache or O_DIRECT (the gather engine alone)
+  kResident,  // the whole table (or covered range) in a sealed memfd, loaded at start-up
+  kCache,     // the files read with O_DIRECT, hot rows kept in the shared row cache
+};
+
+inline const char* TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kStorage:
+      return "storage";
+    case Tier::kResident:
+      return "resident";
+    case Tier::kCache:
+      return "cache";
+  }
+  return "?";
+}
+
+inline std::optional<Tier> ParseTier(const std::string& text) {
+  for (Tier t : {Tier::kStorage, Tier::kResident, Tier::kCache}) {
+    if (text == TierName(t)) return t;
+  }
+  return std::nullopt;
+}
+
+struct StoreConfig {
+  Tier default_tier = Tier::kStorage;  // [tables] tier
+  std::map<uint32_t, Tier> tiers;      // [tables] tiers, by layer id
+  uint64_t budget_bytes = 0;           // [memory] budget: resident tables + cache; 0 = unbounded
+  uint64_t cache_bytes = 0;            // [memory] cache: 0 = what the budget leaves
+  bool pressure = true;                // [memory] pressure: shrink the cache under PSI pressure
+  bool huge_pages = true;              // [memory] huge_pages: resident tables on hugetlb pages
+
+  Tier TierOf(uint32_t layer) const {
+    auto it = tiers.find(layer);
+    return it == tiers.end() ? default_tier : it->second;
+  }
+};
+
+}  // namespace engram

@@ -1,0 +1,112 @@
+// Tests of the memory budget, PSI parsing and the pressure monitor's shrink and grow
+// steps (driven through a PSI file the test writes, then against the kernel's own file).
+#include "daemon/store/memory_budget.h"
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "daemon/store/pressure_monitor.h"
+#include "tests/common/table_test_util.h"
+
+namespace engram {
+namespace {
+
+using Catch::Matchers::Contains;
+
+TEST_CASE("the budget refuses what it does not have, naming the asker", "[budget]") {
+  MemoryBudget budget(1000);
+  REQUIRE(budget.Reserve(600, "resident layer 1").ok());
+  absl::Status s = budget.Reserve(500, "resident layer 14");
+  REQUIRE(s.code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE_THAT(std::string(s.message()), Contains("resident layer 14") && Contains("400 of 1000"));
+  REQUIRE(budget.used() == 600);
+  budget.Give(600);
+  REQUIRE(budget.Reserve(1000, "x").ok());
+  MemoryBudget unbounded(0);
+  REQUIRE(unbounded.Reserve(uint64_t{1} << 60, "x").ok());
+  REQUIRE(unbounded.available() == UINT64_MAX);
+}
+
+TEST_CASE("PSI text parses, malformed text is refused", "[pressure]") {
+  auto s = ParsePressure(
+      "some avg10=1.00 avg60=0.50 avg300=0.10 total=123456\n"
+      "full avg10=0.00 avg60=0.00 avg300=0.00 total=789\n");
+  REQUIRE(s.ok());
+  REQUIRE(s->some_total_us == 123456);
+  REQUIRE(s->full_total_us == 789);
+  REQUIRE_FALSE(ParsePressure("").ok());
+  REQUIRE_FALSE(ParsePressure("full total=3\n").ok());
+}
+
+void WritePsi(const std::string& path, uint64_t some_us) {
+  std::ofstream out(path, std::ios::trunc);
+  out << "some avg10=0.00 avg60=0.00 avg300=0.00 total=" << some_us << "\n"
+      << "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+}
+
+TEST_CASE("pressure shrinks the cache step by step and calm grows it back", "[pressure]") {
+  testing::TempDir dir;
+  const std::string psi = dir / "memory.pressure";
+  auto cache = RowCache::Create({.max_bytes = 4 << 20}, nullptr);
+  REQUIRE(cache.ok());
+  const uint64_t full = (*cache)->capacity_slots();
+  std::vector<std::string> notices;
+  PressureOptions options{.path = psi, .calm_intervals = 2};
+  PressureMonitor monitor(cache->get(), full, options,
+                          [&](const std::string& line) { notices.push_back(line); });
+  constexpr uint64_t kSecond = 1'000'000'000;
+  uint64_t now = kSecond, stalled_us = 0;
+  WritePsi(psi, stalled_us);
+  REQUIRE_FALSE(monitor.Tick(now).has_value());  // the first sample only sets the baseline
+
+  for (int i = 0; i < 30; ++i) {  // 30 % of every second stalled
+    stalled_us += 300'000;
+    WritePsi(psi, stalled_us);
+    now += kSecond;
+    auto stall = monitor.Tick(now);
+    REQUIRE(stall.has_value());
+    REQUIRE(*stall == Approx(0.3));
+  }
+  const uint64_t floor = static_cast<uint64_t>(full * options.floor_fraction);
+  REQUIRE((*cache)->capacity_slots() == floor);
+  REQUIRE(notices.size() >= 5);
+  REQUIRE_THAT(notices[0], Contains("memory pressure") && Contains("shrunk") && Contains(psi));
+  const size_t shrink_notices = notices.size();
+
+  for (int i = 0; i < 40; ++i) {  // calm
+    WritePsi(psi, stalled_us);
+    now += kSecond;
+    monitor.Tick(now);
+  }
+  REQUIRE((*cache)->capacity_slots() == full);
+  REQUIRE(notices.size() > shrink_notices);
+  REQUIRE_THAT(notices.back(), Contains("grown"));
+
+  // An unreadable file is no sample, and changes nothing.
+  std::filesystem::remove(psi);
+  REQUIRE_FALSE(monitor.Tick(now + kSecond).has_value());
+  REQUIRE((*cache)->capacity_slots() == full);
+}
+
+// Run alone (meson test store_pressure_kernel): it exits 77 where the kernel has no PSI.
+TEST_CASE("the kernel's PSI file is found and sampled", "[psi]") {
+  auto path = FindMemoryPressureFile();
+  if (!path.ok()) {
+    std::fprintf(stderr, "%s: skipping\n", std::string(path.status().message()).c_str());
+    std::exit(77);
+  }
+  auto cache = RowCache::Create({.max_bytes = 1 << 20}, nullptr);
+  REQUIRE(cache.ok());
+  PressureMonitor monitor(cache->get(), (*cache)->capacity_slots(),
+                          {.path = *path, .interval_ns = 20'000'000}, [](const std::string&) {});
+  REQUIRE(monitor.Start().ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  monitor.Stop();
+  REQUIRE(monitor.path() == *path);
+}
+
+}  // namespace
+}  // namespace engram

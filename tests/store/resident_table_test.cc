@@ -1,0 +1,212 @@
+// Tests of ResidentTable: every row of a checkpoint and a packed table byte-exact against the
+// synthetic row function, O_DIRECT and buffered (tmpfs) loads, a cancelled load resumed, the
+// seals that keep a loaded table immutable, and the memory budget.
+#include "daemon/store/resident_table.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "tests/common/table_test_util.h"
+#include "tools/tables/pack.h"
+#include "tools/tables/synthetic.h"
+
+namespace engram {
+namespace {
+
+using Catch::Matchers::Contains;
+using testing::TempDir;
+
+constexpr uint64_t kRows = 20011;
+constexpr uint64_t kSeed = 5;
+
+std::vector<std::unique_ptr<Table>> Synth(const std::string& dir) {
+  SynthOptions options{.out_dir = dir, .rows = kRows, .seed = kSeed};
+  REQUIRE(WriteSyntheticCheckpoint(options).ok());
+  auto tables = OpenCheckpoint(dir, {});
+  REQUIRE(tables.ok());
+  return std::move(*tables);
+}
+
+void CheckEveryRow(const ResidentTable& rt) {
+  uint8_t got[kRowBytes], want[kRowBytes];
+  const RowRange covered = rt.covered();
+  for (uint64_t r = covered.begin; r < covered.end; ++r) {
+    SyntheticRow(kSeed, rt.table().layer_id(), r, want);
+    if (!rt.CopyRow(r, got) || std::memcmp(got, want, kRowBytes) != 0) {
+      FAIL("layer " << rt.table().layer_id() << " row " << r << " differs");
+    }
+  }
+  REQUIRE_FALSE(rt.CopyRow(covered.end, got));
+  if (covered.begin > 0) REQUIRE_FALSE(rt.CopyRow(covered.begin - 1, got));
+}
+
+TEST_CASE("a checkpoint table loads byte-exact with O_DIRECT and is sealed", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  MemoryBudget budget(0);
+  for (const auto& t : tables) {
+    auto rt = ResidentTable::Create(*t, &budget, {.chunk_rows = 1000});
+    REQUIRE(rt.ok());
+    uint64_t calls = 0, last = 0;
+    REQUIRE((*rt)
+                ->Load(nullptr,
+                       [&](uint64_t done, uint64_t total) {
+                         ++calls;
+                         REQUIRE(done > last);
+                         REQUIRE(total == kRows);
+                         last = done;
+                       })
+                .ok());
+    REQUIRE(calls == (kRows + 999) / 1000);
+    REQUIRE((*rt)->loaded());
+    REQUIRE((*rt)->direct_io());  // /tmp or $TMPDIR must take O_DIRECT for this to hold
+    CheckEveryRow(**rt);
+    // Sealed: neither a write nor a writable mapping of the memfd is possible.
+    const int fd = (*rt)->fd();
+    REQUIRE(::pwrite(fd, "x", 1, 0) == -1);
+    REQUIRE(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+    void* ro = ::mmap(nullptr, (*rt)->bytes(), PROT_READ, MAP_SHARED, fd, 0);
+    REQUIRE(ro != MAP_FAILED);
+    uint8_t want[kRowBytes];
+    SyntheticRow(kSeed, t->layer_id(), 777, want);
+    REQUIRE(std::memcmp(static_cast<uint8_t*>(ro) + 777 * kRowBytes, want, kRowBytes) == 0);
+    ::munmap(ro, (*rt)->bytes());
+  }
+}
+
+TEST_CASE("a packed per-rank copy loads its covered range", "[resident]") {
+  TempDir dir;
+  Synth(dir.path());
+  PackOptions pack{.input = dir.path(), .layer = 14, .out = dir / "l14.rank.engram"};
+  pack.rows = RowRange{4097, 15013};
+  REQUIRE(PackTable(pack).ok());
+  auto table = OpenPacked(pack.out, {});
+  REQUIRE(table.ok());
+  auto rt = ResidentTable::Create(**table, nullptr, {.chunk_rows = 999});
+  REQUIRE(rt.ok());
+  REQUIRE((*rt)->Load(nullptr, nullptr).ok());
+  REQUIRE((*rt)->rows_loaded() == 15013 - 4097);
+  CheckEveryRow(**rt);
+}
+
+TEST_CASE("a buffered load (direct_io off) is byte-exact too", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  auto rt = ResidentTable::Create(*tables[0], nullptr, {.direct_io = false, .chunk_rows = 3000});
+  REQUIRE(rt.ok());
+  REQUIRE((*rt)->Load(nullptr, nullptr).ok());
+  REQUIRE_FALSE((*rt)->direct_io());
+  CheckEveryRow(**rt);
+}
+
+// Run alone (meson test store_resident_table_tmpfs): it exits 77 where no filesystem at hand
+// refuses O_DIRECT (tmpfs takes it since Linux 6.6).
+TEST_CASE("a filesystem that refuses O_DIRECT loads with buffered reads and a notice", "[tmpfs]") {
+  const char* shm = "/dev/shm";
+  int probe = std::filesystem::is_directory(shm)
+                  ? ::open(shm, O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600)
+                  : -1;
+  if (probe >= 0 || !std::filesystem::is_directory(shm)) {
+    if (probe >= 0) ::close(probe);
+    std::fprintf(stderr, "/dev/shm %s: the buffered fallback cannot be exercised here, skipping\n",
+                 probe >= 0 ? "takes O_DIRECT (tmpfs, Linux 6.6+)" : "does not exist");
+    std::exit(77);
+  }
+  const char* old = std::getenv("TMPDIR");
+  ::setenv("TMPDIR", shm, 1);
+  TempDir dir;
+  if (old != nullptr)
+    ::setenv("TMPDIR", old, 1);
+  else
+    ::unsetenv("TMPDIR");
+  auto tables = Synth(dir.path());
+  auto rt = ResidentTable::Create(*tables[0], nullptr, {.chunk_rows = 4096});
+  REQUIRE(rt.ok());
+  REQUIRE((*rt)->Load(nullptr, nullptr).ok());
+  REQUIRE_FALSE((*rt)->direct_io());
+  bool noticed = false;
+  for (const std::string& n : (*rt)->notices()) noticed |= n.find("O_DIRECT") != std::string::npos;
+  REQUIRE(noticed);
+  CheckEveryRow(**rt);
+}
+
+TEST_CASE("a cancelled load keeps its rows, serves them, and resumes", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  const Table& t = *tables[1];
+  auto rt = ResidentTable::Create(t, nullptr, {.chunk_rows = 1024});
+  REQUIRE(rt.ok());
+  std::atomic<bool> cancel{false};
+  absl::Status s = (*rt)->Load(&cancel, [&](uint64_t done, uint64_t) {
+    if (done >= 5 * 1024) cancel = true;
+  });
+  REQUIRE(s.code() == absl::StatusCode::kCancelled);
+  REQUIRE_THAT(std::string(s.message()), Contains("layer 14") && Contains("5120 of 20011"));
+  REQUIRE((*rt)->rows_loaded() == 5 * 1024);
+  uint8_t got[kRowBytes], want[kRowBytes];
+  SyntheticRow(kSeed, 14, 5119, want);
+  REQUIRE((*rt)->CopyRow(5119, got));
+  REQUIRE(std::memcmp(got, want, kRowBytes) == 0);
+  REQUIRE_FALSE((*rt)->CopyRow(5120, got));
+  // Not sealed yet: the rest is still to be written.
+  REQUIRE(::fcntl((*rt)->fd(), F_GET_SEALS) == 0);
+  cancel = false;
+  uint64_t first = 0;
+  REQUIRE((*rt)
+              ->Load(&cancel,
+                     [&](uint64_t done, uint64_t) {
+                       if (first == 0) first = done;
+                     })
+              .ok());
+  REQUIRE(first == 6 * 1024);  // resumed after the rows already in, not from row 0
+  CheckEveryRow(**rt);
+  REQUIRE((::fcntl((*rt)->fd(), F_GET_SEALS) & F_SEAL_FUTURE_WRITE) != 0);
+}
+
+TEST_CASE("a resident table takes its bytes from the budget and gives them back", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  MemoryBudget small(kRows * kRowBytes / 2);
+  auto refused = ResidentTable::Create(*tables[0], &small, {});
+  REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE_THAT(std::string(refused.status().message()),
+               Contains("layer 1") && Contains("[memory] budget"));
+  REQUIRE(small.used() == 0);
+
+  MemoryBudget budget(64ull << 20);
+  {
+    auto rt = ResidentTable::Create(*tables[0], &budget, {.huge_pages = false});
+    REQUIRE(rt.ok());
+    REQUIRE(budget.used() == (*rt)->bytes());
+    REQUIRE((*rt)->bytes() >= kRows * kRowBytes);
+    REQUIRE((*rt)->bytes() < kRows * kRowBytes + 4096);
+  }
+  REQUIRE(budget.used() == 0);
+}
+
+TEST_CASE("a table whose file is cut short fails to load naming the file", "[resident]") {
+  TempDir dir;
+  Synth(dir.path());
+  PackOptions pack{.input = dir.path(), .layer = 1, .out = dir / "l1.engram"};
+  REQUIRE(PackTable(pack).ok());
+  auto table = OpenPacked(pack.out, {});
+  REQUIRE(table.ok());
+  // Truncated after it was opened and validated (a file changed under the daemon).
+  REQUIRE(::truncate(pack.out.c_str(), 1 << 20) == 0);
+  auto rt = ResidentTable::Create(**table, nullptr, {.chunk_rows = 4096});
+  REQUIRE(rt.ok());
+  absl::Status s = (*rt)->Load(nullptr, nullptr);
+  REQUIRE(s.code() == absl::StatusCode::kDataLoss);
+  REQUIRE_THAT(std::string(s.message()), Contains("l1.engram"));
+  REQUIRE((*rt)->rows_loaded() < kRows);
+}
+
+}  // namespace
+}  // namespace engram

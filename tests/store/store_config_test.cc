@@ -1,0 +1,77 @@
+// The row store's configuration keys: [tables] tier and tiers, [memory] budget, cache,
+// pressure and huge_pages, with refusals naming the file, line and key.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "daemon/ops/config_file.h"
+#include "tests/common/table_test_util.h"
+
+namespace engram {
+namespace {
+
+using Catch::Matchers::Contains;
+
+absl::Status Apply(const std::string& text, DaemonSettings* s) {
+  static testing::TempDir dir;
+  static int n = 0;
+  const std::string path = dir / ("t" + std::to_string(n++) + ".toml");
+  std::ofstream(path) << text;
+  return ApplyConfigFile(path, s);
+}
+
+TEST_CASE("the store keys default to storage and no budget", "[config]") {
+  DaemonSettings s;
+  REQUIRE(Apply("", &s).ok());
+  REQUIRE(s.store.default_tier == Tier::kStorage);
+  REQUIRE(s.store.tiers.empty());
+  REQUIRE(s.store.budget_bytes == 0);
+  REQUIRE(s.store.cache_bytes == 0);
+  REQUIRE(s.store.pressure);
+}
+
+TEST_CASE("tiers, budget and cache are read", "[config]") {
+  DaemonSettings s;
+  REQUIRE(Apply("[tables]\ntier = \"cache\"\ntiers = [\"14=resident\", \"1=storage\"]\n"
+                "[memory]\nbudget = \"96G\"\ncache = 1073741824\npressure = false\n"
+                "huge_pages = false\n",
+                &s)
+              .ok());
+  REQUIRE(s.store.default_tier == Tier::kCache);
+  REQUIRE(s.store.TierOf(14) == Tier::kResident);
+  REQUIRE(s.store.TierOf(1) == Tier::kStorage);
+  REQUIRE(s.store.TierOf(7) == Tier::kCache);
+  REQUIRE(s.store.budget_bytes == 96ull << 30);
+  REQUIRE(s.store.cache_bytes == 1ull << 30);
+  REQUIRE_FALSE(s.store.pressure);
+  REQUIRE_FALSE(s.store.huge_pages);
+  REQUIRE(Apply("[memory]\nbudget = 0\ncache = \"0\"\n", &s).ok());
+  REQUIRE(s.store.budget_bytes == 0);
+  REQUIRE(s.store.cache_bytes == 0);
+}
+
+TEST_CASE("bad store values are refused naming the key", "[config]") {
+  struct Bad {
+    const char* text;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"[tables]\ntier = \"ram\"\n", "key 'tables.tier'"},
+                       Bad{"[tables]\ntiers = [\"14=ram\"]\n", "'14=ram' is not LAYER="},
+                       Bad{"[tables]\ntiers = [\"x=cache\"]\n", "'x=cache' is not LAYER="},
+                       Bad{"[tables]\ntiers = \"cache\"\n", "key 'tables.tiers'"},
+                       Bad{"[memory]\nbudget = \"lots\"\n", "key 'memory.budget'"},
+                       Bad{"[memory]\nbudget = -1\n", "negative"},
+                       Bad{"[memory]\nswap = 1\n", "unknown key 'memory.swap'"}}) {
+    DaemonSettings s;
+    absl::Status st = Apply(b.text, &s);
+    INFO(b.text << " -> " << st.ToString());
+    REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE_THAT(std::string(st.message()), Contains(b.says) && Contains(".toml:"));
+  }
+}
+
+}  // namespace
+}  // namespace engram

@@ -1,0 +1,307 @@
+// The row store through engramd: a resident table and a cached table (cache much smaller than
+// the table) served byte-exact to client processes, scattered and duplicate rows included, hits
+// answered without the engine, and the tiers, hit rates and cache shown by engramctl.
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "engram/engram.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/daemon_test_util.h"
+
+using engram::kRowBytes;
+using nlohmann::json;
+using namespace engram::testing;
+
+namespace {
+
+std::string Engramctl() {
+  const char* p = getenv("ENGRAMCTL");
+  return p != nullptr ? p : "tools/engramctl/engramctl";
+}
+
+json Ctl(const Daemon& d, const std::string& command) {
+  const std::string line = Engramctl() + " " + command + " --json --socket " + d.socket();
+  FILE* p = popen(line.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  INFO(line << ": " << out);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return json::parse(out);
+}
+
+json TableEntry(const json& reply, uint32_t layer) {
+  for (const json& t : reply["tables"]) {
+    if (t["layer"] == layer) return t;
+  }
+  FAIL("no layer " << layer << " in " << reply.dump());
+  return {};
+}
+
+// A client process: `batches` gathers of `n` rows from `layer`, drawn from the first `span` rows
+// (a working set), scattered into the arena in reverse order, every byte checked. Exit code 0
+// when every row matched.
+int GatherChecked(const Daemon& d, uint32_t layer, uint64_t n, uint64_t span, int batches,
+                  uint64_t seed) {
+  engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 8);
+  engram_session* s = nullptr;
+  if (engram_connect(&o, &s) != 0) return 10;
+  uint64_t *rows, *offsets;
+  uint8_t* out;
+  if (engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) != 0 ||
+      engram_alloc(s, n * 8, reinterpret_cast<void**>(&offsets)) != 0 ||
+      engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) != 0) {
+    return 11;
+  }
+  for (uint64_t i = 0; i < n; ++i) offsets[i] = (n - 1 - i) * kRowBytes;
+  for (int b = 0; b < batches; ++b) {
+    FillRows(rows, n, span, seed * 1000 + b);
+    rows[n - 1] = rows[0];  // a duplicate in every batch
+    std::memset(out, 0xEE, n * kRowBytes);
+    engram_gather_request r{.size = sizeof(r),
+                            .table = layer,
+                            .flags = 0,
+                            .rows = rows,
+                            .num_rows = n,
+                            .dest = out,
+                            .dest_offsets = offsets};
+    if (engram_gather(s, &r, 10'000'000'000) != 0) return 12;
+    if (FirstBadRow(layer, rows, n, out, offsets) >= 0) return 13;
+  }
+  engram_close(s);
+  return 0;
+}
+
+int InChild(const std::function<int()>& body) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// Layer 14 resident, layer 1 cached in 1 MiB (~3,600 rows of its 20,000).
+const Daemon& StoreDaemon() {
+  static Daemon d({"--tier", "14=resident", "--tier", "1=cache", "--cache-bytes", "1M"}, "store");
+  return d;
+}
+
+void WaitResident(const Daemon& d) {
+  for (int i = 0; i < 500; ++i) {
+    if (TableEntry(Ctl(d, "tables --no-residency"), 14)["resident_loaded"] == true) return;
+    usleep(10000);
+  }
+  FAIL("layer 14 did not become resident");
+}
+
+TEST_CASE("a resident table serves every row byte-exact without the engine", "[store]") {
+  const Daemon& d = StoreDaemon();
+  REQUIRE(d.alive());
+  WaitResident(d);
+  const json before = TableEntry(Ctl(d, "stats"), 14);
+  REQUIRE(InChild([&] { return GatherChecked(d, 14, 1152, kRows, 20, 1); }) == 0);
+  REQUIRE(InChild([&] { return GatherChecked(d, 14, 20000, kRows, 2, 2); }) == 0);
+  const json after = TableEntry(Ctl(d, "stats"), 14);
+  CHECK(after["tier"] == "resident");
+  CHECK(after["store_requests"].get<uint64_t>() - before["store_requests"].get<uint64_t>() == 22);
+  CHECK(after["store_all_hit_requests"].get<uint64_t>() -
+            before["store_all_hit_requests"].get<uint64_t>() ==
+        22);
+  // Every row came from memory: the engine ran no batch for the table.
+  CHECK(after["batches"] == before["batches"]);
+  const json tables = TableEntry(Ctl(d, "tables --no-residency"), 14);
+  CHECK(tables["resident_rows_loaded"] == kRows);
+  CHECK(tables["resident_memory_bytes"].get<uint64_t>() >= kRows * kRowBytes);
+}
+
+TEST_CASE("a cached table smaller than its cache serves byte-exact hits and misses", "[store]") {
+  const Daemon& d = StoreDaemon();
+  REQUIRE(d.alive());
+  // A working set of 1,500 rows fits the cache: after the first passes, batches hit.
+  REQUIRE(InChild([&] { return GatherChecked(d, 1, 1152, 1500, 30, 3); }) == 0);
+  // Rows from the whole table: mostly misses, read with O_DIRECT and admitted.
+  REQUIRE(InChild([&] { return GatherChecked(d, 1, 1152, kRows, 10, 4); }) == 0);
+  // Several processes at once over a working set larger than the cache: eviction under readers.
+  std::vector<pid_t> kids;
+  for (int c = 0; c < 3; ++c) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(GatherChecked(d, 1, 1152, 6000, 20, 10 + c));
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+  }
+  const json stats = TableEntry(Ctl(d, "stats"), 1);
+  CHECK(stats["tier"] == "cache");
+  CHECK(stats["read_mode"] == "direct");
+  CHECK(stats["store_all_hit_requests"].get<uint64_t>() > 0);
+  CHECK(stats["store_hit_rate"].get<double>() > 0.2);
+  CHECK(stats["store_hit_rate"].get<double>() < 1.0);
+  const json status = Ctl(d, "status");
+  const json& store = status["store"];
+  CHECK(store["cache"]["evictions"].get<uint64_t>() > 0);
+  CHECK(store["cache"]["used_rows"].get<uint64_t>() <=
+        store["cache"]["capacity_rows"].get<uint64_t>());
+  CHECK(store["cache"]["bytes"].get<uint64_t>() <= uint64_t{1} << 20);
+  CHECK(store["store_bytes"].get<uint64_t>() >= kRows * kRowBytes);
+}
+
+TEST_CASE("a gather of a row outside the table fails as it does from storage", "[store]") {
+  const Daemon& d = StoreDaemon();
+  for (uint32_t layer : {1u, 14u}) {
+    const int rc = InChild([&] {
+      engram_connect_options o = d.Options(1 << 20, 4);
+      engram_session* s = nullptr;
+      if (engram_connect(&o, &s) != 0) return 10;
+      uint64_t* rows;
+      uint8_t* out;
+      engram_alloc(s, 16, reinterpret_cast<void**>(&rows));
+      engram_alloc(s, 2 * kRowBytes, reinterpret_cast<void**>(&out));
+      rows[0] = 5;
+      rows[1] = kRows;  // one past the end
+      engram_gather_request r{
+          .size = sizeof(r), .table = layer, .rows = rows, .num_rows = 2, .dest = out};
+      const int got = engram_gather(s, &r, 10'000'000'000);
+      const std::string error = engram_last_error();
+      engram_close(s);
+      return got == -ERANGE || error.find(std::to_string(kRows)) != std::string::npos ? 0 : 20;
+    });
+    INFO("layer " << layer);
+    CHECK(rc == 0);
+  }
+}
+
+TEST_CASE("the metrics show tiers, store bytes, hits and evictions", "[store]") {
+  const Daemon& d = StoreDaemon();
+  const std::string text = Ctl(d, "metrics")["text"];
+  for (const char* want :
+       {"engram_store_budget_bytes", "engram_store_bytes",
+        "engram_store_table_info{table=\"1\",tier=\"cache\"}",
+        "engram_store_table_info{table=\"14\",tier=\"resident\"}",
+        "engram_store_hit_rows_total{table=\"1\"}", "engram_store_all_hit_requests_total",
+        "engram_cache_evictions_total", "engram_cache_capacity_rows"}) {
+    INFO(want);
+    CHECK(text.find(want) != std::string::npos);
+  }
+}
+
+// Runs engramd with `args` on the test checkpoint; returns (exit code, output).
+std::pair<int, std::string> Engramd(const std::string& args) {
+  const std::string line = EngramdPath() + " --model " + Checkpoint() + " --socket " + TestDir() +
+                           "/check.sock " + args + " 2>&1";
+  FILE* p = popen(line.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_CASE("--check-config shows tiers and refuses store settings that cannot work", "[store]") {
+  auto [code, out] = Engramd("--tier 14=resident --tier 1=cache --cache-bytes 1M --check-config");
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("layer 14") != std::string::npos);
+  CHECK(out.find("tier resident") != std::string::npos);
+  CHECK(out.find("tier cache") != std::string::npos);
+  std::tie(code, out) = Engramd("--tier 9=resident --check-config");
+  CHECK(code == 1);
+  CHECK(out.find("layer 9") != std::string::npos);
+  std::tie(code, out) = Engramd("--tier 1=cache --check-config");
+  CHECK(code == 1);
+  CHECK(out.find("the cache needs a size") != std::string::npos);
+  std::tie(code, out) = Engramd("--tier 14=resident --memory-budget 1M --check-config");
+  CHECK(code == 1);
+  CHECK(out.find("[memory] budget") != std::string::npos);
+}
+
+TEST_CASE("a budget too small for a resident table stops engramd naming the table", "[store]") {
+  const std::string line = EngramdPath() + " --model " + Checkpoint() + " --socket " + TestDir() +
+                           "/budget.sock --tier 14=resident --memory-budget 1M 2>&1";
+  FILE* p = popen(line.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  INFO(out);
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(out.find("layer 14") != std::string::npos);
+  CHECK(out.find("[memory] budget") != std::string::npos);
+}
+
+TEST_CASE("a client maps a resident table read-only and gathers from it", "[store][map]") {
+  const Daemon& d = StoreDaemon();
+  WaitResident(d);
+  engram_connect_options o = d.Options(1 << 20, 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  engram_table_map* map = nullptr;
+  REQUIRE(engram_map_table(s, 14, &map) == 0);
+  engram_table_map_info info{.size = sizeof(info)};
+  REQUIRE(engram_get_table_map_info(map, &info) == 0);
+  CHECK(info.layer_id == 14);
+  CHECK(info.row_bytes == kRowBytes);
+  CHECK(info.covered_begin == 0);
+  CHECK(info.covered_end == kRows);
+  REQUIRE(info.map_bytes >= kRows * kRowBytes);
+  // In place: every row of the table.
+  const auto* base = static_cast<const uint8_t*>(info.base);
+  std::vector<uint64_t> all(kRows);
+  for (uint64_t r = 0; r < kRows; ++r) all[r] = r;
+  CHECK(FirstBadRow(14, all.data(), kRows, base) == -1);
+  // The CPU gather of random rows.
+  std::vector<uint64_t> rows(1152);
+  FillRows(rows.data(), rows.size(), kRows, 77);
+  std::vector<uint8_t> out(rows.size() * kRowBytes);
+  REQUIRE(engram_table_map_gather(map, rows.data(), rows.size(), out.data()) == 0);
+  CHECK(FirstBadRow(14, rows.data(), rows.size(), out.data()) == -1);
+  rows[5] = kRows;
+  CHECK(engram_table_map_gather(map, rows.data(), rows.size(), out.data()) == -ERANGE);
+  CHECK(std::string(engram_last_error()).find("index 5") != std::string::npos);
+  // Read-only for good: the mapping cannot be made writable.
+  CHECK(mprotect(const_cast<void*>(info.base), 4096, PROT_READ | PROT_WRITE) == -1);
+  engram_close(s);  // the mapping outlives the session
+  CHECK(FirstBadRow(14, all.data(), 100, base) == -1);
+  engram_unmap_table(map);
+}
+
+TEST_CASE("mapping a table that is not resident is refused naming why", "[store][map]") {
+  const Daemon& d = StoreDaemon();
+  engram_connect_options o = d.Options(1 << 20, 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  engram_table_map* map = nullptr;
+  CHECK(engram_map_table(s, 1, &map) == -EOPNOTSUPP);
+  const std::string why = engram_last_error();
+  CHECK(why.find("layer 1") != std::string::npos);
+  CHECK(why.find("not resident") != std::string::npos);
+  CHECK(engram_map_table(s, 7, &map) == -ENOENT);
+  CHECK(std::string(engram_last_error()).find("layer 7") != std::string::npos);
+  CHECK(map == nullptr);
+  // The session still serves gathers after the refusals.
+  uint64_t* rows;
+  uint8_t* out;
+  REQUIRE(engram_alloc(s, 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  rows[0] = 3;
+  engram_gather_request r{.size = sizeof(r), .table = 1, .rows = rows, .num_rows = 1, .dest = out};
+  REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
+  CHECK(FirstBadRow(1, rows, 1, out) == -1);
+  engram_close(s);
+}
+
+}  // namespace

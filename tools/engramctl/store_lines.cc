@@ -1,0 +1,64 @@
+// The row store's lines in engramctl status, stats and tables: tier, memory against the budget,
+// hit rates and the cache. Each prints nothing when the daemon serves every table from storage.
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "tools/engramctl/commands.h"
+#include "tools/engramctl/control_client.h"
+
+namespace engramctl {
+namespace {
+
+using nlohmann::json;
+
+uint64_t Num(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<uint64_t>() : 0;
+}
+double Frac(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
+}
+
+}  // namespace
+
+void PrintStoreStatus(const json& reply) {
+  if (!reply.contains("store") || !reply["store"].is_object()) return;
+  const json& s = reply["store"];
+  printf("  row store %s of %s%s, hit rate %.1f%%, all-hit requests %.1f%%\n",
+         Bytes(double(Num(s, "store_bytes"))).c_str(),
+         Num(s, "budget_bytes") == 0 ? "no budget"
+                                     : ("budget " + Bytes(double(Num(s, "budget_bytes")))).c_str(),
+         s.value("loading", false) ? " (resident tables loading)" : "", 100 * Frac(s, "hit_rate"),
+         100 * Frac(s, "all_hit_fraction"));
+  if (s.contains("cache") && s["cache"].is_object()) {
+    const json& c = s["cache"];
+    printf("  row cache %s (%lu of %lu rows%s), hit rate %.1f%%, %lu evictions\n",
+           Bytes(double(Num(c, "bytes"))).c_str(), Num(c, "used_rows"), Num(c, "capacity_rows"),
+           Num(c, "capacity_rows") < Num(c, "configured_rows")
+               ? absl::StrFormat(", shrunk from %lu by memory pressure", Num(c, "configured_rows"))
+                     .c_str()
+               : "",
+           100 * Frac(c, "hit_rate"), Num(c, "evictions"));
+  }
+}
+
+void PrintStoreTableStats(const json& t) {
+  if (!t.contains("store_requests")) return;
+  printf("  tier %s: %lu of %lu rows from memory (%.1f%%), %lu of %lu requests all hits (%.1f%%)\n",
+         t.value("tier", "?").c_str(), Num(t, "store_hit_rows"), Num(t, "store_rows"),
+         100 * Frac(t, "store_hit_rate"), Num(t, "store_all_hit_requests"),
+         Num(t, "store_requests"), 100 * Frac(t, "store_all_hit_fraction"));
+}
+
+void PrintStoreTable(const json& t) {
+  if (!t.contains("tier")) return;
+  if (t["tier"] == "resident") {
+    printf("         tier resident: %lu rows in memory (%s, %s)%s\n",
+           Num(t, "resident_rows_loaded"), Bytes(double(Num(t, "resident_memory_bytes"))).c_str(),
+           t.value("resident_huge_pages", false) ? "2 MiB pages" : "4 KiB pages",
+           t.value("resident_loaded", false) ? "" : ", loading");
+  } else {
+    printf("         tier %s\n", t["tier"].get<std::string>().c_str());
+  }
+}
+
+}  // namespace engramctl
