@@ -43,7 +43,7 @@ step "starting engramd on $work/model: layer 14 resident, layer 1 through a 32 M
 # in the cache, its misses read with O_DIRECT.
 resident_bytes=$(((rows * 264 + 2097151) / 2097152 * 2097152))
 budget=$((resident_bytes + 48 * 1048576))
-"$builddir/daemon/server/engramd" --model "$work/model" --socket "$work/engramd.sock" \
+"$builddir/daemon/engramd" --model "$work/model" --socket "$work/engramd.sock" \
   --tier 14=resident --tier 1=cache --cache-bytes 32M --memory-budget "$budget" &
 daemon_pid=$!
 trap '[[ -n "${daemon_pid:-}" ]] && kill -9 "$daemon_pid" 2>/dev/null || true' EXIT

@@ -41,7 +41,7 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
   }
   const std::string socket = dir + "/resident.sock";
   const char* env = getenv("ENGRAMD");
-  std::vector<std::string> args = {env != nullptr ? env : "build/daemon/server/engramd",
+  std::vector<std::string> args = {env != nullptr ? env : "build/daemon/engramd",
                                    "--model",
                                    model,
                                    "--socket",

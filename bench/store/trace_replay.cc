@@ -153,7 +153,7 @@ std::vector<Step> BuildSteps(const Options& o, const std::vector<std::vector<uin
 
 pid_t StartDaemon(const Options& o, const std::string& model, const std::string& socket) {
   const char* env = getenv("ENGRAMD");
-  std::vector<std::string> args = {env != nullptr ? env : "build/daemon/server/engramd",
+  std::vector<std::string> args = {env != nullptr ? env : "build/daemon/engramd",
                                    "--model",
                                    model,
                                    "--socket",
