@@ -13,7 +13,7 @@ if [[ ! -f "$builddir/build.ninja" ]]; then
   meson setup "$builddir"
 fi
 targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gpu_kernel_test
-         tests/gpu/gpu_wait_test tests/gpu/gpu_engramd_test daemon/engramd
+         tests/gpu/gpu_wait_test tests/gpu/gpu_engramd_test daemon/server/engramd
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench)
 ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
 
