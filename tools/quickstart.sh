@@ -38,7 +38,7 @@ for f in "$work"/*.engram; do
 done
 
 step "starting engramd on $work/model"
-"$builddir/daemon/engramd" --model "$work/model" --socket "$work/engramd.sock" &
+"$builddir/daemon/server/engramd" --model "$work/model" --socket "$work/engramd.sock" &
 daemon_pid=$!
 trap '[[ -n "${daemon_pid:-}" ]] && kill -9 "$daemon_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 400); do
