@@ -743,22 +743,13 @@ int engram_gather(engram_session* s, const struct engram_gather_request* request
   return engram_wait(s, ticket, timeout_ns);
 }
 
-int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
-                         const struct engram_token_request* request, uint64_t* ret_ticket,
-                         uint64_t* ret_num_rows) {
-  if (s == nullptr || hasher == nullptr || request == nullptr || ret_ticket == nullptr) {
-    return SetError(-EINVAL,
-                    "engram_submit_tokens needs a session, a hasher, a request and ret_ticket");
-  }
-  engram_token_request r{};
-  if (int rc = ReadStruct("engram_token_request", request, &r); rc < 0) return rc;
-  if ((r.flags & ~ENGRAM_HASH_COMPRESSED_IDS) != 0) {
-    return SetError(-EINVAL, "table %u: unknown token request flags 0x%x", r.table, r.flags);
-  }
-  if (r.seqs == nullptr && r.n_seqs > 0) {
-    return SetError(-EINVAL, "table %u: %zu sequences but seqs is NULL", r.table, r.n_seqs);
-  }
-  // The head range: a TP rank's, an explicit one, or the whole layer.
+}  // extern "C"
+
+namespace {
+
+// The head range of a token request: a TP rank's, an explicit one, or the whole layer.
+int TokenHeads(const engram_hasher* hasher, const engram_token_request& r, uint32_t* ret_head_begin,
+               uint32_t* ret_head_end) {
   uint32_t head_begin = r.head_begin;
   uint32_t head_end = r.head_end;
   if (r.tp_size != 0) {
@@ -769,13 +760,13 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
                       r.table, r.head_begin, r.head_end, r.tp_rank, r.tp_size);
     }
     if (engram_hasher_rank_heads(hasher, r.tp_size, r.tp_rank, &head_begin, &head_end) < 0) {
-      return SetError(-EINVAL, "table %u: %s", r.table, engram_hash_last_error());
+      return SetError(-EINVAL, "table %u: %s", r.table, engram_last_error());
     }
   } else if (head_begin == 0 && head_end == 0) {
     engram_hasher_info info{};
     info.size = sizeof(info);
     if (engram_hasher_get_info(hasher, &info) < 0) {
-      return SetError(-EINVAL, "table %u: %s", r.table, engram_hash_last_error());
+      return SetError(-EINVAL, "table %u: %s", r.table, engram_last_error());
     }
     head_end = info.heads_per_layer;
   }
@@ -783,6 +774,15 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
     return SetError(-EINVAL, "table %u: empty or reversed head range [%u, %u)", r.table, head_begin,
                     head_end);
   }
+  *ret_head_begin = head_begin;
+  *ret_head_end = head_end;
+  return 0;
+}
+
+// The tokens of a token request's sequences (an array whose first element's size is the
+// stride), bounded by what the data region could hold.
+int TokenPositions(const engram_session* s, const engram_token_request& r,
+                   uint64_t* ret_positions) {
   uint64_t positions = 0;
   const size_t stride = r.n_seqs > 0 ? engram::client::DeclaredSize(r.seqs) : 0;
   for (size_t i = 0; i < r.n_seqs; ++i) {
@@ -799,6 +799,34 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
                       r.table, static_cast<unsigned long long>(s->data_bytes));
     }
   }
+  *ret_positions = positions;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
+                         const struct engram_token_request* request, uint64_t* ret_ticket,
+                         uint64_t* ret_num_rows) {
+  if (s == nullptr || hasher == nullptr || request == nullptr || ret_ticket == nullptr) {
+    return SetError(-EINVAL,
+                    "engram_submit_tokens needs a session, a hasher, a request and ret_ticket");
+  }
+  engram_token_request r{};
+  if (int rc = ReadStruct("engram_token_request", request, &r); rc < 0) return rc;
+  if ((r.flags & ~ENGRAM_HASH_COMPRESSED_IDS) != 0) {
+    return SetError(-EINVAL, "table %u: unknown token request flags 0x%x", r.table, r.flags);
+  }
+  if (r.seqs == nullptr && r.n_seqs > 0) {
+    return SetError(-EINVAL, "table %u: %zu sequences but seqs is NULL", r.table, r.n_seqs);
+  }
+  uint32_t head_begin = 0;
+  uint32_t head_end = 0;
+  if (int rc = TokenHeads(hasher, r, &head_begin, &head_end); rc < 0) return rc;
+  uint64_t positions = 0;
+  if (int rc = TokenPositions(s, r, &positions); rc < 0) return rc;
   const uint64_t heads = head_end - head_begin;
   const uint64_t n = positions * heads;  // positions <= data_bytes < 2^40, heads < 2^16
   uint64_t rows_offset = 0;
@@ -828,7 +856,7 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
   if (int rc = engram_hash(hasher, r.table, r.seqs, r.n_seqs, head_begin, head_end, r.flags, r.rows,
                            r.rows_cap);
       rc < 0) {
-    return SetError(rc, "table %u: %s", r.table, engram_hash_last_error());
+    return SetError(rc, "table %u: %s", r.table, engram_last_error());
   }
   engram_sqe sqe{};
   sqe.opcode = ENGRAM_OP_GATHER;

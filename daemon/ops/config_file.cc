@@ -311,7 +311,7 @@ const std::vector<Setting>& Settings() {
        Kind::kBool, [](S* s) -> void* { return &s->store.huge_pages; }},
       {"socket.path", "--socket", "Unix socket to listen on", Kind::kString,
        [](S* s) -> void* { return &s->server.socket_path; }, 0, 0,
-       [](const std::string& v) { return AbsolutePath(v, false); }},
+       [](const std::string& v) { return AbsolutePath(v, false); }, "", "", true},
       {"socket.mode", "--socket-mode", "File mode of the socket (octal)", Kind::kString,
        [](S* s) -> void* { return &s->socket_mode; }, 0, 0,
        [](const std::string& v) -> absl::Status {
@@ -390,7 +390,7 @@ const std::vector<Setting>& Settings() {
       {"metrics.textfile_dir", "--metrics-textfile-dir",
        "Write engramd.prom for node-exporter's textfile collector into this directory",
        Kind::kString, [](S* s) -> void* { return &s->metrics.textfile_dir; }, 0, 0,
-       [](const std::string& v) { return AbsolutePath(v, true); }},
+       [](const std::string& v) { return AbsolutePath(v, true); }, "", "", true},
       {"metrics.textfile_interval_seconds", "", "Seconds between textfile writes", Kind::kUint32,
        [](S* s) -> void* { return &s->metrics.textfile_interval_s; }, 1, 3600},
   };

@@ -71,6 +71,9 @@ struct Setting {
   std::function<absl::Status(const std::string&)> check;  // kString: the value's rules
   const char* flag_separator = "";  // kIds: a flag may list values with this separator
   const char* item = "";            // kIds: what one value is ("uid"), for messages
+  // kString: a path, which the file must give absolute; a flag's relative path is taken from
+  // the working directory.
+  bool path = false;
 
   // The value as TOML text ("64M", "[]", "\"info\"", "true").
   std::string Text(const DaemonSettings& s) const;

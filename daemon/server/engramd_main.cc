@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -104,7 +105,11 @@ void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
   for (const Setting& setting : Settings()) {
     if (setting.flag[0] == '\0') continue;
     const Setting* st = &setting;
-    auto apply = [st, settings](const std::string& text) {
+    auto apply = [st, settings](const std::string& given) {
+      std::string text = given;
+      if (st->path && !text.empty() && text[0] != '/') {
+        text = std::filesystem::current_path().string() + "/" + text;
+      }
       if (absl::Status s = st->ApplyText(text, settings); !s.ok()) {
         throw CLI::ValidationError(st->flag, std::string(s.message()));
       }

@@ -1,5 +1,6 @@
 // What engramd is told to do: tables to serve, the socket, who may connect, limits and polling.
-// Command-line flags fill this struct today; the configuration file (TOML) fills the same one.
+// The settings table of daemon/ops/config_file.h fills it from the configuration file and the
+// flags; the member initialisers below are the defaults it documents.
 #pragma once
 
 #include <sys/types.h>

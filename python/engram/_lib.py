@@ -369,6 +369,9 @@ def kernels_lib(backend=None):
     if backend is None:
         import torch
         backend = "hip" if getattr(torch.version, "hip", None) else "cuda"
+    # The kernel library links libengram_client (one engram_last_error for both): load that
+    # first, from wherever it was found, so the loader resolves the kernels' dependency on it.
+    client_lib()
     with _lock:
         if backend not in _kernels:
             name = f"libengram_kernels_{backend}.so"
