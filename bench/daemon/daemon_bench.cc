@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     engramd =
         env != nullptr
             ? env
-            : (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/engramd")
+            : (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/server/engramd")
                   .string();
   }
   const bool temp_dir = dir.empty();
