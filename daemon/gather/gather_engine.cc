@@ -22,6 +22,7 @@
 #include "protocol/clock.h"
 #include "daemon/gather/gather_planner.h"
 #include "daemon/gather/gather_reader.h"
+#include "daemon/gather/thread_pool.h"
 
 namespace engram {
 
@@ -39,128 +40,27 @@ uint64_t TableGatherStats::LatencyPercentileNs(double q) const {
   return UINT64_MAX;
 }
 
+uint64_t DefaultWorkerSpinNs(uint32_t cpus) { return cpus >= 8 ? 10'000 : 0; }
+
 namespace {
 
-using Task = absl::AnyInvocable<void(ReaderContext&)>;
 constexpr size_t kLatencyBuckets = 64;
 // Residue reads per task when the blocking pool shares them out.
 constexpr size_t kPoolTaskReads = 16;
-
-// Threads that each own a ReaderContext and run posted tasks in order of arrival. The destructor
-// runs every task already posted before the threads exit.
-class ThreadPool {
- public:
-  using MakeContext = std::function<std::unique_ptr<ReaderContext>()>;
-  ThreadPool(uint32_t threads, const MakeContext& make) {
-    for (uint32_t i = 0; i < threads; ++i) {
-      threads_.emplace_back([this, ctx = make()]() mutable { Loop(*ctx); });
-    }
-  }
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  void Post(Task task, size_t copies = 1) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      tasks_.push_back(std::move(task));
-      for (size_t i = 1; i < copies; ++i) tasks_.push_back(nullptr);  // placeholder, see Loop
-    }
-    if (copies == 1) {
-      cv_.notify_one();
-    } else {
-      cv_.notify_all();
-    }
-  }
-  // Posts `copies` tasks that all run `fn`.
-  void PostShared(std::shared_ptr<absl::AnyInvocable<void(ReaderContext&)>> fn, size_t copies) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      for (size_t i = 0; i < copies; ++i) {
-        tasks_.push_back([fn](ReaderContext& ctx) { (*fn)(ctx); });
-      }
-    }
-    if (copies == 1) {
-      cv_.notify_one();
-    } else {
-      cv_.notify_all();
-    }
-  }
-  size_t size() const { return threads_.size(); }
-
- private:
-  void Loop(ReaderContext& ctx) {
-    while (true) {
-      Task task;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return stop_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping and drained
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      if (task) std::move(task)(ctx);
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
-
-// Runs fn(i) for every i in [0, n) on the calling thread and up to `helpers` threads of `pool`;
-// each index is claimed once. Returns when all have run.
-void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& caller,
-                 const std::function<void(size_t, ReaderContext&)>& fn) {
-  if (pool == nullptr || helpers == 0 || n <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i, caller);
-    return;
-  }
-  struct Job {
-    const std::function<void(size_t, ReaderContext&)>* fn;
-    size_t n;
-    std::atomic<size_t> next{0};
-    std::atomic<size_t> done{0};
-    std::mutex mu;
-    std::condition_variable cv;
-  };
-  auto job = std::make_shared<Job>();
-  job->fn = &fn;
-  job->n = n;
-  auto claim = [](Job& j, ReaderContext& ctx) {
-    size_t i;
-    while ((i = j.next.fetch_add(1, std::memory_order_relaxed)) < j.n) {
-      (*j.fn)(i, ctx);
-      if (j.done.fetch_add(1, std::memory_order_acq_rel) + 1 == j.n) {
-        std::lock_guard<std::mutex> l(j.mu);
-        j.cv.notify_all();
-      }
-    }
-  };
-  pool->PostShared(std::make_shared<absl::AnyInvocable<void(ReaderContext&)>>(
-                       [job, claim](ReaderContext& ctx) { claim(*job, ctx); }),
-                   std::min(helpers, n - 1));
-  claim(*job, caller);
-  std::unique_lock<std::mutex> l(job->mu);
-  job->cv.wait(l, [&] { return job->done.load(std::memory_order_acquire) == job->n; });
-}
+// What a planned read is assumed to cost before a table's first batch was measured.
+constexpr double kInitialNsPerRead = 1000.0;
 
 struct TableState {
   const Table* table = nullptr;
   TableGatherOptions options;
   std::vector<std::unique_ptr<GatherFile>> files;
 
-  std::atomic<uint64_t> batches{0}, rows_requested{0}, rows_unique{0}, read_calls{0},
-      nowait_hits{0}, nowait_eagain{0}, partial_reads{0}, uring_reads{0}, pool_reads{0},
-      direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, syscalls{0},
-      probes{0}, dedup_copies{0}, ring_failures{0}, ring_resets{0}, fixed_reads{0};
+#define ENGRAM_TABLE_COUNTER(field, json_key, metric, help) std::atomic<uint64_t> field{0};
+  ENGRAM_GATHER_COUNTERS(ENGRAM_TABLE_COUNTER)
+#undef ENGRAM_TABLE_COUNTER
   std::atomic<double> hit_rate{1.0};
+  // Measured thread time per planned read (recent batches): the scheduler's cost estimate.
+  std::atomic<double> ns_per_read{kInitialNsPerRead};
   std::atomic<bool> nowait_enabled{true};
   std::atomic<uint64_t> since_probe{0};
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
@@ -191,7 +91,11 @@ class GatherEngineImpl final : public GatherEngine {
     }
     if (options_.blocking_threads == 0) options_.blocking_threads = 1;
     if (options_.split_reads == 0) options_.split_reads = 1;
-    workers_ = std::make_unique<ThreadPool>(options_.workers, [this] { return MakeContext(true); });
+    if (options_.worker_spin_ns == GatherEngineOptions::kAutoSpin) {
+      options_.worker_spin_ns = DefaultWorkerSpinNs(std::thread::hardware_concurrency());
+    }
+    workers_ = std::make_unique<ThreadPool>(options_.workers, options_.worker_spin_ns,
+                                            [this] { return MakeContext(true); });
     return absl::OkStatus();
   }
 
@@ -297,26 +201,9 @@ class GatherEngineImpl final : public GatherEngine {
     for (const auto& [table, ts] : tables_) {
       TableGatherStats s;
       s.layer_id = table->layer_id();
-      s.batches = ts->batches.load();
-      s.rows_requested = ts->rows_requested.load();
-      s.rows_unique = ts->rows_unique.load();
-      s.read_calls = ts->read_calls.load();
-      s.nowait_hits = ts->nowait_hits.load();
-      s.nowait_eagain = ts->nowait_eagain.load();
-      s.partial_reads = ts->partial_reads.load();
-      s.uring_reads = ts->uring_reads.load();
-      s.pool_reads = ts->pool_reads.load();
-      s.direct_reads = ts->direct_reads.load();
-      s.bytes_read = ts->bytes_read.load();
-      s.errors = ts->errors.load();
-      s.nowait_zero = ts->nowait_zero.load();
-      s.eintr_retries = ts->eintr_retries.load();
-      s.syscalls = ts->syscalls.load();
-      s.probes = ts->probes.load();
-      s.dedup_copies = ts->dedup_copies.load();
-      s.ring_failures = ts->ring_failures.load();
-      s.ring_resets = ts->ring_resets.load();
-      s.fixed_reads = ts->fixed_reads.load();
+#define ENGRAM_LOAD_COUNTER(field, json_key, metric, help) s.field = ts->field.load();
+      ENGRAM_GATHER_COUNTERS(ENGRAM_LOAD_COUNTER)
+#undef ENGRAM_LOAD_COUNTER
       s.nowait_supported = true;
       for (const auto& f : ts->files) {
         if (!f->nowait_ok.load()) s.nowait_supported = false;
@@ -387,7 +274,7 @@ class GatherEngineImpl final : public GatherEngine {
 
   ThreadPool* BlockingPool() {
     std::call_once(pool_once_, [this] {
-      pool_ = std::make_unique<ThreadPool>(options_.blocking_threads,
+      pool_ = std::make_unique<ThreadPool>(options_.blocking_threads, /*spin_ns=*/0,
                                            [this] { return MakeContext(false); });
     });
     return pool_.get();
@@ -427,6 +314,11 @@ class GatherEngineImpl final : public GatherEngine {
 
   absl::Status RunBatch(const GatherBatch& batch, ReaderContext& ctx) {
     const uint64_t t0 = NowNs();
+    active_batches_.fetch_add(1, std::memory_order_relaxed);
+    struct Leave {
+      std::atomic<uint32_t>& n;
+      ~Leave() { n.fetch_sub(1, std::memory_order_relaxed); }
+    } leave{active_batches_};
     TableState* ts = batch.table == nullptr ? nullptr : Lookup(batch.table);
     if (ts == nullptr) {
       return absl::FailedPreconditionError(
@@ -470,19 +362,16 @@ class GatherEngineImpl final : public GatherEngine {
     std::unique_ptr<std::atomic<uint8_t>[]> marks;
     if (track_rows) marks.reset(new std::atomic<uint8_t>[num_unique]());
 
-    size_t chunks = 1;
-    if (num_reads > options_.split_reads && workers_->size() > 0) {
-      chunks = std::min<size_t>((num_reads + options_.split_reads / 2 - 1) /
-                                    std::max<uint32_t>(1, options_.split_reads / 2),
-                                (workers_->size() + 1) * 4);
-    }
-    if (nowait_limit != SIZE_MAX && nowait_limit > 0) chunks = 1;  // a probe stays small
+    const bool probe_only = nowait_limit != SIZE_MAX && nowait_limit > 0;  // a probe stays small
+    const Schedule sched = ScheduleBatch(*ts, num_reads, probe_only);
+    const size_t chunks = sched.chunks;
     const size_t per_chunk = (num_reads + chunks - 1) / std::max<size_t>(chunks, 1);
-
+    std::atomic<uint64_t> chunk_ns{0};
     std::mutex mu;
     absl::Status first_error;
     ReadCounters total;
     auto run_chunk = [&](size_t ci, ReaderContext& cx) {
+      const uint64_t chunk_start = NowNs();
       SyncFiles(cx);
       const size_t b = ci * per_chunk;
       const size_t e = std::min(num_reads, b + per_chunk);
@@ -540,12 +429,18 @@ class GatherEngineImpl final : public GatherEngine {
           }
         }
       }
+      chunk_ns.fetch_add(NowNs() - chunk_start, std::memory_order_relaxed);
       std::lock_guard<std::mutex> l(mu);
       total.Add(c);
       if (!s.ok() && first_error.ok()) first_error = std::move(s);
     };
-    ParallelFor(workers_.get(), chunks, std::min<size_t>(workers_->size(), chunks - 1), ctx,
-                run_chunk);
+    ParallelFor(workers_.get(), chunks, sched.helpers, ctx, run_chunk);
+    if (num_reads > 0 && first_error.ok()) {
+      // The cost estimate follows the recent batches (thread time, so fan-out does not hide it).
+      const double sample = static_cast<double>(chunk_ns.load()) / static_cast<double>(num_reads);
+      const double old = ts->ns_per_read.load(std::memory_order_relaxed);
+      ts->ns_per_read.store(old + 0.25 * (sample - old), std::memory_order_relaxed);
+    }
 
     if (first_error.ok()) {
       for (const SlotCopy& copy : plan.copies) {
@@ -576,26 +471,49 @@ class GatherEngineImpl final : public GatherEngine {
     ts->rows_requested.fetch_add(plan.rows_requested, std::memory_order_relaxed);
     ts->rows_unique.fetch_add(num_unique, std::memory_order_relaxed);
     ts->dedup_copies.fetch_add(plan.copies.size(), std::memory_order_relaxed);
-    ts->read_calls.fetch_add(total.read_calls, std::memory_order_relaxed);
     ts->nowait_hits.fetch_add(hits, std::memory_order_relaxed);
     ts->nowait_eagain.fetch_add(eagain, std::memory_order_relaxed);
-    ts->partial_reads.fetch_add(total.partial_reads, std::memory_order_relaxed);
-    ts->uring_reads.fetch_add(total.uring_reads, std::memory_order_relaxed);
-    ts->pool_reads.fetch_add(total.pool_reads, std::memory_order_relaxed);
-    ts->direct_reads.fetch_add(total.direct_reads, std::memory_order_relaxed);
-    ts->bytes_read.fetch_add(total.bytes_read, std::memory_order_relaxed);
-    ts->nowait_zero.fetch_add(total.nowait_zero, std::memory_order_relaxed);
-    ts->eintr_retries.fetch_add(total.eintr_retries, std::memory_order_relaxed);
-    ts->syscalls.fetch_add(total.syscalls, std::memory_order_relaxed);
-    ts->ring_failures.fetch_add(total.ring_failures, std::memory_order_relaxed);
-    ts->ring_resets.fetch_add(total.ring_resets, std::memory_order_relaxed);
-    ts->fixed_reads.fetch_add(total.fixed_reads, std::memory_order_relaxed);
+    if (sched.helpers > 0) {
+      ts->fanout_batches.fetch_add(1, std::memory_order_relaxed);
+      ts->helper_tasks.fetch_add(sched.helpers, std::memory_order_relaxed);
+    }
+#define ENGRAM_ADD_READER_COUNTER(field, json_key, metric, help) \
+  ts->field.fetch_add(total.field, std::memory_order_relaxed);
+    ENGRAM_GATHER_READER_COUNTERS(ENGRAM_ADD_READER_COUNTER)
+#undef ENGRAM_ADD_READER_COUNTER
     if (!first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
     const uint64_t ns = NowNs() - t0;
     ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
         1, std::memory_order_relaxed);
     ts->latency_sum_ns.fetch_add(ns, std::memory_order_relaxed);
     return first_error;
+  }
+
+  struct Schedule {
+    size_t chunks = 1;
+    size_t helpers = 0;
+  };
+  // How a batch of `num_reads` planned reads is run: on the calling thread alone unless its
+  // estimated work (reads x the table's measured time per read) gives every helper at least
+  // helper_min_work_ns, and with no more helpers than the batch's share of the workers while
+  // other batches run (independent requests run side by side instead of each fanning out over
+  // every worker).
+  Schedule ScheduleBatch(const TableState& ts, size_t num_reads, bool probe_only) const {
+    Schedule out;
+    const size_t workers = workers_->size();
+    if (probe_only || workers == 0 || num_reads <= options_.split_reads) return out;
+    const double work_ns = static_cast<double>(num_reads) * ts.ns_per_read.load();
+    const size_t worth =
+        static_cast<size_t>(work_ns / std::max<double>(1.0, options_.helper_min_work_ns));
+    const size_t active = std::max<uint32_t>(1, active_batches_.load(std::memory_order_relaxed));
+    // Every running batch's calling thread takes one of the workers + 1 threads' worth of cores.
+    const size_t share = (workers + 1) / active - 1;
+    const size_t max_chunks = (num_reads + options_.split_reads / 2 - 1) /
+                              std::max<uint32_t>(1, options_.split_reads / 2);
+    out.helpers = std::min({worth > 0 ? worth - 1 : 0, share, max_chunks - 1});
+    if (out.helpers == 0) return out;
+    out.chunks = std::min(max_chunks, (out.helpers + 1) * 4);
+    return out;
   }
 
   static void MarkRows(const GatherPlan& plan, size_t read, uint8_t bit,
@@ -627,6 +545,7 @@ class GatherEngineImpl final : public GatherEngine {
   std::mutex ctx_mu_;
   std::vector<std::unique_ptr<ReaderContext>> free_contexts_;
 
+  std::atomic<uint32_t> active_batches_{0};  // RunBatch calls in progress
   std::atomic<bool> ring_works_{true};
   std::atomic<bool> uring_notice_sent_{false};
 };

@@ -74,19 +74,9 @@ void DisableNowait(const ReadTarget& t, GatherFile& f, int err) {
 }  // namespace
 
 void ReadCounters::Add(const ReadCounters& o) {
-  read_calls += o.read_calls;
-  nowait_reads_hit += o.nowait_reads_hit;
-  partial_reads += o.partial_reads;
-  uring_reads += o.uring_reads;
-  pool_reads += o.pool_reads;
-  direct_reads += o.direct_reads;
-  bytes_read += o.bytes_read;
-  nowait_zero += o.nowait_zero;
-  eintr_retries += o.eintr_retries;
-  syscalls += o.syscalls;
-  ring_failures += o.ring_failures;
-  ring_resets += o.ring_resets;
-  fixed_reads += o.fixed_reads;
+#define ENGRAM_READ_COUNTER_ADD(field, json_key, metric, help) field += o.field;
+  ENGRAM_GATHER_READER_COUNTERS(ENGRAM_READ_COUNTER_ADD)
+#undef ENGRAM_READ_COUNTER_ADD
 }
 
 void ReaderShared::NoticeOnce(std::atomic<bool>& once, const std::string& text) {
@@ -354,7 +344,6 @@ absl::Status NowaitPassSerial(const ReadTarget& t, const std::vector<PendingRead
       c.syscalls++;
       if (n == remaining) {
         c.bytes_read += n;
-        c.nowait_reads_hit++;
         break;
       }
       if (n > 0 && n < remaining) {  // a page of the range is not resident: go on from there
@@ -466,11 +455,7 @@ absl::Status UringPass(ReaderContext& ctx, const ReadTarget& t,
     const uint32_t remaining = rd.length - p.done;
     if (res == static_cast<int>(remaining)) {
       c.bytes_read += res;
-      if (nowait) {
-        c.nowait_reads_hit++;
-      } else {
-        c.uring_reads++;
-      }
+      if (!nowait) c.uring_reads++;
     } else if (res > 0 && res < static_cast<int>(remaining)) {
       c.partial_reads++;
       c.bytes_read += res;

@@ -230,7 +230,7 @@ const std::map<std::string, Setter>& Keys() {
       {"engine.workers",
        Uint([](DaemonSettings* s, uint64_t v) { s->server.workers = v; }, 0, 1024)},
       {"engine.request_threads",
-       Uint([](DaemonSettings* s, uint64_t v) { s->server.request_threads = v; }, 1, 1024)},
+       Uint([](DaemonSettings* s, uint64_t v) { s->server.request_threads = v; }, 0, 1024)},
       {"engine.poll_spin_min_us",
        Uint([](DaemonSettings* s, uint64_t v) { s->spin_min_us = v; }, 0, 10'000'000)},
       {"engine.poll_spin_max_us",

@@ -162,7 +162,8 @@ int Main(int argc, char** argv) {
   app.add_option("--workers", config.workers, "Gather workers (0: one per CPU)")
       ->capture_default_str();
   app.add_option("--request-threads", config.request_threads,
-                 "Requests gathered at the same time (each helped by the workers)")
+                 "Requests gathered at the same time, sharing the workers (0: half the CPUs, "
+                 "2-32)")
       ->capture_default_str();
   uint64_t &spin_min_us = settings.spin_min_us, &spin_max_us = settings.spin_max_us;
   app.add_option("--poll-spin-min-us", spin_min_us, "Shortest polling spell before sleeping")

@@ -71,7 +71,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& confi
   }
   server->engine_ = std::move(engine);
   server->requests_ =
-      std::make_unique<RequestPool>(config.request_threads, config.poll.spin_min_ns);
+      std::make_unique<RequestPool>(config.request_threads != 0
+                                        ? config.request_threads
+                                        : DefaultRequestThreads(std::thread::hardware_concurrency()),
+                                    config.poll.spin_min_ns);
   server->control_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->poller_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->kick_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -1,0 +1,115 @@
+// The gather engine's scheduler: a batch is shared with workers only when its measured work pays
+// for them, never with more than the workers, and a pool thread helping one batch turns to
+// another batch's waiting task after its current chunk.
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "daemon/gather/thread_pool.h"
+#include "tests/gather/gather_catch_util.h"
+
+namespace engram::testing {
+namespace {
+
+constexpr uint64_t kSeed = 5;
+constexpr uint32_t kLayer = 14;
+constexpr uint64_t kRows = 200000;
+
+std::vector<uint64_t> RandomRows(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> rows(n);
+  for (auto& r : rows) r = rng() % kRows;
+  return rows;
+}
+
+struct Fixture {
+  TempDir dir;
+  std::unique_ptr<Table> table;
+  Fixture() {
+    REQUIRE(dir.ok());
+    const std::string path = dir.path() + "/t.engram";
+    REQUIRE(WriteSyntheticPacked(path, kLayer, kRows, kSeed).ok());
+    table = RequireTable(path, kLayer);
+    Warm(*table);
+  }
+};
+
+TEST_CASE("a decode-sized batch whose work does not pay for a helper stays on the caller",
+          "[gather][schedule]") {
+  Fixture f;
+  auto engine = RequireEngine({.workers = 4, .split_reads = 64, .helper_min_work_ns = 1'000'000'000});
+  REQUIRE(engine->AddTable(f.table.get(), {}).ok());
+  std::vector<uint8_t> out;
+  const auto rows = RandomRows(1152, 1);
+  for (int i = 0; i < 3; ++i) REQUIRE(GatherInto(*engine, *f.table, rows, out).ok());
+  CHECK(FirstMismatch(kSeed, *f.table, rows, out.data()) == -1);
+  const TableGatherStats s = StatsOf(*engine);
+  CHECK(s.batches == 3);
+  CHECK(s.fanout_batches == 0);
+  CHECK(s.helper_tasks == 0);
+}
+
+TEST_CASE("a batch whose work pays for helpers fans out, never over more than the workers",
+          "[gather][schedule]") {
+  Fixture f;
+  auto engine = RequireEngine({.workers = 3, .split_reads = 64, .helper_min_work_ns = 1});
+  REQUIRE(engine->AddTable(f.table.get(), {}).ok());
+  std::vector<uint8_t> out;
+  const auto rows = RandomRows(20000, 2);
+  REQUIRE(GatherInto(*engine, *f.table, rows, out).ok());
+  CHECK(FirstMismatch(kSeed, *f.table, rows, out.data()) == -1);
+  const TableGatherStats s = StatsOf(*engine);
+  CHECK(s.fanout_batches == 1);
+  CHECK(s.helper_tasks >= 1);
+  CHECK(s.helper_tasks <= 3);
+}
+
+TEST_CASE("a batch no larger than split_reads never fans out", "[gather][schedule]") {
+  Fixture f;
+  auto engine = RequireEngine({.workers = 4, .split_reads = 1u << 20, .helper_min_work_ns = 1});
+  REQUIRE(engine->AddTable(f.table.get(), {}).ok());
+  std::vector<uint8_t> out;
+  const auto rows = RandomRows(20000, 3);
+  REQUIRE(GatherInto(*engine, *f.table, rows, out).ok());
+  CHECK(FirstMismatch(kSeed, *f.table, rows, out.data()) == -1);
+  CHECK(StatsOf(*engine).fanout_batches == 0);
+}
+
+TEST_CASE("a pool thread helping one batch turns to another batch's task after its chunk",
+          "[gather][schedule]") {
+  ThreadPool pool(1, /*spin_ns=*/0, [] { return std::make_unique<ReaderContext>(); });
+  ReaderContext caller_a, caller_b;
+  std::atomic<int> a_done{0};
+  std::atomic<int> a_done_when_b_helped{-1};
+  const auto slow = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
+  std::thread a([&] {
+    ParallelFor(&pool, 60, 1, caller_a, [&](size_t, ReaderContext&) {
+      slow(1);
+      a_done.fetch_add(1);
+    });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ParallelFor(&pool, 4, 1, caller_b, [&](size_t, ReaderContext& ctx) {
+    if (&ctx != &caller_b) {
+      int expected = -1;
+      a_done_when_b_helped.compare_exchange_strong(expected, a_done.load());
+    }
+    slow(5);
+  });
+  a.join();
+  CHECK(a_done.load() == 60);
+  INFO("batch A's indexes done when the pool thread first helped batch B: "
+       << a_done_when_b_helped.load());
+  // Without turning, the pool thread would stay with A until its 60 indexes were gone.
+  CHECK(a_done_when_b_helped.load() >= 0);
+  CHECK(a_done_when_b_helped.load() < 40);
+}
+
+}  // namespace
+}  // namespace engram::testing
