@@ -1,7 +1,8 @@
 // The readers behind the gather engine: the RWF_NOWAIT fast pass (serial preadv2 or batched
 // io_uring), buffered io_uring reads, blocking preadv2 reads and O_DIRECT page-run reads. Each
 // works on a range of a GatherPlan's reads and reports progress so a short read resumes where it
-// stopped.
+// stopped. reader_context.cc: a thread's ring and bounce area; sync_reader.cc: serial NOWAIT and
+// blocking reads; uring_reader.cc: the io_uring pass; direct_reader.cc: the O_DIRECT pass.
 #pragma once
 
 #include <liburing.h>
@@ -181,6 +182,14 @@ absl::Status BlockingRead(const ReadTarget& t, PendingRead p, ReadCounters& c);
 // ring when it has one, else with blocking preads) and copies the rows out.
 absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
                         const std::vector<PendingRead>& reads, ReadCounters& c);
+
+// The error for a read that failed with `err` (positive) after `done` bytes: names the row, table,
+// file and offset.
+absl::Status ReadError(const ReadTarget& t, const PlannedRead& read, uint32_t done, int err);
+
+// Turns the RWF_NOWAIT pass off for `f` after the filesystem refused it with `err`; the first
+// time, sends a notice naming the file.
+void DisableNowait(const ReadTarget& t, GatherFile& f, int err);
 
 // The error for a file that ended before a row's bytes: names table, row, file and offset.
 absl::Status EndOfFileError(const ReadTarget& t, const PlannedRead& read, uint32_t done);
