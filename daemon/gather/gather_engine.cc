@@ -312,6 +312,27 @@ class GatherEngineImpl final : public GatherEngine {
     return first_error;
   }
 
+  struct Schedule {
+    size_t chunks = 1;
+    size_t helpers = 0;
+  };
+
+  // What the threads working on one batch share.
+  struct BatchRun {
+    TableState* ts = nullptr;
+    GatherPlan* plan = nullptr;
+    ReadTarget target;
+    size_t nowait_limit = 0;  // reads of each range's front tried with NOWAIT (SIZE_MAX: all)
+    bool first_wave = true;   // whether a long NOWAIT range starts with a wave of probe_reads
+    // Per unique row: bit 0 = a NOWAIT read of it was tried, bit 1 = one would have blocked.
+    std::unique_ptr<std::atomic<uint8_t>[]> marks;
+    std::atomic<uint64_t> range_ns{0};       // thread time spent on the batch's reads
+    std::atomic<uint64_t> nowait_misses{0};  // NOWAIT reads that would have blocked
+    std::mutex mu;
+    absl::Status first_error;
+    ReadCounters total;
+  };
+
   absl::Status RunBatch(const GatherBatch& batch, ReaderContext& ctx) {
     const uint64_t t0 = NowNs();
     active_batches_.fetch_add(1, std::memory_order_relaxed);
@@ -328,148 +349,171 @@ class GatherEngineImpl final : public GatherEngine {
     }
     // The caller's plan; helper threads reach it through this reference, not their own copy.
     thread_local GatherPlan thread_plan;
-    GatherPlan& plan = thread_plan;
-    if (absl::Status s = planner_.Plan(batch, &plan); !s.ok()) {
+    if (absl::Status s = planner_.Plan(batch, &thread_plan); !s.ok()) {
       ts->errors.fetch_add(1, std::memory_order_relaxed);
       return s;
     }
     SyncFiles(ctx);
-    const ReadTarget target{.plan = &plan,
-                            .files = &ts->files,
-                            .read_fn = &options_.read_fn,
-                            .notice = &options_.notice};
-    const size_t num_reads = plan.reads.size();
-    const size_t num_unique = plan.unique_rows.size();
-
-    // The adaptive policy: the NOWAIT pass runs while the table's recent hit rate is high;
-    // otherwise every probe_interval-th batch tries a few reads with it.
-    bool any_nowait_file = false;
-    for (const auto& f : ts->files) any_nowait_file |= f->nowait_ok.load(std::memory_order_relaxed);
-    size_t nowait_limit = 0;  // reads of each chunk's front tried with NOWAIT
-    if (ts->options.mode == ReadMode::kBuffered && options_.nowait_pass != NowaitPass::kOff &&
-        any_nowait_file) {
-      if (ts->nowait_enabled.load(std::memory_order_relaxed)) {
-        nowait_limit = SIZE_MAX;
-      } else if (ts->since_probe.fetch_add(1, std::memory_order_relaxed) + 1 >=
-                 options_.probe_interval) {
-        ts->since_probe.store(0, std::memory_order_relaxed);
-        ts->probes.fetch_add(1, std::memory_order_relaxed);
-        nowait_limit = options_.probe_reads;
+    BatchRun run;
+    run.ts = ts;
+    run.plan = &thread_plan;
+    run.target = {.plan = &thread_plan,
+                  .files = &ts->files,
+                  .read_fn = &options_.read_fn,
+                  .notice = &options_.notice};
+    run.nowait_limit = NowaitLimit(*ts);
+    if (run.nowait_limit > 0) {
+      run.marks.reset(new std::atomic<uint8_t>[thread_plan.unique_rows.size()]());
+    }
+    const size_t num_reads = thread_plan.reads.size();
+    const bool probe_only = run.nowait_limit != SIZE_MAX && run.nowait_limit > 0;
+    const Schedule sched = ScheduleBatch(*ts, num_reads, probe_only);
+    size_t begin = 0;
+    if (sched.helpers > 0) begin = FirstWave(run, ctx);
+    const size_t rest = num_reads - begin;
+    const size_t chunks = std::max<size_t>(1, std::min(sched.chunks, rest));
+    const size_t per_chunk = (rest + chunks - 1) / chunks;
+    ParallelFor(workers_.get(), chunks, sched.helpers, ctx, [&](size_t ci, ReaderContext& cx) {
+      const size_t b = begin + ci * per_chunk;
+      RunRange(run, b, std::min(num_reads, b + per_chunk), cx);
+    });
+    if (run.first_error.ok()) {
+      for (const SlotCopy& copy : thread_plan.copies) {
+        std::memcpy(copy.slot, thread_plan.unique_dest[copy.unique], kRowBytes);
       }
     }
-    const bool track_rows = nowait_limit > 0;
-    // Per unique row: bit 0 = a NOWAIT read of it was tried, bit 1 = one would have blocked.
-    std::unique_ptr<std::atomic<uint8_t>[]> marks;
-    if (track_rows) marks.reset(new std::atomic<uint8_t>[num_unique]());
+    Account(run, sched, NowNs() - t0);
+    return run.first_error;
+  }
 
-    const bool probe_only = nowait_limit != SIZE_MAX && nowait_limit > 0;  // a probe stays small
-    const Schedule sched = ScheduleBatch(*ts, num_reads, probe_only);
-    const size_t chunks = sched.chunks;
-    const size_t per_chunk = (num_reads + chunks - 1) / std::max<size_t>(chunks, 1);
-    std::atomic<uint64_t> chunk_ns{0};
-    std::mutex mu;
-    absl::Status first_error;
-    ReadCounters total;
-    auto run_chunk = [&](size_t ci, ReaderContext& cx) {
-      const uint64_t chunk_start = NowNs();
-      SyncFiles(cx);
-      const size_t b = ci * per_chunk;
-      const size_t e = std::min(num_reads, b + per_chunk);
-      ReadCounters c;
-      absl::Status s;
-      thread_local std::vector<PendingRead> input, residue;
-      input.clear();
-      residue.clear();
-      if (ts->options.mode == ReadMode::kDirect) {
-        for (size_t r = b; r < e; ++r) input.push_back({static_cast<uint32_t>(r), 0});
-        s = DirectPass(cx, target, input, c);
-      } else {
-        size_t nowait_end = nowait_limit == SIZE_MAX ? e : std::min(e, b + nowait_limit);
-        const bool uring_nowait =
-            cx.has_ring() && (options_.nowait_pass == NowaitPass::kUring ||
-                              (options_.nowait_pass == NowaitPass::kAuto && !options_.read_fn));
-        // Tries reads [from, to) with RWF_NOWAIT; returns how many would have blocked.
-        auto nowait_range = [&](size_t from, size_t to) -> size_t {
-          input.clear();
-          for (size_t r = from; r < to; ++r) input.push_back({static_cast<uint32_t>(r), 0});
-          const size_t before = residue.size();
-          s = uring_nowait ? UringPass(cx, target, input, /*nowait=*/true, &residue, c)
-                           : NowaitPassSerial(target, input, residue, c);
-          for (size_t r = from; r < to && s.ok(); ++r) MarkRows(plan, r, 1, marks.get());
-          for (size_t k = before; k < residue.size(); ++k) {
-            MarkRows(plan, residue[k].read, 2, marks.get());
-          }
-          return residue.size() - before;
-        };
-        if (nowait_end > b) {
-          // A long pass starts with a first wave: when the cache went cold since the policy last
-          // looked, most of that wave misses and the rest of the chunk skips the pass, so a
-          // sudden eviction costs probe_reads misses, not a whole batch of them.
-          size_t first_end = nowait_end;
-          if (nowait_limit == SIZE_MAX && options_.probe_reads > 0 &&
-              e - b > 2 * size_t{options_.probe_reads}) {
-            first_end = b + options_.probe_reads;
-          }
-          const size_t misses = nowait_range(b, first_end);
-          const size_t tried = first_end - b;
-          if (s.ok() && first_end < nowait_end) {
-            if (static_cast<double>(tried - misses) >= options_.nowait_min_hit_rate * tried) {
-              nowait_range(first_end, nowait_end);
-            } else {
-              nowait_end = first_end;
-            }
-          }
-        }
-        for (size_t r = nowait_end; r < e; ++r) residue.push_back({static_cast<uint32_t>(r), 0});
-        if (s.ok() && !residue.empty()) {
-          if (cx.has_ring()) {
-            s = UringPass(cx, target, residue, /*nowait=*/false, nullptr, c);
-          } else {
-            s = BlockingResidue(target, residue, cx, c);
-          }
-        }
+  // The adaptive policy: the NOWAIT pass runs while the table's recent hit rate is high;
+  // otherwise every probe_interval-th batch tries a few reads with it. Returns how many reads of
+  // each range's front are tried with NOWAIT (SIZE_MAX: all, 0: none).
+  size_t NowaitLimit(TableState& ts) {
+    bool any_nowait_file = false;
+    for (const auto& f : ts.files) any_nowait_file |= f->nowait_ok.load(std::memory_order_relaxed);
+    if (ts.options.mode != ReadMode::kBuffered || options_.nowait_pass == NowaitPass::kOff ||
+        !any_nowait_file) {
+      return 0;
+    }
+    if (ts.nowait_enabled.load(std::memory_order_relaxed)) return SIZE_MAX;
+    if (ts.since_probe.fetch_add(1, std::memory_order_relaxed) + 1 < options_.probe_interval) {
+      return 0;
+    }
+    ts.since_probe.store(0, std::memory_order_relaxed);
+    ts.probes.fetch_add(1, std::memory_order_relaxed);
+    return options_.probe_reads;
+  }
+
+  // Before a batch fans out, its caller reads the first probe_reads reads (the first wave) on its
+  // own: when the cache went cold since the policy last looked, most of them miss and no thread
+  // tries the NOWAIT pass on the rest, so a sudden eviction costs one wave of misses per batch,
+  // not one per chunk (a NOWAIT miss still starts the device read: tens of µs of CPU). Returns
+  // where the rest of the batch starts.
+  size_t FirstWave(BatchRun& run, ReaderContext& ctx) {
+    const size_t wave = options_.probe_reads;
+    if (run.nowait_limit != SIZE_MAX || wave == 0 || run.plan->reads.size() <= 2 * wave) return 0;
+    RunRange(run, 0, wave, ctx);
+    const uint64_t misses = run.nowait_misses.load(std::memory_order_relaxed);
+    run.first_wave = false;  // the rest of the batch follows this wave's verdict
+    if (static_cast<double>(wave - std::min<uint64_t>(wave, misses)) <
+        options_.nowait_min_hit_rate * static_cast<double>(wave)) {
+      run.nowait_limit = 0;
+    }
+    return wave;
+  }
+
+  // Reads [b, e) of the batch's plan on the thread owning `cx`.
+  void RunRange(BatchRun& run, size_t b, size_t e, ReaderContext& cx) {
+    const uint64_t start = NowNs();
+    SyncFiles(cx);
+    ReadCounters c;
+    absl::Status s;
+    thread_local std::vector<PendingRead> input, residue;
+    input.clear();
+    residue.clear();
+    if (run.ts->options.mode == ReadMode::kDirect) {
+      for (size_t r = b; r < e; ++r) input.push_back({static_cast<uint32_t>(r), 0});
+      s = DirectPass(cx, run.target, input, c);
+    } else {
+      const size_t nowait_end = NowaitRange(run, b, e, cx, input, residue, c, s);
+      for (size_t r = nowait_end; r < e; ++r) residue.push_back({static_cast<uint32_t>(r), 0});
+      if (s.ok() && !residue.empty()) {
+        s = cx.has_ring() ? UringPass(cx, run.target, residue, /*nowait=*/false, nullptr, c)
+                          : BlockingResidue(run.target, residue, cx, c);
       }
-      chunk_ns.fetch_add(NowNs() - chunk_start, std::memory_order_relaxed);
-      std::lock_guard<std::mutex> l(mu);
-      total.Add(c);
-      if (!s.ok() && first_error.ok()) first_error = std::move(s);
+    }
+    run.range_ns.fetch_add(NowNs() - start, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> l(run.mu);
+    run.total.Add(c);
+    if (!s.ok() && run.first_error.ok()) run.first_error = std::move(s);
+  }
+
+  // The NOWAIT pass over the front of [b, e): reads that would block go to `residue`. Returns
+  // where the reads not tried start.
+  size_t NowaitRange(BatchRun& run, size_t b, size_t e, ReaderContext& cx,
+                     std::vector<PendingRead>& input, std::vector<PendingRead>& residue,
+                     ReadCounters& c, absl::Status& s) {
+    size_t nowait_end = run.nowait_limit == SIZE_MAX ? e : std::min(e, b + run.nowait_limit);
+    if (nowait_end <= b) return b;
+    const bool uring_nowait =
+        cx.has_ring() && (options_.nowait_pass == NowaitPass::kUring ||
+                          (options_.nowait_pass == NowaitPass::kAuto && !options_.read_fn));
+    // Tries reads [from, to) with RWF_NOWAIT; returns how many would have blocked.
+    auto try_range = [&](size_t from, size_t to) -> size_t {
+      input.clear();
+      for (size_t r = from; r < to; ++r) input.push_back({static_cast<uint32_t>(r), 0});
+      const size_t before = residue.size();
+      s = uring_nowait ? UringPass(cx, run.target, input, /*nowait=*/true, &residue, c)
+                       : NowaitPassSerial(run.target, input, residue, c);
+      for (size_t r = from; r < to && s.ok(); ++r) MarkRows(*run.plan, r, 1, run.marks.get());
+      for (size_t k = before; k < residue.size(); ++k) {
+        MarkRows(*run.plan, residue[k].read, 2, run.marks.get());
+      }
+      run.nowait_misses.fetch_add(residue.size() - before, std::memory_order_relaxed);
+      return residue.size() - before;
     };
-    ParallelFor(workers_.get(), chunks, sched.helpers, ctx, run_chunk);
-    if (num_reads > 0 && first_error.ok()) {
-      // The cost estimate follows the recent batches (thread time, so fan-out does not hide it).
-      const double sample = static_cast<double>(chunk_ns.load()) / static_cast<double>(num_reads);
+    // A long pass on one thread starts with a first wave, with the same purpose as FirstWave.
+    size_t first_end = nowait_end;
+    if (run.first_wave && run.nowait_limit == SIZE_MAX && options_.probe_reads > 0 &&
+        e - b > 2 * size_t{options_.probe_reads}) {
+      first_end = b + options_.probe_reads;
+    }
+    const size_t misses = try_range(b, first_end);
+    const size_t tried = first_end - b;
+    if (s.ok() && first_end < nowait_end) {
+      if (static_cast<double>(tried - misses) >= options_.nowait_min_hit_rate * tried) {
+        try_range(first_end, nowait_end);
+      } else {
+        nowait_end = first_end;
+      }
+    }
+    return nowait_end;
+  }
+
+  // The batch's statistics, the NOWAIT policy's input and the scheduler's cost estimate.
+  void Account(BatchRun& run, const Schedule& sched, uint64_t ns) {
+    TableState* ts = run.ts;
+    const GatherPlan& plan = *run.plan;
+    const size_t num_reads = plan.reads.size();
+    if (num_reads > 0 && run.first_error.ok()) {
+      // Thread time per read, so that fanning out does not hide the cost.
+      const double sample = static_cast<double>(run.range_ns.load()) / num_reads;
       const double old = ts->ns_per_read.load(std::memory_order_relaxed);
       ts->ns_per_read.store(old + 0.25 * (sample - old), std::memory_order_relaxed);
     }
-
-    if (first_error.ok()) {
-      for (const SlotCopy& copy : plan.copies) {
-        std::memcpy(copy.slot, plan.unique_dest[copy.unique], kRowBytes);
-      }
-    }
-
-    // Statistics and the policy's input.
     uint64_t hits = 0, eagain = 0;
-    if (track_rows) {
-      for (size_t i = 0; i < num_unique; ++i) {
-        const uint8_t m = marks[i].load(std::memory_order_relaxed);
+    if (run.marks != nullptr) {
+      for (size_t i = 0; i < plan.unique_rows.size(); ++i) {
+        const uint8_t m = run.marks[i].load(std::memory_order_relaxed);
         if (m == 1) ++hits;
         if (m & 2) ++eagain;
       }
-      const uint64_t tried = hits + eagain;
-      if (tried > 0) {
-        const double rate = static_cast<double>(hits) / tried;
-        // A few reads move the rate a little, a wave of them decisively.
-        const double w = static_cast<double>(tried) / (tried + 8.0);
-        double old = ts->hit_rate.load(std::memory_order_relaxed);
-        const double now = old + w * (rate - old);
-        ts->hit_rate.store(now, std::memory_order_relaxed);
-        ts->nowait_enabled.store(now >= options_.nowait_min_hit_rate, std::memory_order_relaxed);
-      }
+      UpdateHitRate(*ts, hits, eagain);
     }
     ts->batches.fetch_add(1, std::memory_order_relaxed);
     ts->rows_requested.fetch_add(plan.rows_requested, std::memory_order_relaxed);
-    ts->rows_unique.fetch_add(num_unique, std::memory_order_relaxed);
+    ts->rows_unique.fetch_add(plan.unique_rows.size(), std::memory_order_relaxed);
     ts->dedup_copies.fetch_add(plan.copies.size(), std::memory_order_relaxed);
     ts->nowait_hits.fetch_add(hits, std::memory_order_relaxed);
     ts->nowait_eagain.fetch_add(eagain, std::memory_order_relaxed);
@@ -478,21 +522,27 @@ class GatherEngineImpl final : public GatherEngine {
       ts->helper_tasks.fetch_add(sched.helpers, std::memory_order_relaxed);
     }
 #define ENGRAM_ADD_READER_COUNTER(field, json_key, metric, help) \
-  ts->field.fetch_add(total.field, std::memory_order_relaxed);
+  ts->field.fetch_add(run.total.field, std::memory_order_relaxed);
     ENGRAM_GATHER_READER_COUNTERS(ENGRAM_ADD_READER_COUNTER)
 #undef ENGRAM_ADD_READER_COUNTER
-    if (!first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t ns = NowNs() - t0;
+    if (!run.first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
     ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
         1, std::memory_order_relaxed);
     ts->latency_sum_ns.fetch_add(ns, std::memory_order_relaxed);
-    return first_error;
   }
 
-  struct Schedule {
-    size_t chunks = 1;
-    size_t helpers = 0;
-  };
+  void UpdateHitRate(TableState& ts, uint64_t hits, uint64_t eagain) {
+    const uint64_t tried = hits + eagain;
+    if (tried == 0) return;
+    const double rate = static_cast<double>(hits) / tried;
+    // A few reads move the rate a little, a wave of them decisively.
+    const double w = static_cast<double>(tried) / (tried + 8.0);
+    const double old = ts.hit_rate.load(std::memory_order_relaxed);
+    const double now = old + w * (rate - old);
+    ts.hit_rate.store(now, std::memory_order_relaxed);
+    ts.nowait_enabled.store(now >= options_.nowait_min_hit_rate, std::memory_order_relaxed);
+  }
+
   // How a batch of `num_reads` planned reads is run: on the calling thread alone unless its
   // estimated work (reads x the table's measured time per read) gives every helper at least
   // helper_min_work_ns, and with no more helpers than the batch's share of the workers while

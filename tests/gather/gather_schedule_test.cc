@@ -81,6 +81,35 @@ TEST_CASE("a batch no larger than split_reads never fans out", "[gather][schedul
   CHECK(StatsOf(*engine).fanout_batches == 0);
 }
 
+TEST_CASE("a batch that went cold costs one wave of NOWAIT misses, not one per chunk",
+          "[gather][schedule]") {
+  Fixture f;
+  std::atomic<uint64_t> nowait_calls{0};
+  GatherEngineOptions o{.workers = 3, .split_reads = 64, .helper_min_work_ns = 1};
+  o.read_fn = [&](int fd, const iovec* iov, int cnt, off_t off, int flags) {
+    if (flags & RWF_NOWAIT) nowait_calls.fetch_add(1);
+    return RealRead(fd, iov, cnt, off, flags);
+  };
+  auto engine = RequireEngine(o);
+  REQUIRE(engine->AddTable(f.table.get(), {}).ok());
+  std::vector<uint8_t> out;
+  const auto warm = RandomRows(2000, 4);
+  REQUIRE(GatherInto(*engine, *f.table, warm, out).ok());  // the policy has seen a warm table
+  REQUIRE(StatsOf(*engine).nowait_enabled);
+  Evict(*f.table);
+  nowait_calls = 0;
+  const auto rows = RandomRows(20000, 5);
+  REQUIRE(GatherInto(*engine, *f.table, rows, out).ok());
+  CHECK(FirstMismatch(kSeed, *f.table, rows, out.data()) == -1);
+  const TableGatherStats s = StatsOf(*engine);
+  CHECK(s.fanout_batches == 2);
+  INFO("NOWAIT reads tried on the cold batch: " << nowait_calls.load());
+  // One wave of probe_reads (32) reads, each at most a few calls when it comes back partial;
+  // a wave per chunk would be 16 x 32.
+  CHECK(nowait_calls.load() <= 2 * o.probe_reads);
+  CHECK_FALSE(s.nowait_enabled);
+}
+
 TEST_CASE("a pool thread helping one batch turns to another batch's task after its chunk",
           "[gather][schedule]") {
   ThreadPool pool(1, /*spin_ns=*/0, [] { return std::make_unique<ReaderContext>(); });
