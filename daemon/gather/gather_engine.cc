@@ -367,16 +367,25 @@ class GatherEngineImpl final : public GatherEngine {
     }
     const size_t num_reads = thread_plan.reads.size();
     const bool probe_only = run.nowait_limit != SIZE_MAX && run.nowait_limit > 0;
-    const Schedule sched = ScheduleBatch(*ts, num_reads, probe_only);
+    const bool decode = batch.rows.size() <= options_.decode_max_rows;
+    const Schedule sched = ScheduleBatch(*ts, num_reads, probe_only, decode);
     size_t begin = 0;
     if (sched.helpers > 0) begin = FirstWave(run, ctx);
     const size_t rest = num_reads - begin;
     const size_t chunks = std::max<size_t>(1, std::min(sched.chunks, rest));
     const size_t per_chunk = (rest + chunks - 1) / chunks;
-    ParallelFor(workers_.get(), chunks, sched.helpers, ctx, [&](size_t ci, ReaderContext& cx) {
-      const size_t b = begin + ci * per_chunk;
-      RunRange(run, b, std::min(num_reads, b + per_chunk), cx);
-    });
+    // Decode steps run ahead of larger batches: those give up their helpers while one runs.
+    std::function<bool()> step_aside;
+    if (!decode) step_aside = [this] { return decode_batches_.load(std::memory_order_relaxed) > 0; };
+    if (decode) decode_batches_.fetch_add(1, std::memory_order_relaxed);
+    ParallelFor(
+        workers_.get(), chunks, sched.helpers, ctx,
+        [&](size_t ci, ReaderContext& cx) {
+          const size_t b = begin + ci * per_chunk;
+          RunRange(run, b, std::min(num_reads, b + per_chunk), cx);
+        },
+        step_aside);
+    if (decode) decode_batches_.fetch_sub(1, std::memory_order_relaxed);
     if (run.first_error.ok()) {
       for (const SlotCopy& copy : thread_plan.copies) {
         std::memcpy(copy.slot, thread_plan.unique_dest[copy.unique], kRowBytes);
@@ -547,15 +556,20 @@ class GatherEngineImpl final : public GatherEngine {
   // estimated work (reads x the table's measured time per read) gives every helper at least
   // helper_min_work_ns, and with no more helpers than the batch's share of the workers while
   // other batches run (independent requests run side by side instead of each fanning out over
-  // every worker).
-  Schedule ScheduleBatch(const TableState& ts, size_t num_reads, bool probe_only) const {
+  // every worker; a decode step counts only the other decode steps).
+  Schedule ScheduleBatch(const TableState& ts, size_t num_reads, bool probe_only,
+                         bool decode) const {
     Schedule out;
     const size_t workers = workers_->size();
     if (probe_only || workers == 0 || num_reads <= options_.split_reads) return out;
     const double work_ns = static_cast<double>(num_reads) * ts.ns_per_read.load();
     const size_t worth =
         static_cast<size_t>(work_ns / std::max<double>(1.0, options_.helper_min_work_ns));
-    const size_t active = std::max<uint32_t>(1, active_batches_.load(std::memory_order_relaxed));
+    // A decode step shares the workers with the other decode steps only: larger batches step
+    // aside while it runs.
+    const size_t active =
+        decode ? decode_batches_.load(std::memory_order_relaxed) + 1
+               : std::max<uint32_t>(1, active_batches_.load(std::memory_order_relaxed));
     // Every running batch's calling thread takes one of the workers + 1 threads' worth of cores.
     const size_t share = (workers + 1) / active - 1;
     const size_t max_chunks = (num_reads + options_.split_reads / 2 - 1) /
@@ -596,6 +610,7 @@ class GatherEngineImpl final : public GatherEngine {
   std::vector<std::unique_ptr<ReaderContext>> free_contexts_;
 
   std::atomic<uint32_t> active_batches_{0};  // RunBatch calls in progress
+  std::atomic<uint32_t> decode_batches_{0};  // of those, decode steps reading their rows
   std::atomic<bool> ring_works_{true};
   std::atomic<bool> uring_notice_sent_{false};
 };

@@ -110,6 +110,10 @@ struct GatherEngineOptions {
   // for less costs more than it saves. While several batches run, each gets its share of the
   // workers (workers / batches running) instead of all of them.
   uint64_t helper_min_work_ns = 40'000;
+  // Batches of at most this many rows are decode steps: while one runs, the helpers of larger
+  // batches (prefill) step aside after their current chunk and come back when none runs, so a
+  // prefill cannot take the cores a decode step needs.
+  uint32_t decode_max_rows = 16384;
   // Idle workers spin this long before they park (a batch arriving meanwhile costs no wake-up);
   // kAutoSpin: DefaultWorkerSpinNs(online CPUs).
   static constexpr uint64_t kAutoSpin = UINT64_MAX;

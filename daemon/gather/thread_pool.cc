@@ -61,11 +61,16 @@ struct ParallelJob {
   const std::function<void(size_t, ReaderContext&)>* fn = nullptr;
   size_t n = 0;
   ThreadPool* pool = nullptr;
+  std::function<bool()> step_aside;  // a copy: a late helper may ask after the caller returned
+  size_t wanted = 0;                 // helpers the caller asked for
+  std::atomic<size_t> live{0};       // helper tasks posted or running
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
   std::mutex mu;
   std::condition_variable cv;
 };
+
+bool StepAside(const ParallelJob& j) { return j.step_aside && j.step_aside(); }
 
 // Runs one claimed index; the last one to finish wakes the caller.
 bool RunOne(ParallelJob& j, ReaderContext& ctx) {
@@ -79,24 +84,33 @@ bool RunOne(ParallelJob& j, ReaderContext& ctx) {
   return true;
 }
 
-// A helper's turn: claims indexes until none is left, or until other batches' tasks wait for a
-// thread; then it goes to the back of the queue. It holds the job only while it works on it: once
-// the caller returned (every index done), the job is gone and a late helper does nothing.
+void Help(const std::weak_ptr<ParallelJob>& weak, ReaderContext& ctx);
+
+void PostHelper(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
+  j.pool->Post([weak](ReaderContext& c) { Help(weak, c); });
+}
+
+// A helper's turn: claims indexes until none is left, until the job asks its helpers to step
+// aside, or until other batches' tasks wait for a thread (then it goes to the back of the queue).
+// It holds the job only while it works on it: once the caller returned (every index done), the
+// job is gone and a late helper does nothing.
 void Help(const std::weak_ptr<ParallelJob>& weak, ReaderContext& ctx) {
   std::shared_ptr<ParallelJob> j = weak.lock();
   if (j == nullptr) return;
-  while (RunOne(*j, ctx)) {
+  while (!StepAside(*j) && RunOne(*j, ctx)) {
     if (j->pool->HasQueued() && j->next.load(std::memory_order_relaxed) < j->n) {
-      j->pool->Post([weak](ReaderContext& c) { Help(weak, c); });
+      PostHelper(*j, weak);  // still counted live
       return;
     }
   }
+  j->live.fetch_sub(1, std::memory_order_relaxed);
 }
 
 }  // namespace
 
 void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& caller,
-                 const std::function<void(size_t, ReaderContext&)>& fn) {
+                 const std::function<void(size_t, ReaderContext&)>& fn,
+                 const std::function<bool()>& step_aside) {
   if (pool == nullptr || helpers == 0 || n <= 1) {
     for (size_t i = 0; i < n; ++i) fn(i, caller);
     return;
@@ -105,10 +119,22 @@ void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& call
   job->fn = &fn;
   job->n = n;
   job->pool = pool;
-  for (size_t i = 0; i < std::min(helpers, n - 1); ++i) {
-    pool->Post([weak = std::weak_ptr<ParallelJob>(job)](ReaderContext& ctx) { Help(weak, ctx); });
-  }
+  job->step_aside = step_aside;
+  job->wanted = std::min(helpers, n - 1);
+  const std::weak_ptr<ParallelJob> weak = job;
+  auto top_up = [&] {
+    while (job->live.load(std::memory_order_relaxed) < job->wanted) {
+      job->live.fetch_add(1, std::memory_order_relaxed);
+      PostHelper(*job, weak);
+    }
+  };
+  if (!StepAside(*job)) top_up();
   while (RunOne(*job, caller)) {
+    // Helpers that stepped aside come back once the reason is gone.
+    if (job->live.load(std::memory_order_relaxed) < job->wanted &&
+        job->next.load(std::memory_order_relaxed) + 1 < n && !StepAside(*job)) {
+      top_up();
+    }
   }
   {
     std::unique_lock<std::mutex> l(job->mu);

@@ -58,8 +58,12 @@ class ThreadPool {
 // threads of `pool`; each index is claimed once, and the call returns when all have run. A helper
 // that finishes an index while other batches' tasks wait for a thread re-queues itself behind them
 // instead of claiming the next index, so concurrent batches share the pool chunk by chunk; the
-// caller keeps claiming until none is left, so a batch never waits for a thread to start.
+// caller keeps claiming until none is left, so a batch never waits for a thread to start. While
+// `step_aside` (if given; called from any thread, also after ParallelFor returned) answers true,
+// helpers leave after their current index and the caller posts no new ones; once it answers
+// false, the caller brings the helpers back.
 void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& caller,
-                 const std::function<void(size_t, ReaderContext&)>& fn);
+                 const std::function<void(size_t, ReaderContext&)>& fn,
+                 const std::function<bool()>& step_aside = {});
 
 }  // namespace engram

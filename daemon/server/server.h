@@ -75,6 +75,7 @@ class Server {
   std::vector<protocol::TableBounds> bounds_;
   std::unique_ptr<GatherEngine> engine_;
   std::unique_ptr<RequestPool> requests_;  // after engine_: its threads stop first
+  std::unique_ptr<RequestPool> large_requests_;  // requests larger than a decode step
 
   int listen_fd_ = -1;
   int control_epoll_ = -1;

@@ -140,5 +140,48 @@ TEST_CASE("a pool thread helping one batch turns to another batch's task after i
   CHECK(a_done_when_b_helped.load() < 40);
 }
 
+TEST_CASE("helpers step aside while asked to and come back after", "[gather][schedule]") {
+  ThreadPool pool(2, /*spin_ns=*/0, [] { return std::make_unique<ReaderContext>(); });
+  ReaderContext caller;
+  std::atomic<bool> aside{false};
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  auto ms_since = [&] {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  std::mutex mu;
+  std::vector<double> helper_starts;  // ms since t0 of every index a helper started
+  double aside_from = 0, aside_until = 0;
+  std::thread flip([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    aside_from = ms_since();
+    aside = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    aside_until = ms_since();
+    aside = false;
+  });
+  ParallelFor(
+      &pool, 80, 2, caller,
+      [&](size_t, ReaderContext& ctx) {
+        if (&ctx != &caller) {
+          std::lock_guard<std::mutex> l(mu);
+          helper_starts.push_back(ms_since());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      },
+      [&] { return aside.load(); });
+  flip.join();
+  size_t during = 0, after = 0;
+  for (double t : helper_starts) {
+    // An index a helper had claimed when the flag went up may start a moment later.
+    if (t > aside_from + 3 && t < aside_until) ++during;
+    if (t > aside_until) ++after;
+  }
+  INFO("helper indexes: " << helper_starts.size() << ", during the aside window: " << during
+                          << ", after it: " << after);
+  CHECK(during == 0);
+  CHECK(after > 0);
+}
+
 }  // namespace
 }  // namespace engram::testing
