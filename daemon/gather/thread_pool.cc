@@ -90,6 +90,19 @@ void PostHelper(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
   j.pool->Post([weak](ReaderContext& c) { Help(weak, c); });
 }
 
+// Posts one more helper if the job wants more and has indexes left for it.
+void MaybeWakeNext(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
+  const size_t live = j.live.load(std::memory_order_relaxed);
+  if (live >= j.wanted || j.next.load(std::memory_order_relaxed) + live + 1 >= j.n ||
+      StepAside(j)) {
+    return;
+  }
+  size_t expected = live;
+  if (j.live.compare_exchange_strong(expected, live + 1, std::memory_order_relaxed)) {
+    PostHelper(j, weak);
+  }
+}
+
 // A helper's turn: claims indexes until none is left, until the job asks its helpers to step
 // aside, or until other batches' tasks wait for a thread (then it goes to the back of the queue).
 // It holds the job only while it works on it: once the caller returned (every index done), the
@@ -97,6 +110,10 @@ void PostHelper(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
 void Help(const std::weak_ptr<ParallelJob>& weak, ReaderContext& ctx) {
   std::shared_ptr<ParallelJob> j = weak.lock();
   if (j == nullptr) return;
+  // Wake-ups spread as a chain: a helper that starts while indexes remain wakes the next one, so
+  // the caller pays for one wake-up, not one per helper, and a batch that is done before the
+  // chain reaches the last helpers never wakes them.
+  MaybeWakeNext(*j, weak);
   while (!StepAside(*j) && RunOne(*j, ctx)) {
     if (j->pool->HasQueued() && j->next.load(std::memory_order_relaxed) < j->n) {
       PostHelper(*j, weak);  // still counted live
@@ -122,8 +139,9 @@ void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& call
   job->step_aside = step_aside;
   job->wanted = std::min(helpers, n - 1);
   const std::weak_ptr<ParallelJob> weak = job;
+  // The first helper; each helper that starts wakes the next (MaybeWakeNext).
   auto top_up = [&] {
-    while (job->live.load(std::memory_order_relaxed) < job->wanted) {
+    if (job->live.load(std::memory_order_relaxed) < job->wanted) {
       job->live.fetch_add(1, std::memory_order_relaxed);
       PostHelper(*job, weak);
     }
