@@ -571,7 +571,8 @@ class GatherEngineImpl final : public GatherEngine {
         decode ? decode_batches_.load(std::memory_order_relaxed) + 1
                : std::max<uint32_t>(1, active_batches_.load(std::memory_order_relaxed));
     // Every running batch's calling thread takes one of the workers + 1 threads' worth of cores.
-    const size_t share = (workers + 1) / active - 1;
+    const size_t threads = (workers + 1) / active;
+    const size_t share = threads > 0 ? threads - 1 : 0;
     const size_t max_chunks = (num_reads + options_.split_reads / 2 - 1) /
                               std::max<uint32_t>(1, options_.split_reads / 2);
     out.helpers = std::min({worth > 0 ? worth - 1 : 0, share, max_chunks - 1});

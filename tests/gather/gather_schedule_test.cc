@@ -70,6 +70,33 @@ TEST_CASE("a batch whose work pays for helpers fans out, never over more than th
   CHECK(s.helper_tasks <= 3);
 }
 
+TEST_CASE("concurrent batches never get more helpers than the workers between them",
+          "[gather][schedule]") {
+  Fixture f;
+  auto engine = RequireEngine({.workers = 1, .split_reads = 64, .helper_min_work_ns = 1});
+  REQUIRE(engine->AddTable(f.table.get(), {}).ok());
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> out;
+      for (int b = 0; b < 6; ++b) {
+        const auto rows = RandomRows(20000, 100 + t * 10 + b);
+        if (!GatherInto(*engine, *f.table, rows, out).ok() ||
+            FirstMismatch(kSeed, *f.table, rows, out.data()) != -1) {
+          bad++;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(bad == 0);
+  const TableGatherStats s = StatsOf(*engine);
+  INFO("fanned out: " << s.fanout_batches << " of " << s.batches << ", helpers allowed: "
+                      << s.helper_tasks);
+  CHECK(s.helper_tasks <= s.fanout_batches);  // one worker: at most one helper per batch
+}
+
 TEST_CASE("a batch no larger than split_reads never fans out", "[gather][schedule]") {
   Fixture f;
   auto engine = RequireEngine({.workers = 4, .split_reads = 1u << 20, .helper_min_work_ns = 1});
