@@ -16,7 +16,10 @@ namespace engram::bench {
 class RowIdSource {
  public:
   RowIdSource(const std::string& dist, uint64_t begin, uint64_t count, double s, uint64_t seed)
-      : zipf_(dist == "zipf"), begin_(begin), count_(std::max<uint64_t>(1, count)), s_(s),
+      : zipf_(dist == "zipf"),
+        begin_(begin),
+        count_(std::max<uint64_t>(1, count)),
+        s_(s),
         rng_(seed) {
     mult_ = 0x9E3779B97F4A7C15ull % count_;
     if (mult_ == 0) mult_ = 1;

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "daemon/gather/gather_engine.h"
-#include "tables/table.h"
 #include "engram/engram.h"
+#include "tables/table.h"
 #include "tools/tables/synthetic.h"
 
 namespace {
@@ -114,11 +114,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (engramd.empty()) {
     const char* env = getenv("ENGRAMD");
-    engramd =
-        env != nullptr
-            ? env
-            : (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/server/engramd")
-                  .string();
+    engramd = env != nullptr ? env
+                             : (std::filesystem::canonical("/proc/self/exe").parent_path() /
+                                "../../daemon/server/engramd")
+                                   .string();
   }
   const bool temp_dir = dir.empty();
   if (temp_dir) {
@@ -168,8 +167,8 @@ int main(int argc, char** argv) {
   for (const auto& t : *tables) (void)(*engine)->AddTable(t.get(), {});
 
   const std::string sock = dir + "/engramd.sock";
-  std::vector<std::string> args = {engramd,  "--model",     model,    "--socket",
-                                   sock,     "--log-level", "warning"};
+  std::vector<std::string> args = {engramd, "--model",     model,    "--socket",
+                                   sock,    "--log-level", "warning"};
   if (workers != 0) {
     args.push_back("--workers");
     args.push_back(std::to_string(workers));
@@ -301,8 +300,8 @@ int main(int argc, char** argv) {
   printf("%-20s %5s | %10s %10s %10s | %10s %10s %10s | %6s %6s\n", "gather (µs)", "iters",
          "daemon p50", "p99", "p99.9", "in-proc p50", "p99", "p99.9", "p50 x", "p99 x");
   auto row = [&](const char* name, uint32_t iters, const std::pair<Summary, Summary>& r) {
-    printf("%-20s %5u | %10.1f %10.1f %10.1f | %11.1f %10.1f %10.1f | %5.2fx %5.2fx\n", name,
-           iters, r.first.p50 / 1e3, r.first.p99 / 1e3, r.first.p999 / 1e3, r.second.p50 / 1e3,
+    printf("%-20s %5u | %10.1f %10.1f %10.1f | %11.1f %10.1f %10.1f | %5.2fx %5.2fx\n", name, iters,
+           r.first.p50 / 1e3, r.first.p99 / 1e3, r.first.p999 / 1e3, r.second.p50 / 1e3,
            r.second.p99 / 1e3, r.second.p999 / 1e3,
            double(r.first.p50) / double(std::max<uint64_t>(1, r.second.p50)),
            double(r.first.p99) / double(std::max<uint64_t>(1, r.second.p99)));

@@ -94,6 +94,7 @@ struct Config {
   uint32_t steps = 200;
   double zipf_s = 1.0;
   double miss = 0.05;
+  uint32_t client_spin_us = 0;  // 0: the client library's adaptive default
   std::vector<std::string> daemon_args;
   bool smoke = false;
 };
@@ -104,7 +105,7 @@ struct Case {
   int ranks = 1;
   double period_ms = 10;  // 0: back to back
   std::string dist = "uniform";
-  double evict = 0;    // fraction of each step's rows evicted before the step
+  double evict = 0;      // fraction of each step's rows evicted before the step
   bool prefill = false;  // one more process gathers 98,304-row batches back to back
 };
 
@@ -173,12 +174,13 @@ class StepGatherer {
 
 class DaemonGatherer final : public StepGatherer {
  public:
-  bool Connect(const std::string& sock, uint64_t cap, const char* name) {
+  bool Connect(const std::string& sock, uint64_t cap, const char* name, uint32_t spin_us) {
     engram_connect_options o;
     engram_connect_options_init(&o);
     o.socket_path = sock.c_str();
     o.data_bytes = 2 * cap * (kRowBytes + 8) + (1 << 20);
     o.client_name = name;
+    o.spin_ns = spin_us * 1000;
     if (engram_connect(&o, &s_) != 0) return Fail("connect");
     for (int l = 0; l < 2; ++l) {
       if (engram_alloc(s_, cap * 8, reinterpret_cast<void**>(&ids_[l])) != 0 ||
@@ -247,8 +249,8 @@ class LocalGatherer final : public StepGatherer {
   bool Gather(const size_t n[2]) override {
     for (int l = 0; l < 2; ++l) {
       if (n[l] == 0) continue;
-      absl::Status s = method_->Gather(*tables_[l], std::span(ids_[l].data(), n[l]),
-                                       dest_[l].data());
+      absl::Status s =
+          method_->Gather(*tables_[l], std::span(ids_[l].data(), n[l]), dest_[l].data());
       if (!s.ok()) {
         error = s.ToString();
         return false;
@@ -282,11 +284,11 @@ void EvictRows(const Table& table, const uint64_t* rows, size_t n) {
   }
 }
 
-std::unique_ptr<StepGatherer> MakeGatherer(const Env& env, const std::string& method,
-                                           uint64_t cap, const char* name) {
+std::unique_ptr<StepGatherer> MakeGatherer(const Env& env, const std::string& method, uint64_t cap,
+                                           const char* name) {
   if (method == "daemon") {
     auto d = std::make_unique<DaemonGatherer>();
-    d->Connect(env.sock, cap, name);
+    d->Connect(env.sock, cap, name, env.cfg->client_spin_us);
     return d;
   }
   return std::make_unique<LocalGatherer>(method, env.tables, cap);
@@ -526,8 +528,8 @@ std::vector<Case> Matrix(const Config& cfg) {
     }
   }
   const int mixed = std::max(2, std::min(8, cfg.ranks.back()));
-  cases.push_back({absl::StrCat("mixed ", mixed - 1, " + 1 prefill"), mixed, cfg.period_ms,
-                   first, 0, true});
+  cases.push_back(
+      {absl::StrCat("mixed ", mixed - 1, " + 1 prefill"), mixed, cfg.period_ms, first, 0, true});
   return cases;
 }
 
@@ -544,16 +546,20 @@ void PrintHeader(const Config& cfg, const std::vector<std::string>& args) {
   }
   printf("# engram-ranks\nmachine: %s, %ld online CPUs, Linux %s\n", cpu.c_str(),
          sysconf(_SC_NPROCESSORS_ONLN), u.release);
-  printf("tables: synthetic %s, layers 1 and 14 x %" PRIu64 " rows, in %s; rank r reads TP%u "
+  printf("tables: synthetic %s, layers 1 and 14 x %" PRIu64
+         " rows, in %s; rank r reads TP%u "
          "slice r mod %u\n",
          cfg.layout.c_str(), cfg.rows, cfg.dir.c_str(), cfg.tp, cfg.tp);
-  printf("step: %" PRIu64 " rows of each layer (two requests in flight), %u steps per rank, "
+  printf("step: %" PRIu64
+         " rows of each layer (two requests in flight), %u steps per rank, "
          "every %.1f ms on a common clock; latency from the scheduled start to both layers' rows "
-         "in place (back to back: from the submission)\n",
-         cfg.step_rows, cfg.steps, cfg.period_ms);
-  printf("methods: daemon = engramd with its defaults and one client process per rank; engine = "
-         "the gather engine (defaults) inside each rank process; uring = a plain io_uring loop "
-         "(one ring, one read per row part) inside each rank process\nengramd:");
+         "in place (back to back: from the submission); client spin: %s\n",
+         cfg.step_rows, cfg.steps, cfg.period_ms,
+         cfg.client_spin_us ? absl::StrCat(cfg.client_spin_us, " µs").c_str() : "library default");
+  printf(
+      "methods: daemon = engramd with its defaults and one client process per rank; engine = "
+      "the gather engine (defaults) inside each rank process; uring = a plain io_uring loop "
+      "(one ring, one read per row part) inside each rank process\nengramd:");
   for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
   printf("\n\n");
 }
@@ -563,11 +569,12 @@ void PrintCase(const Case& c, const std::string& method, const CaseResult& r, do
   const uint64_t worst99 = r.p99.empty() ? 0 : *std::max_element(r.p99.begin(), r.p99.end());
   const uint64_t worst999 = r.p999.empty() ? 0 : *std::max_element(r.p999.begin(), r.p999.end());
   const std::string period = c.period_ms > 0 ? absl::StrFormat("%g ms", c.period_ms) : "b2b";
-  printf("| %-26s | %2d | %6s | %-6s | %8.1f | %8.1f | %8.1f | %8.1f | %5.2fx | %6.2f M | "
-         "%6.3f | %6.3f |",
-         c.name.c_str(), c.ranks, period.c_str(), method.c_str(), us(r.all_p50), us(r.all_p99),
-         us(worst99), us(worst999), engine_p99 > 0 ? worst99 / engine_p99 : 0.0,
-         r.rows_per_s / 1e6, r.server_cpu_us_per_row, r.client_cpu_us_per_row);
+  printf(
+      "| %-26s | %2d | %6s | %-6s | %8.1f | %8.1f | %8.1f | %8.1f | %5.2fx | %6.2f M | "
+      "%6.3f | %6.3f |",
+      c.name.c_str(), c.ranks, period.c_str(), method.c_str(), us(r.all_p50), us(r.all_p99),
+      us(worst99), us(worst999), engine_p99 > 0 ? worst99 / engine_p99 : 0.0, r.rows_per_s / 1e6,
+      r.server_cpu_us_per_row, r.client_cpu_us_per_row);
   if (c.prefill) {
     printf(" prefill: %" PRIu64 " x 98,304 rows, mean %.1f ms, max %.1f ms |", r.prefill_batches,
            r.prefill_mean_ms, r.prefill_max_ms);
@@ -705,9 +712,10 @@ int Run(Config& cfg) {
   PrintHeader(cfg, args);
   const pid_t daemon = StartDaemon(args, env.sock);
   if (daemon < 0) return 1;
-  printf("| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "
-         "vs engine | rows/s | server CPU µs/row | client CPU µs/row |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  printf(
+      "| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "
+      "vs engine | rows/s | server CPU µs/row | client CPU µs/row |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int failures = 0;
   const uint64_t t0 = NowNs();
   for (const Case& c : Matrix(cfg)) {
@@ -760,6 +768,9 @@ int main(int argc, char** argv) {
                  "row ids per step from a text file: one line per step, LAYER:ID,ID,... groups");
   app.add_option("--methods", cfg.methods_arg, "daemon, engine, uring")->capture_default_str();
   app.add_option("--daemon-arg", cfg.daemon_args, "extra engramd argument (repeatable)");
+  app.add_option("--client-spin-us", cfg.client_spin_us,
+                 "how long a client spins for its completion before sleeping (0: the library's "
+                 "adaptive default)");
   app.add_flag("--smoke", cfg.smoke, "a tiny run that only checks that the benchmark works");
   CLI11_PARSE(app, argc, argv);
   if (cfg.smoke) {

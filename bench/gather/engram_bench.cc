@@ -344,9 +344,9 @@ int Run(const Config& c) {
             std::printf(
                 "| %s | %.3g | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f | %.2fx | %d | "
                 "%.1f-%.1f %% |\n",
-                r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row,
-                r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio, r.iters,
-                100 * r.resident_min, 100 * r.resident_max);
+                r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row, r.syscalls_per_row,
+                r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio, r.iters, 100 * r.resident_min,
+                100 * r.resident_max);
             results.push_back(r);
           }
           std::printf("\n");
@@ -359,13 +359,14 @@ int Run(const Config& c) {
   if (!c.csv.empty()) {
     std::ofstream out(c.csv);
     out << "layout,batch,dist,state,resident,method,us_per_row,cpu_us_per_row,syscalls_per_row,"
-           "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters,resident_min,resident_max\n";
+           "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters,resident_min,resident_"
+           "max\n";
     for (const auto& r : results) {
       out << absl::StrFormat(
           "%s,%d,%s,%s,%.2f,\"%s\",%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d,%.4f,%.4f\n",
-          r.layout, r.batch, r.dist, r.state, r.resident, r.method, r.us_per_row,
-          r.cpu_us_per_row, r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms,
-          r.rows_per_s, r.ratio, r.iters, r.resident_min, r.resident_max);
+          r.layout, r.batch, r.dist, r.state, r.resident, r.method, r.us_per_row, r.cpu_us_per_row,
+          r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.rows_per_s, r.ratio, r.iters,
+          r.resident_min, r.resident_max);
     }
   }
   if (failures > 0) {

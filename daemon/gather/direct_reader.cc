@@ -1,7 +1,5 @@
 // The gather engine's O_DIRECT pass: 4 KiB-aligned page runs read into the thread's bounce area
 // (registered with its ring when the kernel allows) and the rows copied out.
-#include "daemon/gather/gather_reader.h"
-
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/gather/gather_reader.h"
 #include "protocol/clock.h"
 
 namespace engram {
@@ -42,8 +41,8 @@ class DirectRun {
       : ctx_(ctx), t_(t), plan_(*t.plan), reads_(reads), c_(c) {}
 
   absl::Status Run() {
-    bounce_bytes_ = std::max<size_t>(std::max(ctx_.bounce_bytes(), ctx_.direct_bounce_target),
-                                     kMaxDirectRun);
+    bounce_bytes_ =
+        std::max<size_t>(std::max(ctx_.bounce_bytes(), ctx_.direct_bounce_target), kMaxDirectRun);
     bounce_ = ctx_.Bounce(bounce_bytes_);
     if (bounce_ == nullptr) {
       return absl::ResourceExhaustedError("no memory for the O_DIRECT bounce area");
@@ -134,7 +133,8 @@ class DirectRun {
         const uint8_t* src = bounce_ + run.bounce_offset + begin;
         for (uint32_t k = 0; k < rd.iov_count; ++k) {
           const iovec& v = plan_.iovs[rd.iov_begin + k];
-          if (plan_.iov_unique[rd.iov_begin + k] != kGapIov) std::memcpy(v.iov_base, src, v.iov_len);
+          if (plan_.iov_unique[rd.iov_begin + k] != kGapIov)
+            std::memcpy(v.iov_base, src, v.iov_len);
           src += v.iov_len;
         }
       }

@@ -19,10 +19,10 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "protocol/clock.h"
 #include "daemon/gather/gather_planner.h"
 #include "daemon/gather/gather_reader.h"
 #include "daemon/gather/thread_pool.h"
+#include "protocol/clock.h"
 
 namespace engram {
 
@@ -376,7 +376,8 @@ class GatherEngineImpl final : public GatherEngine {
     const size_t per_chunk = (rest + chunks - 1) / chunks;
     // Decode steps run ahead of larger batches: those give up their helpers while one runs.
     std::function<bool()> step_aside;
-    if (!decode) step_aside = [this] { return decode_batches_.load(std::memory_order_relaxed) > 0; };
+    if (!decode)
+      step_aside = [this] { return decode_batches_.load(std::memory_order_relaxed) > 0; };
     if (decode) decode_batches_.fetch_add(1, std::memory_order_relaxed);
     ParallelFor(
         workers_.get(), chunks, sched.helpers, ctx,

@@ -1,7 +1,5 @@
 // A gather thread's reading state: its io_uring ring (set up, replaced after a failure, kept in
 // step with the engine's fixed files), its O_DIRECT bounce area, and the per-thread counters.
-#include "daemon/gather/gather_reader.h"
-
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/gather/gather_reader.h"
 #include "protocol/clock.h"
 
 namespace engram {

@@ -1,7 +1,5 @@
 // The gather engine's synchronous reads: the serial RWF_NOWAIT pass and blocking reads (the
 // pool's and the fallback of every other pass), and the errors that name a failed read's row.
-#include "daemon/gather/gather_reader.h"
-
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/gather/gather_reader.h"
 #include "protocol/clock.h"
 
 namespace engram {
@@ -60,7 +59,6 @@ void DisableNowait(const ReadTarget& t, GatherFile& f, int err) {
                              "): its rows skip the page-cache fast path from now on"));
   }
 }
-
 
 void RemainingIovs(const GatherPlan& plan, const PlannedRead& read, uint32_t done,
                    std::vector<iovec>& out) {

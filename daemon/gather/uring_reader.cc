@@ -1,7 +1,5 @@
 // The gather engine's io_uring pass: buffered reads (with RWF_NOWAIT for the fast pass) through a
 // thread's own ring, short reads resumed and a failing ring survived.
-#include "daemon/gather/gather_reader.h"
-
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -14,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/gather/gather_reader.h"
 #include "protocol/clock.h"
 
 namespace engram {
@@ -26,8 +25,14 @@ class UringRun {
  public:
   UringRun(ReaderContext& ctx, const ReadTarget& t, const std::vector<PendingRead>& reads,
            bool nowait, std::vector<PendingRead>* residue, ReadCounters& c)
-      : ctx_(ctx), t_(t), plan_(*t.plan), reads_(reads), nowait_(nowait), residue_(residue),
-        c_(c), queue_(ctx.queue) {
+      : ctx_(ctx),
+        t_(t),
+        plan_(*t.plan),
+        reads_(reads),
+        nowait_(nowait),
+        residue_(residue),
+        c_(c),
+        queue_(ctx.queue) {
     queue_.clear();
   }
 

@@ -43,7 +43,8 @@ struct Fixture {
 TEST_CASE("a decode-sized batch whose work does not pay for a helper stays on the caller",
           "[gather][schedule]") {
   Fixture f;
-  auto engine = RequireEngine({.workers = 4, .split_reads = 64, .helper_min_work_ns = 1'000'000'000});
+  auto engine =
+      RequireEngine({.workers = 4, .split_reads = 64, .helper_min_work_ns = 1'000'000'000});
   REQUIRE(engine->AddTable(f.table.get(), {}).ok());
   std::vector<uint8_t> out;
   const auto rows = RandomRows(1152, 1);
@@ -92,8 +93,8 @@ TEST_CASE("concurrent batches never get more helpers than the workers between th
   for (auto& th : threads) th.join();
   CHECK(bad == 0);
   const TableGatherStats s = StatsOf(*engine);
-  INFO("fanned out: " << s.fanout_batches << " of " << s.batches << ", helpers allowed: "
-                      << s.helper_tasks);
+  INFO("fanned out: " << s.fanout_batches << " of " << s.batches
+                      << ", helpers allowed: " << s.helper_tasks);
   CHECK(s.helper_tasks <= s.fanout_batches);  // one worker: at most one helper per batch
 }
 
