@@ -27,7 +27,7 @@
   X(fanout_batches, "fanout_batches", "engram_gather_fanout_batches_total",                    \
     "Batches shared with worker threads")                                                      \
   X(helper_tasks, "helper_tasks", "engram_gather_helper_tasks_total",                          \
-    "Workers batches were allowed as helpers (the wake-up chain stops once a batch is done)")
+    "Workers batches were allowed as helpers (the wake-up tree stops once a batch is done)")
 
 // Counted by the reader passes on each thread and added to the table's totals once per batch.
 #define ENGRAM_GATHER_READER_COUNTERS(X)                                                      \

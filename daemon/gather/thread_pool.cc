@@ -90,15 +90,16 @@ void PostHelper(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
   j.pool->Post([weak](ReaderContext& c) { Help(weak, c); });
 }
 
-// Posts one more helper if the job wants more and has indexes left for it.
-void MaybeWakeNext(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
-  const size_t live = j.live.load(std::memory_order_relaxed);
-  if (live >= j.wanted || j.next.load(std::memory_order_relaxed) + live + 1 >= j.n ||
-      StepAside(j)) {
-    return;
-  }
-  size_t expected = live;
-  if (j.live.compare_exchange_strong(expected, live + 1, std::memory_order_relaxed)) {
+// Wakes up to kWakeFanout more helpers while the job wants more and has indexes left for them.
+constexpr size_t kWakeFanout = 2;
+void WakeMore(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
+  for (size_t k = 0; k < kWakeFanout; ++k) {
+    size_t live = j.live.load(std::memory_order_relaxed);
+    if (live >= j.wanted || j.next.load(std::memory_order_relaxed) + live + 1 >= j.n ||
+        StepAside(j)) {
+      return;
+    }
+    if (!j.live.compare_exchange_strong(live, live + 1, std::memory_order_relaxed)) return;
     PostHelper(j, weak);
   }
 }
@@ -110,10 +111,10 @@ void MaybeWakeNext(ParallelJob& j, const std::weak_ptr<ParallelJob>& weak) {
 void Help(const std::weak_ptr<ParallelJob>& weak, ReaderContext& ctx) {
   std::shared_ptr<ParallelJob> j = weak.lock();
   if (j == nullptr) return;
-  // Wake-ups spread as a chain: a helper that starts while indexes remain wakes the next one, so
-  // the caller pays for one wake-up, not one per helper, and a batch that is done before the
-  // chain reaches the last helpers never wakes them.
-  MaybeWakeNext(*j, weak);
+  // Wake-ups spread as a tree: a helper that starts while indexes remain wakes two more, so the
+  // caller pays for two wake-ups, not one per helper, the number of threads doubles every
+  // wake-up latency, and a batch done before the tree reaches the last helpers never wakes them.
+  WakeMore(*j, weak);
   while (!StepAside(*j) && RunOne(*j, ctx)) {
     if (j->pool->HasQueued() && j->next.load(std::memory_order_relaxed) < j->n) {
       PostHelper(*j, weak);  // still counted live
@@ -139,13 +140,8 @@ void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& call
   job->step_aside = step_aside;
   job->wanted = std::min(helpers, n - 1);
   const std::weak_ptr<ParallelJob> weak = job;
-  // The first helper; each helper that starts wakes the next (MaybeWakeNext).
-  auto top_up = [&] {
-    if (job->live.load(std::memory_order_relaxed) < job->wanted) {
-      job->live.fetch_add(1, std::memory_order_relaxed);
-      PostHelper(*job, weak);
-    }
-  };
+  // The first helpers; each helper that starts wakes more (WakeMore).
+  auto top_up = [&] { WakeMore(*job, weak); };
   if (!StepAside(*job)) top_up();
   while (RunOne(*job, caller)) {
     // Helpers that stepped aside come back once the reason is gone.

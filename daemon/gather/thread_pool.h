@@ -56,8 +56,9 @@ class ThreadPool {
 
 // Runs fn(i) for every i in [0, n) on the calling thread (with `caller`) and up to `helpers`
 // threads of `pool`; each index is claimed once, and the call returns when all have run. The
-// caller wakes one helper and each helper that starts wakes the next while indexes remain, so the
-// caller pays for one wake-up and a batch done early never wakes the rest. A helper
+// caller wakes two helpers and each helper that starts wakes two more while indexes remain (a
+// tree: the threads double every wake-up latency), so the caller pays for two wake-ups and a
+// batch done early never wakes the rest. A helper
 // that finishes an index while other batches' tasks wait for a thread re-queues itself behind them
 // instead of claiming the next index, so concurrent batches share the pool chunk by chunk; the
 // caller keeps claiming until none is left, so a batch never waits for a thread to start. While
