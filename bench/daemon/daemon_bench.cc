@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "daemon/gather/gather_engine.h"
-#include "tables/table.h"
 #include "engram/engram.h"
+#include "tables/table.h"
 #include "tools/tables/synthetic.h"
 
 namespace {
@@ -48,7 +48,7 @@ std::string FirstLine(const char* path, const char* key) {
 }
 
 struct Summary {
-  uint64_t p50 = 0, p99 = 0, mean = 0;
+  uint64_t p50 = 0, p99 = 0, p999 = 0, mean = 0;
 };
 Summary Summarise(std::vector<uint64_t> v) {
   Summary s;
@@ -56,6 +56,7 @@ Summary Summarise(std::vector<uint64_t> v) {
   std::sort(v.begin(), v.end());
   s.p50 = v[(v.size() - 1) / 2];
   s.p99 = v[static_cast<size_t>(0.99 * static_cast<double>(v.size() - 1))];
+  s.p999 = v[static_cast<size_t>(0.999 * static_cast<double>(v.size() - 1))];
   uint64_t sum = 0;
   for (uint64_t x : v) sum += x;
   s.mean = sum / v.size();
@@ -98,25 +99,25 @@ int main(int argc, char** argv) {
   CLI::App app{"engramd-bench: gathers through engramd against the same gathers in-process"};
   std::string engramd, dir;
   uint64_t rows = 400000;
-  uint32_t workers = 2, spin_us = 0;
+  uint32_t workers = 0, spin_us = 0;
   bool smoke = false;
   std::vector<std::string> daemon_args;
   app.add_option("--engramd", engramd, "engramd binary (default: next to this build)");
   app.add_option("--dir", dir, "Work directory for the synthetic checkpoint (default: temporary)");
   app.add_option("--rows", rows, "Rows per Engram table")->capture_default_str();
-  app.add_option("--workers", workers, "Gather workers, daemon and in-process")
-      ->capture_default_str();
+  app.add_option("--workers", workers,
+                 "Gather workers, daemon and in-process (default: the daemon's and the engine's "
+                 "own default)");
   app.add_option("--client-spin-us", spin_us, "Client spin before sleeping (0: library default)");
   app.add_option("--daemon-arg", daemon_args, "Extra engramd argument (repeatable)");
   app.add_flag("--smoke", smoke, "Tiny run that only checks the benchmark works");
   CLI11_PARSE(app, argc, argv);
   if (engramd.empty()) {
     const char* env = getenv("ENGRAMD");
-    engramd =
-        env != nullptr
-            ? env
-            : (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/engramd")
-                  .string();
+    engramd = env != nullptr ? env
+                             : (std::filesystem::canonical("/proc/self/exe").parent_path() /
+                                "../../daemon/engramd")
+                                   .string();
   }
   const bool temp_dir = dir.empty();
   if (temp_dir) {
@@ -136,7 +137,8 @@ int main(int argc, char** argv) {
          FirstLine("/proc/cpuinfo", "model name").c_str());
   printf("  tables: synthetic checkpoint, 2 layers x %" PRIu64 " rows (%.0f MB each), in %s\n",
          rows, rows * 264 / 1e6, dir.c_str());
-  printf("  gather workers: %u (daemon and in-process); client spin: %s\n", workers,
+  printf("  gather workers: %s (daemon and in-process); client spin: %s\n",
+         workers ? std::to_string(workers).c_str() : "defaults",
          spin_us ? (std::to_string(spin_us) + " µs").c_str() : "library default");
 
   const std::string model = dir + "/model";
@@ -165,9 +167,12 @@ int main(int argc, char** argv) {
   for (const auto& t : *tables) (void)(*engine)->AddTable(t.get(), {});
 
   const std::string sock = dir + "/engramd.sock";
-  std::vector<std::string> args = {
-      engramd,       "--model", model, "--socket", sock, "--workers", std::to_string(workers),
-      "--log-level", "warning"};
+  std::vector<std::string> args = {engramd, "--model",     model,    "--socket",
+                                   sock,    "--log-level", "warning"};
+  if (workers != 0) {
+    args.push_back("--workers");
+    args.push_back(std::to_string(workers));
+  }
   args.insert(args.end(), daemon_args.begin(), daemon_args.end());
   printf("  engramd:");
   for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
@@ -286,17 +291,20 @@ int main(int argc, char** argv) {
   waitpid(daemon, &status, 0);
 
   printf("empty request round trip (submit NOP + wait), %u each:\n", nop_iters);
-  printf("  idle daemon:  p50 %7.2f µs  p99 %7.2f µs\n", idle.p50 / 1e3, idle.p99 / 1e3);
+  printf("  idle daemon:  p50 %7.2f µs  p99 %7.2f µs  p99.9 %7.2f µs\n", idle.p50 / 1e3,
+         idle.p99 / 1e3, idle.p999 / 1e3);
   printf(
-      "  busy daemon:  p50 %7.2f µs  p99 %7.2f µs   (another client gathering 1,152-row "
-      "batches)\n\n",
-      busy_rt.p50 / 1e3, busy_rt.p99 / 1e3);
-  printf("%-22s %6s %14s %14s %14s %14s %8s\n", "gather", "iters", "daemon p50", "in-proc p50",
-         "daemon mean", "in-proc mean", "ratio");
+      "  busy daemon:  p50 %7.2f µs  p99 %7.2f µs  p99.9 %7.2f µs   (another client gathering "
+      "1,152-row batches)\n\n",
+      busy_rt.p50 / 1e3, busy_rt.p99 / 1e3, busy_rt.p999 / 1e3);
+  printf("%-20s %5s | %10s %10s %10s | %10s %10s %10s | %6s %6s\n", "gather (µs)", "iters",
+         "daemon p50", "p99", "p99.9", "in-proc p50", "p99", "p99.9", "p50 x", "p99 x");
   auto row = [&](const char* name, uint32_t iters, const std::pair<Summary, Summary>& r) {
-    printf("%-22s %6u %11.1f µs %11.1f µs %11.1f µs %11.1f µs %7.2fx\n", name, iters,
-           r.first.p50 / 1e3, r.second.p50 / 1e3, r.first.mean / 1e3, r.second.mean / 1e3,
-           double(r.first.p50) / double(std::max<uint64_t>(1, r.second.p50)));
+    printf("%-20s %5u | %10.1f %10.1f %10.1f | %11.1f %10.1f %10.1f | %5.2fx %5.2fx\n", name, iters,
+           r.first.p50 / 1e3, r.first.p99 / 1e3, r.first.p999 / 1e3, r.second.p50 / 1e3,
+           r.second.p99 / 1e3, r.second.p999 / 1e3,
+           double(r.first.p50) / double(std::max<uint64_t>(1, r.second.p50)),
+           double(r.first.p99) / double(std::max<uint64_t>(1, r.second.p99)));
   };
   row("1,152 rows warm", warm_small, warm1);
   row((std::to_string(large) + " rows warm").c_str(), warm_large, warm2);

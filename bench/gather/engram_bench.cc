@@ -27,6 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/common/row_ids.h"
+#include "bench/gather/batch_residency.h"
 #include "bench/gather/gather_methods.h"
 #include "tests/common/gather_test_util.h"
 
@@ -113,35 +115,6 @@ void PrintMachine(const Config& c) {
       "= cold, then every other unique row of the batch read back\n\n");
 }
 
-// Row ids: uniform, or Zipf(s) over ranks scattered over the table by a bijective hash so that
-// hot rows are not neighbours in the file.
-std::vector<uint64_t> MakeRows(const std::string& dist, size_t n, uint64_t rows, double s,
-                               uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<uint64_t> out(n);
-  if (dist == "uniform") {
-    for (auto& r : out) r = rng() % rows;
-    return out;
-  }
-  // Inverse-CDF sampling of a continuous Zipf(s) density on [1, rows + 1).
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  const double n1 = static_cast<double>(rows) + 1.0;
-  uint64_t mult = 0x9E3779B97F4A7C15ull % rows;
-  while (std::gcd(mult, rows) != 1) ++mult;
-  for (auto& r : out) {
-    const double x = u(rng);
-    double k;
-    if (std::abs(s - 1.0) < 1e-9) {
-      k = std::pow(n1, x);
-    } else {
-      k = std::pow(1.0 + x * (std::pow(n1, 1.0 - s) - 1.0), 1.0 / (1.0 - s));
-    }
-    const uint64_t rank = std::min<uint64_t>(rows - 1, static_cast<uint64_t>(k) - 1);
-    r = static_cast<uint64_t>((static_cast<unsigned __int128>(rank) * mult + 12345) % rows);
-  }
-  return out;
-}
-
 absl::StatusOr<std::unique_ptr<Table>> PrepareTable(const Config& c, const std::string& layout) {
   std::filesystem::create_directories(c.dir);
   const std::string tag = absl::StrCat(c.rows, "-", c.seed);
@@ -194,6 +167,8 @@ struct Result {
   double us_per_row = 0, cpu_us_per_row = 0, syscalls_per_row = 0, faults_per_row = 0;
   double p50_ms = 0, p99_ms = 0, rows_per_s = 0, ratio = 0;
   double resident = 0;
+  // Measured share of the batch's pages resident when a timed cold / half batch started.
+  double resident_min = 1.0, resident_max = 0.0;
 };
 
 double Percentile(std::vector<double> v, double q) {
@@ -274,12 +249,33 @@ int Run(const Config& c) {
           for (auto& m : methods) {
             Result r{layout, state, dist, m->name(), batch};
             r.resident = state == "warm" ? 1.0 : state == "half" ? 0.5 : 0.0;
-            auto prepare = [&] {
-              if (state == "warm") return;
-              m->Detach();  // a mapping keeps its pages from being evicted
-              testing::Evict(t);
+            if (state == "warm") r.resident_min = r.resident_max = 1.0;
+            // Every method starts a cold or half case from the same measured residency: all
+            // methods let go of their mappings (a mapped page survives POSIX_FADV_DONTNEED),
+            // the files are evicted until none of the batch's pages is resident, half the rows
+            // are read back, and what is resident then is measured and recorded.
+            auto prepare = [&]() -> bool {
+              if (state == "warm") return true;
+              for (auto& other : methods) other->Detach();
+              BatchResidency before;
+              for (int attempt = 0; attempt < 5; ++attempt) {
+                testing::Evict(t);
+                before = MeasureBatchResidency(t, unique);
+                if (before.resident == 0) break;
+              }
+              if (before.resident != 0) {
+                std::fprintf(stderr,
+                             "%s: %lu of the batch's %lu pages stayed resident after eviction; "
+                             "this case is not cold\n",
+                             m->name().c_str(), static_cast<unsigned long>(before.resident),
+                             static_cast<unsigned long>(before.pages));
+                return false;
+              }
               if (state == "half") TouchRows(t, half);
-              (void)m->Attach(t);
+              const BatchResidency start = MeasureBatchResidency(t, unique);
+              r.resident_min = std::min(r.resident_min, start.fraction());
+              r.resident_max = std::max(r.resident_max, start.fraction());
+              return m->Attach(t).ok();
             };
             if (absl::Status s = m->Attach(t); !s.ok()) {
               std::fprintf(stderr, "%s: %s\n", m->name().c_str(), s.ToString().c_str());
@@ -296,7 +292,10 @@ int Run(const Config& c) {
             std::vector<double> lat_ms;
             uint64_t wall = 0, cpu = 0, calls = 0, faults = 0;
             for (int it = 0; it < iters_cap; ++it) {
-              prepare();
+              if (!prepare()) {
+                ++failures;
+                break;
+              }
               const uint64_t sys0 = m->syscalls(), f0 = Faults(), c0 = CpuNs(), t0 = NowNs();
               absl::Status s = m->Gather(t, rows, dest.data());
               const uint64_t t1 = NowNs(), c1 = CpuNs(), f1 = Faults(), sys1 = m->syscalls();
@@ -338,12 +337,16 @@ int Run(const Config& c) {
                       static_cast<unsigned long>(batch), dist.c_str(), state.c_str());
           std::printf(
               "| method | rows/s | us/row | CPU-us/row | syscalls/row | faults/row | "
-              "p50 ms | p99 ms | vs mmap | iters |\n|---|---|---|---|---|---|---|---|---|---|\n");
+              "p50 ms | p99 ms | vs mmap | iters | resident at start |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
           for (auto& r : group) {
             r.ratio = base > 0 ? r.us_per_row / base : 0;
-            std::printf("| %s | %.3g | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f | %.2fx | %d |\n",
-                        r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row,
-                        r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio, r.iters);
+            std::printf(
+                "| %s | %.3g | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f | %.2fx | %d | "
+                "%.1f-%.1f %% |\n",
+                r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row, r.syscalls_per_row,
+                r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio, r.iters, 100 * r.resident_min,
+                100 * r.resident_max);
             results.push_back(r);
           }
           std::printf("\n");
@@ -356,12 +359,14 @@ int Run(const Config& c) {
   if (!c.csv.empty()) {
     std::ofstream out(c.csv);
     out << "layout,batch,dist,state,resident,method,us_per_row,cpu_us_per_row,syscalls_per_row,"
-           "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters\n";
+           "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters,resident_min,resident_"
+           "max\n";
     for (const auto& r : results) {
-      out << absl::StrFormat("%s,%d,%s,%s,%.2f,\"%s\",%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d\n",
-                             r.layout, r.batch, r.dist, r.state, r.resident, r.method, r.us_per_row,
-                             r.cpu_us_per_row, r.syscalls_per_row, r.faults_per_row, r.p50_ms,
-                             r.p99_ms, r.rows_per_s, r.ratio, r.iters);
+      out << absl::StrFormat(
+          "%s,%d,%s,%s,%.2f,\"%s\",%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d,%.4f,%.4f\n",
+          r.layout, r.batch, r.dist, r.state, r.resident, r.method, r.us_per_row, r.cpu_us_per_row,
+          r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.rows_per_s, r.ratio, r.iters,
+          r.resident_min, r.resident_max);
     }
   }
   if (failures > 0) {

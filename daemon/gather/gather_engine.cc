@@ -19,9 +19,10 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "protocol/clock.h"
 #include "daemon/gather/gather_planner.h"
 #include "daemon/gather/gather_reader.h"
+#include "daemon/gather/thread_pool.h"
+#include "protocol/clock.h"
 
 namespace engram {
 
@@ -39,128 +40,27 @@ uint64_t TableGatherStats::LatencyPercentileNs(double q) const {
   return UINT64_MAX;
 }
 
+uint64_t DefaultWorkerSpinNs(uint32_t cpus) { return cpus >= 8 ? 10'000 : 0; }
+
 namespace {
 
-using Task = absl::AnyInvocable<void(ReaderContext&)>;
 constexpr size_t kLatencyBuckets = 64;
 // Residue reads per task when the blocking pool shares them out.
 constexpr size_t kPoolTaskReads = 16;
-
-// Threads that each own a ReaderContext and run posted tasks in order of arrival. The destructor
-// runs every task already posted before the threads exit.
-class ThreadPool {
- public:
-  using MakeContext = std::function<std::unique_ptr<ReaderContext>()>;
-  ThreadPool(uint32_t threads, const MakeContext& make) {
-    for (uint32_t i = 0; i < threads; ++i) {
-      threads_.emplace_back([this, ctx = make()]() mutable { Loop(*ctx); });
-    }
-  }
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  void Post(Task task, size_t copies = 1) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      tasks_.push_back(std::move(task));
-      for (size_t i = 1; i < copies; ++i) tasks_.push_back(nullptr);  // placeholder, see Loop
-    }
-    if (copies == 1) {
-      cv_.notify_one();
-    } else {
-      cv_.notify_all();
-    }
-  }
-  // Posts `copies` tasks that all run `fn`.
-  void PostShared(std::shared_ptr<absl::AnyInvocable<void(ReaderContext&)>> fn, size_t copies) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      for (size_t i = 0; i < copies; ++i) {
-        tasks_.push_back([fn](ReaderContext& ctx) { (*fn)(ctx); });
-      }
-    }
-    if (copies == 1) {
-      cv_.notify_one();
-    } else {
-      cv_.notify_all();
-    }
-  }
-  size_t size() const { return threads_.size(); }
-
- private:
-  void Loop(ReaderContext& ctx) {
-    while (true) {
-      Task task;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return stop_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;  // stopping and drained
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      if (task) std::move(task)(ctx);
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
-};
-
-// Runs fn(i) for every i in [0, n) on the calling thread and up to `helpers` threads of `pool`;
-// each index is claimed once. Returns when all have run.
-void ParallelFor(ThreadPool* pool, size_t n, size_t helpers, ReaderContext& caller,
-                 const std::function<void(size_t, ReaderContext&)>& fn) {
-  if (pool == nullptr || helpers == 0 || n <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i, caller);
-    return;
-  }
-  struct Job {
-    const std::function<void(size_t, ReaderContext&)>* fn;
-    size_t n;
-    std::atomic<size_t> next{0};
-    std::atomic<size_t> done{0};
-    std::mutex mu;
-    std::condition_variable cv;
-  };
-  auto job = std::make_shared<Job>();
-  job->fn = &fn;
-  job->n = n;
-  auto claim = [](Job& j, ReaderContext& ctx) {
-    size_t i;
-    while ((i = j.next.fetch_add(1, std::memory_order_relaxed)) < j.n) {
-      (*j.fn)(i, ctx);
-      if (j.done.fetch_add(1, std::memory_order_acq_rel) + 1 == j.n) {
-        std::lock_guard<std::mutex> l(j.mu);
-        j.cv.notify_all();
-      }
-    }
-  };
-  pool->PostShared(std::make_shared<absl::AnyInvocable<void(ReaderContext&)>>(
-                       [job, claim](ReaderContext& ctx) { claim(*job, ctx); }),
-                   std::min(helpers, n - 1));
-  claim(*job, caller);
-  std::unique_lock<std::mutex> l(job->mu);
-  job->cv.wait(l, [&] { return job->done.load(std::memory_order_acquire) == job->n; });
-}
+// What a planned read is assumed to cost before a table's first batch was measured.
+constexpr double kInitialNsPerRead = 1000.0;
 
 struct TableState {
   const Table* table = nullptr;
   TableGatherOptions options;
   std::vector<std::unique_ptr<GatherFile>> files;
 
-  std::atomic<uint64_t> batches{0}, rows_requested{0}, rows_unique{0}, read_calls{0},
-      nowait_hits{0}, nowait_eagain{0}, partial_reads{0}, uring_reads{0}, pool_reads{0},
-      direct_reads{0}, bytes_read{0}, errors{0}, nowait_zero{0}, eintr_retries{0}, syscalls{0},
-      probes{0}, dedup_copies{0}, ring_failures{0}, ring_resets{0}, fixed_reads{0};
+#define ENGRAM_TABLE_COUNTER(field, json_key, metric, help) std::atomic<uint64_t> field{0};
+  ENGRAM_GATHER_COUNTERS(ENGRAM_TABLE_COUNTER)
+#undef ENGRAM_TABLE_COUNTER
   std::atomic<double> hit_rate{1.0};
+  // Measured thread time per planned read (recent batches): the scheduler's cost estimate.
+  std::atomic<double> ns_per_read{kInitialNsPerRead};
   std::atomic<bool> nowait_enabled{true};
   std::atomic<uint64_t> since_probe{0};
   std::array<std::atomic<uint64_t>, kLatencyBuckets> latency{};
@@ -191,7 +91,11 @@ class GatherEngineImpl final : public GatherEngine {
     }
     if (options_.blocking_threads == 0) options_.blocking_threads = 1;
     if (options_.split_reads == 0) options_.split_reads = 1;
-    workers_ = std::make_unique<ThreadPool>(options_.workers, [this] { return MakeContext(true); });
+    if (options_.worker_spin_ns == GatherEngineOptions::kAutoSpin) {
+      options_.worker_spin_ns = DefaultWorkerSpinNs(std::thread::hardware_concurrency());
+    }
+    workers_ = std::make_unique<ThreadPool>(options_.workers, options_.worker_spin_ns,
+                                            [this] { return MakeContext(true); });
     return absl::OkStatus();
   }
 
@@ -297,26 +201,9 @@ class GatherEngineImpl final : public GatherEngine {
     for (const auto& [table, ts] : tables_) {
       TableGatherStats s;
       s.layer_id = table->layer_id();
-      s.batches = ts->batches.load();
-      s.rows_requested = ts->rows_requested.load();
-      s.rows_unique = ts->rows_unique.load();
-      s.read_calls = ts->read_calls.load();
-      s.nowait_hits = ts->nowait_hits.load();
-      s.nowait_eagain = ts->nowait_eagain.load();
-      s.partial_reads = ts->partial_reads.load();
-      s.uring_reads = ts->uring_reads.load();
-      s.pool_reads = ts->pool_reads.load();
-      s.direct_reads = ts->direct_reads.load();
-      s.bytes_read = ts->bytes_read.load();
-      s.errors = ts->errors.load();
-      s.nowait_zero = ts->nowait_zero.load();
-      s.eintr_retries = ts->eintr_retries.load();
-      s.syscalls = ts->syscalls.load();
-      s.probes = ts->probes.load();
-      s.dedup_copies = ts->dedup_copies.load();
-      s.ring_failures = ts->ring_failures.load();
-      s.ring_resets = ts->ring_resets.load();
-      s.fixed_reads = ts->fixed_reads.load();
+#define ENGRAM_LOAD_COUNTER(field, json_key, metric, help) s.field = ts->field.load();
+      ENGRAM_GATHER_COUNTERS(ENGRAM_LOAD_COUNTER)
+#undef ENGRAM_LOAD_COUNTER
       s.nowait_supported = true;
       for (const auto& f : ts->files) {
         if (!f->nowait_ok.load()) s.nowait_supported = false;
@@ -387,7 +274,7 @@ class GatherEngineImpl final : public GatherEngine {
 
   ThreadPool* BlockingPool() {
     std::call_once(pool_once_, [this] {
-      pool_ = std::make_unique<ThreadPool>(options_.blocking_threads,
+      pool_ = std::make_unique<ThreadPool>(options_.blocking_threads, /*spin_ns=*/0,
                                            [this] { return MakeContext(false); });
     });
     return pool_.get();
@@ -425,8 +312,34 @@ class GatherEngineImpl final : public GatherEngine {
     return first_error;
   }
 
+  struct Schedule {
+    size_t chunks = 1;
+    size_t helpers = 0;
+  };
+
+  // What the threads working on one batch share.
+  struct BatchRun {
+    TableState* ts = nullptr;
+    GatherPlan* plan = nullptr;
+    ReadTarget target;
+    size_t nowait_limit = 0;  // reads of each range's front tried with NOWAIT (SIZE_MAX: all)
+    bool first_wave = true;   // whether a long NOWAIT range starts with a wave of probe_reads
+    // Per unique row: bit 0 = a NOWAIT read of it was tried, bit 1 = one would have blocked.
+    std::unique_ptr<std::atomic<uint8_t>[]> marks;
+    std::atomic<uint64_t> range_ns{0};       // thread time spent on the batch's reads
+    std::atomic<uint64_t> nowait_misses{0};  // NOWAIT reads that would have blocked
+    std::mutex mu;
+    absl::Status first_error;
+    ReadCounters total;
+  };
+
   absl::Status RunBatch(const GatherBatch& batch, ReaderContext& ctx) {
     const uint64_t t0 = NowNs();
+    active_batches_.fetch_add(1, std::memory_order_relaxed);
+    struct Leave {
+      std::atomic<uint32_t>& n;
+      ~Leave() { n.fetch_sub(1, std::memory_order_relaxed); }
+    } leave{active_batches_};
     TableState* ts = batch.table == nullptr ? nullptr : Lookup(batch.table);
     if (ts == nullptr) {
       return absl::FailedPreconditionError(
@@ -436,166 +349,237 @@ class GatherEngineImpl final : public GatherEngine {
     }
     // The caller's plan; helper threads reach it through this reference, not their own copy.
     thread_local GatherPlan thread_plan;
-    GatherPlan& plan = thread_plan;
-    if (absl::Status s = planner_.Plan(batch, &plan); !s.ok()) {
+    if (absl::Status s = planner_.Plan(batch, &thread_plan); !s.ok()) {
       ts->errors.fetch_add(1, std::memory_order_relaxed);
       return s;
     }
     SyncFiles(ctx);
-    const ReadTarget target{.plan = &plan,
-                            .files = &ts->files,
-                            .read_fn = &options_.read_fn,
-                            .notice = &options_.notice};
-    const size_t num_reads = plan.reads.size();
-    const size_t num_unique = plan.unique_rows.size();
+    BatchRun run;
+    run.ts = ts;
+    run.plan = &thread_plan;
+    run.target = {.plan = &thread_plan,
+                  .files = &ts->files,
+                  .read_fn = &options_.read_fn,
+                  .notice = &options_.notice};
+    run.nowait_limit = NowaitLimit(*ts);
+    if (run.nowait_limit > 0) {
+      run.marks.reset(new std::atomic<uint8_t>[thread_plan.unique_rows.size()]());
+    }
+    const size_t num_reads = thread_plan.reads.size();
+    const bool probe_only = run.nowait_limit != SIZE_MAX && run.nowait_limit > 0;
+    const bool decode = batch.rows.size() <= options_.decode_max_rows;
+    const Schedule sched = ScheduleBatch(*ts, num_reads, probe_only, decode);
+    size_t begin = 0;
+    if (sched.helpers > 0) begin = FirstWave(run, ctx);
+    const size_t rest = num_reads - begin;
+    const size_t chunks = std::max<size_t>(1, std::min(sched.chunks, rest));
+    const size_t per_chunk = (rest + chunks - 1) / chunks;
+    // Decode steps run ahead of larger batches: those give up their helpers while one runs.
+    std::function<bool()> step_aside;
+    if (!decode)
+      step_aside = [this] { return decode_batches_.load(std::memory_order_relaxed) > 0; };
+    if (decode) decode_batches_.fetch_add(1, std::memory_order_relaxed);
+    ParallelFor(
+        workers_.get(), chunks, sched.helpers, ctx,
+        [&](size_t ci, ReaderContext& cx) {
+          const size_t b = begin + ci * per_chunk;
+          RunRange(run, b, std::min(num_reads, b + per_chunk), cx);
+        },
+        step_aside);
+    if (decode) decode_batches_.fetch_sub(1, std::memory_order_relaxed);
+    if (run.first_error.ok()) {
+      for (const SlotCopy& copy : thread_plan.copies) {
+        std::memcpy(copy.slot, thread_plan.unique_dest[copy.unique], kRowBytes);
+      }
+    }
+    Account(run, sched, NowNs() - t0);
+    return run.first_error;
+  }
 
-    // The adaptive policy: the NOWAIT pass runs while the table's recent hit rate is high;
-    // otherwise every probe_interval-th batch tries a few reads with it.
+  // The adaptive policy: the NOWAIT pass runs while the table's recent hit rate is high;
+  // otherwise every probe_interval-th batch tries a few reads with it. Returns how many reads of
+  // each range's front are tried with NOWAIT (SIZE_MAX: all, 0: none).
+  size_t NowaitLimit(TableState& ts) {
     bool any_nowait_file = false;
-    for (const auto& f : ts->files) any_nowait_file |= f->nowait_ok.load(std::memory_order_relaxed);
-    size_t nowait_limit = 0;  // reads of each chunk's front tried with NOWAIT
-    if (ts->options.mode == ReadMode::kBuffered && options_.nowait_pass != NowaitPass::kOff &&
-        any_nowait_file) {
-      if (ts->nowait_enabled.load(std::memory_order_relaxed)) {
-        nowait_limit = SIZE_MAX;
-      } else if (ts->since_probe.fetch_add(1, std::memory_order_relaxed) + 1 >=
-                 options_.probe_interval) {
-        ts->since_probe.store(0, std::memory_order_relaxed);
-        ts->probes.fetch_add(1, std::memory_order_relaxed);
-        nowait_limit = options_.probe_reads;
+    for (const auto& f : ts.files) any_nowait_file |= f->nowait_ok.load(std::memory_order_relaxed);
+    if (ts.options.mode != ReadMode::kBuffered || options_.nowait_pass == NowaitPass::kOff ||
+        !any_nowait_file) {
+      return 0;
+    }
+    if (ts.nowait_enabled.load(std::memory_order_relaxed)) return SIZE_MAX;
+    if (ts.since_probe.fetch_add(1, std::memory_order_relaxed) + 1 < options_.probe_interval) {
+      return 0;
+    }
+    ts.since_probe.store(0, std::memory_order_relaxed);
+    ts.probes.fetch_add(1, std::memory_order_relaxed);
+    return options_.probe_reads;
+  }
+
+  // Before a batch fans out, its caller reads the first probe_reads reads (the first wave) on its
+  // own: when the cache went cold since the policy last looked, most of them miss and no thread
+  // tries the NOWAIT pass on the rest, so a sudden eviction costs one wave of misses per batch,
+  // not one per chunk (a NOWAIT miss still starts the device read: tens of µs of CPU). Returns
+  // where the rest of the batch starts.
+  size_t FirstWave(BatchRun& run, ReaderContext& ctx) {
+    const size_t wave = options_.probe_reads;
+    if (run.nowait_limit != SIZE_MAX || wave == 0 || run.plan->reads.size() <= 2 * wave) return 0;
+    RunRange(run, 0, wave, ctx);
+    const uint64_t misses = run.nowait_misses.load(std::memory_order_relaxed);
+    run.first_wave = false;  // the rest of the batch follows this wave's verdict
+    if (static_cast<double>(wave - std::min<uint64_t>(wave, misses)) <
+        options_.nowait_min_hit_rate * static_cast<double>(wave)) {
+      run.nowait_limit = 0;
+    }
+    return wave;
+  }
+
+  // Reads [b, e) of the batch's plan on the thread owning `cx`.
+  void RunRange(BatchRun& run, size_t b, size_t e, ReaderContext& cx) {
+    const uint64_t start = NowNs();
+    SyncFiles(cx);
+    ReadCounters c;
+    absl::Status s;
+    thread_local std::vector<PendingRead> input, residue;
+    input.clear();
+    residue.clear();
+    if (run.ts->options.mode == ReadMode::kDirect) {
+      for (size_t r = b; r < e; ++r) input.push_back({static_cast<uint32_t>(r), 0});
+      s = DirectPass(cx, run.target, input, c);
+    } else {
+      const size_t nowait_end = NowaitRange(run, b, e, cx, input, residue, c, s);
+      for (size_t r = nowait_end; r < e; ++r) residue.push_back({static_cast<uint32_t>(r), 0});
+      if (s.ok() && !residue.empty()) {
+        s = cx.has_ring() ? UringPass(cx, run.target, residue, /*nowait=*/false, nullptr, c)
+                          : BlockingResidue(run.target, residue, cx, c);
       }
     }
-    const bool track_rows = nowait_limit > 0;
-    // Per unique row: bit 0 = a NOWAIT read of it was tried, bit 1 = one would have blocked.
-    std::unique_ptr<std::atomic<uint8_t>[]> marks;
-    if (track_rows) marks.reset(new std::atomic<uint8_t>[num_unique]());
+    run.range_ns.fetch_add(NowNs() - start, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> l(run.mu);
+    run.total.Add(c);
+    if (!s.ok() && run.first_error.ok()) run.first_error = std::move(s);
+  }
 
-    size_t chunks = 1;
-    if (num_reads > options_.split_reads && workers_->size() > 0) {
-      chunks = std::min<size_t>((num_reads + options_.split_reads / 2 - 1) /
-                                    std::max<uint32_t>(1, options_.split_reads / 2),
-                                (workers_->size() + 1) * 4);
-    }
-    if (nowait_limit != SIZE_MAX && nowait_limit > 0) chunks = 1;  // a probe stays small
-    const size_t per_chunk = (num_reads + chunks - 1) / std::max<size_t>(chunks, 1);
-
-    std::mutex mu;
-    absl::Status first_error;
-    ReadCounters total;
-    auto run_chunk = [&](size_t ci, ReaderContext& cx) {
-      SyncFiles(cx);
-      const size_t b = ci * per_chunk;
-      const size_t e = std::min(num_reads, b + per_chunk);
-      ReadCounters c;
-      absl::Status s;
-      thread_local std::vector<PendingRead> input, residue;
+  // The NOWAIT pass over the front of [b, e): reads that would block go to `residue`. Returns
+  // where the reads not tried start.
+  size_t NowaitRange(BatchRun& run, size_t b, size_t e, ReaderContext& cx,
+                     std::vector<PendingRead>& input, std::vector<PendingRead>& residue,
+                     ReadCounters& c, absl::Status& s) {
+    size_t nowait_end = run.nowait_limit == SIZE_MAX ? e : std::min(e, b + run.nowait_limit);
+    if (nowait_end <= b) return b;
+    const bool uring_nowait =
+        cx.has_ring() && (options_.nowait_pass == NowaitPass::kUring ||
+                          (options_.nowait_pass == NowaitPass::kAuto && !options_.read_fn));
+    // Tries reads [from, to) with RWF_NOWAIT; returns how many would have blocked.
+    auto try_range = [&](size_t from, size_t to) -> size_t {
       input.clear();
-      residue.clear();
-      if (ts->options.mode == ReadMode::kDirect) {
-        for (size_t r = b; r < e; ++r) input.push_back({static_cast<uint32_t>(r), 0});
-        s = DirectPass(cx, target, input, c);
-      } else {
-        size_t nowait_end = nowait_limit == SIZE_MAX ? e : std::min(e, b + nowait_limit);
-        const bool uring_nowait =
-            cx.has_ring() && (options_.nowait_pass == NowaitPass::kUring ||
-                              (options_.nowait_pass == NowaitPass::kAuto && !options_.read_fn));
-        // Tries reads [from, to) with RWF_NOWAIT; returns how many would have blocked.
-        auto nowait_range = [&](size_t from, size_t to) -> size_t {
-          input.clear();
-          for (size_t r = from; r < to; ++r) input.push_back({static_cast<uint32_t>(r), 0});
-          const size_t before = residue.size();
-          s = uring_nowait ? UringPass(cx, target, input, /*nowait=*/true, &residue, c)
-                           : NowaitPassSerial(target, input, residue, c);
-          for (size_t r = from; r < to && s.ok(); ++r) MarkRows(plan, r, 1, marks.get());
-          for (size_t k = before; k < residue.size(); ++k) {
-            MarkRows(plan, residue[k].read, 2, marks.get());
-          }
-          return residue.size() - before;
-        };
-        if (nowait_end > b) {
-          // A long pass starts with a first wave: when the cache went cold since the policy last
-          // looked, most of that wave misses and the rest of the chunk skips the pass, so a
-          // sudden eviction costs probe_reads misses, not a whole batch of them.
-          size_t first_end = nowait_end;
-          if (nowait_limit == SIZE_MAX && options_.probe_reads > 0 &&
-              e - b > 2 * size_t{options_.probe_reads}) {
-            first_end = b + options_.probe_reads;
-          }
-          const size_t misses = nowait_range(b, first_end);
-          const size_t tried = first_end - b;
-          if (s.ok() && first_end < nowait_end) {
-            if (static_cast<double>(tried - misses) >= options_.nowait_min_hit_rate * tried) {
-              nowait_range(first_end, nowait_end);
-            } else {
-              nowait_end = first_end;
-            }
-          }
-        }
-        for (size_t r = nowait_end; r < e; ++r) residue.push_back({static_cast<uint32_t>(r), 0});
-        if (s.ok() && !residue.empty()) {
-          if (cx.has_ring()) {
-            s = UringPass(cx, target, residue, /*nowait=*/false, nullptr, c);
-          } else {
-            s = BlockingResidue(target, residue, cx, c);
-          }
-        }
+      for (size_t r = from; r < to; ++r) input.push_back({static_cast<uint32_t>(r), 0});
+      const size_t before = residue.size();
+      s = uring_nowait ? UringPass(cx, run.target, input, /*nowait=*/true, &residue, c)
+                       : NowaitPassSerial(run.target, input, residue, c);
+      for (size_t r = from; r < to && s.ok(); ++r) MarkRows(*run.plan, r, 1, run.marks.get());
+      for (size_t k = before; k < residue.size(); ++k) {
+        MarkRows(*run.plan, residue[k].read, 2, run.marks.get());
       }
-      std::lock_guard<std::mutex> l(mu);
-      total.Add(c);
-      if (!s.ok() && first_error.ok()) first_error = std::move(s);
+      run.nowait_misses.fetch_add(residue.size() - before, std::memory_order_relaxed);
+      return residue.size() - before;
     };
-    ParallelFor(workers_.get(), chunks, std::min<size_t>(workers_->size(), chunks - 1), ctx,
-                run_chunk);
-
-    if (first_error.ok()) {
-      for (const SlotCopy& copy : plan.copies) {
-        std::memcpy(copy.slot, plan.unique_dest[copy.unique], kRowBytes);
+    // A long pass on one thread starts with a first wave, with the same purpose as FirstWave.
+    size_t first_end = nowait_end;
+    if (run.first_wave && run.nowait_limit == SIZE_MAX && options_.probe_reads > 0 &&
+        e - b > 2 * size_t{options_.probe_reads}) {
+      first_end = b + options_.probe_reads;
+    }
+    const size_t misses = try_range(b, first_end);
+    const size_t tried = first_end - b;
+    if (s.ok() && first_end < nowait_end) {
+      if (static_cast<double>(tried - misses) >= options_.nowait_min_hit_rate * tried) {
+        try_range(first_end, nowait_end);
+      } else {
+        nowait_end = first_end;
       }
     }
+    return nowait_end;
+  }
 
-    // Statistics and the policy's input.
+  // The batch's statistics, the NOWAIT policy's input and the scheduler's cost estimate.
+  void Account(BatchRun& run, const Schedule& sched, uint64_t ns) {
+    TableState* ts = run.ts;
+    const GatherPlan& plan = *run.plan;
+    const size_t num_reads = plan.reads.size();
+    if (num_reads > 0 && run.first_error.ok()) {
+      // Thread time per read, so that fanning out does not hide the cost.
+      const double sample = static_cast<double>(run.range_ns.load()) / num_reads;
+      const double old = ts->ns_per_read.load(std::memory_order_relaxed);
+      ts->ns_per_read.store(old + 0.25 * (sample - old), std::memory_order_relaxed);
+    }
     uint64_t hits = 0, eagain = 0;
-    if (track_rows) {
-      for (size_t i = 0; i < num_unique; ++i) {
-        const uint8_t m = marks[i].load(std::memory_order_relaxed);
+    if (run.marks != nullptr) {
+      for (size_t i = 0; i < plan.unique_rows.size(); ++i) {
+        const uint8_t m = run.marks[i].load(std::memory_order_relaxed);
         if (m == 1) ++hits;
         if (m & 2) ++eagain;
       }
-      const uint64_t tried = hits + eagain;
-      if (tried > 0) {
-        const double rate = static_cast<double>(hits) / tried;
-        // A few reads move the rate a little, a wave of them decisively.
-        const double w = static_cast<double>(tried) / (tried + 8.0);
-        double old = ts->hit_rate.load(std::memory_order_relaxed);
-        const double now = old + w * (rate - old);
-        ts->hit_rate.store(now, std::memory_order_relaxed);
-        ts->nowait_enabled.store(now >= options_.nowait_min_hit_rate, std::memory_order_relaxed);
-      }
+      UpdateHitRate(*ts, hits, eagain);
     }
     ts->batches.fetch_add(1, std::memory_order_relaxed);
     ts->rows_requested.fetch_add(plan.rows_requested, std::memory_order_relaxed);
-    ts->rows_unique.fetch_add(num_unique, std::memory_order_relaxed);
+    ts->rows_unique.fetch_add(plan.unique_rows.size(), std::memory_order_relaxed);
     ts->dedup_copies.fetch_add(plan.copies.size(), std::memory_order_relaxed);
-    ts->read_calls.fetch_add(total.read_calls, std::memory_order_relaxed);
     ts->nowait_hits.fetch_add(hits, std::memory_order_relaxed);
     ts->nowait_eagain.fetch_add(eagain, std::memory_order_relaxed);
-    ts->partial_reads.fetch_add(total.partial_reads, std::memory_order_relaxed);
-    ts->uring_reads.fetch_add(total.uring_reads, std::memory_order_relaxed);
-    ts->pool_reads.fetch_add(total.pool_reads, std::memory_order_relaxed);
-    ts->direct_reads.fetch_add(total.direct_reads, std::memory_order_relaxed);
-    ts->bytes_read.fetch_add(total.bytes_read, std::memory_order_relaxed);
-    ts->nowait_zero.fetch_add(total.nowait_zero, std::memory_order_relaxed);
-    ts->eintr_retries.fetch_add(total.eintr_retries, std::memory_order_relaxed);
-    ts->syscalls.fetch_add(total.syscalls, std::memory_order_relaxed);
-    ts->ring_failures.fetch_add(total.ring_failures, std::memory_order_relaxed);
-    ts->ring_resets.fetch_add(total.ring_resets, std::memory_order_relaxed);
-    ts->fixed_reads.fetch_add(total.fixed_reads, std::memory_order_relaxed);
-    if (!first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
-    const uint64_t ns = NowNs() - t0;
+    if (sched.helpers > 0) {
+      ts->fanout_batches.fetch_add(1, std::memory_order_relaxed);
+      ts->helper_tasks.fetch_add(sched.helpers, std::memory_order_relaxed);
+    }
+#define ENGRAM_ADD_READER_COUNTER(field, json_key, metric, help) \
+  ts->field.fetch_add(run.total.field, std::memory_order_relaxed);
+    ENGRAM_GATHER_READER_COUNTERS(ENGRAM_ADD_READER_COUNTER)
+#undef ENGRAM_ADD_READER_COUNTER
+    if (!run.first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
     ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
         1, std::memory_order_relaxed);
     ts->latency_sum_ns.fetch_add(ns, std::memory_order_relaxed);
-    return first_error;
+  }
+
+  void UpdateHitRate(TableState& ts, uint64_t hits, uint64_t eagain) {
+    const uint64_t tried = hits + eagain;
+    if (tried == 0) return;
+    const double rate = static_cast<double>(hits) / tried;
+    // A few reads move the rate a little, a wave of them decisively.
+    const double w = static_cast<double>(tried) / (tried + 8.0);
+    const double old = ts.hit_rate.load(std::memory_order_relaxed);
+    const double now = old + w * (rate - old);
+    ts.hit_rate.store(now, std::memory_order_relaxed);
+    ts.nowait_enabled.store(now >= options_.nowait_min_hit_rate, std::memory_order_relaxed);
+  }
+
+  // How a batch of `num_reads` planned reads is run: on the calling thread alone unless its
+  // estimated work (reads x the table's measured time per read) gives every helper at least
+  // helper_min_work_ns, and with no more helpers than the batch's share of the workers while
+  // other batches run (independent requests run side by side instead of each fanning out over
+  // every worker; a decode step counts only the other decode steps).
+  Schedule ScheduleBatch(const TableState& ts, size_t num_reads, bool probe_only,
+                         bool decode) const {
+    Schedule out;
+    const size_t workers = workers_->size();
+    if (probe_only || workers == 0 || num_reads <= options_.split_reads) return out;
+    const double work_ns = static_cast<double>(num_reads) * ts.ns_per_read.load();
+    const size_t worth =
+        static_cast<size_t>(work_ns / std::max<double>(1.0, options_.helper_min_work_ns));
+    // A decode step shares the workers with the other decode steps only: larger batches step
+    // aside while it runs.
+    const size_t active =
+        decode ? decode_batches_.load(std::memory_order_relaxed) + 1
+               : std::max<uint32_t>(1, active_batches_.load(std::memory_order_relaxed));
+    // Every running batch's calling thread takes one of the workers + 1 threads' worth of cores.
+    const size_t threads = (workers + 1) / active;
+    const size_t share = threads > 0 ? threads - 1 : 0;
+    const size_t max_chunks = (num_reads + options_.split_reads / 2 - 1) /
+                              std::max<uint32_t>(1, options_.split_reads / 2);
+    out.helpers = std::min({worth > 0 ? worth - 1 : 0, share, max_chunks - 1});
+    if (out.helpers == 0) return out;
+    out.chunks = std::min(max_chunks, (out.helpers + 1) * 4);
+    return out;
   }
 
   static void MarkRows(const GatherPlan& plan, size_t read, uint8_t bit,
@@ -627,6 +611,8 @@ class GatherEngineImpl final : public GatherEngine {
   std::mutex ctx_mu_;
   std::vector<std::unique_ptr<ReaderContext>> free_contexts_;
 
+  std::atomic<uint32_t> active_batches_{0};  // RunBatch calls in progress
+  std::atomic<uint32_t> decode_batches_{0};  // of those, decode steps reading their rows
   std::atomic<bool> ring_works_{true};
   std::atomic<bool> uring_notice_sent_{false};
 };

@@ -22,6 +22,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/gather/gather_counters.h"
 #include "tables/table.h"
 
 namespace engram {
@@ -102,7 +103,27 @@ struct GatherEngineOptions {
   // refuses (RLIMIT_MEMLOCK, ENOMEM) the reads go unregistered and one notice says why.
   bool register_direct_buffers = true;
   UringEnterFaultFn uring_enter_fault;  // empty: never (the production setting)
+
+  // --- Scheduling ---
+  // A batch is shared with workers only when its estimated work (planned reads x the table's
+  // measured thread time per read) gives each thread at least this much: a helper that is woken
+  // for less costs more than it saves. While several batches run, each gets its share of the
+  // workers (workers / batches running) instead of all of them.
+  uint64_t helper_min_work_ns = 40'000;
+  // Batches of at most this many rows are decode steps: while one runs, the helpers of larger
+  // batches (prefill) step aside after their current chunk and come back when none runs, so a
+  // prefill cannot take the cores a decode step needs.
+  uint32_t decode_max_rows = 16384;
+  // Idle workers spin this long before they park (a batch arriving meanwhile costs no wake-up);
+  // kAutoSpin: DefaultWorkerSpinNs(online CPUs).
+  static constexpr uint64_t kAutoSpin = UINT64_MAX;
+  uint64_t worker_spin_ns = kAutoSpin;
 };
+
+// The workers' spin before parking for a machine of `cpus` CPUs: none below 8 CPUs, where a
+// spinning worker takes a core from the threads doing the work; 10 µs from 8 CPUs up (about two
+// bare-metal futex wake-ups: a spell that catches the next chunk of a batch, not the next step).
+uint64_t DefaultWorkerSpinNs(uint32_t cpus);
 
 // One batch: rows[i] of `table` goes to dest + dest_offsets[i] (or dest + i * row_bytes when
 // dest_offsets is empty). Every destination must have room for 264 bytes. The spans must stay
@@ -114,35 +135,16 @@ struct GatherBatch {
   std::span<const uint64_t> dest_offsets;
 };
 
-// Counters of one table since the engine started. Every field only grows, except the policy.
+// Counters of one table since the engine started (daemon/gather/gather_counters.h lists them).
+// Every counter only grows; the policy fields below them may change.
 struct TableGatherStats {
   uint32_t layer_id = 0;
-  uint64_t batches = 0;
-  uint64_t rows_requested = 0;
-  uint64_t rows_unique = 0;    // after de-duplication
-  uint64_t read_calls = 0;     // preadv2 / io_uring reads issued, after merging
-  uint64_t nowait_hits = 0;    // rows served by the NOWAIT pass
-  uint64_t nowait_eagain = 0;  // rows handed on as residue
-  uint64_t partial_reads = 0;
-  uint64_t uring_reads = 0;
-  uint64_t pool_reads = 0;
-  uint64_t direct_reads = 0;
-  uint64_t bytes_read = 0;
-  uint64_t errors = 0;
+#define ENGRAM_GATHER_STATS_FIELD(field, json_key, metric, help) uint64_t field = 0;
+  ENGRAM_GATHER_COUNTERS(ENGRAM_GATHER_STATS_FIELD)
+#undef ENGRAM_GATHER_STATS_FIELD
   bool nowait_supported = true;  // false once the filesystem refused RWF_NOWAIT
   bool nowait_enabled = true;    // the adaptive policy's current choice
   double recent_hit_rate = 1.0;  // the policy's input
-  // --- Extensions ---
-  uint64_t nowait_zero = 0;  // NOWAIT reads that returned 0 before EOF (treated as misses)
-  uint64_t eintr_retries = 0;
-  uint64_t syscalls = 0;      // preadv2, pread and io_uring_enter calls made for the table
-  uint64_t probes = 0;        // batches that probed the NOWAIT pass while it was off
-  uint64_t dedup_copies = 0;  // slots filled by copying a row read once for the batch
-  // io_uring_enter failures that retired a gather ring while it read this table (the reads in
-  // flight were reaped first, the rest finished elsewhere), and the fresh rings set up after them.
-  uint64_t ring_failures = 0;
-  uint64_t ring_resets = 0;
-  uint64_t fixed_reads = 0;  // O_DIRECT reads into a registered (fixed) bounce buffer
   ReadMode mode = ReadMode::kBuffered;
   std::string residue_path;  // "io_uring", "blocking pool" or "O_DIRECT io_uring" / "O_DIRECT pool"
   // Batch latency histogram: bucket i counts batches with latency in [2^i, 2^(i+1)) ns.
@@ -151,6 +153,16 @@ struct TableGatherStats {
   // The upper edge of the bucket holding the q-quantile (q in [0, 1]); 0 with no batches.
   uint64_t LatencyPercentileNs(double q) const;
 };
+
+// Calls visit(info, value) for every counter of `stats`, in the order of gather_counters.h. The
+// JSON statistics and the Prometheus metrics are written from it.
+template <typename Visitor>
+void ForEachGatherCounter(const TableGatherStats& stats, Visitor&& visit) {
+#define ENGRAM_GATHER_VISIT(field, json_key, metric, help) \
+  visit(GatherCounterInfo{#field, json_key, metric, help}, stats.field);
+  ENGRAM_GATHER_COUNTERS(ENGRAM_GATHER_VISIT)
+#undef ENGRAM_GATHER_VISIT
+}
 
 class GatherEngine {
  public:

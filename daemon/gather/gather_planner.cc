@@ -55,16 +55,17 @@ void RadixSortU64(std::vector<uint64_t>& keys, int bits, std::vector<uint64_t>& 
   if (passes % 2 == 1) std::memcpy(keys.data(), tmp.data(), n * sizeof(uint64_t));
 }
 
-absl::Status GatherPlanner::Plan(const GatherBatch& batch, GatherPlan* ret_plan) const {
-  GatherPlan& plan = *ret_plan;
-  plan.Clear();
+namespace {
+
+// The batch's shape against the planner's limits: size, destination, offsets.
+absl::Status CheckBatch(const GatherBatch& batch, const PlannerOptions& options) {
   const Table* table = batch.table;
   if (table == nullptr) return absl::InvalidArgumentError("gather batch names no table");
   const size_t n = batch.rows.size();
-  if (n > options_.max_batch_rows) {
+  if (n > options.max_batch_rows) {
     return absl::ResourceExhaustedError(absl::StrCat("gather batch of ", n, " rows for table ",
                                                      table->Describe(), " exceeds the limit of ",
-                                                     options_.max_batch_rows, " rows"));
+                                                     options.max_batch_rows, " rows"));
   }
   if (n > 0 && batch.dest == nullptr) {
     return absl::InvalidArgumentError(
@@ -75,12 +76,14 @@ absl::Status GatherPlanner::Plan(const GatherBatch& batch, GatherPlan* ret_plan)
         absl::StrCat("gather batch for table ", table->Describe(), " has ", n, " rows but ",
                      batch.dest_offsets.size(), " destination offsets"));
   }
-  plan.table = table;
-  plan.rows_requested = n;
-  if (n == 0) return absl::OkStatus();
+  return absl::OkStatus();
+}
 
+// Every row against the rows the table covers; the error names the row and its batch index.
+absl::Status CheckRows(const GatherBatch& batch) {
+  const Table* table = batch.table;
   const RowRange covered = table->covered();
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < batch.rows.size(); ++i) {
     if (!covered.contains(batch.rows[i])) [[unlikely]] {
       absl::Status s = table->CheckRow(batch.rows[i]);
       if (s.ok()) {
@@ -90,17 +93,20 @@ absl::Status GatherPlanner::Plan(const GatherBatch& batch, GatherPlan* ret_plan)
       return absl::Status(s.code(), absl::StrCat(s.message(), " (batch index ", i, ")"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // De-duplicate and order by row (hence by file offset in every part) with one sort of packed
-  // (row, slot) keys; rows are stored relative to the covered range to keep the keys short.
+// De-duplicates and orders by row (hence by file offset in every part) with one sort of packed
+// (row, slot) keys; rows are stored relative to the covered range to keep the keys short.
+void SortUnique(const GatherBatch& batch, GatherPlan& plan) {
+  const size_t n = batch.rows.size();
+  const RowRange covered = batch.table->covered();
   const int slot_bits = BitsFor(n - 1);
   const int row_bits = BitsFor(covered.size() - 1);
   const uint64_t slot_mask = (uint64_t{1} << slot_bits) - 1;
-  auto slot_dest = [&](uint64_t slot) {
-    return batch.dest + (batch.dest_offsets.empty() ? slot * kRowBytes : batch.dest_offsets[slot]);
-  };
   auto add = [&](uint64_t row, uint64_t slot) {
-    uint8_t* dest = slot_dest(slot);
+    uint8_t* dest =
+        batch.dest + (batch.dest_offsets.empty() ? slot * kRowBytes : batch.dest_offsets[slot]);
     if (!plan.unique_rows.empty() && plan.unique_rows.back() == row) {
       plan.copies.push_back({static_cast<uint32_t>(plan.unique_rows.size() - 1), dest});
     } else {
@@ -122,49 +128,62 @@ absl::Status GatherPlanner::Plan(const GatherBatch& batch, GatherPlan* ret_plan)
     std::sort(pairs.begin(), pairs.end());
     for (const auto& [row, slot] : pairs) add(row, slot);
   }
+}
 
-  // One run of reads per part; a part's offsets grow with the row, so each run is ordered.
-  plan.gap_sink.resize(kPageBytes);
+// One run of reads for `part`; its offsets grow with the row, so the run is ordered. Reads that
+// are adjacent or share a page merge (gaps go to the sink) within the planner's bounds.
+void PlanPartReads(const RowPart& part, const PlannerOptions& options, GatherPlan& plan) {
   const size_t u = plan.unique_rows.size();
-  for (const RowPart& part : table->parts()) {
-    plan.reads.reserve(plan.reads.size() + u);
-    plan.iovs.reserve(plan.iovs.size() + u);
-    PlannedRead* cur = nullptr;
-    uint64_t cur_end = 0;
-    for (size_t i = 0; i < u; ++i) {
-      const uint64_t off = part.FileOffset(plan.unique_rows[i]);
-      uint8_t* dest = plan.unique_dest[i] + part.dest_offset;
-      if (cur != nullptr && options_.merge) {
-        const uint64_t gap = off - cur_end;
-        const bool adjacent = gap == 0;
-        const bool same_page = (cur_end - 1) / kPageBytes == off / kPageBytes;
-        if ((adjacent || same_page) &&
-            cur->length + gap + part.bytes <= options_.max_merged_bytes &&
-            cur->iov_count + 2 <= options_.max_merged_iovs) {
-          if (gap > 0) {
-            plan.iovs.push_back({plan.gap_sink.data(), gap});
-            plan.iov_unique.push_back(kGapIov);
-            cur->iov_count++;
-          }
-          plan.iovs.push_back({dest, part.bytes});
-          plan.iov_unique.push_back(static_cast<uint32_t>(i));
+  plan.reads.reserve(plan.reads.size() + u);
+  plan.iovs.reserve(plan.iovs.size() + u);
+  PlannedRead* cur = nullptr;
+  uint64_t cur_end = 0;
+  for (size_t i = 0; i < u; ++i) {
+    const uint64_t off = part.FileOffset(plan.unique_rows[i]);
+    uint8_t* dest = plan.unique_dest[i] + part.dest_offset;
+    if (cur != nullptr && options.merge) {
+      const uint64_t gap = off - cur_end;
+      const bool same_page = (cur_end - 1) / kPageBytes == off / kPageBytes;
+      if ((gap == 0 || same_page) && cur->length + gap + part.bytes <= options.max_merged_bytes &&
+          cur->iov_count + 2 <= options.max_merged_iovs) {
+        if (gap > 0) {
+          plan.iovs.push_back({plan.gap_sink.data(), gap});
+          plan.iov_unique.push_back(kGapIov);
           cur->iov_count++;
-          cur->length += static_cast<uint32_t>(gap + part.bytes);
-          cur_end = off + part.bytes;
-          continue;
         }
+        plan.iovs.push_back({dest, part.bytes});
+        plan.iov_unique.push_back(static_cast<uint32_t>(i));
+        cur->iov_count++;
+        cur->length += static_cast<uint32_t>(gap + part.bytes);
+        cur_end = off + part.bytes;
+        continue;
       }
-      plan.reads.push_back({.offset = off,
-                            .length = part.bytes,
-                            .file = part.file,
-                            .iov_begin = static_cast<uint32_t>(plan.iovs.size()),
-                            .iov_count = 1});
-      plan.iovs.push_back({dest, part.bytes});
-      plan.iov_unique.push_back(static_cast<uint32_t>(i));
-      cur = &plan.reads.back();
-      cur_end = off + part.bytes;
     }
+    plan.reads.push_back({.offset = off,
+                          .length = part.bytes,
+                          .file = part.file,
+                          .iov_begin = static_cast<uint32_t>(plan.iovs.size()),
+                          .iov_count = 1});
+    plan.iovs.push_back({dest, part.bytes});
+    plan.iov_unique.push_back(static_cast<uint32_t>(i));
+    cur = &plan.reads.back();
+    cur_end = off + part.bytes;
   }
+}
+
+}  // namespace
+
+absl::Status GatherPlanner::Plan(const GatherBatch& batch, GatherPlan* ret_plan) const {
+  GatherPlan& plan = *ret_plan;
+  plan.Clear();
+  if (absl::Status s = CheckBatch(batch, options_); !s.ok()) return s;
+  plan.table = batch.table;
+  plan.rows_requested = batch.rows.size();
+  if (batch.rows.empty()) return absl::OkStatus();
+  if (absl::Status s = CheckRows(batch); !s.ok()) return s;
+  SortUnique(batch, plan);
+  plan.gap_sink.resize(kPageBytes);
+  for (const RowPart& part : batch.table->parts()) PlanPartReads(part, options_, plan);
   return absl::OkStatus();
 }
 

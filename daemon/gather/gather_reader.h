@@ -1,7 +1,8 @@
 // The readers behind the gather engine: the RWF_NOWAIT fast pass (serial preadv2 or batched
 // io_uring), buffered io_uring reads, blocking preadv2 reads and O_DIRECT page-run reads. Each
 // works on a range of a GatherPlan's reads and reports progress so a short read resumes where it
-// stopped.
+// stopped. reader_context.cc: a thread's ring and bounce area; sync_reader.cc: serial NOWAIT and
+// blocking reads; uring_reader.cc: the io_uring pass; direct_reader.cc: the O_DIRECT pass.
 #pragma once
 
 #include <liburing.h>
@@ -15,6 +16,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "daemon/gather/gather_counters.h"
 #include "daemon/gather/gather_engine.h"
 #include "daemon/gather/gather_planner.h"
 #include "tables/table.h"
@@ -34,21 +36,11 @@ struct GatherFile {
 };
 
 // Counters one thread gathers while working on part of a batch, added to the table's totals
-// once per batch.
+// once per batch (the reader counters of gather_counters.h).
 struct ReadCounters {
-  uint64_t read_calls = 0;
-  uint64_t nowait_reads_hit = 0;
-  uint64_t partial_reads = 0;
-  uint64_t uring_reads = 0;
-  uint64_t pool_reads = 0;
-  uint64_t direct_reads = 0;
-  uint64_t bytes_read = 0;
-  uint64_t nowait_zero = 0;
-  uint64_t eintr_retries = 0;
-  uint64_t syscalls = 0;       // preadv2 / pread / io_uring_enter calls
-  uint64_t ring_failures = 0;  // rings retired after a fatal io_uring_enter error
-  uint64_t ring_resets = 0;    // fresh rings set up in their place
-  uint64_t fixed_reads = 0;    // O_DIRECT reads into the registered bounce area
+#define ENGRAM_READ_COUNTER_FIELD(field, json_key, metric, help) uint64_t field = 0;
+  ENGRAM_GATHER_READER_COUNTERS(ENGRAM_READ_COUNTER_FIELD)
+#undef ENGRAM_READ_COUNTER_FIELD
   void Add(const ReadCounters& o);
 };
 
@@ -126,9 +118,7 @@ class ReaderContext {
   bool fixed_files() const { return fixed_files_; }
 
   // Scratch owned by this context.
-  std::vector<PendingRead> residue;
   std::vector<PendingRead> queue;
-  std::vector<uint8_t*> marks;
   uint8_t* Bounce(size_t bytes);
   size_t bounce_bytes() const { return bounce_bytes_; }
   // Size of the O_DIRECT bounce area, allocated on the first O_DIRECT read.
@@ -192,6 +182,14 @@ absl::Status BlockingRead(const ReadTarget& t, PendingRead p, ReadCounters& c);
 // ring when it has one, else with blocking preads) and copies the rows out.
 absl::Status DirectPass(ReaderContext& ctx, const ReadTarget& t,
                         const std::vector<PendingRead>& reads, ReadCounters& c);
+
+// The error for a read that failed with `err` (positive) after `done` bytes: names the row, table,
+// file and offset.
+absl::Status ReadError(const ReadTarget& t, const PlannedRead& read, uint32_t done, int err);
+
+// Turns the RWF_NOWAIT pass off for `f` after the filesystem refused it with `err`; the first
+// time, sends a notice naming the file.
+void DisableNowait(const ReadTarget& t, GatherFile& f, int err);
 
 // The error for a file that ended before a row's bytes: names table, row, file and offset.
 absl::Status EndOfFileError(const ReadTarget& t, const PlannedRead& read, uint32_t done);

@@ -359,8 +359,9 @@ const std::vector<Setting>& Settings() {
       {"engine.workers", "--workers", "Gather workers (0: one per CPU)", Kind::kUint32,
        [](S* s) -> void* { return &s->server.workers; }, 0, 1024},
       {"engine.request_threads", "--request-threads",
-       "Requests gathered at the same time (each helped by the workers)", Kind::kUint32,
-       [](S* s) -> void* { return &s->server.request_threads; }, 1, 1024},
+       "Requests gathered at the same time (0: half the CPUs, 2 to 32); requests larger than a "
+       "decode step run on a separate pool of half as many",
+       Kind::kUint32, [](S* s) -> void* { return &s->server.request_threads; }, 0, 1024},
       {"engine.poll_spin_min_us", "--poll-spin-min-us", "Shortest polling spell before sleeping",
        Kind::kUint64, [](S* s) -> void* { return &s->spin_min_us; }, 0, 10'000'000},
       {"engine.poll_spin_max_us", "--poll-spin-max-us", "Longest polling spell before sleeping",

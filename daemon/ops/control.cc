@@ -90,36 +90,18 @@ constexpr size_t kMaxRefusalUids = 4096;
 const char* StateName(bool draining) { return draining ? "stopping" : "serving"; }
 
 json EngineStatsJson(const TableGatherStats& s) {
-  return {{"layer", s.layer_id},
-          {"batches", s.batches},
-          {"rows_requested", s.rows_requested},
-          {"rows_unique", s.rows_unique},
-          {"dedup_saved_rows", s.rows_requested - std::min(s.rows_requested, s.rows_unique)},
-          {"dedup_copies", s.dedup_copies},
-          {"read_calls", s.read_calls},
-          {"syscalls", s.syscalls},
-          {"nowait_hits", s.nowait_hits},
-          {"nowait_eagain", s.nowait_eagain},
-          {"nowait_zero", s.nowait_zero},
-          {"nowait_supported", s.nowait_supported},
-          {"nowait_enabled", s.nowait_enabled},
-          {"nowait_probes", s.probes},
-          {"recent_hit_rate", s.recent_hit_rate},
-          {"partial_reads", s.partial_reads},
-          {"eintr_retries", s.eintr_retries},
-          {"uring_reads", s.uring_reads},
-          {"pool_reads", s.pool_reads},
-          {"direct_reads", s.direct_reads},
-          {"fixed_reads", s.fixed_reads},
-          {"ring_failures", s.ring_failures},
-          {"ring_resets", s.ring_resets},
-          {"bytes_read", s.bytes_read},
-          {"errors", s.errors},
-          {"read_mode", s.mode == ReadMode::kDirect ? "direct" : "buffered"},
-          {"residue_path", s.residue_path},
-          {"latency_p50_ns", s.LatencyPercentileNs(0.50)},
-          {"latency_p99_ns", s.LatencyPercentileNs(0.99)},
-          {"latency_p999_ns", s.LatencyPercentileNs(0.999)}};
+  json j = {{"layer", s.layer_id},
+            {"dedup_saved_rows", s.rows_requested - std::min(s.rows_requested, s.rows_unique)},
+            {"nowait_supported", s.nowait_supported},
+            {"nowait_enabled", s.nowait_enabled},
+            {"recent_hit_rate", s.recent_hit_rate},
+            {"read_mode", s.mode == ReadMode::kDirect ? "direct" : "buffered"},
+            {"residue_path", s.residue_path},
+            {"latency_p50_ns", s.LatencyPercentileNs(0.50)},
+            {"latency_p99_ns", s.LatencyPercentileNs(0.99)},
+            {"latency_p999_ns", s.LatencyPercentileNs(0.999)}};
+  ForEachGatherCounter(s, [&](const GatherCounterInfo& c, uint64_t v) { j[c.json_key] = v; });
+  return j;
 }
 
 }  // namespace
@@ -470,35 +452,11 @@ std::string Control::MetricsText() const {
   }
   for (const TableGatherStats& t : s.engine_->Stats()) {
     const metrics::Labels l = {{"table", std::to_string(t.layer_id)}};
-    e.Counter("engram_gather_batches_total", "Gather batches run", l, double(t.batches));
-    e.Counter("engram_gather_rows_total", "Rows requested by gathers", l, double(t.rows_requested));
-    e.Counter("engram_gather_unique_rows_total", "Rows left after de-duplication", l,
-              double(t.rows_unique));
-    e.Counter("engram_gather_read_calls_total", "Reads issued after merging", l,
-              double(t.read_calls));
-    e.Counter("engram_gather_syscalls_total", "preadv2, pread and io_uring_enter calls", l,
-              double(t.syscalls));
-    e.Counter("engram_gather_nowait_hits_total", "Rows served by the RWF_NOWAIT pass", l,
-              double(t.nowait_hits));
-    e.Counter("engram_gather_nowait_misses_total", "Rows the RWF_NOWAIT pass left (EAGAIN)", l,
-              double(t.nowait_eagain));
+    ForEachGatherCounter(t, [&](const GatherCounterInfo& c, uint64_t v) {
+      e.Counter(c.metric, c.help, l, double(v));
+    });
     e.Gauge("engram_gather_nowait_enabled", "1 while the adaptive policy runs the NOWAIT pass", l,
             t.nowait_enabled ? 1 : 0);
-    e.Counter("engram_gather_uring_reads_total", "Residue reads through io_uring", l,
-              double(t.uring_reads));
-    e.Counter("engram_gather_pool_reads_total", "Residue reads through the blocking pool", l,
-              double(t.pool_reads));
-    e.Counter("engram_gather_direct_reads_total", "O_DIRECT reads", l, double(t.direct_reads));
-    e.Counter("engram_gather_fixed_reads_total", "O_DIRECT reads into registered buffers", l,
-              double(t.fixed_reads));
-    e.Counter("engram_gather_ring_failures_total",
-              "io_uring_enter failures survived by draining and replacing the ring", l,
-              double(t.ring_failures));
-    e.Counter("engram_gather_ring_resets_total", "io_uring rings replaced after a failure", l,
-              double(t.ring_resets));
-    e.Counter("engram_gather_read_bytes_total", "Bytes read from the table files", l,
-              double(t.bytes_read));
-    e.Counter("engram_gather_errors_total", "Gathers that failed", l, double(t.errors));
     e.Log2Histogram("engram_gather_batch_duration_seconds", "Latency of one gather batch", l,
                     t.latency_buckets.data(), t.latency_buckets.size(), t.latency_sum_ns);
   }

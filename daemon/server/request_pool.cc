@@ -1,9 +1,13 @@
 // engramd's request threads (see request_pool.h).
 #include "daemon/server/request_pool.h"
 
+#include <algorithm>
+
 #include "protocol/clock.h"
 
 namespace engram {
+
+uint32_t DefaultRequestThreads(uint32_t cpus) { return std::clamp<uint32_t>(cpus / 2, 2, 32); }
 
 RequestPool::RequestPool(uint32_t threads, uint64_t spin_ns) : spin_ns_(spin_ns) {
   for (uint32_t i = 0; i < (threads == 0 ? 1 : threads); ++i) {

@@ -16,6 +16,11 @@
 
 namespace engram {
 
+// Request threads for a machine of `cpus` CPUs: half of them, at least 2 and at most 32. Each
+// runs one request as the engine's calling thread; requests of different clients then gather
+// side by side and the engine shares its workers between them.
+uint32_t DefaultRequestThreads(uint32_t cpus);
+
 class RequestPool {
  public:
   using Task = absl::AnyInvocable<void() &&>;

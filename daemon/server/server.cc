@@ -71,8 +71,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& confi
                                .covered_end = t->covered().end});
   }
   server->engine_ = std::move(engine);
-  server->requests_ =
-      std::make_unique<RequestPool>(config.request_threads, config.poll.spin_min_ns);
+  const uint32_t request_threads = config.request_threads != 0
+                                       ? config.request_threads
+                                       : DefaultRequestThreads(std::thread::hardware_concurrency());
+  server->requests_ = std::make_unique<RequestPool>(request_threads, config.poll.spin_min_ns);
+  // Requests larger than a decode step (prefill) get their own threads, so that however many of
+  // them are in flight, decode steps always find a request thread free.
+  server->large_requests_ =
+      std::make_unique<RequestPool>(std::max<uint32_t>(1, request_threads / 2), /*spin_ns=*/0);
   server->control_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->poller_epoll_ = epoll_create1(EPOLL_CLOEXEC);
   server->kick_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -750,7 +756,9 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
     return;
   }
   // A request thread runs it as the engine's calling thread, as an in-process caller would.
-  requests_->Post([this, session, request = std::move(request), finish]() mutable {
+  RequestPool& pool =
+      request->rows.size() <= GatherEngineOptions{}.decode_max_rows ? *requests_ : *large_requests_;
+  pool.Post([this, session, request = std::move(request), finish]() mutable {
     GatherBatch b{.table = tables_[request->table_index].get(),
                   .rows = request->rows,
                   .dest = session->arena().data() + request->dest_offset,

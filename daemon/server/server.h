@@ -86,6 +86,7 @@ class Server {
   std::unique_ptr<GatherEngine> engine_;
   std::unique_ptr<RowStore> store_;        // null: every table from storage
   std::unique_ptr<RequestPool> requests_;  // after engine_ and store_: its threads stop first
+  std::unique_ptr<RequestPool> large_requests_;  // requests larger than a decode step
 
   int listen_fd_ = -1;
   int control_epoll_ = -1;

@@ -69,8 +69,8 @@ struct ServerConfig {
   PollOptions poll;
   uint32_t workers = 0;  // gather workers (0: online CPUs)
   // Threads that run requests, each as the gather engine's calling thread (requests gathered
-  // at the same time; the engine's workers help each of them).
-  uint32_t request_threads = 2;
+  // at the same time; the engine shares its workers between them). 0: DefaultRequestThreads().
+  uint32_t request_threads = 0;
   uint64_t handshake_timeout_ns = 5'000'000'000;
   uint64_t drain_timeout_ns = 60'000'000'000;  // longest wait for in-flight I/O at shutdown
 };

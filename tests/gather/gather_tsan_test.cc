@@ -31,6 +31,10 @@ TEST_CASE("concurrent Gather, Submit and Stats are race-free", "[gather][tsan]")
     GatherEngineOptions o{
         .workers = 2, .use_io_uring = uring, .blocking_threads = 3, .split_reads = 128};
     o.probe_interval = 2;
+    // Every batch over split_reads fans out, and the 900-row batches count as prefill: their
+    // helpers step aside while the 60-row decode batches run and come back after.
+    o.helper_min_work_ns = 1;
+    o.decode_max_rows = 100;
     auto engine = GatherEngine::Create(o);
     REQUIRE(engine.ok());
     REQUIRE((*engine)->AddTable(table->get(), {}).ok());

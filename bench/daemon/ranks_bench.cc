@@ -1,0 +1,788 @@
+// engram-ranks: decode latency under load. N client processes (one per engine rank) each gather
+// their rank's rows of both Engram layers every T ms on a common clock, through engramd and, side
+// by side, with the same gather engine in each process and with a plain io_uring loop in each
+// process; per-step p50/p99/p99.9 per rank, aggregate rows/s and CPU per row; a mixed case runs
+// one prefill process next to the decode ranks.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "bench/common/row_ids.h"
+#include "bench/gather/gather_methods.h"
+#include "daemon/gather/gather_engine.h"
+#include "engram/engram.h"
+#include "tables/table.h"
+#include "tests/common/gather_test_util.h"
+#include "tools/tables/synthetic.h"
+
+namespace engram::bench {
+namespace {
+
+constexpr uint32_t kLayers[2] = {1, 14};
+constexpr uint64_t kPrefillRows = 98304;
+constexpr int kMaxRanks = 64;
+constexpr uint64_t kSeed = 3;  // of the synthetic tables
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
+
+void SleepUntil(uint64_t ns) {
+  const timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
+uint64_t SelfCpuNs() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1'000'000'000ull +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1000ull;
+}
+
+// utime + stime of every thread of `pid`, from /proc/PID/stat.
+uint64_t ProcessCpuNs(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(text.substr(close + 2));
+  std::string f;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) stime = std::stoull(f);
+  }
+  return (utime + stime) * (1'000'000'000ull / sysconf(_SC_CLK_TCK));
+}
+
+struct Config {
+  std::string engramd, dir, layout = "checkpoint", trace, methods_arg = "daemon,engine,uring";
+  uint64_t rows = 1'000'000;
+  std::vector<int> ranks = {1, 4, 8, 16};
+  uint32_t tp = 4;
+  uint64_t step_rows = 1152;
+  double period_ms = 10;
+  uint32_t steps = 200;
+  double zipf_s = 1.0;
+  double miss = 0.05;
+  uint32_t client_spin_us = 0;  // 0: the client library's adaptive default
+  std::vector<std::string> daemon_args;
+  bool smoke = false;
+};
+
+// One case of the matrix.
+struct Case {
+  std::string name;
+  int ranks = 1;
+  double period_ms = 10;  // 0: back to back
+  std::string dist = "uniform";
+  double evict = 0;      // fraction of each step's rows evicted before the step
+  bool prefill = false;  // one more process gathers 98,304-row batches back to back
+};
+
+// What the rank processes report, in memory shared with the parent.
+struct SharedResults {
+  std::atomic<int> ready{0};
+  std::atomic<uint64_t> start_ns{0};
+  std::atomic<int> decode_done{0};
+  std::atomic<int> failures{0};
+  uint64_t cpu_ns[kMaxRanks + 1];
+  uint64_t prefill_batches = 0;
+  uint64_t prefill_ns_sum = 0;
+  uint64_t prefill_max_ns = 0;
+  char error[256];
+  // lat[rank * steps + step], ns; followed by the prefill latencies.
+  uint64_t lat[1];
+};
+
+// The rows a trace file holds: steps[i][layer index] = ids. One line per step, groups
+// `LAYER:ID,ID,...` separated by blanks; lines starting with '#' are comments.
+using Trace = std::vector<std::array<std::vector<uint64_t>, 2>>;
+
+absl::StatusOr<Trace> ReadTrace(const std::string& path, uint64_t rows) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open trace ", path));
+  Trace trace;
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty() || line[0] == '#') continue;
+    std::array<std::vector<uint64_t>, 2> step;
+    std::istringstream groups(line);
+    std::string g;
+    while (groups >> g) {
+      const size_t colon = g.find(':');
+      uint32_t layer = 0;
+      if (colon == std::string::npos || !absl::SimpleAtoi(g.substr(0, colon), &layer) ||
+          (layer != kLayers[0] && layer != kLayers[1])) {
+        return absl::InvalidArgumentError(absl::StrCat(path, " line ", n, ": '", g.substr(0, 40),
+                                                       "' is not LAYER:ID,... with layer 1 or 14"));
+      }
+      for (absl::string_view id : absl::StrSplit(g.substr(colon + 1), ',', absl::SkipEmpty())) {
+        uint64_t v;
+        if (!absl::SimpleAtoi(id, &v) || v >= rows) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, " line ", n, ": row id '", id.substr(0, 24), "' is not in [0, ", rows, ")"));
+        }
+        step[layer == kLayers[0] ? 0 : 1].push_back(v);
+      }
+    }
+    trace.push_back(std::move(step));
+  }
+  if (trace.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no steps"));
+  return trace;
+}
+
+// Gathers one step (both layers) for one rank, by one method.
+class StepGatherer {
+ public:
+  virtual ~StepGatherer() = default;
+  // ids[l] / dest[l]: buffers the caller fills / reads (in the arena for the daemon).
+  virtual uint64_t* ids(int l) = 0;
+  virtual uint8_t* dest(int l) = 0;
+  virtual bool Gather(const size_t n[2]) = 0;
+  std::string error;
+};
+
+class DaemonGatherer final : public StepGatherer {
+ public:
+  bool Connect(const std::string& sock, uint64_t cap, const char* name, uint32_t spin_us) {
+    engram_connect_options o;
+    engram_connect_options_init(&o, sizeof(o));
+    o.socket_path = sock.c_str();
+    o.data_bytes = 2 * cap * (kRowBytes + 8) + (1 << 20);
+    o.client_name = name;
+    o.spin_ns = spin_us * 1000;
+    if (engram_connect(&o, &s_) != 0) return Fail("connect");
+    for (int l = 0; l < 2; ++l) {
+      if (engram_alloc(s_, cap * 8, reinterpret_cast<void**>(&ids_[l])) != 0 ||
+          engram_alloc(s_, cap * kRowBytes, reinterpret_cast<void**>(&dest_[l])) != 0) {
+        return Fail("alloc");
+      }
+    }
+    return true;
+  }
+  ~DaemonGatherer() override {
+    if (s_ != nullptr) engram_close(s_);
+  }
+  uint64_t* ids(int l) override { return ids_[l]; }
+  uint8_t* dest(int l) override { return dest_[l]; }
+  bool Gather(const size_t n[2]) override {
+    uint64_t tickets[2];
+    int submitted = 0;
+    for (int l = 0; l < 2; ++l) {
+      if (n[l] == 0) continue;
+      engram_gather_request r{.size = sizeof(r),
+                              .table = kLayers[l],
+                              .flags = 0,
+                              .rows = ids_[l],
+                              .num_rows = n[l],
+                              .dest = dest_[l],
+                              .dest_offsets = nullptr};
+      if (engram_submit(s_, &r, &tickets[submitted]) != 0) return Fail("submit");
+      ++submitted;
+    }
+    for (int i = 0; i < submitted; ++i) {
+      if (engram_wait(s_, tickets[i], -1) != 0) return Fail("wait");
+    }
+    return true;
+  }
+
+ private:
+  bool Fail(const char* what) {
+    error = absl::StrCat(what, ": ", engram_last_error());
+    return false;
+  }
+  engram_session* s_ = nullptr;
+  uint64_t* ids_[2] = {};
+  uint8_t* dest_[2] = {};
+};
+
+// In-process: the gather engine (defaults) or a plain io_uring loop, in the rank's own process.
+class LocalGatherer final : public StepGatherer {
+ public:
+  LocalGatherer(const std::string& method, const std::vector<const Table*>& tables, uint64_t cap)
+      : tables_(tables) {
+    for (int l = 0; l < 2; ++l) {
+      ids_[l].resize(cap);
+      dest_[l].resize(cap * kRowBytes);
+    }
+    if (method == "engine") {
+      method_ = MakeEngineMethod("engine", {});
+    } else {
+      method_ = MakeUringOnlyMethod();
+    }
+    for (const Table* t : tables_) {
+      if (absl::Status s = method_->Attach(*t); !s.ok()) error = s.ToString();
+    }
+  }
+  uint64_t* ids(int l) override { return ids_[l].data(); }
+  uint8_t* dest(int l) override { return dest_[l].data(); }
+  bool Gather(const size_t n[2]) override {
+    for (int l = 0; l < 2; ++l) {
+      if (n[l] == 0) continue;
+      absl::Status s =
+          method_->Gather(*tables_[l], std::span(ids_[l].data(), n[l]), dest_[l].data());
+      if (!s.ok()) {
+        error = s.ToString();
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  std::vector<const Table*> tables_;
+  std::unique_ptr<GatherMethod> method_;
+  std::vector<uint64_t> ids_[2];
+  std::vector<uint8_t> dest_[2];
+};
+
+struct Env {
+  const Config* cfg;
+  std::vector<const Table*> tables;  // layer 1, layer 14
+  std::string sock;
+  const Trace* trace = nullptr;
+  uint64_t seed = 0;
+};
+
+// Drops the pages of `n` rows of `table` from the page cache.
+void EvictRows(const Table& table, const uint64_t* rows, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    for (const RowPart& p : table.parts()) {
+      const uint64_t off = p.FileOffset(rows[i]) & ~uint64_t{4095};
+      posix_fadvise(table.files()[p.file].fd, off, 4096, POSIX_FADV_DONTNEED);
+    }
+  }
+}
+
+std::unique_ptr<StepGatherer> MakeGatherer(const Env& env, const std::string& method, uint64_t cap,
+                                           const char* name) {
+  if (method == "daemon") {
+    auto d = std::make_unique<DaemonGatherer>();
+    d->Connect(env.sock, cap, name, env.cfg->client_spin_us);
+    return d;
+  }
+  return std::make_unique<LocalGatherer>(method, env.tables, cap);
+}
+
+// The body of one decode rank's process.
+int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
+             SharedResults* out) {
+  const Config& cfg = *env.cfg;
+  auto g = MakeGatherer(env, method, cfg.step_rows * 2, "engram-ranks");
+  auto fail = [&](const std::string& why) {
+    if (out->failures.fetch_add(1) == 0) {
+      snprintf(out->error, sizeof(out->error), "rank %d (%s): %s", rank, method.c_str(),
+               why.c_str());
+    }
+    out->ready.fetch_add(1);
+    return 1;
+  };
+  if (!g->error.empty()) return fail(g->error);
+  // Each rank reads its own TP slice of every table.
+  std::vector<RowIdSource> src;
+  for (int l = 0; l < 2; ++l) {
+    const Table& t = *env.tables[l];
+    const uint64_t slice = t.num_rows() / cfg.tp;
+    src.emplace_back(c.dist, (rank % cfg.tp) * slice, slice, cfg.zipf_s,
+                     env.seed * 1000 + rank * 2 + l);
+  }
+  std::mt19937_64 coin(env.seed + rank);
+  std::uniform_real_distribution<double> unit(0, 1);
+  out->ready.fetch_add(1);
+  uint64_t start;
+  while ((start = out->start_ns.load()) == 0) usleep(200);
+  const uint64_t period = static_cast<uint64_t>(c.period_ms * 1e6);
+  const uint64_t cpu0 = SelfCpuNs();
+  std::vector<uint64_t> evict;
+  for (uint32_t step = 0; step < cfg.steps; ++step) {
+    size_t n[2];
+    for (int l = 0; l < 2; ++l) {
+      if (env.trace != nullptr) {
+        const auto& ids = (*env.trace)[(rank * env.trace->size() / std::max(1, c.ranks) + step) %
+                                       env.trace->size()][l];
+        n[l] = std::min<size_t>(ids.size(), cfg.step_rows * 2);
+        std::copy(ids.begin(), ids.begin() + n[l], g->ids(l));
+      } else {
+        n[l] = cfg.step_rows;
+        src[l].Fill(g->ids(l), n[l]);
+      }
+      if (c.evict > 0) {
+        evict.clear();
+        for (size_t i = 0; i < n[l]; ++i) {
+          if (unit(coin) < c.evict) evict.push_back(g->ids(l)[i]);
+        }
+        EvictRows(*env.tables[l], evict.data(), evict.size());
+      }
+    }
+    const uint64_t scheduled = start + step * period;
+    if (period > 0) SleepUntil(scheduled);
+    const uint64_t t0 = period > 0 ? scheduled : NowNs();
+    if (!g->Gather(n)) return fail(g->error);
+    out->lat[rank * cfg.steps + step] = NowNs() - t0;
+  }
+  out->cpu_ns[rank] = SelfCpuNs() - cpu0;
+  // The last step's bytes against the synthetic rows.
+  for (int l = 0; l < 2; ++l) {
+    std::vector<uint64_t> ids(g->ids(l), g->ids(l) + cfg.step_rows);
+    if (env.trace == nullptr &&
+        testing::FirstMismatch(kSeed, *env.tables[l], ids, g->dest(l)) != -1) {
+      return fail(absl::StrCat("wrong bytes in layer ", kLayers[l]));
+    }
+  }
+  out->decode_done.fetch_add(1);
+  return 0;
+}
+
+// The prefill process of the mixed case: 98,304-row batches of layer 14 from rank 0's slice, back
+// to back until every decode rank is done.
+int PrefillMain(const Env& env, const Case& c, const std::string& method, SharedResults* out) {
+  const Config& cfg = *env.cfg;
+  auto g = MakeGatherer(env, method, kPrefillRows, "engram-ranks prefill");
+  const int slot = c.ranks - 1;
+  auto fail = [&](const std::string& why) {
+    if (out->failures.fetch_add(1) == 0) {
+      snprintf(out->error, sizeof(out->error), "prefill (%s): %s", method.c_str(), why.c_str());
+    }
+    out->ready.fetch_add(1);
+    return 1;
+  };
+  if (!g->error.empty()) return fail(g->error);
+  const Table& t = *env.tables[1];
+  RowIdSource src(c.dist, 0, t.num_rows() / cfg.tp, cfg.zipf_s, env.seed * 77);
+  out->ready.fetch_add(1);
+  while (out->start_ns.load() == 0) usleep(200);
+  const uint64_t cpu0 = SelfCpuNs();
+  const int decoders = c.ranks - 1;
+  while (out->decode_done.load() < decoders && out->failures.load() == 0) {
+    src.Fill(g->ids(1), kPrefillRows);
+    const size_t n[2] = {0, kPrefillRows};
+    const uint64_t t0 = NowNs();
+    if (!g->Gather(n)) return fail(g->error);
+    const uint64_t ns = NowNs() - t0;
+    out->prefill_batches++;
+    out->prefill_ns_sum += ns;
+    out->prefill_max_ns = std::max(out->prefill_max_ns, ns);
+  }
+  out->cpu_ns[slot] = SelfCpuNs() - cpu0;
+  return 0;
+}
+
+uint64_t Quantile(std::vector<uint64_t> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+struct CaseResult {
+  bool ok = true;
+  std::string error;
+  std::vector<uint64_t> p50, p99, p999;  // per decode rank, ns
+  uint64_t all_p50 = 0, all_p99 = 0, all_p999 = 0;
+  double rows_per_s = 0;
+  double server_cpu_us_per_row = 0;  // the daemon's, or the rank processes' for in-process
+  double client_cpu_us_per_row = 0;  // the rank processes' (daemon method only)
+  uint64_t prefill_batches = 0;
+  double prefill_mean_ms = 0, prefill_max_ms = 0;
+  uint64_t wall_ns = 0;
+};
+
+// Reads every table file once so that the case starts warm.
+void WarmTables(const std::vector<const Table*>& tables) {
+  std::vector<uint8_t> buf(1 << 20);
+  for (const Table* t : tables) {
+    for (const TableFile& f : t->files()) {
+      for (uint64_t off = 0; off < f.size; off += buf.size()) {
+        if (pread(f.fd, buf.data(), buf.size(), off) <= 0) break;
+      }
+    }
+  }
+}
+
+CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid_t daemon) {
+  const Config& cfg = *env.cfg;
+  const int decoders = c.prefill ? c.ranks - 1 : c.ranks;
+  const size_t bytes = sizeof(SharedResults) + sizeof(uint64_t) * (c.ranks * cfg.steps + 1);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  CaseResult r;
+  if (mem == MAP_FAILED) {
+    r.ok = false;
+    r.error = "mmap of the results area failed";
+    return r;
+  }
+  auto* out = new (mem) SharedResults();
+  WarmTables(env.tables);
+  std::vector<pid_t> kids;
+  for (int i = 0; i < c.ranks; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const bool is_prefill = c.prefill && i == decoders;
+      _exit(is_prefill ? PrefillMain(env, c, method, out) : RankMain(env, c, method, i, out));
+    }
+    kids.push_back(pid);
+  }
+  while (out->ready.load() < c.ranks) usleep(1000);
+  const uint64_t daemon_cpu0 = daemon > 0 ? ProcessCpuNs(daemon) : 0;
+  const uint64_t start = NowNs() + 20'000'000;
+  out->start_ns.store(start);
+  for (pid_t k : kids) {
+    int status = 0;
+    waitpid(k, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) r.ok = false;
+  }
+  r.wall_ns = NowNs() - start;
+  const uint64_t daemon_cpu = daemon > 0 ? ProcessCpuNs(daemon) - daemon_cpu0 : 0;
+  if (!r.ok || out->failures.load() > 0) {
+    r.ok = false;
+    r.error = out->error;
+  }
+  std::vector<uint64_t> all;
+  for (int i = 0; i < decoders; ++i) {
+    std::vector<uint64_t> v(out->lat + i * cfg.steps, out->lat + (i + 1) * cfg.steps);
+    r.p50.push_back(Quantile(v, 0.5));
+    r.p99.push_back(Quantile(v, 0.99));
+    r.p999.push_back(Quantile(v, 0.999));
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  r.all_p50 = Quantile(all, 0.5);
+  r.all_p99 = Quantile(all, 0.99);
+  r.all_p999 = Quantile(all, 0.999);
+  const double decode_rows = static_cast<double>(decoders) * cfg.steps * cfg.step_rows * 2;
+  const double rows = decode_rows + static_cast<double>(out->prefill_batches) * kPrefillRows;
+  r.rows_per_s = rows / (r.wall_ns / 1e9);
+  uint64_t rank_cpu = 0;
+  for (int i = 0; i < c.ranks; ++i) rank_cpu += out->cpu_ns[i];
+  if (method == "daemon") {
+    r.server_cpu_us_per_row = daemon_cpu / 1e3 / rows;
+    r.client_cpu_us_per_row = rank_cpu / 1e3 / rows;
+  } else {
+    r.server_cpu_us_per_row = rank_cpu / 1e3 / rows;
+  }
+  r.prefill_batches = out->prefill_batches;
+  if (out->prefill_batches > 0) {
+    r.prefill_mean_ms = out->prefill_ns_sum / 1e6 / out->prefill_batches;
+    r.prefill_max_ms = out->prefill_max_ns / 1e6;
+  }
+  munmap(mem, bytes);
+  return r;
+}
+
+bool SocketAnswers(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// The cases of one run: paced warm uniform and Zipf, paced with evicted rows, back to back, and
+// the mixed case, for every rank count; with a trace, the trace's steps instead of the ids.
+std::vector<Case> Matrix(const Config& cfg) {
+  std::vector<Case> cases;
+  const std::string first = cfg.trace.empty() ? "uniform" : "trace";
+  for (int n : cfg.ranks) cases.push_back({"warm " + first, n, cfg.period_ms, first});
+  if (cfg.trace.empty()) {
+    for (int n : cfg.ranks) cases.push_back({"warm zipf", n, cfg.period_ms, "zipf"});
+  }
+  if (cfg.miss > 0) {
+    for (int n : cfg.ranks) {
+      cases.push_back({absl::StrFormat("%s, %.0f%% evicted", first, cfg.miss * 100), n,
+                       cfg.period_ms, first, cfg.miss});
+    }
+  }
+  if (cfg.period_ms > 0) {
+    cases.push_back({"back to back " + first, cfg.ranks.front(), 0, first});
+    if (cfg.ranks.size() > 1) {
+      cases.push_back({"back to back " + first, cfg.ranks[cfg.ranks.size() / 2], 0, first});
+    }
+  }
+  const int mixed = std::max(2, std::min(8, cfg.ranks.back()));
+  cases.push_back(
+      {absl::StrCat("mixed ", mixed - 1, " + 1 prefill"), mixed, cfg.period_ms, first, 0, true});
+  return cases;
+}
+
+void PrintHeader(const Config& cfg, const std::vector<std::string>& args) {
+  utsname u{};
+  uname(&u);
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, cpu = "?";
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  printf("# engram-ranks\nmachine: %s, %ld online CPUs, Linux %s\n", cpu.c_str(),
+         sysconf(_SC_NPROCESSORS_ONLN), u.release);
+  printf("tables: synthetic %s, layers 1 and 14 x %" PRIu64
+         " rows, in %s; rank r reads TP%u "
+         "slice r mod %u\n",
+         cfg.layout.c_str(), cfg.rows, cfg.dir.c_str(), cfg.tp, cfg.tp);
+  printf("step: %" PRIu64
+         " rows of each layer (two requests in flight), %u steps per rank, "
+         "every %.1f ms on a common clock; latency from the scheduled start to both layers' rows "
+         "in place (back to back: from the submission); client spin: %s\n",
+         cfg.step_rows, cfg.steps, cfg.period_ms,
+         cfg.client_spin_us ? absl::StrCat(cfg.client_spin_us, " µs").c_str() : "library default");
+  printf(
+      "methods: daemon = engramd with its defaults and one client process per rank; engine = "
+      "the gather engine (defaults) inside each rank process; uring = a plain io_uring loop "
+      "(one ring, one read per row part) inside each rank process\nengramd:");
+  for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
+  printf("\n\n");
+}
+
+void PrintCase(const Case& c, const std::string& method, const CaseResult& r, double engine_p99) {
+  auto us = [](uint64_t ns) { return ns / 1e3; };
+  const uint64_t worst99 = r.p99.empty() ? 0 : *std::max_element(r.p99.begin(), r.p99.end());
+  const uint64_t worst999 = r.p999.empty() ? 0 : *std::max_element(r.p999.begin(), r.p999.end());
+  const std::string period = c.period_ms > 0 ? absl::StrFormat("%g ms", c.period_ms) : "b2b";
+  printf(
+      "| %-26s | %2d | %6s | %-6s | %8.1f | %8.1f | %8.1f | %8.1f | %5.2fx | %6.2f M | "
+      "%6.3f | %6.3f |",
+      c.name.c_str(), c.ranks, period.c_str(), method.c_str(), us(r.all_p50), us(r.all_p99),
+      us(worst99), us(worst999), engine_p99 > 0 ? worst99 / engine_p99 : 0.0, r.rows_per_s / 1e6,
+      r.server_cpu_us_per_row, r.client_cpu_us_per_row);
+  if (c.prefill) {
+    printf(" prefill: %" PRIu64 " x 98,304 rows, mean %.1f ms, max %.1f ms |", r.prefill_batches,
+           r.prefill_mean_ms, r.prefill_max_ms);
+  }
+  if (!r.ok) printf(" FAILED: %s", r.error.c_str());
+  printf("\n");
+  if (method == "daemon" && r.p99.size() > 1) {
+    printf("|   per rank p50/p99/p99.9 µs:");
+    for (size_t i = 0; i < r.p99.size(); ++i) {
+      printf(" %.0f/%.0f/%.0f", us(r.p50[i]), us(r.p99[i]), us(r.p999[i]));
+    }
+    printf(" |\n");
+  }
+  fflush(stdout);
+}
+
+// Opens the benchmark's tables, writing them first when they are missing; `args` gets the
+// engramd arguments that serve them.
+absl::Status PrepareTables(const Config& cfg, std::vector<std::unique_ptr<Table>>* tables,
+                           std::vector<std::string>* args) {
+  const std::string tag = absl::StrCat(cfg.rows);
+  if (cfg.layout == "packed") {
+    for (uint32_t layer : kLayers) {
+      const std::string path = absl::StrCat(cfg.dir, "/packed-", layer, "-", tag, ".engram");
+      auto t = testing::OpenOne(path, layer);
+      if (!t.ok()) {
+        fprintf(stderr, "writing %s...\n", path.c_str());
+        if (absl::Status s = testing::WriteSyntheticPacked(path, layer, cfg.rows, kSeed); !s.ok()) {
+          return s;
+        }
+        t = testing::OpenOne(path, layer);
+      }
+      if (!t.ok()) return t.status();
+      args->insert(args->end(), {"--table", path});
+      tables->push_back(std::move(*t));
+    }
+    return absl::OkStatus();
+  }
+  if (cfg.layout != "checkpoint") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layout must be checkpoint or packed, not '", cfg.layout, "'"));
+  }
+  const std::string model = absl::StrCat(cfg.dir, "/model-", tag);
+  auto opened = OpenTables(model, {});
+  if (!opened.ok() || opened->size() != 2) {
+    fprintf(stderr, "writing a synthetic checkpoint of 2 x %" PRIu64 " rows in %s...\n", cfg.rows,
+            model.c_str());
+    std::error_code ec;
+    std::filesystem::remove_all(model, ec);
+    absl::Status s = WriteSyntheticCheckpoint(
+        {.out_dir = model, .rows = cfg.rows, .seed = kSeed, .layers = {1, 14}});
+    if (!s.ok()) return s;
+    opened = OpenTables(model, {});
+  }
+  if (!opened.ok()) return opened.status();
+  *tables = std::move(*opened);
+  std::sort(tables->begin(), tables->end(),
+            [](const auto& a, const auto& b) { return a->layer_id() < b->layer_id(); });
+  args->insert(args->end(), {"--model", model});
+  return absl::OkStatus();
+}
+
+pid_t StartDaemon(std::vector<std::string> args, const std::string& sock) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> av;
+    for (auto& a : args) av.push_back(a.data());
+    av.push_back(nullptr);
+    execv(av[0], av.data());
+    _exit(127);
+  }
+  for (int i = 0; i < 3000 && !SocketAnswers(sock); ++i) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      fprintf(stderr, "engramd (%s) exited with status %d before it answered on %s\n",
+              args[0].c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : -1, sock.c_str());
+      return -1;
+    }
+    usleep(10000);
+  }
+  return pid;
+}
+
+int Run(Config& cfg) {
+  if (cfg.engramd.empty()) {
+    const char* env = getenv("ENGRAMD");
+    cfg.engramd = env != nullptr ? env
+                                 : (std::filesystem::canonical("/proc/self/exe").parent_path() /
+                                    "../../daemon/engramd")
+                                       .string();
+  }
+  const bool temp_dir = cfg.dir.empty();
+  if (temp_dir) {
+    char tmpl[] = "/var/tmp/engram-ranks-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      perror("mkdtemp");
+      return 1;
+    }
+    cfg.dir = tmpl;
+  }
+  std::filesystem::create_directories(cfg.dir);
+  std::vector<std::string> methods = absl::StrSplit(cfg.methods_arg, ',', absl::SkipEmpty());
+  for (const std::string& m : methods) {
+    if (m != "daemon" && m != "engine" && m != "uring") {
+      fprintf(stderr, "--methods: unknown method '%s' (daemon, engine, uring)\n", m.c_str());
+      return 2;
+    }
+  }
+  for (int n : cfg.ranks) {
+    if (n < 1 || n > kMaxRanks) {
+      fprintf(stderr, "--ranks: %d is not in [1, %d]\n", n, kMaxRanks);
+      return 2;
+    }
+  }
+  std::vector<std::unique_ptr<Table>> owned;
+  std::vector<std::string> args = {cfg.engramd};
+  if (absl::Status s = PrepareTables(cfg, &owned, &args); !s.ok()) {
+    fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  }
+  Env env{.cfg = &cfg, .tables = {owned[0].get(), owned[1].get()}};
+  Trace trace;
+  if (!cfg.trace.empty()) {
+    auto t = ReadTrace(cfg.trace, std::min(owned[0]->num_rows(), owned[1]->num_rows()));
+    if (!t.ok()) {
+      fprintf(stderr, "%s\n", t.status().ToString().c_str());
+      return 2;
+    }
+    trace = std::move(*t);
+    env.trace = &trace;
+  }
+  env.sock = cfg.dir + "/engramd.sock";
+  args.insert(args.end(), {"--socket", env.sock, "--log-level", "warning", "--max-clients", "256"});
+  args.insert(args.end(), cfg.daemon_args.begin(), cfg.daemon_args.end());
+  PrintHeader(cfg, args);
+  const pid_t daemon = StartDaemon(args, env.sock);
+  if (daemon < 0) return 1;
+  printf(
+      "| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "
+      "vs engine | rows/s | server CPU µs/row | client CPU µs/row |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  int failures = 0;
+  const uint64_t t0 = NowNs();
+  for (const Case& c : Matrix(cfg)) {
+    std::vector<std::pair<std::string, CaseResult>> results;
+    double engine_p99 = 0;
+    env.seed = 17 + c.ranks;  // every method of a case gathers the same ids
+    for (const std::string& m : methods) {
+      CaseResult r = RunCase(env, c, m, m == "daemon" ? daemon : -1);
+      failures += !r.ok;
+      if (m == "engine" && !r.p99.empty()) {
+        engine_p99 = *std::max_element(r.p99.begin(), r.p99.end());
+      }
+      results.emplace_back(m, std::move(r));
+    }
+    for (const auto& [m, r] : results) PrintCase(c, m, r, engine_p99);
+  }
+  kill(daemon, SIGTERM);
+  int status = 0;
+  waitpid(daemon, &status, 0);
+  printf("\n%s in %.0f s; engramd exit status %d\n", failures ? "FAILURES" : "every case ran",
+         (NowNs() - t0) / 1e9, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  owned.clear();
+  if (temp_dir) std::filesystem::remove_all(cfg.dir);
+  return failures == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace engram::bench
+
+int main(int argc, char** argv) {
+  engram::bench::Config cfg;
+  CLI::App app{"engram-ranks: per-rank decode latency with many client processes"};
+  app.add_option("--engramd", cfg.engramd, "engramd binary (default: $ENGRAMD or the build's)");
+  app.add_option("--dir", cfg.dir, "where the tables are written and reused (default: temporary)");
+  app.add_option("--rows", cfg.rows, "rows per table")->capture_default_str();
+  app.add_option("--layout", cfg.layout, "checkpoint or packed")->capture_default_str();
+  app.add_option("--ranks", cfg.ranks, "client processes per case")->delimiter(',');
+  app.add_option("--tp", cfg.tp, "rank r reads slice r mod tp of every table")
+      ->capture_default_str();
+  app.add_option("--step-rows", cfg.step_rows, "rows per layer per step")->capture_default_str();
+  app.add_option("--period-ms", cfg.period_ms, "one step every this many ms (0: back to back)")
+      ->capture_default_str();
+  app.add_option("--steps", cfg.steps, "steps per rank and case")->capture_default_str();
+  app.add_option("--zipf-s", cfg.zipf_s, "Zipf exponent")->capture_default_str();
+  app.add_option("--miss", cfg.miss,
+                 "fraction of each step's rows evicted before the step in the miss cases (0: no "
+                 "miss cases)")
+      ->capture_default_str();
+  app.add_option("--trace", cfg.trace,
+                 "row ids per step from a text file: one line per step, LAYER:ID,ID,... groups");
+  app.add_option("--methods", cfg.methods_arg, "daemon, engine, uring")->capture_default_str();
+  app.add_option("--daemon-arg", cfg.daemon_args, "extra engramd argument (repeatable)");
+  app.add_option("--client-spin-us", cfg.client_spin_us,
+                 "how long a client spins for its completion before sleeping (0: the library's "
+                 "adaptive default)");
+  app.add_flag("--smoke", cfg.smoke, "a tiny run that only checks that the benchmark works");
+  CLI11_PARSE(app, argc, argv);
+  if (cfg.smoke) {
+    cfg.rows = 20000;
+    cfg.ranks = {1, 2};
+    cfg.steps = 5;
+    cfg.step_rows = 64;
+    cfg.period_ms = 2;
+  }
+  if (cfg.steps == 0 || cfg.step_rows == 0 || cfg.tp == 0 || cfg.ranks.empty()) {
+    fprintf(stderr, "--steps, --step-rows, --tp and --ranks must be positive\n");
+    return 2;
+  }
+  return engram::bench::Run(cfg);
+}
