@@ -81,6 +81,7 @@ constexpr RuntimeApi kHip = {"HIP",
 
 constexpr unsigned kRegisterPortable = 1;
 constexpr unsigned kRegisterMapped = 2;
+constexpr unsigned kRegisterReadOnly = 8;  // cudaHostRegisterReadOnly, hipHostRegisterReadOnly
 constexpr int kErrorInvalidValue = 1;
 constexpr int kErrorOutOfMemory = 2;
 constexpr int kErrorInsufficientDriver = 35;
@@ -173,7 +174,14 @@ int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_na
     dlclose(library);
     return Fail(ENODEV, std::move(message));
   }
-  if (int status = do_register(addr, len, kRegisterPortable | kRegisterMapped); status != 0) {
+  int status = do_register(addr, len, kRegisterPortable | kRegisterMapped);
+  if (status != 0 && status != api->already_registered &&
+      do_register(addr, len, kRegisterPortable | kRegisterMapped | kRegisterReadOnly) == 0) {
+    // A read-only mapping (a resident table's, engram_map_table) pins only as read-only memory;
+    // a failure of both attempts reports the first.
+    status = 0;
+  }
+  if (status != 0) {
     std::string message = runtime_error(api->register_symbol, status);
     dlclose(library);
     return Fail(ErrnoFor(status, api->already_registered), std::move(message));

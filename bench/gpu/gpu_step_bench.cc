@@ -6,8 +6,8 @@
 //   GPU step     the captured graph of tests/gpu/gpu_step_util.h: GPU hash into the arena, GPU
 //                submit, GPU wait, dequantise; the host only launches it;
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
-//                from a copy of each layer's table in registered host memory (what a resident
-//                table's mapping gives a client), no daemon request at all.
+//                from each layer's resident table, mapped read-only from engramd
+//                (engram_map_table) and registered: no daemon request at all.
 // Prints p50/p99 wall time per step, the host thread's time per step, and the ratios; checks that
 // the two steps' outputs agree. Needs $ENGRAMD (the bundle's run.sh --bench sets it).
 // Usage: gpu_step_bench [--steps N]
@@ -200,29 +200,15 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   step.Sync();
   REQUIRE(Download(step.out[1]) == host_out);
 
-  // In place: every row of both tables copied once into registered host memory (gathered
-  // through the host session), then hash + dequant-gather in one graph.
-  std::vector<uint64_t> table_rows(2);
-  for (int l = 0; l < 2; ++l) {
-    uint64_t begin = 0;
-    REQUIRE(engram_hasher_head_rows(h.host, kLayerIds[l], 0, 24, &begin, &table_rows[l]) == 0);
-  }
-  testing::RegisteredHostBuffer tables((table_rows[0] + table_rows[1]) * kRowBytes);
-  for (int l = 0; l < 2; ++l) {
-    uint8_t* base = tables.host<uint8_t>() + (l == 0 ? 0 : table_rows[0] * kRowBytes);
-    for (uint64_t first = 0; first < table_rows[l]; first += n) {
-      const uint64_t count = std::min<uint64_t>(n, table_rows[l] - first);
-      for (uint64_t i = 0; i < count; ++i) host.ids[0][i] = first + i;
-      engram_gather_request r{};
-      r.size = sizeof(r);
-      r.table = kLayerIds[l];
-      r.rows = host.ids[0];
-      r.num_rows = count;
-      r.dest = host.rows[0];
-      REQUIRE(engram_gather(host.s, &r, -1) == 0);
-      std::memcpy(base + first * kRowBytes, host.rows[0], count * kRowBytes);
-    }
-  }
+  // In place: both layers' resident tables, mapped read-only from engramd and registered; the
+  // graph is GPU hash + dequant-gather from the mappings, with no request.
+  Daemon resident_daemon({"--tier", "1=resident", "--tier", "14=resident"},
+                         "gpu-step-bench-resident", testing::HashModel());
+  REQUIRE(resident_daemon.alive());
+  engram_connect_options ro = resident_daemon.Options(1 << 20);
+  engram_session* resident_session = nullptr;
+  REQUIRE(engram_connect(&ro, &resident_session) == 0);
+  testing::ResidentTables resident(resident_session);
   DeviceBuffer ids_d[2] = {DeviceBuffer(n * 8), DeviceBuffer(n * 8)};
   cudaGraphExec_t inplace_exec;
   {
@@ -230,13 +216,7 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     int rc = 0;
     for (int l = 0; l < 2 && rc == 0; ++l) {
-      const engram_gpu_hash_args a = in.HashArgs(h, kLayerIds[l], ids_d[l].get<uint64_t>());
-      rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
-      if (rc == 0) {
-        rc = engram_dequant_gather(tables.device(l == 0 ? 0 : table_rows[0] * kRowBytes), 0,
-                                   table_rows[l], ids_d[l].get<uint64_t>(), kTokens, h.heads(),
-                                   out[l].get(), nullptr, reinterpret_cast<uintptr_t>(stream));
-      }
+      rc = resident.Enqueue(h, in, l, ids_d[l].get<uint64_t>(), out[l].get(), stream);
     }
     CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
     INFO(engram_kernels_last_error());
@@ -276,14 +256,17 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
               host_step.host_us);
   std::printf("%-13s %10.1f %10.1f %16.1f\n", "GPU step", gpu_step.p50, gpu_step.p99,
               gpu_step.host_us);
-  std::printf("%-13s %10.1f %10.1f %16.1f   (tables of %llu + %llu rows in registered memory)\n",
+  std::printf("%-13s %10.1f %10.1f %16.1f   (resident tables of %llu + %llu rows, mapped)\n",
               "in place", in_place.p50, in_place.p99, in_place.host_us,
-              static_cast<unsigned long long>(table_rows[0]),
-              static_cast<unsigned long long>(table_rows[1]));
+              static_cast<unsigned long long>(resident.info[0].covered_end -
+                                              resident.info[0].covered_begin),
+              static_cast<unsigned long long>(resident.info[1].covered_end -
+                                              resident.info[1].covered_begin));
   std::printf("GPU step / host step: p50 %.2fx, p99 %.2fx; GPU step - host gather: p50 %+.1f us\n",
               gpu_step.p50 / host_step.p50, gpu_step.p99 / host_step.p99,
               gpu_step.p50 - gather.p50);
   cudaStreamDestroy(stream);
+  engram_close(resident_session);
 }
 
 }  // namespace engram

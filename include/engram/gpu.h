@@ -73,7 +73,8 @@ enum engram_gpu_runtime {
  *   -EEXIST   part of the range is already registered;
  *   -ENOMEM   the runtime could not pin the range;
  *   -EIO      any other runtime error (the message names it).
- * Registering pins the pages: on a 1 GiB range it takes tens of milliseconds; do it once. */
+ * Registering pins the pages: on a 1 GiB range it takes tens of milliseconds; do it once.
+ * A read-only mapping (a resident table's, engram_map_table) is registered read-only. */
 int engram_gpu_register(void* addr, size_t len, engram_gpu_registration** ret_reg);
 
 /* The device address of host_addr, which must lie inside the registered range; NULL if it

@@ -88,6 +88,52 @@ TEST_CASE("a captured GPU step (hash, submit, wait, dequantise) replays bit-exac
   engram_close(host);
 }
 
+TEST_CASE("a captured step reads resident tables in place, bit-exact, with no request") {
+  Daemon daemon({"--tier", "1=resident", "--tier", "14=resident"}, "gpu-step-resident",
+                testing::HashModel());
+  REQUIRE(daemon.alive());
+  Hashers h;
+  StepInputs in;
+  engram_connect_options o = daemon.Options(16 << 20);
+  engram_session* host = nullptr;
+  REQUIRE(engram_connect(&o, &host) == 0);
+  const uint32_t n = kTokens * h.heads();
+  uint64_t* ids = nullptr;
+  uint8_t* rows = nullptr;
+  REQUIRE(engram_alloc(host, n * 8, reinterpret_cast<void**>(&ids)) == 0);
+  REQUIRE(engram_alloc(host, n * kRowBytes, reinterpret_cast<void**>(&rows)) == 0);
+  testing::ResidentTables resident(host);
+  DeviceBuffer ids_d[2] = {DeviceBuffer(n * 8), DeviceBuffer(n * 8)};
+  DeviceBuffer out[2] = {DeviceBuffer(n * 512), DeviceBuffer(n * 512)};
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  int rc = 0;
+  for (int l = 0; l < 2 && rc == 0; ++l) {
+    rc = resident.Enqueue(h, in, l, ids_d[l].get<uint64_t>(), out[l].get(), stream);
+  }
+  CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+  INFO(engram_kernels_last_error());
+  REQUIRE(rc == 0);
+  cudaGraphExec_t exec;
+  CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+  std::mt19937_64 rng(31);
+  for (int replay = 0; replay < 1000; ++replay) {
+    in.Randomise(rng);
+    CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    INFO("replay " << replay);
+    for (int l = 0; l < 2; ++l) {
+      REQUIRE(Download(out[l]) == HostStep(h, host, ids, rows, in, kLayerIds[l]));
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  engram_close(host);
+}
+
 TEST_CASE("a GPU step whose daemon is gone fails within its deadline and says so") {
   Hashers h;
   StepInputs in;

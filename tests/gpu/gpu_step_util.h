@@ -3,7 +3,10 @@
 // submit, wait, dequantise) and the host path it must equal.
 #pragma once
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -198,5 +201,50 @@ inline std::vector<uint16_t> Download(const DeviceBuffer& b) {
   CUDA_REQUIRE(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
   return v;
 }
+
+}  // namespace engram::testing
+
+namespace engram::testing {
+
+// Both layers' resident tables mapped read-only from the daemon (engram_map_table) and
+// registered with the GPU: what a step reads in place, with no request.
+struct ResidentTables {
+  engram_table_map* map[2] = {};
+  engram_gpu_registration* reg[2] = {};
+  engram_table_map_info info[2] = {};
+  explicit ResidentTables(engram_session* s) {
+    for (int l = 0; l < 2; ++l) {
+      int rc = -EAGAIN;
+      for (int tries = 0; rc == -EAGAIN && tries < 500; ++tries) {  // loading at start-up
+        rc = engram_map_table(s, kLayerIds[l], &map[l]);
+        if (rc == -EAGAIN) usleep(10'000);
+      }
+      INFO(engram_last_error());
+      REQUIRE(rc == 0);
+      info[l].size = sizeof(info[l]);
+      REQUIRE(engram_get_table_map_info(map[l], &info[l]) == 0);
+      INFO(engram_last_error());
+      REQUIRE(engram_gpu_register(const_cast<void*>(info[l].base), info[l].map_bytes, &reg[l]) ==
+              0);
+    }
+  }
+  ~ResidentTables() {
+    for (int l = 0; l < 2; ++l) {
+      engram_gpu_unregister(reg[l]);
+      engram_unmap_table(map[l]);
+    }
+  }
+  // Queues the in-place step for layer l: the GPU hash into ids_d, then the dequant-gather
+  // from the mapping into out.
+  int Enqueue(const Hashers& h, const StepInputs& in, int l, uint64_t* ids_d, void* out,
+              cudaStream_t stream) const {
+    const engram_gpu_hash_args a = in.HashArgs(h, kLayerIds[l], ids_d);
+    int rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
+    if (rc != 0) return rc;
+    return engram_dequant_gather(engram_gpu_device_ptr(reg[l], info[l].base), info[l].covered_begin,
+                                 info[l].covered_end - info[l].covered_begin, ids_d, kTokens,
+                                 h.heads(), out, nullptr, reinterpret_cast<uintptr_t>(stream));
+  }
+};
 
 }  // namespace engram::testing
