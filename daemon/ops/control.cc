@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "protocol/clock.h"
+#include "daemon/ops/escape.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/notify.h"
 #include "daemon/ops/residency.h"
@@ -168,8 +169,13 @@ void Control::Reply(Session& session, uint32_t request_id, const std::string& te
 
 void Control::Handle(Session& session, const engram_msg_header& header, const uint8_t* body,
                      size_t body_bytes) {
-  absl::StatusOr<std::string> reply =
-      Run(session, std::string(reinterpret_cast<const char*>(body), body_bytes));
+  absl::StatusOr<std::string> reply;
+  // No exception may end the daemon: whatever a command throws is that request's error.
+  try {
+    reply = Run(session, std::string(reinterpret_cast<const char*>(body), body_bytes));
+  } catch (const std::exception& e) {
+    reply = absl::InternalError(absl::StrFormat("control command failed: %s", EscapeBytes(e.what())));
+  }
   if (!reply.ok()) {
     uint64_t suppressed = 0;
     // Permission refusals were logged by Run, per uid.
@@ -290,12 +296,12 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
     out["protocol"] = absl::StrFormat("%u.%u", ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR);
     out["pid"] = getpid();
     out["uptime_seconds"] = double(NowNs() - s.start_ns_) / 1e9;
-    out["socket"] = s.config_.socket_path;
+    out["socket"] = EscapeBytes(s.config_.socket_path);
     out["tables"] = s.tables_.size();
     out["clients"] = s.sessions_.size();
     out["max_clients"] = s.config_.limits.max_clients;
     out["requests_in_flight"] = s.inflight_total_.load();
-    out["arena_bytes"] = s.total_arena_bytes_;
+    out["arena_bytes"] = s.total_arena_bytes_.load();
     out["watchdog_usec"] = watchdog_ns_ / 1000;
     out["log_level"] = log_level_;
     uint64_t rows = 0, batches = 0;
@@ -326,12 +332,12 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
     json tables = json::array();
     for (const auto& t : s.tables_) {
       json files = json::array();
-      for (const TableFile& f : t->files()) files.push_back(f.path);
+      for (const TableFile& f : t->files()) files.push_back(EscapeBytes(f.path));
       json j = {{"layer", t->layer_id()},
                 {"rows", t->num_rows()},
                 {"row_bytes", t->row_bytes()},
                 {"layout", TableLayoutName(t->layout())},
-                {"source", t->source()},
+                {"source", EscapeBytes(t->source())},
                 {"files", files},
                 {"covered_begin", t->covered().begin},
                 {"covered_end", t->covered().end},
@@ -364,7 +370,7 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
     for (const auto& session : s.sessions_) {
       const engram_wire_session_stats w = session->Stats();
       clients.push_back({{"session", w.session_id},
-                         {"name", session->name()},
+                         {"name", EscapeBytes(session->name())},
                          {"pid", session->peer().pid},
                          {"uid", session->peer().uid},
                          {"requests_submitted", w.requests_submitted},
@@ -387,7 +393,7 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
     std::lock_guard<std::mutex> lock(s.sessions_mutex_);
     for (const auto& session : s.sessions_) {
       clients.push_back({{"session", session->id()},
-                         {"name", session->name()},
+                         {"name", EscapeBytes(session->name())},
                          {"pid", session->peer().pid},
                          {"uid", session->peer().uid},
                          {"gid", session->peer().gid},
@@ -446,7 +452,7 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
   } else {
     return absl::InternalError(absl::StrFormat("control command '%s' has no handler", command));
   }
-  return out.dump();
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string Control::MetricsText() const {
@@ -508,9 +514,9 @@ std::string Control::MetricsText() const {
   }
   e.Gauge("engram_clients", "Connected client sessions", {}, double(sessions.size()));
   e.Gauge("engram_arena_bytes", "Shared memory handed to all sessions", {},
-          double(s.total_arena_bytes_));
+          double(s.total_arena_bytes_.load()));
   for (const auto& session : sessions) {
-    const metrics::Labels l = {{"client", session->name().empty() ? "-" : session->name()},
+    const metrics::Labels l = {{"client", session->name().empty() ? "-" : EscapeBytes(session->name())},
                                {"session", std::to_string(session->id())}};
     const Session::Counters& c = session->counters;
     auto with = [&](const char* k, const char* v) {

@@ -29,8 +29,18 @@ namespace {
 constexpr uint64_t kTagListen = uint64_t{1} << 40;
 constexpr uint64_t kTagStop = kTagListen + 1;
 constexpr uint64_t kTagSignal = kTagListen + 2;
+constexpr uint64_t kTagLease = kTagListen + 3;
+constexpr uint64_t kTagInotify = kTagListen + 4;
+// How often the table files are re-stat'ed (TableWatch::Recheck) besides leases and inotify.
+constexpr uint64_t kRecheckNs = 1'000'000'000;
 // The poller's kick eventfd; session doorbells are tagged by session id (from 1).
 constexpr uint64_t kTagKick = 0;
+
+// Connections that have not sent HELLO yet, per uid and in all (PendingHandshakes). A client
+// sends HELLO right after connecting, so only a peer that holds connections open without
+// speaking ever gets near these.
+constexpr size_t kMaxPendingHandshakes = 256;
+constexpr size_t kMaxPendingHandshakesPerUid = 32;
 
 // A client that does not read its replies loses them (SendMessage never blocks): the daemon
 // never waits on one.
@@ -53,6 +63,8 @@ std::vector<gid_t> PeerGroups(int fd) {
     groups.resize(len / sizeof(gid_t));
   }
 }
+
+Server::Server() : pending_(kMaxPendingHandshakes, kMaxPendingHandshakesPerUid) {}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& config,
                                                        std::vector<std::unique_ptr<Table>> tables,
@@ -104,7 +116,7 @@ Server::~Server() {
   for (int fd : {control_epoll_, poller_epoll_, kick_fd_, stop_fd_, signal_fd_}) {
     if (fd >= 0) close(fd);
   }
-  for (auto& [fd, deadline] : pending_) close(fd);
+  for (int fd : pending_.TakeAll()) close(fd);
 }
 
 absl::Status Server::Bind() {
@@ -224,6 +236,7 @@ absl::Status Server::Run() {
     epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagSignal}};
     epoll_ctl(control_epoll_, EPOLL_CTL_ADD, signal_fd_, &ev);
   }
+  WatchTables();
   std::vector<std::string> layers;
   for (const auto& t : tables_) layers.push_back(t->Describe());
   log::Notice("engramd serving {} table(s) on {}: {}", tables_.size(), config_.socket_path,
@@ -236,9 +249,10 @@ absl::Status Server::Run() {
   epoll_event events[64];
   while (!stopping) {
     const int wait_ms = control_->WaitMs();
-    const int n =
-        epoll_wait(control_epoll_, events, 64,
-                   pending_.empty() ? wait_ms : (wait_ms < 0 ? 100 : std::min(wait_ms, 100)));
+    // Pending handshakes have deadlines to keep; table files are re-checked every second.
+    const int cap_ms = pending_.empty() ? static_cast<int>(kRecheckNs / 1'000'000) : 100;
+    const int n = epoll_wait(control_epoll_, events, 64,
+                             wait_ms < 0 ? cap_ms : std::min(wait_ms, cap_ms));
     if (n < 0 && errno != EINTR) {
       log::Error("epoll_wait: {}", strerror(errno));
       break;
@@ -247,6 +261,10 @@ absl::Status Server::Run() {
       const uint64_t tag = events[i].data.u64;
       if (tag == kTagListen) {
         Accept();
+      } else if (tag == kTagLease) {
+        ReportTableChanges(watch_->OnLeaseBreak());
+      } else if (tag == kTagInotify) {
+        ReportTableChanges(watch_->OnInotify());
       } else if (tag == kTagStop) {
         log::Notice("stop requested");
         stopping = true;
@@ -261,7 +279,7 @@ absl::Status Server::Run() {
         }
       } else {
         const int fd = static_cast<int>(tag);
-        if (pending_.count(fd) != 0) {
+        if (pending_.Contains(fd)) {
           Handshake(fd);
           continue;
         }
@@ -275,18 +293,16 @@ absl::Status Server::Run() {
       }
     }
     control_->Tick();
-    // Connections that never finished their handshake are dropped.
     const uint64_t now = NowNs();
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (now >= it->second) {
-        log::Info("dropping a connection that sent no HELLO within {} ms",
-                  config_.handshake_timeout_ns / 1'000'000);
-        epoll_ctl(control_epoll_, EPOLL_CTL_DEL, it->first, nullptr);
-        close(it->first);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
+    if (now - last_recheck_ns_ >= kRecheckNs) {
+      ReportTableChanges(watch_->Recheck());
+      last_recheck_ns_ = now;
+    }
+    // Connections that never finished their handshake are dropped.
+    for (int fd : pending_.TakeExpired(now)) {
+      DropPending(fd, absl::StrFormat("it sent no HELLO within %u ms",
+                                      config_.handshake_timeout_ns / 1'000'000)
+                          .c_str());
     }
   }
 
@@ -296,8 +312,7 @@ absl::Status Server::Run() {
   close(listen_fd_);
   listen_fd_ = -1;
   if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
-  for (auto& [fd, deadline] : pending_) close(fd);
-  pending_.clear();
+  for (int fd : pending_.TakeAll()) close(fd);
   draining_.store(true);
   Kick();
   poller_.join();
@@ -322,6 +337,23 @@ absl::Status Server::Run() {
   return result;
 }
 
+void Server::WatchTables() {
+  std::vector<std::string> notes;
+  watch_ = TableWatch::Create(tables_, &notes);
+  for (const std::string& note : notes) log::Notice("{}", note);
+  for (const auto& [fd, tag] : {std::pair{watch_->lease_fd(), kTagLease},
+                                std::pair{watch_->inotify_fd(), kTagInotify}}) {
+    if (fd < 0) continue;
+    epoll_event ev{.events = EPOLLIN, .data = {.u64 = tag}};
+    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  last_recheck_ns_ = NowNs();
+}
+
+void Server::ReportTableChanges(const std::vector<std::string>& messages) {
+  for (const std::string& m : messages) log::Error("{}", m);
+}
+
 void Server::Accept() {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -335,14 +367,39 @@ void Server::Accept() {
       }
       return;
     }
-    if (pending_.size() >= config_.limits.max_clients) {
-      close(fd);  // unauthenticated connections are bounded too; no reply to a flood
-      continue;
-    }
+    // Who connected is known now, before any byte is read: each uid's pending connections
+    // count against that uid. (A peer that may not connect is refused when its HELLO comes,
+    // so that it reads why instead of a reset connection.)
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = ~uid_t{0};
     epoll_event ev{.events = EPOLLIN | EPOLLRDHUP, .data = {.u64 = static_cast<uint64_t>(fd)}};
     epoll_ctl(control_epoll_, EPOLL_CTL_ADD, fd, &ev);
-    pending_[fd] = NowNs() + config_.handshake_timeout_ns;
+    for (const PendingHandshakes::Dropped& d :
+         pending_.Add(fd, cred.uid, NowNs() + config_.handshake_timeout_ns)) {
+      DropPending(d.fd, d.uid_bound
+                            ? absl::StrFormat("uid %u holds %u connections without HELLO, the "
+                                              "limit per uid; the oldest goes",
+                                              d.uid, d.uid_pending)
+                                  .c_str()
+                            : absl::StrFormat("%u connections wait for their HELLO, the limit; "
+                                              "the oldest of uid %u (which holds %u) goes",
+                                              kMaxPendingHandshakes, d.uid, d.uid_pending)
+                                  .c_str());
+    }
+    Handshake(fd);  // a client sends HELLO right after connecting: it is usually here already
   }
+}
+
+void Server::DropPending(int fd, const char* why) {
+  uint64_t suppressed = 0;
+  if (handshake_log_.Allow(NowNs(), &suppressed)) {
+    log::Notice("dropped a connection before its handshake: {} ({} similar messages suppressed)",
+                why, suppressed);
+  }
+  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  pending_.Remove(fd);
+  close(fd);
 }
 
 bool Server::PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why) {
@@ -383,11 +440,14 @@ bool Server::PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why) {
 }
 
 void Server::Refuse(int fd, int32_t code, const std::string& message) {
-  log::Notice("refused a client: {}", message);
+  uint64_t suppressed = 0;
+  if (handshake_log_.Allow(NowNs(), &suppressed)) {
+    log::Notice("refused a client: {} ({} similar messages suppressed)", message, suppressed);
+  }
   std::vector<uint8_t> bytes = protocol::EncodeError(code, message, 0);
   SendBytes(fd, bytes.data(), bytes.size());
   epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
-  pending_.erase(fd);
+  pending_.Remove(fd);
   close(fd);
 }
 
@@ -397,7 +457,7 @@ void Server::Handshake(int fd) {
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0) {
     epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
-    pending_.erase(fd);
+    pending_.Remove(fd);
     close(fd);
     return;
   }
@@ -470,7 +530,7 @@ void Server::Handshake(int fd) {
   const int passed[2] = {(*arena)->fd(), doorbell};
   (void)protocol::SendMessage(fd, &welcome, sizeof(welcome), passed, 2);
   (*arena)->CloseFd();
-  pending_.erase(fd);
+  pending_.Remove(fd);
   auto session = std::make_shared<Session>(id, fd, std::move(*arena), doorbell, peer,
                                            std::string(hello.client_name));
   total_arena_bytes_ += layout.arena_bytes;
@@ -716,6 +776,11 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
                       0, NowNs() - start);
     return;
   }
+  if (absl::Status changed = watch_->Check(request->table_index); !changed.ok()) {
+    session->Complete(request->ticket, request->slot, static_cast<int32_t>(changed.code()),
+                      std::string(changed.message()).c_str(), 0, NowNs() - start);
+    return;
+  }
   session->inflight.fetch_add(1, std::memory_order_relaxed);
   inflight_total_.fetch_add(1, std::memory_order_relaxed);
   GatherBatch batch{.table = tables_[request->table_index].get(),
@@ -723,7 +788,10 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
                     .dest = arena.data() + request->dest_offset,
                     .dest_offsets = request->dest_offsets};
   auto finish = [this, start](Session& s, const protocol::DecodedRequest& r,
-                              const absl::Status& status) {
+                              absl::Status status) {
+    // A file marked changed while the rows were read may have given bytes that were never
+    // validated: the request fails rather than hand them over as good.
+    if (status.ok()) status = watch_->Check(r.table_index);
     // The session's count drops before the completion is published, so a client that reuses
     // the finished request's place at once is not refused for the limit; the daemon-wide count,
     // which shutdown drains on, only after it.

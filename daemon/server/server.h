@@ -20,10 +20,12 @@
 #include "daemon/gather/gather_engine.h"
 #include "daemon/ops/log.h"
 #include "protocol/codec.h"
+#include "daemon/server/pending_handshakes.h"
 #include "daemon/server/request_pool.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
 #include "tables/table.h"
+#include "tables/table_watch.h"
 
 namespace engram {
 
@@ -53,7 +55,7 @@ class Server {
 
  private:
   friend class Control;
-  Server() = default;
+  Server();
   absl::Status Bind();
   void PollerLoop();
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
@@ -63,16 +65,23 @@ class Server {
   void HandleMessage(const std::shared_ptr<Session>& session);
   void Disconnect(const std::shared_ptr<Session>& session, const char* why);
   void Refuse(int fd, int32_t code, const std::string& message);
+  void DropPending(int fd, const char* why);
   bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
   void SendTables(Session& session, uint32_t request_id);
   void SendStats(Session& session, uint32_t request_id);
   void SendError(Session& session, int32_t code, const std::string& message, uint32_t request_id);
   void PublishSessions();
   void Kick();
+  void WatchTables();
+  void ReportTableChanges(const std::vector<std::string>& messages);
 
   ServerConfig config_;
   std::vector<std::unique_ptr<Table>> tables_;
   std::vector<protocol::TableBounds> bounds_;
+  // Set by Run(): which tables' files changed. Before engine_ and requests_, so that it outlives
+  // every request thread that checks it.
+  std::unique_ptr<TableWatch> watch_;
+  uint64_t last_recheck_ns_ = 0;
   std::unique_ptr<GatherEngine> engine_;
   std::unique_ptr<RequestPool> requests_;  // after engine_: its threads stop first
 
@@ -85,9 +94,9 @@ class Server {
 
   // Control thread only.
   std::unordered_map<int, std::shared_ptr<Session>> by_fd_;
-  std::unordered_map<int, uint64_t> pending_;  // fd → handshake deadline (ns)
+  PendingHandshakes pending_;  // accepted, no HELLO yet; bounded apart from the sessions
   uint64_t next_session_id_ = 1;
-  uint64_t total_arena_bytes_ = 0;
+  std::atomic<uint64_t> total_arena_bytes_{0};  // written by the control thread, read by metrics
 
   // Shared with the poller: the session list, republished on every change.
   std::mutex sessions_mutex_;
@@ -99,6 +108,7 @@ class Server {
   std::thread poller_;
   uid_t own_uid_ = 0;
   log::RateLimit garbage_log_{5};
+  log::RateLimit handshake_log_{5};  // refused and dropped handshakes, all peers together
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> poller_heartbeat_ns_{0};  // the poller's last pass (watchdog)
   std::unique_ptr<Control> control_;              // first member torn down (~Server)

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "daemon/ops/escape.h"
 
 namespace engram {
 namespace {
@@ -48,7 +49,8 @@ Session::~Session() {
 }
 
 std::string Session::Describe() const {
-  return absl::StrFormat("session %u (pid %d, uid %u, '%s')", id_, peer_.pid, peer_.uid, name_);
+  return absl::StrFormat("session %u (pid %d, uid %u, '%s')", id_, peer_.pid, peer_.uid,
+                         EscapeBytes(name_));
 }
 
 bool Session::HasSubmissions() const {
