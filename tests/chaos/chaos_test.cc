@@ -2,6 +2,8 @@
 // engramd stays up, that a verifying client gets only correct bytes or a clear error, and that
 // the daemon's memory and fds come back.
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -273,6 +275,89 @@ TEST_CASE("a shard replaced by another file stops serving", "[chaos]") {
     std::filesystem::copy_file(shard, tmp);
     REQUIRE(rename(tmp.c_str(), shard.c_str()) == 0);
   });
+}
+
+}  // namespace engram::testing
+
+namespace engram::testing {
+namespace {
+
+uint16_t FreeTcpPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+int ConnectTcp(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GET /metrics; returns the whole answer ("" if none within `timeout_ms`).
+std::string Scrape(uint16_t port, int timeout_ms) {
+  const int fd = ConnectTcp(port);
+  if (fd < 0) return "";
+  const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL);
+  std::string out;
+  char buf[65536];
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 10) <= 0) continue;
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("slow metrics clients do not hold the listener for anyone else", "[chaos]") {
+  const uint16_t port = FreeTcpPort();
+  LoggedDaemon d("slowloris", Checkpoint(), {"--metrics-port", std::to_string(port)});
+  REQUIRE(d.alive());
+  // Slow clients: one byte of a request every 200 ms, and one that connects and says nothing.
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) slow.push_back(ConnectTcp(port));
+  std::atomic<bool> done{false};
+  std::thread dribble([&] {
+    while (!done.load()) {
+      for (int fd : slow) send(fd, "G", 1, MSG_NOSIGNAL);
+      usleep(200'000);
+    }
+  });
+  usleep(100'000);
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string answer = Scrape(port, 1500);
+    const double ms = std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - start).count();
+    INFO("scrape " << i << " took " << ms << " ms");
+    CHECK(answer.rfind("HTTP/1.1 200 OK", 0) == 0);
+    CHECK(answer.find("engram_up 1") != std::string::npos);
+    CHECK(ms < 1000);
+  }
+  done.store(true);
+  dribble.join();
+  for (int fd : slow) close(fd);
+  CHECK(d.alive());
 }
 
 }  // namespace engram::testing
