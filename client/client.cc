@@ -447,6 +447,17 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
                          path.c_str(), static_cast<long long>(st.st_size),
                          static_cast<unsigned long long>(s->welcome.arena_bytes)));
   }
+  // The arena must be sealed against shrinking and growing (and the seals themselves sealed):
+  // an arena someone could shrink under the mapping would make any access SIGBUS this process.
+  constexpr int kArenaSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  const int seals = fcntl(memfd, F_GET_SEALS);
+  if (seals < 0 || (seals & kArenaSeals) != kArenaSeals) {
+    close(memfd);
+    return fail(SetError(-EPROTO,
+                         "arena from engramd at %s is not sealed against resizing (seals 0x%x, "
+                         "need 0x%x)",
+                         path.c_str(), seals < 0 ? 0 : seals, kArenaSeals));
+  }
   void* map = mmap(nullptr, s->welcome.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   close(memfd);
   if (map == MAP_FAILED) {

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -358,6 +360,68 @@ TEST_CASE("slow metrics clients do not hold the listener for anyone else", "[cha
   dribble.join();
   for (int fd : slow) close(fd);
   CHECK(d.alive());
+}
+
+}  // namespace engram::testing
+
+namespace engram::testing {
+
+TEST_CASE("the client refuses an arena that is not sealed", "[chaos]") {
+  // A fake daemon that answers HELLO with a well-formed WELCOME and an unsealed memfd.
+  const std::string path = TestDir() + "/fake.sock";
+  const int listener = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  unlink(path.c_str());
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(listener, 1) == 0);
+  std::thread fake([&] {
+    const int c = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    uint8_t hello[ENGRAM_MSG_MAX_BYTES];
+    (void)!recv(c, hello, sizeof(hello), 0);
+    const int memfd = memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    (void)!ftruncate(memfd, 1 << 20);
+    const int doorbell = eventfd(0, EFD_CLOEXEC);
+    engram_msg_welcome w{};
+    w.header = {.magic = ENGRAM_MSG_MAGIC, .type = ENGRAM_MSG_WELCOME, .reserved = 0,
+                .bytes = sizeof(w), .request_id = 0};
+    w.version_major = ENGRAM_PROTOCOL_MAJOR;
+    w.slots = 8;
+    w.session_id = 1;
+    w.arena_bytes = 1 << 20;
+    w.data_bytes = 1 << 19;
+    iovec iov{&w, sizeof(w)};
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    const int fds[2] = {memfd, doorbell};
+    memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+    (void)!sendmsg(c, &msg, MSG_NOSIGNAL);
+    close(memfd);
+    close(doorbell);
+    usleep(200'000);
+    close(c);
+  });
+  engram_connect_options o;
+  engram_connect_options_init(&o);
+  o.socket_path = path.c_str();
+  engram_session* s = nullptr;
+  const int rc = engram_connect(&o, &s);
+  fake.join();
+  close(listener);
+  const std::string error = engram_last_error();
+  INFO(error);
+  CHECK(rc == -EPROTO);
+  CHECK(error.find("not sealed") != std::string::npos);
+  if (rc == 0) engram_close(s);
 }
 
 }  // namespace engram::testing
