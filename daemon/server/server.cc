@@ -215,6 +215,28 @@ void Server::Kick() {
   (void)ignored;
 }
 
+void Server::ApplyLiveSettings(const ServerConfig& next) {
+  // Read by the control thread only (handshakes, warm and evict): safe to change here.
+  config_.limits.max_clients = next.limits.max_clients;
+  config_.limits.max_arena_bytes = next.limits.max_arena_bytes;
+  config_.limits.max_total_arena_bytes = next.limits.max_total_arena_bytes;
+  config_.limits.default_data_bytes = next.limits.default_data_bytes;
+  config_.limits.default_slots = next.limits.default_slots;
+  config_.allow_uids = next.allow_uids;
+  config_.allow_gids = next.allow_gids;
+  config_.admin_uids = next.admin_uids;
+  config_.admin_gids = next.admin_gids;
+}
+
+absl::Status Server::TableHealth(size_t index) const {
+  return watch_ != nullptr ? watch_->Check(index) : absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<Session>> Server::Sessions() const {
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
+  return sessions_;
+}
+
 void Server::PublishSessions() {
   {
     std::lock_guard<std::mutex> lock(sessions_mutex_);
@@ -257,41 +279,7 @@ absl::Status Server::Run() {
       log::Error("epoll_wait: {}", strerror(errno));
       break;
     }
-    for (int i = 0; i < n; ++i) {
-      const uint64_t tag = events[i].data.u64;
-      if (tag == kTagListen) {
-        Accept();
-      } else if (tag == kTagLease) {
-        ReportTableChanges(watch_->OnLeaseBreak());
-      } else if (tag == kTagInotify) {
-        ReportTableChanges(watch_->OnInotify());
-      } else if (tag == kTagStop) {
-        log::Notice("stop requested");
-        stopping = true;
-      } else if (tag == kTagSignal) {
-        signalfd_siginfo info{};
-        if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) continue;
-        if (info.ssi_signo == SIGHUP) {
-          control_->Reload();
-        } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
-          log::Notice("received {}; finishing requests in flight", strsignal(info.ssi_signo));
-          stopping = true;
-        }
-      } else {
-        const int fd = static_cast<int>(tag);
-        if (pending_.Contains(fd)) {
-          Handshake(fd);
-          continue;
-        }
-        auto it = by_fd_.find(fd);
-        if (it == by_fd_.end()) continue;
-        std::shared_ptr<Session> session = it->second;
-        if ((events[i].events & EPOLLIN) != 0) HandleMessage(session);
-        if (by_fd_.count(fd) != 0 && (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) {
-          Disconnect(session, "closed its connection");
-        }
-      }
-    }
+    for (int i = 0; i < n; ++i) stopping |= HandleControlEvent(events[i]);
     control_->Tick();
     const uint64_t now = NowNs();
     if (now - last_recheck_ns_ >= kRecheckNs) {
@@ -305,8 +293,48 @@ absl::Status Server::Run() {
                           .c_str());
     }
   }
+  return Shutdown();
+}
 
-  // Shutdown: no new connections, finish what the rings hold and what is in flight.
+bool Server::HandleControlEvent(const epoll_event& event) {
+  const uint64_t tag = event.data.u64;
+  if (tag == kTagListen) {
+    Accept();
+  } else if (tag == kTagLease) {
+    ReportTableChanges(watch_->OnLeaseBreak());
+  } else if (tag == kTagInotify) {
+    ReportTableChanges(watch_->OnInotify());
+  } else if (tag == kTagStop) {
+    log::Notice("stop requested");
+    return true;
+  } else if (tag == kTagSignal) {
+    signalfd_siginfo info{};
+    if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) return false;
+    if (info.ssi_signo == SIGHUP) {
+      control_->Reload();
+    } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
+      log::Notice("received {}; finishing requests in flight", strsignal(info.ssi_signo));
+      return true;
+    }
+  } else {
+    const int fd = static_cast<int>(tag);
+    if (pending_.Contains(fd)) {
+      Handshake(fd);
+      return false;
+    }
+    auto it = by_fd_.find(fd);
+    if (it == by_fd_.end()) return false;
+    std::shared_ptr<Session> session = it->second;
+    if ((event.events & EPOLLIN) != 0) HandleMessage(session);
+    if (by_fd_.count(fd) != 0 && (event.events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) {
+      Disconnect(session, "closed its connection");
+    }
+  }
+  return false;
+}
+
+absl::Status Server::Shutdown() {
+  // No new connections; finish what the rings hold and what is in flight.
   control_->Stopping();
   epoll_ctl(control_epoll_, EPOLL_CTL_DEL, listen_fd_, nullptr);
   close(listen_fd_);
@@ -451,6 +479,41 @@ void Server::Refuse(int fd, int32_t code, const std::string& message) {
   close(fd);
 }
 
+bool Server::GrantArena(const engram_msg_hello& hello, protocol::ArenaLayout* ret_layout,
+                        int32_t* ret_code, std::string* ret_message) const {
+  const Limits& limits = config_.limits;
+  *ret_code = ENGRAM_STATUS_RESOURCE_EXHAUSTED;
+  if (by_fd_.size() >= limits.max_clients) {
+    *ret_message = absl::StrFormat("engramd already serves %u clients, the limit (--max-clients)",
+                                   by_fd_.size());
+    return false;
+  }
+  const uint64_t data_bytes = hello.data_bytes != 0 ? hello.data_bytes : limits.default_data_bytes;
+  if (data_bytes > limits.max_arena_bytes) {
+    *ret_message = absl::StrFormat(
+        "a data region of %u bytes was asked for; the limit is %u bytes per session "
+        "(--max-arena-bytes)",
+        data_bytes, limits.max_arena_bytes);
+    return false;
+  }
+  uint32_t slots = hello.slots != 0 ? hello.slots : limits.default_slots;
+  slots = std::min({slots, limits.max_inflight, uint32_t{ENGRAM_MAX_SLOTS}});
+  if (!protocol::ComputeArenaLayout(slots, data_bytes, ret_layout)) {
+    *ret_code = ENGRAM_STATUS_INVALID_ARGUMENT;
+    *ret_message =
+        absl::StrFormat("no arena can have %u slots and %u data bytes", slots, data_bytes);
+    return false;
+  }
+  const uint64_t total = total_arena_bytes_.load() + ret_layout->arena_bytes;
+  if (total > limits.max_total_arena_bytes) {
+    *ret_message = absl::StrFormat(
+        "arenas of all sessions would reach %u bytes; the limit is %u (--max-total-arena-bytes)",
+        total, limits.max_total_arena_bytes);
+    return false;
+  }
+  return true;
+}
+
 void Server::Handshake(int fd) {
   uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
   const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
@@ -474,33 +537,11 @@ void Server::Handshake(int fd) {
     return;
   }
   const Limits& limits = config_.limits;
-  if (by_fd_.size() >= limits.max_clients) {
-    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-           absl::StrFormat("engramd already serves %u clients, the limit (--max-clients)",
-                           by_fd_.size()));
-    return;
-  }
-  const uint64_t data_bytes = hello.data_bytes != 0 ? hello.data_bytes : limits.default_data_bytes;
-  if (data_bytes > limits.max_arena_bytes) {
-    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-           absl::StrFormat("a data region of %u bytes was asked for; the limit is %u bytes per "
-                           "session (--max-arena-bytes)",
-                           data_bytes, limits.max_arena_bytes));
-    return;
-  }
-  uint32_t slots = hello.slots != 0 ? hello.slots : limits.default_slots;
-  slots = std::min({slots, limits.max_inflight, uint32_t{ENGRAM_MAX_SLOTS}});
   protocol::ArenaLayout layout;
-  if (!protocol::ComputeArenaLayout(slots, data_bytes, &layout)) {
-    Refuse(fd, ENGRAM_STATUS_INVALID_ARGUMENT,
-           absl::StrFormat("no arena can have %u slots and %u data bytes", slots, data_bytes));
-    return;
-  }
-  if (total_arena_bytes_ + layout.arena_bytes > limits.max_total_arena_bytes) {
-    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-           absl::StrFormat("arenas of all sessions would reach %u bytes; the limit is %u "
-                           "(--max-total-arena-bytes)",
-                           total_arena_bytes_ + layout.arena_bytes, limits.max_total_arena_bytes));
+  int32_t code = 0;
+  std::string message;
+  if (!GrantArena(hello, &layout, &code, &message)) {
+    Refuse(fd, code, message);
     return;
   }
   const uint64_t id = next_session_id_++;
@@ -598,7 +639,7 @@ void Server::HandleMessage(const std::shared_ptr<Session>& session) {
       SendStats(*session, header.request_id);
       break;
     case ENGRAM_MSG_CONTROL:
-      control_->Handle(*session, header, buffer + sizeof(header), header.bytes - sizeof(header));
+      control_->Handle(session, header, buffer + sizeof(header), header.bytes - sizeof(header));
       break;
     case ENGRAM_MSG_HELLO:
       SendError(*session, ENGRAM_STATUS_FAILED_PRECONDITION,

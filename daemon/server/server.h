@@ -5,6 +5,7 @@
 //   absl::Status s = (*server)->Run();  // until SIGTERM/SIGINT or Stop(): drains, then returns
 #pragma once
 
+#include <sys/epoll.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/gather/gather_engine.h"
 #include "daemon/ops/log.h"
+#include "daemon/ops/server_view.h"
 #include "protocol/codec.h"
 #include "daemon/server/pending_handshakes.h"
 #include "daemon/server/request_pool.h"
@@ -31,11 +33,7 @@ namespace engram {
 
 class Control;
 
-// The supplementary groups of the peer of the Unix socket `fd`, as the kernel recorded them when
-// the peer connected (SO_PEERGROUPS); empty if they cannot be read.
-std::vector<gid_t> PeerGroups(int fd);
-
-class Server {
+class Server : public ServerView {
  public:
   // Binds the socket (refusing to take over one that a live engramd answers on). The tables
   // must already be registered with the engine.
@@ -53,15 +51,36 @@ class Server {
   // Control requests, metrics, systemd notifications and reloads (daemon/ops/control.h).
   Control& control() { return *control_; }
 
+  // ServerView: what the operator side sees.
+  const ServerConfig& config() const override { return config_; }
+  void ApplyLiveSettings(const ServerConfig& next) override;
+  uid_t own_uid() const override { return own_uid_; }
+  uint64_t start_ns() const override { return start_ns_; }
+  bool draining() const override { return draining_.load(); }
+  uint64_t requests_in_flight() const override { return inflight_total_.load(); }
+  uint64_t total_arena_bytes() const override { return total_arena_bytes_.load(); }
+  uint64_t poller_heartbeat_ns() const override {
+    return poller_heartbeat_ns_.load(std::memory_order_relaxed);
+  }
+  std::span<const std::unique_ptr<Table>> tables() const override { return tables_; }
+  absl::Status TableHealth(size_t index) const override;
+  std::vector<TableGatherStats> EngineStats() const override { return engine_->Stats(); }
+  std::vector<std::shared_ptr<Session>> Sessions() const override;
+
  private:
-  friend class Control;
   Server();
   absl::Status Bind();
+  // One event of the control loop; true when it asks the daemon to stop.
+  bool HandleControlEvent(const epoll_event& event);
+  absl::Status Shutdown();
   void PollerLoop();
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
   void Accept();
   void Handshake(int fd);
+  // The session a HELLO may have under the limits, or the refusal (code, message).
+  bool GrantArena(const engram_msg_hello& hello, protocol::ArenaLayout* ret_layout,
+                  int32_t* ret_code, std::string* ret_message) const;
   void HandleMessage(const std::shared_ptr<Session>& session);
   void Disconnect(const std::shared_ptr<Session>& session, const char* why);
   void Refuse(int fd, int32_t code, const std::string& message);
@@ -99,7 +118,7 @@ class Server {
   std::atomic<uint64_t> total_arena_bytes_{0};  // written by the control thread, read by metrics
 
   // Shared with the poller: the session list, republished on every change.
-  std::mutex sessions_mutex_;
+  mutable std::mutex sessions_mutex_;
   std::vector<std::shared_ptr<Session>> sessions_;
   std::atomic<uint64_t> sessions_generation_{0};
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "daemon/server/arena.h"
 #include "engram/protocol.h"
@@ -23,6 +24,10 @@ struct PeerInfo {
   uid_t uid = 0;
   gid_t gid = 0;
 };
+
+// The supplementary groups of the peer of the Unix socket `fd`, as the kernel recorded them when
+// the peer connected (SO_PEERGROUPS); empty if they cannot be read.
+std::vector<gid_t> PeerGroups(int fd);
 
 class Session {
  public:
