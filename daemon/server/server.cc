@@ -779,81 +779,127 @@ uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sq
 void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe) {
   const uint64_t start = NowNs();
   session->counters.submitted.fetch_add(1, std::memory_order_relaxed);
+  const uint32_t slot = ENGRAM_TICKET_SLOT(sqe.ticket);
+  const uint64_t claimed = std::min<uint64_t>(sqe.num_rows, config_.limits.max_rows_per_request);
+  const bool slot_valid = (sqe.ticket >> 16) != 0 && slot < session->arena().layout().slots;
+  if (claimed <= config_.poll.inline_rows || !slot_valid) {
+    // Small (or unanswerable): decoding costs the poller little.
+    Execute(session, sqe, start, /*admitted_rows=*/0);
+    return;
+  }
+  // A large request is admitted here at O(1) cost and decoded (row ids copied and checked) on a
+  // request thread, so that a client sending large requests that fail on their last row
+  // cannot stall the poller every other session waits on.
+  if (!Admit(*session, sqe.ticket, slot, claimed, start)) return;
+  requests_->Post(session->id(), [this, session, sqe, start, claimed] {
+    Execute(session, sqe, start, claimed);
+  });
+}
+
+uint64_t Server::RowBudget(Session& session) const {
+  // Queued requests keep 16 bytes per row (ids and offsets): a session may have at most as many
+  // rows in flight as its data region could hold row ids, and always one request of the largest
+  // size, so the bookkeeping of all sessions stays within twice --max-total-arena-bytes.
+  return std::max<uint64_t>(session.arena().data_bytes() / sizeof(uint64_t),
+                            config_.limits.max_rows_per_request);
+}
+
+bool Server::Admit(Session& session, uint64_t ticket, uint32_t slot, uint64_t rows,
+                   uint64_t start) {
+  std::string why;
+  if (session.inflight.load(std::memory_order_relaxed) >= config_.limits.max_inflight) {
+    why = absl::StrFormat("%u requests already in flight on this session, the limit "
+                          "(--max-inflight)",
+                          session.inflight.load());
+  } else if (session.rows_in_flight.load(std::memory_order_relaxed) + rows > RowBudget(session)) {
+    why = absl::StrFormat(
+        "%u rows already in flight on this session and %u more asked for; a session may have "
+        "%u rows in flight (its data region's bytes / 8, at least --max-rows-per-request)",
+        session.rows_in_flight.load(), rows, RowBudget(session));
+  }
+  if (!why.empty()) {
+    session.Complete(ticket, slot, ENGRAM_STATUS_RESOURCE_EXHAUSTED, why.c_str(), 0,
+                     NowNs() - start);
+    return false;
+  }
+  session.inflight.fetch_add(1, std::memory_order_relaxed);
+  session.rows_in_flight.fetch_add(rows, std::memory_order_relaxed);
+  inflight_total_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void Server::Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Status status,
+                    uint64_t rows, uint64_t admitted_rows, uint64_t start) {
+  // The session's counts drop before the completion is published, so a client that reuses the
+  // finished request's place at once is not refused for the limit; the daemon-wide count,
+  // which shutdown drains on, only after it.
+  session.inflight.fetch_sub(1, std::memory_order_relaxed);
+  session.rows_in_flight.fetch_sub(admitted_rows, std::memory_order_relaxed);
+  session.Complete(ticket, slot, static_cast<int32_t>(status.code()),
+                   status.ok() ? nullptr : std::string(status.message()).c_str(),
+                   status.ok() ? rows : 0, NowNs() - start);
+  inflight_total_.fetch_sub(1, std::memory_order_release);
+}
+
+void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
+                     uint64_t start, uint64_t admitted_rows) {
   Arena& arena = session->arena();
   protocol::RequestContext context{.slots = arena.layout().slots,
                                    .max_rows = config_.limits.max_rows_per_request,
                                    .data = arena.data(),
                                    .data_bytes = arena.data_bytes(),
                                    .tables = bounds_};
-  auto request = std::make_unique<protocol::DecodedRequest>();
+  protocol::DecodedRequest request;
   bool slot_valid = false;
   protocol::CodecError error;
-  if (!protocol::DecodeRequest(sqe, context, request.get(), &slot_valid, &error)) {
-    if (slot_valid) {
-      session->Complete(request->ticket, request->slot, error.code, error.message.c_str(), 0,
+  if (!protocol::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
+    if (admitted_rows != 0) {
+      Finish(*session, request.ticket, request.slot,
+             absl::Status(static_cast<absl::StatusCode>(error.code), error.message), 0,
+             admitted_rows, start);
+    } else if (slot_valid) {
+      session->Complete(request.ticket, request.slot, error.code, error.message.c_str(), 0,
                         NowNs() - start);
     } else {
-      session->counters.failed.fetch_add(1, std::memory_order_relaxed);
-      session->counters.garbage.fetch_add(1, std::memory_order_relaxed);
-      uint64_t suppressed = 0;
-      if (garbage_log_.Allow(start, &suppressed)) {
-        log::Warning("{}: unanswerable submission: {} ({} similar messages suppressed)",
-                     session->Describe(), error.message, suppressed);
-      }
+      Unanswerable(*session, error.message, start);
     }
     return;
   }
-  if (request->opcode == ENGRAM_OP_NOP || request->rows.empty()) {
-    session->Complete(request->ticket, request->slot, ENGRAM_STATUS_OK, nullptr, 0,
-                      NowNs() - start);
+  if (request.opcode == ENGRAM_OP_NOP || request.rows.empty()) {
+    if (admitted_rows != 0) {
+      Finish(*session, request.ticket, request.slot, absl::OkStatus(), 0, admitted_rows, start);
+    } else {
+      session->Complete(request.ticket, request.slot, ENGRAM_STATUS_OK, nullptr, 0,
+                        NowNs() - start);
+    }
     return;
   }
-  if (session->inflight.load(std::memory_order_relaxed) >= config_.limits.max_inflight) {
-    session->Complete(request->ticket, request->slot, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-                      absl::StrFormat("%u requests already in flight on this session, the limit "
-                                      "(--max-inflight)",
-                                      session->inflight.load())
-                          .c_str(),
-                      0, NowNs() - start);
-    return;
+  if (admitted_rows == 0) {
+    if (!Admit(*session, request.ticket, request.slot, request.rows.size(), start)) return;
+    admitted_rows = request.rows.size();
   }
-  if (absl::Status changed = watch_->Check(request->table_index); !changed.ok()) {
-    session->Complete(request->ticket, request->slot, static_cast<int32_t>(changed.code()),
-                      std::string(changed.message()).c_str(), 0, NowNs() - start);
-    return;
+  // A table marked changed fails before and, if the mark came while its rows were read,
+  // after the gather: bytes that were never validated are not handed over as good.
+  absl::Status status = watch_->Check(request.table_index);
+  if (status.ok()) {
+    status = engine_->Gather(GatherBatch{.table = tables_[request.table_index].get(),
+                                         .rows = request.rows,
+                                         .dest = arena.data() + request.dest_offset,
+                                         .dest_offsets = request.dest_offsets});
   }
-  session->inflight.fetch_add(1, std::memory_order_relaxed);
-  inflight_total_.fetch_add(1, std::memory_order_relaxed);
-  GatherBatch batch{.table = tables_[request->table_index].get(),
-                    .rows = request->rows,
-                    .dest = arena.data() + request->dest_offset,
-                    .dest_offsets = request->dest_offsets};
-  auto finish = [this, start](Session& s, const protocol::DecodedRequest& r,
-                              absl::Status status) {
-    // A file marked changed while the rows were read may have given bytes that were never
-    // validated: the request fails rather than hand them over as good.
-    if (status.ok()) status = watch_->Check(r.table_index);
-    // The session's count drops before the completion is published, so a client that reuses
-    // the finished request's place at once is not refused for the limit; the daemon-wide count,
-    // which shutdown drains on, only after it.
-    s.inflight.fetch_sub(1, std::memory_order_relaxed);
-    s.Complete(r.ticket, r.slot, static_cast<int32_t>(status.code()),
-               status.ok() ? nullptr : std::string(status.message()).c_str(),
-               status.ok() ? r.rows.size() : 0, NowNs() - start);
-    inflight_total_.fetch_sub(1, std::memory_order_release);
-  };
-  if (request->rows.size() <= config_.poll.inline_rows) {
-    finish(*session, *request, engine_->Gather(batch));
-    return;
+  if (status.ok()) status = watch_->Check(request.table_index);
+  Finish(*session, request.ticket, request.slot, std::move(status), request.rows.size(),
+         admitted_rows, start);
+}
+
+void Server::Unanswerable(Session& session, const std::string& message, uint64_t start) {
+  session.counters.failed.fetch_add(1, std::memory_order_relaxed);
+  session.counters.garbage.fetch_add(1, std::memory_order_relaxed);
+  uint64_t suppressed = 0;
+  if (garbage_log_.Allow(start, &suppressed)) {
+    log::Warning("{}: unanswerable submission: {} ({} similar messages suppressed)",
+                 session.Describe(), message, suppressed);
   }
-  // A request thread runs it as the engine's calling thread, as an in-process caller would.
-  requests_->Post([this, session, request = std::move(request), finish]() mutable {
-    GatherBatch b{.table = tables_[request->table_index].get(),
-                  .rows = request->rows,
-                  .dest = session->arena().data() + request->dest_offset,
-                  .dest_offsets = request->dest_offsets};
-    finish(*session, *request, engine_->Gather(b));
-  });
 }
 
 }  // namespace engram

@@ -76,6 +76,17 @@ class Server : public ServerView {
   void PollerLoop();
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
+  // Decodes and runs one submission on the calling thread. `admitted_rows` != 0: Admit() ran
+  // already for that many rows.
+  void Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
+               uint64_t admitted_rows);
+  // Takes a place for a request of `rows` rows within the session's limits (in flight, row
+  // budget); false when it completed the request with the refusal.
+  bool Admit(Session& session, uint64_t ticket, uint32_t slot, uint64_t rows, uint64_t start);
+  void Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Status status,
+              uint64_t rows, uint64_t admitted_rows, uint64_t start);
+  uint64_t RowBudget(Session& session) const;
+  void Unanswerable(Session& session, const std::string& message, uint64_t start);
   void Accept();
   void Handshake(int fd);
   // The session a HELLO may have under the limits, or the refusal (code, message).

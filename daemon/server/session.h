@@ -66,6 +66,7 @@ class Session {
   void set_closing() { closing_.store(true, std::memory_order_release); }
 
   std::atomic<uint32_t> inflight{0};
+  std::atomic<uint64_t> rows_in_flight{0};  // rows of the requests admitted and not finished
 
   struct Counters {
     std::atomic<uint64_t> submitted{0};
