@@ -713,3 +713,107 @@ TEST_CASE("the daemon SIGKILLed and SIGTERMed under load; clients reconnect", "[
 }
 
 }  // namespace engram::testing
+
+namespace engram::testing {
+namespace {
+
+// Sends `bytes` with `fds` attached (SCM_RIGHTS).
+void SendWithFds(int sock, const std::string& bytes, const std::vector<int>& fds) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds.data(), fds.size() * sizeof(int));
+  }
+  if (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) perror("sendmsg");
+}
+
+std::string Header(uint16_t type, uint32_t bytes, uint16_t reserved = 0) {
+  engram_msg_header h{.magic = ENGRAM_MSG_MAGIC, .type = type, .reserved = reserved,
+                      .bytes = bytes, .request_id = 3};
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+// The ERROR text of a reply ("" when the reply is not an ERROR).
+std::string ErrorText(const std::string& reply) {
+  if (reply.size() < sizeof(engram_msg_error)) return "";
+  engram_msg_error e;
+  memcpy(&e, reply.data(), sizeof(e));
+  if (e.header.type != ENGRAM_MSG_ERROR) return "";
+  return reply.substr(sizeof(e), e.message_bytes);
+}
+
+}  // namespace
+
+TEST_CASE("malformed, oversized and fd-carrying messages on a session", "[chaos]") {
+  LoggedDaemon d("hostile", Checkpoint(), {});
+  REQUIRE(d.alive());
+  ControlJson(d.socket(), "{\"command\":\"status\"}");
+  usleep(200'000);
+  const size_t fds_before = OpenFds(d.pid());
+  {
+    RawSession s(d.socket(), "hostile");
+    REQUIRE(s.fd() >= 0);
+    int pipe_fds[2] = {-1, -1};
+    REQUIRE(pipe2(pipe_fds, O_CLOEXEC) == 0);
+    struct Case {
+      const char* what;
+      std::string bytes;
+      const char* expect;
+    };
+    const std::vector<Case> cases = {
+        {"half a header", Header(ENGRAM_MSG_LIST_TABLES, 16).substr(0, 8), "shorter"},
+        {"a header claiming more bytes than sent", Header(ENGRAM_MSG_LIST_TABLES, 4096),
+         "bytes"},
+        {"a message longer than the maximum",
+         Header(ENGRAM_MSG_CONTROL, ENGRAM_MSG_MAX_BYTES + 100) +
+             std::string(ENGRAM_MSG_MAX_BYTES + 100 - 16, '{'),
+         "longer"},
+        {"a reserved header field", Header(ENGRAM_MSG_LIST_TABLES, 16, 5), "reserved"},
+        {"an unknown type", Header(31, 16), "type"},
+        {"a second HELLO", Header(ENGRAM_MSG_HELLO, 16), "HELLO"},
+        {"control JSON that is not an object", Header(ENGRAM_MSG_CONTROL, 16 + 7) + "[1,2,3]",
+         "JSON object"},
+        {"control JSON nested deep", Header(ENGRAM_MSG_CONTROL, 16 + 2000) +
+                                         std::string(1000, '[') + std::string(1000, ']'),
+         "JSON object"},
+        {"an unknown command with bytes that are not UTF-8",
+         Header(ENGRAM_MSG_CONTROL, 16 + 17) + "{\"command\":\"x\xff\xfe\"}",
+         "JSON object"},
+    };
+    for (const Case& c : cases) {
+      // Every message also carries fds that are not memfds: the daemon must not keep them.
+      SendWithFds(s.fd(), c.bytes, {pipe_fds[0], pipe_fds[1]});
+      const std::string text = ErrorText(RecvMessage(s.fd()));
+      INFO(c.what << ": '" << text << "'");
+      CHECK(text.find(c.expect) != std::string::npos);
+    }
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    // The session still works.
+    CHECK(s.Control("{\"command\":\"status\"}").find("serving") != std::string::npos);
+  }
+  // A HELLO carrying fds, and one cut short.
+  for (size_t bytes : {sizeof(engram_msg_hello), size_t{40}}) {
+    const int sock = ConnectRaw(d.socket());
+    engram_msg_hello hello = MakeHello("fds");
+    const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    SendWithFds(sock, std::string(reinterpret_cast<const char*>(&hello), bytes), {devnull});
+    close(devnull);
+    RecvMessage(sock);
+    close(sock);
+  }
+  for (int i = 0; i < 200 && OpenFds(d.pid()) > fds_before; ++i) usleep(10'000);
+  CHECK(OpenFds(d.pid()) <= fds_before);
+  CHECK(d.alive());
+}
+
+}  // namespace engram::testing
