@@ -817,3 +817,51 @@ TEST_CASE("malformed, oversized and fd-carrying messages on a session", "[chaos]
 }
 
 }  // namespace engram::testing
+
+namespace engram::testing {
+
+TEST_CASE("an unprivileged uid's floods touch neither root's clients nor its own limits",
+          "[chaos]") {
+  if (geteuid() != 0) {
+    WARN("skipped: needs root to act as another uid");  // Catch2 2.x has no SKIP
+    return;
+  }
+  chmod(TestDir().c_str(), 0755);
+  LoggedDaemon d("unpriv", Checkpoint(), {"--socket-mode", "0666"});
+  REQUIRE(d.alive());
+  // uid 65534 may reach the socket but is not allowed: 200 silent connections and 200 HELLOs,
+  // from a child that dropped to it.
+  const pid_t child = fork();
+  if (child == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+    std::vector<int> silent;
+    for (int i = 0; i < 200; ++i) silent.push_back(ConnectRaw(d.socket()));
+    int refused = 0;
+    engram_msg_hello hello = MakeHello("nobody");
+    for (int i = 0; i < 200; ++i) {
+      const int fd = ConnectRaw(d.socket());
+      send(fd, &hello, sizeof(hello), MSG_NOSIGNAL);
+      const std::string reply = RecvMessage(fd, 2000);
+      engram_msg_error e{};
+      if (reply.size() >= sizeof(e)) memcpy(&e, reply.data(), sizeof(e));
+      refused += e.code == ENGRAM_STATUS_PERMISSION_DENIED ? 1 : 0;
+      close(fd);
+    }
+    usleep(500'000);  // the silent ones are still open while root connects
+    _exit(refused == 200 ? 0 : 1);
+  }
+  usleep(200'000);
+  Verifier v(d.Options());
+  REQUIRE(v.connected());
+  CHECK(v.Gather(14, 3) == 0);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // every HELLO of uid 65534 was refused, by name
+  const std::string log = d.Log();
+  CHECK(log.find("uid 65534") != std::string::npos);
+  CHECK(CountLines(log, "refused a client") < 40);
+  CHECK(d.alive());
+}
+
+}  // namespace engram::testing
