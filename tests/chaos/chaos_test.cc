@@ -678,7 +678,12 @@ TEST_CASE("clients SIGKILLed at random points under load", "[chaos]") {
   CHECK(clients["clients"].size() <= 2);  // the verifier and the control session itself
   // The killed clients' arenas (4 MiB each) are unmapped: memory is back near its baseline.
   INFO("daemon RSS " << rss_before << " kB before, " << RssKb(d.pid()) << " kB after");
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan keeps freed memory in quarantine: RSS says nothing there; its leak check does.
+  WARN("RSS check skipped under AddressSanitizer");
+#else
   CHECK(RssKb(d.pid()) < rss_before + 16 * 1024);
+#endif
 }
 
 TEST_CASE("the daemon SIGKILLed and SIGTERMed under load; clients reconnect", "[chaos]") {

@@ -63,10 +63,23 @@ class LoggedDaemon {
     }
     for (int i = 0; i < 1000 && !SocketAnswers(socket_); ++i) usleep(10000);
   }
+  // Stops it with SIGTERM (SIGKILL after 10 s), so that a sanitizer build runs its exit-time
+  // checks (leaks); a sanitizer report (exit status 66, tools/sanitize.sh) ends the test binary
+  // with the log's tail printed.
   ~LoggedDaemon() {
-    if (pid_ > 0) {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 1000 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10'000);
+    if (waitpid(pid_, &status, WNOHANG) == 0) {
       kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
+      waitpid(pid_, &status, 0);
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 66) {
+      const std::string log = Log();
+      fprintf(stderr, "engramd reported a sanitizer error:\n%s\n",
+              log.substr(log.size() > 8000 ? log.size() - 8000 : 0).c_str());
+      abort();
     }
   }
   bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
