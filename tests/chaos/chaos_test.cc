@@ -702,7 +702,9 @@ TEST_CASE("the daemon SIGKILLed and SIGTERMed under load; clients reconnect", "[
     kill(d->pid(), restarts % 2 ? SIGTERM : SIGKILL);
     d.reset();  // reaps it
     d = std::make_unique<LoggedDaemon>("killdaemon", Checkpoint(), std::vector<std::string>{});
+    INFO("restart " << restarts << ", log: " << d->Log());
     REQUIRE(d->alive());
+    REQUIRE(SocketAnswers(socket));
     ++restarts;
     // The clients come back to the new daemon.
     for (int i = 0; i < 500 && counts->gathers.load() < before + 10; ++i) usleep(10'000);

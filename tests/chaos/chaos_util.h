@@ -61,7 +61,8 @@ class LoggedDaemon {
       execv(argv[0], argv.data());
       _exit(127);
     }
-    for (int i = 0; i < 1000 && !SocketAnswers(socket_); ++i) usleep(10000);
+    // Up to 30 s: on a loaded 2-core machine, start-up after a kill can take a while.
+    for (int i = 0; i < 3000 && !SocketAnswers(socket_) && alive(); ++i) usleep(10000);
   }
   // Stops it with SIGTERM (SIGKILL after 10 s), so that a sanitizer build runs its exit-time
   // checks (leaks); a sanitizer report (exit status 66, tools/sanitize.sh) ends the test binary
