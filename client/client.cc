@@ -439,6 +439,16 @@ int MapArena(engram_session* s, const engram::UniqueFd& memfd) {
     return SetError(-EPROTO, "arena from engramd at %s is %lld bytes, WELCOME says %llu", path,
                     static_cast<long long>(st.st_size), static_cast<unsigned long long>(bytes));
   }
+  // The arena must be sealed against shrinking and growing (and the seals themselves sealed):
+  // an arena someone could shrink under the mapping would make any access SIGBUS this process.
+  constexpr int kArenaSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  const int seals = fcntl(memfd.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & kArenaSeals) != kArenaSeals) {
+    return SetError(-EPROTO,
+                    "arena from engramd at %s is not sealed against resizing (seals 0x%x, need "
+                    "0x%x)",
+                    path, seals < 0 ? 0 : seals, kArenaSeals);
+  }
   void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
   if (map == MAP_FAILED) {
     return SetError(-errno, "cannot map the %llu-byte arena: %s",

@@ -108,6 +108,11 @@ bool DecodeHeader(const uint8_t* data, size_t size, engram_msg_header* ret_heade
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
                 "message header says %u bytes, %zu arrived", header.bytes, size);
   }
+  // Reserved fields are zero, so that a later minor version can give them a meaning.
+  if (header.reserved != 0) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "message header reserved field is %u, not 0", header.reserved);
+  }
   if (header.type == 0 || header.type > ENGRAM_MSG_TABLE_MAPPED) {
     return Fail(ret_error, ENGRAM_STATUS_UNIMPLEMENTED, "unknown message type %u", header.type);
   }

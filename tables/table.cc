@@ -49,7 +49,10 @@ std::string Table::Describe() const {
 }
 
 absl::StatusOr<OpenedFile> OpenTableFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO (or a device) in a table file's place must not hang start-up in open(2);
+  // it is refused below as not a regular file. Then the flag is cleared again: io_uring would
+  // hand EAGAIN back for reads of a regular file opened O_NONBLOCK instead of waiting for them.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     const int err = errno;
     std::string msg = absl::StrCat("cannot open ", path, ": ", std::strerror(err));
@@ -63,7 +66,15 @@ absl::StatusOr<OpenedFile> OpenTableFile(const std::string& path) {
     return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a regular file"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is not a regular file (", S_ISFIFO(st.st_mode)  ? "a FIFO"
+        : S_ISDIR(st.st_mode) ? "a directory"
+                              : "a device or socket",
+        "); table files and checkpoint metadata must be regular files"));
+  }
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot clear O_NONBLOCK on ", path, ": ", std::strerror(errno)));
   }
   file.size = static_cast<uint64_t>(st.st_size);
   // Engram reads are random 264-byte rows: readahead would only evict useful pages.

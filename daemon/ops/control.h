@@ -1,9 +1,11 @@
-// The operator side of engramd: control requests on the socket (status, tables, stats, clients,
-// warm, evict, metrics; JSON in and out), the Prometheus metrics, systemd notifications and the
-// watchdog, and SIGHUP reloads. Runs on the server's control thread, except MetricsText(),
-// which the HTTP listener calls from its own. Any peer the socket admits may read; the requests
-// that change what every client sees (warm, evict) need an administrator (ServerConfig's
-// admin_uids / admin_gids, root, the daemon's own uid) and are refused with PermissionDenied.
+// The operator side of engramd: control requests on the socket (JSON in and out; the commands
+// are in control_commands.h), and the pieces the server's control loop drives: the metrics
+// listener, systemd notifications and the watchdog (watchdog.h), SIGHUP reloads (reload.h).
+// Runs on the server's control thread, except MetricsText(), which the HTTP listener calls
+// from its own, and warm steps, which run on a worker (page_cache.h). Any peer the socket
+// admits may read; the requests that change what every client sees (warm, evict) need an
+// administrator (ServerConfig's admin_uids / admin_gids, root, the daemon's own uid) and are
+// refused with PermissionDenied. It sees the server only through ServerView.
 #pragma once
 
 #include <sys/types.h>
@@ -19,83 +21,76 @@
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/metrics.h"
+#include "daemon/ops/page_cache.h"
+#include "daemon/ops/reload.h"
+#include "daemon/ops/server_view.h"
+#include "daemon/ops/watchdog.h"
 #include "engram/protocol.h"
 
 namespace engram {
 
-class Server;
-class Session;
-
 // The control commands that need an administrator ("warm", "evict").
 std::vector<std::string> AdminCommandNames();
 
-// What a SIGHUP re-read yields: the resolved server configuration and the rest of the settings.
-struct ReloadedConfig {
-  ServerConfig server;
-  std::string log_level;
-  MetricsOptions metrics;
-};
-
 class Control {
  public:
-  explicit Control(Server* server);
+  explicit Control(ServerView* server);
   ~Control();
 
-  // Answers one ENGRAM_MSG_CONTROL message of `session` (body: JSON text).
-  void Handle(Session& session, const engram_msg_header& header, const uint8_t* body,
-              size_t body_bytes);
+  // Answers one ENGRAM_MSG_CONTROL message of `session` (body: JSON text). No exception
+  // escapes: a command that throws is that request's InternalError.
+  void Handle(const std::shared_ptr<Session>& session, const engram_msg_header& header,
+              const uint8_t* body, size_t body_bytes);
 
   // The whole Prometheus exposition. Thread-safe.
   std::string MetricsText() const;
 
   // The metrics options and log level in force; called before Server::Run.
   void Configure(const MetricsOptions& metrics, const std::string& log_level,
-                 const std::string& version) {
-    metrics_ = metrics;
-    log_level_ = log_level;
-    version_ = version;
-  }
+                 const std::string& version);
   // Starts what the metrics options ask for (HTTP listener) and tells systemd the daemon is
   // ready. Called once from Server::Run before serving.
   void Start();
-  // Control loop: how long it may sleep (ms, -1 forever) and the periodic work (watchdog ping,
-  // STATUS=, textfile).
-  int WaitMs() const;
-  void Tick();
+  // Control loop: how long it may sleep (ms, -1 forever) and the periodic work.
+  int WaitMs() const { return watchdog_.WaitMs(); }
+  void Tick() { watchdog_.Tick(); }
   // SIGHUP: re-reads the configuration through the reloader and applies what can change live.
   void Reload();
   void SetReloader(std::function<absl::StatusOr<ReloadedConfig>()> reloader) {
     reloader_ = std::move(reloader);
   }
   // Stopping: tells systemd.
-  void Stopping();
+  void Stopping() { watchdog_.Stopping(); }
 
  private:
-  absl::StatusOr<std::string> Run(Session& session, const std::string& request_text);
+  absl::StatusOr<std::optional<std::string>> Run(const std::shared_ptr<Session>& session,
+                                                 uint32_t request_id,
+                                                 const std::string& request_text);
   bool PeerIsAdministrator(const Session& session) const;
+  absl::Status Refuse(const Session& session, const std::string& command,
+                      const char* admin_reason);
   // Logs a refused request at warning level: once per uid a minute, with the count of the
   // refusals not logged since.
   void LogRefusal(const Session& session, const std::string& command);
-  std::string StatusLine() const;
+  // Sends the reply (or the error) of request `request_id`. Any thread.
+  void Answer(Session& session, uint32_t request_id, const absl::StatusOr<std::string>& reply);
   void Reply(Session& session, uint32_t request_id, const std::string& text);
 
-  Server* const server_;
+  ServerView* const server_;
   std::function<absl::StatusOr<ReloadedConfig>()> reloader_;
   MetricsOptions metrics_;
   std::string log_level_ = "info";
   std::string version_ = "unknown";
   std::unique_ptr<metrics::HttpListener> http_;
-  uint64_t watchdog_ns_ = 0;
-  uint64_t last_ping_ns_ = 0;
-  uint64_t last_textfile_ns_ = 0;
-  std::string last_status_;
-  bool poller_stall_reported_ = false;
+  Watchdog watchdog_;
   struct Refusals {
     uint64_t logged_ns = 0;
     uint64_t unlogged = 0;
   };
   std::unordered_map<uid_t, Refusals> refusals_;
   log::RateLimit refusal_log_{5};  // refusal lines of all uids together, per second
+  log::RateLimit error_log_{5};    // refused control requests, all peers together
+  PageCacheWorker page_cache_{4};  // last member: its jobs reply through this object
 };
 
 }  // namespace engram

@@ -16,9 +16,22 @@ enum Priority : int { kError = 3, kWarning = 4, kNotice = 5, kInfo = 6, kDebug =
 // Lines at a priority above this (less important) are dropped. Set once at startup.
 inline std::atomic<int> g_max_priority{kInfo};
 
+// One event is one line: a control character inside `line` (a newline in a name that was not
+// escaped, say) is written as "\xNN", so no text can start a line of its own, with its own
+// "<N>" priority, in the journal.
 inline void Write(Priority priority, const std::string& line) {
   if (priority > g_max_priority.load(std::memory_order_relaxed)) return;
-  std::string out = fmt::format("<{}>{}\n", static_cast<int>(priority), line);
+  std::string out = fmt::format("<{}>", static_cast<int>(priority));
+  out.reserve(out.size() + line.size() + 1);
+  for (const char c : line) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x20 || b == 0x7F) {
+      out += fmt::format("\\x{:02x}", b);
+    } else {
+      out += c;
+    }
+  }
+  out += '\n';
   fwrite(out.data(), 1, out.size(), stderr);  // stderr is unbuffered: one write per line
 }
 

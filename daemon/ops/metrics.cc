@@ -150,47 +150,112 @@ HttpListener::~HttpListener() {
   if (stop_fd_ >= 0) close(stop_fd_);
 }
 
+namespace {
+
+// Connections served at once; a new one past this closes the oldest.
+constexpr size_t kMaxHttpConnections = 16;
+// Whole life of one connection, request to last byte of the answer: a client that sends a
+// byte now and then is closed at this deadline, whatever it does.
+constexpr uint64_t kHttpDeadlineNs = 2'000'000'000;
+constexpr size_t kMaxRequestBytes = 8192;
+
+uint64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
+
+std::string HttpAnswer(const std::string& request, const std::function<std::string()>& render) {
+  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+  if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0) {
+    try {
+      body = render();
+    } catch (const std::exception& e) {  // the listener's thread must not end the daemon
+      status = "500 Internal Server Error";
+      body = absl::StrFormat("cannot render the metrics: %s\n", e.what());
+    }
+  } else if (request.rfind("GET ", 0) == 0) {
+    status = "404 Not Found";
+    body = "engramd serves only /metrics here\n";
+  } else {
+    status = "405 Method Not Allowed";
+    body = "only GET /metrics\n";
+  }
+  return absl::StrFormat(
+             "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %u\r\nConnection: close\r\n\r\n",
+             status, type, body.size()) +
+         body;
+}
+
+}  // namespace
+
+struct HttpListener::Connection {
+  int fd;
+  uint64_t deadline_ns;
+  std::string in;
+  std::string out;  // the answer, once the request is complete
+  size_t sent = 0;
+};
+
+// One thread serves every connection without blocking on any: each is non-blocking, polled,
+// and closed at its deadline, so a slow client delays nobody else.
 void HttpListener::Loop() {
+  std::vector<Connection> conns;
   while (true) {
-    pollfd fds[2] = {{.fd = fd_, .events = POLLIN}, {.fd = stop_fd_, .events = POLLIN}};
-    if (poll(fds, 2, -1) < 0 && errno != EINTR) return;
-    if (fds[1].revents != 0) return;
-    if (fds[0].revents == 0) continue;
-    const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
-    // One request line is all that matters; a client that sends nothing within a second is
-    // dropped so that it cannot hold the listener.
-    timeval tv{.tv_sec = 1, .tv_usec = 0};
-    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    std::string request;
+    std::vector<pollfd> fds = {{.fd = fd_, .events = POLLIN}, {.fd = stop_fd_, .events = POLLIN}};
+    uint64_t now = MonotonicNs();
+    int timeout_ms = -1;
+    for (const Connection& c : conns) {
+      fds.push_back({.fd = c.fd, .events = static_cast<short>(c.out.empty() ? POLLIN : POLLOUT)});
+      const uint64_t left = c.deadline_ns > now ? c.deadline_ns - now : 0;
+      const int ms = static_cast<int>(left / 1'000'000) + 1;
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) return;
+    if (fds[1].revents != 0) break;
+    for (size_t i = 0; i < conns.size(); ++i) {
+      if (fds[i + 2].revents != 0) Serve(conns[i]);
+    }
+    now = MonotonicNs();
+    std::erase_if(conns, [&](const Connection& c) {
+      const bool done = c.fd < 0 || now >= c.deadline_ns;
+      if (done && c.fd >= 0) close(c.fd);
+      return done;
+    });
+    if (fds[0].revents != 0) Accept(&conns, now);
+  }
+  for (const Connection& c : conns) close(c.fd);
+}
+
+void HttpListener::Accept(std::vector<Connection>* conns, uint64_t now) {
+  while (true) {
+    const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    if (conns->size() >= kMaxHttpConnections) {
+      close(conns->front().fd);
+      conns->erase(conns->begin());
+    }
+    conns->push_back(Connection{.fd = fd, .deadline_ns = now + kHttpDeadlineNs});
+  }
+}
+
+void HttpListener::Serve(Connection& c) {
+  if (c.out.empty()) {
     char buf[2048];
-    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
-      const ssize_t n = recv(c, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      request.append(buf, static_cast<size_t>(n));
+    const ssize_t n = recv(c.fd, buf, sizeof(buf), 0);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+    if (n > 0 && c.in.find("\r\n\r\n") == std::string::npos && c.in.size() < kMaxRequestBytes) {
+      return;
     }
-    std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-    if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0) {
-      body = render_();
-    } else if (request.rfind("GET ", 0) == 0) {
-      status = "404 Not Found";
-      body = "engramd serves only /metrics here\n";
-    } else {
-      status = "405 Method Not Allowed";
-      body = "only GET /metrics\n";
-    }
-    const std::string head = absl::StrFormat(
-        "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %u\r\nConnection: close\r\n\r\n",
-        status, type, body.size());
-    const std::string out = head + body;
-    size_t sent = 0;
-    while (sent < out.size()) {
-      const ssize_t n = send(c, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
-    }
-    close(c);
+    c.out = HttpAnswer(c.in, render_);
+  }
+  const ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (n > 0) c.sent += static_cast<size_t>(n);
+  if (n <= 0 || c.sent == c.out.size()) {
+    close(c.fd);
+    c.fd = -1;
   }
 }
 

@@ -45,8 +45,9 @@ class Exposition {
 // Escapes a label value (backslash, quote, newline).
 std::string EscapeLabel(const std::string& value);
 
-// Serves GET /metrics on a loopback TCP port from its own thread; answers one connection at a
-// time with whatever `render` returns.
+// Serves GET /metrics on a loopback TCP port from its own thread with whatever `render`
+// returns. Up to 16 connections are served at once, none blocking another; each has 2 s from
+// accept to its last byte, and a 17th closes the oldest.
 class HttpListener {
  public:
   static absl::StatusOr<std::unique_ptr<HttpListener>> Start(const std::string& address,
@@ -56,8 +57,11 @@ class HttpListener {
   uint16_t port() const { return port_; }
 
  private:
+  struct Connection;
   HttpListener() = default;
   void Loop();
+  void Accept(std::vector<Connection>* conns, uint64_t now);
+  void Serve(Connection& c);
   int fd_ = -1;
   int stop_fd_ = -1;
   uint16_t port_ = 0;

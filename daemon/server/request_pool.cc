@@ -24,10 +24,12 @@ RequestPool::~RequestPool() {
   for (auto& t : threads_) t.join();
 }
 
-void RequestPool::Post(Task task) {
+void RequestPool::Post(uint64_t owner, Task task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
+    std::deque<Task>& queue = by_owner_[owner];
+    if (queue.empty()) turns_.push_back(owner);
+    queue.push_back(std::move(task));
     queued_.fetch_add(1, std::memory_order_release);
   }
   // A thread that is about to sleep re-checks the queue under the lock, so only threads
@@ -40,17 +42,34 @@ void RequestPool::Loop() {
     const uint64_t until = NowNs() + spin_ns_;
     while (queued_.load(std::memory_order_acquire) == 0 && NowNs() < until) CpuRelax();
     Task task;
+    uint64_t owner = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
       sleeping_.fetch_add(1, std::memory_order_acq_rel);
-      cv_.wait(lock, [this] { return !queue_.empty() || stop_; });
+      cv_.wait(lock, [this] { return !turns_.empty() || stop_; });
       sleeping_.fetch_sub(1, std::memory_order_acq_rel);
-      if (queue_.empty()) return;  // stopping, nothing left
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      if (turns_.empty()) return;  // stopping, nothing left
+      // The first owner in turn that has no task running, so that one owner's slow tasks
+      // never hold every thread while another owner waits; if all have one running, the first.
+      size_t pick = 0;
+      while (pick < turns_.size() && running_.count(turns_[pick]) != 0) ++pick;
+      if (pick == turns_.size()) pick = 0;
+      owner = turns_[pick];
+      turns_.erase(turns_.begin() + static_cast<std::ptrdiff_t>(pick));
+      ++running_[owner];
+      auto it = by_owner_.find(owner);
+      task = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) {
+        by_owner_.erase(it);
+      } else {
+        turns_.push_back(owner);  // its next task after every other owner's
+      }
       queued_.fetch_sub(1, std::memory_order_release);
     }
     std::move(task)();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--running_[owner] == 0) running_.erase(owner);
   }
 }
 

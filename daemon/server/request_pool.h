@@ -1,7 +1,11 @@
 // The threads that run requests for engramd: each takes a decoded request from the poller and
 // runs it on the gather engine as its calling thread (so a request gets the caller's share of
 // the work, exactly as an in-process Gather() does), spinning briefly between requests so that a
-// hand-off while busy costs no wake-up.
+// hand-off while busy costs no wake-up. Requests are taken in turn per owner (session): one
+// session with many requests queued waits its turn like any other, so a client that fills the
+// queue with requests that are slow to validate delays another client by one request at most
+// per thread, not by its whole queue; and while another owner waits, a thread takes an owner
+// with nothing running first, so one owner cannot hold every thread.
 #pragma once
 
 #include <atomic>
@@ -10,6 +14,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -31,8 +36,8 @@ class RequestPool {
   // Runs what was posted, then joins.
   ~RequestPool();
 
-  // Thread-safe.
-  void Post(Task task);
+  // Queues `task` behind the other tasks of `owner`. Thread-safe.
+  void Post(uint64_t owner, Task task);
 
  private:
   void Loop();
@@ -40,7 +45,9 @@ class RequestPool {
   const uint64_t spin_ns_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::unordered_map<uint64_t, std::deque<Task>> by_owner_;
+  std::deque<uint64_t> turns_;  // owners with queued tasks, in the order they are served
+  std::unordered_map<uint64_t, uint32_t> running_;  // owner → its tasks running now
   bool stop_ = false;
   std::atomic<uint32_t> queued_{0};
   std::atomic<uint32_t> sleeping_{0};

@@ -30,8 +30,18 @@ namespace {
 constexpr uint64_t kTagListen = uint64_t{1} << 40;
 constexpr uint64_t kTagStop = kTagListen + 1;
 constexpr uint64_t kTagSignal = kTagListen + 2;
+constexpr uint64_t kTagLease = kTagListen + 3;
+constexpr uint64_t kTagInotify = kTagListen + 4;
+// How often the table files are re-stat'ed (TableWatch::Recheck) besides leases and inotify.
+constexpr uint64_t kRecheckNs = 1'000'000'000;
 // The poller's kick eventfd; session doorbells are tagged by session id (from 1).
 constexpr uint64_t kTagKick = 0;
+
+// Connections that have not sent HELLO yet, per uid and in all (PendingHandshakes). A client
+// sends HELLO right after connecting, so only a peer that holds connections open without
+// speaking ever gets near these.
+constexpr size_t kMaxPendingHandshakes = 256;
+constexpr size_t kMaxPendingHandshakesPerUid = 32;
 
 // A client that does not read its replies loses them (SendMessage never blocks): the daemon
 // never waits on one.
@@ -54,6 +64,8 @@ std::vector<gid_t> PeerGroups(int fd) {
     groups.resize(len / sizeof(gid_t));
   }
 }
+
+Server::Server() : pending_(kMaxPendingHandshakes, kMaxPendingHandshakesPerUid) {}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& config,
                                                        std::vector<std::unique_ptr<Table>> tables,
@@ -111,7 +123,7 @@ Server::~Server() {
   for (int fd : {control_epoll_, poller_epoll_, kick_fd_, stop_fd_, signal_fd_}) {
     if (fd >= 0) close(fd);
   }
-  for (auto& [fd, deadline] : pending_) close(fd);
+  for (int fd : pending_.TakeAll()) close(fd);
 }
 
 absl::Status Server::Bind() {
@@ -210,6 +222,28 @@ void Server::Kick() {
   (void)ignored;
 }
 
+void Server::ApplyLiveSettings(const ServerConfig& next) {
+  // Read by the control thread only (handshakes, warm and evict): safe to change here.
+  config_.limits.max_clients = next.limits.max_clients;
+  config_.limits.max_arena_bytes = next.limits.max_arena_bytes;
+  config_.limits.max_total_arena_bytes = next.limits.max_total_arena_bytes;
+  config_.limits.default_data_bytes = next.limits.default_data_bytes;
+  config_.limits.default_slots = next.limits.default_slots;
+  config_.allow_uids = next.allow_uids;
+  config_.allow_gids = next.allow_gids;
+  config_.admin_uids = next.admin_uids;
+  config_.admin_gids = next.admin_gids;
+}
+
+absl::Status Server::TableHealth(size_t index) const {
+  return watch_ != nullptr ? watch_->Check(index) : absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<Session>> Server::Sessions() const {
+  std::lock_guard<std::mutex> lock(sessions_mutex_);
+  return sessions_;
+}
+
 void Server::PublishSessions() {
   {
     std::lock_guard<std::mutex> lock(sessions_mutex_);
@@ -231,6 +265,7 @@ absl::Status Server::Run() {
     epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagSignal}};
     epoll_ctl(control_epoll_, EPOLL_CTL_ADD, signal_fd_, &ev);
   }
+  WatchTables();
   std::vector<std::string> layers;
   for (const auto& t : tables_) layers.push_back(t->Describe());
   log::Notice("engramd serving {} table(s) on {}: {}", tables_.size(), config_.socket_path,
@@ -243,68 +278,76 @@ absl::Status Server::Run() {
   epoll_event events[64];
   while (!stopping) {
     const int wait_ms = control_->WaitMs();
-    const int n =
-        epoll_wait(control_epoll_, events, 64,
-                   pending_.empty() ? wait_ms : (wait_ms < 0 ? 100 : std::min(wait_ms, 100)));
+    // Pending handshakes have deadlines to keep; table files are re-checked every second.
+    const int cap_ms = pending_.empty() ? static_cast<int>(kRecheckNs / 1'000'000) : 100;
+    const int n = epoll_wait(control_epoll_, events, 64,
+                             wait_ms < 0 ? cap_ms : std::min(wait_ms, cap_ms));
     if (n < 0 && errno != EINTR) {
       log::Error("epoll_wait: {}", strerror(errno));
       break;
     }
-    for (int i = 0; i < n; ++i) {
-      const uint64_t tag = events[i].data.u64;
-      if (tag == kTagListen) {
-        Accept();
-      } else if (tag == kTagStop) {
-        log::Notice("stop requested");
-        stopping = true;
-      } else if (tag == kTagSignal) {
-        signalfd_siginfo info{};
-        if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) continue;
-        if (info.ssi_signo == SIGHUP) {
-          control_->Reload();
-        } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
-          log::Notice("received {}; finishing requests in flight", strsignal(info.ssi_signo));
-          stopping = true;
-        }
-      } else {
-        const int fd = static_cast<int>(tag);
-        if (pending_.count(fd) != 0) {
-          Handshake(fd);
-          continue;
-        }
-        auto it = by_fd_.find(fd);
-        if (it == by_fd_.end()) continue;
-        std::shared_ptr<Session> session = it->second;
-        if ((events[i].events & EPOLLIN) != 0) HandleMessage(session);
-        if (by_fd_.count(fd) != 0 && (events[i].events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) {
-          Disconnect(session, "closed its connection");
-        }
-      }
-    }
+    for (int i = 0; i < n; ++i) stopping |= HandleControlEvent(events[i]);
     control_->Tick();
-    // Connections that never finished their handshake are dropped.
     const uint64_t now = NowNs();
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      if (now >= it->second) {
-        log::Info("dropping a connection that sent no HELLO within {} ms",
-                  config_.handshake_timeout_ns / 1'000'000);
-        epoll_ctl(control_epoll_, EPOLL_CTL_DEL, it->first, nullptr);
-        close(it->first);
-        it = pending_.erase(it);
-      } else {
-        ++it;
-      }
+    if (now - last_recheck_ns_ >= kRecheckNs) {
+      ReportTableChanges(watch_->Recheck());
+      last_recheck_ns_ = now;
+    }
+    // Connections that never finished their handshake are dropped.
+    for (int fd : pending_.TakeExpired(now)) {
+      DropPending(fd, absl::StrFormat("it sent no HELLO within %u ms",
+                                      config_.handshake_timeout_ns / 1'000'000)
+                          .c_str());
     }
   }
+  return Shutdown();
+}
 
-  // Shutdown: no new connections, finish what the rings hold and what is in flight.
+bool Server::HandleControlEvent(const epoll_event& event) {
+  const uint64_t tag = event.data.u64;
+  if (tag == kTagListen) {
+    Accept();
+  } else if (tag == kTagLease) {
+    ReportTableChanges(watch_->OnLeaseBreak());
+  } else if (tag == kTagInotify) {
+    ReportTableChanges(watch_->OnInotify());
+  } else if (tag == kTagStop) {
+    log::Notice("stop requested");
+    return true;
+  } else if (tag == kTagSignal) {
+    signalfd_siginfo info{};
+    if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) return false;
+    if (info.ssi_signo == SIGHUP) {
+      control_->Reload();
+    } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
+      log::Notice("received {}; finishing requests in flight", strsignal(info.ssi_signo));
+      return true;
+    }
+  } else {
+    const int fd = static_cast<int>(tag);
+    if (pending_.Contains(fd)) {
+      Handshake(fd);
+      return false;
+    }
+    auto it = by_fd_.find(fd);
+    if (it == by_fd_.end()) return false;
+    std::shared_ptr<Session> session = it->second;
+    if ((event.events & EPOLLIN) != 0) HandleMessage(session);
+    if (by_fd_.count(fd) != 0 && (event.events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) != 0) {
+      Disconnect(session, "closed its connection");
+    }
+  }
+  return false;
+}
+
+absl::Status Server::Shutdown() {
+  // No new connections; finish what the rings hold and what is in flight.
   control_->Stopping();
   epoll_ctl(control_epoll_, EPOLL_CTL_DEL, listen_fd_, nullptr);
   close(listen_fd_);
   listen_fd_ = -1;
   if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
-  for (auto& [fd, deadline] : pending_) close(fd);
-  pending_.clear();
+  for (int fd : pending_.TakeAll()) close(fd);
   draining_.store(true);
   Kick();
   poller_.join();
@@ -328,6 +371,23 @@ absl::Status Server::Run() {
   return result;
 }
 
+void Server::WatchTables() {
+  std::vector<std::string> notes;
+  watch_ = TableWatch::Create(tables_, &notes);
+  for (const std::string& note : notes) log::Notice("{}", note);
+  for (const auto& [fd, tag] : {std::pair{watch_->lease_fd(), kTagLease},
+                                std::pair{watch_->inotify_fd(), kTagInotify}}) {
+    if (fd < 0) continue;
+    epoll_event ev{.events = EPOLLIN, .data = {.u64 = tag}};
+    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, fd, &ev);
+  }
+  last_recheck_ns_ = NowNs();
+}
+
+void Server::ReportTableChanges(const std::vector<std::string>& messages) {
+  for (const std::string& m : messages) log::Error("{}", m);
+}
+
 void Server::Accept() {
   while (true) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -341,14 +401,39 @@ void Server::Accept() {
       }
       return;
     }
-    if (pending_.size() >= config_.limits.max_clients) {
-      close(fd);  // unauthenticated connections are bounded too; no reply to a flood
-      continue;
-    }
+    // Who connected is known now, before any byte is read: each uid's pending connections
+    // count against that uid. (A peer that may not connect is refused when its HELLO comes,
+    // so that it reads why instead of a reset connection.)
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = ~uid_t{0};
     epoll_event ev{.events = EPOLLIN | EPOLLRDHUP, .data = {.u64 = static_cast<uint64_t>(fd)}};
     epoll_ctl(control_epoll_, EPOLL_CTL_ADD, fd, &ev);
-    pending_[fd] = NowNs() + config_.handshake_timeout_ns;
+    for (const PendingHandshakes::Dropped& d :
+         pending_.Add(fd, cred.uid, NowNs() + config_.handshake_timeout_ns)) {
+      DropPending(d.fd, d.uid_bound
+                            ? absl::StrFormat("uid %u holds %u connections without HELLO, the "
+                                              "limit per uid; the oldest goes",
+                                              d.uid, d.uid_pending)
+                                  .c_str()
+                            : absl::StrFormat("%u connections wait for their HELLO, the limit; "
+                                              "the oldest of uid %u (which holds %u) goes",
+                                              kMaxPendingHandshakes, d.uid, d.uid_pending)
+                                  .c_str());
+    }
+    Handshake(fd);  // a client sends HELLO right after connecting: it is usually here already
   }
+}
+
+void Server::DropPending(int fd, const char* why) {
+  uint64_t suppressed = 0;
+  if (handshake_log_.Allow(NowNs(), &suppressed)) {
+    log::Notice("dropped a connection before its handshake: {} ({} similar messages suppressed)",
+                why, suppressed);
+  }
+  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  pending_.Remove(fd);
+  close(fd);
 }
 
 bool Server::PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why) {
@@ -389,12 +474,50 @@ bool Server::PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why) {
 }
 
 void Server::Refuse(int fd, int32_t code, const std::string& message) {
-  log::Notice("refused a client: {}", message);
+  uint64_t suppressed = 0;
+  if (handshake_log_.Allow(NowNs(), &suppressed)) {
+    log::Notice("refused a client: {} ({} similar messages suppressed)", message, suppressed);
+  }
   std::vector<uint8_t> bytes = protocol::EncodeError(code, message, 0);
   SendBytes(fd, bytes.data(), bytes.size());
   epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
-  pending_.erase(fd);
+  pending_.Remove(fd);
   close(fd);
+}
+
+bool Server::GrantArena(const engram_msg_hello& hello, protocol::ArenaLayout* ret_layout,
+                        int32_t* ret_code, std::string* ret_message) const {
+  const Limits& limits = config_.limits;
+  *ret_code = ENGRAM_STATUS_RESOURCE_EXHAUSTED;
+  if (by_fd_.size() >= limits.max_clients) {
+    *ret_message = absl::StrFormat("engramd already serves %u clients, the limit (--max-clients)",
+                                   by_fd_.size());
+    return false;
+  }
+  const uint64_t data_bytes = hello.data_bytes != 0 ? hello.data_bytes : limits.default_data_bytes;
+  if (data_bytes > limits.max_arena_bytes) {
+    *ret_message = absl::StrFormat(
+        "a data region of %u bytes was asked for; the limit is %u bytes per session "
+        "(--max-arena-bytes)",
+        data_bytes, limits.max_arena_bytes);
+    return false;
+  }
+  uint32_t slots = hello.slots != 0 ? hello.slots : limits.default_slots;
+  slots = std::min({slots, limits.max_inflight, uint32_t{ENGRAM_MAX_SLOTS}});
+  if (!protocol::ComputeArenaLayout(slots, data_bytes, ret_layout)) {
+    *ret_code = ENGRAM_STATUS_INVALID_ARGUMENT;
+    *ret_message =
+        absl::StrFormat("no arena can have %u slots and %u data bytes", slots, data_bytes);
+    return false;
+  }
+  const uint64_t total = total_arena_bytes_.load() + ret_layout->arena_bytes;
+  if (total > limits.max_total_arena_bytes) {
+    *ret_message = absl::StrFormat(
+        "arenas of all sessions would reach %u bytes; the limit is %u (--max-total-arena-bytes)",
+        total, limits.max_total_arena_bytes);
+    return false;
+  }
+  return true;
 }
 
 void Server::Handshake(int fd) {
@@ -403,7 +526,7 @@ void Server::Handshake(int fd) {
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0) {
     epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
-    pending_.erase(fd);
+    pending_.Remove(fd);
     close(fd);
     return;
   }
@@ -420,33 +543,11 @@ void Server::Handshake(int fd) {
     return;
   }
   const Limits& limits = config_.limits;
-  if (by_fd_.size() >= limits.max_clients) {
-    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-           absl::StrFormat("engramd already serves %u clients, the limit (--max-clients)",
-                           by_fd_.size()));
-    return;
-  }
-  const uint64_t data_bytes = hello.data_bytes != 0 ? hello.data_bytes : limits.default_data_bytes;
-  if (data_bytes > limits.max_arena_bytes) {
-    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-           absl::StrFormat("a data region of %u bytes was asked for; the limit is %u bytes per "
-                           "session (--max-arena-bytes)",
-                           data_bytes, limits.max_arena_bytes));
-    return;
-  }
-  uint32_t slots = hello.slots != 0 ? hello.slots : limits.default_slots;
-  slots = std::min({slots, limits.max_inflight, uint32_t{ENGRAM_MAX_SLOTS}});
   protocol::ArenaLayout layout;
-  if (!protocol::ComputeArenaLayout(slots, data_bytes, &layout)) {
-    Refuse(fd, ENGRAM_STATUS_INVALID_ARGUMENT,
-           absl::StrFormat("no arena can have %u slots and %u data bytes", slots, data_bytes));
-    return;
-  }
-  if (total_arena_bytes_ + layout.arena_bytes > limits.max_total_arena_bytes) {
-    Refuse(fd, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-           absl::StrFormat("arenas of all sessions would reach %u bytes; the limit is %u "
-                           "(--max-total-arena-bytes)",
-                           total_arena_bytes_ + layout.arena_bytes, limits.max_total_arena_bytes));
+  int32_t code = 0;
+  std::string message;
+  if (!GrantArena(hello, &layout, &code, &message)) {
+    Refuse(fd, code, message);
     return;
   }
   const uint64_t id = next_session_id_++;
@@ -476,7 +577,7 @@ void Server::Handshake(int fd) {
   const int passed[2] = {(*arena)->fd(), doorbell};
   (void)protocol::SendMessage(fd, &welcome, sizeof(welcome), passed, 2);
   (*arena)->CloseFd();
-  pending_.erase(fd);
+  pending_.Remove(fd);
   auto session = std::make_shared<Session>(id, fd, std::move(*arena), doorbell, peer,
                                            std::string(hello.client_name));
   session->set_device_submit((welcome.features & ENGRAM_FEATURE_DEVICE_SUBMIT) != 0);
@@ -545,7 +646,7 @@ void Server::HandleMessage(const std::shared_ptr<Session>& session) {
       SendStats(*session, header.request_id);
       break;
     case ENGRAM_MSG_CONTROL:
-      control_->Handle(*session, header, buffer + sizeof(header), header.bytes - sizeof(header));
+      control_->Handle(session, header, buffer + sizeof(header), header.bytes - sizeof(header));
       break;
     case ENGRAM_MSG_MAP_TABLE:
       SendTableMap(*session, header, buffer);
@@ -692,79 +793,135 @@ uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sq
 void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe) {
   const uint64_t start = NowNs();
   session->counters.submitted.fetch_add(1, std::memory_order_relaxed);
+  const uint32_t slot = ENGRAM_TICKET_SLOT(sqe.ticket);
+  const uint64_t claimed = std::min<uint64_t>(sqe.num_rows, config_.limits.max_rows_per_request);
+  const bool slot_valid = (sqe.ticket >> 16) != 0 && slot < session->arena().layout().slots;
+  if (claimed <= config_.poll.inline_rows || !slot_valid) {
+    // Small (or unanswerable): decoding costs the poller little.
+    Execute(session, sqe, start, /*admitted_rows=*/0);
+    return;
+  }
+  // A large request is admitted here at O(1) cost and decoded (row ids copied and checked) on a
+  // request thread, so that a client sending large requests that fail on their last row
+  // cannot stall the poller every other session waits on.
+  if (!Admit(*session, sqe.ticket, slot, claimed, start)) return;
+  // Requests larger than a decode step have their own pool, so a prefill never queues decode
+  // steps behind it.
+  RequestPool& pool =
+      claimed <= GatherEngineOptions{}.decode_max_rows ? *requests_ : *large_requests_;
+  pool.Post(session->id(), [this, session, sqe, start, claimed] {
+    Execute(session, sqe, start, claimed);
+  });
+}
+
+uint64_t Server::RowBudget(Session& session) const {
+  // Queued requests keep 16 bytes per row (ids and offsets): a session may have at most as many
+  // rows in flight as its data region could hold row ids, and always one request of the largest
+  // size, so the bookkeeping of all sessions stays within twice --max-total-arena-bytes.
+  return std::max<uint64_t>(session.arena().data_bytes() / sizeof(uint64_t),
+                            config_.limits.max_rows_per_request);
+}
+
+bool Server::Admit(Session& session, uint64_t ticket, uint32_t slot, uint64_t rows,
+                   uint64_t start) {
+  std::string why;
+  if (session.inflight.load(std::memory_order_relaxed) >= config_.limits.max_inflight) {
+    why = absl::StrFormat("%u requests already in flight on this session, the limit "
+                          "(--max-inflight)",
+                          session.inflight.load());
+  } else if (session.rows_in_flight.load(std::memory_order_relaxed) + rows > RowBudget(session)) {
+    why = absl::StrFormat(
+        "%u rows already in flight on this session and %u more asked for; a session may have "
+        "%u rows in flight (its data region's bytes / 8, at least --max-rows-per-request)",
+        session.rows_in_flight.load(), rows, RowBudget(session));
+  }
+  if (!why.empty()) {
+    session.Complete(ticket, slot, ENGRAM_STATUS_RESOURCE_EXHAUSTED, why.c_str(), 0,
+                     NowNs() - start);
+    return false;
+  }
+  session.inflight.fetch_add(1, std::memory_order_relaxed);
+  session.rows_in_flight.fetch_add(rows, std::memory_order_relaxed);
+  inflight_total_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void Server::Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Status status,
+                    uint64_t rows, uint64_t admitted_rows, uint64_t start) {
+  // The session's counts drop before the completion is published, so a client that reuses the
+  // finished request's place at once is not refused for the limit; the daemon-wide count,
+  // which shutdown drains on, only after it.
+  session.inflight.fetch_sub(1, std::memory_order_relaxed);
+  session.rows_in_flight.fetch_sub(admitted_rows, std::memory_order_relaxed);
+  session.Complete(ticket, slot, static_cast<int32_t>(status.code()),
+                   status.ok() ? nullptr : std::string(status.message()).c_str(),
+                   status.ok() ? rows : 0, NowNs() - start);
+  if (inflight_total_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+      draining_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(drain_mutex_);  // not lost between check and wait
+    drained_.notify_all();
+  }
+}
+
+void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
+                     uint64_t start, uint64_t admitted_rows) {
   Arena& arena = session->arena();
   protocol::RequestContext context{.slots = arena.layout().slots,
                                    .max_rows = config_.limits.max_rows_per_request,
                                    .data = arena.data(),
                                    .data_bytes = arena.data_bytes(),
                                    .tables = bounds_};
-  auto request = std::make_unique<protocol::DecodedRequest>();
+  protocol::DecodedRequest request;
   bool slot_valid = false;
   protocol::CodecError error;
-  if (!protocol::DecodeRequest(sqe, context, request.get(), &slot_valid, &error)) {
-    if (slot_valid) {
-      session->Complete(request->ticket, request->slot, error.code, error.message.c_str(), 0,
+  if (!protocol::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
+    if (admitted_rows != 0) {
+      Finish(*session, request.ticket, request.slot,
+             absl::Status(static_cast<absl::StatusCode>(error.code), error.message), 0,
+             admitted_rows, start);
+    } else if (slot_valid) {
+      session->Complete(request.ticket, request.slot, error.code, error.message.c_str(), 0,
                         NowNs() - start);
     } else {
-      session->counters.failed.fetch_add(1, std::memory_order_relaxed);
-      session->counters.garbage.fetch_add(1, std::memory_order_relaxed);
-      uint64_t suppressed = 0;
-      if (garbage_log_.Allow(start, &suppressed)) {
-        log::Warning("{}: unanswerable submission: {} ({} similar messages suppressed)",
-                     session->Describe(), error.message, suppressed);
-      }
+      Unanswerable(*session, error.message, start);
     }
     return;
   }
-  if (request->opcode == ENGRAM_OP_NOP || request->rows.empty()) {
-    session->Complete(request->ticket, request->slot, ENGRAM_STATUS_OK, nullptr, 0,
-                      NowNs() - start);
-    return;
-  }
-  if (session->inflight.load(std::memory_order_relaxed) >= config_.limits.max_inflight) {
-    session->Complete(request->ticket, request->slot, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-                      absl::StrFormat("%u requests already in flight on this session, the limit "
-                                      "(--max-inflight)",
-                                      session->inflight.load())
-                          .c_str(),
-                      0, NowNs() - start);
-    return;
-  }
-  session->inflight.fetch_add(1, std::memory_order_relaxed);
-  inflight_total_.fetch_add(1, std::memory_order_relaxed);
-  GatherBatch batch{.table = tables_[request->table_index].get(),
-                    .rows = request->rows,
-                    .dest = arena.data() + request->dest_offset,
-                    .dest_offsets = request->dest_offsets};
-  auto finish = [this, start](Session& s, const protocol::DecodedRequest& r,
-                              const absl::Status& status) {
-    // The session's count drops before the completion is published, so a client that reuses
-    // the finished request's place at once is not refused for the limit; the daemon-wide count,
-    // which shutdown drains on, only after it.
-    s.inflight.fetch_sub(1, std::memory_order_relaxed);
-    s.Complete(r.ticket, r.slot, static_cast<int32_t>(status.code()),
-               status.ok() ? nullptr : std::string(status.message()).c_str(),
-               status.ok() ? r.rows.size() : 0, NowNs() - start);
-    if (inflight_total_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
-        draining_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(drain_mutex_);  // not lost between check and wait
-      drained_.notify_all();
+  if (request.opcode == ENGRAM_OP_NOP || request.rows.empty()) {
+    if (admitted_rows != 0) {
+      Finish(*session, request.ticket, request.slot, absl::OkStatus(), 0, admitted_rows, start);
+    } else {
+      session->Complete(request.ticket, request.slot, ENGRAM_STATUS_OK, nullptr, 0,
+                        NowNs() - start);
     }
-  };
-  if (request->rows.size() <= config_.poll.inline_rows) {
-    finish(*session, *request, Gather(batch));
     return;
   }
-  // A request thread runs it as the engine's calling thread, as an in-process caller would.
-  RequestPool& pool =
-      request->rows.size() <= GatherEngineOptions{}.decode_max_rows ? *requests_ : *large_requests_;
-  pool.Post([this, session, request = std::move(request), finish]() mutable {
-    GatherBatch b{.table = tables_[request->table_index].get(),
-                  .rows = request->rows,
-                  .dest = session->arena().data() + request->dest_offset,
-                  .dest_offsets = request->dest_offsets};
-    finish(*session, *request, Gather(b));
-  });
+  if (admitted_rows == 0) {
+    if (!Admit(*session, request.ticket, request.slot, request.rows.size(), start)) return;
+    admitted_rows = request.rows.size();
+  }
+  // A table marked changed fails before and, if the mark came while its rows were read,
+  // after the gather: bytes that were never validated are not handed over as good.
+  absl::Status status = watch_->Check(request.table_index);
+  if (status.ok()) {
+    status = Gather(GatherBatch{.table = tables_[request.table_index].get(),
+                                .rows = request.rows,
+                                .dest = arena.data() + request.dest_offset,
+                                .dest_offsets = request.dest_offsets});
+  }
+  if (status.ok()) status = watch_->Check(request.table_index);
+  Finish(*session, request.ticket, request.slot, std::move(status), request.rows.size(),
+         admitted_rows, start);
+}
+
+void Server::Unanswerable(Session& session, const std::string& message, uint64_t start) {
+  session.counters.failed.fetch_add(1, std::memory_order_relaxed);
+  session.counters.garbage.fetch_add(1, std::memory_order_relaxed);
+  uint64_t suppressed = 0;
+  if (garbage_log_.Allow(start, &suppressed)) {
+    log::Warning("{}: unanswerable submission: {} ({} similar messages suppressed)",
+                 session.Describe(), message, suppressed);
+  }
 }
 
 }  // namespace engram

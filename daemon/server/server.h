@@ -5,6 +5,7 @@
 //   absl::Status s = (*server)->Run();  // until SIGTERM/SIGINT or Stop(): drains, then returns
 #pragma once
 
+#include <sys/epoll.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -20,22 +21,22 @@
 #include "absl/status/statusor.h"
 #include "daemon/gather/gather_engine.h"
 #include "daemon/ops/log.h"
+#include "daemon/ops/server_view.h"
+#include "protocol/codec.h"
+#include "daemon/server/pending_handshakes.h"
 #include "daemon/server/request_pool.h"
 #include "daemon/server/row_store.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
 #include "protocol/codec.h"
 #include "tables/table.h"
+#include "tables/table_watch.h"
 
 namespace engram {
 
 class Control;
 
-// The supplementary groups of the peer of the Unix socket `fd`, as the kernel recorded them when
-// the peer connected (SO_PEERGROUPS); empty if they cannot be read.
-std::vector<gid_t> PeerGroups(int fd);
-
-class Server {
+class Server : public ServerView {
  public:
   // Binds the socket (refusing to take over one that a live engramd answers on). The tables
   // must already be registered with the engine.
@@ -56,18 +57,57 @@ class Server {
   void SetRowStore(std::unique_ptr<RowStore> store) { store_ = std::move(store); }
   const RowStore* row_store() const { return store_.get(); }
 
+  // ServerView: what the operator side sees.
+  const ServerConfig& config() const override { return config_; }
+  void ApplyLiveSettings(const ServerConfig& next) override;
+  uid_t own_uid() const override { return own_uid_; }
+  uint64_t start_ns() const override { return start_ns_; }
+  bool draining() const override { return draining_.load(); }
+  uint64_t requests_in_flight() const override { return inflight_total_.load(); }
+  uint64_t total_arena_bytes() const override { return total_arena_bytes_.load(); }
+  uint64_t poller_heartbeat_ns() const override {
+    return poller_heartbeat_ns_.load(std::memory_order_relaxed);
+  }
+  std::span<const std::unique_ptr<Table>> tables() const override { return tables_; }
+  absl::Status TableHealth(size_t index) const override;
+  std::vector<TableGatherStats> EngineStats() const override { return engine_->Stats(); }
+  void AddStoreControlFields(const std::string& command, nlohmann::json* out) const override {
+    if (store_ != nullptr) store_->AddControlFields(command, out);
+  }
+  void AddStoreMetrics(metrics::Exposition* e) const override {
+    if (store_ != nullptr) store_->AddMetrics(e);
+  }
+  std::vector<std::shared_ptr<Session>> Sessions() const override;
+
  private:
-  friend class Control;
-  Server() = default;
+  Server();
   absl::Status Bind();
+  // One event of the control loop; true when it asks the daemon to stop.
+  bool HandleControlEvent(const epoll_event& event);
+  absl::Status Shutdown();
   void PollerLoop();
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
+  // Decodes and runs one submission on the calling thread. `admitted_rows` != 0: Admit() ran
+  // already for that many rows.
+  void Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
+               uint64_t admitted_rows);
+  // Takes a place for a request of `rows` rows within the session's limits (in flight, row
+  // budget); false when it completed the request with the refusal.
+  bool Admit(Session& session, uint64_t ticket, uint32_t slot, uint64_t rows, uint64_t start);
+  void Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Status status,
+              uint64_t rows, uint64_t admitted_rows, uint64_t start);
+  uint64_t RowBudget(Session& session) const;
+  void Unanswerable(Session& session, const std::string& message, uint64_t start);
   void Accept();
   void Handshake(int fd);
+  // The session a HELLO may have under the limits, or the refusal (code, message).
+  bool GrantArena(const engram_msg_hello& hello, protocol::ArenaLayout* ret_layout,
+                  int32_t* ret_code, std::string* ret_message) const;
   void HandleMessage(const std::shared_ptr<Session>& session);
   void Disconnect(const std::shared_ptr<Session>& session, const char* why);
   void Refuse(int fd, int32_t code, const std::string& message);
+  void DropPending(int fd, const char* why);
   bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
   void SendTables(Session& session, uint32_t request_id);
   void SendStats(Session& session, uint32_t request_id);
@@ -79,10 +119,16 @@ class Server {
   }
   void PublishSessions();
   void Kick();
+  void WatchTables();
+  void ReportTableChanges(const std::vector<std::string>& messages);
 
   ServerConfig config_;
   std::vector<std::unique_ptr<Table>> tables_;
   std::vector<protocol::TableBounds> bounds_;
+  // Set by Run(): which tables' files changed. Before engine_ and requests_, so that it outlives
+  // every request thread that checks it.
+  std::unique_ptr<TableWatch> watch_;
+  uint64_t last_recheck_ns_ = 0;
   std::unique_ptr<GatherEngine> engine_;
   std::unique_ptr<RowStore> store_;        // null: every table from storage
   std::unique_ptr<RequestPool> requests_;  // after engine_ and store_: its threads stop first
@@ -97,12 +143,12 @@ class Server {
 
   // Control thread only.
   std::unordered_map<int, std::shared_ptr<Session>> by_fd_;
-  std::unordered_map<int, uint64_t> pending_;  // fd → handshake deadline (ns)
+  PendingHandshakes pending_;  // accepted, no HELLO yet; bounded apart from the sessions
   uint64_t next_session_id_ = 1;
-  uint64_t total_arena_bytes_ = 0;
+  std::atomic<uint64_t> total_arena_bytes_{0};  // written by the control thread, read by metrics
 
   // Shared with the poller: the session list, republished on every change.
-  std::mutex sessions_mutex_;
+  mutable std::mutex sessions_mutex_;
   std::vector<std::shared_ptr<Session>> sessions_;
   std::atomic<uint64_t> sessions_generation_{0};
 
@@ -115,6 +161,7 @@ class Server {
   std::thread poller_;
   uid_t own_uid_ = 0;
   log::RateLimit garbage_log_{5};
+  log::RateLimit handshake_log_{5};  // refused and dropped handshakes, all peers together
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> poller_heartbeat_ns_{0};  // the poller's last pass (watchdog)
   std::unique_ptr<Control> control_;              // first member torn down (~Server)

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "daemon/ops/escape.h"
 
 namespace engram {
 namespace {
@@ -43,7 +44,8 @@ Session::Session(uint64_t id, int socket_fd, std::unique_ptr<Arena> arena, int d
       name_(std::move(name)) {}
 
 std::string Session::Describe() const {
-  return absl::StrFormat("session %u (pid %d, uid %u, '%s')", id_, peer_.pid, peer_.uid, name_);
+  return absl::StrFormat("session %u (pid %d, uid %u, '%s')", id_, peer_.pid, peer_.uid,
+                         EscapeBytes(name_));
 }
 
 bool Session::HasSubmissions() const {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "daemon/server/arena.h"
 #include "engram/protocol.h"
@@ -24,6 +25,10 @@ struct PeerInfo {
   uid_t uid = 0;
   gid_t gid = 0;
 };
+
+// The supplementary groups of the peer of the Unix socket `fd`, as the kernel recorded them when
+// the peer connected (SO_PEERGROUPS); empty if they cannot be read.
+std::vector<gid_t> PeerGroups(int fd);
 
 class Session {
  public:
@@ -66,6 +71,7 @@ class Session {
   void set_closing() { closing_.store(true, std::memory_order_release); }
 
   std::atomic<uint32_t> inflight{0};
+  std::atomic<uint64_t> rows_in_flight{0};  // rows of the requests admitted and not finished
 
   struct Counters {
     std::atomic<uint64_t> submitted{0};

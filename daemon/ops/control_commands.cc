@@ -1,0 +1,297 @@
+// The control commands and their dispatch table (control_commands.h).
+#include "daemon/ops/control_commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "daemon/ops/escape.h"
+#include "daemon/ops/metrics_text.h"
+#include "daemon/ops/residency.h"
+#include "protocol/clock.h"
+
+namespace engram {
+namespace {
+
+using nlohmann::json;
+
+const char* StateName(bool draining) { return draining ? "stopping" : "serving"; }
+
+json AccessJson(CommandContext& c) {
+  const ServerConfig& config = c.server.config();
+  const uid_t own = c.server.own_uid();
+  std::vector<uid_t> admin_uids = config.admin_uids;
+  admin_uids.push_back(0);
+  admin_uids.push_back(own);
+  std::sort(admin_uids.begin(), admin_uids.end());
+  admin_uids.erase(std::unique(admin_uids.begin(), admin_uids.end()), admin_uids.end());
+  std::vector<uid_t> allow_uids = config.allow_uids;
+  if (allow_uids.empty()) allow_uids = {own, 0};
+  return {{"allow_uids", allow_uids},
+          {"allow_gids", config.allow_gids},
+          {"admin_uids", admin_uids},
+          {"admin_gids", config.admin_gids},
+          {"admin_commands", ControlCommandNames(true)},
+          {"administrators", DescribeAdministrators(config, own)},
+          {"peer_uid", c.session->peer().uid},
+          {"peer_is_administrator", c.peer_is_administrator}};
+}
+
+CommandResult Status(CommandContext& c) {
+  const ServerView& s = c.server;
+  json out;
+  out["state"] = StateName(s.draining());
+  out["version"] = c.version;
+  out["protocol"] = absl::StrFormat("%u.%u", ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR);
+  out["pid"] = getpid();
+  out["uptime_seconds"] = double(NowNs() - s.start_ns()) / 1e9;
+  out["socket"] = EscapeBytes(s.config().socket_path);
+  out["tables"] = s.tables().size();
+  size_t changed = 0;
+  for (size_t i = 0; i < s.tables().size(); ++i) changed += s.TableHealth(i).ok() ? 0 : 1;
+  out["tables_not_serving"] = changed;
+  out["clients"] = s.Sessions().size();
+  out["max_clients"] = s.config().limits.max_clients;
+  out["requests_in_flight"] = s.requests_in_flight();
+  out["arena_bytes"] = s.total_arena_bytes();
+  out["watchdog_usec"] = c.watchdog_ns / 1000;
+  out["log_level"] = c.log_level;
+  uint64_t rows = 0, batches = 0;
+  for (const TableGatherStats& t : s.EngineStats()) {
+    rows += t.rows_requested;
+    batches += t.batches;
+  }
+  out["rows_served"] = rows;
+  out["batches"] = batches;
+  out["access"] = AccessJson(c);
+  return out;
+}
+
+absl::StatusOr<json> ResidencyJson(const Table& t) {
+  uint64_t total = 0, resident = 0, evicted = 0;
+  const char* method = "cachestat";
+  for (const FileRange& r : RangesOf(t, t.covered().begin, t.covered().end)) {
+    absl::StatusOr<Residency> res = ResidencyOf(r.fd, *r.path, r.offset, r.bytes);
+    if (!res.ok()) return res.status();
+    total += r.bytes;
+    resident += res->resident_bytes;
+    evicted += res->recently_evicted_bytes;
+    if (std::string_view(res->method) == "mincore") method = res->method;
+  }
+  return json{{"resident_bytes", resident},
+              {"resident_fraction", total == 0 ? 0.0 : double(resident) / double(total)},
+              {"recently_evicted_bytes", evicted},
+              {"residency_method", method}};
+}
+
+CommandResult Tables(CommandContext& c) {
+  const bool residency = !c.request.contains("residency") || c.request["residency"] == true;
+  json tables = json::array();
+  const auto all = c.server.tables();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Table& t = *all[i];
+    json files = json::array();
+    for (const TableFile& f : t.files()) files.push_back(EscapeBytes(f.path));
+    const absl::Status health = c.server.TableHealth(i);
+    json j = {{"layer", t.layer_id()},
+              {"rows", t.num_rows()},
+              {"row_bytes", t.row_bytes()},
+              {"layout", TableLayoutName(t.layout())},
+              {"source", EscapeBytes(t.source())},
+              {"files", files},
+              {"covered_begin", t.covered().begin},
+              {"covered_end", t.covered().end},
+              {"data_bytes", t.data_bytes()},
+              {"serving", health.ok()}};
+    if (!health.ok()) j["problem"] = EscapeBytes(std::string(health.message()));
+    if (residency) {
+      absl::StatusOr<json> r = ResidencyJson(t);
+      if (!r.ok()) return r.status();
+      j.update(*r);
+    }
+    tables.push_back(j);
+  }
+  return json{{"tables", tables}};
+}
+
+json EngineStatsJson(const TableGatherStats& s) {
+  json j = {{"layer", s.layer_id},
+            {"dedup_saved_rows", s.rows_requested - std::min(s.rows_requested, s.rows_unique)},
+            {"nowait_supported", s.nowait_supported},
+            {"nowait_enabled", s.nowait_enabled},
+            {"recent_hit_rate", s.recent_hit_rate},
+            {"read_mode", s.mode == ReadMode::kDirect ? "direct" : "buffered"},
+            {"residue_path", s.residue_path},
+            {"latency_p50_ns", s.LatencyPercentileNs(0.50)},
+            {"latency_p99_ns", s.LatencyPercentileNs(0.99)},
+            {"latency_p999_ns", s.LatencyPercentileNs(0.999)}};
+  ForEachGatherCounter(s, [&](const GatherCounterInfo& c, uint64_t v) { j[c.json_key] = v; });
+  return j;
+}
+
+json SessionStatsJson(const Session& session) {
+  const engram_wire_session_stats w = session.Stats();
+  return {{"session", w.session_id},
+          {"name", EscapeBytes(session.name())},
+          {"pid", session.peer().pid},
+          {"uid", session.peer().uid},
+          {"requests_submitted", w.requests_submitted},
+          {"requests_ok", w.requests_ok},
+          {"requests_failed", w.requests_failed},
+          {"rows", w.rows},
+          {"bytes", w.bytes},
+          {"inflight", w.inflight},
+          {"doorbells", w.doorbells},
+          {"cq_overflows", w.cq_overflows},
+          {"garbage", session.counters.garbage.load()},
+          {"latency_p50_ns", w.latency_p50_ns},
+          {"latency_p99_ns", w.latency_p99_ns},
+          {"latency_max_ns", w.latency_max_ns}};
+}
+
+CommandResult Stats(CommandContext& c) {
+  json tables = json::array();
+  for (const TableGatherStats& t : c.server.EngineStats()) tables.push_back(EngineStatsJson(t));
+  json clients = json::array();
+  for (const auto& session : c.server.Sessions()) clients.push_back(SessionStatsJson(*session));
+  return json{{"tables", tables},
+              {"clients", clients},
+              {"uptime_seconds", double(NowNs() - c.server.start_ns()) / 1e9}};
+}
+
+CommandResult Clients(CommandContext& c) {
+  json clients = json::array();
+  for (const auto& session : c.server.Sessions()) {
+    Arena& arena = session->arena();
+    clients.push_back({{"session", session->id()},
+                       {"name", EscapeBytes(session->name())},
+                       {"pid", session->peer().pid},
+                       {"uid", session->peer().uid},
+                       {"gid", session->peer().gid},
+                       {"slots", arena.layout().slots},
+                       {"arena_bytes", arena.bytes()},
+                       {"data_bytes", arena.data_bytes()},
+                       {"inflight", session->inflight.load()},
+                       {"requests", session->counters.submitted.load()},
+                       {"rows", session->counters.rows.load()}});
+  }
+  return json{{"clients", clients}};
+}
+
+CommandResult Metrics(CommandContext& c) {
+  return json{{"text", RenderMetrics(c.server, c.version)}};
+}
+
+absl::StatusOr<const Table*> FindTable(CommandContext& c) {
+  const json& r = c.request;
+  if (!r.contains("table") || !r["table"].is_number_unsigned()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s' needs \"table\": a layer id", c.command));
+  }
+  const uint64_t layer = r["table"];
+  std::vector<uint32_t> layers;
+  for (const auto& t : c.server.tables()) {
+    if (t->layer_id() == layer) return t.get();
+    layers.push_back(t->layer_id());
+  }
+  return absl::NotFoundError(absl::StrFormat("engramd serves no table for layer %u (it serves %s)",
+                                             layer, absl::StrJoin(layers, ", ")));
+}
+
+absl::StatusOr<RowRange> RangeOf(CommandContext& c, const Table& t) {
+  const json& r = c.request;
+  RowRange range = t.covered();
+  for (const auto& [key, field] : {std::pair{"begin", &range.begin}, {"end", &range.end}}) {
+    if (!r.contains(key)) continue;
+    if (!r[key].is_number_unsigned()) {
+      return absl::InvalidArgumentError(absl::StrFormat("bad \"%s\"", key));
+    }
+    *field = r[key];
+  }
+  if (range.begin >= range.end || range.begin < t.covered().begin ||
+      range.end > t.covered().end) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("rows [%u, %u) are not inside the rows %s serves, [%u, %u)", range.begin,
+                        range.end, EscapeBytes(t.Describe()), t.covered().begin,
+                        t.covered().end));
+  }
+  return range;
+}
+
+json StepJson(const Table& t, RowRange step, uint64_t bytes, uint64_t start_ns) {
+  return {{"layer", t.layer_id()},
+          {"begin", step.begin},
+          {"end", step.end},
+          {"bytes", bytes},
+          {"seconds", double(NowNs() - start_ns) / 1e9}};
+}
+
+CommandResult Evict(CommandContext& c) {
+  absl::StatusOr<const Table*> t = FindTable(c);
+  if (!t.ok()) return t.status();
+  absl::StatusOr<RowRange> range = RangeOf(c, **t);
+  if (!range.ok()) return range.status();
+  const uint64_t start = NowNs();
+  const RowRange step = StepOf(**t, *range);
+  absl::StatusOr<uint64_t> bytes = EvictRows(**t, step);  // fadvise: no waiting on the disk
+  if (!bytes.ok()) return bytes.status();
+  return StepJson(**t, step, *bytes, start);
+}
+
+// The reads run on the page-cache worker: the control thread never waits on the disk.
+CommandResult Warm(CommandContext& c) {
+  absl::StatusOr<const Table*> t = FindTable(c);
+  if (!t.ok()) return t.status();
+  absl::StatusOr<RowRange> range = RangeOf(c, **t);
+  if (!range.ok()) return range.status();
+  const Table* table = *t;
+  const RowRange step = StepOf(*table, *range);
+  const uint64_t start = NowNs();
+  auto reply = c.reply_later;
+  const bool queued = c.worker.Post([table, step, start, reply] {
+    absl::StatusOr<uint64_t> bytes = WarmRows(*table, step);
+    if (!bytes.ok()) {
+      reply(bytes.status());
+    } else {
+      reply(StepJson(*table, step, *bytes, start));
+    }
+  });
+  if (!queued) {
+    return absl::ResourceExhaustedError(
+        "engramd is already warming as much as it queues; try again when a step finished");
+  }
+  return std::nullopt;
+}
+
+constexpr CommandSpec kCommands[] = {
+    {"status", nullptr, Status},
+    {"tables", nullptr, Tables},
+    {"stats", nullptr, Stats},
+    {"clients", nullptr, Clients},
+    {"metrics", nullptr, Metrics},
+    {"warm", "it fills the page cache every client shares", Warm},
+    {"evict", "it drops table pages that every client reads from the page cache", Evict},
+};
+
+}  // namespace
+
+std::span<const CommandSpec> ControlCommands() { return kCommands; }
+
+const CommandSpec* FindControlCommand(const std::string& name) {
+  for (const CommandSpec& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> ControlCommandNames(bool admin_only) {
+  std::vector<std::string> names;
+  for (const CommandSpec& c : kCommands) {
+    if (!admin_only || c.admin_reason != nullptr) names.push_back(c.name);
+  }
+  return names;
+}
+
+}  // namespace engram

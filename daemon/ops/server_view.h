@@ -1,0 +1,59 @@
+// What the operator side (daemon/ops: control commands, metrics, watchdog, reload) may see of
+// the running server, and the one thing it may change (the settings a SIGHUP applies live).
+// The server implements it; ops code never reaches into the server's members.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+#include "absl/status/status.h"
+#include "daemon/gather/gather_engine.h"
+#include "daemon/server/server_config.h"
+#include "daemon/server/session.h"
+#include "tables/table.h"
+
+namespace engram {
+
+namespace metrics {
+class Exposition;
+}  // namespace metrics
+
+class ServerView {
+ public:
+  virtual ~ServerView() = default;
+
+  // Control thread only (the configuration changes only there, on SIGHUP).
+  virtual const ServerConfig& config() const = 0;
+  // Copies the settings that can change live (limits read at handshake, access lists) from
+  // `next`. Control thread only.
+  virtual void ApplyLiveSettings(const ServerConfig& next) = 0;
+
+  // Thread-safe from here on.
+  virtual uid_t own_uid() const = 0;
+  virtual uint64_t start_ns() const = 0;
+  virtual bool draining() const = 0;
+  virtual uint64_t requests_in_flight() const = 0;
+  virtual uint64_t total_arena_bytes() const = 0;
+  // The poller's last pass (for the watchdog).
+  virtual uint64_t poller_heartbeat_ns() const = 0;
+  // Tables, sorted by layer id; fixed for the server's life.
+  virtual std::span<const std::unique_ptr<Table>> tables() const = 0;
+  // OK, or DataLoss naming the file, when a file of tables()[index] changed while served.
+  virtual absl::Status TableHealth(size_t index) const = 0;
+  virtual std::vector<TableGatherStats> EngineStats() const = 0;
+  // A snapshot of the connected sessions.
+  virtual std::vector<std::shared_ptr<Session>> Sessions() const = 0;
+  // The row store's fields in the reply to `command` and its metrics; nothing without a store
+  // (docs/row-store.md).
+  virtual void AddStoreControlFields(const std::string& command, nlohmann::json* out) const = 0;
+  virtual void AddStoreMetrics(metrics::Exposition* e) const = 0;
+};
+
+}  // namespace engram

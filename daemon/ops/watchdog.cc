@@ -1,0 +1,77 @@
+// systemd notifications, the watchdog ping and the metrics textfile (watchdog.h).
+#include "daemon/ops/watchdog.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "daemon/ops/escape.h"
+#include "daemon/ops/log.h"
+#include "daemon/ops/metrics.h"
+#include "daemon/ops/notify.h"
+#include "protocol/clock.h"
+
+namespace engram {
+
+std::string Watchdog::StatusLine() const {
+  return absl::StrFormat("Serving %u table(s) to %u client(s) on %s", server_.tables().size(),
+                         server_.Sessions().size(), EscapeBytes(server_.config().socket_path));
+}
+
+void Watchdog::Start() {
+  watchdog_ns_ = notify::WatchdogUsec() * 1000;
+  last_status_ = StatusLine();
+  notify::Send("READY=1\nSTATUS=" + last_status_);
+  last_ping_ns_ = NowNs();
+  notify::Send("WATCHDOG=1");
+  Tick();
+}
+
+int Watchdog::WaitMs() const {
+  int64_t ms = -1;
+  auto lower = [&](int64_t v) { ms = ms < 0 ? v : std::min(ms, v); };
+  if (watchdog_ns_ != 0) lower(std::max<int64_t>(1, watchdog_ns_ / 4 / 1'000'000));
+  if (!textfile_dir_.empty()) lower(int64_t{textfile_interval_s_} * 1000);
+  lower(2000);  // STATUS= stays current within two seconds
+  return static_cast<int>(ms);
+}
+
+void Watchdog::Ping(uint64_t now) {
+  // The poller is the part that can wedge (a stuck ring, a blocked engine): ping only while it
+  // has run recently. An idle poller sleeps up to a second between passes, so a pass within two
+  // seconds (or half the watchdog interval, when that is longer) counts as alive.
+  const uint64_t beat = server_.poller_heartbeat_ns();
+  if (now - std::min(now, beat) < std::max<uint64_t>(watchdog_ns_ / 2, 2'000'000'000)) {
+    notify::Send("WATCHDOG=1");
+    last_ping_ns_ = now;
+    poller_stall_reported_ = false;
+  } else if (!poller_stall_reported_) {
+    log::Error("the request poller has not run for {} ms; withholding the watchdog ping",
+               (now - beat) / 1'000'000);
+    poller_stall_reported_ = true;
+  }
+}
+
+void Watchdog::Tick() {
+  const uint64_t now = NowNs();
+  if (watchdog_ns_ != 0 && now - last_ping_ns_ >= watchdog_ns_ / 2) Ping(now);
+  const std::string status = StatusLine();
+  if (status != last_status_) {
+    notify::Send("STATUS=" + status);
+    last_status_ = status;
+  }
+  if (!textfile_dir_.empty() &&
+      now - last_textfile_ns_ >= uint64_t{textfile_interval_s_} * 1'000'000'000) {
+    last_textfile_ns_ = now;
+    if (absl::Status st = metrics::WriteTextfile(textfile_dir_, render_metrics_()); !st.ok()) {
+      log::Warning("{}", std::string(st.message()));
+    }
+  }
+}
+
+void Watchdog::Reloading() { notify::Send("RELOADING=1\nSTATUS=Reloading the configuration"); }
+
+void Watchdog::Reloaded() { notify::Send("READY=1\nSTATUS=" + StatusLine()); }
+
+void Watchdog::Stopping() { notify::Send("STOPPING=1\nSTATUS=Finishing requests in flight"); }
+
+}  // namespace engram

@@ -1,0 +1,51 @@
+// The control loop's periodic work for systemd and node-exporter: READY=/STATUS= notifications,
+// the watchdog ping (withheld when the request poller stops making passes, so systemd restarts
+// a wedged daemon), and the metrics textfile. Control thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "daemon/ops/config_file.h"
+#include "daemon/ops/server_view.h"
+
+namespace engram {
+
+class Watchdog {
+ public:
+  Watchdog(const ServerView& server, std::function<std::string()> render_metrics)
+      : server_(server), render_metrics_(std::move(render_metrics)) {}
+
+  // Tells systemd the daemon is ready (with the first STATUS=) and pings once.
+  void Start();
+  // How long the control loop may sleep (ms; -1 forever) before Tick() has work.
+  int WaitMs() const;
+  void Tick();
+  // RELOADING=1 before a reload; READY=1 with a fresh STATUS= after it.
+  void Reloading();
+  void Reloaded();
+  void Stopping();
+  uint64_t interval_ns() const { return watchdog_ns_; }
+  // The textfile settings (SIGHUP may change them).
+  void set_textfile(const std::string& dir, uint32_t interval_s) {
+    textfile_dir_ = dir;
+    textfile_interval_s_ = interval_s;
+  }
+
+ private:
+  std::string StatusLine() const;
+  void Ping(uint64_t now);
+
+  const ServerView& server_;
+  std::function<std::string()> render_metrics_;
+  std::string textfile_dir_;
+  uint32_t textfile_interval_s_ = 0;
+  uint64_t watchdog_ns_ = 0;
+  uint64_t last_ping_ns_ = 0;
+  uint64_t last_textfile_ns_ = 0;
+  std::string last_status_;
+  bool poller_stall_reported_ = false;
+};
+
+}  // namespace engram
