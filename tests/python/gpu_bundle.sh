@@ -10,12 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 builddir=${1:-build}
 out=${2:-.gpu-bundle/python}
+# The kernels library links the client library, so building it builds both.
 ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" daemon/engramd tools/tables/engram-synth \
-  client/libengram_client.so.0.1.0 kernels/libengram_kernels_cuda.so
+  kernels/libengram_kernels_cuda.so
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 cp "$builddir/daemon/engramd" "$builddir/tools/tables/engram-synth" "$out/bin/"
-cp -L "$builddir/client/libengram_client.so.0.1.0" "$out/lib/libengram_client.so.0"
+cp -L "$builddir/client/libengram_client.so.0" "$out/lib/libengram_client.so.0"
 cp -L "$builddir/kernels/libengram_kernels_cuda.so" "$out/lib/"
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|libcuda\.so|libengram_)'
 for f in "$out"/bin/* "$out"/lib/*; do
