@@ -35,9 +35,20 @@ constexpr uint64_t kSlowDrainNs = 5'000'000'000;
 constexpr long kDrainPollNs = 50'000;
 constexpr long kCancelTimeoutNs = 100'000'000;
 
+// Set once preadv2 answered ENOSYS (qemu-user 7.2 does not implement it): blocking reads use
+// preadv from then on, and RWF_NOWAIT reads answer ENOSYS so their file leaves the fast path.
+std::atomic<bool> g_preadv2_missing{false};
+
 ssize_t DoRead(const ReadTarget& t, int fd, const iovec* iov, int cnt, off_t off, int flags) {
   if (t.read_fn != nullptr && *t.read_fn) return (*t.read_fn)(fd, iov, cnt, off, flags);
-  const ssize_t n = preadv2(fd, iov, cnt, off, flags);
+  if (!g_preadv2_missing.load(std::memory_order_relaxed)) {
+    const ssize_t n = preadv2(fd, iov, cnt, off, flags);
+    if (n >= 0) return n;
+    if (errno != ENOSYS) return -errno;
+    g_preadv2_missing.store(true, std::memory_order_relaxed);
+  }
+  if (flags != 0) return -ENOSYS;
+  const ssize_t n = preadv(fd, iov, cnt, off);
   return n < 0 ? -errno : n;
 }
 
@@ -376,7 +387,7 @@ absl::Status NowaitPassSerial(const ReadTarget& t, const std::vector<PendingRead
         residue.push_back(p);
         break;
       }
-      if (n == -EOPNOTSUPP || n == -EINVAL) {
+      if (n == -EOPNOTSUPP || n == -EINVAL || n == -ENOSYS) {
         DisableNowait(t, f, static_cast<int>(-n));
         residue.push_back(p);
         break;
