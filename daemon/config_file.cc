@@ -265,6 +265,19 @@ const std::map<std::string, Setter>& Keys() {
          s->metrics.textfile_dir = v;
          return absl::OkStatus();
        })},
+      {"memory.budget",
+       [](const toml::node& n, DaemonSettings* s) -> absl::Status {
+         // Like Bytes(), but 0 is allowed: unbounded.
+         if (n.is_integer() && *n.value<int64_t>() == 0) {
+           s->server.memory_budget = 0;
+           return absl::OkStatus();
+         }
+         if (n.is_string() && absl::StripAsciiWhitespace(*n.value<std::string>()) == "0") {
+           s->server.memory_budget = 0;
+           return absl::OkStatus();
+         }
+         return Bytes([](DaemonSettings* s, uint64_t v) { s->server.memory_budget = v; })(n, s);
+       }},
       {"metrics.textfile_interval_seconds",
        Uint([](DaemonSettings* s, uint64_t v) { s->metrics.textfile_interval_s = v; }, 1, 3600)},
   };

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/cgroup_memory.h"
 #include "daemon/clock.h"
 #include "daemon/log.h"
 #include "daemon/notify.h"
@@ -305,6 +306,7 @@ absl::StatusOr<std::string> Control::Run(Session& session, const std::string& re
     }
     out["rows_served"] = rows;
     out["batches"] = batches;
+    out["memory"] = MemoryReportJson(ReadMemoryReport(), s.config_.memory_budget);
     // Who may do what, and what the asking peer may.
     std::vector<uid_t> admin_uids = s.config_.admin_uids;
     admin_uids.push_back(0);
@@ -535,6 +537,7 @@ std::string Control::MetricsText() const {
                     "Service time of a client's requests in the daemon", l, buckets, 64,
                     c.latency_sum_ns.load());
   }
+  AppendMemoryMetrics(e, ReadMemoryReport(), s.config_.memory_budget);
   return e.Text();
 }
 
@@ -596,6 +599,9 @@ void Control::Tick() {
                  (now - beat) / 1'000'000);
       poller_stall_reported_ = true;
     }
+  }
+  if (std::optional<std::string> line = memory_watch_.Check(ReadMemoryReport(), now)) {
+    log::Warning("{}", *line);
   }
   const std::string status = StatusLine();
   if (status != last_status_) {
@@ -691,6 +697,7 @@ void Control::Reload() {
                 cur.poll.spin_min_ns != next.poll.spin_min_ns ||
                     cur.poll.spin_max_ns != next.poll.spin_max_ns);
   needs_restart("engine.workers", cur.workers != next.workers);
+  needs_restart("memory.budget", cur.memory_budget != next.memory_budget);
   needs_restart("engine.request_threads", cur.request_threads != next.request_threads);
   needs_restart("socket.path", cur.socket_path != next.socket_path);
   needs_restart("socket.mode", cur.socket_mode != next.socket_mode);

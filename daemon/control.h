@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/cgroup_memory.h"
 #include "daemon/config_file.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
@@ -96,6 +97,7 @@ class Control {
   };
   std::unordered_map<uid_t, Refusals> refusals_;
   log::RateLimit refusal_log_{5};  // refusal lines of all uids together, per second
+  MemoryThrottleWatch memory_watch_;  // throttling of the cgroup: a line a minute at most
 };
 
 }  // namespace engram

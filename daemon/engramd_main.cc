@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/cgroup_memory.h"
 #include "daemon/config_file.h"
 #include "daemon/control.h"
 #include "daemon/gather_engine.h"
@@ -181,10 +182,22 @@ int Main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "error, warning, notice, info or debug")
       ->check(CLI::IsMember({"error", "warning", "notice", "info", "debug"}))
       ->capture_default_str();
+  app.add_option("--memory-budget", config.memory_budget,
+                 "Memory engramd.service may use, page cache included (bytes; K/M/G suffixes; "
+                 "0: unbounded); see --memory-dropin")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  bool memory_dropin = false;
+  app.add_flag("--memory-dropin", memory_dropin,
+               "Print the systemd drop-in that bounds engramd.service to the memory budget");
   CLI11_PARSE(app, argc, argv);
   if (!config_status.ok()) {
     log::Error("engramd: {}", config_status.ToString());
     return 1;
+  }
+  if (memory_dropin) {
+    fputs(MemoryDropIn(config.memory_budget).c_str(), stdout);
+    return 0;
   }
 
   const std::map<std::string, log::Priority> levels = {{"error", log::kError},
@@ -280,7 +293,17 @@ int Main(int argc, char** argv) {
                : (", members of gids " + absl::StrJoin(config.allow_gids, ",")).c_str());
     printf("  administrators (%s): %s\n", absl::StrJoin(AdminCommandNames(), ", ").c_str(),
            DescribeAdministrators(config, geteuid()).c_str());
+    printf("  memory budget: %s\n",
+           config.memory_budget == 0
+               ? "unbounded"
+               : absl::StrFormat("%u bytes (`engramd --memory-dropin` prints the unit's bounds)",
+                                 config.memory_budget)
+                     .c_str());
     return 0;
+  }
+  if (std::optional<std::string> mismatch =
+          BudgetMismatch(ReadMemoryReport().cgroup, config.memory_budget)) {
+    log::Warning("{}", *mismatch);
   }
   if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
     config.listen_fd = fds[0];
