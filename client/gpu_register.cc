@@ -8,6 +8,7 @@
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "client/last_error.h"
@@ -18,6 +19,7 @@ struct engram_gpu_registration {
   char* host = nullptr;
   size_t len = 0;
   char* device = nullptr;
+  bool pinned = true;  // false: unified memory, nothing was registered with the runtime
   int (*unregister)(void*) = nullptr;
   const char* (*error_string)(int) = nullptr;
 };
@@ -86,6 +88,9 @@ constexpr int kErrorInvalidValue = 1;
 constexpr int kErrorOutOfMemory = 2;
 constexpr int kErrorInsufficientDriver = 35;
 constexpr int kErrorNoDevice = 100;
+// cudaDevAttrPageableMemoryAccessUsesHostPageTables: the device reads pageable host memory
+// through the host's page tables (GB10 and GH200 over NVLink-C2C).
+constexpr int kCudaAttrPageableUsesHostPageTables = 100;
 
 constexpr const char* kCudaNames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
                                       "libcudart.so"};
@@ -112,6 +117,22 @@ int ErrnoFor(int status, int already_registered) {
     default:
       return EIO;
   }
+}
+
+// Does the current CUDA device read pageable host memory through the host's page tables?
+// $ENGRAM_GPU_PIN=1 answers no, so the range is pinned anyway.
+bool HostPageTablesShared(void* library, int runtime) {
+  if (runtime != ENGRAM_GPU_RUNTIME_CUDA) return false;
+  if (const char* pin = getenv("ENGRAM_GPU_PIN"); pin != nullptr && std::string(pin) == "1") {
+    return false;
+  }
+  using GetDeviceFn = int (*)(int*);
+  using GetAttributeFn = int (*)(int*, int, int);
+  auto get_device = reinterpret_cast<GetDeviceFn>(dlsym(library, "cudaGetDevice"));
+  auto get_attribute = reinterpret_cast<GetAttributeFn>(dlsym(library, "cudaDeviceGetAttribute"));
+  int device = 0, value = 0;
+  return get_device != nullptr && get_attribute != nullptr && get_device(&device) == 0 &&
+         get_attribute(&value, kCudaAttrPageableUsesHostPageTables, device) == 0 && value == 1;
 }
 
 }  // namespace
@@ -174,6 +195,20 @@ int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_na
     dlclose(library);
     return Fail(ENODEV, std::move(message));
   }
+  if (HostPageTablesShared(library, api->runtime)) {
+    // Unified memory: the host address is the device address and nothing needs pinning (which
+    // would only take the pages from the memory the GPU and the page cache share).
+    auto* reg = new engram_gpu_registration;
+    reg->library = library;
+    reg->runtime = api->runtime;
+    reg->host = reg->device = static_cast<char*>(addr);
+    reg->len = len;
+    reg->pinned = false;
+    reg->unregister = unregister;
+    reg->error_string = error_string;
+    *ret_reg = reg;
+    return 0;
+  }
   int status = do_register(addr, len, kRegisterPortable | kRegisterMapped);
   if (status != 0 && status != api->already_registered &&
       do_register(addr, len, kRegisterPortable | kRegisterMapped | kRegisterReadOnly) == 0) {
@@ -228,7 +263,7 @@ int engram_gpu_registration_runtime(const engram_gpu_registration* reg) {
 int engram_gpu_unregister(engram_gpu_registration* reg) {
   if (reg == nullptr) return 0;
   int rc = 0;
-  if (int status = reg->unregister(reg->host); status != 0) {
+  if (int status = reg->pinned ? reg->unregister(reg->host) : 0; status != 0) {
     rc = engram::Fail(EIO, engram::Format("engram_gpu_unregister: unregistering [%p, +%zu) "
                                           "failed: %s (error %d)",
                                           static_cast<void*>(reg->host), reg->len,

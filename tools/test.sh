@@ -1,12 +1,38 @@
 #!/usr/bin/env bash
-# Builds engramd and runs every test (Catch2, pytest, fuzz smoke runs, unit-file checks).
+# Builds engramd and runs every test (Catch2, pytest, fuzz smoke runs, unit-file checks), then
+# cross-builds it for arm64 (DGX Spark) and runs the table, gather, hash, daemon, ops and GPU
+# (CPU-side) suites on the arm64 binaries under qemu-user.
 # Usage: tools/test.sh [meson test args...]   e.g. tools/test.sh --suite table
+#   Arguments go to both runs; without them the arm64 run takes the suites above.
+#   ENGRAM_BUILD_DIR   native build directory (default build); arm64 builds in it + "-arm64"
+#   ENGRAM_ARM64=0     native only
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/setup.sh
+arm64=${ENGRAM_ARM64:-1}
+if [[ $arm64 == 1 ]]; then
+  bash tools/setup.sh --arch arm64
+else
+  bash tools/setup.sh
+fi
 builddir=${ENGRAM_BUILD_DIR:-build}
 if [[ ! -f "$builddir/build.ninja" ]]; then
   meson setup "$builddir"
 fi
 meson compile -C "$builddir"
-meson test -C "$builddir" --print-errorlogs --num-processes "$(nproc)" "$@"
+rc=0
+meson test -C "$builddir" --print-errorlogs --num-processes "$(nproc)" "$@" || rc=$?
+[[ $arm64 == 1 ]] || exit "$rc"
+
+# arm64: only what its tests need (no GPU kernels, benchmarks or fuzzers).
+armdir=$builddir-arm64
+if [[ ! -f "$armdir/build.ninja" ]]; then
+  meson setup "$armdir" --cross-file cross/aarch64-linux-gnu.ini \
+    -Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled
+fi
+meson compile -C "$armdir" || exit 1
+arm_args=("$@")
+((${#arm_args[@]})) || arm_args=(--suite table --suite gather --suite hash --suite daemon
+                                  --suite ops --suite gpu)
+echo "tests: arm64 binaries under $(qemu-aarch64-static --version | head -1)"
+meson test -C "$armdir" --print-errorlogs --num-processes "$(nproc)" "${arm_args[@]}" || rc=1
+exit "$rc"

@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include <atomic>
+
 #include "daemon/gather/gather_reader.h"
 #include "protocol/clock.h"
 
@@ -22,9 +24,20 @@ namespace {
 // many tries instead of a spin.
 constexpr int kMaxBlockingRetries = 1000;
 
+// Set once preadv2 answered ENOSYS (an emulator may not implement it): blocking reads use
+// preadv from then on, and RWF_NOWAIT reads answer ENOSYS so their file leaves the fast path.
+std::atomic<bool> g_preadv2_missing{false};
+
 ssize_t DoRead(const ReadTarget& t, int fd, const iovec* iov, int cnt, off_t off, int flags) {
   if (t.read_fn != nullptr && *t.read_fn) return (*t.read_fn)(fd, iov, cnt, off, flags);
-  const ssize_t n = preadv2(fd, iov, cnt, off, flags);
+  if (!g_preadv2_missing.load(std::memory_order_relaxed)) {
+    const ssize_t n = preadv2(fd, iov, cnt, off, flags);
+    if (n >= 0) return n;
+    if (errno != ENOSYS) return -errno;
+    g_preadv2_missing.store(true, std::memory_order_relaxed);
+  }
+  if (flags != 0) return -ENOSYS;
+  const ssize_t n = preadv(fd, iov, cnt, off);
   return n < 0 ? -errno : n;
 }
 
@@ -134,7 +147,7 @@ absl::Status NowaitPassSerial(const ReadTarget& t, const std::vector<PendingRead
         residue.push_back(p);
         break;
       }
-      if (n == -EOPNOTSUPP || n == -EINVAL) {
+      if (n == -EOPNOTSUPP || n == -EINVAL || n == -ENOSYS) {
         DisableNowait(t, f, static_cast<int>(-n));
         residue.push_back(p);
         break;

@@ -1,5 +1,6 @@
 // The control commands and their dispatch table (control_commands.h).
 #include "daemon/ops/control_commands.h"
+#include "daemon/ops/cgroup_memory.h"
 
 #include <unistd.h>
 
@@ -65,6 +66,7 @@ CommandResult Status(CommandContext& c) {
   }
   out["rows_served"] = rows;
   out["batches"] = batches;
+  out["memory"] = MemoryReportJson(ReadMemoryReport(), s.config().memory_budget);
   out["access"] = AccessJson(c);
   return out;
 }

@@ -1,6 +1,8 @@
 // The engram_* metrics families (metrics_text.h).
 #include "daemon/ops/metrics_text.h"
 
+#include "daemon/ops/cgroup_memory.h"
+
 #include "absl/strings/str_format.h"
 #include "daemon/ops/escape.h"
 #include "daemon/ops/metrics.h"
@@ -86,6 +88,7 @@ std::string RenderMetrics(const ServerView& server, const std::string& version) 
           double(server.total_arena_bytes()));
   for (const auto& session : sessions) AddSession(*session, e);
   server.AddStoreMetrics(&e);
+  AppendMemoryMetrics(e, ReadMemoryReport(), server.config().memory_budget);
   return e.Text();
 }
 

@@ -51,6 +51,7 @@ void CompareFixed(const ServerConfig& cur, const ServerConfig& next, ReloadRepor
                 cur.poll.spin_min_ns != next.poll.spin_min_ns ||
                     cur.poll.spin_max_ns != next.poll.spin_max_ns);
   needs_restart("engine.workers", cur.workers != next.workers);
+  needs_restart("memory.budget", cur.memory_budget != next.memory_budget);
   needs_restart("engine.request_threads", cur.request_threads != next.request_threads);
   needs_restart("socket.path", cur.socket_path != next.socket_path);
   needs_restart("socket.mode", cur.socket_mode != next.socket_mode);

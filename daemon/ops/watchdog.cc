@@ -54,6 +54,9 @@ void Watchdog::Ping(uint64_t now) {
 void Watchdog::Tick() {
   const uint64_t now = NowNs();
   if (watchdog_ns_ != 0 && now - last_ping_ns_ >= watchdog_ns_ / 2) Ping(now);
+  if (std::optional<std::string> line = memory_watch_.Check(ReadMemoryReport(), now)) {
+    log::Warning("{}", *line);
+  }
   const std::string status = StatusLine();
   if (status != last_status_) {
     notify::Send("STATUS=" + status);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "daemon/ops/config_file.h"
+#include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/server_view.h"
 
 namespace engram {
@@ -39,6 +40,7 @@ class Watchdog {
 
   const ServerView& server_;
   std::function<std::string()> render_metrics_;
+  MemoryThrottleWatch memory_watch_;  // throttling of the cgroup: a line a minute at most
   std::string textfile_dir_;
   uint32_t textfile_interval_s_ = 0;
   uint64_t watchdog_ns_ = 0;

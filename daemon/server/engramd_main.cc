@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/gather/gather_engine.h"
+#include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/control.h"
 #include "daemon/ops/log.h"
@@ -179,6 +180,7 @@ absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
     // Naming groups must not lock out the operator: keep the daemon's own uid and root.
     config.allow_uids = {geteuid(), 0};
   }
+  config.memory_budget = settings->store.budget_bytes;  // the cgroup's side of [memory] budget
   config.poll.spin_min_ns = settings->spin_min_us * 1000;
   config.poll.spin_max_ns = std::max(settings->spin_max_us, settings->spin_min_us) * 1000;
   return ApplyTiers(settings);
@@ -228,6 +230,12 @@ void PrintCheckedConfig(const ServerConfig& config, const StoreConfig& store,
              : (", members of gids " + absl::StrJoin(config.allow_gids, ",")).c_str());
   printf("  administrators (%s): %s\n", absl::StrJoin(AdminCommandNames(), ", ").c_str(),
          DescribeAdministrators(config, geteuid()).c_str());
+  printf("  memory budget: %s\n",
+         config.memory_budget == 0
+             ? "unbounded"
+             : absl::StrFormat("%u bytes (`engramd --memory-dropin` prints the unit's bounds)",
+                               config.memory_budget)
+                   .c_str());
 }
 
 // What the command line said, kept for SIGHUP, which reads the files and applies the same flags
@@ -264,6 +272,10 @@ absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* set
 int Serve(const CommandLine& cl, DaemonSettings* settings,
           std::vector<std::unique_ptr<Table>> tables) {
   ServerConfig& config = settings->server;
+  if (std::optional<std::string> mismatch =
+          BudgetMismatch(ReadMemoryReport().cgroup, config.memory_budget)) {
+    log::Warning("{}", *mismatch);
+  }
   if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
     config.listen_fd = fds[0];
     log::Info("using the socket passed by systemd for {}", config.socket_path);
@@ -322,9 +334,16 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--check-config", check_config,
                "Validate the configuration and open every table, then exit without serving");
+  bool memory_dropin = false;
+  app.add_flag("--memory-dropin", memory_dropin,
+               "Print the systemd drop-in that bounds engramd.service to memory.budget, then exit");
   AddSettingFlags(app, &settings);
   CLI11_PARSE(app, argc, argv);
   if (!config_status.ok()) return Fail(config_status);
+  if (memory_dropin) {
+    fputs(MemoryDropIn(settings.store.budget_bytes).c_str(), stdout);
+    return 0;
+  }
   SetLogLevel(settings.log_level);
   if (absl::Status s = Resolve(cl.config_path, &settings); !s.ok()) return Fail(s);
   if (!config_files.empty()) {

@@ -73,6 +73,9 @@ struct ServerConfig {
   uint32_t request_threads = 0;
   uint64_t handshake_timeout_ns = 5'000'000'000;
   uint64_t drain_timeout_ns = 60'000'000'000;  // longest wait for in-flight I/O at shutdown
+  // [memory] budget: what engramd.service may use, page cache included (0: unbounded). systemd
+  // enforces it (`engramd --memory-dropin`); engramd reports against it (cgroup_memory.h).
+  uint64_t memory_budget = 0;
 };
 
 // The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.

@@ -207,7 +207,9 @@ ENGRAM_API int engram_gather(engram_session* session, const struct engram_gather
 
 /* The session's completion counter: a 64-bit word in the arena, 8-byte aligned, that the
  * daemon increments once per completed request and that never decreases. Meant for device-side
- * waits (cuStreamWaitValue64 after registering the arena). Thread-safe. */
+ * waits (cuStreamWaitValue64 after registering the arena). A CPU thread that polls it must use
+ * an acquire load (__atomic_load_n(counter, __ATOMIC_ACQUIRE)) before reading the rows: on Arm
+ * a plain volatile read does not order them. Thread-safe. */
 ENGRAM_API int engram_completion_counter(engram_session* session,
                                          const volatile uint64_t** ret_counter);
 

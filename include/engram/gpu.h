@@ -74,7 +74,11 @@ enum engram_gpu_runtime {
  *   -ENOMEM   the runtime could not pin the range;
  *   -EIO      any other runtime error (the message names it).
  * Registering pins the pages: on a 1 GiB range it takes tens of milliseconds; do it once.
- * A read-only mapping (a resident table's, engram_map_table) is registered read-only. */
+ * A read-only mapping (a resident table's, engram_map_table) is registered read-only.
+ * Unified memory: where the CUDA device reads pageable host memory through the host's page
+ * tables (cudaDevAttrPageableMemoryAccessUsesHostPageTables; GB10 / DGX Spark, GH200), nothing is
+ * pinned: the registration only records the range, engram_gpu_device_ptr returns the host
+ * address itself and engram_gpu_unregister unpins nothing. $ENGRAM_GPU_PIN=1 pins anyway. */
 int engram_gpu_register(void* addr, size_t len, engram_gpu_registration** ret_reg);
 
 /* The device address of host_addr, which must lie inside the registered range; NULL if it

@@ -1,6 +1,7 @@
 // engram_gpu_register where no GPU runtime can be loaded: a clear error, nothing changed; the
-// argument checks (suite gpu, test gpu_register: every machine); and registration through the
-// default runtimes, which must succeed where a GPU and a runtime are present (test
+// argument checks and the choice between pinning and unified memory, through a stand-in runtime
+// (suite gpu, test gpu_register: every machine); and registration through the default
+// runtimes, which must succeed where a GPU and a runtime are present (test
 // gpu_register_device, run with the filter [device]: exits 77 on a machine without them).
 #include "client/gpu_register.h"
 
@@ -13,7 +14,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "engram/engram.h"
 #include "engram/gpu.h"
@@ -104,6 +107,67 @@ TEST_CASE("registration through the default runtimes succeeds on a GPU machine",
     CHECK(engram_gpu_unregister(reg) == 0);
   }
   CHECK(munmap(mem, len) == 0);
+}
+
+// The fake runtime (fake_cudart.cc) as the only CUDA candidate; its counters through dlsym.
+struct FakeCudart {
+  std::string path = std::getenv("FAKE_CUDART") != nullptr ? std::getenv("FAKE_CUDART") : "";
+  void* handle = nullptr;
+  FakeCudart() {
+    INFO("FAKE_CUDART names the fake runtime library (set by meson test)");
+    REQUIRE_FALSE(path.empty());
+    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(handle != nullptr);
+  }
+  ~FakeCudart() { dlclose(handle); }
+  int Count(const char* symbol) {
+    auto fn = reinterpret_cast<int (*)()>(dlsym(handle, symbol));
+    return fn != nullptr ? fn() : -1;
+  }
+};
+
+TEST_CASE("on unified memory nothing is pinned and the device address is the host address",
+          "[gpu][register]") {
+  FakeCudart fake;
+  const char* cuda[] = {fake.path.c_str()};
+  const char* no_hip[] = {"libamdhip64.so.0-engram-test-missing"};
+  std::vector<char> mem(1 << 16);
+  const int registered = fake.Count("fake_cudart_registered");
+  const int unregistered = fake.Count("fake_cudart_unregistered");
+
+  SECTION("the device reads pageable memory through the host page tables (GB10)") {
+    setenv("FAKE_CUDART_HOST_PAGE_TABLES", "1", 1);
+    engram_gpu_registration* reg = nullptr;
+    REQUIRE(GpuRegisterWith(mem.data(), mem.size(), cuda, no_hip, &reg) == 0);
+    CHECK(engram_gpu_registration_runtime(reg) == ENGRAM_GPU_RUNTIME_CUDA);
+    CHECK(engram_gpu_device_ptr(reg, mem.data() + 100) == mem.data() + 100);
+    CHECK(engram_gpu_unregister(reg) == 0);
+    CHECK(fake.Count("fake_cudart_registered") == registered);
+    CHECK(fake.Count("fake_cudart_unregistered") == unregistered);
+  }
+  SECTION("$ENGRAM_GPU_PIN=1 pins there anyway") {
+    setenv("FAKE_CUDART_HOST_PAGE_TABLES", "1", 1);
+    setenv("ENGRAM_GPU_PIN", "1", 1);
+    engram_gpu_registration* reg = nullptr;
+    REQUIRE(GpuRegisterWith(mem.data(), mem.size(), cuda, no_hip, &reg) == 0);
+    CHECK(engram_gpu_device_ptr(reg, mem.data()) != mem.data());
+    CHECK(engram_gpu_unregister(reg) == 0);
+    unsetenv("ENGRAM_GPU_PIN");
+    CHECK(fake.Count("fake_cudart_registered") == registered + 1);
+    CHECK(fake.Count("fake_cudart_unregistered") == unregistered + 1);
+  }
+  SECTION("a discrete GPU: the range is pinned and mapped") {
+    setenv("FAKE_CUDART_HOST_PAGE_TABLES", "0", 1);
+    engram_gpu_registration* reg = nullptr;
+    REQUIRE(GpuRegisterWith(mem.data(), mem.size(), cuda, no_hip, &reg) == 0);
+    char* device = static_cast<char*>(engram_gpu_device_ptr(reg, mem.data()));
+    CHECK(device != mem.data());
+    CHECK(engram_gpu_device_ptr(reg, mem.data() + 64) == device + 64);
+    CHECK(engram_gpu_unregister(reg) == 0);
+    CHECK(fake.Count("fake_cudart_registered") == registered + 1);
+    CHECK(fake.Count("fake_cudart_unregistered") == unregistered + 1);
+  }
+  unsetenv("FAKE_CUDART_HOST_PAGE_TABLES");
 }
 
 }  // namespace

@@ -180,6 +180,38 @@ TEST_CASE("engramctl status, human and JSON") {
   CHECK(j["watchdog_usec"] == 1000000);
 }
 
+TEST_CASE("engramctl global options go before or after the subcommand") {
+  const std::string sock = F().daemon->socket();
+  for (const std::string& args :
+       {"--socket " + sock + " status --json", "--json --socket " + sock + " status",
+        "--socket=" + sock + " --json status", "status --json --socket " + sock,
+        "--json status --socket=" + sock}) {
+    INFO(args);
+    Result r = Sh(Engramctl() + " " + args);
+    REQUIRE(r.code == 0);
+    CHECK(json::parse(r.out)["socket"] == sock);
+  }
+  for (const std::string& args : {"--socket " + sock + " tables --no-residency",
+                                  "tables --no-residency --socket " + sock}) {
+    INFO(args);
+    Result r = Sh(Engramctl() + " " + args);
+    CHECK(r.code == 0);
+    CHECK(r.out.find("LAYER") != std::string::npos);
+  }
+  // Mistakes are named in the order typed, wherever they stand.
+  for (const std::string& args : {"--socket " + sock + " --first status --second",
+                                  "status --first --socket " + sock + " --second",
+                                  std::string("--json --first hash --second")}) {
+    INFO(args);
+    Result r = Sh(Engramctl() + " " + args);
+    CHECK(r.code != 0);
+    CHECK(r.err.find("not expected: --first --second") != std::string::npos);
+  }
+  Result r = Sh(Engramctl() + " --json status --socket");
+  CHECK(r.code != 0);
+  CHECK(r.err.find("--socket") != std::string::npos);
+}
+
 TEST_CASE("engramctl status --watch repeats with an interval") {
   Result r = Sh("timeout --preserve-status -s INT 1.4 " + Ctl("status --json -i 0.3"));
   CHECK(r.code == 0);

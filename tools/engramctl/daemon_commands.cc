@@ -62,6 +62,39 @@ const json* Match(const json* list, const json& entry, const char* key) {
   return nullptr;
 }
 
+// "memory 1.2 GiB of 24.0 GiB (high 21.6 GiB), pressure some 0.00%": the cgroup's charge against
+// its limits (page cache included), and what throttling it saw.
+void PrintMemory(const json& m) {
+  auto limit = [](const json& v) { return v.is_number() ? Bytes(v.get<double>()) : "unlimited"; };
+  std::string line = "  memory ";
+  if (U(m, "cgroup_version") == 0) {
+    line += "(no memory cgroup found)";
+  } else {
+    line += absl::StrFormat("%s of %s", Bytes(double(U(m, "current_bytes"))),
+                            limit(m.value("max_bytes", json())));
+    if (m.contains("high_bytes") && m["high_bytes"].is_number()) {
+      line += absl::StrFormat(" (high %s)", Bytes(m["high_bytes"].get<double>()));
+    }
+  }
+  line += U(m, "budget_bytes") == 0
+              ? ", budget unbounded"
+              : absl::StrFormat(", budget %s", Bytes(double(U(m, "budget_bytes"))));
+  const json& p = m.contains("pressure") && m["pressure"].is_object() ? m["pressure"]
+                  : m.contains("system_pressure") ? m["system_pressure"]
+                                                   : json();
+  if (p.is_object()) {
+    line += absl::StrFormat(", %spressure some %.2f%%",
+                            m["pressure"].is_object() ? "" : "system ",
+                            p["some"].value("avg10", 0.0));
+  }
+  printf("%s\n", line.c_str());
+  if (U(m, "high_events") + U(m, "max_events") + U(m, "oom_kills") != 0) {
+    printf("  memory throttled %lu times at high, limit hit %lu times, %lu OOM kills (%s)\n",
+           U(m, "high_events"), U(m, "max_events"), U(m, "oom_kills"),
+           m.value("cgroup", "?").c_str());
+  }
+}
+
 void PrintStatus(const json& r, const json* before, double dt) {
   printf("engramd %s on %s\n", r.value("state", "?").c_str(), r.value("socket", "?").c_str());
   printf("  version %s (protocol %s), pid %lu, up %s\n", r.value("version", "?").c_str(),
@@ -73,6 +106,7 @@ void PrintStatus(const json& r, const json* before, double dt) {
   printf("  rows served %lu in %lu batches%s\n", U(r, "rows_served"), U(r, "batches"),
          RateText(Rate(r, before, "rows_served", dt), "rows").c_str());
   PrintStoreStatus(r);
+  if (r.contains("memory") && r["memory"].is_object()) PrintMemory(r["memory"]);
   printf("  log level %s, watchdog %s\n", r.value("log_level", "?").c_str(),
          U(r, "watchdog_usec") == 0
              ? "off"

@@ -1,0 +1,304 @@
+// Reading engramd's memory cgroup and PSI, the systemd drop-in for a budget, and throttling
+// notices (cgroup_memory.h).
+#include "daemon/ops/cgroup_memory.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+
+namespace engram {
+namespace {
+
+// A v1 limit this high is no limit (the kernel reports PAGE_COUNTER_MAX pages).
+constexpr uint64_t kV1Unlimited = uint64_t{1} << 62;
+
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::optional<uint64_t> ReadNumber(const std::string& path) {
+  std::optional<std::string> text = ReadFile(path);
+  uint64_t v = 0;
+  if (!text || !absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &v)) return std::nullopt;
+  return v;
+}
+
+// memory.max / memory.high: a number, or "max" (unlimited, returned as nullopt).
+std::optional<uint64_t> ReadLimit(const std::string& path) { return ReadNumber(path); }
+
+// "key value" lines (memory.events, memory.oom_control): the value of `key`, 0 if absent.
+uint64_t KeyedValue(const std::optional<std::string>& text, absl::string_view key) {
+  if (!text) return 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, ' ');
+    uint64_t v = 0;
+    if (kv.first == key && absl::SimpleAtoi(kv.second, &v)) return v;
+  }
+  return 0;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+// This process's cgroup path in the hierarchy named by `controller` ("" for the unified one).
+std::optional<std::string> OwnCgroup(const std::string& root, absl::string_view controller) {
+  std::optional<std::string> text = ReadFile(root + "/proc/self/cgroup");
+  if (!text) return std::nullopt;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    if (controller.empty() ? f[0] == "0" && f[1].empty()
+                           : absl::StrContains(absl::StrCat(",", f[1], ","),
+                                               absl::StrCat(",", controller, ","))) {
+      return std::string(f[2]);
+    }
+  }
+  return std::nullopt;
+}
+
+void ReadV2(const std::string& dir, CgroupMemory* m) {
+  m->version = 2;
+  m->path = dir;
+  m->current = ReadNumber(dir + "/memory.current").value_or(0);
+  m->max = ReadLimit(dir + "/memory.max");
+  m->high = ReadLimit(dir + "/memory.high");
+  m->peak = ReadNumber(dir + "/memory.peak");
+  const std::optional<std::string> events = ReadFile(dir + "/memory.events");
+  m->high_events = KeyedValue(events, "high");
+  m->max_events = KeyedValue(events, "max");
+  m->oom_kills = KeyedValue(events, "oom_kill");
+  if (std::optional<std::string> p = ReadFile(dir + "/memory.pressure")) {
+    m->pressure = ParseMemoryPressure(*p);
+  }
+}
+
+void ReadV1(const std::string& dir, CgroupMemory* m) {
+  m->version = 1;
+  m->path = dir;
+  m->current = ReadNumber(dir + "/memory.usage_in_bytes").value_or(0);
+  m->max = ReadNumber(dir + "/memory.limit_in_bytes");
+  if (m->max && *m->max >= kV1Unlimited) m->max.reset();
+  m->peak = ReadNumber(dir + "/memory.max_usage_in_bytes");
+  m->max_events = ReadNumber(dir + "/memory.failcnt").value_or(0);
+  m->oom_kills = KeyedValue(ReadFile(dir + "/memory.oom_control"), "oom_kill");
+}
+
+std::string Gib(uint64_t bytes) {
+  return absl::StrFormat("%.2f GiB", double(bytes) / double(uint64_t{1} << 30));
+}
+
+std::optional<PressureStall> ParseStall(absl::string_view line, absl::string_view kind) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (f.size() < 5 || f[0] != kind) return std::nullopt;
+  PressureStall s;
+  bool avg10 = false, avg60 = false, total = false;
+  for (size_t i = 1; i < f.size(); ++i) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(f[i], '=');
+    if (kv.first == "avg10") avg10 = absl::SimpleAtod(kv.second, &s.avg10);
+    if (kv.first == "avg60") avg60 = absl::SimpleAtod(kv.second, &s.avg60);
+    if (kv.first == "total") total = absl::SimpleAtoi(kv.second, &s.total_us);
+  }
+  if (!avg10 || !avg60 || !total) return std::nullopt;
+  return s;
+}
+
+nlohmann::json StallJson(const PressureStall& s) {
+  return {{"avg10", s.avg10}, {"avg60", s.avg60}, {"total_us", s.total_us}};
+}
+
+nlohmann::json PressureJson(const std::optional<MemoryPressure>& p) {
+  if (!p) return nullptr;
+  nlohmann::json j = {{"some", StallJson(p->some)}};
+  j["full"] = p->full ? StallJson(*p->full) : nlohmann::json(nullptr);
+  return j;
+}
+
+}  // namespace
+
+std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text) {
+  MemoryPressure p;
+  bool some = false;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    if (std::optional<PressureStall> s = ParseStall(line, "some")) {
+      p.some = *s;
+      some = true;
+    } else if (std::optional<PressureStall> f = ParseStall(line, "full")) {
+      p.full = *f;
+    }
+  }
+  if (!some) return std::nullopt;
+  return p;
+}
+
+MemoryReport ReadMemoryReport(const std::string& root) {
+  MemoryReport r;
+  if (std::optional<std::string> p = ReadFile(root + "/proc/pressure/memory")) {
+    r.system = ParseMemoryPressure(*p);
+  }
+  // The unified hierarchy, where it has the memory controller (pure v2 at /sys/fs/cgroup, or the
+  // hybrid layout's /sys/fs/cgroup/unified); else the legacy memory controller.
+  const std::string fs = root + "/sys/fs/cgroup";
+  const std::string unified = Exists(fs + "/cgroup.controllers") ? fs : fs + "/unified";
+  if (std::optional<std::string> path = OwnCgroup(root, "")) {
+    const std::string dir = *path == "/" ? unified : unified + *path;
+    if (Exists(dir + "/memory.current")) {
+      ReadV2(dir, &r.cgroup);
+      return r;
+    }
+  }
+  if (std::optional<std::string> path = OwnCgroup(root, "memory")) {
+    const std::string dir = fs + "/memory" + (*path == "/" ? "" : *path);
+    if (Exists(dir + "/memory.usage_in_bytes")) ReadV1(dir, &r.cgroup);
+  }
+  return r;
+}
+
+uint64_t MemoryHighFor(uint64_t budget) { return budget - budget / 10; }
+
+std::string MemoryDropIn(uint64_t budget) {
+  std::string out =
+      "# engramd.service memory bound, written by `engramd --memory-dropin` from [memory] "
+      "budget.\n"
+      "# Install as /etc/systemd/system/engramd.service.d/memory-budget.conf, then\n"
+      "# `systemctl daemon-reload && systemctl restart engramd`.\n"
+      "[Service]\n"
+      "MemoryAccounting=yes\n";
+  if (budget == 0) {
+    return out + "# budget 0: unbounded\nMemoryHigh=infinity\nMemoryMax=infinity\n";
+  }
+  return out + absl::StrFormat(
+                   "# budget %u bytes (%s): reclaim starts at MemoryHigh, MemoryMax is the cap\n"
+                   "MemoryHigh=%u\nMemoryMax=%u\nMemorySwapMax=0\n",
+                   budget, Gib(budget), MemoryHighFor(budget), budget);
+}
+
+std::optional<std::string> BudgetMismatch(const CgroupMemory& cgroup, uint64_t budget) {
+  if (cgroup.version == 0) {
+    if (budget == 0) return std::nullopt;
+    return absl::StrFormat(
+        "memory.budget is %s but no memory cgroup of engramd was found: nothing bounds it "
+        "(run it from engramd.service with the drop-in of `engramd --memory-dropin`)",
+        Gib(budget));
+  }
+  if (budget == 0) return std::nullopt;
+  if (cgroup.max && *cgroup.max <= budget) return std::nullopt;
+  return absl::StrFormat(
+      "memory.budget is %s but engramd's cgroup %s allows %s: install the drop-in that "
+      "`engramd --memory-dropin` prints, then `systemctl daemon-reload && systemctl restart "
+      "engramd`",
+      Gib(budget), cgroup.path, cgroup.max ? Gib(*cgroup.max) : "unlimited memory");
+}
+
+nlohmann::json MemoryReportJson(const MemoryReport& r, uint64_t budget) {
+  const CgroupMemory& c = r.cgroup;
+  nlohmann::json j = {{"budget_bytes", budget}, {"cgroup_version", c.version}};
+  if (c.version != 0) {
+    j["cgroup"] = c.path;
+    j["current_bytes"] = c.current;
+    j["max_bytes"] = c.max ? nlohmann::json(*c.max) : nlohmann::json(nullptr);
+    j["high_bytes"] = c.high ? nlohmann::json(*c.high) : nlohmann::json(nullptr);
+    j["peak_bytes"] = c.peak ? nlohmann::json(*c.peak) : nlohmann::json(nullptr);
+    j["high_events"] = c.high_events;
+    j["max_events"] = c.max_events;
+    j["oom_kills"] = c.oom_kills;
+    j["pressure"] = PressureJson(c.pressure);
+  }
+  j["system_pressure"] = PressureJson(r.system);
+  return j;
+}
+
+void AppendMemoryMetrics(metrics::Exposition& e, const MemoryReport& r, uint64_t budget) {
+  e.Gauge("engram_memory_budget_bytes", "The configured memory.budget (0: unbounded)", {},
+          double(budget));
+  const CgroupMemory& c = r.cgroup;
+  if (c.version != 0) {
+    e.Gauge("engram_memory_cgroup_current_bytes",
+            "Memory charged to engramd's cgroup, page cache included", {}, double(c.current));
+    // Unlimited is +Inf, as Prometheus writes it.
+    const double inf = std::numeric_limits<double>::infinity();
+    e.Gauge("engram_memory_cgroup_max_bytes", "The cgroup's memory.max (+Inf: unlimited)", {},
+            c.max ? double(*c.max) : inf);
+    if (c.version == 2) {
+      e.Gauge("engram_memory_cgroup_high_bytes", "The cgroup's memory.high (+Inf: unlimited)", {},
+              c.high ? double(*c.high) : inf);
+    }
+    e.Counter("engram_memory_cgroup_high_events_total",
+              "Times the cgroup was throttled and reclaimed at memory.high", {},
+              double(c.high_events));
+    e.Counter("engram_memory_cgroup_max_events_total", "Times the cgroup's usage hit memory.max",
+              {}, double(c.max_events));
+    e.Counter("engram_memory_cgroup_oom_kills_total", "OOM kills inside the cgroup", {},
+              double(c.oom_kills));
+    if (c.pressure) {
+      e.Gauge("engram_memory_cgroup_pressure_some_avg10",
+              "Percent of the last 10 s some of the cgroup's tasks stalled on memory", {},
+              c.pressure->some.avg10);
+      e.Counter("engram_memory_cgroup_pressure_some_seconds_total",
+                "Time some of the cgroup's tasks stalled on memory", {},
+                double(c.pressure->some.total_us) / 1e6);
+    }
+  }
+  if (r.system) {
+    e.Gauge("engram_memory_system_pressure_some_avg10",
+            "Percent of the last 10 s some tasks of the system stalled on memory", {},
+            r.system->some.avg10);
+    e.Counter("engram_memory_system_pressure_some_seconds_total",
+              "Time some tasks of the system stalled on memory", {},
+              double(r.system->some.total_us) / 1e6);
+  }
+}
+
+std::optional<std::string> MemoryThrottleWatch::Check(const MemoryReport& r, uint64_t now_ns) {
+  const CgroupMemory& c = r.cgroup;
+  if (c.version == 0) return std::nullopt;
+  if (!primed_) {  // what happened before engramd started is not news
+    primed_ = true;
+    high_events_ = c.high_events;
+    max_events_ = c.max_events;
+    oom_kills_ = c.oom_kills;
+    return std::nullopt;
+  }
+  const uint64_t high = c.high_events - std::min(c.high_events, high_events_);
+  const uint64_t max = c.max_events - std::min(c.max_events, max_events_);
+  const uint64_t oom = c.oom_kills - std::min(c.oom_kills, oom_kills_);
+  if (high + max + oom == 0) return std::nullopt;
+  if (logged_ && now_ns - last_line_ns_ < interval_ns_) return std::nullopt;  // counted later
+  logged_ = true;
+  last_line_ns_ = now_ns;
+  high_events_ = c.high_events;
+  max_events_ = c.max_events;
+  oom_kills_ = c.oom_kills;
+  std::string line = absl::StrFormat(
+      "memory: engramd's cgroup %s is being throttled: %u reclaims at memory.high%s, %u hits "
+      "of memory.max%s, %u OOM kills since the last notice; %s charged",
+      c.path, high, c.high ? absl::StrCat(" (", Gib(*c.high), ")") : "", max,
+      c.max ? absl::StrCat(" (", Gib(*c.max), ")") : "", oom, Gib(c.current));
+  if (c.pressure) {
+    absl::StrAppendFormat(&line, "; memory pressure some avg10 %.2f%%", c.pressure->some.avg10);
+  }
+  absl::StrAppend(&line,
+                  ". Page cache of the tables is reclaimed and re-read from disk: raise "
+                  "[memory] budget if the GPU can spare it");
+  return line;
+}
+
+}  // namespace engram

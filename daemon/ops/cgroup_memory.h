@@ -1,0 +1,85 @@
+// engramd's memory as the kernel accounts it: its own memory cgroup (what is charged, page cache
+// included, against the MemoryHigh=/MemoryMax= that systemd derived from `[memory] budget`),
+// memory pressure (PSI) of the cgroup and of the system, and whether the kernel is throttling
+// it. On a unified-memory machine (DGX Spark) every byte here is a byte the GPU does not have.
+//
+//   MemoryReport r = ReadMemoryReport();
+//   if (std::optional<std::string> line = watch.Check(r, NowNs())) log::Warning("{}", *line);
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "daemon/ops/metrics.h"
+
+namespace engram {
+
+// One line of a PSI file: the share of time some (or all) tasks stalled on memory.
+struct PressureStall {
+  double avg10 = 0;  // percent over the last 10 s
+  double avg60 = 0;
+  uint64_t total_us = 0;
+};
+struct MemoryPressure {
+  PressureStall some;
+  std::optional<PressureStall> full;  // absent in the system-wide file of old kernels
+};
+
+struct CgroupMemory {
+  int version = 0;   // 2 (unified) or 1 (legacy memory controller); 0: none found
+  std::string path;  // the cgroup's directory, e.g. /sys/fs/cgroup/system.slice/engramd.service
+  uint64_t current = 0;               // bytes charged, page cache and shared memory included
+  std::optional<uint64_t> max, high;  // absent: unlimited; v1 has no high
+  std::optional<uint64_t> peak;       // highest current seen (memory.peak, Linux 5.19+)
+  uint64_t high_events = 0;  // allocations throttled and reclaimed at memory.high (v2)
+  uint64_t max_events = 0;   // allocations that hit memory.max (v1: failcnt)
+  uint64_t oom_kills = 0;
+  std::optional<MemoryPressure> pressure;  // the cgroup's own (v2 memory.pressure)
+};
+
+struct MemoryReport {
+  CgroupMemory cgroup;
+  std::optional<MemoryPressure> system;  // /proc/pressure/memory
+};
+
+// Reads this process's memory cgroup and PSI. `root` is prepended to /proc and /sys paths (tests
+// point it at a fake tree). Never fails: what cannot be read is left out.
+MemoryReport ReadMemoryReport(const std::string& root = "");
+
+// "some avg10=1.00 avg60=0.50 avg300=0.10 total=123\nfull ..." (nullopt if malformed).
+std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text);
+
+// The MemoryHigh= for a budget: reclaim (and throttling) starts a tenth below the hard limit, so
+// page cache is given back before allocations fail.
+uint64_t MemoryHighFor(uint64_t budget);
+
+// The systemd drop-in that bounds engramd.service to `budget` bytes (0: unbounded).
+std::string MemoryDropIn(uint64_t budget);
+
+// A warning when the cgroup's memory.max does not match the configured budget (the drop-in is
+// missing or stale); nullopt when they match or no memory cgroup was found.
+std::optional<std::string> BudgetMismatch(const CgroupMemory& cgroup, uint64_t budget);
+
+// `engramctl status`'s "memory" object and the engram_memory_* metrics.
+nlohmann::json MemoryReportJson(const MemoryReport& r, uint64_t budget);
+void AppendMemoryMetrics(metrics::Exposition& e, const MemoryReport& r, uint64_t budget);
+
+// Says when the kernel throttled or limited engramd's cgroup since the previous call (memory.high
+// reclaim, memory.max hits, OOM kills), at most once per `interval_ns`; the lines it held back are
+// counted in the next one.
+class MemoryThrottleWatch {
+ public:
+  explicit MemoryThrottleWatch(uint64_t interval_ns = 60'000'000'000) : interval_ns_(interval_ns) {}
+  std::optional<std::string> Check(const MemoryReport& r, uint64_t now_ns);
+
+ private:
+  uint64_t interval_ns_;
+  bool primed_ = false;
+  uint64_t high_events_ = 0, max_events_ = 0, oom_kills_ = 0;  // at the last line (or start)
+  uint64_t last_line_ns_ = 0;
+  bool logged_ = false;
+};
+
+}  // namespace engram
