@@ -60,6 +60,7 @@ struct RuntimeApi {
   const char* unregister_symbol;
   const char* error_string_symbol;
   const char* device_count_symbol;
+  const char* get_last_error_symbol;
   int already_registered;  // cudaErrorHostMemoryAlreadyRegistered / hipError...
   int runtime;
 };
@@ -70,6 +71,7 @@ constexpr RuntimeApi kCuda = {"CUDA",
                               "cudaHostUnregister",
                               "cudaGetErrorString",
                               "cudaGetDeviceCount",
+                              "cudaGetLastError",
                               712,
                               ENGRAM_GPU_RUNTIME_CUDA};
 constexpr RuntimeApi kHip = {"HIP",
@@ -78,6 +80,7 @@ constexpr RuntimeApi kHip = {"HIP",
                              "hipHostUnregister",
                              "hipGetErrorString",
                              "hipGetDeviceCount",
+                             "hipGetLastError",
                              1061,
                              ENGRAM_GPU_RUNTIME_HIP};
 
@@ -213,7 +216,13 @@ int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_na
   if (status != 0 && status != api->already_registered &&
       do_register(addr, len, kRegisterPortable | kRegisterMapped | kRegisterReadOnly) == 0) {
     // A read-only mapping (a resident table's, engram_map_table) pins only as read-only memory;
-    // a failure of both attempts reports the first.
+    // a failure of both attempts reports the first. The refused first attempt stays the
+    // runtime's last error, which the next launch check of any library would take for its
+    // own: clear it.
+    using GetLastErrorFn = int (*)();
+    if (auto clear = reinterpret_cast<GetLastErrorFn>(dlsym(library, api->get_last_error_symbol))) {
+      clear();
+    }
     status = 0;
   }
   if (status != 0) {

@@ -62,7 +62,7 @@ for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gp
          gpu_step_test gpu_engramd_test; do
   start=$(date +%s.%N)
   # A hung GPU wait must not eat the machine's time: each test gets a bounded run.
-  timeout "${ENGRAM_GPU_TEST_TIMEOUT:-90}" "$here/bin/$t" >"$logs/$t.log" 2>&1
+  timeout "${ENGRAM_GPU_TEST_TIMEOUT:-300}" "$here/bin/$t" >"$logs/$t.log" 2>&1
   rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   case $rc in
