@@ -110,7 +110,7 @@ TEST_CASE("a batch no larger than split_reads never fans out", "[gather][schedul
 }
 
 TEST_CASE("a batch that went cold costs one wave of NOWAIT misses, not one per chunk",
-          "[gather][schedule]") {
+          "[gather][schedule][nowait]") {
   Fixture f;
   std::atomic<uint64_t> nowait_calls{0};
   GatherEngineOptions o{.workers = 3, .split_reads = 64, .helper_min_work_ns = 1};

@@ -162,7 +162,7 @@ TEST_CASE("[memory] budget takes a byte size, and 0 for unbounded") {
     r.Write("/c.toml", text);
     DaemonSettings s;
     absl::Status st = ApplyConfigFile(r.dir + "/c.toml", &s);
-    return std::make_pair(st, s.server.memory_budget);
+    return std::make_pair(st, s.store.budget_bytes);
   };
   CHECK(apply("[memory]\nbudget = \"24G\"\n").second == 24ull << 30);
   CHECK(apply("[memory]\nbudget = 1048576\n").second == 1048576);
