@@ -210,20 +210,7 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   REQUIRE(engram_connect(&ro, &resident_session) == 0);
   testing::ResidentTables resident(resident_session);
   DeviceBuffer ids_d[2] = {DeviceBuffer(n * 8), DeviceBuffer(n * 8)};
-  cudaGraphExec_t inplace_exec;
-  {
-    cudaGraph_t graph;
-    CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    int rc = 0;
-    for (int l = 0; l < 2 && rc == 0; ++l) {
-      rc = resident.Enqueue(h, in, l, ids_d[l].get<uint64_t>(), out[l].get(), stream);
-    }
-    CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
-    INFO(engram_kernels_last_error());
-    REQUIRE(rc == 0);
-    CUDA_REQUIRE(cudaGraphInstantiate(&inplace_exec, graph, 0));
-    cudaGraphDestroy(graph);
-  }
+  cudaGraphExec_t inplace_exec = resident.Capture(h, in, ids_d, out, stream);
   wall.clear();
   host_busy = 0;
   for (int i = 0; i < steps + 200; ++i) {

@@ -107,17 +107,7 @@ TEST_CASE("a captured step reads resident tables in place, bit-exact, with no re
   DeviceBuffer out[2] = {DeviceBuffer(n * 512), DeviceBuffer(n * 512)};
   cudaStream_t stream;
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  int rc = 0;
-  for (int l = 0; l < 2 && rc == 0; ++l) {
-    rc = resident.Enqueue(h, in, l, ids_d[l].get<uint64_t>(), out[l].get(), stream);
-  }
-  CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
-  INFO(engram_kernels_last_error());
-  REQUIRE(rc == 0);
-  cudaGraphExec_t exec;
-  CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphExec_t exec = resident.Capture(h, in, ids_d, out, stream);
   std::mt19937_64 rng(31);
   for (int replay = 0; replay < 1000; ++replay) {
     in.Randomise(rng);
@@ -129,7 +119,6 @@ TEST_CASE("a captured step reads resident tables in place, bit-exact, with no re
     }
   }
   cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   engram_close(host);
 }

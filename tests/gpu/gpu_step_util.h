@@ -245,6 +245,23 @@ struct ResidentTables {
                                  info[l].covered_end - info[l].covered_begin, ids_d, kTokens,
                                  h.heads(), out, nullptr, reinterpret_cast<uintptr_t>(stream));
   }
+  // Captures both layers' in-place steps on `stream` into an instantiated graph.
+  cudaGraphExec_t Capture(const Hashers& h, const StepInputs& in, const DeviceBuffer (&ids_d)[2],
+                          const DeviceBuffer (&out)[2], cudaStream_t stream) const {
+    cudaGraph_t graph;
+    CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    int rc = 0;
+    for (int l = 0; l < 2 && rc == 0; ++l) {
+      rc = Enqueue(h, in, l, ids_d[l].get<uint64_t>(), out[l].get(), stream);
+    }
+    CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
+    INFO(engram_kernels_last_error());
+    REQUIRE(rc == 0);
+    cudaGraphExec_t exec;
+    CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    return exec;
+  }
 };
 
 }  // namespace engram::testing
