@@ -78,7 +78,7 @@ cat >"$work/gather.c" <<'C'
 #include <stdlib.h>
 int main(int argc, char** argv) {
   struct engram_connect_options o;
-  engram_connect_options_init(&o);
+  engram_connect_options_init(&o, sizeof o);
   o.socket_path = argv[1];
   engram_session* s;
   if (engram_connect(&o, &s) < 0) { fprintf(stderr, "%s\n", engram_last_error()); return 1; }
