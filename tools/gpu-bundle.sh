@@ -16,7 +16,7 @@ targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gp
          tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test tests/gpu/gpu_step_test
          tests/gpu/gpu_engramd_test daemon/engramd
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench)
-ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
+ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}" tests/gpu/libfake_cudart.so
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
@@ -32,6 +32,8 @@ done | sort -u | while read -r name path; do
   if [[ "$name" =~ $skip ]]; then continue; fi
   cp -L "$path" "$bundle/lib/$name"
 done
+# The stand-in CUDA runtime gpu_register_test checks the pin-or-unified-memory choice with.
+cp "$builddir/tests/gpu/libfake_cudart.so" "$bundle/lib/"
 for lib in "$bundle"/lib/*; do strip --strip-debug "$lib" 2>/dev/null || true; done
 
 # A model directory with a tokenizer fixture and its derived tables, for the GPU hasher's
@@ -54,6 +56,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ENGRAMD="$here/bin/engramd"  # the daemon gpu_engramd_test starts
 export ENGRAM_HASH_MODEL="$here/hash-model"  # tokenizer ids for gpu_hash_test
+export FAKE_CUDART="$here/lib/libfake_cudart.so"  # gpu_register_test's stand-in runtime
 logs=${OUT:-$here/logs}
 mkdir -p "$logs"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
