@@ -7,13 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include <atomic>
-
 #include "daemon/gather/gather_reader.h"
 #include "protocol/clock.h"
 
@@ -90,6 +89,23 @@ void RemainingIovs(const GatherPlan& plan, const PlannedRead& read, uint32_t don
   }
 }
 
+// Reads what is left of `rd` from byte `done` on (the iovecs past it built in `rest`), with
+// `flags`, and counts the call.
+ssize_t ReadRest(const ReadTarget& t, const PlannedRead& rd, int fd, uint32_t done, int flags,
+                 std::vector<iovec>& rest, ReadCounters& c) {
+  const GatherPlan& plan = *t.plan;
+  const iovec* iov = &plan.iovs[rd.iov_begin];
+  int cnt = static_cast<int>(rd.iov_count);
+  if (done > 0) {
+    RemainingIovs(plan, rd, done, rest);
+    iov = rest.data();
+    cnt = static_cast<int>(rest.size());
+  }
+  c.read_calls++;
+  c.syscalls++;
+  return DoRead(t, fd, iov, cnt, rd.offset + done, flags);
+}
+
 absl::Status EndOfFileError(const ReadTarget& t, const PlannedRead& read, uint32_t done) {
   const GatherPlan& plan = *t.plan;
   const TableFile& f = plan.table->files()[read.file];
@@ -113,17 +129,8 @@ absl::Status NowaitPassSerial(const ReadTarget& t, const std::vector<PendingRead
         residue.push_back(p);
         break;
       }
-      const iovec* iov = &plan.iovs[rd.iov_begin];
-      int cnt = static_cast<int>(rd.iov_count);
-      if (p.done > 0) {
-        RemainingIovs(plan, rd, p.done, rest);
-        iov = rest.data();
-        cnt = static_cast<int>(rest.size());
-      }
       const uint32_t remaining = rd.length - p.done;
-      const ssize_t n = DoRead(t, f.fd, iov, cnt, rd.offset + p.done, RWF_NOWAIT);
-      c.read_calls++;
-      c.syscalls++;
+      const ssize_t n = ReadRest(t, rd, f.fd, p.done, RWF_NOWAIT, rest, c);
       if (n == remaining) {
         c.bytes_read += n;
         break;
@@ -166,17 +173,8 @@ absl::Status BlockingRead(const ReadTarget& t, PendingRead p, ReadCounters& c) {
   std::vector<iovec> rest;
   int again = 0;
   while (true) {
-    const iovec* iov = &plan.iovs[rd.iov_begin];
-    int cnt = static_cast<int>(rd.iov_count);
-    if (p.done > 0) {
-      RemainingIovs(plan, rd, p.done, rest);
-      iov = rest.data();
-      cnt = static_cast<int>(rest.size());
-    }
     const uint32_t remaining = rd.length - p.done;
-    const ssize_t n = DoRead(t, f.fd, iov, cnt, rd.offset + p.done, 0);
-    c.read_calls++;
-    c.syscalls++;
+    const ssize_t n = ReadRest(t, rd, f.fd, p.done, 0, rest, c);
     if (n == remaining) {
       c.bytes_read += n;
       c.pool_reads++;
