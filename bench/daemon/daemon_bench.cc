@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/engramd_process.h"
 #include "daemon/gather/gather_engine.h"
 #include "engram/engram.h"
 #include "tables/table.h"
@@ -61,16 +62,6 @@ Summary Summarise(std::vector<uint64_t> v) {
   for (uint64_t x : v) sum += x;
   s.mean = sum / v.size();
   return s;
-}
-
-bool SocketAnswers(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
 }
 
 void Evict(const std::vector<std::string>& files) {
@@ -113,11 +104,9 @@ int main(int argc, char** argv) {
   app.add_flag("--smoke", smoke, "Tiny run that only checks the benchmark works");
   CLI11_PARSE(app, argc, argv);
   if (engramd.empty()) {
-    const char* env = getenv("ENGRAMD");
-    engramd = env != nullptr ? env
-                             : (std::filesystem::canonical("/proc/self/exe").parent_path() /
-                                "../../daemon/engramd")
-                                   .string();
+    engramd = engram::bench::EngramdPath(
+        (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/engramd")
+            .string());
   }
   const bool temp_dir = dir.empty();
   if (temp_dir) {
@@ -178,15 +167,8 @@ int main(int argc, char** argv) {
   for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
   printf("\n\n");
   fflush(stdout);
-  pid_t daemon = fork();
-  if (daemon == 0) {
-    std::vector<char*> av;
-    for (auto& a : args) av.push_back(a.data());
-    av.push_back(nullptr);
-    execv(av[0], av.data());
-    _exit(127);
-  }
-  for (int i = 0; i < 500 && !SocketAnswers(sock); ++i) usleep(10000);
+  const pid_t daemon = engram::bench::StartEngramd(args, sock);
+  if (daemon < 0) return 1;
 
   engram_connect_options o;
   engram_connect_options_init(&o, sizeof(o));

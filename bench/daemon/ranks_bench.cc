@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/common/engramd_process.h"
 #include "bench/common/row_ids.h"
 #include "bench/gather/gather_methods.h"
 #include "daemon/gather/gather_engine.h"
@@ -496,16 +497,6 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
   return r;
 }
 
-bool SocketAnswers(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
-}
-
 // The cases of one run: paced warm uniform and Zipf, paced with evicted rows, back to back, and
 // the mixed case, for every rank count; with a trace, the trace's steps instead of the ids.
 std::vector<Case> Matrix(const Config& cfg) {
@@ -637,34 +628,11 @@ absl::Status PrepareTables(const Config& cfg, std::vector<std::unique_ptr<Table>
   return absl::OkStatus();
 }
 
-pid_t StartDaemon(std::vector<std::string> args, const std::string& sock) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> av;
-    for (auto& a : args) av.push_back(a.data());
-    av.push_back(nullptr);
-    execv(av[0], av.data());
-    _exit(127);
-  }
-  for (int i = 0; i < 3000 && !SocketAnswers(sock); ++i) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      fprintf(stderr, "engramd (%s) exited with status %d before it answered on %s\n",
-              args[0].c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : -1, sock.c_str());
-      return -1;
-    }
-    usleep(10000);
-  }
-  return pid;
-}
-
 int Run(Config& cfg) {
   if (cfg.engramd.empty()) {
-    const char* env = getenv("ENGRAMD");
-    cfg.engramd = env != nullptr ? env
-                                 : (std::filesystem::canonical("/proc/self/exe").parent_path() /
-                                    "../../daemon/engramd")
-                                       .string();
+    cfg.engramd = EngramdPath(
+        (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/engramd")
+            .string());
   }
   const bool temp_dir = cfg.dir.empty();
   if (temp_dir) {
@@ -710,7 +678,7 @@ int Run(Config& cfg) {
   args.insert(args.end(), {"--socket", env.sock, "--log-level", "warning", "--max-clients", "256"});
   args.insert(args.end(), cfg.daemon_args.begin(), cfg.daemon_args.end());
   PrintHeader(cfg, args);
-  const pid_t daemon = StartDaemon(args, env.sock);
+  const pid_t daemon = StartEngramd(args, env.sock);
   if (daemon < 0) return 1;
   printf(
       "| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "

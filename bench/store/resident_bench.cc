@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/engramd_process.h"
 #include "engram/engram.h"
 #include "protocol/clock.h"
 #include "tools/tables/synthetic.h"
@@ -40,8 +41,7 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
     }
   }
   const std::string socket = dir + "/resident.sock";
-  const char* env = getenv("ENGRAMD");
-  std::vector<std::string> args = {env != nullptr ? env : "build/daemon/engramd",
+  std::vector<std::string> args = {engram::bench::EngramdPath("build/daemon/engramd"),
                                    "--model",
                                    model,
                                    "--socket",
@@ -50,15 +50,8 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
                                    "14=resident",
                                    "--log-level",
                                    "warning"};
-  const pid_t daemon = fork();
-  if (daemon == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  const pid_t daemon = engram::bench::StartEngramd(args, socket);
+  if (daemon < 0) return 1;
   engram_connect_options co;
   engram_connect_options_init(&co, sizeof(co));
   co.socket_path = socket.c_str();

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/engramd_process.h"
 #include "bench/store/cache_sim.h"
 #include "client/hash/ngram_hasher.h"
 #include "engram/engram.h"
@@ -152,8 +153,7 @@ std::vector<Step> BuildSteps(const Options& o, const std::vector<std::vector<uin
 }
 
 pid_t StartDaemon(const Options& o, const std::string& model, const std::string& socket) {
-  const char* env = getenv("ENGRAMD");
-  std::vector<std::string> args = {env != nullptr ? env : "build/daemon/engramd",
+  std::vector<std::string> args = {EngramdPath("build/daemon/engramd"),
                                    "--model",
                                    model,
                                    "--socket",
@@ -168,17 +168,7 @@ pid_t StartDaemon(const Options& o, const std::string& model, const std::string&
                                    "262144",
                                    "--log-level",
                                    "warning"};
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    fprintf(stderr, "exec %s: %s (set ENGRAMD)\n", argv[0], strerror(errno));
-    _exit(127);
-  }
-  return pid;
+  return StartEngramd(std::move(args), socket);
 }
 
 json Control(const std::string& socket, const char* command) {
@@ -235,6 +225,7 @@ int Run(const Options& o) {
   }
   const std::string socket = o.dir + "/replay.sock";
   const pid_t daemon = StartDaemon(o, model, socket);
+  if (daemon < 0) return 1;
   engram_session* session = nullptr;
   engram_connect_options co;
   engram_connect_options_init(&co, sizeof(co));
