@@ -66,9 +66,9 @@ std::optional<std::string> OwnCgroup(const std::string& root, absl::string_view 
   for (absl::string_view line : absl::StrSplit(*text, '\n')) {
     std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (f.size() != 3) continue;
-    if (controller.empty() ? f[0] == "0" && f[1].empty()
-                           : absl::StrContains(absl::StrCat(",", f[1], ","),
-                                               absl::StrCat(",", controller, ","))) {
+    if (controller.empty()
+            ? f[0] == "0" && f[1].empty()
+            : absl::StrContains(absl::StrCat(",", f[1], ","), absl::StrCat(",", controller, ","))) {
       return std::string(f[2]);
     }
   }
@@ -106,21 +106,6 @@ std::string Gib(uint64_t bytes) {
   return absl::StrFormat("%.2f GiB", double(bytes) / double(uint64_t{1} << 30));
 }
 
-std::optional<PressureStall> ParseStall(absl::string_view line, absl::string_view kind) {
-  std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-  if (f.size() < 5 || f[0] != kind) return std::nullopt;
-  PressureStall s;
-  bool avg10 = false, avg60 = false, total = false;
-  for (size_t i = 1; i < f.size(); ++i) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(f[i], '=');
-    if (kv.first == "avg10") avg10 = absl::SimpleAtod(kv.second, &s.avg10);
-    if (kv.first == "avg60") avg60 = absl::SimpleAtod(kv.second, &s.avg60);
-    if (kv.first == "total") total = absl::SimpleAtoi(kv.second, &s.total_us);
-  }
-  if (!avg10 || !avg60 || !total) return std::nullopt;
-  return s;
-}
-
 nlohmann::json StallJson(const PressureStall& s) {
   return {{"avg10", s.avg10}, {"avg60", s.avg60}, {"total_us", s.total_us}};
 }
@@ -133,21 +118,6 @@ nlohmann::json PressureJson(const std::optional<MemoryPressure>& p) {
 }
 
 }  // namespace
-
-std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text) {
-  MemoryPressure p;
-  bool some = false;
-  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    if (std::optional<PressureStall> s = ParseStall(line, "some")) {
-      p.some = *s;
-      some = true;
-    } else if (std::optional<PressureStall> f = ParseStall(line, "full")) {
-      p.full = *f;
-    }
-  }
-  if (!some) return std::nullopt;
-  return p;
-}
 
 MemoryReport ReadMemoryReport(const std::string& root) {
   MemoryReport r;

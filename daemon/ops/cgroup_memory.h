@@ -13,28 +13,19 @@
 #include <string>
 
 #include "daemon/ops/metrics.h"
+#include "daemon/store/pressure_monitor.h"  // PSI: MemoryPressure, ParseMemoryPressure
 
 namespace engram {
 
 // One line of a PSI file: the share of time some (or all) tasks stalled on memory.
-struct PressureStall {
-  double avg10 = 0;  // percent over the last 10 s
-  double avg60 = 0;
-  uint64_t total_us = 0;
-};
-struct MemoryPressure {
-  PressureStall some;
-  std::optional<PressureStall> full;  // absent in the system-wide file of old kernels
-};
-
 struct CgroupMemory {
-  int version = 0;   // 2 (unified) or 1 (legacy memory controller); 0: none found
-  std::string path;  // the cgroup's directory, e.g. /sys/fs/cgroup/system.slice/engramd.service
-  uint64_t current = 0;               // bytes charged, page cache and shared memory included
+  int version = 0;       // 2 (unified) or 1 (legacy memory controller); 0: none found
+  std::string path;      // the cgroup's directory, e.g. /sys/fs/cgroup/system.slice/engramd.service
+  uint64_t current = 0;  // bytes charged, page cache and shared memory included
   std::optional<uint64_t> max, high;  // absent: unlimited; v1 has no high
   std::optional<uint64_t> peak;       // highest current seen (memory.peak, Linux 5.19+)
-  uint64_t high_events = 0;  // allocations throttled and reclaimed at memory.high (v2)
-  uint64_t max_events = 0;   // allocations that hit memory.max (v1: failcnt)
+  uint64_t high_events = 0;           // allocations throttled and reclaimed at memory.high (v2)
+  uint64_t max_events = 0;            // allocations that hit memory.max (v1: failcnt)
   uint64_t oom_kills = 0;
   std::optional<MemoryPressure> pressure;  // the cgroup's own (v2 memory.pressure)
 };
@@ -47,9 +38,6 @@ struct MemoryReport {
 // Reads this process's memory cgroup and PSI. `root` is prepended to /proc and /sys paths (tests
 // point it at a fake tree). Never fails: what cannot be read is left out.
 MemoryReport ReadMemoryReport(const std::string& root = "");
-
-// "some avg10=1.00 avg60=0.50 avg300=0.10 total=123\nfull ..." (nullopt if malformed).
-std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text);
 
 // The MemoryHigh= for a budget: reclaim (and throttling) starts a tenth below the hard limit, so
 // page cache is given back before allocations fail.

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "protocol/clock.h"
 
 namespace engram {
@@ -25,28 +26,37 @@ std::string Mib(uint64_t slots) {
   return absl::StrCat(RowCache::BytesForSlots(slots) >> 20, " MiB");
 }
 
+// One "some ..." or "full ..." line; nullopt unless avg10, avg60 and total all parse.
+std::optional<PressureStall> ParseStall(absl::string_view line, absl::string_view kind) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (f.size() < 5 || f[0] != kind) return std::nullopt;
+  PressureStall s;
+  bool avg10 = false, avg60 = false, total = false;
+  for (size_t i = 1; i < f.size(); ++i) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(f[i], '=');
+    if (kv.first == "avg10") avg10 = absl::SimpleAtod(kv.second, &s.avg10);
+    if (kv.first == "avg60") avg60 = absl::SimpleAtod(kv.second, &s.avg60);
+    if (kv.first == "total") total = absl::SimpleAtoi(kv.second, &s.total_us);
+  }
+  if (!avg10 || !avg60 || !total) return std::nullopt;
+  return s;
+}
+
 }  // namespace
 
-absl::StatusOr<PressureSample> ParsePressure(const std::string& text) {
-  PressureSample sample;
+std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text) {
+  MemoryPressure p;
   bool some = false;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    std::vector<absl::string_view> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (fields.empty()) continue;
-    for (absl::string_view f : fields) {
-      if (!absl::ConsumePrefix(&f, "total=")) continue;
-      uint64_t total = 0;
-      if (!absl::SimpleAtoi(f, &total)) break;
-      if (fields[0] == "some") {
-        sample.some_total_us = total;
-        some = true;
-      } else if (fields[0] == "full") {
-        sample.full_total_us = total;
-      }
+    if (std::optional<PressureStall> s = ParseStall(line, "some")) {
+      p.some = *s;
+      some = true;
+    } else if (std::optional<PressureStall> f = ParseStall(line, "full")) {
+      p.full = *f;
     }
   }
-  if (!some) return absl::InvalidArgumentError("PSI text has no 'some ... total=N' line");
-  return sample;
+  if (!some) return std::nullopt;
+  return p;
 }
 
 absl::StatusOr<std::string> FindMemoryPressureFile() {
@@ -57,11 +67,11 @@ absl::StatusOr<std::string> FindMemoryPressureFile() {
       // cgroup v2 mounted at /sys/fs/cgroup, or beside v1 at /sys/fs/cgroup/unified (hybrid).
       for (const char* root : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
         std::string path = absl::StrCat(root, line == "/" ? "" : line, "/memory.pressure");
-        if (ReadText(path, &ignored) && ParsePressure(ignored).ok()) return path;
+        if (ReadText(path, &ignored) && ParseMemoryPressure(ignored).has_value()) return path;
       }
     }
   }
-  if (ReadText("/proc/pressure/memory", &ignored) && ParsePressure(ignored).ok()) {
+  if (ReadText("/proc/pressure/memory", &ignored) && ParseMemoryPressure(ignored).has_value()) {
     return std::string("/proc/pressure/memory");
   }
   return absl::NotFoundError(
@@ -111,13 +121,13 @@ void PressureMonitor::Run() {
 std::optional<double> PressureMonitor::Tick(uint64_t now_ns) {
   std::string text;
   if (!ReadText(options_.path, &text)) return std::nullopt;
-  auto sample = ParsePressure(text);
-  if (!sample.ok()) return std::nullopt;
-  std::optional<PressureSample> last = std::exchange(last_, *sample);
+  std::optional<MemoryPressure> sample = ParseMemoryPressure(text);
+  if (!sample) return std::nullopt;
+  std::optional<MemoryPressure> last = std::exchange(last_, *sample);
   const uint64_t last_ns = std::exchange(last_ns_, now_ns);
   if (!last || now_ns <= last_ns) return std::nullopt;
   const double stall =
-      double(sample->some_total_us - last->some_total_us) * 1000.0 / double(now_ns - last_ns);
+      double(sample->some.total_us - last->some.total_us) * 1000.0 / double(now_ns - last_ns);
   const uint64_t current = cache_->capacity_slots();
   const uint64_t floor = static_cast<uint64_t>(target_slots_ * options_.floor_fraction);
   if (stall > options_.shrink_above) {

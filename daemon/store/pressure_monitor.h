@@ -21,14 +21,21 @@
 
 namespace engram {
 
-// Cumulative stall times from a PSI file (microseconds).
-struct PressureSample {
-  uint64_t some_total_us = 0;
-  uint64_t full_total_us = 0;
+// One line of a PSI file: the share of time stalled, and the cumulative stall.
+struct PressureStall {
+  double avg10 = 0;  // percent over the last 10 s
+  double avg60 = 0;
+  uint64_t total_us = 0;
+};
+struct MemoryPressure {
+  PressureStall some;
+  std::optional<PressureStall> full;  // absent in the system-wide file of old kernels
 };
 
-// Parses the text of a PSI file ("some avg10=.. total=N\nfull avg10=.. total=N").
-absl::StatusOr<PressureSample> ParsePressure(const std::string& text);
+// Parses the text of a PSI file ("some avg10=1.00 avg60=0.50 avg300=0.10 total=123\nfull ...");
+// nullopt when there is no well-formed "some" line. The row cache's pressure response and the
+// daemon's memory report read PSI through this one parser.
+std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text);
 
 // The memory.pressure file of this process's cgroup (v2) if it can be read, else
 // /proc/pressure/memory if it can, else NotFound naming both.
@@ -75,7 +82,7 @@ class PressureMonitor {
   const uint64_t target_slots_;
   PressureOptions options_;
   Notice notice_;
-  std::optional<PressureSample> last_;
+  std::optional<MemoryPressure> last_;
   uint64_t last_ns_ = 0;
   uint32_t calm_ = 0;
   std::mutex mu_;

@@ -31,14 +31,14 @@ TEST_CASE("the budget refuses what it does not have, naming the asker", "[budget
 }
 
 TEST_CASE("PSI text parses, malformed text is refused", "[pressure]") {
-  auto s = ParsePressure(
+  auto s = ParseMemoryPressure(
       "some avg10=1.00 avg60=0.50 avg300=0.10 total=123456\n"
       "full avg10=0.00 avg60=0.00 avg300=0.00 total=789\n");
-  REQUIRE(s.ok());
-  REQUIRE(s->some_total_us == 123456);
-  REQUIRE(s->full_total_us == 789);
-  REQUIRE_FALSE(ParsePressure("").ok());
-  REQUIRE_FALSE(ParsePressure("full total=3\n").ok());
+  REQUIRE(s.has_value());
+  REQUIRE(s->some.total_us == 123456);
+  REQUIRE(s->full->total_us == 789);
+  REQUIRE_FALSE(ParseMemoryPressure("").has_value());
+  REQUIRE_FALSE(ParseMemoryPressure("full total=3\n").has_value());
 }
 
 void WritePsi(const std::string& path, uint64_t some_us) {
