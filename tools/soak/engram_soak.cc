@@ -38,6 +38,7 @@ struct Options {
   uint64_t rows = 0;  // rows per table of the synthetic checkpoint
   std::vector<uint32_t> layers = {1, 14};
   int clients = 4;
+  int report_every = 0;  // seconds between progress lines; 0: none
   double seconds = 60;
   uint64_t target_rows = 0;  // stop once this many rows were served (0: time only)
   uint32_t decode_rows = 1152;
@@ -199,6 +200,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefill-rows", o.prefill_rows, "rows of a prefill-like gather");
   app.add_option("--prefill-every", o.prefill_every, "one prefill-like gather per N")
       ->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--report-every", o.report_every,
+                 "print a progress line (rows, errors, daemon RSS and fds) every S seconds; 0: none")
+      ->check(CLI::Range(0, 86400));
   app.add_flag("--json", o.json, "print the report as JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -217,6 +221,7 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   Sample first{}, last{}, high{};
   pid_t daemon = -1;
+  double next_report = o.report_every;
   while (true) {
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -229,6 +234,19 @@ int main(int argc, char** argv) {
       last = s;
       high.rss_kb = std::max(high.rss_kb, s.rss_kb);
       high.fds = std::max(high.fds, s.fds);
+    }
+    if (o.report_every > 0 && elapsed >= next_report) {
+      // One line per period on stderr, so that a long run shows whether memory and fds stay
+      // flat, not only where they ended.
+      fprintf(stderr,
+              "engram-soak: %6.0f s: %llu rows, %llu errors, %llu wrong rows, %llu reconnects; "
+              "daemon RSS %llu kB, fds %llu\n",
+              elapsed, (unsigned long long)shared->rows.load(),
+              (unsigned long long)shared->errors.load(),
+              (unsigned long long)shared->wrong_rows.load(),
+              (unsigned long long)shared->reconnects.load(), (unsigned long long)last.rss_kb,
+              (unsigned long long)last.fds);
+      next_report += o.report_every;
     }
     usleep(500'000);
   }
