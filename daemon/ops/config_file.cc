@@ -309,6 +309,13 @@ const std::vector<Setting>& Settings() {
       {"memory.huge_pages", "--no-huge-pages",
        "Do not put resident tables on 2 MiB pages even where vm.nr_hugepages reserves them",
        Kind::kBool, [](S* s) -> void* { return &s->store.huge_pages; }},
+      {"memory.load_at_start", "--no-load-at-start",
+       "Do not load resident tables at start; `engramctl load` does (storage serves until then)",
+       Kind::kBool, [](S* s) -> void* { return &s->store.load_at_start; }},
+      {"memory.load_rate", "--load-rate",
+       "Bytes per second a resident table's load may read (0: no limit), so that loading beside "
+       "serving leaves the disk to the misses",
+       Kind::kBytesOrZero, [](S* s) -> void* { return &s->store.load_rate_bytes_per_s; }},
       {"socket.path", "--socket", "Unix socket to listen on", Kind::kString,
        [](S* s) -> void* { return &s->server.socket_path; }, 0, 0,
        [](const std::string& v) { return AbsolutePath(v, false); }, "", "", true},

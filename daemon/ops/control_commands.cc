@@ -267,6 +267,39 @@ CommandResult Warm(CommandContext& c) {
   return std::nullopt;
 }
 
+// A resident table's load into memory: {"table": L, "action": "start" | "cancel" | "status"}.
+// The store's loader thread reads; the reply is the table's load state at once.
+CommandResult Load(CommandContext& c) {
+  absl::StatusOr<const Table*> t = FindTable(c);
+  if (!t.ok()) return t.status();
+  const json& r = c.request;
+  std::string action = "start";
+  if (r.contains("action")) {
+    if (!r["action"].is_string()) {
+      return absl::InvalidArgumentError("'load' needs \"action\": \"start\", \"cancel\" or \"status\"");
+    }
+    action = r["action"].get<std::string>();
+  }
+  ServerView::LoadAction a;
+  if (action == "start") {
+    a = ServerView::LoadAction::kStart;
+  } else if (action == "cancel") {
+    a = ServerView::LoadAction::kCancel;
+  } else if (action == "status") {
+    a = ServerView::LoadAction::kStatus;
+  } else {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "'load' has no action \"%s\" (start, cancel, status)", EscapeBytes(action)));
+  }
+  absl::StatusOr<ResidentLoadStatus> s = c.server.ResidentLoad((*t)->layer_id(), a);
+  if (!s.ok()) return s.status();
+  json out = {{"layer", s->layer},       {"state", LoadStateName(s->state)},
+              {"rows_loaded", s->rows_loaded}, {"rows", s->rows},
+              {"bytes", s->bytes}};
+  if (!s->error.empty()) out["error"] = EscapeBytes(s->error);
+  return out;
+}
+
 constexpr CommandSpec kCommands[] = {
     {"status", nullptr, Status},
     {"tables", nullptr, Tables},
@@ -275,6 +308,7 @@ constexpr CommandSpec kCommands[] = {
     {"metrics", nullptr, Metrics},
     {"warm", "it fills the page cache every client shares", Warm},
     {"evict", "it drops table pages that every client reads from the page cache", Evict},
+    {"load", "it fills memory of the node's row store that every client shares", Load},
 };
 
 }  // namespace

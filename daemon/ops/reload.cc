@@ -74,6 +74,22 @@ ReloadReport CompareServerConfigs(const ServerConfig& cur, const ServerConfig& n
   return report;
 }
 
+std::vector<std::string> CompareStoreConfigs(const StoreConfig& cur, const StoreConfig& next) {
+  std::vector<std::string> keys;
+  auto needs_restart = [&](const char* key, bool differs) {
+    if (differs) keys.push_back(key);
+  };
+  needs_restart("tables.tier", cur.default_tier != next.default_tier);
+  needs_restart("tables.tiers", cur.tiers != next.tiers);
+  needs_restart("memory.cache", cur.cache_bytes != next.cache_bytes);
+  needs_restart("memory.pressure", cur.pressure != next.pressure);
+  needs_restart("memory.huge_pages", cur.huge_pages != next.huge_pages);
+  needs_restart("memory.load_at_start", cur.load_at_start != next.load_at_start);
+  needs_restart("memory.load_rate", cur.load_rate_bytes_per_s != next.load_rate_bytes_per_s);
+  // memory.budget is compared with the server's settings (it also bounds the arenas).
+  return keys;
+}
+
 void CompareOpsSettings(const ReloadedConfig& next, std::string* log_level,
                         MetricsOptions* metrics, ReloadReport* report) {
   if (next.log_level != *log_level && SetLogLevel(next.log_level)) {
@@ -88,6 +104,7 @@ void CompareOpsSettings(const ReloadedConfig& next, std::string* log_level,
     metrics->textfile_dir = next.metrics.textfile_dir;
     metrics->textfile_interval_s = next.metrics.textfile_interval_s;
   }
+  report->restart.insert(report->restart.end(), next.restart.begin(), next.restart.end());
   if (next.metrics.http_port != metrics->http_port ||
       next.metrics.http_address != metrics->http_address) {
     report->restart.push_back("metrics.http_port/http_address");

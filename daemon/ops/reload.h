@@ -8,6 +8,7 @@
 
 #include "daemon/ops/config_file.h"
 #include "daemon/server/server_config.h"
+#include "daemon/store/store_config.h"
 
 namespace engram {
 
@@ -16,6 +17,9 @@ struct ReloadedConfig {
   ServerConfig server;
   std::string log_level;
   MetricsOptions metrics;
+  // Settings the re-read found changed that the reloader compared itself (the row store's,
+  // which the server does not hold): all need a restart.
+  std::vector<std::string> restart;
 };
 
 struct ReloadReport {
@@ -26,6 +30,10 @@ struct ReloadReport {
 // Compares the server settings of `cur` and `next`: the live ones go to `changed`, the others
 // that differ to `restart`. Applying the live ones is the server's (ServerView).
 ReloadReport CompareServerConfigs(const ServerConfig& cur, const ServerConfig& next);
+
+// The [tables] tier and [memory] keys that differ between `cur` and `next` (the row store is
+// built once, at start: every one of them needs a restart).
+std::vector<std::string> CompareStoreConfigs(const StoreConfig& cur, const StoreConfig& next);
 
 // Appends the metrics and log changes of `next` against the running values to `report`, and
 // updates those values.

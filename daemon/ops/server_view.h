@@ -1,5 +1,6 @@
 // What the operator side (daemon/ops: control commands, metrics, watchdog, reload) may see of
-// the running server, and the one thing it may change (the settings a SIGHUP applies live).
+// the running server, and the two things it may change: the settings a SIGHUP applies live, and
+// which resident tables the row store loads (`engramctl load`).
 // The server implements it; ops code never reaches into the server's members.
 #pragma once
 
@@ -14,7 +15,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "daemon/gather/gather_engine.h"
+#include "daemon/store/load_status.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
 #include "tables/table.h"
@@ -54,6 +57,12 @@ class ServerView {
   // (docs/row-store.md).
   virtual void AddStoreControlFields(const std::string& command, nlohmann::json* out) const = 0;
   virtual void AddStoreMetrics(metrics::Exposition* e) const = 0;
+  // A resident table's load: start (or resume) it, cancel it, or only report it. The row store's
+  // loader thread does the reading; this returns at once. FailedPrecondition without a row store
+  // or for a table of another tier, NotFound for a layer not served.
+  enum class LoadAction { kStart, kCancel, kStatus };
+  virtual absl::StatusOr<ResidentLoadStatus> ResidentLoad(uint32_t layer,
+                                                          LoadAction action) const = 0;
 };
 
 }  // namespace engram

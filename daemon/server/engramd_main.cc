@@ -248,7 +248,10 @@ struct CommandLine {
   bool config_given;
 };
 
-absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* settings) {
+// `running_store` is the row store's configuration as it was built at start (a store setting
+// that differs from it needs a restart, however many reloads came between).
+absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* settings,
+                                      const StoreConfig& running_store) {
   DaemonSettings fresh;
   std::vector<std::string> files;
   if (absl::Status s = LoadConfig(cl.config_path, cl.config_given, &fresh, &files); !s.ok()) {
@@ -264,8 +267,10 @@ absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* set
   }
   if (absl::Status s = Resolve(cl.config_path, settings); !s.ok()) return s;
   settings->server.listen_fd = listen_fd;
-  return ReloadedConfig{
-      .server = settings->server, .log_level = settings->log_level, .metrics = settings->metrics};
+  return ReloadedConfig{.server = settings->server,
+                        .log_level = settings->log_level,
+                        .metrics = settings->metrics,
+                        .restart = CompareStoreConfigs(running_store, settings->store)};
 }
 
 // Starts the gather engine and the server on the opened tables and serves until a signal.
@@ -286,7 +291,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
        // missing or failing, unregistrable O_DIRECT buffers.
        .notice = [](const std::string& notice) { log::Notice("gather engine: {}", notice); }});
   if (!engine.ok()) return Fail(engine.status());
-  const StoreConfig& store_config = settings->store;
+  const StoreConfig store_config = settings->store;  // a SIGHUP replaces *settings
   bool use_store = false;
   for (const auto& t : tables) {
     const Tier tier = store_config.TierOf(t->layer_id());
@@ -307,11 +312,12 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
       Server::Create(config, std::move(tables), std::move(*engine));
   if (!server.ok()) return Fail(server.status());
   if (store != nullptr) {
-    store->StartLoading();
+    store->StartLoading(store_config.load_at_start);
     (*server)->SetRowStore(std::move(store));
   }
   (*server)->control().Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION);
-  (*server)->control().SetReloader([&cl, settings] { return Reload(cl, settings); });
+  (*server)->control().SetReloader(
+      [&cl, settings, store_config] { return Reload(cl, settings, store_config); });
   if (absl::Status s = (*server)->Run(); !s.ok()) return Fail(s);
   return 0;
 }

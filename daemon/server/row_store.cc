@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "protocol/clock.h"
 
 namespace engram {
@@ -76,7 +77,9 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
     ts->table = t.get();
     ts->tier = config.TierOf(t->layer_id());
     if (ts->tier == Tier::kResident) {
-      auto rt = ResidentTable::Create(*t, &store->budget_, {.huge_pages = config.huge_pages});
+      auto rt = ResidentTable::Create(
+          *t, &store->budget_,
+          {.huge_pages = config.huge_pages, .rate_bytes_per_s = config.load_rate_bytes_per_s});
       if (!rt.ok()) return rt.status();
       for (const std::string& n : (*rt)->notices()) store->notice_(n);
       ts->resident = std::move(*rt);
@@ -100,7 +103,12 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
 }
 
 RowStore::~RowStore() {
-  cancel_.store(true);
+  {
+    std::lock_guard lock(load_mu_);
+    load_stop_ = true;
+    for (const auto& ts : states_) ts->cancel.store(true);
+  }
+  load_cv_.notify_all();
   if (loader_.joinable()) loader_.join();
   pressure_.reset();
 }
@@ -119,7 +127,7 @@ RowStore::TableState* RowStore::StateOf(const Table* table) {
   return nullptr;
 }
 
-void RowStore::StartLoading() {
+void RowStore::StartLoading(bool load_now) {
   if (cache_ != nullptr && config_.pressure) {
     pressure_ = std::make_unique<PressureMonitor>(cache_.get(), cache_target_slots_,
                                                   PressureOptions{}, notice_);
@@ -131,45 +139,155 @@ void RowStore::StartLoading() {
     }
   }
   bool any = false;
-  for (const auto& ts : states_) any |= ts->resident != nullptr;
-  if (!any) return;
-  loading_done_.store(false);
-  loader_ = std::thread([this] { LoadAll(); });
+  {
+    std::lock_guard lock(load_mu_);
+    for (const auto& ts : states_) {
+      if (ts->resident == nullptr) continue;
+      any = true;
+      if (!load_now) continue;
+      ts->load_state = LoadState::kQueued;
+      load_queue_.push_back(ts.get());
+    }
+  }
+  if (any) loader_ = std::thread([this] { LoaderLoop(); });
 }
 
 void RowStore::WaitLoaded() {
-  if (loader_.joinable()) loader_.join();
+  std::unique_lock lock(load_mu_);
+  load_cv_.wait(lock, [&] { return load_stop_ || (load_queue_.empty() && loading_ == nullptr); });
 }
 
-void RowStore::LoadAll() {
+absl::StatusOr<RowStore::TableState*> RowStore::ResidentStateOf(uint32_t layer) const {
+  std::vector<uint32_t> layers;
   for (const auto& ts : states_) {
-    if (ts->resident == nullptr) continue;
-    const Table& t = *ts->table;
-    const uint64_t start = NowNs();
-    const size_t notices_before = ts->resident->notices().size();  // already reported
-    uint64_t next_report = 0;
-    absl::Status s = ts->resident->Load(&cancel_, [&](uint64_t done, uint64_t total) {
-      if (done * 10 < next_report * total && done != total) return;
-      next_report = done * 10 / total + 1;
-      notice_(absl::StrFormat("resident %s: %u of %u rows loaded (%.0f%%)", t.Describe(), done,
-                              total, 100.0 * double(done) / double(total)));
-    });
-    if (!s.ok()) {
-      notice_(absl::StrCat("resident ", t.Describe(), ": ", s.ToString(),
-                           "; its rows not yet loaded are served from storage"));
-      if (s.code() == absl::StatusCode::kCancelled) break;
-      continue;
+    layers.push_back(ts->table->layer_id());
+    if (ts->table->layer_id() != layer) continue;
+    if (ts->resident == nullptr) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s is served from the %s tier; only tables of the resident tier load into memory "
+          "([tables] tiers, --tier %u=resident)",
+          ts->table->Describe(), TierName(ts->tier), layer));
     }
-    const double seconds = double(NowNs() - start) / 1e9;
-    notice_(absl::StrFormat("resident %s: %s in memory (%s, %s), loaded in %.1f s (%.0f MB/s)",
-                            t.Describe(), Gib(ts->resident->bytes()),
-                            ts->resident->huge_pages() ? "2 MiB pages" : "4 KiB pages",
-                            ts->resident->direct_io() ? "read with O_DIRECT" : "buffered reads",
-                            seconds, double(t.data_bytes()) / 1e6 / std::max(seconds, 1e-9)));
-    const std::vector<std::string> notices = ts->resident->notices();
-    for (size_t i = notices_before; i < notices.size(); ++i) notice_(notices[i]);
+    return ts.get();
   }
-  loading_done_.store(true);
+  return absl::NotFoundError(absl::StrFormat("engramd serves no table for layer %u (it serves %s)",
+                                             layer, absl::StrJoin(layers, ", ")));
+}
+
+ResidentLoadStatus RowStore::StatusOfLocked(const TableState& ts) const {
+  ResidentLoadStatus s;
+  s.layer = ts.table->layer_id();
+  s.state = ts.load_state;
+  s.rows_loaded = ts.resident->rows_loaded();
+  s.rows = ts.table->covered().size();
+  s.bytes = ts.resident->bytes();
+  s.error = ts.load_error;
+  return s;
+}
+
+absl::StatusOr<ResidentLoadStatus> RowStore::Load(uint32_t layer) {
+  absl::StatusOr<TableState*> ts = ResidentStateOf(layer);
+  if (!ts.ok()) return ts.status();
+  std::lock_guard lock(load_mu_);
+  TableState& t = **ts;
+  switch (t.load_state) {
+    case LoadState::kWaiting:
+    case LoadState::kCancelled:
+    case LoadState::kFailed:
+      if (load_stop_ || !loader_.joinable()) {
+        return absl::UnavailableError("engramd's row store is not running its loader");
+      }
+      t.cancel.store(false);
+      t.load_state = LoadState::kQueued;
+      t.load_error.clear();
+      load_queue_.push_back(&t);
+      load_cv_.notify_all();
+      break;
+    case LoadState::kQueued:
+    case LoadState::kLoading:
+    case LoadState::kLoaded:
+      break;
+  }
+  return StatusOfLocked(t);
+}
+
+absl::StatusOr<ResidentLoadStatus> RowStore::CancelLoad(uint32_t layer) {
+  absl::StatusOr<TableState*> ts = ResidentStateOf(layer);
+  if (!ts.ok()) return ts.status();
+  std::lock_guard lock(load_mu_);
+  TableState& t = **ts;
+  if (t.load_state == LoadState::kQueued) {
+    std::erase(load_queue_, &t);
+    t.load_state = LoadState::kCancelled;
+    load_cv_.notify_all();
+  } else if (t.load_state == LoadState::kLoading) {
+    t.cancel.store(true);  // the loader sets kCancelled when the chunk in progress is done
+  }
+  return StatusOfLocked(t);
+}
+
+absl::StatusOr<ResidentLoadStatus> RowStore::LoadStatus(uint32_t layer) const {
+  absl::StatusOr<TableState*> ts = ResidentStateOf(layer);
+  if (!ts.ok()) return ts.status();
+  std::lock_guard lock(load_mu_);
+  return StatusOfLocked(**ts);
+}
+
+void RowStore::LoaderLoop() {
+  std::unique_lock lock(load_mu_);
+  while (true) {
+    load_cv_.wait(lock, [&] { return load_stop_ || !load_queue_.empty(); });
+    if (load_stop_) break;
+    TableState* ts = load_queue_.front();
+    load_queue_.pop_front();
+    ts->load_state = LoadState::kLoading;
+    loading_ = ts;
+    lock.unlock();
+    LoadOne(*ts);
+    lock.lock();
+    loading_ = nullptr;
+    load_cv_.notify_all();
+  }
+  loading_ = nullptr;
+  load_cv_.notify_all();
+}
+
+void RowStore::LoadOne(TableState& ts) {
+  const Table& t = *ts.table;
+  const uint64_t start = NowNs();
+  const uint64_t rows_before = ts.resident->rows_loaded();
+  const size_t notices_before = ts.resident->notices().size();  // already reported
+  uint64_t next_report = 0;
+  absl::Status s = ts.resident->Load(&ts.cancel, [&](uint64_t done, uint64_t total) {
+    if (done * 10 < next_report * total && done != total) return;
+    next_report = done * 10 / total + 1;
+    notice_(absl::StrFormat("resident %s: %u of %u rows loaded (%.0f%%)", t.Describe(), done,
+                            total, 100.0 * double(done) / double(total)));
+  });
+  const std::vector<std::string> notices = ts.resident->notices();
+  for (size_t i = notices_before; i < notices.size(); ++i) notice_(notices[i]);
+  {
+    std::lock_guard lock(load_mu_);
+    ts.load_state = s.ok()                                     ? LoadState::kLoaded
+                    : s.code() == absl::StatusCode::kCancelled ? LoadState::kCancelled
+                                                               : LoadState::kFailed;
+    ts.load_error = s.ok() || s.code() == absl::StatusCode::kCancelled ? "" : s.ToString();
+  }
+  if (!s.ok()) {
+    notice_(absl::StrCat("resident ", t.Describe(), ": ", s.ToString(),
+                         "; its rows not yet loaded are served from storage",
+                         s.code() == absl::StatusCode::kCancelled
+                             ? " until `engramctl load` resumes the load"
+                             : ""));
+    return;
+  }
+  const double seconds = double(NowNs() - start) / 1e9;
+  const uint64_t bytes_read = (ts.resident->rows_loaded() - rows_before) * kRowBytes;
+  notice_(absl::StrFormat("resident %s: %s in memory (%s, %s), loaded in %.1f s (%.0f MB/s)",
+                          t.Describe(), Gib(ts.resident->bytes()),
+                          ts.resident->huge_pages() ? "2 MiB pages" : "4 KiB pages",
+                          ts.resident->direct_io() ? "read with O_DIRECT" : "buffered reads",
+                          seconds, double(bytes_read) / 1e6 / std::max(seconds, 1e-9)));
 }
 
 absl::Status RowStore::Gather(const GatherBatch& batch) {

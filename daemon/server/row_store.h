@@ -5,14 +5,18 @@
 // engine's: a batch the store cannot fully answer is finished by the engine.
 //
 //   auto store = engram::RowStore::Create(store_config, tables, engine.get(), notice);
-//   store->StartLoading();                 // resident tables stream in; storage serves meanwhile
+//   store->StartLoading(/*load_now=*/true); // resident tables stream in; storage serves meanwhile
+//   store->Load(14);  store->CancelLoad(14);  // what engramctl load asks for
 //   absl::Status s = store->Gather(batch);  // instead of engine->Gather(batch)
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +29,7 @@
 #include "daemon/store/resident_table.h"
 #include "daemon/store/row_cache.h"
 #include "daemon/store/store_config.h"
+#include "daemon/store/load_status.h"
 #include "nlohmann/json.hpp"
 #include "tables/table.h"
 
@@ -66,11 +71,26 @@ class RowStore {
       GatherEngine* engine, Notice notice);
   ~RowStore();  // cancels a load in progress and stops the pressure monitor
 
-  // Starts the loader thread (resident tables, one after another, with progress notices) and
-  // the pressure monitor.
-  void StartLoading();
-  // Waits until every resident table is loaded or failed (tests, tools).
+  // Starts the loader thread and the pressure monitor; with `load_now` every resident table is
+  // queued for loading (one after another, with progress notices), otherwise they wait for
+  // Load() ([memory] load_at_start = false) and are served from storage until then.
+  void StartLoading(bool load_now = true);
+  // Waits until no resident table is queued or loading (tests, tools).
   void WaitLoaded();
+
+  // Queues the resident table of `layer` for loading, or resumes a load that was cancelled or
+  // failed; a table already loaded, queued or loading is left as it is. Returns its state.
+  // NotFound for a layer not served, FailedPrecondition for a table of another tier.
+  absl::StatusOr<ResidentLoadStatus> Load(uint32_t layer);
+  // Stops the load of `layer` after the chunk in progress (a queued one never starts); the rows
+  // loaded stay served from memory and a later Load() resumes. The state it left.
+  absl::StatusOr<ResidentLoadStatus> CancelLoad(uint32_t layer);
+  absl::StatusOr<ResidentLoadStatus> LoadStatus(uint32_t layer) const;
+  // True while a resident table is queued or loading.
+  bool Loading() const {
+    std::lock_guard lock(load_mu_);
+    return !load_queue_.empty() || loading_ != nullptr;
+  }
 
   // Fills the batch exactly as GatherEngine::Gather does. Thread-safe.
   absl::Status Gather(const GatherBatch& batch);
@@ -95,6 +115,10 @@ class RowStore {
     std::atomic<uint64_t> all_hit_requests{0};
     std::atomic<uint64_t> rows{0};
     std::atomic<uint64_t> hit_rows{0};
+    // Resident tier: the load's state (guarded by load_mu_) and its cancel flag.
+    LoadState load_state = LoadState::kWaiting;
+    std::string load_error;
+    std::atomic<bool> cancel{false};
   };
   RowStore(const StoreConfig& config, GatherEngine* engine, Notice notice)
       : config_(config),
@@ -105,7 +129,10 @@ class RowStore {
   absl::Status GatherMisses(TableState& ts, const GatherBatch& batch,
                             const std::vector<uint64_t>& rows,
                             const std::vector<uint64_t>& offsets);
-  void LoadAll();
+  void LoaderLoop();
+  void LoadOne(TableState& ts);
+  absl::StatusOr<TableState*> ResidentStateOf(uint32_t layer) const;
+  ResidentLoadStatus StatusOfLocked(const TableState& ts) const;
 
   const StoreConfig config_;
   GatherEngine* const engine_;
@@ -115,8 +142,12 @@ class RowStore {
   std::unique_ptr<RowCache> cache_;
   uint64_t cache_target_slots_ = 0;
   std::unique_ptr<PressureMonitor> pressure_;
-  std::atomic<bool> cancel_{false};
-  std::atomic<bool> loading_done_{true};
+  // The loader: one thread, a queue of resident tables to load.
+  mutable std::mutex load_mu_;
+  std::condition_variable load_cv_;
+  std::deque<TableState*> load_queue_;
+  TableState* loading_ = nullptr;  // the table being loaded, or null
+  bool load_stop_ = false;
   std::thread loader_;
 };
 

@@ -1,6 +1,7 @@
 // RowStore's part of engramctl's replies and of the Prometheus metrics: tier, store bytes,
 // budget, hit rate and all-hit fraction per table, cache occupancy and evictions.
 #include "daemon/server/row_store.h"
+#include "daemon/ops/escape.h"
 
 namespace engram {
 namespace {
@@ -33,7 +34,7 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
     json store = {{"budget_bytes", budget_.budget()},
                   {"store_bytes", budget_.used()},
                   {"resident_bytes", resident},
-                  {"loading", !loading_done_.load()},
+                  {"loading", Loading()},
                   {"requests", requests},
                   {"all_hit_fraction", Ratio(all_hit, requests)},
                   {"hit_rate", Ratio(hits, rows)}};
@@ -64,6 +65,10 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
       (*t)["resident_rows_loaded"] = s.resident_rows_loaded;
       (*t)["resident_memory_bytes"] = s.resident_bytes;
       (*t)["resident_loaded"] = r->loaded();
+      if (absl::StatusOr<ResidentLoadStatus> l = LoadStatus(s.layer_id); l.ok()) {
+        (*t)["resident_load_state"] = LoadStateName(l->state);
+        if (!l->error.empty()) (*t)["resident_load_error"] = EscapeBytes(l->error);
+      }
       (*t)["resident_huge_pages"] = r->huge_pages();
     }
     if (command == "stats" && s.tier != Tier::kStorage) {

@@ -239,6 +239,24 @@ absl::Status Server::TableHealth(size_t index) const {
   return watch_ != nullptr ? watch_->Check(index) : absl::OkStatus();
 }
 
+absl::StatusOr<ResidentLoadStatus> Server::ResidentLoad(uint32_t layer,
+                                                        LoadAction action) const {
+  if (store_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "engramd serves every table from storage: no table is of the resident tier ([tables] "
+        "tiers, --tier LAYER=resident)");
+  }
+  switch (action) {
+    case LoadAction::kStart:
+      return store_->Load(layer);
+    case LoadAction::kCancel:
+      return store_->CancelLoad(layer);
+    case LoadAction::kStatus:
+      break;
+  }
+  return store_->LoadStatus(layer);
+}
+
 std::vector<std::shared_ptr<Session>> Server::Sessions() const {
   std::lock_guard<std::mutex> lock(sessions_mutex_);
   return sessions_;

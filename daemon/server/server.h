@@ -78,6 +78,8 @@ class Server : public ServerView {
     if (store_ != nullptr) store_->AddMetrics(e);
   }
   std::vector<std::shared_ptr<Session>> Sessions() const override;
+  absl::StatusOr<ResidentLoadStatus> ResidentLoad(uint32_t layer,
+                                                  LoadAction action) const override;
 
  private:
   Server();

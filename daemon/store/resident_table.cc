@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -161,8 +163,13 @@ absl::Status ResidentTable::Load(const std::atomic<bool>* cancel, const Progress
   if (absl::Status s = OpenReaders(); !s.ok()) return s;
   const uint64_t total = covered().size();
   uint64_t loaded = rows_loaded();
+  const uint64_t first = loaded;
+  const auto start = std::chrono::steady_clock::now();
+  const auto cancelled = [&] {
+    return cancel != nullptr && cancel->load(std::memory_order_relaxed);
+  };
   while (loaded < total) {
-    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+    if (cancelled()) {
       return absl::CancelledError(absl::StrCat(table_.Describe(), ": load cancelled with ", loaded,
                                                " of ", total, " rows resident"));
     }
@@ -171,6 +178,19 @@ absl::Status ResidentTable::Load(const std::atomic<bool>* cancel, const Progress
     loaded += count;
     rows_loaded_.store(loaded, std::memory_order_release);
     if (progress) progress(loaded, total);
+    if (options_.rate_bytes_per_s != 0 && loaded < total) {
+      // Hold the average at the rate: wait until the bytes read so far are due, in short
+      // steps so that a cancel is seen within 50 ms.
+      const auto due = start + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::duration<double>(
+                                       double((loaded - first) * kRowBytes) /
+                                       double(options_.rate_bytes_per_s)));
+      for (auto now = std::chrono::steady_clock::now(); !cancelled() && now < due;
+           now = std::chrono::steady_clock::now()) {
+        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(
+            due - now, std::chrono::milliseconds(50)));
+      }
+    }
   }
   for (const UniqueFd& fd : direct_fds_) direct_io_used_ = direct_io_used_ || fd.valid();
   direct_fds_.clear();

@@ -34,6 +34,9 @@ struct ResidentOptions {
   bool direct_io = true;
   // Rows read per step; progress, cancellation and the readable watermark move by this much.
   uint64_t chunk_rows = 16384;
+  // Bytes per second the load may read at most (0: as fast as the storage goes), so that a load
+  // beside serving does not take the disk from the misses of the other tables.
+  uint64_t rate_bytes_per_s = 0;
 };
 
 class ResidentTable {

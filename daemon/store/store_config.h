@@ -13,7 +13,8 @@ namespace engram {
 // Where a table's rows are served from.
 enum class Tier : uint8_t {
   kStorage,   // the files, through the page cache or O_DIRECT (the gather engine alone)
-  kResident,  // the whole table (or covered range) in a sealed memfd, loaded at start-up
+  kResident,  // the whole table (or covered range) in a sealed memfd, loaded at start-up or
+              // by `engramctl load`
   kCache,     // the files read with O_DIRECT, hot rows kept in the shared row cache
 };
 
@@ -43,6 +44,8 @@ struct StoreConfig {
   uint64_t cache_bytes = 0;            // [memory] cache: 0 = what the budget leaves
   bool pressure = true;                // [memory] pressure: shrink the cache under PSI pressure
   bool huge_pages = true;              // [memory] huge_pages: resident tables on hugetlb pages
+  bool load_at_start = true;           // [memory] load_at_start: else `engramctl load` starts it
+  uint64_t load_rate_bytes_per_s = 0;  // [memory] load_rate: bytes/s a load reads; 0 = no limit
 
   Tier TierOf(uint32_t layer) const {
     auto it = tiers.find(layer);

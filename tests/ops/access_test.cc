@@ -218,13 +218,13 @@ TEST_CASE("a peer that is not an administrator gathers and reads everything") {
   // The default: root and the daemon's own uid (root here) only.
   CHECK(access["admin_uids"] == json::array({0}));
   CHECK(access["admin_gids"] == json::array());
-  CHECK(access["admin_commands"] == json::array({"warm", "evict"}));
+  CHECK(access["admin_commands"] == json::array({"warm", "evict", "load"}));
   CHECK(access["allow_uids"] == json::array({0, kReader, kGroupPeer}));
   CHECK(CtlJson(0, {"status"})["access"]["peer_is_administrator"] == true);
 
   Result human = Ctl(kReader, {"status"});
   CHECK(human.code == 0);
-  CHECK(human.out.find("administrators (warm, evict): root (engramd's own uid)") !=
+  CHECK(human.out.find("administrators (warm, evict, load): root (engramd's own uid)") !=
         std::string::npos);
   CHECK(human.out.find("you (uid 65534): read and gather only") != std::string::npos);
 
@@ -243,7 +243,7 @@ TEST_CASE("a peer that is not an administrator gathers and reads everything") {
   CHECK(rows["rows"][1]["hex"] == hex);
 }
 
-TEST_CASE("warm and evict are refused to a non-administrator, naming command, uid and setting") {
+TEST_CASE("warm, evict and load are refused to a non-administrator, naming command, uid and setting") {
   Result warm = Ctl(kReader, {"warm", "14"});
   INFO(warm.err);
   CHECK(warm.code == 77);
@@ -260,6 +260,10 @@ TEST_CASE("warm and evict are refused to a non-administrator, naming command, ui
   CHECK(e["exit_code"] == 77);
   CHECK(e["error"].get<std::string>().find("'evict' needs an engramd administrator") !=
         std::string::npos);
+
+  Result load = Ctl(kReader, {"load", "14"});
+  CHECK(load.code == 77);
+  CHECK(load.err.find("'load' needs an engramd administrator") != std::string::npos);
 
   // Several refusals within a minute: one warning line for the uid.
   CHECK(Ctl(kReader, {"warm", "1", "--rows", "0:10"}).code == 77);
@@ -335,7 +339,7 @@ TEST_CASE("--check-config prints the administrators and refuses bad values") {
   Result r = RunAs(0, 0, {}, {EngramdPath(), "--config", good, "--check-config"});
   INFO(r.err);
   CHECK(r.code == 0);
-  CHECK(r.out.find("administrators (warm, evict): root (engramd's own uid), uids 1000,1001, "
+  CHECK(r.out.find("administrators (warm, evict, load): root (engramd's own uid), uids 1000,1001, "
                    "gids 27") != std::string::npos);
   CHECK(r.out.find("may connect: root and uid 0") != std::string::npos);
   // Flags replace the file's lists.

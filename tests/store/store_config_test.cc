@@ -1,5 +1,6 @@
 // The row store's configuration keys: [tables] tier and tiers, [memory] budget, cache,
-// pressure and huge_pages, with refusals naming the file, line and key.
+// pressure, huge_pages, load_at_start and load_rate, with refusals naming the file, line and
+// key; and which of them a SIGHUP names as needing a restart.
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "daemon/ops/config_file.h"
+#include "daemon/ops/reload.h"
 #include "tests/common/table_test_util.h"
 
 namespace engram {
@@ -48,6 +50,11 @@ TEST_CASE("tiers, budget and cache are read", "[config]") {
   REQUIRE(s.store.cache_bytes == 1ull << 30);
   REQUIRE_FALSE(s.store.pressure);
   REQUIRE_FALSE(s.store.huge_pages);
+  REQUIRE(s.store.load_at_start);
+  REQUIRE(s.store.load_rate_bytes_per_s == 0);
+  REQUIRE(Apply("[memory]\nload_at_start = false\nload_rate = \"200M\"\n", &s).ok());
+  REQUIRE_FALSE(s.store.load_at_start);
+  REQUIRE(s.store.load_rate_bytes_per_s == 200ull << 20);
   REQUIRE(Apply("[memory]\nbudget = 0\ncache = \"0\"\n", &s).ok());
   REQUIRE(s.store.budget_bytes == 0);
   REQUIRE(s.store.cache_bytes == 0);
@@ -71,6 +78,22 @@ TEST_CASE("bad store values are refused naming the key", "[config]") {
     REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);
     REQUIRE_THAT(std::string(st.message()), Contains(b.says) && Contains(".toml:"));
   }
+}
+
+TEST_CASE("a SIGHUP names every changed store key as needing a restart", "[config]") {
+  DaemonSettings running;
+  REQUIRE(Apply("[tables]\ntiers = [\"14=resident\"]\n[memory]\ncache = \"1G\"\n", &running).ok());
+  REQUIRE(CompareStoreConfigs(running.store, running.store).empty());
+  DaemonSettings next = running;
+  REQUIRE(Apply("[tables]\ntier = \"cache\"\ntiers = [\"14=storage\"]\n[memory]\ncache = \"2G\"\n"
+                "pressure = false\nhuge_pages = false\nload_at_start = false\n"
+                "load_rate = \"1M\"\n",
+                &next)
+              .ok());
+  const std::vector<std::string> keys = CompareStoreConfigs(running.store, next.store);
+  REQUIRE(keys == std::vector<std::string>{"tables.tier", "tables.tiers", "memory.cache",
+                                           "memory.pressure", "memory.huge_pages",
+                                           "memory.load_at_start", "memory.load_rate"});
 }
 
 }  // namespace

@@ -14,6 +14,8 @@ void AddHashCommand(CLI::App& app, int* exit_code);
 void AddDaemonCommands(CLI::App& app, int* exit_code);
 // engramctl warm, evict (warm_command.cc).
 void AddWarmCommands(CLI::App& app, int* exit_code);
+// engramctl load (load_command.cc).
+void AddLoadCommand(CLI::App& app, int* exit_code);
 // engramctl rows (rows_command.cc).
 void AddRowsCommand(CLI::App& app, int* exit_code);
 

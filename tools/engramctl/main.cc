@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   engramctl::AddHashCommand(app, &exit_code);
   engramctl::AddDaemonCommands(app, &exit_code);
   engramctl::AddWarmCommands(app, &exit_code);
+  engramctl::AddLoadCommand(app, &exit_code);
   engramctl::AddRowsCommand(app, &exit_code);
   std::vector<std::string> args = HoistGlobalOptions(app, argc, argv);
   // CLI11 takes a vector in reverse order.

@@ -52,10 +52,14 @@ void PrintStoreTableStats(const json& t) {
 void PrintStoreTable(const json& t) {
   if (!t.contains("tier")) return;
   if (t["tier"] == "resident") {
-    printf("         tier resident: %lu rows in memory (%s, %s)%s\n",
+    const std::string state = t.value("resident_load_state", std::string());
+    printf("         tier resident: %lu rows in memory (%s, %s)%s%s\n",
            Num(t, "resident_rows_loaded"), Bytes(double(Num(t, "resident_memory_bytes"))).c_str(),
            t.value("resident_huge_pages", false) ? "2 MiB pages" : "4 KiB pages",
-           t.value("resident_loaded", false) ? "" : ", loading");
+           state.empty() || state == "loaded" ? "" : ", ", state == "loaded" ? "" : state.c_str());
+    if (t.contains("resident_load_error")) {
+      printf("         load failed: %s\n", t["resident_load_error"].get<std::string>().c_str());
+    }
   } else {
     printf("         tier %s\n", t["tier"].get<std::string>().c_str());
   }
