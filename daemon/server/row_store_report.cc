@@ -52,6 +52,20 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
                         {"hit_rate", Ratio(c.hits, c.hits + c.misses)}};
     }
     (*out)["store"] = store;
+    // "rows_served" and "batches" count what clients asked for. For tables of the store's tiers
+    // the engine sees only the misses, so their engine counts give way to the store's.
+    if (out->contains("rows_served") && out->contains("batches")) {
+      uint64_t served = (*out)["rows_served"], batches = (*out)["batches"];
+      for (const TableGatherStats& e : engine_->Stats()) {
+        for (const TableStoreStats& st : stats) {
+          if (st.layer_id != e.layer_id || st.tier == Tier::kStorage) continue;
+          served += st.rows - e.rows_requested;
+          batches += st.requests - e.batches;
+        }
+      }
+      (*out)["rows_served"] = served;
+      (*out)["batches"] = batches;
+    }
     return;
   }
   if (command != "tables" && command != "stats") return;

@@ -110,9 +110,16 @@ TEST_CASE("a resident table serves every row byte-exact without the engine", "[s
   REQUIRE(d.alive());
   WaitResident(d);
   const json before = TableEntry(Ctl(d, "stats"), 14);
+  const json status_before = Ctl(d, "status");
   REQUIRE(InChild([&] { return GatherChecked(d, 14, 1152, kRows, 20, 1); }) == 0);
   REQUIRE(InChild([&] { return GatherChecked(d, 14, 20000, kRows, 2, 2); }) == 0);
   const json after = TableEntry(Ctl(d, "stats"), 14);
+  // status counts the rows clients asked for, those answered from memory included.
+  const json status_after = Ctl(d, "status");
+  CHECK(status_after["rows_served"].get<uint64_t>() -
+            status_before["rows_served"].get<uint64_t>() ==
+        20 * 1152 + 2 * 20000);
+  CHECK(status_after["batches"].get<uint64_t>() - status_before["batches"].get<uint64_t>() == 22);
   CHECK(after["tier"] == "resident");
   CHECK(after["store_requests"].get<uint64_t>() - before["store_requests"].get<uint64_t>() == 22);
   CHECK(after["store_all_hit_requests"].get<uint64_t>() -
