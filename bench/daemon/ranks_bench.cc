@@ -86,7 +86,8 @@ uint64_t ProcessCpuNs(pid_t pid) {
 }
 
 struct Config {
-  std::string engramd, dir, layout = "checkpoint", trace, methods_arg = "daemon,engine,uring";
+  std::string engramd, dir, layout = "checkpoint", trace, methods_arg;
+  std::string tier = "storage";  // the daemon's --default-tier
   uint64_t rows = 1'000'000;
   std::vector<int> ranks = {1, 4, 8, 16};
   uint32_t tp = 4;
@@ -227,6 +228,53 @@ class DaemonGatherer final : public StepGatherer {
   uint8_t* dest_[2] = {};
 };
 
+// In-process from the same memory the daemon serves: both tables (of the resident tier) mapped
+// read-only into the rank's process, rows copied with engram_table_map_gather (a memcpy each).
+class MappedGatherer final : public StepGatherer {
+ public:
+  MappedGatherer(const std::string& sock, uint64_t cap) {
+    for (int l = 0; l < 2; ++l) {
+      ids_[l].resize(cap);
+      dest_[l].resize(cap * kRowBytes);
+    }
+    engram_connect_options o;
+    engram_connect_options_init(&o, sizeof(o));
+    o.socket_path = sock.c_str();
+    o.client_name = "engram-ranks mapped";
+    engram_session* s = nullptr;
+    if (engram_connect(&o, &s) != 0) {
+      error = absl::StrCat("connect: ", engram_last_error());
+      return;
+    }
+    for (int l = 0; l < 2 && error.empty(); ++l) {
+      if (engram_map_table(s, kLayers[l], &maps_[l]) != 0) {
+        error = absl::StrCat("map layer ", kLayers[l], ": ", engram_last_error());
+      }
+    }
+    engram_close(s);  // the mappings outlive the session
+  }
+  ~MappedGatherer() override {
+    for (engram_table_map* m : maps_) engram_unmap_table(m);
+  }
+  uint64_t* ids(int l) override { return ids_[l].data(); }
+  uint8_t* dest(int l) override { return dest_[l].data(); }
+  bool Gather(const size_t n[2]) override {
+    for (int l = 0; l < 2; ++l) {
+      if (n[l] == 0) continue;
+      if (engram_table_map_gather(maps_[l], ids_[l].data(), n[l], dest_[l].data()) != 0) {
+        error = absl::StrCat("gather: ", engram_last_error());
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  engram_table_map* maps_[2] = {};
+  std::vector<uint64_t> ids_[2];
+  std::vector<uint8_t> dest_[2];
+};
+
 // In-process: the gather engine (defaults) or a plain io_uring loop, in the rank's own process.
 class LocalGatherer final : public StepGatherer {
  public:
@@ -292,6 +340,7 @@ std::unique_ptr<StepGatherer> MakeGatherer(const Env& env, const std::string& me
     d->Connect(env.sock, cap, name, env.cfg->client_spin_us);
     return d;
   }
+  if (method == "mapped") return std::make_unique<MappedGatherer>(env.sock, cap);
   return std::make_unique<LocalGatherer>(method, env.tables, cap);
 }
 
@@ -506,7 +555,8 @@ std::vector<Case> Matrix(const Config& cfg) {
   if (cfg.trace.empty()) {
     for (int n : cfg.ranks) cases.push_back({"warm zipf", n, cfg.period_ms, "zipf"});
   }
-  if (cfg.miss > 0) {
+  // Evicting page-cache pages makes misses only for tables served from storage.
+  if (cfg.miss > 0 && cfg.tier == "storage") {
     for (int n : cfg.ranks) {
       cases.push_back({absl::StrFormat("%s, %.0f%% evicted", first, cfg.miss * 100), n,
                        cfg.period_ms, first, cfg.miss});
@@ -548,14 +598,17 @@ void PrintHeader(const Config& cfg, const std::vector<std::string>& args) {
          cfg.step_rows, cfg.steps, cfg.period_ms,
          cfg.client_spin_us ? absl::StrCat(cfg.client_spin_us, " µs").c_str() : "library default");
   printf(
-      "methods: daemon = engramd with its defaults and one client process per rank; engine = "
+      "methods: daemon = engramd with its defaults and one client process per rank; mapped = "
+      "the daemon's resident tables mapped into each rank process, rows copied there; engine = "
       "the gather engine (defaults) inside each rank process; uring = a plain io_uring loop "
       "(one ring, one read per row part) inside each rank process\nengramd:");
   for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
   printf("\n\n");
 }
 
-void PrintCase(const Case& c, const std::string& method, const CaseResult& r, double engine_p99) {
+// ref_p99: the worst rank's p99 of the reference method (mapped for resident tables, else the
+// in-process engine); 0 when it did not run.
+void PrintCase(const Case& c, const std::string& method, const CaseResult& r, double ref_p99) {
   auto us = [](uint64_t ns) { return ns / 1e3; };
   const uint64_t worst99 = r.p99.empty() ? 0 : *std::max_element(r.p99.begin(), r.p99.end());
   const uint64_t worst999 = r.p999.empty() ? 0 : *std::max_element(r.p999.begin(), r.p999.end());
@@ -564,7 +617,7 @@ void PrintCase(const Case& c, const std::string& method, const CaseResult& r, do
       "| %-26s | %2d | %6s | %-6s | %8.1f | %8.1f | %8.1f | %8.1f | %5.2fx | %6.2f M | "
       "%6.3f | %6.3f |",
       c.name.c_str(), c.ranks, period.c_str(), method.c_str(), us(r.all_p50), us(r.all_p99),
-      us(worst99), us(worst999), engine_p99 > 0 ? worst99 / engine_p99 : 0.0, r.rows_per_s / 1e6,
+      us(worst99), us(worst999), ref_p99 > 0 ? worst99 / ref_p99 : 0.0, r.rows_per_s / 1e6,
       r.server_cpu_us_per_row, r.client_cpu_us_per_row);
   if (c.prefill) {
     printf(" prefill: %" PRIu64 " x 98,304 rows, mean %.1f ms, max %.1f ms |", r.prefill_batches,
@@ -628,6 +681,41 @@ absl::Status PrepareTables(const Config& cfg, std::vector<std::unique_ptr<Table>
   return absl::OkStatus();
 }
 
+// Waits until both tables are resident: engram_map_table answers -EAGAIN while one loads.
+absl::Status WaitResident(const std::string& sock) {
+  engram_connect_options o;
+  engram_connect_options_init(&o, sizeof(o));
+  o.socket_path = sock.c_str();
+  o.client_name = "engram-ranks";
+  engram_session* s = nullptr;
+  if (engram_connect(&o, &s) != 0) {
+    return absl::UnavailableError(absl::StrCat("connect: ", engram_last_error()));
+  }
+  absl::Status status = absl::DeadlineExceededError("the tables did not load within 600 s");
+  for (int i = 0; i < 60000; ++i) {
+    int loaded = 0;
+    for (uint32_t layer : kLayers) {
+      engram_table_map* m = nullptr;
+      const int rc = engram_map_table(s, layer, &m);
+      if (rc == 0) ++loaded;
+      engram_unmap_table(m);
+      if (rc != 0 && rc != -EAGAIN) {
+        status = absl::FailedPreconditionError(
+            absl::StrCat("map layer ", layer, ": ", engram_last_error()));
+        i = 60000;
+        break;
+      }
+    }
+    if (loaded == 2) {
+      status = absl::OkStatus();
+      break;
+    }
+    usleep(10000);
+  }
+  engram_close(s);
+  return status;
+}
+
 int Run(Config& cfg) {
   if (cfg.engramd.empty()) {
     cfg.engramd = EngramdPath(
@@ -644,13 +732,27 @@ int Run(Config& cfg) {
     cfg.dir = tmpl;
   }
   std::filesystem::create_directories(cfg.dir);
+  if (cfg.tier != "storage" && cfg.tier != "resident" && cfg.tier != "cache") {
+    fprintf(stderr, "--tier: '%s' is not storage, resident or cache\n", cfg.tier.c_str());
+    return 2;
+  }
+  if (cfg.methods_arg.empty()) {
+    cfg.methods_arg = cfg.tier == "resident" ? "daemon,mapped,engine" : "daemon,engine,uring";
+  }
   std::vector<std::string> methods = absl::StrSplit(cfg.methods_arg, ',', absl::SkipEmpty());
   for (const std::string& m : methods) {
-    if (m != "daemon" && m != "engine" && m != "uring") {
-      fprintf(stderr, "--methods: unknown method '%s' (daemon, engine, uring)\n", m.c_str());
+    if (m != "daemon" && m != "engine" && m != "uring" && m != "mapped") {
+      fprintf(stderr, "--methods: unknown method '%s' (daemon, mapped, engine, uring)\n",
+              m.c_str());
+      return 2;
+    }
+    if (m == "mapped" && cfg.tier != "resident") {
+      fprintf(stderr, "--methods: 'mapped' reads the daemon's resident tables: add --tier resident\n");
       return 2;
     }
   }
+  const std::string reference =
+      std::find(methods.begin(), methods.end(), "mapped") != methods.end() ? "mapped" : "engine";
   for (int n : cfg.ranks) {
     if (n < 1 || n > kMaxRanks) {
       fprintf(stderr, "--ranks: %d is not in [1, %d]\n", n, kMaxRanks);
@@ -675,30 +777,40 @@ int Run(Config& cfg) {
     env.trace = &trace;
   }
   env.sock = cfg.dir + "/engramd.sock";
-  args.insert(args.end(), {"--socket", env.sock, "--log-level", "warning", "--max-clients", "256"});
+  args.insert(args.end(), {"--socket", env.sock, "--log-level", "warning", "--max-clients", "256",
+                           "--default-tier", cfg.tier});
   args.insert(args.end(), cfg.daemon_args.begin(), cfg.daemon_args.end());
   PrintHeader(cfg, args);
   const pid_t daemon = StartEngramd(args, env.sock);
   if (daemon < 0) return 1;
+  if (cfg.tier == "resident") {
+    if (absl::Status s = WaitResident(env.sock); !s.ok()) {
+      fprintf(stderr, "%s\n", s.ToString().c_str());
+      kill(daemon, SIGTERM);
+      waitpid(daemon, nullptr, 0);
+      return 1;
+    }
+  }
   printf(
       "| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "
-      "vs engine | rows/s | server CPU µs/row | client CPU µs/row |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "vs %s | rows/s | server CPU µs/row | client CPU µs/row |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      reference.c_str());
   int failures = 0;
   const uint64_t t0 = NowNs();
   for (const Case& c : Matrix(cfg)) {
     std::vector<std::pair<std::string, CaseResult>> results;
-    double engine_p99 = 0;
+    double ref_p99 = 0;
     env.seed = 17 + c.ranks;  // every method of a case gathers the same ids
     for (const std::string& m : methods) {
       CaseResult r = RunCase(env, c, m, m == "daemon" ? daemon : -1);
       failures += !r.ok;
-      if (m == "engine" && !r.p99.empty()) {
-        engine_p99 = *std::max_element(r.p99.begin(), r.p99.end());
+      if (m == reference && !r.p99.empty()) {
+        ref_p99 = *std::max_element(r.p99.begin(), r.p99.end());
       }
       results.emplace_back(m, std::move(r));
     }
-    for (const auto& [m, r] : results) PrintCase(c, m, r, engine_p99);
+    for (const auto& [m, r] : results) PrintCase(c, m, r, ref_p99);
   }
   kill(daemon, SIGTERM);
   int status = 0;
@@ -734,7 +846,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--trace", cfg.trace,
                  "row ids per step from a text file: one line per step, LAYER:ID,ID,... groups");
-  app.add_option("--methods", cfg.methods_arg, "daemon, engine, uring")->capture_default_str();
+  app.add_option("--tier", cfg.tier,
+                 "the daemon's tier for both tables: storage, resident (adds the mapped method: "
+                 "the same memory read in each rank's process) or cache (give it a size with "
+                 "--daemon-arg=--cache-bytes=...)")
+      ->capture_default_str();
+  app.add_option("--methods", cfg.methods_arg,
+                 "daemon, mapped, engine, uring (default: daemon,engine,uring; with --tier "
+                 "resident daemon,mapped,engine)");
   app.add_option("--daemon-arg", cfg.daemon_args, "extra engramd argument (repeatable)");
   app.add_option("--client-spin-us", cfg.client_spin_us,
                  "how long a client spins for its completion before sleeping (0: the library's "

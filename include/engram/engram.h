@@ -268,8 +268,8 @@ ENGRAM_API int engram_get_session_stats(engram_session* session,
 /* A resident table (docs/row-store.md) mapped read-only into this process: rows are read with a
  * memcpy, with no request to the daemon. The memory is the daemon's sealed memfd: nobody can
  * change, shrink or grow it, and the mapping stays valid until engram_unmap_table, even if the
- * daemon or the session goes away. (GPU registration of this read-only mapping needs the
- * runtime's read-only registration flag, which engram_gpu_register does not pass yet.) */
+ * daemon or the session goes away. engram_gpu_register registers it for a GPU to read in place
+ * (engram_dequant_gather, engram/gpu.h). */
 typedef struct engram_table_map engram_table_map;
 
 struct engram_table_map_info {
