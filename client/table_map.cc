@@ -42,6 +42,12 @@ int MapSealedTable(int fd, uint32_t layer, uint32_t row_bytes, uint64_t covered_
     return SetError(-err, "cannot map layer %u's table (%llu bytes): %s", layer,
                     static_cast<unsigned long long>(map_bytes), strerror(err));
   }
+  // Fill the page tables now: rows are read at random, so without this nearly every row read
+  // in the first steps takes a page fault (a 1,152-row gather's p99 went from 0.2 to 1-1.8 ms
+  // on the H200 host). It costs a few ms per GiB with 4 KiB pages, far less with 2 MiB pages;
+  // kernels before 5.14 refuse the advice and the rows fault in as they are read.
+  constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ
+  madvise(p, map_bytes, kPopulateRead);
   auto* map = new (std::nothrow) engram_table_map;
   if (map == nullptr) {
     munmap(p, map_bytes);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the GPU tests and benchmark and gathers them, with the shared libraries they load, into
+# Builds the GPU tests and benchmarks (and the many-rank and resident-table benchmarks, whose
+# absolute numbers come from the GPU host's 16 cores) and gathers them, with the shared libraries they load, into
 # .gpu-bundle/ (git-ignored) so that a GPU machine without our -dev libraries can run them:
 #   tools/gpu-bundle.sh            # here: build and gather
 #   bash .gpu-bundle/run.sh        # there: run the GPU tests (add --bench for the benchmark)
@@ -15,7 +16,8 @@ fi
 targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gpu_kernel_test
          tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test tests/gpu/gpu_step_test
          tests/gpu/gpu_engramd_test daemon/engramd
-         tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench)
+         tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench
+         bench/daemon/engram-ranks bench/store/engram-resident-bench)
 ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}" tests/gpu/libfake_cudart.so
 
 rm -rf "$bundle"

@@ -56,6 +56,7 @@ CommandResult Status(CommandContext& c) {
   out["clients"] = s.Sessions().size();
   out["max_clients"] = s.config().limits.max_clients;
   out["requests_in_flight"] = s.requests_in_flight();
+  out["pace"] = {{"windows", s.pace_windows()}, {"caught", s.pace_windows_caught()}};
   out["arena_bytes"] = s.total_arena_bytes();
   out["watchdog_usec"] = c.watchdog_ns / 1000;
   out["log_level"] = c.log_level;

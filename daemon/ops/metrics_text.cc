@@ -86,6 +86,12 @@ std::string RenderMetrics(const ServerView& server, const std::string& version) 
   e.Gauge("engram_clients", "Connected client sessions", {}, double(sessions.size()));
   e.Gauge("engram_arena_bytes", "Shared memory handed to all sessions", {},
           double(server.total_arena_bytes()));
+  e.Counter("engram_poller_pace_windows_total",
+            "Windows the poller spun through ahead of an expected burst of requests", {},
+            double(server.pace_windows()));
+  e.Counter("engram_poller_pace_windows_caught_total",
+            "Pace windows the expected burst of requests came in", {},
+            double(server.pace_windows_caught()));
   for (const auto& session : sessions) AddSession(*session, e);
   server.AddStoreMetrics(&e);
   AppendMemoryMetrics(e, ReadMemoryReport(), server.config().memory_budget);

@@ -47,6 +47,7 @@ void CompareFixed(const ServerConfig& cur, const ServerConfig& next, ReloadRepor
   needs_restart("limits.max_rows_per_request",
                 cur.limits.max_rows_per_request != next.limits.max_rows_per_request);
   needs_restart("engine.inline_rows", cur.poll.inline_rows != next.poll.inline_rows);
+  needs_restart("engine.pace", cur.poll.pace != next.poll.pace);
   needs_restart("engine.poll_spin_min_us/max_us",
                 cur.poll.spin_min_ns != next.poll.spin_min_ns ||
                     cur.poll.spin_max_ns != next.poll.spin_max_ns);

@@ -46,6 +46,10 @@ class ServerView {
   virtual uint64_t total_arena_bytes() const = 0;
   // The poller's last pass (for the watchdog).
   virtual uint64_t poller_heartbeat_ns() const = 0;
+  // Windows the poller spun through ahead of an expected burst of requests (engine.pace), and
+  // how many of them the burst came in.
+  virtual uint64_t pace_windows() const = 0;
+  virtual uint64_t pace_windows_caught() const = 0;
   // Tables, sorted by layer id; fixed for the server's life.
   virtual std::span<const std::unique_ptr<Table>> tables() const = 0;
   // OK, or DataLoss naming the file, when a file of tables()[index] changed while served.

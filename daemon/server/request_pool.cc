@@ -37,18 +37,33 @@ void RequestPool::Post(uint64_t owner, Task task) {
   if (sleeping_.load(std::memory_order_acquire) != 0) cv_.notify_one();
 }
 
+void RequestPool::Prewake(uint32_t threads, uint64_t until_ns) {
+  spin_until_.store(until_ns, std::memory_order_relaxed);
+  if (threads == 0 || sleeping_.load(std::memory_order_acquire) == 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prewake_tokens_ = threads;
+  }
+  cv_.notify_all();
+}
+
 void RequestPool::Loop() {
   while (true) {
-    const uint64_t until = NowNs() + spin_ns_;
+    const uint64_t until =
+        std::max(NowNs() + spin_ns_, spin_until_.load(std::memory_order_relaxed));
     while (queued_.load(std::memory_order_acquire) == 0 && NowNs() < until) CpuRelax();
     Task task;
     uint64_t owner = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
       sleeping_.fetch_add(1, std::memory_order_acq_rel);
-      cv_.wait(lock, [this] { return !turns_.empty() || stop_; });
+      cv_.wait(lock, [this] { return !turns_.empty() || stop_ || prewake_tokens_ > 0; });
       sleeping_.fetch_sub(1, std::memory_order_acq_rel);
-      if (turns_.empty()) return;  // stopping, nothing left
+      if (turns_.empty()) {
+        if (stop_) return;  // stopping, nothing left
+        --prewake_tokens_;  // woken ahead of expected work: spin until the window ends
+        continue;
+      }
       // The first owner in turn that has no task running, so that one owner's slow tasks
       // never hold every thread while another owner waits; if all have one running, the first.
       size_t pick = 0;

@@ -1,11 +1,12 @@
 // The threads that run requests for engramd: each takes a decoded request from the poller and
 // runs it on the gather engine as its calling thread (so a request gets the caller's share of
 // the work, exactly as an in-process Gather() does), spinning briefly between requests so that a
-// hand-off while busy costs no wake-up. Requests are taken in turn per owner (session): one
-// session with many requests queued waits its turn like any other, so a client that fills the
-// queue with requests that are slow to validate delays another client by one request at most
-// per thread, not by its whole queue; and while another owner waits, a thread takes an owner
-// with nothing running first, so one owner cannot hold every thread.
+// hand-off while busy costs no wake-up; before a burst of requests the poller expects (pace.h)
+// it can wake sleeping threads to spin through the burst's window. Requests are taken in turn
+// per owner (session): one session with many requests queued waits its turn like any other, so
+// a client that fills the queue with requests that are slow to validate delays another client
+// by one request at most per thread, not by its whole queue; and while another owner waits, a
+// thread takes an owner with nothing running first, so one owner cannot hold every thread.
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,10 @@ class RequestPool {
   // Queues `task` behind the other tasks of `owner`. Thread-safe.
   void Post(uint64_t owner, Task task);
 
+  // Work is expected soon: up to `threads` sleeping threads wake and, like every idle thread,
+  // spin until `until_ns` (NowNs()) before they sleep again. Thread-safe.
+  void Prewake(uint32_t threads, uint64_t until_ns);
+
  private:
   void Loop();
 
@@ -49,6 +54,8 @@ class RequestPool {
   std::deque<uint64_t> turns_;  // owners with queued tasks, in the order they are served
   std::unordered_map<uint64_t, uint32_t> running_;  // owner → its tasks running now
   bool stop_ = false;
+  uint32_t prewake_tokens_ = 0;  // sleeping threads still to wake for Prewake
+  std::atomic<uint64_t> spin_until_{0};
   std::atomic<uint32_t> queued_{0};
   std::atomic<uint32_t> sleeping_{0};
   std::vector<std::thread> threads_;

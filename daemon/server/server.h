@@ -68,6 +68,8 @@ class Server : public ServerView {
   uint64_t poller_heartbeat_ns() const override {
     return poller_heartbeat_ns_.load(std::memory_order_relaxed);
   }
+  uint64_t pace_windows() const override { return pace_windows_.load(); }
+  uint64_t pace_windows_caught() const override { return pace_windows_caught_.load(); }
   std::span<const std::unique_ptr<Table>> tables() const override { return tables_; }
   absl::Status TableHealth(size_t index) const override;
   std::vector<TableGatherStats> EngineStats() const override { return engine_->Stats(); }
@@ -166,6 +168,8 @@ class Server : public ServerView {
   log::RateLimit handshake_log_{5};  // refused and dropped handshakes, all peers together
   uint64_t start_ns_ = 0;
   std::atomic<uint64_t> poller_heartbeat_ns_{0};  // the poller's last pass (watchdog)
+  std::atomic<uint64_t> pace_windows_{0};         // windows spun through ahead of a burst
+  std::atomic<uint64_t> pace_windows_caught_{0};  // ... that the burst came in
   std::unique_ptr<Control> control_;              // first member torn down (~Server)
 };
 

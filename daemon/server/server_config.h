@@ -36,6 +36,9 @@ struct PollOptions {
   // Requests of at most this many rows are gathered on the polling thread itself (saves a
   // hand-off to a gather worker; larger ones would stall other sessions).
   uint64_t inline_rows = 0;
+  // Learn the period of regular bursts of requests (decode steps on a clock) and be awake,
+  // spinning, from shortly before the next one is due (daemon/server/pace.h).
+  bool pace = true;
 };
 
 // One source of tables: a checkpoint directory or a packed table file.
