@@ -195,10 +195,6 @@ class GatherEngineImpl final : public GatherEngine {
     });
   }
 
-  void Prewake(uint64_t until_ns) override {
-    if (workers_ != nullptr) workers_->Prewake(until_ns);
-  }
-
   std::vector<TableGatherStats> Stats() const override {
     std::shared_lock<std::shared_mutex> l(tables_mu_);
     std::vector<TableGatherStats> out;

@@ -187,10 +187,6 @@ class GatherEngine {
   virtual void Submit(const GatherBatch& batch, Done done) = 0;
 
   virtual std::vector<TableGatherStats> Stats() const = 0;
-
-  // Batches are expected soon (paced decode steps): as many parked workers as helped since the
-  // last call wake and spin until `until_ns` (NowNs()) before they park again.
-  virtual void Prewake(uint64_t until_ns) = 0;
 };
 
 }  // namespace engram

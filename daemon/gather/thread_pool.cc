@@ -1,8 +1,6 @@
 // The gather engine's thread pool and ParallelFor (see thread_pool.h).
 #include "daemon/gather/thread_pool.h"
 
-#include <algorithm>
-
 #include "protocol/clock.h"
 
 namespace engram {
@@ -29,42 +27,26 @@ void ThreadPool::Post(Task task) {
     tasks_.push_back(std::move(task));
     queued_.fetch_add(1, std::memory_order_release);
   }
-  posted_.fetch_add(1, std::memory_order_relaxed);
   // A thread about to park re-checks the queue under the lock, so only parked threads need a
   // notification, one per task.
   if (parked_.load(std::memory_order_acquire) != 0) cv_.notify_one();
 }
 
-void ThreadPool::Prewake(uint64_t until_ns) {
-  spin_until_.store(until_ns, std::memory_order_relaxed);
-  const uint32_t n = std::min<uint32_t>(posted_.exchange(0, std::memory_order_relaxed),
-                                        static_cast<uint32_t>(threads_.size()));
-  if (n == 0 || parked_.load(std::memory_order_acquire) == 0) return;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    prewake_tokens_ = n;
-  }
-  cv_.notify_all();
-}
-
 void ThreadPool::Loop(ReaderContext& ctx) {
   while (true) {
-    const uint64_t now = NowNs();
-    const uint64_t until = std::max(now + spin_ns_, spin_until_.load(std::memory_order_relaxed));
-    while (queued_.load(std::memory_order_acquire) == 0 && NowNs() < until) CpuRelax();
+    if (spin_ns_ > 0) {
+      const uint64_t until = NowNs() + spin_ns_;
+      while (queued_.load(std::memory_order_acquire) == 0 && NowNs() < until) CpuRelax();
+    }
     Task task;
     {
       std::unique_lock<std::mutex> l(mu_);
       if (tasks_.empty() && !stop_) {
         parked_.fetch_add(1, std::memory_order_acq_rel);
-        cv_.wait(l, [&] { return stop_ || !tasks_.empty() || prewake_tokens_ > 0; });
+        cv_.wait(l, [&] { return stop_ || !tasks_.empty(); });
         parked_.fetch_sub(1, std::memory_order_acq_rel);
       }
-      if (tasks_.empty()) {
-        if (stop_) return;  // stopping and drained
-        --prewake_tokens_;  // woken ahead of expected work: spin until the window ends
-        continue;
-      }
+      if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();
       queued_.fetch_sub(1, std::memory_order_release);

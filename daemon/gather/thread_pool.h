@@ -40,10 +40,6 @@ class ThreadPool {
   size_t size() const { return threads_.size(); }
   // Parked threads, a hint (the spinning ones cost no wake-up).
   uint32_t parked() const { return parked_.load(std::memory_order_relaxed); }
-  // Work is expected soon: as many parked threads as took tasks since the last call (at most
-  // all of them) wake and, like every idle thread, spin until `until_ns` (NowNs()) before they
-  // park again. Thread-safe.
-  void Prewake(uint64_t until_ns);
 
  private:
   void Loop(ReaderContext& ctx);
@@ -55,9 +51,6 @@ class ThreadPool {
   bool stop_ = false;
   std::atomic<uint32_t> queued_{0};
   std::atomic<uint32_t> parked_{0};
-  std::atomic<uint32_t> posted_{0};    // tasks posted since the last Prewake
-  std::atomic<uint64_t> spin_until_{0};
-  uint32_t prewake_tokens_ = 0;        // parked threads still to wake for Prewake (under mu_)
   std::vector<std::thread> threads_;
 };
 

@@ -49,9 +49,14 @@ void RequestPool::Prewake(uint32_t threads, uint64_t until_ns) {
 
 void RequestPool::Loop() {
   while (true) {
-    const uint64_t until =
-        std::max(NowNs() + spin_ns_, spin_until_.load(std::memory_order_relaxed));
-    while (queued_.load(std::memory_order_acquire) == 0 && NowNs() < until) CpuRelax();
+    // Spin spin_ns_, or to the end of a prewake window (which the poller ends early when the
+    // burst it was opened for has come).
+    const uint64_t until = NowNs() + spin_ns_;
+    for (uint64_t now = NowNs(); queued_.load(std::memory_order_acquire) == 0 &&
+                                 (now < until || now < spin_until_.load(std::memory_order_relaxed));
+         now = NowNs()) {
+      CpuRelax();
+    }
     Task task;
     uint64_t owner = 0;
     {

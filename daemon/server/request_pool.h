@@ -43,6 +43,8 @@ class RequestPool {
   // Work is expected soon: up to `threads` sleeping threads wake and, like every idle thread,
   // spin until `until_ns` (NowNs()) before they sleep again. Thread-safe.
   void Prewake(uint32_t threads, uint64_t until_ns);
+  // The expected work came: threads still spinning for Prewake stop at their own spell.
+  void EndPrewake() { spin_until_.store(0, std::memory_order_relaxed); }
 
  private:
   void Loop();
