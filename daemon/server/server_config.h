@@ -37,8 +37,9 @@ struct PollOptions {
   // hand-off to a gather worker; larger ones would stall other sessions).
   uint64_t inline_rows = 0;
   // Learn the period of regular bursts of requests (decode steps on a clock) and be awake,
-  // spinning, from shortly before the next one is due (daemon/server/pace.h).
-  bool pace = true;
+  // spinning, from shortly before the next one is due (daemon/server/pace.h). Off by default:
+  // measured, it cut a lone engine's p50 but not its p99, at three times the daemon's CPU.
+  bool pace = false;
 };
 
 // One source of tables: a checkpoint directory or a packed table file.
