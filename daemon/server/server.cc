@@ -93,18 +93,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& confi
   // them are in flight, decode steps always find a request thread free.
   server->large_requests_ =
       std::make_unique<RequestPool>(std::max<uint32_t>(1, request_threads / 2), /*spin_ns=*/0);
-  server->control_epoll_ = epoll_create1(EPOLL_CLOEXEC);
-  server->poller_epoll_ = epoll_create1(EPOLL_CLOEXEC);
-  server->kick_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  server->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (server->control_epoll_ < 0 || server->poller_epoll_ < 0 || server->kick_fd_ < 0 ||
-      server->stop_fd_ < 0) {
+  server->control_epoll_.Reset(epoll_create1(EPOLL_CLOEXEC));
+  server->poller_epoll_.Reset(epoll_create1(EPOLL_CLOEXEC));
+  server->kick_fd_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  server->stop_fd_.Reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!server->control_epoll_.valid() || !server->poller_epoll_.valid() ||
+      !server->kick_fd_.valid() || !server->stop_fd_.valid()) {
     return absl::InternalError(absl::StrFormat("epoll/eventfd: %s", strerror(errno)));
   }
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagKick}};
-  epoll_ctl(server->poller_epoll_, EPOLL_CTL_ADD, server->kick_fd_, &ev);
+  epoll_ctl(server->poller_epoll_.get(), EPOLL_CTL_ADD, server->kick_fd_.get(), &ev);
   ev.data.u64 = kTagStop;
-  epoll_ctl(server->control_epoll_, EPOLL_CTL_ADD, server->stop_fd_, &ev);
+  epoll_ctl(server->control_epoll_.get(), EPOLL_CTL_ADD, server->stop_fd_.get(), &ev);
   if (absl::Status s = server->Bind(); !s.ok()) return s;
   server->start_ns_ = NowNs();
   server->control_ = std::make_unique<Control>(server.get());
@@ -118,109 +118,122 @@ Server::~Server() {
     Kick();
     poller_.join();
   }
-  if (listen_fd_ >= 0) {
-    close(listen_fd_);
+  if (listen_fd_.valid()) {
+    listen_fd_.Reset();
     if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
   }
-  for (int fd : {control_epoll_, poller_epoll_, kick_fd_, stop_fd_, signal_fd_}) {
-    if (fd >= 0) close(fd);
-  }
   for (int fd : pending_.TakeAll()) close(fd);
+  // The epoll, eventfd and signalfd descriptors close with their UniqueFd members.
 }
 
-absl::Status Server::Bind() {
-  const std::string& path = config_.socket_path;
-  if (config_.listen_fd >= 0) {
-    // Socket activation: systemd bound and listens; check it is the kind of socket we serve.
-    int type = 0;
-    socklen_t len = sizeof(type);
-    if (getsockopt(config_.listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 ||
-        type != SOCK_SEQPACKET) {
-      return absl::FailedPreconditionError(
-          "the socket passed by systemd is not a SOCK_SEQPACKET Unix socket "
-          "(engramd.socket needs ListenSequentialPacket=)");
-    }
-    listen_fd_ = config_.listen_fd;
-    fcntl(listen_fd_, F_SETFL, fcntl(listen_fd_, F_GETFL) | O_NONBLOCK);
-    epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagListen}};
-    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, listen_fd_, &ev);
-    return absl::OkStatus();
+namespace {
+
+// Socket activation: systemd bound and listens; check it is the kind of socket we serve.
+absl::Status CheckActivatedSocket(int fd) {
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_SEQPACKET) {
+    return absl::FailedPreconditionError(
+        "the socket passed by systemd is not a SOCK_SEQPACKET Unix socket "
+        "(engramd.socket needs ListenSequentialPacket=)");
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "socket path '%s' is empty or longer than %d bytes", path, sizeof(addr.sun_path) - 1));
-  }
-  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return absl::OkStatus();
+}
+
+// Makes the socket's directory if it is missing, and clears a stale socket a dead daemon left
+// at `path`; refuses a path that is not a socket or where another engramd answers.
+absl::Status PrepareSocketPath(const std::string& path, const sockaddr_un& addr) {
   const size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
     const std::string dir = path.substr(0, slash);
     struct stat st;
-    if (stat(dir.c_str(), &st) < 0) {
-      if (errno != ENOENT || mkdir(dir.c_str(), 0755) < 0) {
-        return absl::FailedPreconditionError(
-            absl::StrFormat("socket directory '%s' does not exist and cannot be created: %s", dir,
-                            strerror(errno)));
-      }
+    if (stat(dir.c_str(), &st) < 0 && (errno != ENOENT || mkdir(dir.c_str(), 0755) < 0)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "socket directory '%s' does not exist and cannot be created: %s", dir, strerror(errno)));
     }
   }
   struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("'%s' exists and is not a socket; refusing to replace it", path));
-    }
-    int probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    const bool live =
-        probe >= 0 && connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    if (probe >= 0) close(probe);
-    if (live) {
-      return absl::AlreadyExistsError(
-          absl::StrFormat("another engramd is serving on '%s'; stop it first", path));
-    }
-    unlink(path.c_str());  // a stale socket of a daemon that died
-  }
-  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (listen_fd_ < 0) {
-    return absl::InternalError(absl::StrFormat("socket(AF_UNIX): %s", strerror(errno)));
-  }
-  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+  if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(
-        absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
+        absl::StrFormat("'%s' exists and is not a socket; refusing to replace it", path));
   }
-  if (chmod(path.c_str(), config_.socket_mode) < 0) {
+  UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (probe.valid() &&
+      connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+    return absl::AlreadyExistsError(
+        absl::StrFormat("another engramd is serving on '%s'; stop it first", path));
+  }
+  unlink(path.c_str());  // a stale socket of a daemon that died
+  return absl::OkStatus();
+}
+
+// socket.mode and socket.group on the bound socket.
+absl::Status SetSocketAccess(const std::string& path, mode_t mode, const std::string& group_name) {
+  if (chmod(path.c_str(), mode) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot set mode %04o on '%s': %s", mode, path, strerror(errno)));
+  }
+  if (group_name.empty()) return absl::OkStatus();
+  group* g = getgrnam(group_name.c_str());
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("socket group '%s' does not exist", group_name));
+  }
+  if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) < 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot set mode %04o on '%s': %s", config_.socket_mode, path, strerror(errno)));
+        "cannot give '%s' to group '%s': %s", path, group_name, strerror(errno)));
   }
-  if (!config_.socket_group.empty()) {
-    group* g = getgrnam(config_.socket_group.c_str());
-    if (g == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("socket group '%s' does not exist", config_.socket_group));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Server::Bind() {
+  const std::string& path = config_.socket_path;
+  if (config_.listen_fd >= 0) {
+    if (absl::Status s = CheckActivatedSocket(config_.listen_fd); !s.ok()) return s;
+    listen_fd_.Reset(config_.listen_fd);
+    fcntl(listen_fd_.get(), F_SETFL, fcntl(listen_fd_.get(), F_GETFL) | O_NONBLOCK);
+  } else {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "socket path '%s' is empty or longer than %d bytes", path, sizeof(addr.sun_path) - 1));
     }
-    if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) < 0) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "cannot give '%s' to group '%s': %s", path, config_.socket_group, strerror(errno)));
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    if (absl::Status s = PrepareSocketPath(path, addr); !s.ok()) return s;
+    listen_fd_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!listen_fd_.valid()) {
+      return absl::InternalError(absl::StrFormat("socket(AF_UNIX): %s", strerror(errno)));
     }
-  }
-  if (listen(listen_fd_, 128) < 0) {
-    return absl::InternalError(absl::StrFormat("listen on '%s': %s", path, strerror(errno)));
+    if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
+    }
+    if (absl::Status s = SetSocketAccess(path, config_.socket_mode, config_.socket_group);
+        !s.ok()) {
+      return s;
+    }
+    if (listen(listen_fd_.get(), 128) < 0) {
+      return absl::InternalError(absl::StrFormat("listen on '%s': %s", path, strerror(errno)));
+    }
   }
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagListen}};
-  epoll_ctl(control_epoll_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);
   return absl::OkStatus();
 }
 
 void Server::Stop() {
   const uint64_t one = 1;
-  ssize_t ignored = write(stop_fd_, &one, sizeof(one));
+  ssize_t ignored = write(stop_fd_.get(), &one, sizeof(one));
   (void)ignored;
 }
 
 void Server::Kick() {
   const uint64_t one = 1;
-  ssize_t ignored = write(kick_fd_, &one, sizeof(one));
+  ssize_t ignored = write(kick_fd_.get(), &one, sizeof(one));
   (void)ignored;
 }
 
@@ -280,10 +293,10 @@ absl::Status Server::Run() {
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGHUP);
-  signal_fd_ = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (signal_fd_ >= 0) {
+  signal_fd_.Reset(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (signal_fd_.valid()) {
     epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagSignal}};
-    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, signal_fd_, &ev);
+    epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, signal_fd_.get(), &ev);
   }
   WatchTables();
   std::vector<std::string> layers;
@@ -300,7 +313,7 @@ absl::Status Server::Run() {
     const int wait_ms = control_->WaitMs();
     // Pending handshakes have deadlines to keep; table files are re-checked every second.
     const int cap_ms = pending_.empty() ? static_cast<int>(kRecheckNs / 1'000'000) : 100;
-    const int n = epoll_wait(control_epoll_, events, 64,
+    const int n = epoll_wait(control_epoll_.get(), events, 64,
                              wait_ms < 0 ? cap_ms : std::min(wait_ms, cap_ms));
     if (n < 0 && errno != EINTR) {
       log::Error("epoll_wait: {}", strerror(errno));
@@ -336,7 +349,7 @@ bool Server::HandleControlEvent(const epoll_event& event) {
     return true;
   } else if (tag == kTagSignal) {
     signalfd_siginfo info{};
-    if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) return false;
+    if (read(signal_fd_.get(), &info, sizeof(info)) != sizeof(info)) return false;
     if (info.ssi_signo == SIGHUP) {
       control_->Reload();
     } else if (info.ssi_signo == SIGTERM || info.ssi_signo == SIGINT) {
@@ -363,9 +376,8 @@ bool Server::HandleControlEvent(const epoll_event& event) {
 absl::Status Server::Shutdown() {
   // No new connections; finish what the rings hold and what is in flight.
   control_->Stopping();
-  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, listen_fd_, nullptr);
-  close(listen_fd_);
-  listen_fd_ = -1;
+  epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
+  listen_fd_.Reset();
   if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
   for (int fd : pending_.TakeAll()) close(fd);
   draining_.store(true);
@@ -399,7 +411,7 @@ void Server::WatchTables() {
                                 std::pair{watch_->inotify_fd(), kTagInotify}}) {
     if (fd < 0) continue;
     epoll_event ev{.events = EPOLLIN, .data = {.u64 = tag}};
-    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, fd, &ev);
+    epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
   }
   last_recheck_ns_ = NowNs();
 }
@@ -410,7 +422,7 @@ void Server::ReportTableChanges(const std::vector<std::string>& messages) {
 
 void Server::Accept() {
   while (true) {
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const int fd = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -428,7 +440,7 @@ void Server::Accept() {
     socklen_t len = sizeof(cred);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = ~uid_t{0};
     epoll_event ev{.events = EPOLLIN | EPOLLRDHUP, .data = {.u64 = static_cast<uint64_t>(fd)}};
-    epoll_ctl(control_epoll_, EPOLL_CTL_ADD, fd, &ev);
+    epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
     for (const PendingHandshakes::Dropped& d :
          pending_.Add(fd, cred.uid, NowNs() + config_.handshake_timeout_ns)) {
       DropPending(d.fd, d.uid_bound
@@ -451,7 +463,7 @@ void Server::DropPending(int fd, const char* why) {
     log::Notice("dropped a connection before its handshake: {} ({} similar messages suppressed)",
                 why, suppressed);
   }
-  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   pending_.Remove(fd);
   close(fd);
 }
@@ -500,7 +512,7 @@ void Server::Refuse(int fd, int32_t code, const std::string& message) {
   }
   std::vector<uint8_t> bytes = protocol::EncodeError(code, message, 0);
   SendBytes(fd, bytes.data(), bytes.size());
-  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+  epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
   pending_.Remove(fd);
   close(fd);
 }
@@ -545,7 +557,7 @@ void Server::Handshake(int fd) {
   const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0) {
-    epoll_ctl(control_epoll_, EPOLL_CTL_DEL, fd, nullptr);
+    epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
     pending_.Remove(fd);
     close(fd);
     return;
@@ -604,7 +616,7 @@ void Server::Handshake(int fd) {
   total_arena_bytes_ += layout.arena_bytes;
   by_fd_[fd] = session;
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = id}};
-  epoll_ctl(poller_epoll_, EPOLL_CTL_ADD, doorbell, &ev);
+  epoll_ctl(poller_epoll_.get(), EPOLL_CTL_ADD, doorbell, &ev);
   PublishSessions();
   log::Info("{} connected: {} slots, {} data bytes", session->Describe(), layout.slots,
             layout.data_bytes);
@@ -614,8 +626,8 @@ void Server::Disconnect(const std::shared_ptr<Session>& session, const char* why
   log::Info("{} {}; {} request(s) in flight finish first", session->Describe(), why,
             session->inflight.load());
   session->set_closing();
-  epoll_ctl(control_epoll_, EPOLL_CTL_DEL, session->socket_fd(), nullptr);
-  epoll_ctl(poller_epoll_, EPOLL_CTL_DEL, session->doorbell_fd(), nullptr);
+  epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, session->socket_fd(), nullptr);
+  epoll_ctl(poller_epoll_.get(), EPOLL_CTL_DEL, session->doorbell_fd(), nullptr);
   total_arena_bytes_ -= session->arena().bytes();
   by_fd_.erase(session->socket_fd());
   PublishSessions();
@@ -816,7 +828,7 @@ void Server::PollerLoop() {
       // how late this thread's timed wake-ups come, so that it is spinning when it opens).
       const bool timed = window && window->wake_ns > now + timer_late_ns;
       const uint64_t deadline = timed ? window->wake_ns - timer_late_ns : now + 1'000'000'000;
-      const int n = EpollWaitUntil(poller_epoll_, events, 64, deadline);
+      const int n = EpollWaitUntil(poller_epoll_.get(), events, 64, deadline);
       woke = NowNs();
       if (timed && n == 0 && woke >= deadline) {
         timer_late_ns = std::min<uint64_t>((7 * timer_late_ns + (woke - deadline)) / 8, 1'000'000);
@@ -825,7 +837,7 @@ void Server::PollerLoop() {
         const uint64_t tag = events[i].data.u64;
         uint64_t count = 0;
         if (tag == kTagKick) {
-          ssize_t ignored = read(kick_fd_, &count, sizeof(count));
+          ssize_t ignored = read(kick_fd_.get(), &count, sizeof(count));
           (void)ignored;
           continue;
         }

@@ -26,6 +26,7 @@
 #include "daemon/server/pending_handshakes.h"
 #include "daemon/server/request_pool.h"
 #include "daemon/server/row_store.h"
+#include "protocol/unique_fd.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
 #include "protocol/codec.h"
@@ -129,6 +130,14 @@ class Server : public ServerView {
   ServerConfig config_;
   std::vector<std::unique_ptr<Table>> tables_;
   std::vector<protocol::TableBounds> bounds_;
+  // Before the threads' owners below: they close after every thread that could use them stopped.
+  UniqueFd listen_fd_;
+  UniqueFd control_epoll_;
+  UniqueFd poller_epoll_;
+  UniqueFd kick_fd_;  // wakes the poller: session list changed or shutdown
+  UniqueFd stop_fd_;  // Stop()
+  UniqueFd signal_fd_;
+
   // Set by Run(): which tables' files changed. Before engine_ and requests_, so that it outlives
   // every request thread that checks it.
   std::unique_ptr<TableWatch> watch_;
@@ -137,13 +146,6 @@ class Server : public ServerView {
   std::unique_ptr<RowStore> store_;        // null: every table from storage
   std::unique_ptr<RequestPool> requests_;  // after engine_ and store_: its threads stop first
   std::unique_ptr<RequestPool> large_requests_;  // requests larger than a decode step
-
-  int listen_fd_ = -1;
-  int control_epoll_ = -1;
-  int poller_epoll_ = -1;
-  int kick_fd_ = -1;  // wakes the poller: session list changed or shutdown
-  int stop_fd_ = -1;  // Stop()
-  int signal_fd_ = -1;
 
   // Control thread only.
   std::unordered_map<int, std::shared_ptr<Session>> by_fd_;
