@@ -264,6 +264,9 @@ absl::Status CheckTierEntry(const std::string& v) {
   return absl::OkStatus();
 }
 
+// Every setting of engramd, once: its key, flag, help, kind, field and check. One table rather
+// than code, so it is one piece however long it grows; the config file, --help, reload and
+// docs/operations.md (checked by a test) all read it.
 const std::vector<Setting>& Settings() {
   using S = DaemonSettings;
   static const auto* settings = new std::vector<Setting>{
