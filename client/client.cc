@@ -46,6 +46,11 @@ constexpr uint32_t kDefaultSpinNs = 50'000;
 // Adaptive spinning (spin_ns = 0) spins up to the service time predicted from the session's
 // recent requests, within these bounds.
 constexpr int64_t kAdaptiveSpinMaxNs = 2'000'000;
+// A wait predicted longer than kNapMinNs sleeps until kNapMarginNs before the predicted end and
+// spins from there: spinning through a long request takes a core from the daemon and the other
+// ranks of the node for the whole request, to save one wake-up at its end.
+constexpr int64_t kNapMinNs = 400'000;
+constexpr int64_t kNapMarginNs = 150'000;
 constexpr int64_t kDefaultTimeoutNs = 5'000'000'000;
 // While sleeping, a waiter wakes this often to check that the daemon is still there.
 constexpr int64_t kLivenessCheckNs = 20'000'000;
@@ -701,19 +706,35 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
   if (Done(s, ticket)) return Consume(s, ticket);
   const int64_t start = NowNs();
   const int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+  std::atomic_ref<uint32_t> waiters(s->header->client_waiters);
+  // The low half of the completion counter is the futex word (little-endian).
+  uint32_t* word = reinterpret_cast<uint32_t*>(&s->header->completions);
   // Spin first: a round trip through shared memory costs a fraction of a futex wake-up.
   int64_t spin_ns = s->spin_ns;
+  int64_t spin_from = start;
   if (s->adaptive_spin) {
     uint64_t rows;
     {
       std::lock_guard<std::mutex> lock(s->submit_mutex);
       rows = s->slot_rows[ENGRAM_TICKET_SLOT(ticket)];
     }
-    const uint64_t predicted = rows * s->ns_per_row_x16.load(std::memory_order_relaxed) / 16;
-    spin_ns = std::max<int64_t>(
-        spin_ns, std::min<int64_t>(kAdaptiveSpinMaxNs, static_cast<int64_t>(predicted * 5 / 4)));
+    const int64_t predicted =
+        static_cast<int64_t>(rows * s->ns_per_row_x16.load(std::memory_order_relaxed) / 16);
+    if (predicted > kNapMinNs && start + predicted - kNapMarginNs < deadline) {
+      // Nap through most of a long request (the daemon wakes the futex if it ends sooner).
+      const int64_t nap_until = start + predicted - kNapMarginNs;
+      waiters.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = Shared(*word).load(std::memory_order_seq_cst);
+      if (!Done(s, ticket)) FutexWait(word, seen, nap_until - NowNs());
+      waiters.fetch_sub(1, std::memory_order_seq_cst);
+      spin_from = NowNs();
+      spin_ns = std::max<int64_t>(spin_ns, 2 * kNapMarginNs);
+    } else {
+      spin_ns = std::max<int64_t>(
+          spin_ns, std::min<int64_t>(kAdaptiveSpinMaxNs, predicted * 5 / 4));
+    }
   }
-  const int64_t spin_until = start + std::min<int64_t>(spin_ns, deadline - start);
+  const int64_t spin_until = spin_from + std::min<int64_t>(spin_ns, deadline - spin_from);
   for (uint32_t i = 1;; ++i) {
     if (Done(s, ticket)) return Consume(s, ticket);
     if ((i & 63) == 0) {
@@ -722,9 +743,6 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
     }
     engram::CpuRelax();
   }
-  std::atomic_ref<uint32_t> waiters(s->header->client_waiters);
-  // The low half of the completion counter is the futex word (little-endian).
-  uint32_t* word = reinterpret_cast<uint32_t*>(&s->header->completions);
   while (true) {
     if (Done(s, ticket)) return Consume(s, ticket);
     if (CheckLostCheap(s)) return LostError(s);
