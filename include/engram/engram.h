@@ -100,7 +100,9 @@ struct engram_connect_options {
                               (limits.default_slots, 64 unless configured) */
   uint32_t spin_ns;        /* how long engram_wait spins before sleeping; 0: adaptive, at
                               least 50 µs and up to the service time the session's recent
-                              requests predict for this one (at most 2 ms) */
+                              requests predict for this one (at most 2 ms); a wait predicted
+                              longer than 400 µs sleeps until 150 µs before its predicted
+                              end and spins from there */
   const char* client_name; /* shown in statistics; NULL: the program name */
   int64_t timeout_ns;      /* connect + handshake timeout; 0: 5 s */
   uint32_t flags;          /* ENGRAM_CONNECT_* */
