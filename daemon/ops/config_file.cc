@@ -357,7 +357,7 @@ const std::vector<Setting>& Settings() {
        Kind::kUint32, [](S* s) -> void* { return &s->server.limits.default_slots; }, 1,
        ENGRAM_MAX_SLOTS},
       {"limits.prefetch_queue_rows", "--prefetch-queue-rows",
-       "Rows queued for prefetch, all sessions together (past it prefetches are dropped and "
+       "Rows queued for prefetch, all sessions together (a full queue drops its oldest rows, "
        "counted; 0: prefetch off)",
        Kind::kUint64, [](S* s) -> void* { return &s->server.limits.prefetch_queue_rows; }, 0,
        uint64_t{1} << 28},

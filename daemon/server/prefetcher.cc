@@ -73,16 +73,21 @@ void Prefetcher::Start() {
   thread_ = std::thread([this] { Run(); });
 }
 
+// Hints go stale: the rows of drafts a later step rejected are worth less than the newest ones.
+// So a full queue makes room by dropping its oldest rows, and the thread works the newest first.
 uint64_t Prefetcher::Enqueue(size_t table_index, std::span<const uint64_t> rows) {
   Counters& c = counters_[table_index];
-  uint64_t queued = 0;
+  // Of one entry larger than the whole queue, its last rows are kept.
+  const uint64_t queued = std::min<uint64_t>(options_.queue_rows, rows.size());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t room =
-        options_.queue_rows > queue_.size() ? options_.queue_rows - queue_.size() : 0;
-    queued = std::min<uint64_t>(room, rows.size());
-    for (uint64_t i = 0; i < queued; ++i) {
-      queue_.push_back({static_cast<uint32_t>(table_index), rows[i]});
+    while (!queue_.empty() && queue_.size() + queued > options_.queue_rows) {
+      counters_[queue_.front().table].dropped.fetch_add(1, std::memory_order_relaxed);
+      queue_.pop_front();
+      pending_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    for (uint64_t row : rows.subspan(rows.size() - queued)) {
+      queue_.push_back({static_cast<uint32_t>(table_index), row});
     }
     pending_.fetch_add(queued, std::memory_order_relaxed);
   }
@@ -104,6 +109,7 @@ void Prefetcher::Run() {
   uint32_t table = 0;
   std::vector<uint64_t> rows;
   while (Take(&table, &rows)) {
+    if (rows.empty()) continue;
     Process(table, rows);
     std::lock_guard<std::mutex> lock(mu_);
     if (pending_.fetch_sub(rows.size(), std::memory_order_relaxed) == rows.size()) {
@@ -124,11 +130,16 @@ bool Prefetcher::Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return false;
   ret_rows->clear();
-  *ret_table = queue_.front().table;
-  while (!queue_.empty() && queue_.front().table == *ret_table &&
+  if (queue_.empty()) {  // dropped while this batch deferred: nothing left to do
+    *ret_table = 0;
+    return true;
+  }
+  // Newest first (see Enqueue).
+  *ret_table = queue_.back().table;
+  while (!queue_.empty() && queue_.back().table == *ret_table &&
          ret_rows->size() < options_.batch_rows) {
-    ret_rows->push_back(queue_.front().row);
-    queue_.pop_front();
+    ret_rows->push_back(queue_.back().row);
+    queue_.pop_back();
   }
   return true;
 }

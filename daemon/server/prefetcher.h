@@ -1,7 +1,8 @@
 // Prefetcher: rows a client will probably gather soon (speculative decoding's draft tokens, the
 // next prefill chunk), brought into memory in the background. PREFETCH submissions are checked
-// on the polling thread and their rows put on one bounded queue (rows past the bound are dropped
-// and counted, never queued); one low-priority thread works the queue in small batches, after
+// on the polling thread and their rows put on one bounded queue (when it is full its oldest rows
+// are dropped and counted: hints go stale); one low-priority thread works the queue in small
+// batches, newest first, after
 // the gathers in flight: a cached table's missing rows are read with O_DIRECT and admitted to the
 // row cache marked as prefetched, a resident table's rows are held already, a table served from
 // storage has the pages of its rows' missing parts read ahead into the page cache
@@ -33,8 +34,8 @@
 namespace engram {
 
 struct PrefetcherOptions {
-  // Rows queued at most, every table together (16 bytes each); 0 turns prefetch off (every
-  // row is dropped and counted).
+  // Rows queued at most, every table together (16 bytes each); a full queue drops its oldest
+  // rows for new ones. 0 turns prefetch off (every row is dropped and counted).
   uint64_t queue_rows = 262144;
   // Rows taken off the queue at a time: small, so that a batch's reads run on the prefetch
   // thread alone (the engine wakes no helper for them) and a gather waits behind at most one.
@@ -55,7 +56,7 @@ struct PrefetcherOptions {
 struct TablePrefetchStats {
   uint32_t layer_id = 0;
   uint64_t requested = 0;  // rows queued
-  uint64_t dropped = 0;    // rows refused because the queue was full
+  uint64_t dropped = 0;    // rows dropped: the queue was full (its oldest), or no cache to fill
   uint64_t fetched = 0;    // rows read into the row cache or the page cache
   uint64_t held = 0;       // rows already in memory (cached, resident, page cache)
   uint64_t failed = 0;     // rows whose read failed (the table changed, an I/O error)
@@ -76,9 +77,10 @@ class Prefetcher {
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   void Start();
-  // Queues rows of tables[table_index] (checked by the caller against the table's coverage) as
-  // far as the bound allows and returns how many were queued; the rest are counted as dropped.
-  // Never waits for I/O. Thread-safe.
+  // Queues rows of tables[table_index] (checked by the caller against the table's coverage),
+  // dropping the oldest queued rows (counted) to make room, and returns how many were queued:
+  // all of them unless they alone exceed the bound (then their last queue_rows). Never waits
+  // for I/O. Thread-safe.
   uint64_t Enqueue(size_t table_index, std::span<const uint64_t> rows);
   // Rows on the queue or being worked on now.
   uint64_t pending_rows() const { return pending_.load(std::memory_order_relaxed); }
@@ -123,7 +125,7 @@ class Prefetcher {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<Entry> queue_;  // bounded by options_.queue_rows
+  std::deque<Entry> queue_;  // bounded by options_.queue_rows; newest at the back
   bool stop_ = false;
   std::atomic<uint64_t> pending_{0};
   std::thread thread_;

@@ -307,8 +307,9 @@ ENGRAM_API void engram_unmap_table(engram_table_map* map);
  * through the arena; ENGRAM_PREFETCH_MAX_ROWS (engram/protocol.h, 8,192) rows an entry, more
  * take one entry each).
  * `rows` may lie anywhere; ids outside the data region are copied into it (a buffer of up to
- * 64 KiB, freed before return). *ret_queued (may be NULL) is set to the rows queued; the rest
- * found the daemon's prefetch queue full and were dropped, which its statistics count. A
+ * 64 KiB, freed before return). *ret_queued (may be NULL) is set to the rows queued (all of
+ * them unless they exceed the daemon's whole prefetch queue; a full queue drops its oldest rows
+ * for new ones, which its statistics count). A
  * later gather of a prefetched row is an ordinary gather (a row cache hit if it arrived).
  * `flags`: 0. Errors: -EOPNOTSUPP when the daemon predates prefetch (protocol < 1.2); -ENOENT
  * no table of that layer; -ERANGE a row outside the table (engram_last_error() names the

@@ -291,8 +291,8 @@ enum engram_opcode {
   /* 1.2 (ENGRAM_FEATURE_PREFETCH): rows of one table the client will probably gather soon.
    * table, num_rows and rows_offset as for GATHER; flags, dest_offset and dest_offsets_offset
    * are 0. Completes as soon as the row ids are checked and queued, never after I/O: `rows` of
-   * the completion is how many were queued; the rest found the daemon's prefetch queue full
-   * and were dropped (and counted). At most ENGRAM_PREFETCH_MAX_ROWS rows an entry. */
+   * the completion is how many were queued (a full prefetch queue drops its oldest rows, and
+   * counts them, to make room). At most ENGRAM_PREFETCH_MAX_ROWS rows an entry. */
   ENGRAM_OP_PREFETCH = 3,
 };
 /* Rows one PREFETCH entry may carry: the daemon checks and queues them on its polling thread,

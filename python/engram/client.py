@@ -422,8 +422,8 @@ class Client:
         page cache in the background, after the gathers in flight (engram_prefetch).
 
         Returns once the daemon has checked and queued the ids, never after I/O, with how many
-        it queued (fewer when its prefetch queue was full: the rest were dropped and counted in
-        its statistics). row_ids as for gather(). Raises UnknownTableError /
+        it queued (all, unless they exceed its whole prefetch queue; a full queue drops its
+        oldest rows for new ones and counts them). row_ids as for gather(). Raises UnknownTableError /
         RowOutOfRangeError (naming the table, the row and its index) for a bad id, and
         PrefetchUnsupportedError when the library or the daemon predates prefetch."""
         ids = np.ascontiguousarray(row_ids_array(row_ids), dtype=np.uint64)
