@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -255,7 +256,8 @@ int Push(engram_session* s, engram_sqe sqe, uint64_t* ret_ticket) {
   const uint32_t slot = s->free_slots.back();
   s->free_slots.pop_back();
   s->slot_busy[slot] = 1;
-  s->slot_rows[slot] = sqe.num_rows;
+  // Only gathers teach the adaptive spin how long the daemon takes per row.
+  s->slot_rows[slot] = sqe.opcode == ENGRAM_OP_GATHER ? sqe.num_rows : 0;
   const uint64_t ticket = (++s->generation[slot] << 16) | slot;
   sqe.ticket = ticket;
   const uint32_t tail = s->sq_tail;
@@ -273,12 +275,18 @@ int Push(engram_session* s, engram_sqe sqe, uint64_t* ret_ticket) {
   return 0;
 }
 
-// Consumes a completed ticket: frees its slot and returns its outcome.
-int Consume(engram_session* s, uint64_t ticket) {
+// Consumes a completed ticket: frees its slot and returns its outcome (and, if ret_rows is not
+// null, the rows its completion reported).
+int Consume(engram_session* s, uint64_t ticket, uint64_t* ret_rows = nullptr) {
   const uint32_t slot = ENGRAM_TICKET_SLOT(ticket);
   const engram_request_status& st = s->status[slot];
   const int32_t code = Shared(const_cast<int32_t&>(st.code)).load(std::memory_order_relaxed);
   int rc = 0;
+  bool gathered = false;
+  {
+    std::lock_guard<std::mutex> lock(s->submit_mutex);
+    gathered = s->slot_rows[slot] != 0;
+  }
   if (code != ENGRAM_STATUS_OK) {
     char message[ENGRAM_STATUS_MESSAGE_BYTES + 1];
     uint32_t len = st.message_bytes;
@@ -286,7 +294,9 @@ int Consume(engram_session* s, uint64_t ticket) {
     memcpy(message, st.message, len);
     message[len] = '\0';
     rc = SetError(ErrnoForCode(code), "engramd: %s: %s", proto::StatusCodeName(code), message);
-  } else if (st.rows != 0) {
+  }
+  if (ret_rows != nullptr) *ret_rows = st.rows;
+  if (code == ENGRAM_STATUS_OK && st.rows != 0 && gathered) {
     // Learn how long the daemon takes per row, for how long the next wait should spin.
     const uint64_t sample = st.service_ns * 16 / st.rows;
     uint64_t old = s->ns_per_row_x16.load(std::memory_order_relaxed);
@@ -394,7 +404,7 @@ int Handshake(engram_session* s, const engram_connect_options& o, int64_t timeou
   hello.version_minor = ENGRAM_PROTOCOL_MINOR;
   // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
   hello.slots = o.slots;
-  hello.features = ENGRAM_FEATURES_V1_0;
+  hello.features = ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_PREFETCH;
   if (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) hello.features |= ENGRAM_FEATURE_DEVICE_SUBMIT;
   hello.data_bytes = o.data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());
@@ -682,6 +692,85 @@ int engram_submit(engram_session* s, const struct engram_gather_request* request
   return Push(s, sqe, ret_ticket);
 }
 
+}  // extern "C"
+
+namespace {
+
+int WaitFor(engram_session* s, uint64_t ticket, int64_t timeout_ns, uint64_t* ret_rows);
+
+// One PREFETCH entry of at most ENGRAM_PREFETCH_MAX_ROWS rows whose ids lie in the data region
+// at `rows_offset`: submitted, then waited for (the daemon completes it once the ids are checked
+// and queued, never after I/O). `first` is the index of its first row in the caller's array,
+// for the error message.
+int PrefetchChunk(engram_session* s, uint32_t table, uint64_t rows_offset, uint64_t n,
+                  uint64_t first, uint64_t* ret_queued) {
+  engram_sqe sqe{};
+  sqe.opcode = ENGRAM_OP_PREFETCH;
+  sqe.table = table;
+  sqe.num_rows = n;
+  sqe.rows_offset = rows_offset;
+  uint64_t ticket;
+  if (int rc = Push(s, sqe, &ticket); rc < 0) return rc;
+  uint64_t queued = 0;
+  if (int rc = WaitFor(s, ticket, -1, &queued); rc < 0) {
+    if (first == 0) return rc;
+    return SetError(rc, "rows [%llu, %llu) of the prefetch: %s",
+                    static_cast<unsigned long long>(first),
+                    static_cast<unsigned long long>(first + n), engram_last_error());
+  }
+  *ret_queued += queued;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int engram_prefetch(engram_session* s, uint32_t table, const uint64_t* rows, uint64_t num_rows,
+                    uint32_t flags, uint64_t* ret_queued) {
+  if (s == nullptr || (rows == nullptr && num_rows != 0)) {
+    return SetError(-EINVAL, "engram_prefetch needs a session and the row ids");
+  }
+  if (flags != 0) return SetError(-EINVAL, "table %u: unknown prefetch flags 0x%x", table, flags);
+  if (!(s->welcome.features & ENGRAM_FEATURE_PREFETCH)) {
+    return SetError(-EOPNOTSUPP,
+                    "engramd at %s (protocol %u.%u) does not take prefetches (protocol 1.2 "
+                    "does); upgrade it",
+                    s->socket_path.c_str(), s->welcome.version_major, s->welcome.version_minor);
+  }
+  uint64_t queued = 0;
+  uint64_t offset = 0;
+  // Ids that already lie in the data region go as they are; others are copied there, a chunk
+  // at a time, into one buffer this call holds.
+  const bool in_data = num_rows <= s->data_bytes / 8 && InData(s, rows, num_rows * 8, &offset) &&
+                       offset % 8 == 0;
+  uint64_t* staging = nullptr;
+  if (!in_data && num_rows != 0) {
+    const uint64_t chunk = std::min<uint64_t>(num_rows, ENGRAM_PREFETCH_MAX_ROWS);
+    if (int rc = engram_alloc(s, chunk * 8, reinterpret_cast<void**>(&staging)); rc < 0) {
+      return SetError(rc, "table %u: no room for %llu prefetched row ids in the data region: %s",
+                      table, static_cast<unsigned long long>(chunk), engram_last_error());
+    }
+  }
+  int rc = 0;
+  for (uint64_t first = 0; first < num_rows && rc == 0; first += ENGRAM_PREFETCH_MAX_ROWS) {
+    const uint64_t n = std::min<uint64_t>(num_rows - first, ENGRAM_PREFETCH_MAX_ROWS);
+    uint64_t chunk_offset = offset + first * 8;
+    if (staging != nullptr) {
+      memcpy(staging, rows + first, n * 8);
+      InData(s, staging, n * 8, &chunk_offset);
+    }
+    rc = PrefetchChunk(s, table, chunk_offset, n, first, &queued);
+  }
+  if (staging != nullptr) {
+    // The ids stay until a chunk completes: a chunk lost in flight keeps its buffer.
+    if (rc != -ENOTCONN && rc != -ETIMEDOUT) engram_free(s, staging);
+  }
+  if (rc < 0) return rc;
+  if (ret_queued != nullptr) *ret_queued = queued;
+  return 0;
+}
+
 int engram_submit_nop(engram_session* s, uint64_t* ret_ticket) {
   if (s == nullptr || ret_ticket == nullptr) {
     return SetError(-EINVAL, "engram_submit_nop needs a session and ret_ticket");
@@ -700,10 +789,15 @@ int engram_poll(engram_session* s, uint64_t ticket) {
                   static_cast<unsigned long long>(ticket));
 }
 
-int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
+}  // extern "C"
+
+namespace {
+
+// engram_wait; *ret_rows (if not null) gets the rows the completion reported.
+int WaitFor(engram_session* s, uint64_t ticket, int64_t timeout_ns, uint64_t* ret_rows) {
   if (s == nullptr) return SetError(-EINVAL, "NULL session");
   if (int rc = CheckTicket(s, ticket); rc < 0) return rc;
-  if (Done(s, ticket)) return Consume(s, ticket);
+  if (Done(s, ticket)) return Consume(s, ticket, ret_rows);
   const int64_t start = NowNs();
   const int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
   std::atomic_ref<uint32_t> waiters(s->header->client_waiters);
@@ -736,7 +830,7 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
   }
   const int64_t spin_until = spin_from + std::min<int64_t>(spin_ns, deadline - spin_from);
   for (uint32_t i = 1;; ++i) {
-    if (Done(s, ticket)) return Consume(s, ticket);
+    if (Done(s, ticket)) return Consume(s, ticket, ret_rows);
     if ((i & 63) == 0) {
       if (CheckLostCheap(s)) break;
       if (NowNs() >= spin_until) break;
@@ -744,7 +838,7 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
     engram::CpuRelax();
   }
   while (true) {
-    if (Done(s, ticket)) return Consume(s, ticket);
+    if (Done(s, ticket)) return Consume(s, ticket, ret_rows);
     if (CheckLostCheap(s)) return LostError(s);
     const int64_t now = NowNs();
     // Only a wait that is about to sleep asks the kernel whether the socket hung up.
@@ -762,6 +856,14 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
     }
     waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+}  // namespace
+
+extern "C" {
+
+int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
+  return WaitFor(s, ticket, timeout_ns, nullptr);
 }
 
 int engram_gather(engram_session* s, const struct engram_gather_request* request,

@@ -251,8 +251,13 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
     }
     return true;
   }
-  if (sqe.opcode != ENGRAM_OP_GATHER) {
+  if (sqe.opcode != ENGRAM_OP_GATHER && sqe.opcode != ENGRAM_OP_PREFETCH) {
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown opcode %u", sqe.opcode);
+  }
+  const bool prefetch = sqe.opcode == ENGRAM_OP_PREFETCH;
+  if (prefetch && (sqe.flags != 0 || sqe.dest_offset != 0 || sqe.dest_offsets_offset != 0)) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "PREFETCH with flags 0x%x or a destination set (it has none)", sqe.flags);
   }
   if ((sqe.flags & ~ENGRAM_SQE_DEST_OFFSETS) != 0) {
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown flags 0x%x", sqe.flags);
@@ -278,6 +283,11 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
                 "%llu rows in one request, the limit is %llu (--max-rows-per-request)",
                 static_cast<unsigned long long>(sqe.num_rows),
                 static_cast<unsigned long long>(context.max_rows));
+  }
+  if (prefetch && sqe.num_rows > ENGRAM_PREFETCH_MAX_ROWS) {
+    return Fail(ret_error, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+                "%llu rows in one PREFETCH entry, the limit is %u (ENGRAM_PREFETCH_MAX_ROWS)",
+                static_cast<unsigned long long>(sqe.num_rows), ENGRAM_PREFETCH_MAX_ROWS);
   }
   const uint64_t n = sqe.num_rows;
   if (sqe.rows_offset % 8 != 0 || !RangeInside(sqe.rows_offset, n, 8, context.data_bytes)) {
@@ -305,7 +315,7 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
                   static_cast<unsigned long long>(sqe.dest_offset),
                   static_cast<unsigned long long>(context.data_bytes));
     }
-  } else if (!RangeInside(sqe.dest_offset, n, ENGRAM_ROW_BYTES, context.data_bytes)) {
+  } else if (!prefetch && !RangeInside(sqe.dest_offset, n, ENGRAM_ROW_BYTES, context.data_bytes)) {
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
                 "%llu rows at data offset %llu run past the %llu-byte data region",
                 static_cast<unsigned long long>(n),

@@ -9,6 +9,14 @@
 // The synthetic tables engramd serves have --table-rows rows, so each row id r is served as
 // r mod table-rows (the simulations see the same folded ids); decode replays --sequences
 // documents one token per step, prefill 8,192-token chunks.
+//
+// --prefetch-drafts K (decode) replays the trace twice, each time through a fresh engramd: once
+// as above, once with the rows of K speculative tokens per sequence prefetched after every step
+// (engram_prefetch), as an engine would prefetch its draft model's proposals, and reports the
+// fraction of the first run's misses the prefetch avoided. The draft model is simulated: each
+// drafted token is the trace's true next token with probability --draft-accept as long as every
+// earlier draft of the step was right, and a random token from then on (a wrong draft makes the
+// rest of the draft diverge, as it would).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/utsname.h>
@@ -89,15 +97,21 @@ HashConfig Dsv41HashConfig() {
   return c;
 }
 
-// One request per layer: rows[layer] for this step.
+// One request per layer: rows[layer] for this step; in decode, the (document, token) each
+// sequence of the step is at.
 struct Step {
   std::vector<uint64_t> rows[2];
+  std::vector<std::pair<uint32_t, uint32_t>> at;
 };
 
 struct Options {
   std::string trace, dir = "/var/tmp/engram-replay", mode = "decode";
   uint64_t table_rows = 1'000'000, cache_mib = 64, max_steps = 0;
   uint32_t sequences = 16, chunk_tokens = 8192;
+  uint32_t prefetch_drafts = 0;  // speculative tokens prefetched per sequence (0: no prefetch)
+  double draft_accept = 0.7;     // chance a draft token is the true one (while the draft holds)
+  uint64_t step_gap_us = 0;      // host time between steps (the GPU's forward pass), both runs
+  uint64_t seed = 1;
 };
 
 // Row ids of each document per layer, token-major (24 per token).
@@ -145,7 +159,10 @@ std::vector<Step> BuildSteps(const Options& o, const std::vector<std::vector<uin
     while (live.size() < o.sequences && next_doc < docs) live.emplace_back(next_doc++, 0);
     if (live.empty()) break;
     Step s;
-    for (auto& [d, t] : live) emit(s, d, t, t + 1), ++t;
+    for (auto& [d, t] : live) {
+      s.at.emplace_back(static_cast<uint32_t>(d), static_cast<uint32_t>(t));
+      emit(s, d, t, t + 1), ++t;
+    }
     std::erase_if(live, [&](auto& p) { return p.second >= rows[0][p.first].size() / heads; });
     steps.push_back(std::move(s));
   }
@@ -197,32 +214,56 @@ uint64_t Percentile(std::vector<uint64_t> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
 }
 
-int Run(const Options& o) {
-  auto trace = ReadTrace(o.trace);
-  if (!trace.ok()) return fprintf(stderr, "%s\n", trace.status().ToString().c_str()), 1;
-  const HashConfig config = Dsv41HashConfig();
-  auto layers = DeriveLayerTables(config);
-  auto hasher = NgramHasher::Create(config, *layers, std::nullopt, trace->pad);
-  if (!hasher.ok()) return fprintf(stderr, "%s\n", hasher.status().ToString().c_str()), 1;
-  const uint32_t heads = hasher->heads_per_layer();
-  std::vector<std::vector<uint64_t>> rows[2] = {HashDocs(*hasher, *trace, 0),
-                                                HashDocs(*hasher, *trace, 1)};
-  std::vector<Step> steps = BuildSteps(o, rows, heads);
-  if (o.max_steps != 0 && steps.size() > o.max_steps) steps.resize(o.max_steps);
-  uint64_t lookups = 0, max_rows = 0;
-  for (const Step& s : steps) {
-    lookups += s.rows[0].size() + s.rows[1].size();
-    max_rows = std::max<uint64_t>(max_rows, s.rows[0].size());
+// The draft rows of step `s` per layer: for every sequence at token t, the rows of tokens
+// t+1 .. t+k as a simulated draft model proposes them (see the top of the file).
+struct Drafter {
+  const Options& o;
+  const NgramHasher& hasher;
+  const Trace& trace;
+  uint64_t state;
+  double Uniform() {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return double(state >> 11) / double(1ull << 53);
   }
-
-  std::filesystem::create_directories(o.dir);
-  const std::string model = o.dir + "/model-" + std::to_string(o.table_rows);
-  if (!std::filesystem::exists(model + "/config.json")) {
-    SynthOptions so{.out_dir = model, .rows = o.table_rows, .seed = 7};
-    if (absl::Status s = WriteSyntheticCheckpoint(so); !s.ok()) {
-      return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+  void Rows(const Step& s, std::vector<uint64_t> ret[2]) {
+    ret[0].clear(), ret[1].clear();
+    std::vector<int32_t> draft;
+    std::vector<uint64_t> rows;
+    const uint32_t heads = hasher.heads_per_layer();
+    for (auto [d, t] : s.at) {
+      const std::vector<int32_t>& doc = trace.docs[d];
+      draft.clear();
+      bool holds = true;
+      for (uint32_t j = 1; j <= o.prefetch_drafts && t + j < doc.size(); ++j) {
+        holds = holds && Uniform() < o.draft_accept;
+        draft.push_back(holds ? doc[t + j] : static_cast<int32_t>(Uniform() *
+                                                                   trace.compressed_vocab));
+      }
+      if (draft.empty()) continue;
+      const size_t h0 = t >= 2 ? t - 2 : 0;
+      const std::span<const int32_t> history(doc.data() + h0, t + 1 - h0);
+      HashSequence seq{.tokens = draft, .history = history};
+      rows.resize(draft.size() * heads);
+      for (uint32_t l = 0; l < 2; ++l) {
+        if (!hasher.Hash(l, {&seq, 1}, TokenSpace::kCompressed, hasher.AllHeads(), rows).ok()) {
+          continue;
+        }
+        for (uint64_t r : rows) ret[l].push_back(r % o.table_rows);
+      }
     }
   }
+};
+
+// What one replay through a fresh engramd saw.
+struct Phase {
+  json status;
+  std::vector<uint64_t> latency;
+  std::vector<uint64_t> prefetch_ns;  // engram_prefetch calls (both layers' of a step)
+  uint64_t wrong = 0, hwm_kb = 0, requests = 0, all_hit = 0;
+};
+
+int Replay(const Options& o, const std::vector<Step>& steps, const std::string& model,
+           uint64_t max_rows, Drafter* drafter, Phase* ret) {
   const std::string socket = o.dir + "/replay.sock";
   const pid_t daemon = StartDaemon(o, model, socket);
   if (daemon < 0) return 1;
@@ -241,9 +282,8 @@ int Run(const Options& o) {
     engram_alloc(session, max_rows * kRowBytes, reinterpret_cast<void**>(&out[l]));
   }
   const uint32_t layer_ids[2] = {1, 14};
-  std::vector<uint64_t> latency;
-  uint64_t wrong = 0, hwm_kb = 0;
   uint8_t want[kRowBytes];
+  std::vector<uint64_t> draft[2];
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
     const uint64_t t0 = NowNs();
@@ -264,22 +304,84 @@ int Run(const Options& o) {
         return fprintf(stderr, "gather: %s\n", engram_last_error()), 1;
       }
     }
-    latency.push_back(NowNs() - t0);
+    ret->latency.push_back(NowNs() - t0);
+    // The step's drafts are known once its tokens are: prefetch their rows for the steps ahead.
+    if (drafter != nullptr) {
+      drafter->Rows(s, draft);
+      const uint64_t p0 = NowNs();
+      for (int l = 0; l < 2; ++l) {
+        if (engram_prefetch(session, layer_ids[l], draft[l].data(), draft[l].size(), 0,
+                            nullptr) != 0) {
+          return fprintf(stderr, "prefetch: %s\n", engram_last_error()), 1;
+        }
+      }
+      ret->prefetch_ns.push_back(NowNs() - p0);
+    }
     for (int l = 0; l < 2; ++l) {
       for (size_t k = 0; k < s.rows[l].size(); ++k) {
         SyntheticRow(7, layer_ids[l], s.rows[l][k], want);
-        wrong += std::memcmp(want, out[l] + k * kRowBytes, kRowBytes) != 0;
+        ret->wrong += std::memcmp(want, out[l] + k * kRowBytes, kRowBytes) != 0;
       }
     }
-    if (i % 64 == 0) hwm_kb = std::max(hwm_kb, ProcKb(daemon, "VmRSS:"));
+    if (i % 64 == 0) ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon, "VmRSS:"));
+    // The rest of the step: the forward pass the host waits for.
+    while (NowNs() - t0 < o.step_gap_us * 1000) usleep(50);
   }
-  hwm_kb = std::max(hwm_kb, ProcKb(daemon, "VmHWM:"));
-  const json status = Control(socket, "status");
+  ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon, "VmHWM:"));
+  ret->status = Control(socket, "status");
   engram_close(session);
   kill(daemon, SIGTERM);
   waitpid(daemon, nullptr, 0);
+  return 0;
+}
 
-  const json& store = status["store"];
+uint64_t CacheMisses(const Phase& p) { return p.status["store"]["cache"]["misses"].get<uint64_t>(); }
+
+void PrintPhase(const char* name, const Phase& p) {
+  const json& store = p.status["store"];
+  printf("  %-22s %10.4f %14.4f %12lu\n", name, store["hit_rate"].get<double>(),
+         store["all_hit_fraction"].get<double>(), CacheMisses(p));
+}
+
+int Run(const Options& o) {
+  auto trace = ReadTrace(o.trace);
+  if (!trace.ok()) return fprintf(stderr, "%s\n", trace.status().ToString().c_str()), 1;
+  if (o.prefetch_drafts != 0 && o.mode != "decode") {
+    return fprintf(stderr, "--prefetch-drafts replays decode steps (--mode decode)\n"), 1;
+  }
+  const HashConfig config = Dsv41HashConfig();
+  auto layers = DeriveLayerTables(config);
+  auto hasher = NgramHasher::Create(config, *layers, std::nullopt, trace->pad);
+  if (!hasher.ok()) return fprintf(stderr, "%s\n", hasher.status().ToString().c_str()), 1;
+  const uint32_t heads = hasher->heads_per_layer();
+  std::vector<std::vector<uint64_t>> rows[2] = {HashDocs(*hasher, *trace, 0),
+                                                HashDocs(*hasher, *trace, 1)};
+  std::vector<Step> steps = BuildSteps(o, rows, heads);
+  if (o.max_steps != 0 && steps.size() > o.max_steps) steps.resize(o.max_steps);
+  uint64_t lookups = 0, max_rows = 0;
+  for (const Step& s : steps) {
+    lookups += s.rows[0].size() + s.rows[1].size();
+    max_rows = std::max<uint64_t>(max_rows, s.rows[0].size());
+  }
+  // Drafts of all sequences of a step, per layer.
+  max_rows = std::max<uint64_t>(max_rows, uint64_t{o.sequences} * o.prefetch_drafts * heads);
+
+  std::filesystem::create_directories(o.dir);
+  const std::string model = o.dir + "/model-" + std::to_string(o.table_rows);
+  if (!std::filesystem::exists(model + "/config.json")) {
+    SynthOptions so{.out_dir = model, .rows = o.table_rows, .seed = 7};
+    if (absl::Status s = WriteSyntheticCheckpoint(so); !s.ok()) {
+      return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+    }
+  }
+  Phase plain, prefetched;
+  if (int rc = Replay(o, steps, model, max_rows, nullptr, &plain); rc != 0) return rc;
+  if (o.prefetch_drafts != 0) {
+    Drafter drafter{.o = o, .hasher = *hasher, .trace = *trace, .state = o.seed * 2654435761u + 1};
+    if (int rc = Replay(o, steps, model, max_rows, &drafter, &prefetched); rc != 0) return rc;
+  }
+
+  const json& store = plain.status["store"];
   const uint64_t capacity = store["cache"]["capacity_rows"].get<uint64_t>();
   LruSim lru(capacity);
   S3FifoSim s3(capacity);
@@ -288,7 +390,7 @@ int Run(const Options& o) {
   for (const Step& s : steps) {
     for (int l = 0; l < 2; ++l) {
       keys.clear();
-      for (uint64_t r : s.rows[l]) keys.push_back(uint64_t{layer_ids[l]} << 40 | r);
+      for (uint64_t r : s.rows[l]) keys.push_back(uint64_t{l == 0 ? 1u : 14u} << 40 | r);
       lru.Batch(keys);
       s3_all_hit += s3.Batch(keys) == keys.size();
       ++requests;
@@ -307,20 +409,42 @@ int Run(const Options& o) {
                          : absl::StrCat(o.chunk_tokens, "-token chunks").c_str(),
       steps.size(), lookups, o.table_rows, capacity,
       double(store["cache"]["bytes"].get<uint64_t>()) / (1 << 20));
-  printf("  %-22s %10s %14s\n", "", "hit rate", "all-hit reqs");
-  printf("  %-22s %10.4f %14.4f\n", "engramd (S3-FIFO)", store["hit_rate"].get<double>(),
-         store["all_hit_fraction"].get<double>());
+  printf("  %-22s %10s %14s %12s\n", "", "hit rate", "all-hit reqs", "row misses");
+  PrintPhase("engramd (S3-FIFO)", plain);
   printf("  %-22s %10.4f %14.4f\n", "simulated S3-FIFO", s3.counts.hit_rate(),
          double(s3_all_hit) / double(requests));
   printf("  %-22s %10.4f %14s\n", "simulated LRU", lru.counts.hit_rate(), "");
+  if (o.prefetch_drafts != 0) {
+    PrintPhase(absl::StrCat("engramd + prefetch k=", o.prefetch_drafts).c_str(), prefetched);
+    const json& p = prefetched.status["prefetch"];
+    const double without = double(CacheMisses(plain)), with = double(CacheMisses(prefetched));
+    printf(
+        "  drafts: k=%u a sequence, each right with p=%.2f while the draft holds, random after; "
+        "%lu µs between steps\n",
+        o.prefetch_drafts, o.draft_accept, o.step_gap_us);
+    printf("  fraction of later misses avoided by prefetch: %.4f (%.0f -> %.0f row misses)\n",
+           without == 0 ? 0.0 : (without - with) / without, without, with);
+    printf(
+        "  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu dropped, %lu used by "
+        "gathers (%.1f%% of those fetched); engram_prefetch p50 %.1f us, p99 %.1f us a step\n",
+        p["requested_rows"].get<uint64_t>(), p["fetched_rows"].get<uint64_t>(),
+        p["held_rows"].get<uint64_t>(), p["dropped_rows"].get<uint64_t>(),
+        p["used_rows"].get<uint64_t>(),
+        100.0 * double(p["used_rows"].get<uint64_t>()) /
+            double(std::max<uint64_t>(1, p["fetched_rows"].get<uint64_t>())),
+        Percentile(prefetched.prefetch_ns, 0.5) / 1e3,
+        Percentile(prefetched.prefetch_ns, 0.99) / 1e3);
+    printf("  step latency with prefetch p50 %.1f us, p99 %.1f us\n",
+           Percentile(prefetched.latency, 0.5) / 1e3, Percentile(prefetched.latency, 0.99) / 1e3);
+  }
   printf("  step latency p50 %.1f us, p99 %.1f us (both layers' gathers, submitted together)\n",
-         Percentile(latency, 0.5) / 1e3, Percentile(latency, 0.99) / 1e3);
+         Percentile(plain.latency, 0.5) / 1e3, Percentile(plain.latency, 0.99) / 1e3);
   printf(
       "  engramd memory high-water %.1f MiB RSS; row store %.1f MiB (%lu evictions); rows "
       "wrong %lu\n",
-      hwm_kb / 1024.0, double(store["store_bytes"].get<uint64_t>()) / (1 << 20),
-      store["cache"]["evictions"].get<uint64_t>(), wrong);
-  return wrong == 0 ? 0 : 2;
+      plain.hwm_kb / 1024.0, double(store["store_bytes"].get<uint64_t>()) / (1 << 20),
+      store["cache"]["evictions"].get<uint64_t>(), plain.wrong + prefetched.wrong);
+  return plain.wrong + prefetched.wrong == 0 ? 0 : 2;
 }
 
 }  // namespace
@@ -343,6 +467,18 @@ int main(int argc, char** argv) {
   app.add_option("--chunk-tokens", o.chunk_tokens, "Prefill: tokens a chunk")
       ->capture_default_str();
   app.add_option("--max-steps", o.max_steps, "Stop after this many steps (0: the whole trace)");
+  app.add_option("--prefetch-drafts", o.prefetch_drafts,
+                 "Decode: replay again prefetching the rows of this many draft tokens a sequence "
+                 "after each step, and report the misses avoided (0: no)")
+      ->capture_default_str();
+  app.add_option("--draft-accept", o.draft_accept,
+                 "Chance that a draft token is the true one while the draft holds")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--step-gap-us", o.step_gap_us,
+                 "Microseconds from a step's start to the next (the forward pass), both runs")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the simulated draft model")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return engram::bench::Run(o);
 }

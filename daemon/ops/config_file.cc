@@ -366,6 +366,11 @@ const std::vector<Setting>& Settings() {
       {"limits.default_slots", "", "Request slots of a session whose client asks for the default",
        Kind::kUint32, [](S* s) -> void* { return &s->server.limits.default_slots; }, 1,
        ENGRAM_MAX_SLOTS},
+      {"limits.prefetch_queue_rows", "--prefetch-queue-rows",
+       "Rows queued for prefetch, all sessions together (a full queue drops its oldest rows, "
+       "counted; 0: prefetch off)",
+       Kind::kUint64, [](S* s) -> void* { return &s->server.limits.prefetch_queue_rows; }, 0,
+       uint64_t{1} << 28},
       {"engine.workers", "--workers", "Gather workers (0: one per CPU)", Kind::kUint32,
        [](S* s) -> void* { return &s->server.workers; }, 0, 1024},
       {"engine.request_threads", "--request-threads",

@@ -46,6 +46,8 @@ void CompareFixed(const ServerConfig& cur, const ServerConfig& next, ReloadRepor
   needs_restart("limits.max_inflight", cur.limits.max_inflight != next.limits.max_inflight);
   needs_restart("limits.max_rows_per_request",
                 cur.limits.max_rows_per_request != next.limits.max_rows_per_request);
+  needs_restart("limits.prefetch_queue_rows",
+                cur.limits.prefetch_queue_rows != next.limits.prefetch_queue_rows);
   needs_restart("engine.inline_rows", cur.poll.inline_rows != next.poll.inline_rows);
   needs_restart("engine.pace", cur.poll.pace != next.poll.pace);
   needs_restart("engine.poll_spin_min_us/max_us",

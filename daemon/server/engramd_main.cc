@@ -148,6 +148,7 @@ void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
 // SIGHUP, which reloads the files and applies the same flags again.
 absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
   ServerConfig& config = settings->server;
+  config.storage_read_direct = settings->read_mode == "direct";
   if (settings->models.empty() && settings->tables.empty()) {
     return absl::InvalidArgumentError(
         "nothing to serve: give --model DIR or --table PATH, or tables.models / tables.files in " +

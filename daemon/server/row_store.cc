@@ -302,11 +302,18 @@ absl::Status RowStore::Gather(const GatherBatch& batch) {
   miss.rows.clear();
   miss.offsets.clear();
   const uint32_t layer = batch.table->layer_id();
+  uint64_t prefetch_used = 0;
   for (size_t i = 0; i < batch.rows.size(); ++i) {
     const uint64_t offset = batch.dest_offsets.empty() ? i * kRowBytes : batch.dest_offsets[i];
     uint8_t* dest = batch.dest + offset;
-    const bool hit = ts->tier == Tier::kResident ? ts->resident->CopyRow(batch.rows[i], dest)
-                                                 : cache_->Lookup(layer, batch.rows[i], dest);
+    bool hit;
+    if (ts->tier == Tier::kResident) {
+      hit = ts->resident->CopyRow(batch.rows[i], dest);
+    } else {
+      bool used = false;
+      hit = cache_->Lookup(layer, batch.rows[i], dest, &used);
+      prefetch_used += used;
+    }
     if (!hit) {
       miss.rows.push_back(batch.rows[i]);
       miss.offsets.push_back(offset);
@@ -314,6 +321,9 @@ absl::Status RowStore::Gather(const GatherBatch& batch) {
   }
   if (ts->tier == Tier::kCache) {
     cache_->CountLookups(batch.rows.size() - miss.rows.size(), miss.rows.size());
+    if (prefetch_used != 0) {
+      ts->prefetch_used_rows.fetch_add(prefetch_used, std::memory_order_relaxed);
+    }
   }
   ts->requests.fetch_add(1, std::memory_order_relaxed);
   ts->rows.fetch_add(batch.rows.size(), std::memory_order_relaxed);
@@ -346,6 +356,53 @@ absl::Status RowStore::GatherMisses(TableState& ts, const GatherBatch& batch,
   return absl::OkStatus();
 }
 
+bool RowStore::Handles(const Table* table) {
+  const TableState* ts = StateOf(table);
+  return ts != nullptr && ts->tier != Tier::kStorage;
+}
+
+absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> rows,
+                                PrefetchOutcome* ret_outcome) {
+  *ret_outcome = {};
+  TableState* ts = StateOf(table);
+  if (ts == nullptr || ts->tier == Tier::kStorage) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table ", table->Describe(), " is not served from the row store"));
+  }
+  // A resident table's rows are in memory, or being loaded there in order: nothing to fetch.
+  if (ts->tier == Tier::kResident) {
+    ret_outcome->held = rows.size();
+    return absl::OkStatus();
+  }
+  const uint32_t layer = table->layer_id();
+  MissScratch& miss = t_scratch;
+  miss.rows.clear();
+  for (uint64_t row : rows) {
+    if (cache_->Contains(layer, row)) {
+      ++ret_outcome->held;
+    } else {
+      miss.rows.push_back(row);
+    }
+  }
+  if (miss.rows.empty()) return absl::OkStatus();
+  std::vector<uint8_t>& bounce = miss.bounce;
+  if (bounce.size() < miss.rows.size() * kRowBytes) bounce.resize(miss.rows.size() * kRowBytes);
+  absl::Status s = engine_->Gather({.table = table, .rows = miss.rows, .dest = bounce.data()});
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < miss.rows.size(); ++i) {
+    bool inserted = false;
+    // Rows were checked against the table when the prefetch was queued.
+    (void)cache_->InsertPrefetched(layer, miss.rows[i], bounce.data() + i * kRowBytes, &inserted);
+    // A row a gather admitted meanwhile (or a duplicate in `rows`) was held, not fetched.
+    if (inserted) {
+      ++ret_outcome->fetched;
+    } else {
+      ++ret_outcome->held;
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<TableStoreStats> RowStore::Stats() const {
   std::vector<TableStoreStats> out;
   for (const auto& ts : states_) {
@@ -356,6 +413,7 @@ std::vector<TableStoreStats> RowStore::Stats() const {
     s.all_hit_requests = ts->all_hit_requests.load(std::memory_order_relaxed);
     s.rows = ts->rows.load(std::memory_order_relaxed);
     s.hit_rows = ts->hit_rows.load(std::memory_order_relaxed);
+    s.prefetch_used_rows = ts->prefetch_used_rows.load(std::memory_order_relaxed);
     if (ts->resident != nullptr) {
       s.resident_rows_loaded = ts->resident->rows_loaded();
       s.resident_bytes = ts->resident->bytes();

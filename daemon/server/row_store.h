@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +46,13 @@ struct TableStoreStats {
   uint64_t hit_rows = 0;
   uint64_t resident_rows_loaded = 0;  // resident tier: rows in memory so far
   uint64_t resident_bytes = 0;        // resident tier: bytes held
+  uint64_t prefetch_used_rows = 0;    // cache tier: hits on rows a prefetch admitted, each once
+};
+
+// What a prefetch of some rows of one table did (RowStore::Prefetch).
+struct PrefetchOutcome {
+  uint64_t fetched = 0;  // rows read and admitted to the cache
+  uint64_t held = 0;     // rows the store held already (cached, or a resident table)
 };
 
 class RowStore {
@@ -95,6 +103,14 @@ class RowStore {
   // Fills the batch exactly as GatherEngine::Gather does. Thread-safe.
   absl::Status Gather(const GatherBatch& batch);
 
+  // The store's part of a prefetch (daemon/server/prefetcher.h): for a cached table, reads the
+  // rows it does not hold (O_DIRECT, as misses are) and admits them marked as prefetched; a
+  // resident table holds every row already. False for a table of the storage tier (the caller
+  // warms the page cache instead). Rows must be covered by the table. Thread-safe.
+  bool Handles(const Table* table);
+  absl::Status Prefetch(const Table* table, std::span<const uint64_t> rows,
+                        PrefetchOutcome* ret_outcome);
+
   std::vector<TableStoreStats> Stats() const;
   // Adds the store's fields to a control reply: "status" gets "store", "tables" and "stats" get
   // per-table fields in their "tables" entries (matched by "layer").
@@ -115,6 +131,7 @@ class RowStore {
     std::atomic<uint64_t> all_hit_requests{0};
     std::atomic<uint64_t> rows{0};
     std::atomic<uint64_t> hit_rows{0};
+    std::atomic<uint64_t> prefetch_used_rows{0};
     // Resident tier: the load's state (guarded by load_mu_) and its cancel flag.
     LoadState load_state = LoadState::kWaiting;
     std::string load_error;

@@ -299,6 +299,13 @@ absl::Status Server::Run() {
     epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, signal_fd_.get(), &ev);
   }
   WatchTables();
+  prefetcher_ = std::make_unique<Prefetcher>(
+      PrefetcherOptions{.queue_rows = config_.limits.prefetch_queue_rows,
+                        .storage_readahead = !config_.storage_read_direct},
+      tables_, store_.get(),
+      [this] { return inflight_total_.load(std::memory_order_relaxed) != 0; },
+      [this](size_t index) { return watch_->Check(index); });
+  prefetcher_->Start();
   std::vector<std::string> layers;
   for (const auto& t : tables_) layers.push_back(t->Describe());
   log::Notice("engramd serving {} table(s) on {}: {}", tables_.size(), config_.socket_path,
@@ -601,7 +608,7 @@ void Server::Handshake(int fd) {
   welcome.version_major = ENGRAM_PROTOCOL_MAJOR;
   welcome.version_minor = ENGRAM_PROTOCOL_MINOR;
   welcome.slots = layout.slots;
-  welcome.features = hello.features & ENGRAM_FEATURES_V1_1;
+  welcome.features = hello.features & ENGRAM_FEATURES_V1_2;
   welcome.session_id = id;
   welcome.arena_bytes = layout.arena_bytes;
   welcome.data_bytes = layout.data_bytes;
@@ -888,8 +895,9 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
   const uint32_t slot = ENGRAM_TICKET_SLOT(sqe.ticket);
   const uint64_t claimed = std::min<uint64_t>(sqe.num_rows, config_.limits.max_rows_per_request);
   const bool slot_valid = (sqe.ticket >> 16) != 0 && slot < session->arena().layout().slots;
-  if (claimed <= config_.poll.inline_rows || !slot_valid) {
-    // Small (or unanswerable): decoding costs the poller little.
+  if (claimed <= config_.poll.inline_rows || !slot_valid || sqe.opcode == ENGRAM_OP_PREFETCH) {
+    // Small (or unanswerable, or a prefetch of at most ENGRAM_PREFETCH_MAX_ROWS rows that must
+    // not wait behind gathers): decoding costs the poller little.
     Execute(session, sqe, start, /*admitted_rows=*/0);
     return;
   }
@@ -988,6 +996,10 @@ void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& 
     }
     return;
   }
+  if (request.opcode == ENGRAM_OP_PREFETCH) {
+    QueuePrefetch(*session, request, start);
+    return;
+  }
   if (admitted_rows == 0) {
     if (!Admit(*session, request.ticket, request.slot, request.rows.size(), start)) return;
     admitted_rows = request.rows.size();
@@ -1004,6 +1016,19 @@ void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& 
   if (status.ok()) status = watch_->Check(request.table_index);
   Finish(*session, request.ticket, request.slot, std::move(status), request.rows.size(),
          admitted_rows, start);
+}
+
+void Server::QueuePrefetch(Session& session, const protocol::DecodedRequest& request,
+                           uint64_t start) {
+  // A table whose files changed fails the prefetch as it would fail a gather.
+  if (absl::Status s = watch_->Check(request.table_index); !s.ok()) {
+    session.Complete(request.ticket, request.slot, static_cast<int32_t>(s.code()),
+                     std::string(s.message()).c_str(), 0, NowNs() - start);
+    return;
+  }
+  const uint64_t queued = prefetcher_->Enqueue(request.table_index, request.rows);
+  session.Complete(request.ticket, request.slot, ENGRAM_STATUS_OK, nullptr, queued,
+                   NowNs() - start, /*rows_written=*/false);
 }
 
 void Server::Unanswerable(Session& session, const std::string& message, uint64_t start) {

@@ -24,6 +24,7 @@
 #include "daemon/ops/server_view.h"
 #include "protocol/codec.h"
 #include "daemon/server/pending_handshakes.h"
+#include "daemon/server/prefetcher.h"
 #include "daemon/server/request_pool.h"
 #include "daemon/server/row_store.h"
 #include "protocol/unique_fd.h"
@@ -76,10 +77,14 @@ class Server : public ServerView {
   std::vector<TableGatherStats> EngineStats() const override { return engine_->Stats(); }
   void AddStoreControlFields(const std::string& command, nlohmann::json* out) const override {
     if (store_ != nullptr) store_->AddControlFields(command, out);
+    if (prefetcher_ != nullptr) prefetcher_->AddControlFields(command, out);
   }
   void AddStoreMetrics(metrics::Exposition* e) const override {
     if (store_ != nullptr) store_->AddMetrics(e);
+    if (prefetcher_ != nullptr) prefetcher_->AddMetrics(e);
   }
+  // The prefetch queue and its thread (null until Run() starts them).
+  Prefetcher* prefetcher() { return prefetcher_.get(); }
   std::vector<std::shared_ptr<Session>> Sessions() const override;
   absl::StatusOr<ResidentLoadStatus> ResidentLoad(uint32_t layer,
                                                   LoadAction action) const override;
@@ -93,6 +98,8 @@ class Server : public ServerView {
   void PollerLoop();
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
+  // A checked PREFETCH: its rows go on the prefetch queue and it completes at once.
+  void QueuePrefetch(Session& session, const protocol::DecodedRequest& request, uint64_t start);
   // Decodes and runs one submission on the calling thread. `admitted_rows` != 0: Admit() ran
   // already for that many rows.
   void Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
@@ -144,6 +151,7 @@ class Server : public ServerView {
   uint64_t last_recheck_ns_ = 0;
   std::unique_ptr<GatherEngine> engine_;
   std::unique_ptr<RowStore> store_;        // null: every table from storage
+  std::unique_ptr<Prefetcher> prefetcher_;  // after store_ and watch_: stops before them
   std::unique_ptr<RequestPool> requests_;  // after engine_ and store_: its threads stop first
   std::unique_ptr<RequestPool> large_requests_;  // requests larger than a decode step
 

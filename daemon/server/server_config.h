@@ -25,6 +25,7 @@ struct Limits {
   uint64_t max_total_arena_bytes = uint64_t{16} << 30;  // all sessions together
   uint64_t default_data_bytes = uint64_t{64} << 20;     // when the client asks for 0
   uint32_t default_slots = 64;                          // when the client asks for 0
+  uint64_t prefetch_queue_rows = 262144;  // rows queued for prefetch, all sessions (0: off)
 };
 
 // How the poller waits for submissions.
@@ -80,6 +81,9 @@ struct ServerConfig {
   // [memory] budget: what engramd.service may use, page cache included (0: unbounded). systemd
   // enforces it (`engramd --memory-dropin`); engramd reports against it (cgroup_memory.h).
   uint64_t memory_budget = 0;
+  // Tables served from storage are read with O_DIRECT (engine.read_mode = direct): there is no
+  // page cache for a prefetch to warm. Set from engine.read_mode.
+  bool storage_read_direct = false;
 };
 
 // The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.

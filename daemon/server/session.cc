@@ -84,13 +84,15 @@ uint32_t Session::TakeSubmissions(engram_sqe* out, uint32_t max, bool* ret_garba
 }
 
 void Session::Complete(uint64_t ticket, uint32_t slot, int32_t code, const char* message,
-                       uint64_t rows, uint64_t service_ns) {
+                       uint64_t rows, uint64_t service_ns, bool rows_written) {
   // Counted before the completion is published: a client that sees its request done and then
   // asks for statistics finds the request in them.
   if (code == ENGRAM_STATUS_OK) {
     counters.ok.fetch_add(1, std::memory_order_relaxed);
-    counters.rows.fetch_add(rows, std::memory_order_relaxed);
-    counters.bytes.fetch_add(rows * ENGRAM_ROW_BYTES, std::memory_order_relaxed);
+    if (rows_written) {
+      counters.rows.fetch_add(rows, std::memory_order_relaxed);
+      counters.bytes.fetch_add(rows * ENGRAM_ROW_BYTES, std::memory_order_relaxed);
+    }
   } else {
     counters.failed.fetch_add(1, std::memory_order_relaxed);
   }

@@ -58,8 +58,10 @@ class Session {
 
   // Any thread. Writes the outcome into the slot, queues a completion entry, increments the
   // completion counter and wakes sleeping client threads.
+  // `rows_written` false: `rows` were not written into the arena (a prefetch's rows queued) and
+  // are not counted as gathered.
   void Complete(uint64_t ticket, uint32_t slot, int32_t code, const char* message, uint64_t rows,
-                uint64_t service_ns);
+                uint64_t service_ns, bool rows_written = true);
 
   // Marks the session closed: its ring is no longer read and clients see it stopped.
   void MarkStopped();

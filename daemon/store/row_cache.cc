@@ -58,26 +58,51 @@ absl::StatusOr<RowCacheReader> RowCacheReader::Attach(const uint8_t* base, uint6
   return r;
 }
 
-bool RowCacheReader::Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const {
-  if (slots_ == nullptr) return false;
-  const uint64_t key = RowCacheKey(layer, row);
+int64_t RowCacheReader::Find(uint64_t key, uint8_t* dst) const {
+  if (slots_ == nullptr) return -1;
   const uint64_t home = RowCacheHash(key);
   for (uint64_t i = 0; i <= bucket_mask_; ++i) {
     const uint32_t b = buckets_[(home + i) & bucket_mask_].load(std::memory_order_acquire);
-    if (b == 0) return false;
+    if (b == 0) return -1;
     if (b > max_slots_) continue;
     RowCacheSlot& s = slots_[b - 1];
     const uint32_t before = s.seq.load(std::memory_order_acquire);
     if ((before & 1) != 0 || s.key.load(std::memory_order_relaxed) != key) continue;
-    std::memcpy(dst, s.row, kRowBytes);
+    if (dst != nullptr) std::memcpy(dst, s.row, kRowBytes);
     // The copy must be complete before seq is read again (the seqlock's read side).
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.seq.load(std::memory_order_relaxed) != before) return false;
-    uint8_t f = s.freq.load(std::memory_order_relaxed);
-    if (mark_use_ && f < kMaxFreq) s.freq.store(f + 1, std::memory_order_relaxed);
-    return true;
+    if (s.seq.load(std::memory_order_relaxed) != before) return -1;
+    return b - 1;
   }
-  return false;
+  return -1;
+}
+
+bool RowCacheReader::Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const {
+  const int64_t b = Find(RowCacheKey(layer, row), dst);
+  if (b < 0) return false;
+  RowCacheSlot& s = slots_[b];
+  uint8_t f = s.freq.load(std::memory_order_relaxed);
+  if (mark_use_ && f < kMaxFreq) s.freq.store(f + 1, std::memory_order_relaxed);
+  return true;
+}
+
+bool RowCacheReader::Contains(uint32_t layer, uint64_t row) const {
+  return Find(RowCacheKey(layer, row), nullptr) >= 0;
+}
+
+bool RowCache::Lookup(uint32_t layer, uint64_t row, uint8_t* dst, bool* ret_prefetch_used) {
+  *ret_prefetch_used = false;
+  const int64_t b = reader_.Find(RowCacheKey(layer, row), dst);
+  if (b < 0) return false;
+  RowCacheSlot& s = slots_[b];
+  uint8_t f = s.freq.load(std::memory_order_relaxed);
+  if (f < kMaxFreq) s.freq.store(f + 1, std::memory_order_relaxed);
+  // Cheap test first: a plain load, and the exchange only on a marked slot. Two hits racing on
+  // one marked row: the exchange lets exactly one of them count it. A mark the slot got for
+  // another row after the seqlock check is at worst one use counted for the wrong row.
+  *ret_prefetch_used = s.prefetched.load(std::memory_order_relaxed) != 0 &&
+                       s.prefetched.exchange(0, std::memory_order_relaxed) != 0;
+  return true;
 }
 
 uint64_t RowCache::BytesForSlots(uint64_t slots) { return slots * kSlotBytes; }
@@ -195,6 +220,7 @@ void RowCache::WriteSlot(uint32_t i, uint64_t key, const uint8_t* data) {
   s.key.store(key, std::memory_order_relaxed);
   std::memcpy(s.row, data, kRowBytes);
   s.freq.store(0, std::memory_order_relaxed);
+  s.prefetched.store(0, std::memory_order_relaxed);
   s.seq.store(seq + 2, std::memory_order_release);
   meta_[i].key = key;
 }
@@ -298,6 +324,17 @@ uint32_t RowCache::EvictOne() {
 }
 
 absl::Status RowCache::Insert(uint32_t layer, uint64_t row, const uint8_t* data) {
+  return InsertWith(layer, row, data, /*prefetched=*/false, nullptr);
+}
+
+absl::Status RowCache::InsertPrefetched(uint32_t layer, uint64_t row, const uint8_t* data,
+                                        bool* ret_inserted) {
+  return InsertWith(layer, row, data, /*prefetched=*/true, ret_inserted);
+}
+
+absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* data,
+                                  bool prefetched, bool* ret_inserted) {
+  if (ret_inserted != nullptr) *ret_inserted = false;
   if (row >> kRowCacheRowBits != 0 || layer >= (1u << 23)) {
     return absl::InvalidArgumentError(
         absl::StrCat("row cache: layer ", layer, " row ", row, " is outside the key space"));
@@ -313,8 +350,14 @@ absl::Status RowCache::Insert(uint32_t layer, uint64_t row, const uint8_t* data)
     s = EvictOne();
   }
   WriteSlot(s, key, data);
+  if (prefetched) {
+    // Set before the bucket publishes the slot: no reader finds the row unmarked.
+    slot(s).prefetched.store(1, std::memory_order_relaxed);
+    ++prefetch_inserts_;
+  }
   InsertBucket(key, s);
   ++inserts_;
+  if (ret_inserted != nullptr) *ret_inserted = true;
   auto ghost = ghost_index_.find(key);
   if (ghost != ghost_index_.end()) {
     ghost_index_.erase(ghost);
@@ -331,8 +374,10 @@ void RowCache::MoveDown(uint32_t from, uint32_t to) {
   const uint64_t key = meta_[from].key;
   const Queue queue = meta_[from].queue;
   const uint8_t freq = slot(from).freq.load(std::memory_order_relaxed);
+  const uint8_t prefetched = slot(from).prefetched.load(std::memory_order_relaxed);
   WriteSlot(to, key, slot(from).row);
   slot(to).freq.store(freq, std::memory_order_relaxed);
+  slot(to).prefetched.store(prefetched, std::memory_order_relaxed);
   // Both slots hold the row now; point its bucket at the new one, then clear the old.
   const uint64_t home = RowCacheHash(key);
   for (uint64_t i = 0; i <= bucket_mask_; ++i) {
@@ -402,6 +447,7 @@ RowCacheStats RowCache::Stats() const {
   st.evictions = evictions_;
   st.ghost_hits = ghost_hits_;
   st.promotions = promotions_;
+  st.prefetch_inserts = prefetch_inserts_;
   return st;
 }
 

@@ -40,9 +40,14 @@ class RowCacheReader {
   // a torn row or another row's bytes; may miss a row that is being moved. Lock-free, no syscall.
   // A reader that Attach() made only reads the region (it may be mapped read-only).
   bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const;
+  // Whether row (layer, row) is cached now, without copying it or marking it used.
+  bool Contains(uint32_t layer, uint64_t row) const;
 
  private:
   friend class RowCache;
+  // Finds the slot of `key` and copies its row into dst (null: no copy); the slot's index, or -1.
+  int64_t Find(uint64_t key, uint8_t* dst) const;
+
   bool mark_use_ = false;  // count hits in the slots' use counters (the writer's own reader)
   const RowCacheHeader* header_ = nullptr;
   RowCacheBucket* buckets_ = nullptr;
@@ -72,6 +77,7 @@ struct RowCacheStats {
   uint64_t evictions = 0;
   uint64_t ghost_hits = 0;  // inserts that went straight to the main FIFO
   uint64_t promotions = 0;  // small -> main
+  uint64_t prefetch_inserts = 0;  // rows admitted by prefetches (included in inserts)
 };
 
 class RowCache {
@@ -89,6 +95,10 @@ class RowCache {
   bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst) {
     return reader_.Lookup(layer, row, dst);
   }
+  // Lookup that also tells whether this hit is the first on a row a prefetch admitted
+  // (*ret_prefetch_used; each such row is reported once, by the hit that clears its mark).
+  bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst, bool* ret_prefetch_used);
+  bool Contains(uint32_t layer, uint64_t row) const { return reader_.Contains(layer, row); }
   void CountLookups(uint64_t hits, uint64_t misses) {
     hits_.fetch_add(hits, std::memory_order_relaxed);
     misses_.fetch_add(misses, std::memory_order_relaxed);
@@ -96,6 +106,11 @@ class RowCache {
   // Admits a row read from storage (a no-op if it is present or the capacity is 0). Evicts as
   // the policy says. Rows must be < 2^40 and layers < 2^23 (InvalidArgument otherwise).
   absl::Status Insert(uint32_t layer, uint64_t row, const uint8_t* data);
+  // Insert of a row a prefetch read: the slot is marked so that the first gather that hits it
+  // counts as a prefetch used. *ret_inserted (may be null): false when the row was present
+  // already (then its mark is left as it was) or the capacity is 0.
+  absl::Status InsertPrefetched(uint32_t layer, uint64_t row, const uint8_t* data,
+                                bool* ret_inserted);
 
   // Changes the capacity (clamped to [0, max_slots]): growing takes bytes from the budget (as
   // many as it gives), shrinking evicts by policy, moves rows out of the released range and gives
@@ -132,6 +147,8 @@ class RowCache {
   void InsertBucket(uint64_t key, uint32_t slot);
   void EraseBucket(uint64_t bucket);
   void WriteSlot(uint32_t slot, uint64_t key, const uint8_t* data);
+  absl::Status InsertWith(uint32_t layer, uint64_t row, const uint8_t* data, bool prefetched,
+                          bool* ret_inserted);
   void ClearSlot(uint32_t slot);
   void RemoveSlot(uint32_t slot, bool to_ghost);
   void Push(Queue queue, uint32_t slot);
@@ -168,6 +185,7 @@ class RowCache {
   uint64_t evictions_ = 0;
   uint64_t ghost_hits_ = 0;
   uint64_t promotions_ = 0;
+  uint64_t prefetch_inserts_ = 0;
 };
 
 }  // namespace engram

@@ -51,11 +51,15 @@ static_assert(offsetof(RowCacheHeader, capacity_slots) == 48);
 struct alignas(32) RowCacheSlot {
   std::atomic<uint32_t> seq;
   std::atomic<uint8_t> freq;  // accesses since admission, saturating at 3 (the policy's input)
-  uint8_t reserved[3];
+  // 1 while the row was admitted by a prefetch and no gather has hit it yet: the first hit
+  // clears it and is counted as a prefetch used. Only the daemon reads and writes it.
+  std::atomic<uint8_t> prefetched;
+  uint8_t reserved[2];
   std::atomic<uint64_t> key;  // RowCacheKey, 0 when empty
   uint8_t row[kRowBytes];
 };
 static_assert(sizeof(RowCacheSlot) == 288);
+static_assert(offsetof(RowCacheSlot, prefetched) == 5);
 static_assert(offsetof(RowCacheSlot, key) == 8);
 static_assert(offsetof(RowCacheSlot, row) == 16);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

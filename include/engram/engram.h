@@ -300,6 +300,27 @@ ENGRAM_API int engram_table_map_gather(const engram_table_map* map, const uint64
 /* Unmaps (null: no-op). No other call may use the map at the same time or after. */
 ENGRAM_API void engram_unmap_table(engram_table_map* map);
 
+/* ---- prefetch (since ENGRAM_0.5, protocol 1.2) ------------------------------------------ */
+
+/* Tells the daemon that rows of `table` will probably be gathered soon (the rows of speculative
+ * decoding's draft tokens, of the next prefill chunk), so that it brings them into its row
+ * cache or the page cache in the background, after the gathers in flight. Returns as soon as
+ * the daemon has checked the row ids and queued them: it never waits for I/O (one round trip
+ * through the arena; ENGRAM_PREFETCH_MAX_ROWS (engram/protocol.h, 8,192) rows an entry, more
+ * take one entry each).
+ * `rows` may lie anywhere; ids outside the data region are copied into it (a buffer of up to
+ * 64 KiB, freed before return). *ret_queued (may be NULL) is set to the rows queued (all of
+ * them unless they exceed the daemon's whole prefetch queue; a full queue drops its oldest rows
+ * for new ones, which its statistics count). A
+ * later gather of a prefetched row is an ordinary gather (a row cache hit if it arrived).
+ * `flags`: 0. Errors: -EOPNOTSUPP when the daemon predates prefetch (protocol < 1.2); -ENOENT
+ * no table of that layer; -ERANGE a row outside the table (engram_last_error() names the
+ * table, the row and its index; nothing of that entry is queued); -ENOSPC every slot is busy
+ * or the data region has no room for the ids; -EBUSY on a device-submit session; -ENOTCONN.
+ * Thread-safe. */
+ENGRAM_API int engram_prefetch(engram_session* session, uint32_t table, const uint64_t* rows,
+                               uint64_t num_rows, uint32_t flags, uint64_t* ret_queued);
+
 /* Protocol version this library speaks. Thread-safe. */
 ENGRAM_API void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor);
 

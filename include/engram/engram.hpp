@@ -258,6 +258,12 @@ class Session {
     r.dest_offsets = dest_offsets;
     return Status::FromReturn(engram_submit(s_, &r, ret_ticket));
   }
+  // Rows of `table` the caller will probably gather soon (engram_prefetch): returns once the
+  // daemon queued them, never after I/O; *ret_queued (if given) = rows queued, the rest dropped.
+  Status Prefetch(uint32_t table, const uint64_t* rows, uint64_t num_rows,
+                  uint64_t* ret_queued = nullptr) {
+    return Status::FromReturn(engram_prefetch(s_, table, rows, num_rows, 0, ret_queued));
+  }
   Status SubmitNop(Ticket* ret_ticket) {
     return Status::FromReturn(engram_submit_nop(s_, ret_ticket));
   }

@@ -28,7 +28,7 @@ extern "C" {
 
 /* A different major version cannot talk to this one; a newer minor only adds features. */
 #define ENGRAM_PROTOCOL_MAJOR 1
-#define ENGRAM_PROTOCOL_MINOR 1
+#define ENGRAM_PROTOCOL_MINOR 2
 
 /* Feature bits, offered by the client in HELLO and granted by the daemon in WELCOME. */
 #define ENGRAM_FEATURE_GATHER (1ull << 0)        /* GATHER submissions in the arena */
@@ -45,10 +45,14 @@ extern "C" {
  * daemon keeps polling such a session's ring instead of sleeping (docs/gpu.md, "Requests from
  * the GPU"); the client's library stops submitting from the host on it. */
 #define ENGRAM_FEATURE_DEVICE_SUBMIT (1ull << 8)
+/* 1.2: PREFETCH submissions: row ids the client will probably gather soon, which the daemon
+ * brings into its row cache or the page cache in the background (docs/row-store.md). */
+#define ENGRAM_FEATURE_PREFETCH (1ull << 9)
 #define ENGRAM_FEATURES_V1_0                                                        \
   (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
    ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
 #define ENGRAM_FEATURES_V1_1 (ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_DEVICE_SUBMIT)
+#define ENGRAM_FEATURES_V1_2 (ENGRAM_FEATURES_V1_1 | ENGRAM_FEATURE_PREFETCH)
 
 /* ---- status codes ---------------------------------------------------------------------- */
 
@@ -284,7 +288,16 @@ ENGRAM_STATIC_ASSERT(offsetof(struct engram_arena_header, daemon_state) == 576, 
 enum engram_opcode {
   ENGRAM_OP_NOP = 1,    /* completes at once: measures the round trip */
   ENGRAM_OP_GATHER = 2, /* rows of one table into the data region */
+  /* 1.2 (ENGRAM_FEATURE_PREFETCH): rows of one table the client will probably gather soon.
+   * table, num_rows and rows_offset as for GATHER; flags, dest_offset and dest_offsets_offset
+   * are 0. Completes as soon as the row ids are checked and queued, never after I/O: `rows` of
+   * the completion is how many were queued (a full prefetch queue drops its oldest rows, and
+   * counts them, to make room). At most ENGRAM_PREFETCH_MAX_ROWS rows an entry. */
+  ENGRAM_OP_PREFETCH = 3,
 };
+/* Rows one PREFETCH entry may carry: the daemon checks and queues them on its polling thread,
+ * so an entry is kept small (a decode step's drafts fit in one; a prefill chunk takes a few). */
+#define ENGRAM_PREFETCH_MAX_ROWS 8192u
 #define ENGRAM_SQE_DEST_OFFSETS 1u /* dest_offsets_offset names a per-row offset array */
 
 /* A ticket is (generation << 16) | slot, generation >= 1: never 0. */

@@ -31,8 +31,8 @@ from .client import (ARRAY_KINDS, DEFAULT_SOCKET, ArenaBuffer, Client, SessionSt
 from .errors import (EngramConnectionError, EngramError, EngramIOError, EngramPermissionError,
                      EngramTimeoutError, GpuUnavailableError, HashTablesError,
                      InvalidArgumentError, LibraryNotFoundError, ModelFileNotFoundError,
-                     NoVocabularyError, ProtocolError, ResourceExhaustedError,
-                     RowOutOfRangeError, UnknownTableError)
+                     NoVocabularyError, PrefetchUnsupportedError, ProtocolError,
+                     ResourceExhaustedError, RowOutOfRangeError, UnknownTableError)
 from .hasher import Hasher
 from .views import (Float8UnavailableError, RowView, decode_e4m3, decode_e8m0,
                     dequantize_numpy, split_rows)
@@ -74,5 +74,5 @@ __all__ = [
     "EngramError", "LibraryNotFoundError", "EngramConnectionError", "EngramPermissionError",
     "InvalidArgumentError", "UnknownTableError", "RowOutOfRangeError", "ResourceExhaustedError",
     "EngramTimeoutError", "ProtocolError", "EngramIOError", "GpuUnavailableError", "Hasher",
-    "ModelFileNotFoundError", "HashTablesError", "NoVocabularyError",
+    "ModelFileNotFoundError", "HashTablesError", "NoVocabularyError", "PrefetchUnsupportedError",
 ]

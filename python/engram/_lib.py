@@ -173,6 +173,11 @@ _CLIENT_FUNCTIONS = {
     "engram_row_bytes": (c_u32, []),
 }
 
+# Since ENGRAM_0.5: a library without it still loads; Client.prefetch says what is missing.
+_PREFETCH_FUNCTIONS = {
+    "engram_prefetch": (c_int, [c_void_p, c_u32, c_void_p, c_u64, c_u32, _P(c_u64)]),
+}
+
 _HASH_FUNCTIONS = {
     "engram_hasher_opts_init": (None, [_P(HasherOpts), c_size_t]),
     "engram_hasher_open": (c_int, [c_char_p, _P(HasherOpts), _P(c_void_p)]),
@@ -310,6 +315,7 @@ def client_lib():
                               ["libengram_client.so", "libengram_client.so.0"],
                               "ENGRAM_CLIENT_LIB", "client")
             _declare(lib, _CLIENT_FUNCTIONS, path)
+            _declare(lib, _PREFETCH_FUNCTIONS, path, required=False)
             _client, _client_path = lib, path
         return _client
 

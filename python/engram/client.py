@@ -30,7 +30,8 @@ import numpy as np
 
 from . import _lib
 from ._arrays import integer_array
-from .errors import InvalidArgumentError, RowOutOfRangeError, error_for
+from .errors import (InvalidArgumentError, PrefetchUnsupportedError, RowOutOfRangeError,
+                     error_for)
 from .views import split_rows
 
 ARRAY_KINDS = ("torch", "numpy")
@@ -414,6 +415,30 @@ class Client:
             allocation.free()
             raise
         return Ticket(self, ticket.value, table, n, allocation, array=array, typed=typed)
+
+    def prefetch(self, table: int, row_ids: Any) -> int:
+        """Tells engramd that rows `row_ids` of table `table` will probably be gathered soon
+        (draft tokens' rows, the next prefill chunk): it brings them into its row cache or the
+        page cache in the background, after the gathers in flight (engram_prefetch).
+
+        Returns once the daemon has checked and queued the ids, never after I/O, with how many
+        it queued (all, unless they exceed its whole prefetch queue; a full queue drops its
+        oldest rows for new ones and counts them). row_ids as for gather(). Raises UnknownTableError /
+        RowOutOfRangeError (naming the table, the row and its index) for a bad id, and
+        PrefetchUnsupportedError when the library or the daemon predates prefetch."""
+        ids = np.ascontiguousarray(row_ids_array(row_ids), dtype=np.uint64)
+        fn = getattr(self._lib, "engram_prefetch", None)
+        if fn is None or fn.argtypes is None:
+            raise PrefetchUnsupportedError(-errno.EOPNOTSUPP,
+                                   f"{_lib.client_lib_path()} has no engram_prefetch (it predates "
+                                   f"ENGRAM_0.5): install a newer libengram_client")
+        queued = ctypes.c_uint64()
+        rc = fn(self._session(), table, ids.ctypes.data if ids.size else None, ids.size, 0,
+                ctypes.byref(queued))
+        if rc == -errno.EOPNOTSUPP:
+            raise PrefetchUnsupportedError(rc, _lib.last_error())
+        _lib.check(rc)
+        return int(queued.value)
 
     def gather(self, table: int, row_ids: Any, timeout: Optional[float] = None, *,
                array: str = "torch", typed: bool = False) -> Any:

@@ -80,6 +80,10 @@ class NoVocabularyError(InvalidArgumentError):
     """Tokenizer ids were given to a Hasher opened without a compressed vocabulary."""
 
 
+class PrefetchUnsupportedError(EngramError):
+    """The client library or the daemon predates prefetch (ENGRAM_0.5, protocol 1.2)."""
+
+
 _BY_ERRNO = {
     -_errno.ECONNREFUSED: EngramConnectionError,
     -_errno.ENOTCONN: EngramConnectionError,

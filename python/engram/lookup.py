@@ -231,6 +231,44 @@ class EngramLookup:
                                       compressed=compressed) for layer in self.layers}
         self.prepare(row_ids, timeout)
 
+    def prefetch(self, row_ids: Union[Dict[int, Any], Sequence[Any]]) -> int:
+        """Hands engramd the row ids of a step that will probably come (the draft tokens of
+        speculative decoding, the next prefill chunk) so that it brings them into memory in the
+        background (Client.prefetch); returns without waiting for any I/O, with the rows queued.
+
+        row_ids as for prepare() ({layer_id: ids} or one array per layer, [tokens, heads],
+        -1 = padding), checked the same way (ValueError naming layer, token and head for a row
+        outside the table). Does not touch the step in flight."""
+        self._check_open()
+        if not isinstance(row_ids, dict):
+            row_ids = list(row_ids)
+            if len(row_ids) != len(self.layers):
+                raise ValueError(f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
+                                 f"{self.layers}")
+            row_ids = dict(zip(self.layers, row_ids))
+        unknown = sorted(set(row_ids) - set(self.layers))
+        if unknown:
+            raise ValueError(f"row ids given for layers {unknown}, not layers of this lookup "
+                             f"{self.layers}")
+        checked = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
+        return sum(self._client.prefetch(layer, rows) for layer, (_, _, rows) in checked.items())
+
+    def prefetch_tokens(self, hasher: Any, tokens: Any, history: Any = None, *,
+                        tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
+                        heads: Any = None, compressed: bool = False) -> int:
+        """prefetch() with the row ids hashed on the host from token ids that will probably
+        come (draft tokens with the sequence's last ids as history); arguments as for
+        prepare_tokens()."""
+        self._check_open()
+        begin, end = hasher.head_range(tp_size, tp_rank, heads)
+        if end - begin != self.heads:
+            raise InvalidArgumentError(
+                -errno.EINVAL, f"the hasher's head selection [{begin}, {end}) has "
+                               f"{end - begin} heads; this lookup was made for {self.heads}")
+        row_ids = {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
+                                      compressed=compressed) for layer in self.layers}
+        return self.prefetch(row_ids)
+
     def _validate(self, layer_id, ids):
         layer = self._layers[layer_id]
         ids = integer_array(ids, f"layer {layer_id}: row ids", ndim=None,

@@ -114,3 +114,49 @@ TEST_CASE("request decoder statuses", "[codec]") {
   s.reserved[1] = 1;
   fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "reserved");
 }
+
+TEST_CASE("PREFETCH entries are checked like gathers and carry no destination", "[codec]") {
+  std::vector<uint64_t> region(ENGRAM_PREFETCH_MAX_ROWS + 8, 20);
+  const TableBounds tables[] = {
+      {.layer_id = 14, .num_rows = 100, .covered_begin = 10, .covered_end = 50}};
+  RequestContext ctx{.slots = 4,
+                     .max_rows = 1 << 20,
+                     .data = reinterpret_cast<const uint8_t*>(region.data()),
+                     .data_bytes = region.size() * 8,
+                     .tables = tables};
+  // Three rows at the very end of the data region: no room for three destination rows there,
+  // which a prefetch does not need.
+  const engram_sqe sqe{.ticket = (3 << 16) | 1,
+                       .opcode = ENGRAM_OP_PREFETCH,
+                       .table = 14,
+                       .num_rows = 3,
+                       .rows_offset = ctx.data_bytes - 24};
+  DecodedRequest r;
+  bool slot_ok;
+  CodecError e;
+  REQUIRE(DecodeRequest(sqe, ctx, &r, &slot_ok, &e));
+  CHECK(r.opcode == ENGRAM_OP_PREFETCH);
+  CHECK(r.rows == std::vector<uint64_t>{20, 20, 20});
+  auto fails = [&](engram_sqe s, int code, const std::string& text) {
+    CodecError err;
+    CHECK_FALSE(DecodeRequest(s, ctx, &r, &slot_ok, &err));
+    CHECK(err.code == code);
+    INFO(err.message);
+    CHECK(err.message.find(text) != std::string::npos);
+  };
+  engram_sqe s = sqe;
+  s.flags = ENGRAM_SQE_DEST_OFFSETS;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "PREFETCH with flags 0x1 or a destination set");
+  s = sqe;
+  s.dest_offset = 64;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "a destination set");
+  s = sqe;
+  s.rows_offset = 0;
+  s.num_rows = ENGRAM_PREFETCH_MAX_ROWS + 1;
+  fails(s, ENGRAM_STATUS_RESOURCE_EXHAUSTED, "limit is 8192 (ENGRAM_PREFETCH_MAX_ROWS)");
+  region[region.size() - 2] = 50;
+  fails(sqe, ENGRAM_STATUS_OUT_OF_RANGE, "row 50 (index 1) is outside the rows [10, 50)");
+  s = sqe;
+  s.table = 1;
+  fails(s, ENGRAM_STATUS_NOT_FOUND, "no table for layer 1 (served: 14)");
+}

@@ -100,14 +100,14 @@ def expected_rows(tables):
 
 
 class Daemon:
-    def __init__(self, model_dir, socket_path, log_path):
+    def __init__(self, model_dir, socket_path, log_path, extra_args=()):
         self.socket = str(socket_path)
         self.log_path = log_path
         engramd = _find_program("engramd", "ENGRAMD", "daemon")
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
             [str(engramd), "--model", str(model_dir), "--socket", self.socket,
-             "--log-level", "warning", "--workers", "2"],
+             "--log-level", "warning", "--workers", "2", *extra_args],
             stdout=self._log, stderr=subprocess.STDOUT, env=program_env())
         deadline = time.monotonic() + 30
         while True:

@@ -25,6 +25,12 @@ for mode in decode prefill; do
   grep -q "simulated LRU" <<<"$out"
   grep -q "rows wrong 0" <<<"$out"
 done
+# Decode again with draft rows prefetched: both runs' rows are checked, the misses avoided shown.
+out=$("$replay" --trace "$work/zipf.trace" --dir "$work" --mode decode --table-rows 20000 \
+      --cache-mib 1 --max-steps 60 --prefetch-drafts 5 --draft-accept 0.7)
+echo "$out"
+grep -q "fraction of later misses avoided by prefetch" <<<"$out"
+grep -q "rows wrong 0" <<<"$out"
 # A file that is not a trace is refused, naming it.
 echo "not a trace" >"$work/bad.trace"
 if "$replay" --trace "$work/bad.trace" --dir "$work" 2>"$work/err"; then exit 1; fi

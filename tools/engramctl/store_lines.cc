@@ -1,5 +1,6 @@
 // The row store's lines in engramctl status, stats and tables: tier, memory against the budget,
-// hit rates and the cache. Each prints nothing when the daemon serves every table from storage.
+// hit rates and the cache, and prefetch. Each prints nothing when the daemon serves every table
+// from storage (prefetch lines: when nothing was prefetched).
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
@@ -21,6 +22,14 @@ double Frac(const json& j, const char* key) {
 }  // namespace
 
 void PrintStoreStatus(const json& reply) {
+  if (reply.contains("prefetch") && reply["prefetch"].is_object()) {
+    const json& p = reply["prefetch"];
+    if (Num(p, "requested_rows") + Num(p, "dropped_rows") != 0) {
+      printf("  prefetch %lu rows queued now, %lu fetched, %lu dropped, %lu used by gathers\n",
+             Num(p, "queue_rows"), Num(p, "fetched_rows"), Num(p, "dropped_rows"),
+             Num(p, "used_rows"));
+    }
+  }
   if (!reply.contains("store") || !reply["store"].is_object()) return;
   const json& s = reply["store"];
   printf("  row store %s of %s%s, hit rate %.1f%%, all-hit requests %.1f%%\n",
@@ -42,6 +51,13 @@ void PrintStoreStatus(const json& reply) {
 }
 
 void PrintStoreTableStats(const json& t) {
+  if (Num(t, "prefetch_requested_rows") + Num(t, "prefetch_dropped_rows") != 0) {
+    printf("  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu dropped, %lu failed; "
+           "%lu prefetched rows used by gathers\n",
+           Num(t, "prefetch_requested_rows"), Num(t, "prefetch_fetched_rows"),
+           Num(t, "prefetch_held_rows"), Num(t, "prefetch_dropped_rows"),
+           Num(t, "prefetch_failed_rows"), Num(t, "prefetch_used_rows"));
+  }
   if (!t.contains("store_requests")) return;
   printf("  tier %s: %lu of %lu rows from memory (%.1f%%), %lu of %lu requests all hits (%.1f%%)\n",
          t.value("tier", "?").c_str(), Num(t, "store_hit_rows"), Num(t, "store_rows"),

@@ -1,0 +1,303 @@
+// Prefetcher: the bounded queue, the low-priority thread that works it, and its statistics.
+#include "daemon/server/prefetcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "protocol/clock.h"
+
+namespace engram {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kPage = 4096;
+// How often a deferred batch looks again whether the gathers in flight finished.
+constexpr auto kDeferPoll = std::chrono::microseconds(50);
+
+// linux/ioprio.h is not in every libc's headers: the two values needed.
+constexpr int kIoprioWhoProcess = 1;
+constexpr int kIoprioClassIdle = 3;
+constexpr int kIoprioClassShift = 13;
+
+// The calling thread gives way to everything else: SCHED_IDLE for the CPU, the idle class for
+// I/O (honoured by the BFQ scheduler; others at least see the lowest priority). Either may be
+// refused (a seccomp filter, an old kernel); then it runs at normal priority.
+void LowerPriority() {
+  sched_param param{};
+  if (sched_setscheduler(0, SCHED_IDLE, &param) != 0) {
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+  }
+  (void)syscall(SYS_ioprio_set, kIoprioWhoProcess, 0, kIoprioClassIdle << kIoprioClassShift);
+}
+
+json* EntryOf(json* tables, uint32_t layer) {
+  if (tables == nullptr || !tables->is_array()) return nullptr;
+  for (json& t : *tables) {
+    if (t.contains("layer") && t["layer"] == layer) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Prefetcher::Prefetcher(const PrefetcherOptions& options,
+                       std::span<const std::unique_ptr<Table>> tables, RowStore* store,
+                       BusyFn busy, HealthFn health)
+    : options_(options),
+      tables_(tables),
+      store_(store),
+      busy_(std::move(busy)),
+      health_(std::move(health)),
+      counters_(new Counters[tables.size()]) {}
+
+Prefetcher::~Prefetcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Prefetcher::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+// Hints go stale: the rows of drafts a later step rejected are worth less than the newest ones.
+// So a full queue makes room by dropping its oldest rows, and the thread works the newest first.
+uint64_t Prefetcher::Enqueue(size_t table_index, std::span<const uint64_t> rows) {
+  Counters& c = counters_[table_index];
+  // Of one entry larger than the whole queue, its last rows are kept.
+  const uint64_t queued = std::min<uint64_t>(options_.queue_rows, rows.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!queue_.empty() && queue_.size() + queued > options_.queue_rows) {
+      counters_[queue_.front().table].dropped.fetch_add(1, std::memory_order_relaxed);
+      queue_.pop_front();
+      pending_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    for (uint64_t row : rows.subspan(rows.size() - queued)) {
+      queue_.push_back({static_cast<uint32_t>(table_index), row});
+    }
+    pending_.fetch_add(queued, std::memory_order_relaxed);
+  }
+  c.requested.fetch_add(queued, std::memory_order_relaxed);
+  if (queued < rows.size()) c.dropped.fetch_add(rows.size() - queued, std::memory_order_relaxed);
+  if (queued != 0) wake_.notify_one();
+  return queued;
+}
+
+bool Prefetcher::WaitIdle(uint64_t timeout_ns) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [this] {
+    return pending_.load(std::memory_order_relaxed) == 0;
+  });
+}
+
+void Prefetcher::Run() {
+  if (options_.idle_priority) LowerPriority();
+  uint32_t table = 0;
+  std::vector<uint64_t> rows;
+  while (Take(&table, &rows)) {
+    if (rows.empty()) continue;
+    Process(table, rows);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.fetch_sub(rows.size(), std::memory_order_relaxed) == rows.size()) {
+      idle_.notify_all();
+    }
+  }
+}
+
+bool Prefetcher::Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return false;
+  }
+  // Decode steps first: the batch waits (bounded) for the gathers in flight, outside the lock
+  // so that Enqueue never waits on it.
+  Defer();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return false;
+  ret_rows->clear();
+  if (queue_.empty()) {  // dropped while this batch deferred: nothing left to do
+    *ret_table = 0;
+    return true;
+  }
+  // Newest first (see Enqueue).
+  *ret_table = queue_.back().table;
+  while (!queue_.empty() && queue_.back().table == *ret_table &&
+         ret_rows->size() < options_.batch_rows) {
+    ret_rows->push_back(queue_.back().row);
+    queue_.pop_back();
+  }
+  return true;
+}
+
+void Prefetcher::Defer() {
+  if (!busy_) return;
+  const uint64_t deadline = NowNs() + options_.max_defer_ns;
+  while (busy_() && NowNs() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    std::this_thread::sleep_for(kDeferPoll);
+  }
+}
+
+void Prefetcher::Process(uint32_t table_index, std::span<const uint64_t> rows) {
+  Counters& c = counters_[table_index];
+  const Table& table = *tables_[table_index];
+  // Bytes read from a file that changed since it was validated are never admitted.
+  if (health_) {
+    if (absl::Status s = health_(table_index); !s.ok()) {
+      c.failed.fetch_add(rows.size(), std::memory_order_relaxed);
+      return;
+    }
+  }
+  uint64_t fetched = 0, held = 0;
+  if (store_ != nullptr && store_->Handles(&table)) {
+    PrefetchOutcome outcome;
+    absl::Status s = store_->Prefetch(&table, rows, &outcome);
+    if (s.ok() && health_) s = health_(table_index);
+    if (!s.ok()) {
+      c.failed.fetch_add(rows.size() - outcome.held, std::memory_order_relaxed);
+      c.held.fetch_add(outcome.held, std::memory_order_relaxed);
+      return;
+    }
+    fetched = outcome.fetched;
+    held = outcome.held;
+  } else if (options_.storage_readahead) {
+    ReadAhead(table, rows, &fetched, &held);
+  } else {
+    // Read with O_DIRECT from storage: there is no cache to bring the rows into.
+    c.dropped.fetch_add(rows.size(), std::memory_order_relaxed);
+    return;
+  }
+  c.fetched.fetch_add(fetched, std::memory_order_relaxed);
+  c.held.fetch_add(held, std::memory_order_relaxed);
+}
+
+// A part whose bytes a RWF_NOWAIT read gets is in the page cache; the others have their pages
+// read ahead. posix_fadvise(WILLNEED) starts the reads and returns without waiting for them
+// (the same kernel path as readahead(2), on any filesystem), and the pages land in the page
+// cache with nothing copied to user space.
+void Prefetcher::ReadAhead(const Table& table, std::span<const uint64_t> rows,
+                           uint64_t* ret_fetched, uint64_t* ret_held) {
+  uint8_t scratch[kRowBytes];
+  const std::span<const TableFile> files = table.files();
+  for (uint64_t row : rows) {
+    bool all_resident = true;
+    for (const RowPart& part : table.parts()) {
+      const int fd = files[part.file].fd;
+      const uint64_t offset = part.FileOffset(row);
+      iovec iov{.iov_base = scratch, .iov_len = part.bytes};
+      const ssize_t n = preadv2(fd, &iov, 1, static_cast<off_t>(offset), RWF_NOWAIT);
+      if (n == static_cast<ssize_t>(part.bytes)) continue;
+      all_resident = false;
+      const uint64_t begin = offset / kPage * kPage;
+      const uint64_t end = (offset + part.bytes + kPage - 1) / kPage * kPage;
+      (void)posix_fadvise(fd, static_cast<off_t>(begin), static_cast<off_t>(end - begin),
+                          POSIX_FADV_WILLNEED);
+    }
+    ++(all_resident ? *ret_held : *ret_fetched);
+  }
+}
+
+std::vector<TablePrefetchStats> Prefetcher::Stats() const {
+  std::vector<TablePrefetchStats> out;
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    const Counters& c = counters_[i];
+    out.push_back({.layer_id = tables_[i]->layer_id(),
+                   .requested = c.requested.load(std::memory_order_relaxed),
+                   .dropped = c.dropped.load(std::memory_order_relaxed),
+                   .fetched = c.fetched.load(std::memory_order_relaxed),
+                   .held = c.held.load(std::memory_order_relaxed),
+                   .failed = c.failed.load(std::memory_order_relaxed)});
+  }
+  return out;
+}
+
+namespace {
+
+// Hits on prefetched rows, per layer, from the row store (cache tier only).
+uint64_t UsedRows(const RowStore* store, uint32_t layer) {
+  if (store == nullptr) return 0;
+  for (const TableStoreStats& s : store->Stats()) {
+    if (s.layer_id == layer) return s.prefetch_used_rows;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void Prefetcher::AddControlFields(const std::string& command, json* out) const {
+  const std::vector<TablePrefetchStats> stats = Stats();
+  if (command == "status") {
+    uint64_t requested = 0, dropped = 0, fetched = 0, held = 0, failed = 0, used = 0;
+    for (const TablePrefetchStats& s : stats) {
+      requested += s.requested;
+      dropped += s.dropped;
+      fetched += s.fetched;
+      held += s.held;
+      failed += s.failed;
+      used += UsedRows(store_, s.layer_id);
+    }
+    (*out)["prefetch"] = {{"queue_rows", pending_rows()},
+                          {"queue_limit_rows", options_.queue_rows},
+                          {"requested_rows", requested},
+                          {"fetched_rows", fetched},
+                          {"held_rows", held},
+                          {"dropped_rows", dropped},
+                          {"failed_rows", failed},
+                          {"used_rows", used}};
+    return;
+  }
+  if (command != "stats") return;
+  json* tables = out->contains("tables") ? &(*out)["tables"] : nullptr;
+  for (const TablePrefetchStats& s : stats) {
+    json* t = EntryOf(tables, s.layer_id);
+    if (t == nullptr) continue;
+    (*t)["prefetch_requested_rows"] = s.requested;
+    (*t)["prefetch_fetched_rows"] = s.fetched;
+    (*t)["prefetch_held_rows"] = s.held;
+    (*t)["prefetch_dropped_rows"] = s.dropped;
+    (*t)["prefetch_failed_rows"] = s.failed;
+    (*t)["prefetch_used_rows"] = UsedRows(store_, s.layer_id);
+  }
+}
+
+void Prefetcher::AddMetrics(metrics::Exposition* e) const {
+  e->Gauge("engram_prefetch_queue_rows", "Rows waiting on the prefetch queue", {},
+           double(pending_rows()));
+  for (const TablePrefetchStats& s : Stats()) {
+    const metrics::Labels t = {{"table", std::to_string(s.layer_id)}};
+    e->Counter("engram_prefetch_requested_rows_total", "Rows queued by prefetch requests", t,
+               double(s.requested));
+    e->Counter("engram_prefetch_fetched_rows_total",
+               "Prefetched rows read into the row cache or the page cache", t, double(s.fetched));
+    e->Counter("engram_prefetch_held_rows_total",
+               "Prefetched rows that were in memory already", t, double(s.held));
+    e->Counter("engram_prefetch_dropped_rows_total",
+               "Prefetched rows dropped (queue full, or nothing to bring them into)", t,
+               double(s.dropped));
+    e->Counter("engram_prefetch_failed_rows_total", "Prefetched rows whose read failed", t,
+               double(s.failed));
+    e->Counter("engram_prefetch_used_rows_total",
+               "Rows a prefetch admitted to the row cache that a gather then hit (each once)", t,
+               double(UsedRows(store_, s.layer_id)));
+  }
+}
+
+}  // namespace engram

@@ -1,0 +1,351 @@
+// Prefetch through engramd: rows prefetched into the row cache are then gathered as byte-exact
+// hits and counted as used once; bad row ids and unknown tables are refused naming them; a full
+// queue drops and counts; a client that prefetches and dies disturbs nobody; a storage table's
+// prefetched rows end up in the page cache.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engram/engram.h"
+#include "engram/protocol.h"  // ENGRAM_PREFETCH_MAX_ROWS
+#include "nlohmann/json.hpp"
+#include "tables/table.h"
+#include "tests/common/daemon_test_util.h"
+
+using engram::kRowBytes;
+using nlohmann::json;
+using namespace engram::testing;
+
+namespace {
+
+std::string Engramctl() {
+  const char* p = getenv("ENGRAMCTL");
+  return p != nullptr ? p : "tools/engramctl/engramctl";
+}
+
+json Ctl(const Daemon& d, const std::string& command) {
+  const std::string line = Engramctl() + " " + command + " --json --socket " + d.socket();
+  FILE* p = popen(line.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  INFO(line << ": " << out);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return json::parse(out);
+}
+
+json TableStats(const Daemon& d, uint32_t layer) {
+  const json reply = Ctl(d, "stats");
+  for (const json& t : reply["tables"]) {
+    if (t["layer"] == layer) return t;
+  }
+  FAIL("no layer " << layer << " in " << reply.dump());
+  return {};
+}
+
+uint64_t U(const json& j, const char* key) {
+  INFO(key << " in " << j.dump());
+  REQUIRE(j.contains(key));
+  return j[key].get<uint64_t>();
+}
+
+// Waits until the daemon's prefetch queue is empty (the prefetch thread runs at idle priority:
+// on a busy machine this takes a while).
+void WaitPrefetched(const Daemon& d) {
+  for (int i = 0; i < 3000; ++i) {
+    if (U(Ctl(d, "status")["prefetch"], "queue_rows") == 0) return;
+    usleep(20000);
+  }
+  FAIL("the prefetch queue did not drain");
+}
+
+// `n` distinct rows of [0, kRows), deterministic.
+std::vector<uint64_t> DistinctRows(uint64_t n, uint64_t seed) {
+  std::vector<uint64_t> rows;
+  std::set<uint64_t> seen;
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  while (rows.size() < n) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    if (seen.insert(x % kRows).second) rows.push_back(x % kRows);
+  }
+  return rows;
+}
+
+struct Client {
+  engram_session* s = nullptr;
+  explicit Client(const Daemon& d, uint64_t data_bytes = 8 << 20) {
+    engram_connect_options o = d.Options(data_bytes, 8);
+    REQUIRE(engram_connect(&o, &s) == 0);
+  }
+  ~Client() { engram_close(s); }
+  // Gathers `rows` of `layer` and checks every byte against the synthetic rows.
+  void GatherChecked(uint32_t layer, const std::vector<uint64_t>& rows) {
+    uint64_t* ids;
+    uint8_t* out;
+    REQUIRE(engram_alloc(s, rows.size() * 8, reinterpret_cast<void**>(&ids)) == 0);
+    REQUIRE(engram_alloc(s, rows.size() * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+    std::copy(rows.begin(), rows.end(), ids);
+    std::memset(out, 0xEE, rows.size() * kRowBytes);
+    engram_gather_request r{
+        .size = sizeof(r), .table = layer, .rows = ids, .num_rows = rows.size(), .dest = out};
+    INFO(engram_last_error());
+    REQUIRE(engram_gather(s, &r, 30'000'000'000) == 0);
+    CHECK(FirstBadRow(layer, ids, rows.size(), out) == -1);
+    engram_free(s, ids);
+    engram_free(s, out);
+  }
+};
+
+int InChild(const std::function<int()>& body) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(body());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+TEST_CASE("prefetched rows of a cached table are gathered as byte-exact hits, used once",
+          "[prefetch]") {
+  // Layer 1 cached in 4 MiB (~14,000 rows), layer 14 from storage; nothing gathered before.
+  Daemon d({"--tier", "1=cache", "--cache-bytes", "4M"}, "prefetch-cache");
+  REQUIRE(d.alive());
+  Client c(d);
+  const std::vector<uint64_t> rows = DistinctRows(2000, 1);
+  uint64_t queued = 0;
+  // The ids live in ordinary memory: the library copies them into the arena.
+  REQUIRE(engram_prefetch(c.s, 1, rows.data(), rows.size(), 0, &queued) == 0);
+  CHECK(queued == rows.size());
+  WaitPrefetched(d);
+  json t = TableStats(d, 1);
+  CHECK(U(t, "prefetch_requested_rows") == rows.size());
+  CHECK(U(t, "prefetch_fetched_rows") == rows.size());  // a cold cache held none of them
+  CHECK(U(t, "prefetch_held_rows") == 0);
+  CHECK(U(t, "prefetch_used_rows") == 0);
+  const uint64_t hits_before = U(t, "store_hit_rows");
+
+  c.GatherChecked(1, rows);
+  t = TableStats(d, 1);
+  // Every row was a hit, and each counts once as a prefetch used.
+  CHECK(U(t, "store_hit_rows") - hits_before == rows.size());
+  CHECK(U(t, "prefetch_used_rows") == rows.size());
+
+  // A second gather hits again but uses no prefetch a second time; prefetching rows the cache
+  // holds counts them as held.
+  c.GatherChecked(1, rows);
+  REQUIRE(engram_prefetch(c.s, 1, rows.data(), 500, 0, &queued) == 0);
+  WaitPrefetched(d);
+  t = TableStats(d, 1);
+  CHECK(U(t, "prefetch_used_rows") == rows.size());
+  CHECK(U(t, "prefetch_held_rows") == 500);
+  CHECK(U(t, "prefetch_fetched_rows") == rows.size());
+
+  // Rows gathered without a prefetch are misses (the hits above came from the prefetch).
+  const std::vector<uint64_t> other = DistinctRows(3000, 2);
+  std::vector<uint64_t> fresh;
+  const std::set<uint64_t> had(rows.begin(), rows.end());
+  for (uint64_t r : other) {
+    if (!had.count(r) && fresh.size() < 500) fresh.push_back(r);
+  }
+  const uint64_t rows_before = U(t, "store_rows"), hit_before = U(t, "store_hit_rows");
+  c.GatherChecked(1, fresh);
+  t = TableStats(d, 1);
+  CHECK(U(t, "store_rows") - rows_before == fresh.size());
+  CHECK(U(t, "store_hit_rows") - hit_before == 0);
+
+  const json status = Ctl(d, "status");
+  CHECK(U(status["prefetch"], "used_rows") == rows.size());
+  const std::string text = Ctl(d, "metrics")["text"];
+  CHECK(text.find("engram_prefetch_used_rows_total{table=\"1\"} 2000") != std::string::npos);
+  CHECK(text.find("engram_prefetch_fetched_rows_total{table=\"1\"} 2000") != std::string::npos);
+}
+
+TEST_CASE("a prefetch with a bad row id or table is refused naming it", "[prefetch]") {
+  Daemon d({"--tier", "1=cache", "--cache-bytes", "1M"}, "prefetch-bad");
+  REQUIRE(d.alive());
+  Client c(d);
+  const uint64_t rows[3] = {5, 17, kRows + 3};
+  REQUIRE(engram_prefetch(c.s, 1, rows, 3, 0, nullptr) == -ERANGE);
+  std::string error = engram_last_error();
+  INFO(error);
+  CHECK(error.find("row " + std::to_string(kRows + 3)) != std::string::npos);
+  CHECK(error.find("index 2") != std::string::npos);
+  CHECK(error.find("layer 1") != std::string::npos);
+  REQUIRE(engram_prefetch(c.s, 7, rows, 2, 0, nullptr) == -ENOENT);
+  error = engram_last_error();
+  CHECK(error.find("layer 7") != std::string::npos);
+  REQUIRE(engram_prefetch(c.s, 1, rows, 2, 1, nullptr) == -EINVAL);
+  // A bad row in the second entry of a large prefetch names the entry's place in the array.
+  std::vector<uint64_t> many(ENGRAM_PREFETCH_MAX_ROWS + 10, 3);
+  many[ENGRAM_PREFETCH_MAX_ROWS + 4] = kRows;
+  REQUIRE(engram_prefetch(c.s, 1, many.data(), many.size(), 0, nullptr) == -ERANGE);
+  error = engram_last_error();
+  CHECK(error.find(std::to_string(ENGRAM_PREFETCH_MAX_ROWS)) != std::string::npos);
+  CHECK(error.find("row " + std::to_string(kRows)) != std::string::npos);
+  // Nothing of a refused entry was queued; the first entry of the large one was.
+  WaitPrefetched(d);
+  CHECK(U(TableStats(d, 1), "prefetch_requested_rows") == ENGRAM_PREFETCH_MAX_ROWS);
+  // The session and the daemon carry on.
+  c.GatherChecked(1, {5, 17});
+}
+
+TEST_CASE("a full prefetch queue drops rows and counts them", "[prefetch]") {
+  Daemon d({"--tier", "1=cache", "--cache-bytes", "1M", "--prefetch-queue-rows", "100"},
+           "prefetch-full");
+  REQUIRE(d.alive());
+  Client c(d);
+  const std::vector<uint64_t> rows = DistinctRows(5000, 3);
+  uint64_t queued = 0;
+  // One entry: the queue takes 100 of its rows at once, the rest are dropped.
+  REQUIRE(engram_prefetch(c.s, 1, rows.data(), rows.size(), 0, &queued) == 0);
+  CHECK(queued == 100);
+  WaitPrefetched(d);
+  const json t = TableStats(d, 1);
+  CHECK(U(t, "prefetch_requested_rows") == 100);
+  CHECK(U(t, "prefetch_dropped_rows") == 4900);
+  CHECK(U(t, "prefetch_fetched_rows") + U(t, "prefetch_held_rows") == 100);
+  CHECK(U(Ctl(d, "status")["prefetch"], "dropped_rows") == 4900);
+  const std::string text = Ctl(d, "metrics")["text"];
+  CHECK(text.find("engram_prefetch_dropped_rows_total{table=\"1\"} 4900") != std::string::npos);
+  // With the queue drained, a prefetch is queued again.
+  REQUIRE(engram_prefetch(c.s, 1, rows.data(), 50, 0, &queued) == 0);
+  CHECK(queued == 50);
+}
+
+TEST_CASE("a client that prefetches and dies does not disturb another", "[prefetch]") {
+  Daemon d({"--tier", "1=cache", "--cache-bytes", "1M"}, "prefetch-die");
+  REQUIRE(d.alive());
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  const pid_t prefetcher = fork();
+  if (prefetcher == 0) {
+    engram_connect_options o = d.Options(1 << 20, 8);
+    engram_session* s = nullptr;
+    if (engram_connect(&o, &s) != 0) _exit(10);
+    std::vector<uint64_t> rows(ENGRAM_PREFETCH_MAX_ROWS);
+    for (uint64_t round = 0;; ++round) {
+      FillRows(rows.data(), rows.size(), kRows, round);
+      if (engram_prefetch(s, round % 2 == 0 ? 1 : 14, rows.data(), rows.size(), 0, nullptr) != 0) {
+        _exit(11);
+      }
+      if (round == 3) (void)write(pipe_fds[1], "x", 1);
+    }
+  }
+  close(pipe_fds[1]);
+  char x;
+  REQUIRE(read(pipe_fds[0], &x, 1) == 1);  // it is prefetching
+  close(pipe_fds[0]);
+  // Another client gathers, byte-checked, while the first prefetches; then the first is killed
+  // in the middle of its prefetches and the other gathers on.
+  const int gathered = InChild([&] {
+    engram_connect_options o = d.Options(4 << 20, 8);
+    engram_session* s = nullptr;
+    if (engram_connect(&o, &s) != 0) return 20;
+    uint64_t* rows;
+    uint8_t* out;
+    engram_alloc(s, 1152 * 8, reinterpret_cast<void**>(&rows));
+    engram_alloc(s, 1152 * kRowBytes, reinterpret_cast<void**>(&out));
+    for (int b = 0; b < 40; ++b) {
+      if (b == 10) kill(prefetcher, SIGKILL);
+      FillRows(rows, 1152, kRows, 1000 + b);
+      engram_gather_request r{
+          .size = sizeof(r), .table = b % 2 == 0 ? 1u : 14u, .rows = rows, .num_rows = 1152,
+          .dest = out};
+      if (engram_gather(s, &r, 30'000'000'000) != 0) return 21;
+      if (FirstBadRow(r.table, rows, 1152, out) >= 0) return 22;
+    }
+    engram_close(s);
+    return 0;
+  });
+  int status = 0;
+  waitpid(prefetcher, &status, 0);
+  CHECK(WIFSIGNALED(status));
+  CHECK(gathered == 0);
+  REQUIRE(d.alive());
+  WaitPrefetched(d);
+  CHECK(U(TableStats(d, 1), "prefetch_requested_rows") > 0);
+  CHECK(U(TableStats(d, 14), "prefetch_requested_rows") > 0);
+  Client c(d);
+  c.GatherChecked(14, DistinctRows(100, 9));
+}
+
+namespace {
+
+// Whether the pages of [offset, offset + bytes) of `fd` are all in the page cache (mincore).
+bool Resident(int fd, uint64_t offset, uint64_t bytes) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t begin = offset / page * page;
+  const uint64_t len = offset + bytes - begin;
+  void* map = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(begin));
+  REQUIRE(map != MAP_FAILED);
+  std::vector<unsigned char> vec((len + page - 1) / page);
+  REQUIRE(mincore(map, len, vec.data()) == 0);
+  munmap(map, len);
+  for (unsigned char v : vec) {
+    if ((v & 1) == 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("prefetched rows of a table served from storage end up in the page cache",
+          "[prefetch]") {
+  Daemon d({}, "prefetch-storage");  // every table from storage, through the page cache
+  REQUIRE(d.alive());
+  auto tables = engram::OpenCheckpoint(Checkpoint(), {.layers = {14}});
+  REQUIRE(tables.ok());
+  const engram::Table& table = *(*tables)[0];
+  // Rows far apart, so that each part of each row has pages of its own.
+  std::vector<uint64_t> rows;
+  for (uint64_t r = 97; r < kRows; r += 997) rows.push_back(r);
+  auto all_resident = [&](bool want) {
+    for (uint64_t row : rows) {
+      for (const engram::RowPart& part : table.parts()) {
+        if (Resident(table.files()[part.file].fd, part.FileOffset(row), part.bytes) != want) {
+          return false;
+        }
+      }
+    }
+    return true;
+  };
+  for (const engram::TableFile& f : table.files()) {
+    fdatasync(f.fd);
+    REQUIRE(posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED) == 0);
+  }
+  if (!all_resident(false)) {
+    // A filesystem that keeps the pages (tmpfs, some overlays) cannot show what prefetch did.
+    WARN("SKIPPED: the page cache kept the table's pages after POSIX_FADV_DONTNEED here");
+    return;
+  }
+  Client c(d);
+  uint64_t queued = 0;
+  REQUIRE(engram_prefetch(c.s, 14, rows.data(), rows.size(), 0, &queued) == 0);
+  CHECK(queued == rows.size());
+  WaitPrefetched(d);
+  // The reads ahead were started by the prefetch; give them a moment to complete.
+  bool resident = false;
+  for (int i = 0; i < 500 && !(resident = all_resident(true)); ++i) usleep(10000);
+  CHECK(resident);
+  json t = TableStats(d, 14);
+  CHECK(U(t, "prefetch_fetched_rows") == rows.size());
+  // Now they are resident: prefetching them again finds them held.
+  REQUIRE(engram_prefetch(c.s, 14, rows.data(), rows.size(), 0, &queued) == 0);
+  WaitPrefetched(d);
+  t = TableStats(d, 14);
+  CHECK(U(t, "prefetch_held_rows") == rows.size());
+  c.GatherChecked(14, rows);
+}
