@@ -37,9 +37,14 @@ void CompareLive(const ServerConfig& cur, const ServerConfig& next, ReloadReport
   live_ids("administrator gids", cur.admin_gids, next.admin_gids);
 }
 
+// Names `key` in `keys` when its value differs: a setting fixed at start.
+void NeedsRestart(std::vector<std::string>* keys, const char* key, bool differs) {
+  if (differs) keys->push_back(key);
+}
+
 void CompareFixed(const ServerConfig& cur, const ServerConfig& next, ReloadReport* report) {
   auto needs_restart = [&](const char* key, bool differs) {
-    if (differs) report->restart.push_back(key);
+    NeedsRestart(&report->restart, key, differs);
   };
   // Fixed at start: the poller reads these without a lock, clients were told them in WELCOME,
   // or they name what was opened and bound.
@@ -79,9 +84,7 @@ ReloadReport CompareServerConfigs(const ServerConfig& cur, const ServerConfig& n
 
 std::vector<std::string> CompareStoreConfigs(const StoreConfig& cur, const StoreConfig& next) {
   std::vector<std::string> keys;
-  auto needs_restart = [&](const char* key, bool differs) {
-    if (differs) keys.push_back(key);
-  };
+  auto needs_restart = [&](const char* key, bool differs) { NeedsRestart(&keys, key, differs); };
   needs_restart("tables.tier", cur.default_tier != next.default_tier);
   needs_restart("tables.tiers", cur.tiers != next.tiers);
   needs_restart("memory.cache", cur.cache_bytes != next.cache_bytes);

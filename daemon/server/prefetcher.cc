@@ -40,14 +40,6 @@ void LowerPriority() {
   (void)syscall(SYS_ioprio_set, kIoprioWhoProcess, 0, kIoprioClassIdle << kIoprioClassShift);
 }
 
-json* EntryOf(json* tables, uint32_t layer) {
-  if (tables == nullptr || !tables->is_array()) return nullptr;
-  for (json& t : *tables) {
-    if (t.contains("layer") && t["layer"] == layer) return &t;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 Prefetcher::Prefetcher(const PrefetcherOptions& options,
@@ -267,7 +259,7 @@ void Prefetcher::AddControlFields(const std::string& command, json* out) const {
   if (command != "stats") return;
   json* tables = out->contains("tables") ? &(*out)["tables"] : nullptr;
   for (const TablePrefetchStats& s : stats) {
-    json* t = EntryOf(tables, s.layer_id);
+    json* t = ControlTableEntry(tables, s.layer_id);
     if (t == nullptr) continue;
     (*t)["prefetch_requested_rows"] = s.requested;
     (*t)["prefetch_fetched_rows"] = s.fetched;

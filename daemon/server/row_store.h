@@ -55,6 +55,9 @@ struct PrefetchOutcome {
   uint64_t held = 0;     // rows the store held already (cached, or a resident table)
 };
 
+// The entry of `layer` in the "tables" array of a control reply, or null.
+nlohmann::json* ControlTableEntry(nlohmann::json* tables, uint32_t layer);
+
 class RowStore {
  public:
   using Notice = std::function<void(const std::string& line)>;

@@ -10,15 +10,15 @@ using json = nlohmann::json;
 
 double Ratio(uint64_t part, uint64_t whole) { return whole == 0 ? 0.0 : double(part) / whole; }
 
-json* EntryOf(json* tables, uint32_t layer) {
+}  // namespace
+
+json* ControlTableEntry(json* tables, uint32_t layer) {
   if (tables == nullptr || !tables->is_array()) return nullptr;
   for (json& t : *tables) {
     if (t.contains("layer") && t["layer"] == layer) return &t;
   }
   return nullptr;
 }
-
-}  // namespace
 
 void RowStore::AddControlFields(const std::string& command, json* out) const {
   const std::vector<TableStoreStats> stats = Stats();
@@ -71,7 +71,7 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
   if (command != "tables" && command != "stats") return;
   json* tables = out->contains("tables") ? &(*out)["tables"] : nullptr;
   for (const TableStoreStats& s : stats) {
-    json* t = EntryOf(tables, s.layer_id);
+    json* t = ControlTableEntry(tables, s.layer_id);
     if (t == nullptr) continue;
     (*t)["tier"] = TierName(s.tier);
     if (s.tier == Tier::kResident) {

@@ -176,12 +176,7 @@ class EngramLookup:
         Raises ValueError for a bad shape or a row outside the table (naming layer, token and
         head), and the daemon's errors of the previous step (see the module's notes)."""
         self._check_open()
-        if not isinstance(row_ids, dict):
-            row_ids = list(row_ids)
-            if len(row_ids) != len(self.layers):
-                raise ValueError(f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
-                                 f"{self.layers}")
-            row_ids = dict(zip(self.layers, row_ids))
+        row_ids = self._by_layer(row_ids)
         if sorted(row_ids) != sorted(self.layers):
             raise ValueError(f"row ids given for layers {sorted(row_ids)}, expected "
                              f"{sorted(self.layers)}")
@@ -240,12 +235,7 @@ class EngramLookup:
         -1 = padding), checked the same way (ValueError naming layer, token and head for a row
         outside the table). Does not touch the step in flight."""
         self._check_open()
-        if not isinstance(row_ids, dict):
-            row_ids = list(row_ids)
-            if len(row_ids) != len(self.layers):
-                raise ValueError(f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
-                                 f"{self.layers}")
-            row_ids = dict(zip(self.layers, row_ids))
+        row_ids = self._by_layer(row_ids)
         unknown = sorted(set(row_ids) - set(self.layers))
         if unknown:
             raise ValueError(f"row ids given for layers {unknown}, not layers of this lookup "
@@ -268,6 +258,16 @@ class EngramLookup:
         row_ids = {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
                                       compressed=compressed) for layer in self.layers}
         return self.prefetch(row_ids)
+
+    def _by_layer(self, row_ids):
+        """{layer_id: ids} from a dict, or from a sequence in the order of `layers`."""
+        if isinstance(row_ids, dict):
+            return row_ids
+        row_ids = list(row_ids)
+        if len(row_ids) != len(self.layers):
+            raise ValueError(f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
+                             f"{self.layers}")
+        return dict(zip(self.layers, row_ids))
 
     def _validate(self, layer_id, ids):
         layer = self._layers[layer_id]
