@@ -73,6 +73,20 @@ inline bool SocketAnswers(const std::string& socket_path) {
   return ok;
 }
 
+// The exit status tools/sanitize.sh gives a process in which ASan, LSan, UBSan or TSan
+// reported (exitcode=66 in its *SAN_OPTIONS).
+inline constexpr int kSanitizerExitStatus = 66;
+
+// A daemon that a test stopped and that exited with a sanitizer report fails the test binary,
+// wherever the test stopped it (a destructor, possibly at exit, cannot fail a test case).
+inline void AbortOnSanitizerReport(int wait_status) {
+  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kSanitizerExitStatus) {
+    fprintf(stderr, "engramd exited with a sanitizer report (exit status %d): see above\n",
+            kSanitizerExitStatus);
+    abort();
+  }
+}
+
 // engramd as a child process. Stopped (SIGTERM, then SIGKILL) on destruction.
 class Daemon {
  public:
@@ -84,15 +98,18 @@ class Daemon {
         extra_(std::move(extra_args)) {
     Start();
   }
+  // Stops it with SIGTERM (SIGKILL after 5 s), so that a sanitizer build runs its exit-time
+  // checks; a sanitizer report (its stderr is the test's) ends the test binary.
   ~Daemon() {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
-      int status;
+      int status = 0;
       for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
       if (waitpid(pid_, &status, WNOHANG) == 0) {
         kill(pid_, SIGKILL);
         waitpid(pid_, &status, 0);
       }
+      AbortOnSanitizerReport(status);
     }
   }
   Daemon(const Daemon&) = delete;
@@ -133,6 +150,7 @@ class Daemon {
     int status = 0;
     waitpid(pid_, &status, 0);
     pid_ = -1;
+    AbortOnSanitizerReport(status);
     return status;
   }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
