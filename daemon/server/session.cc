@@ -99,15 +99,20 @@ void Session::Complete(uint64_t ticket, uint32_t slot, int32_t code, const char*
   counters.latency_sum_ns.fetch_add(service_ns, std::memory_order_relaxed);
   engram_arena_header* h = arena_->header();
   engram_request_status& st = arena_->status()[slot];
-  st.code = code;
-  st.rows = rows;
-  st.service_ns = service_ns;
+  // Every field is stored through atomic_ref: the slot lies in memory the client shares, and a
+  // client that reuses a slot still in flight (broken or hostile) has two request threads
+  // complete it at once, which plain stores would make a data race inside the daemon.
+  Shared(st.code).store(code, std::memory_order_relaxed);
+  Shared(st.rows).store(rows, std::memory_order_relaxed);
+  Shared(st.service_ns).store(service_ns, std::memory_order_relaxed);
   size_t len = 0;
   if (message != nullptr) {
     len = strnlen(message, ENGRAM_STATUS_MESSAGE_BYTES);
-    memcpy(st.message, message, len);
+    for (size_t i = 0; i < len; ++i) {
+      Shared(st.message[i]).store(message[i], std::memory_order_relaxed);
+    }
   }
-  st.message_bytes = static_cast<uint32_t>(len);
+  Shared(st.message_bytes).store(static_cast<uint32_t>(len), std::memory_order_relaxed);
   Shared(st.ticket).store(ticket, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(cq_mutex_);
