@@ -76,11 +76,9 @@ class LoggedDaemon {
       kill(pid_, SIGKILL);
       waitpid(pid_, &status, 0);
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == kSanitizerExitStatus) {
+    if (SanitizerReported(status)) {
       const std::string log = Log();
-      fprintf(stderr, "engramd reported a sanitizer error:\n%s\n",
-              log.substr(log.size() > 8000 ? log.size() - 8000 : 0).c_str());
-      abort();
+      ExitForSanitizerReport(log.substr(log.size() > 8000 ? log.size() - 8000 : 0));
     }
   }
   bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }

@@ -77,14 +77,21 @@ inline bool SocketAnswers(const std::string& socket_path) {
 // reported (exitcode=66 in its *SAN_OPTIONS).
 inline constexpr int kSanitizerExitStatus = 66;
 
-// A daemon that a test stopped and that exited with a sanitizer report fails the test binary,
-// wherever the test stopped it (a destructor, possibly at exit, cannot fail a test case).
-inline void AbortOnSanitizerReport(int wait_status) {
-  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kSanitizerExitStatus) {
-    fprintf(stderr, "engramd exited with a sanitizer report (exit status %d): see above\n",
-            kSanitizerExitStatus);
-    abort();
-  }
+inline bool SanitizerReported(int wait_status) {
+  return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kSanitizerExitStatus;
+}
+
+// A daemon that a test stopped and that exited with a sanitizer report ends the test binary
+// with the same exit status, wherever the test stopped it (a destructor, possibly at exit,
+// cannot fail a test case). _exit, not abort: Catch2's handler for SIGABRT is not
+// async-signal-safe, which ThreadSanitizer reports as a second problem.
+[[noreturn]] inline void ExitForSanitizerReport(const std::string& log_tail) {
+  fprintf(stderr, "engramd exited with a sanitizer report (exit status %d)%s\n%s\n",
+          kSanitizerExitStatus, log_tail.empty() ? ": see above" : "; its log ends:",
+          log_tail.c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(TestDir(), ignored);
+  _exit(kSanitizerExitStatus);
 }
 
 // engramd as a child process. Stopped (SIGTERM, then SIGKILL) on destruction.
@@ -109,7 +116,7 @@ class Daemon {
         kill(pid_, SIGKILL);
         waitpid(pid_, &status, 0);
       }
-      AbortOnSanitizerReport(status);
+      if (SanitizerReported(status)) ExitForSanitizerReport("");
     }
   }
   Daemon(const Daemon&) = delete;
@@ -150,7 +157,7 @@ class Daemon {
     int status = 0;
     waitpid(pid_, &status, 0);
     pid_ = -1;
-    AbortOnSanitizerReport(status);
+    if (SanitizerReported(status)) ExitForSanitizerReport("");
     return status;
   }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
