@@ -188,23 +188,25 @@ void RowCache::EraseBucket(uint64_t hole) {
 
 void RowCache::WriteSlot(uint32_t i, uint64_t key, const uint8_t* data) {
   RowCacheSlot& s = slot(i);
-  const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+  const uint32_t seq = meta_[i].seq;
   s.seq.store(seq + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);  // odd seq is seen before any new byte
   s.key.store(key, std::memory_order_relaxed);
   StoreRowCacheRow(s, data);
   s.freq.store(0, std::memory_order_relaxed);
   s.seq.store(seq + 2, std::memory_order_release);
+  meta_[i].seq = seq + 2;
   meta_[i].key = key;
 }
 
 void RowCache::ClearSlot(uint32_t i) {
   RowCacheSlot& s = slot(i);
-  const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+  const uint32_t seq = meta_[i].seq;
   s.seq.store(seq + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   s.key.store(0, std::memory_order_relaxed);
   s.seq.store(seq + 2, std::memory_order_release);
+  meta_[i].seq = seq + 2;
   meta_[i].key = 0;
 }
 
