@@ -11,6 +11,17 @@
 #include "absl/strings/str_format.h"
 #include "daemon/ops/escape.h"
 
+#if defined(__SANITIZE_THREAD__)  // GCC
+#define ENGRAM_TSAN 1
+#elif defined(__has_feature)  // clang
+#if __has_feature(thread_sanitizer)
+#define ENGRAM_TSAN 1
+#endif
+#endif
+#if defined(ENGRAM_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace engram {
 namespace {
 
@@ -18,6 +29,22 @@ template <typename T>
 std::atomic_ref<T> Shared(T& word) {
   return std::atomic_ref<T>(word);
 }
+
+// ThreadSanitizer sees this process only. Two request threads that use the same arena memory
+// one after the other (a status slot, rows of the data region a client reuses) are ordered
+// through the client: the daemon publishes a completion (release), the client sees it
+// (acquire), reuses the memory for a new request and publishes that (release of sq_tail), and
+// the poller takes it (acquire). TSan cannot see the client's half, so without these two calls
+// it reports every such reuse as a race between the two request threads. They tell it of that
+// order, per session, and of nothing else: what was done before a completion was published
+// comes before what is done for the submissions taken after it.
+#if defined(ENGRAM_TSAN)
+void ClientOrderRelease(const char* order) { __tsan_release(const_cast<char*>(order)); }
+void ClientOrderAcquire(const char* order) { __tsan_acquire(const_cast<char*>(order)); }
+#else
+void ClientOrderRelease(const char*) {}
+void ClientOrderAcquire(const char*) {}
+#endif
 
 uint64_t Percentile(const std::array<std::atomic<uint64_t>, 64>& buckets, double q) {
   uint64_t total = 0;
@@ -73,6 +100,7 @@ uint32_t Session::TakeSubmissions(engram_sqe* out, uint32_t max, bool* ret_garba
     return 0;
   }
   const uint32_t n = pending < max ? pending : max;
+  ClientOrderAcquire(&client_order_);
   const engram_sqe* sq = arena_->sq();
   for (uint32_t i = 0; i < n; ++i) {
     // A copy: from here on only the daemon's own bytes are looked at.
@@ -101,15 +129,21 @@ void Session::Complete(uint64_t ticket, uint32_t slot, int32_t code, const char*
   counters.latency_sum_ns.fetch_add(service_ns, std::memory_order_relaxed);
   engram_arena_header* h = arena_->header();
   engram_request_status& st = arena_->status()[slot];
-  st.code = code;
-  st.rows = rows;
-  st.service_ns = service_ns;
+  // Every field is stored through atomic_ref: the slot lies in memory the client shares, and a
+  // client that reuses a slot still in flight (broken or hostile) has two request threads
+  // complete it at once, which plain stores would make a data race inside the daemon.
+  Shared(st.code).store(code, std::memory_order_relaxed);
+  Shared(st.rows).store(rows, std::memory_order_relaxed);
+  Shared(st.service_ns).store(service_ns, std::memory_order_relaxed);
   size_t len = 0;
   if (message != nullptr) {
     len = strnlen(message, ENGRAM_STATUS_MESSAGE_BYTES);
-    memcpy(st.message, message, len);
+    for (size_t i = 0; i < len; ++i) {
+      Shared(st.message[i]).store(message[i], std::memory_order_relaxed);
+    }
   }
-  st.message_bytes = static_cast<uint32_t>(len);
+  Shared(st.message_bytes).store(static_cast<uint32_t>(len), std::memory_order_relaxed);
+  ClientOrderRelease(&client_order_);
   Shared(st.ticket).store(ticket, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(cq_mutex_);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -68,7 +67,7 @@ int64_t RowCacheReader::Find(uint64_t key, uint8_t* dst) const {
     RowCacheSlot& s = slots_[b - 1];
     const uint32_t before = s.seq.load(std::memory_order_acquire);
     if ((before & 1) != 0 || s.key.load(std::memory_order_relaxed) != key) continue;
-    if (dst != nullptr) std::memcpy(dst, s.row, kRowBytes);
+    if (dst != nullptr) LoadRowCacheRow(s, dst);
     // The copy must be complete before seq is read again (the seqlock's read side).
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s.seq.load(std::memory_order_relaxed) != before) return -1;
@@ -214,24 +213,26 @@ void RowCache::EraseBucket(uint64_t hole) {
 
 void RowCache::WriteSlot(uint32_t i, uint64_t key, const uint8_t* data) {
   RowCacheSlot& s = slot(i);
-  const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+  const uint32_t seq = meta_[i].seq;
   s.seq.store(seq + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);  // odd seq is seen before any new byte
   s.key.store(key, std::memory_order_relaxed);
-  std::memcpy(s.row, data, kRowBytes);
+  StoreRowCacheRow(s, data);
   s.freq.store(0, std::memory_order_relaxed);
   s.prefetched.store(0, std::memory_order_relaxed);
   s.seq.store(seq + 2, std::memory_order_release);
+  meta_[i].seq = seq + 2;
   meta_[i].key = key;
 }
 
 void RowCache::ClearSlot(uint32_t i) {
   RowCacheSlot& s = slot(i);
-  const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+  const uint32_t seq = meta_[i].seq;
   s.seq.store(seq + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   s.key.store(0, std::memory_order_relaxed);
   s.seq.store(seq + 2, std::memory_order_release);
+  meta_[i].seq = seq + 2;
   meta_[i].key = 0;
 }
 
@@ -375,7 +376,9 @@ void RowCache::MoveDown(uint32_t from, uint32_t to) {
   const Queue queue = meta_[from].queue;
   const uint8_t freq = slot(from).freq.load(std::memory_order_relaxed);
   const uint8_t prefetched = slot(from).prefetched.load(std::memory_order_relaxed);
-  WriteSlot(to, key, slot(from).row);
+  uint8_t row[kRowBytes];
+  LoadRowCacheRow(slot(from), row);  // the writer's own slot: no seq check needed
+  WriteSlot(to, key, row);
   slot(to).freq.store(freq, std::memory_order_relaxed);
   slot(to).prefetched.store(prefetched, std::memory_order_relaxed);
   // Both slots hold the row now; point its bucket at the new one, then clear the old.

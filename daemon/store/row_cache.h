@@ -133,6 +133,10 @@ class RowCache {
   struct SlotMeta {
     uint64_t key = 0;
     uint32_t generation = 0;
+    // The slot's `seq` as last written. Shrinking gives the slot's page back and its `seq`
+    // reads 0 afterwards: writes go on from here instead, so that `seq` never returns to a
+    // value a preempted reader may have read before (it would take a torn row as good).
+    uint32_t seq = 0;
     Queue queue = kFree;
   };
   struct QueueEntry {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "tables/table.h"
 
@@ -47,7 +48,13 @@ static_assert(offsetof(RowCacheHeader, buckets_offset) == 32);
 static_assert(offsetof(RowCacheHeader, capacity_slots) == 48);
 
 // One row. `seq` is odd while the writer changes the slot; a reader copies `row` between two
-// equal even reads of `seq` and checks `key` in between.
+// equal even reads of `seq` and checks `key` in between. The row's bytes are 8-byte words read
+// and written relaxed (LoadRowCacheRow, StoreRowCacheRow): a reader copies while the writer may
+// be rewriting them, and plain copies would then be a data race (undefined behaviour) even
+// though the seqlock discards what such a copy read. Relaxed word accesses are plain loads and
+// stores on x86-64 and aarch64.
+inline constexpr size_t kRowCacheRowWords = kRowBytes / sizeof(uint64_t);
+static_assert(kRowBytes % sizeof(uint64_t) == 0);
 struct alignas(32) RowCacheSlot {
   std::atomic<uint32_t> seq;
   std::atomic<uint8_t> freq;  // accesses since admission, saturating at 3 (the policy's input)
@@ -56,14 +63,30 @@ struct alignas(32) RowCacheSlot {
   std::atomic<uint8_t> prefetched;
   uint8_t reserved[2];
   std::atomic<uint64_t> key;  // RowCacheKey, 0 when empty
-  uint8_t row[kRowBytes];
+  std::atomic<uint64_t> row[kRowCacheRowWords];  // the row's kRowBytes bytes
 };
 static_assert(sizeof(RowCacheSlot) == 288);
 static_assert(offsetof(RowCacheSlot, prefetched) == 5);
 static_assert(offsetof(RowCacheSlot, key) == 8);
 static_assert(offsetof(RowCacheSlot, row) == 16);
+static_assert(sizeof(RowCacheSlot::row) == kRowBytes);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+inline void LoadRowCacheRow(const RowCacheSlot& slot, uint8_t* dst) {
+  for (size_t i = 0; i < kRowCacheRowWords; ++i) {
+    const uint64_t word = slot.row[i].load(std::memory_order_relaxed);
+    std::memcpy(dst + i * sizeof(word), &word, sizeof(word));
+  }
+}
+
+inline void StoreRowCacheRow(RowCacheSlot& slot, const uint8_t* src) {
+  for (size_t i = 0; i < kRowCacheRowWords; ++i) {
+    uint64_t word;
+    std::memcpy(&word, src + i * sizeof(word), sizeof(word));
+    slot.row[i].store(word, std::memory_order_relaxed);
+  }
+}
 
 // Bucket i holds slot + 1 (0: empty); linear probing from RowCacheHash(key) & (count - 1).
 using RowCacheBucket = std::atomic<uint32_t>;

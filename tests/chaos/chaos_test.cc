@@ -626,9 +626,18 @@ pid_t SpawnLoad(const std::string& socket, LoadCounts* counts, uint64_t seed) {
   }
 }
 
+// Kills a load process and reaps it. It loops until killed, so one that ended by itself died
+// of something (a sanitizer report: its stderr is the test's).
+void KillLoad(pid_t pid) {
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  INFO("load process " << pid << " ended with wait status " << status);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+}
+
 void KillAll(std::vector<pid_t>& pids) {
-  for (pid_t p : pids) kill(p, SIGKILL);
-  for (pid_t p : pids) waitpid(p, nullptr, 0);
+  for (pid_t p : pids) KillLoad(p);
   pids.clear();
 }
 
@@ -657,8 +666,7 @@ TEST_CASE("clients SIGKILLed at random points under load", "[chaos]") {
     // Kill one load process at a random moment, start another in its place.
     usleep(static_cast<useconds_t>(Next(rng) % 100'000));
     const size_t k = Next(rng) % load.size();
-    kill(load[k], SIGKILL);
-    waitpid(load[k], nullptr, 0);
+    KillLoad(load[k]);
     load[k] = SpawnLoad(d.socket(), counts, 100 + kills);
     ++kills;
     REQUIRE(v.Gather(kills % 2 ? 1 : 14, 1000 + kills) == 0);

@@ -65,8 +65,8 @@ class LoggedDaemon {
     for (int i = 0; i < 3000 && !SocketAnswers(socket_) && alive(); ++i) usleep(10000);
   }
   // Stops it with SIGTERM (SIGKILL after 10 s), so that a sanitizer build runs its exit-time
-  // checks (leaks); a sanitizer report (exit status 66, tools/sanitize.sh) ends the test binary
-  // with the log's tail printed.
+  // checks (leaks); a sanitizer report (kSanitizerExitStatus) ends the test binary with the
+  // log's tail printed.
   ~LoggedDaemon() {
     if (pid_ <= 0) return;
     kill(pid_, SIGTERM);
@@ -76,11 +76,9 @@ class LoggedDaemon {
       kill(pid_, SIGKILL);
       waitpid(pid_, &status, 0);
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 66) {
+    if (SanitizerReported(status)) {
       const std::string log = Log();
-      fprintf(stderr, "engramd reported a sanitizer error:\n%s\n",
-              log.substr(log.size() > 8000 ? log.size() - 8000 : 0).c_str());
-      abort();
+      ExitForSanitizerReport(log.substr(log.size() > 8000 ? log.size() - 8000 : 0));
     }
   }
   bool alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }

@@ -73,6 +73,27 @@ inline bool SocketAnswers(const std::string& socket_path) {
   return ok;
 }
 
+// The exit status tools/sanitize.sh gives a process in which ASan, LSan, UBSan or TSan
+// reported (exitcode=66 in its *SAN_OPTIONS).
+inline constexpr int kSanitizerExitStatus = 66;
+
+inline bool SanitizerReported(int wait_status) {
+  return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == kSanitizerExitStatus;
+}
+
+// A daemon that a test stopped and that exited with a sanitizer report ends the test binary
+// with the same exit status, wherever the test stopped it (a destructor, possibly at exit,
+// cannot fail a test case). _exit, not abort: Catch2's handler for SIGABRT is not
+// async-signal-safe, which ThreadSanitizer reports as a second problem.
+[[noreturn]] inline void ExitForSanitizerReport(const std::string& log_tail) {
+  fprintf(stderr, "engramd exited with a sanitizer report (exit status %d)%s\n%s\n",
+          kSanitizerExitStatus, log_tail.empty() ? ": see above" : "; its log ends:",
+          log_tail.c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(TestDir(), ignored);
+  _exit(kSanitizerExitStatus);
+}
+
 // engramd as a child process. Stopped (SIGTERM, then SIGKILL) on destruction.
 class Daemon {
  public:
@@ -84,15 +105,18 @@ class Daemon {
         extra_(std::move(extra_args)) {
     Start();
   }
+  // Stops it with SIGTERM (SIGKILL after 5 s), so that a sanitizer build runs its exit-time
+  // checks; a sanitizer report (its stderr is the test's) ends the test binary.
   ~Daemon() {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
-      int status;
+      int status = 0;
       for (int i = 0; i < 500 && waitpid(pid_, &status, WNOHANG) == 0; ++i) usleep(10000);
       if (waitpid(pid_, &status, WNOHANG) == 0) {
         kill(pid_, SIGKILL);
         waitpid(pid_, &status, 0);
       }
+      if (SanitizerReported(status)) ExitForSanitizerReport("");
     }
   }
   Daemon(const Daemon&) = delete;
@@ -133,6 +157,7 @@ class Daemon {
     int status = 0;
     waitpid(pid_, &status, 0);
     pid_ = -1;
+    if (SanitizerReported(status)) ExitForSanitizerReport("");
     return status;
   }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }

@@ -287,7 +287,10 @@ TEST_CASE("a NOWAIT pass whose ring fails hands its reads on and the batch is ex
   std::vector<uint8_t> out;
   REQUIRE(GatherInto(*engine, *table, rows, out).ok());  // the first batch sets the hit rate
   const auto before = StatsOf(*engine);
-  REQUIRE(before.nowait_hits == rows.size());
+  // Most reads hit (enough to keep the pass on: nowait_min_hit_rate is 0.5), not necessarily
+  // all: between Warm() and the batch the kernel may reclaim a page or hold one locked, and
+  // NOWAIT then answers EAGAIN for it (596 of 600 on a loaded VM).
+  REQUIRE(before.nowait_hits > rows.size() / 2);
   fault.fail_at = fault.calls.load() + 3;
   REQUIRE(GatherInto(*engine, *table, rows, out).ok());
   CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
@@ -296,8 +299,8 @@ TEST_CASE("a NOWAIT pass whose ring fails hands its reads on and the batch is ex
   CHECK(st.ring_failures == 1);
   CHECK(st.ring_resets == 1);
   CHECK(st.errors == 0);
-  // The replacement ring runs the NOWAIT pass again. (Not every read need hit: the kernel may
-  // answer EAGAIN for a resident page it holds locked, and the residue path then reads it.)
+  // The replacement ring runs the NOWAIT pass again (again most reads, for the same reason; the
+  // residue path reads the others).
   const uint64_t calls = fault.calls.load();
   REQUIRE(GatherInto(*engine, *table, rows, out).ok());
   CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);

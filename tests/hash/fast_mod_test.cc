@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace engram {
@@ -124,9 +125,15 @@ TEST_CASE("FloorModInt64 follows NumPy for negative and positive mixes") {
                      uint64_t{4294967291}, uint64_t{(1ULL << 63) - 25}}) {
     const FastMod mod(d);
     const int64_t sd = static_cast<int64_t>(d);
-    std::vector<int64_t> xs = {
-        0,       1,         -1,        sd - 1,        sd,      -sd,        -sd + 1,
-        -sd - 1, INT64_MAX, INT64_MIN, INT64_MIN + 1, -2 * sd, -2 * sd + 1};
+    std::vector<int64_t> xs = {0, 1, -1, INT64_MAX, INT64_MIN, INT64_MIN + 1};
+    // Values next to k * d, where they are int64s: for d near 2^63, -2 * d is not.
+    for (const auto& [k, c] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, -1}, {1, 0}, {-1, 0}, {-1, 1}, {-1, -1}, {-2, 0}, {-2, 1}}) {
+      int64_t x;
+      if (!__builtin_mul_overflow(k, sd, &x) && !__builtin_add_overflow(x, c, &x)) {
+        xs.push_back(x);
+      }
+    }
     for (int i = 0; i < 2000; ++i) xs.push_back(static_cast<int64_t>(rng()));
     for (int64_t x : xs) {
       INFO("x = " << x << ", d = " << d);

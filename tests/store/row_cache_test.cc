@@ -133,6 +133,33 @@ TEST_CASE("shrinking keeps rows byte-exact, gives pages and budget back; growing
   REQUIRE(cache.Stats().used_slots == full);
 }
 
+// Shrinking gives the slots' pages back, and they read 0 afterwards, their `seq` included. A
+// reader that read a slot's `seq`, was preempted while the cache shrank, grew and the slot was
+// written anew, and then read `seq` again must not find the value it started with, or it would
+// take a torn row: a slot's `seq` never returns to an earlier value.
+TEST_CASE("a slot's seq never returns to an earlier value across a shrink and a regrowth",
+          "[cache]") {
+  auto cache = MakeCache(1024);
+  for (uint64_t r = 0; r < 1024; ++r) InsertSynthetic(*cache, 14, r);
+  // The slots as a reader in another process sees them.
+  void* p = ::mmap(nullptr, cache->region_bytes(), PROT_READ, MAP_SHARED, cache->fd(), 0);
+  REQUIRE(p != MAP_FAILED);
+  const auto* header = static_cast<const RowCacheHeader*>(p);
+  const auto* slots = reinterpret_cast<const RowCacheSlot*>(static_cast<const uint8_t*>(p) +
+                                                            header->slots_offset);
+  std::vector<uint32_t> before(1024);
+  for (size_t i = 0; i < before.size(); ++i) before[i] = slots[i].seq.load();
+  REQUIRE(cache->SetCapacitySlots(64) == 64);
+  CHECK(slots[1023].seq.load() == 0);  // its page was given back
+  REQUIRE(cache->SetCapacitySlots(1024) == 1024);
+  for (uint64_t r = 0; r < 960; ++r) InsertSynthetic(*cache, 1, r);  // into the slots given back
+  for (size_t i = 64; i < before.size(); ++i) {
+    INFO("slot " << i);
+    CHECK(slots[i].seq.load() > before[i]);
+  }
+  ::munmap(p, cache->region_bytes());
+}
+
 TEST_CASE("a budget smaller than the cache caps its capacity", "[cache][budget]") {
   MemoryBudget budget(1 << 20);
   auto cache = RowCache::Create({.max_bytes = 64 << 20}, &budget);

@@ -1,5 +1,7 @@
 // The subcommands of engramctl. Each lives in its own <name>_command.cc and registers itself
 // with the CLI11 app from main.cc; when it runs, it stores its exit status in *exit_code.
+// The options a subcommand parses into are owned (shared_ptr) by its callback, which the app
+// holds: they live as long as the app and no longer.
 #pragma once
 
 #include <CLI/CLI.hpp>

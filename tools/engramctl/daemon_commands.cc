@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -221,32 +222,32 @@ int Run(const CommonOptions& common, const WatchOptions& watch, const std::strin
 
 void AddDaemonCommands(CLI::App& app, int* exit_code) {
   {
-    auto* options = new CommonOptions();
-    auto* watch = new WatchOptions();
+    auto options = std::make_shared<CommonOptions>();
+    auto watch = std::make_shared<WatchOptions>();
     CLI::App* c = app.add_subcommand(
         "status",
         "Is engramd running: version, uptime, tables, clients, who administers it (exit 0/3/4 "
         "like systemctl)");
-    AddCommonOptions(c, options);
-    AddWatchOptions(c, watch);
+    AddCommonOptions(c, options.get());
+    AddWatchOptions(c, watch.get());
     c->callback([=] { *exit_code = Run(*options, *watch, "status", json::object(), PrintStatus); });
   }
   {
-    auto* options = new CommonOptions();
-    auto* watch = new WatchOptions();
+    auto options = std::make_shared<CommonOptions>();
+    auto watch = std::make_shared<WatchOptions>();
     CLI::App* c = app.add_subcommand(
         "stats", "Per table and per client counters: rows, de-dup, NOWAIT, reads, latency");
-    AddCommonOptions(c, options);
-    AddWatchOptions(c, watch);
+    AddCommonOptions(c, options.get());
+    AddWatchOptions(c, watch.get());
     c->callback([=] { *exit_code = Run(*options, *watch, "stats", json::object(), PrintStats); });
   }
   {
-    auto* options = new CommonOptions();
-    auto* no_residency = new bool(false);
+    auto options = std::make_shared<CommonOptions>();
+    auto no_residency = std::make_shared<bool>(false);
     CLI::App* c = app.add_subcommand(
         "tables",
         "Tables served: layer, rows, layout, files, covered rows, size, page-cache residency");
-    AddCommonOptions(c, options);
+    AddCommonOptions(c, options.get());
     c->add_flag("--no-residency", *no_residency, "Skip the page-cache residency scan");
     c->callback([=] {
       *exit_code = Run(
@@ -281,10 +282,10 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
     });
   }
   {
-    auto* options = new CommonOptions();
+    auto options = std::make_shared<CommonOptions>();
     CLI::App* c = app.add_subcommand(
         "clients", "Connected sessions: pid, uid, arena size, requests in flight, rows served");
-    AddCommonOptions(c, options);
+    AddCommonOptions(c, options.get());
     c->callback([=] {
       *exit_code =
           Run(*options, WatchOptions{}, "clients", json::object(),
@@ -301,9 +302,9 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
     });
   }
   {
-    auto* options = new CommonOptions();
+    auto options = std::make_shared<CommonOptions>();
     CLI::App* c = app.add_subcommand("metrics", "The Prometheus text exposition");
-    AddCommonOptions(c, options);
+    AddCommonOptions(c, options.get());
     c->callback([=] {
       *exit_code = Run(
           *options, WatchOptions{}, "metrics", json::object(),

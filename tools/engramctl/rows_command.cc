@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_format.h"
 #include "engram/engram.h"
@@ -128,7 +129,7 @@ int RunRows(const RowsOptions& o) {
 }  // namespace
 
 void AddRowsCommand(CLI::App& app, int* exit_code) {
-  auto* o = new RowsOptions();
+  auto o = std::make_shared<RowsOptions>();
   CLI::App* c = app.add_subcommand(
       "rows", "Print rows as engramd serves them (raw hex, --dequant values) or --out FILE");
   AddCommonOptions(c, &o->common);

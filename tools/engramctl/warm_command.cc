@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 
 #include "absl/strings/str_format.h"
 #include "tables/table.h"
@@ -102,7 +103,7 @@ int RunWarm(const WarmOptions& o, const std::string& command) {
 
 void AddWarmCommands(CLI::App& app, int* exit_code) {
   for (const char* name : {"warm", "evict"}) {
-    auto* o = new WarmOptions();
+    auto o = std::make_shared<WarmOptions>();
     const std::string command = name;
     CLI::App* c = app.add_subcommand(
         name, command == "warm"
