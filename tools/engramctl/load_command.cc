@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -105,7 +106,7 @@ int RunLoad(const LoadOptions& o) {
 }  // namespace
 
 void AddLoadCommand(CLI::App& app, int* exit_code) {
-  auto* o = new LoadOptions();
+  auto o = std::make_shared<LoadOptions>();  // owned by the callback
   CLI::App* c = app.add_subcommand(
       "load",
       "Load a resident table into the row store's memory, or resume its load; Ctrl-C cancels "
