@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds engramd under AddressSanitizer + UndefinedBehaviorSanitizer (gcc) and under
-# ThreadSanitizer (clang: gcc expands fixed-size memcpy inline without instrumenting it, so its
-# TSan misses races on copied rows), each in its own build directory, and runs the daemon,
-# client (hash), gather, store, ops and chaos suites there. Only what those tests need is built
-# (their executables and the programs they start). meson's testlog.json stays in each build
-# directory's meson-logs/.
+# Builds engramd under AddressSanitizer + UndefinedBehaviorSanitizer (the default compiler: gcc
+# on Debian) and under ThreadSanitizer (clang: gcc expands fixed-size memcpy inline without
+# instrumenting it, so its TSan misses races on copied rows), each in its own build directory,
+# and runs the daemon, client (hash), gather, store, ops and chaos suites there. Only what those
+# tests need is built (their executables and the programs they start). meson's testlog.json
+# stays in each build directory's meson-logs/.
 # Usage: tools/sanitize.sh [asan|tsan]...   (default: both)
 #   SANITIZE_BUILD_DIR=build-san (prefix: build-san-asan, build-san-tsan)
 #   SANITIZE_JOBS=N   parallel compile jobs (default: the number of cores)
@@ -17,6 +17,7 @@ jobs=${SANITIZE_JOBS:-$(nproc)}
 kinds=("$@")
 [[ ${#kinds[@]} -eq 0 ]] && kinds=(asan tsan)
 suites=(daemon hash gather store ops chaos)
+ccache=$(command -v ccache >/dev/null && echo "ccache " || true)
 common=(-Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled -Dbuildtype=debugoptimized)
 
 # The tests of `suites` that run C/C++ code in-process, and the build targets they need, from
@@ -46,9 +47,13 @@ PY
 status=0
 for kind in "${kinds[@]}"; do
   dir="$prefix-$kind"
+  # meson puts ccache in front of the compilers it finds itself, not of those named in CC/CXX.
   case $kind in
-    asan) compilers=(CC=gcc CXX=g++) opts=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
-    tsan) compilers=(CC=clang CXX=clang++) opts=(-Dtsan=true -Db_lundef=false) ;;
+    asan) compilers=() opts=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
+    tsan)
+      compilers=(CC="${ccache}clang" CXX="${ccache}clang++")
+      opts=(-Dtsan=true -Db_lundef=false)
+      ;;
     *) echo "unknown sanitizer '$kind' (asan, tsan)" >&2; exit 2 ;;
   esac
   # A run whose build fails leaves no test log behind: CI counts that as a failure.
