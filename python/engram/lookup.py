@@ -212,11 +212,7 @@ class EngramLookup:
         own multipliers and primes; the token count is the step's total positions.
         Raises as Hasher.hash and prepare() do."""
         self._check_open()
-        begin, end = hasher.head_range(tp_size, tp_rank, heads)
-        if end - begin != self.heads:
-            raise InvalidArgumentError(
-                -errno.EINVAL, f"the hasher's head selection [{begin}, {end}) has "
-                               f"{end - begin} heads; this lookup was made for {self.heads}")
+        begin, end = self._head_range(hasher, tp_size, tp_rank, heads)
         unknown = [layer for layer in self.layers if layer not in hasher.layers]
         if unknown:
             raise UnknownTableError(
@@ -250,14 +246,19 @@ class EngramLookup:
         come (draft tokens with the sequence's last ids as history); arguments as for
         prepare_tokens()."""
         self._check_open()
+        begin, end = self._head_range(hasher, tp_size, tp_rank, heads)
+        row_ids = {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
+                                      compressed=compressed) for layer in self.layers}
+        return self.prefetch(row_ids)
+
+    def _head_range(self, hasher, tp_size, tp_rank, heads):
+        """The hasher's head range for these arguments; it must hold `heads` heads."""
         begin, end = hasher.head_range(tp_size, tp_rank, heads)
         if end - begin != self.heads:
             raise InvalidArgumentError(
                 -errno.EINVAL, f"the hasher's head selection [{begin}, {end}) has "
                                f"{end - begin} heads; this lookup was made for {self.heads}")
-        row_ids = {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
-                                      compressed=compressed) for layer in self.layers}
-        return self.prefetch(row_ids)
+        return begin, end
 
     def _by_layer(self, row_ids):
         """{layer_id: ids} from a dict, or from a sequence in the order of `layers`."""
