@@ -3,7 +3,7 @@
 // when the daemon restarts, and reports rows served, errors, wrong bytes and the daemon's
 // RSS and fd high-water marks.
 //
-//   engram-soak --socket /run/engramd/engramd.sock --seed 7 --rows 400000 \
+//   engram-soak --socket /run/engramd/engramd.sock --seed 7 --rows 400000
 //               --clients 4 --seconds 3600 [--target-rows 500000000] [--json]
 // Exit status: 0 when no byte was wrong and no request failed; 1 otherwise; 2 on bad usage.
 #include <signal.h>
