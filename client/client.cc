@@ -137,6 +137,12 @@ struct engram_session {
 
   std::atomic<bool> lost{false};
   std::atomic<uint64_t> client_sleeps{0};
+
+  // ENGRAM_GATHER_IN_PLACE: the tables asked for so far, by layer. The mappings stay until
+  // the session is closed.
+  std::mutex in_place_mutex;
+  std::map<uint32_t, engram::client::InPlaceTable> in_place;
+  std::atomic<uint64_t> rows_in_place{0};
 };
 
 namespace {
@@ -650,17 +656,24 @@ int engram_free(engram_session* s, void* ptr) {
   return 0;
 }
 
-int engram_submit(engram_session* s, const struct engram_gather_request* request,
-                  uint64_t* ret_ticket) {
-  if (s == nullptr || request == nullptr || ret_ticket == nullptr) {
-    return SetError(-EINVAL, "engram_submit needs a session, a request and ret_ticket");
-  }
+}  // extern "C"
+
+namespace {
+
+// The submission entry of a gather request, its addresses checked against the data region;
+// *ret_flags gets the request's flags.
+int GatherSqe(engram_session* s, const struct engram_gather_request* theirs, engram_sqe* ret_sqe,
+              uint32_t* ret_flags) {
   engram_gather_request r{};
-  if (int rc = ReadStruct("engram_gather_request", request, &r); rc < 0) return rc;
-  request = &r;
-  if (request->flags != 0) return SetError(-EINVAL, "unknown request flags 0x%x", request->flags);
+  if (int rc = ReadStruct("engram_gather_request", theirs, &r); rc < 0) return rc;
+  const engram_gather_request* request = &r;
+  if ((request->flags & ~ENGRAM_GATHER_IN_PLACE) != 0) {
+    return SetError(-EINVAL, "unknown request flags 0x%x", request->flags);
+  }
+  *ret_flags = request->flags;
   const uint64_t n = request->num_rows;
-  engram_sqe sqe{};
+  engram_sqe& sqe = *ret_sqe;
+  sqe = engram_sqe{};
   sqe.opcode = ENGRAM_OP_GATHER;
   sqe.table = request->table;
   sqe.num_rows = n;
@@ -689,6 +702,79 @@ int engram_submit(engram_session* s, const struct engram_gather_request* request
                     static_cast<unsigned long long>(n),
                     static_cast<unsigned long long>(n * ENGRAM_ROW_BYTES));
   }
+  return 0;
+}
+
+int FetchTables(engram_session* s, std::vector<engram_wire_table>* ret_tables);
+
+// How often a table that could not be mapped yet (still loading) is asked for again.
+constexpr int64_t kInPlaceRetryNs = 100'000'000;
+
+// The table engram_gather reads `layer` from in place, or null when the daemon is to gather it:
+// the table is not resident, still loading, or its mapping failed (asked again later). The
+// first call for a table maps it; the mutex is held meanwhile, so concurrent first calls map
+// it once.
+const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer) {
+  std::lock_guard<std::mutex> lock(s->in_place_mutex);
+  engram::client::InPlaceTable& t = s->in_place[layer];
+  if (t.map != nullptr) return &t;
+  if (t.never || NowNs() < t.retry_at_ns) return nullptr;
+  std::vector<engram_wire_table> tables;
+  const engram_wire_table* wire = nullptr;
+  if (FetchTables(s, &tables) == 0) {
+    for (const engram_wire_table& w : tables) {
+      if (w.layer_id == layer) wire = &w;
+    }
+  }
+  engram_table_map* map = nullptr;
+  const int rc = wire != nullptr ? engram_map_table(s, layer, &map) : -ENOENT;
+  if (rc == 0) {
+    t.map = map;
+    t.bounds = {.layer_id = layer,
+                .num_rows = wire->num_rows,
+                .covered_begin = map->covered_begin,
+                .covered_end = map->covered_end};
+    return &t;
+  }
+  // Not resident, or no such table (the daemon's answer to the request names it): for good.
+  t.never = rc == -EOPNOTSUPP || (wire == nullptr && tables.size() != 0);
+  t.retry_at_ns = NowNs() + kInPlaceRetryNs;
+  return nullptr;
+}
+
+// engram_gather of a request for a table read in place: checked as the daemon checks requests
+// (the same decoder, so the same errors), then copied on this thread.
+int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, engram_sqe sqe) {
+  sqe.ticket = uint64_t{1} << 16;  // slot 0 of a one-slot context: it never enters the ring
+  const proto::RequestContext context{.slots = 1,
+                                      .max_rows = s->welcome.max_rows_per_request,
+                                      .data = s->data,
+                                      .data_bytes = s->data_bytes,
+                                      .tables = {&table.bounds, 1}};
+  proto::DecodedRequest request;
+  bool slot_valid = false;
+  proto::CodecError error;
+  if (!proto::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
+    return SetError(ErrnoForCode(error.code), "engramd (table %u read in place): %s: %s",
+                    sqe.table, proto::StatusCodeName(error.code), error.message.c_str());
+  }
+  engram::client::CopyInPlace(table, request, s->data);
+  s->rows_in_place.fetch_add(request.rows.size(), std::memory_order_relaxed);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int engram_submit(engram_session* s, const struct engram_gather_request* request,
+                  uint64_t* ret_ticket) {
+  if (s == nullptr || request == nullptr || ret_ticket == nullptr) {
+    return SetError(-EINVAL, "engram_submit needs a session, a request and ret_ticket");
+  }
+  engram_sqe sqe;
+  uint32_t flags;
+  if (int rc = GatherSqe(s, request, &sqe, &flags); rc < 0) return rc;
   return Push(s, sqe, ret_ticket);
 }
 
@@ -868,8 +954,20 @@ int engram_wait(engram_session* s, uint64_t ticket, int64_t timeout_ns) {
 
 int engram_gather(engram_session* s, const struct engram_gather_request* request,
                   int64_t timeout_ns) {
+  if (s == nullptr || request == nullptr) {
+    return SetError(-EINVAL, "engram_gather needs a session and a request");
+  }
+  engram_sqe sqe;
+  uint32_t flags;
+  if (int rc = GatherSqe(s, request, &sqe, &flags); rc < 0) return rc;
+  if ((flags & ENGRAM_GATHER_IN_PLACE) != 0) {
+    if (CheckLostCheap(s)) return LostError(s);
+    if (const engram::client::InPlaceTable* t = InPlaceFor(s, sqe.table); t != nullptr) {
+      return GatherInPlace(s, *t, sqe);
+    }
+  }
   uint64_t ticket;
-  if (int rc = engram_submit(s, request, &ticket); rc < 0) return rc;
+  if (int rc = Push(s, sqe, &ticket); rc < 0) return rc;
   return engram_wait(s, ticket, timeout_ns);
 }
 
@@ -1014,6 +1112,8 @@ int engram_completion_counter(engram_session* s, const volatile uint64_t** ret_c
   return 0;
 }
 
+}  // extern "C"
+
 namespace {
 
 // The daemon's table list, as the wire gives it.
@@ -1053,6 +1153,8 @@ engram_table_info TableInfo(const engram_wire_table& w) {
 }
 
 }  // namespace
+
+extern "C" {
 
 int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, size_t capacity,
                        size_t* ret_count) {
@@ -1110,6 +1212,7 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   out.latency_p99_ns = m.stats.latency_p99_ns;
   out.latency_max_ns = m.stats.latency_max_ns;
   out.client_sleeps = s->client_sleeps.load();
+  out.rows_in_place = s->rows_in_place.load();
   return WriteStruct("engram_session_stats", out, ret_stats);
 }
 

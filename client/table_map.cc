@@ -63,6 +63,17 @@ int MapSealedTable(int fd, uint32_t layer, uint32_t row_bytes, uint64_t covered_
   return 0;
 }
 
+void CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request,
+                 uint8_t* data) {
+  const engram_table_map& map = *table.map;
+  uint8_t* dest = data + request.dest_offset;
+  for (uint64_t i = 0; i < request.rows.size(); ++i) {
+    const uint64_t at = request.dest_offsets.empty() ? i * ENGRAM_ROW_BYTES : request.dest_offsets[i];
+    memcpy(dest + at, map.base + (request.rows[i] - map.covered_begin) * ENGRAM_ROW_BYTES,
+           ENGRAM_ROW_BYTES);
+  }
+}
+
 }  // namespace engram::client
 
 using engram::client::SetError;

@@ -175,13 +175,27 @@ ENGRAM_API int engram_free(engram_session* session, void* ptr);
 struct engram_gather_request {
   size_t size;    /* sizeof(struct engram_gather_request) */
   uint32_t table; /* Engram layer id (1, 14 for DeepSeek-V4.1) */
-  uint32_t flags; /* 0 */
+  uint32_t flags; /* 0 or ENGRAM_GATHER_IN_PLACE */
   const uint64_t* rows; /* num_rows row ids, in the data region, 8-byte aligned */
   uint64_t num_rows;
   void* dest; /* in the data region: row i lands at dest + i * 264, or ... */
   const uint64_t* dest_offsets; /* ... at dest + dest_offsets[i] when not NULL (in the data
                                    region, 8-byte aligned) */
 };
+
+/* engram_gather_request.flags. ENGRAM_GATHER_IN_PLACE: where the table is
+ * resident in the daemon's row store (docs/row-store.md), engram_gather copies the rows on the
+ * calling thread from a read-only mapping of the table (engram_map_table) instead of asking the
+ * daemon: no round trip, no thread of the daemon woken. The first such call for a table maps it
+ * (a control round trip and the page tables of the whole table: a few ms per GiB with 4 KiB
+ * pages), and the mapping stays until engram_close. A table that is not resident is gathered by
+ * the daemon as without the flag; one still loading (or refused for another reason) too, and
+ * its mapping is asked for again at most every 100 ms. The request is checked as the daemon
+ * checks it, with the same errors and messages. Rows read in place are counted in
+ * engram_session_stats.rows_in_place, not by the daemon's statistics. engram_submit accepts
+ * the flag and leaves the request to the daemon (its completion belongs to the daemon). An
+ * older library refuses the flag (-EINVAL, "unknown request flags"). */
+#define ENGRAM_GATHER_IN_PLACE 0x1u
 
 /* Submits a gather; on success *ret_ticket identifies it. The row ids and offsets are read by
  * the daemon after this returns: leave them alone until the ticket completes. -ENOSPC when every
@@ -259,6 +273,8 @@ struct engram_session_stats {
   uint64_t latency_p99_ns;
   uint64_t latency_max_ns;
   uint64_t client_sleeps; /* times engram_wait went to sleep on the futex (this process) */
+  uint64_t rows_in_place; /* rows this process's engram_gather copied from resident tables
+                             itself (ENGRAM_GATHER_IN_PLACE), not counted in `rows` */
 };
 
 /* Reads the session's statistics from the daemon. Set ret_stats->size first. Thread-safe. */

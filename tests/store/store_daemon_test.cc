@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -51,9 +52,9 @@ json TableEntry(const json& reply, uint32_t layer) {
 
 // A client process: `batches` gathers of `n` rows from `layer`, drawn from the first `span` rows
 // (a working set), scattered into the arena in reverse order, every byte checked. Exit code 0
-// when every row matched.
+// when every row matched. `flags`: the requests' (ENGRAM_GATHER_IN_PLACE).
 int GatherChecked(const Daemon& d, uint32_t layer, uint64_t n, uint64_t span, int batches,
-                  uint64_t seed) {
+                  uint64_t seed, uint32_t flags = 0) {
   engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 8);
   engram_session* s = nullptr;
   if (engram_connect(&o, &s) != 0) return 10;
@@ -71,7 +72,7 @@ int GatherChecked(const Daemon& d, uint32_t layer, uint64_t n, uint64_t span, in
     std::memset(out, 0xEE, n * kRowBytes);
     engram_gather_request r{.size = sizeof(r),
                             .table = layer,
-                            .flags = 0,
+                            .flags = flags,
                             .rows = rows,
                             .num_rows = n,
                             .dest = out,
@@ -330,8 +331,13 @@ TEST_CASE("engramctl load starts, cancels and resumes a resident table's load", 
   json t = TableEntry(Ctl(d, "tables --no-residency"), 14);
   CHECK(t["resident_load_state"] == "waiting");
   CHECK(t["resident_rows_loaded"] == 0);
-  // Served from storage meanwhile, byte-exact.
+  // Served from storage meanwhile, byte-exact, gathers that ask to read in place included.
   REQUIRE(InChild([&] { return GatherChecked(d, 14, 1152, kRows, 3, 7); }) == 0);
+  const uint64_t requests = TableEntry(Ctl(d, "stats"), 14)["store_requests"];
+  REQUIRE(InChild([&] {
+            return GatherChecked(d, 14, 1152, kRows, 3, 7, ENGRAM_GATHER_IN_PLACE);
+          }) == 0);
+  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == requests + 3);
 
   // A table of another tier, or none, is refused naming it.
   auto [code, out] = CtlText(d, "load 1");
@@ -386,6 +392,102 @@ TEST_CASE("engramctl load starts, cancels and resumes a resident table's load", 
         3 * 1152);
   // Loading a loaded table again is a no-op that says so.
   CHECK(Ctl(d, "load 14")["state"] == "loaded");
+  // Loaded: gathers that ask to read in place no longer reach the daemon.
+  REQUIRE(InChild([&] {
+            return GatherChecked(d, 14, 1152, kRows, 3, 10, ENGRAM_GATHER_IN_PLACE);
+          }) == 0);
+  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == last["store_requests"]);
+}
+
+// A gather of `rows` (in the data region) into `out` with dest_offsets `offsets`; the result and
+// engram_last_error() (empty on success).
+std::pair<int, std::string> Gather(engram_session* s, uint32_t layer, const uint64_t* rows,
+                                   uint64_t n, uint8_t* out, const uint64_t* offsets,
+                                   uint32_t flags) {
+  engram_gather_request r{.size = sizeof(r),
+                          .table = layer,
+                          .flags = flags,
+                          .rows = rows,
+                          .num_rows = n,
+                          .dest = out,
+                          .dest_offsets = offsets};
+  const int rc = engram_gather(s, &r, 10'000'000'000);
+  return {rc, rc == 0 ? "" : engram_last_error()};
+}
+
+TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others through engramd",
+          "[store][map]") {
+  const Daemon& d = StoreDaemon();
+  WaitResident(d);
+  const uint64_t n = 1152;
+  engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  uint64_t *rows, *offsets;
+  uint8_t* out;
+  REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&offsets)) == 0);
+  REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  for (uint64_t i = 0; i < n; ++i) offsets[i] = (n - 1 - i) * kRowBytes;
+  FillRows(rows, n, kRows, 31);
+  rows[n - 1] = rows[0];
+
+  // The resident table: byte-exact, scattered, and the daemon never sees the requests.
+  const json before = TableEntry(Ctl(d, "stats"), 14);
+  for (int b = 0; b < 3; ++b) {
+    std::memset(out, 0xEE, n * kRowBytes);
+    REQUIRE(Gather(s, 14, rows, n, out, offsets, ENGRAM_GATHER_IN_PLACE).first == 0);
+    CHECK(FirstBadRow(14, rows, n, out, offsets) == -1);
+  }
+  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == before["store_requests"]);
+  engram_session_stats stats{.size = sizeof(stats)};
+  REQUIRE(engram_get_session_stats(s, &stats) == 0);
+  CHECK(stats.rows_in_place == 3 * n);
+  CHECK(stats.rows == 0);
+
+  // The cached table is gathered by the daemon.
+  std::memset(out, 0xEE, n * kRowBytes);
+  REQUIRE(Gather(s, 1, rows, n, out, offsets, ENGRAM_GATHER_IN_PLACE).first == 0);
+  CHECK(FirstBadRow(1, rows, n, out, offsets) == -1);
+  REQUIRE(engram_get_session_stats(s, &stats) == 0);
+  CHECK(stats.rows == n);
+  CHECK(stats.rows_in_place == 3 * n);
+
+  // Bad requests fail as they fail through the daemon: same code, same message.
+  const auto same_failure = [&](uint32_t layer, const std::string& expect) {
+    const auto [in_place_rc, in_place_error] =
+        Gather(s, layer, rows, n, out, offsets, ENGRAM_GATHER_IN_PLACE);
+    const auto [daemon_rc, daemon_error] = Gather(s, layer, rows, n, out, offsets, 0);
+    INFO(in_place_error << " / " << daemon_error);
+    CHECK(in_place_rc == daemon_rc);
+    CHECK(in_place_error.find(expect) != std::string::npos);
+    CHECK(in_place_error.find("read in place") != std::string::npos);
+    const std::string tail = daemon_error.substr(daemon_error.find("engramd: ") + 9);
+    CHECK(in_place_error.find(tail) != std::string::npos);
+  };
+  const uint64_t saved = rows[5];
+  rows[5] = kRows;
+  same_failure(14, "row 20000 (index 5) is past the end of layer 14");
+  rows[5] = saved;
+  offsets[7] = uint64_t{1} << 40;
+  same_failure(14, "destination of row index 7");
+  offsets[7] = (n - 1 - 7) * kRowBytes;
+  REQUIRE(Gather(s, 14, rows, n, out, offsets, ENGRAM_GATHER_IN_PLACE).first == 0);
+  CHECK(FirstBadRow(14, rows, n, out, offsets) == -1);
+
+  // Unknown flags are refused; engram_submit leaves an in-place request to the daemon.
+  engram_gather_request r{.size = sizeof(r), .table = 14, .flags = 0x80, .rows = rows,
+                          .num_rows = n, .dest = out, .dest_offsets = offsets};
+  uint64_t ticket;
+  CHECK(engram_submit(s, &r, &ticket) == -EINVAL);
+  CHECK(std::string(engram_last_error()).find("unknown request flags 0x80") != std::string::npos);
+  r.flags = ENGRAM_GATHER_IN_PLACE;
+  REQUIRE(engram_submit(s, &r, &ticket) == 0);
+  REQUIRE(engram_wait(s, ticket, 10'000'000'000) == 0);
+  CHECK(FirstBadRow(14, rows, n, out, offsets) == -1);
+  REQUIRE(engram_get_session_stats(s, &stats) == 0);
+  CHECK(stats.rows == 2 * n);
+  engram_close(s);
 }
 
 }  // namespace
