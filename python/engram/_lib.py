@@ -82,7 +82,7 @@ class TableInfoStruct(ctypes.Structure):
 SESSION_STATS_FIELDS = (
     "session_id", "requests_submitted", "requests_ok", "requests_failed", "rows", "bytes",
     "inflight", "doorbells", "cq_overflows", "latency_p50_ns", "latency_p99_ns",
-    "latency_max_ns", "client_sleeps",
+    "latency_max_ns", "client_sleeps", "rows_in_place",
 )
 
 
@@ -148,6 +148,7 @@ class TokenRequest(ctypes.Structure):
 
 HASHER_COMPRESSED_ONLY = 1
 HASH_COMPRESSED_IDS = 1
+GATHER_IN_PLACE = 1
 
 
 _P = ctypes.POINTER
@@ -164,6 +165,7 @@ _CLIENT_FUNCTIONS = {
     "engram_free": (c_int, [c_void_p, c_void_p]),
     "engram_submit": (c_int, [c_void_p, _P(GatherRequest), _P(c_u64)]),
     "engram_submit_nop": (c_int, [c_void_p, _P(c_u64)]),
+    "engram_gather": (c_int, [c_void_p, _P(GatherRequest), c_i64]),
     "engram_wait": (c_int, [c_void_p, c_u64, c_i64]),
     "engram_poll": (c_int, [c_void_p, c_u64]),
     "engram_completion_counter": (c_int, [c_void_p, _P(c_void_p)]),

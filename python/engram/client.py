@@ -83,6 +83,7 @@ class SessionStats:
     latency_p99_ns: int
     latency_max_ns: int
     client_sleeps: int
+    rows_in_place: int  # gathered by this process from resident tables itself (gather(in_place=True))
 
 
 def protocol_version() -> Tuple[int, int]:
@@ -395,19 +396,9 @@ class Client:
         wait time), ResourceExhaustedError when every slot is busy.
         """
         self._check_array(array)
-        ids = row_ids_array(row_ids)
-        n = int(ids.size)
-        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
-        allocation = self._alloc(rows_bytes + n * 8)
+        allocation, request = self._gather_request(table, row_ids, 0)
+        n = request.num_rows
         try:
-            if n:
-                dst = np.ctypeslib.as_array(
-                    (ctypes.c_uint64 * n).from_address(allocation.address + rows_bytes))
-                np.copyto(dst, ids, casting="unsafe")
-            request = _lib.GatherRequest(
-                size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=0,
-                rows=allocation.address + rows_bytes, num_rows=n, dest=allocation.address,
-                dest_offsets=None)
             ticket = ctypes.c_uint64()
             _lib.check(self._lib.engram_submit(self._session(), ctypes.byref(request),
                                                ctypes.byref(ticket)))
@@ -440,16 +431,56 @@ class Client:
         _lib.check(rc)
         return int(queued.value)
 
+    def _gather_request(self, table: int, row_ids: Any, flags: int):
+        """An arena range for the rows of `row_ids` followed by the ids, and the request that
+        gathers them into it."""
+        ids = row_ids_array(row_ids)
+        n = int(ids.size)
+        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
+        allocation = self._alloc(rows_bytes + n * 8)
+        if n:
+            dst = np.ctypeslib.as_array(
+                (ctypes.c_uint64 * n).from_address(allocation.address + rows_bytes))
+            np.copyto(dst, ids, casting="unsafe")
+        request = _lib.GatherRequest(
+            size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=flags,
+            rows=allocation.address + rows_bytes, num_rows=n, dest=allocation.address,
+            dest_offsets=None)
+        return allocation, request
+
     def gather(self, table: int, row_ids: Any, timeout: Optional[float] = None, *,
-               array: str = "torch", typed: bool = False) -> Any:
+               array: str = "torch", typed: bool = False, in_place: bool = False) -> Any:
         """Gathers rows `row_ids` of table `table`: a torch.uint8 tensor [n, 264] viewing the
         arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales); a NumPy
         array with array="numpy"; RowView(values, scales, raw) with typed=True. See the
-        module's notes on its lifetime. timeout in seconds (None: no limit)."""
+        module's notes on its lifetime. timeout in seconds (None: no limit).
+
+        in_place: where the table is resident in engramd's memory, this process copies the
+        rows itself from a read-only mapping of the table (ENGRAM_GATHER_IN_PLACE: no round
+        trip; the first such call maps the table); other tables are gathered by the daemon."""
+        if in_place:
+            return self._gather_in_place(table, row_ids, timeout, array, typed)
         ticket = self.submit(table, row_ids, array=array, typed=typed)
         # On a timeout the request stays in flight: the dropped ticket's finaliser waits for it
         # before its range is reused.
         return ticket.wait(timeout)
+
+    def _gather_in_place(self, table, row_ids, timeout, array, typed):
+        self._check_array(array)
+        allocation, request = self._gather_request(table, row_ids, _lib.GATHER_IN_PLACE)
+        n = request.num_rows
+        rc = self._lib.engram_gather(self._session(), ctypes.byref(request), _timeout_ns(timeout))
+        if rc < 0:
+            error = error_for(rc, _lib.last_error())
+            # A request that timed out through the daemon may still land: its range stays
+            # allocated rather than be reused under a late write.
+            if rc != -errno.ETIMEDOUT:
+                allocation.free()
+            raise error
+        rows = self._view(allocation, (n, _lib.row_bytes()), array)
+        if n == 0:
+            allocation.free()
+        return split_rows(rows) if typed else rows
 
     def submit_tokens(self, hasher: Any, table: int, tokens: Any, history: Any = None, *,
                       tp_size: Optional[int] = None, tp_rank: Optional[int] = None,

@@ -1,0 +1,67 @@
+# Client.gather(in_place=True) against an engramd with a resident and a cached table: rows of the
+# resident table are copied in this process from its mapping (the daemon never sees the
+# requests), others are gathered by the daemon; bad ids fail as they fail through the daemon.
+import json
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import engram
+from conftest import Daemon, SYNTH_ROWS, _find_program, program_env
+
+
+@pytest.fixture(scope="module")
+def store_daemon(checkpoint, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("engramd-in-place")
+    d = Daemon(checkpoint, folder / "engramd.sock", folder / "engramd.log",
+               ["--tier", "14=resident", "--tier", "1=cache", "--cache-bytes", "4M"])
+    yield d
+    d.stop()
+
+
+def table_entry(daemon, command, layer):
+    engramctl = _find_program("engramctl", "ENGRAMCTL", "tools/engramctl")
+    out = subprocess.run([str(engramctl), command, "--json", "--socket", daemon.socket],
+                         check=True, capture_output=True, env=program_env(), timeout=30)
+    return next(t for t in json.loads(out.stdout)["tables"] if t["layer"] == layer)
+
+
+def wait_resident(daemon):
+    deadline = time.monotonic() + 60
+    while not table_entry(daemon, "tables", 14)["resident_loaded"]:
+        assert time.monotonic() < deadline, "layer 14 did not become resident"
+        time.sleep(0.02)
+
+
+def test_in_place_reads_a_resident_table_without_the_daemon(store_daemon, expected_rows):
+    wait_resident(store_daemon)
+    ids = np.random.default_rng(5).integers(0, SYNTH_ROWS, 1152)
+    before = table_entry(store_daemon, "stats", 14)["store_requests"]
+    with engram.Client(store_daemon.socket) as c:
+        for _ in range(3):
+            rows = c.gather(14, ids, array="numpy", in_place=True)
+            assert np.array_equal(rows, expected_rows(14, ids))
+            c.release(rows)
+        tensor = c.gather(14, ids[:8], in_place=True)
+        assert np.array_equal(tensor.numpy(), expected_rows(14, ids[:8]))
+        # The cached table goes through the daemon.
+        rows = c.gather(1, ids, array="numpy", in_place=True)
+        assert np.array_equal(rows, expected_rows(1, ids))
+        stats = c.stats()
+        assert stats.rows_in_place == 3 * 1152 + 8
+        assert stats.rows == 1152
+    assert table_entry(store_daemon, "stats", 14)["store_requests"] == before
+
+
+def test_in_place_refuses_a_bad_row_as_the_daemon_does(store_daemon):
+    wait_resident(store_daemon)
+    with engram.Client(store_daemon.socket) as c:
+        with pytest.raises(engram.RowOutOfRangeError) as in_place:
+            c.gather(14, [1, SYNTH_ROWS + 5], in_place=True)
+        with pytest.raises(engram.RowOutOfRangeError) as daemon:
+            c.gather(14, [1, SYNTH_ROWS + 5])
+    assert "read in place" in str(in_place.value)
+    assert f"row {SYNTH_ROWS + 5} (index 1) is past the end of layer 14" in str(in_place.value)
+    assert str(daemon.value).split("engramd: ")[-1] in str(in_place.value)
