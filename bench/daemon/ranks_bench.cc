@@ -177,8 +177,11 @@ class StepGatherer {
   std::string error;
 };
 
+// Through engramd; with `in_place`, each layer's rows by engram_gather with
+// ENGRAM_GATHER_IN_PLACE (copied in the rank's process where the table is resident).
 class DaemonGatherer final : public StepGatherer {
  public:
+  explicit DaemonGatherer(bool in_place) : in_place_(in_place) {}
   bool Connect(const std::string& sock, uint64_t cap, const char* name, uint32_t spin_us) {
     engram_connect_options o;
     engram_connect_options_init(&o, sizeof(o));
@@ -193,6 +196,12 @@ class DaemonGatherer final : public StepGatherer {
         return Fail("alloc");
       }
     }
+    if (in_place_) {
+      // The first in-place gather of a table maps it: done here, before the clock starts.
+      const size_t one[2] = {1, 1};
+      ids_[0][0] = ids_[1][0] = 0;
+      return Gather(one);
+    }
     return true;
   }
   ~DaemonGatherer() override {
@@ -201,6 +210,7 @@ class DaemonGatherer final : public StepGatherer {
   uint64_t* ids(int l) override { return ids_[l]; }
   uint8_t* dest(int l) override { return dest_[l]; }
   bool Gather(const size_t n[2]) override {
+    if (in_place_) return GatherEach(n);
     uint64_t tickets[2];
     int submitted = 0;
     for (int l = 0; l < 2; ++l) {
@@ -222,10 +232,25 @@ class DaemonGatherer final : public StepGatherer {
   }
 
  private:
+  bool GatherEach(const size_t n[2]) {
+    for (int l = 0; l < 2; ++l) {
+      if (n[l] == 0) continue;
+      engram_gather_request r{.size = sizeof(r),
+                              .table = kLayers[l],
+                              .flags = ENGRAM_GATHER_IN_PLACE,
+                              .rows = ids_[l],
+                              .num_rows = n[l],
+                              .dest = dest_[l],
+                              .dest_offsets = nullptr};
+      if (engram_gather(s_, &r, -1) != 0) return Fail("gather");
+    }
+    return true;
+  }
   bool Fail(const char* what) {
     error = absl::StrCat(what, ": ", engram_last_error());
     return false;
   }
+  bool in_place_;
   engram_session* s_ = nullptr;
   uint64_t* ids_[2] = {};
   uint8_t* dest_[2] = {};
@@ -338,8 +363,8 @@ void EvictRows(const Table& table, const uint64_t* rows, size_t n) {
 
 std::unique_ptr<StepGatherer> MakeGatherer(const Env& env, const std::string& method, uint64_t cap,
                                            const char* name) {
-  if (method == "daemon") {
-    auto d = std::make_unique<DaemonGatherer>();
+  if (method == "daemon" || method == "inplace") {
+    auto d = std::make_unique<DaemonGatherer>(method == "inplace");
     d->Connect(env.sock, cap, name, env.cfg->client_spin_us);
     return d;
   }
@@ -546,7 +571,7 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
   r.rows_per_s = rows / (r.wall_ns / 1e9);
   uint64_t rank_cpu = 0;
   for (int i = 0; i < c.ranks; ++i) rank_cpu += out->cpu_ns[i];
-  if (method == "daemon") {
+  if (method == "daemon" || method == "inplace") {
     r.server_cpu_us_per_row = daemon_cpu / 1e3 / rows;
     r.client_cpu_us_per_row = rank_cpu / 1e3 / rows;
   } else {
@@ -621,7 +646,9 @@ void PrintHeader(const Config& cfg, const std::vector<std::string>& args) {
          cfg.step_rows, cfg.steps, cfg.period_ms,
          cfg.client_spin_us ? absl::StrCat(cfg.client_spin_us, " µs").c_str() : "library default");
   printf(
-      "methods: daemon = engramd with its defaults and one client process per rank; mapped = "
+      "methods: daemon = engramd with its defaults and one client process per rank; inplace = "
+      "the same clients' engram_gather with ENGRAM_GATHER_IN_PLACE, one layer after the other "
+      "(resident tables copied in the client, others gathered by engramd); mapped = "
       "the daemon's resident tables mapped into each rank process, rows copied there; engine = "
       "the gather engine (defaults) inside each rank process; uring = a plain io_uring loop "
       "(one ring, one read per row part) inside each rank process\nengramd:");
@@ -651,7 +678,7 @@ void PrintCase(const Case& c, const std::string& method, const CaseResult& r, do
   }
   if (!r.ok) printf(" FAILED: %s", r.error.c_str());
   printf("\n");
-  if (method == "daemon" && r.p99.size() > 1) {
+  if ((method == "daemon" || method == "inplace") && r.p99.size() > 1) {
     printf("|   per rank p50/p99/p99.9 µs:");
     for (size_t i = 0; i < r.p99.size(); ++i) {
       printf(" %.0f/%.0f/%.0f", us(r.p50[i]), us(r.p99[i]), us(r.p999[i]));
@@ -763,12 +790,13 @@ int Run(Config& cfg) {
     return 2;
   }
   if (cfg.methods_arg.empty()) {
-    cfg.methods_arg = cfg.tier == "resident" ? "daemon,mapped,engine" : "daemon,engine,uring";
+    cfg.methods_arg =
+        cfg.tier == "resident" ? "daemon,inplace,mapped,engine" : "daemon,engine,uring";
   }
   std::vector<std::string> methods = absl::StrSplit(cfg.methods_arg, ',', absl::SkipEmpty());
   for (const std::string& m : methods) {
-    if (m != "daemon" && m != "engine" && m != "uring" && m != "mapped") {
-      fprintf(stderr, "--methods: unknown method '%s' (daemon, mapped, engine, uring)\n",
+    if (m != "daemon" && m != "inplace" && m != "engine" && m != "uring" && m != "mapped") {
+      fprintf(stderr, "--methods: unknown method '%s' (daemon, inplace, mapped, engine, uring)\n",
               m.c_str());
       return 2;
     }
@@ -829,7 +857,7 @@ int Run(Config& cfg) {
     double ref_p99 = 0;
     env.seed = 17 + c.ranks;  // every method of a case gathers the same ids
     for (const std::string& m : methods) {
-      CaseResult r = RunCase(env, c, m, m == "daemon" ? daemon : -1);
+      CaseResult r = RunCase(env, c, m, m == "daemon" || m == "inplace" ? daemon : -1);
       failures += !r.ok;
       if (m == reference && !r.p99.empty()) {
         ref_p99 = *std::max_element(r.p99.begin(), r.p99.end());
@@ -873,13 +901,14 @@ int main(int argc, char** argv) {
   app.add_option("--trace", cfg.trace,
                  "row ids per step from a text file: one line per step, LAYER:ID,ID,... groups");
   app.add_option("--tier", cfg.tier,
-                 "the daemon's tier for both tables: storage, resident (adds the mapped method: "
-                 "the same memory read in each rank's process) or cache (give it a size with "
+                 "the daemon's tier for both tables: storage, resident (adds the inplace and "
+                 "mapped methods: the same memory read in each rank's process) or cache (give it "
+                 "a size with "
                  "--daemon-arg=--cache-bytes=...)")
       ->capture_default_str();
   app.add_option("--methods", cfg.methods_arg,
-                 "daemon, mapped, engine, uring (default: daemon,engine,uring; with --tier "
-                 "resident daemon,mapped,engine)");
+                 "daemon, inplace, mapped, engine, uring (default: daemon,engine,uring; with "
+                 "--tier resident daemon,inplace,mapped,engine)");
   app.add_option("--daemon-arg", cfg.daemon_args, "extra engramd argument (repeatable)");
   app.add_option("--client-spin-us", cfg.client_spin_us,
                  "how long a client spins for its completion before sleeping (0: the library's "
