@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/metrics.h"
 #include "daemon/store/memory_budget.h"
 #include "daemon/store/pressure_monitor.h"
@@ -31,6 +30,7 @@
 #include "daemon/store/row_cache.h"
 #include "daemon/store/store_config.h"
 #include "daemon/store/load_status.h"
+#include "gather/gather_engine.h"
 #include "nlohmann/json.hpp"
 #include "tables/table.h"
 
