@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/server/server_config.h"
-#include "daemon/store/store_config.h"
+#include "store/store_config.h"
 
 namespace engram {
 
