@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "bench/common/engramd_process.h"
-#include "daemon/gather/gather_engine.h"
 #include "engram/engram.h"
+#include "gather/gather_engine.h"
 #include "tables/table.h"
 #include "tools/tables/synthetic.h"
 

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "bench/gather/gather_methods.h"
-#include "daemon/gather/gather_planner.h"
+#include "gather/gather_planner.h"
 #include "tests/common/gather_test_util.h"
 
 namespace engram::bench {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "daemon/ops/metrics.h"
-#include "daemon/store/pressure_monitor.h"  // PSI: MemoryPressure, ParseMemoryPressure
+#include "store/pressure_monitor.h"  // PSI: MemoryPressure, ParseMemoryPressure
 
 namespace engram {
 

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "daemon/server/server_config.h"
-#include "daemon/store/store_config.h"
+#include "store/store_config.h"
 
 namespace engram {
 
@@ -100,7 +100,7 @@ absl::Status LoadConfig(const std::string& path, bool must_exist, DaemonSettings
 absl::Status ApplyTiers(DaemonSettings* settings);
 
 // Every key the file accepts ("section.name"), sorted. docs/operations.md must list each one
-// with its default and flag (tests/ops checks it).
+// with its default and flag (daemon/tests/config_file_test.cc checks it).
 std::vector<std::string> ConfigKeys();
 
 // "1G", "512M", "4096" → bytes. InvalidArgument on anything else.

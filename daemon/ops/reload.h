@@ -8,7 +8,7 @@
 
 #include "daemon/ops/config_file.h"
 #include "daemon/server/server_config.h"
-#include "daemon/store/store_config.h"
+#include "store/store_config.h"
 
 namespace engram {
 

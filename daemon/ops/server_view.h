@@ -16,10 +16,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/gather/gather_engine.h"
-#include "daemon/store/load_status.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
+#include "gather/gather_engine.h"
+#include "store/load_status.h"
 #include "tables/table.h"
 
 namespace engram {

@@ -15,7 +15,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/control.h"
@@ -24,6 +23,7 @@
 #include "daemon/server/row_store.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_config.h"
+#include "gather/gather_engine.h"
 #include "tables/table.h"
 
 namespace engram {

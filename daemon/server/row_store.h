@@ -23,15 +23,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/metrics.h"
-#include "daemon/store/memory_budget.h"
-#include "daemon/store/pressure_monitor.h"
-#include "daemon/store/resident_table.h"
-#include "daemon/store/row_cache.h"
-#include "daemon/store/store_config.h"
-#include "daemon/store/load_status.h"
+#include "gather/gather_engine.h"
 #include "nlohmann/json.hpp"
+#include "store/load_status.h"
+#include "store/memory_budget.h"
+#include "store/pressure_monitor.h"
+#include "store/resident_table.h"
+#include "store/row_cache.h"
+#include "store/store_config.h"
 #include "tables/table.h"
 
 namespace engram {

@@ -19,9 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/gather/gather_engine.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/server_view.h"
+#include "gather/gather_engine.h"
 #include "protocol/codec.h"
 #include "daemon/server/pending_handshakes.h"
 #include "daemon/server/prefetcher.h"

@@ -1,5 +1,6 @@
 // Helpers for the engramd integration tests: a synthetic checkpoint written once per test binary,
-// engramd started as a child process on a private socket, and row checks against SyntheticRow.
+// engramd started as a child process on a private socket, engramctl run against it, and row
+// checks against SyntheticRow.
 #pragma once
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +25,7 @@
 
 #include "tables/table.h"
 #include "engram/engram.h"
+#include "nlohmann/json.hpp"
 #include "tools/tables/synthetic.h"
 
 namespace engram::testing {
@@ -179,6 +182,27 @@ class Daemon {
   std::vector<std::string> extra_;
   pid_t pid_ = -1;
 };
+
+// engramctl: ENGRAMCTL (the tests' meson.build sets it), else the build tree's.
+inline std::string Engramctl() {
+  const char* p = getenv("ENGRAMCTL");
+  return p != nullptr ? p : "tools/engramctl/engramctl";
+}
+
+// Runs `engramctl COMMAND --json` against `d` and returns its parsed reply. The test case fails
+// (showing the command line and the output) unless engramctl exits with status 0.
+inline nlohmann::json Ctl(const Daemon& d, const std::string& command) {
+  const std::string line = Engramctl() + " " + command + " --json --socket " + d.socket();
+  FILE* p = popen(line.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  INFO(line << ": " << out);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return nlohmann::json::parse(out);
+}
 
 // Index of the first row of `out` (rows[i] at out + i * 264) that differs from the checkpoint,
 // or -1 when every byte matches.

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/gather/gather_engine.h"
+#include "gather/gather_engine.h"
 #include "tests/common/gather_test_util.h"
 
 namespace engram::testing {

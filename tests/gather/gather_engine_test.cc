@@ -2,7 +2,7 @@
 // gathers in both layouts and cache states, the seven forced read paths through real seams
 // (evicted pages, tmpfs, truncated files, an injected read function), O_DIRECT, the adaptive
 // policy, bad input, Submit and concurrent callers.
-#include "daemon/gather/gather_engine.h"
+#include "gather/gather_engine.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -21,7 +21,7 @@
 #include <set>
 #include <thread>
 
-#include "daemon/gather/gather_planner.h"
+#include "gather/gather_planner.h"
 #include "tests/gather/gather_catch_util.h"
 
 namespace engram {

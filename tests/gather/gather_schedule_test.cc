@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/gather/thread_pool.h"
+#include "gather/thread_pool.h"
 #include "tests/gather/gather_catch_util.h"
 
 namespace engram::testing {

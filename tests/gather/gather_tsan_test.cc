@@ -8,7 +8,7 @@
 #include <random>
 #include <thread>
 
-#include "daemon/gather/gather_engine.h"
+#include "gather/gather_engine.h"
 #include "tests/common/gather_test_util.h"
 
 namespace engram {

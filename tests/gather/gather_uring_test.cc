@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/gather/gather_engine.h"
-#include "daemon/gather/gather_reader.h"
+#include "gather/gather_engine.h"
+#include "gather/gather_reader.h"
 #include "tests/gather/gather_catch_util.h"
 
 namespace engram {

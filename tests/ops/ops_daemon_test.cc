@@ -28,11 +28,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string Engramctl() {
-  const char* p = getenv("ENGRAMCTL");
-  return p != nullptr ? p : "tools/engramctl/engramctl";
-}
-
 struct Result {
   int code = -1;
   std::string out;

@@ -1,6 +1,6 @@
 // Tests of the memory budget, PSI parsing and the pressure monitor's shrink and grow
 // steps (driven through a PSI file the test writes, then against the kernel's own file).
-#include "daemon/store/memory_budget.h"
+#include "store/memory_budget.h"
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <fstream>
 #include <thread>
 
-#include "daemon/store/pressure_monitor.h"
+#include "store/pressure_monitor.h"
 #include "tests/common/table_test_util.h"
 
 namespace engram {

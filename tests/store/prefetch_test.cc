@@ -27,24 +27,6 @@ using namespace engram::testing;
 
 namespace {
 
-std::string Engramctl() {
-  const char* p = getenv("ENGRAMCTL");
-  return p != nullptr ? p : "tools/engramctl/engramctl";
-}
-
-json Ctl(const Daemon& d, const std::string& command) {
-  const std::string line = Engramctl() + " " + command + " --json --socket " + d.socket();
-  FILE* p = popen(line.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  INFO(line << ": " << out);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  return json::parse(out);
-}
-
 json TableStats(const Daemon& d, uint32_t layer) {
   const json reply = Ctl(d, "stats");
   for (const json& t : reply["tables"]) {

@@ -1,7 +1,7 @@
 // Tests of ResidentTable: every row of a checkpoint and a packed table byte-exact against the
 // synthetic row function, O_DIRECT and buffered (tmpfs) loads, a cancelled load resumed, the
 // seals that keep a loaded table immutable, and the memory budget.
-#include "daemon/store/resident_table.h"
+#include "store/resident_table.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

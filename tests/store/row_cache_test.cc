@@ -1,7 +1,7 @@
 // Tests of RowCache: byte-exact hits, the S3-FIFO policy (capacity, scan resistance, ghost
 // re-admission), resizing with rows kept and pages given back, and readers in threads and in
 // other processes racing a writer that churns a tiny cache: a hit is never torn or wrong.
-#include "daemon/store/row_cache.h"
+#include "store/row_cache.h"
 
 #include <sys/mman.h>
 #include <sys/wait.h>

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "daemon/gather/gather_reader.h"
+#include "gather/gather_reader.h"
 
 namespace engram {
 

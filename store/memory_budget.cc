@@ -1,5 +1,5 @@
 // MemoryBudget: reservations against the row store's byte cap.
-#include "daemon/store/memory_budget.h"
+#include "store/memory_budget.h"
 
 #include <limits>
 

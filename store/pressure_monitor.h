@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "daemon/store/row_cache.h"
+#include "store/row_cache.h"
 
 namespace engram {
 

@@ -187,18 +187,7 @@ TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit
   CHECK(SocketAnswers(daemon.socket()));
 
   // engramctl status reports the cgroup and the limit the daemon was held to.
-  const char* engramctl = std::getenv("ENGRAMCTL");
-  REQUIRE(engramctl != nullptr);
-  const std::string cmd =
-      std::string(engramctl) + " status --json --socket " + daemon.socket() + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string text;
-  char buf[4096];
-  size_t got;
-  while ((got = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, got);
-  REQUIRE(pclose(p) == 0);
-  const nlohmann::json m = nlohmann::json::parse(text)["memory"];
+  const nlohmann::json m = Ctl(daemon, "status")["memory"];
   INFO(m.dump());
   CHECK(m["cgroup_version"] == cg.version);
   CHECK(m["cgroup"] == cg.dir);

@@ -1,7 +1,7 @@
 // The gather engine: plans each batch, serves page-cache-resident rows with an RWF_NOWAIT pass
 // on the calling thread, and finishes the residue with io_uring (one ring per thread) or a
 // blocking pool; large batches are split between the caller and the workers.
-#include "daemon/gather/gather_engine.h"
+#include "gather/gather_engine.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -19,9 +19,9 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/gather/gather_planner.h"
-#include "daemon/gather/gather_reader.h"
-#include "daemon/gather/thread_pool.h"
+#include "gather/gather_planner.h"
+#include "gather/gather_reader.h"
+#include "gather/thread_pool.h"
 #include "protocol/clock.h"
 
 namespace engram {

@@ -22,7 +22,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/gather/gather_counters.h"
+#include "gather/gather_counters.h"
 #include "tables/table.h"
 
 namespace engram {
@@ -135,7 +135,7 @@ struct GatherBatch {
   std::span<const uint64_t> dest_offsets;
 };
 
-// Counters of one table since the engine started (daemon/gather/gather_counters.h lists them).
+// Counters of one table since the engine started (gather/gather_counters.h lists them).
 // Every counter only grows; the policy fields below them may change.
 struct TableGatherStats {
   uint32_t layer_id = 0;

@@ -1,5 +1,5 @@
 // ResidentTable: streaming a table into its memfd with O_DIRECT page runs.
-#include "daemon/store/resident_table.h"
+#include "store/resident_table.h"
 
 #include <fcntl.h>
 #include <unistd.h>

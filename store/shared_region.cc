@@ -1,5 +1,5 @@
 // SharedRegion: memfd creation with an optional hugetlb attempt, sealing and page release.
-#include "daemon/store/shared_region.h"
+#include "store/shared_region.h"
 
 #include <fcntl.h>
 #include <linux/memfd.h>

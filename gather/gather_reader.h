@@ -16,9 +16,9 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
-#include "daemon/gather/gather_counters.h"
-#include "daemon/gather/gather_engine.h"
-#include "daemon/gather/gather_planner.h"
+#include "gather/gather_counters.h"
+#include "gather/gather_engine.h"
+#include "gather/gather_planner.h"
 #include "tables/table.h"
 
 namespace engram {

@@ -1,5 +1,5 @@
 // RowCache: the shared-memory slot array and bucket index, and the S3-FIFO policy over them.
-#include "daemon/store/row_cache.h"
+#include "store/row_cache.h"
 
 #include <algorithm>
 #include <bit>

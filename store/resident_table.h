@@ -20,8 +20,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/store/memory_budget.h"
-#include "daemon/store/shared_region.h"
+#include "store/memory_budget.h"
+#include "store/shared_region.h"
 #include "tables/table.h"
 
 namespace engram {

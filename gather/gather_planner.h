@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/gather/gather_engine.h"
+#include "gather/gather_engine.h"
 #include "tables/table.h"
 
 namespace engram {

@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/gather/gather_reader.h"
+#include "gather/gather_reader.h"
 #include "protocol/clock.h"
 
 namespace engram {

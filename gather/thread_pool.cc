@@ -1,5 +1,5 @@
 // The gather engine's thread pool and ParallelFor (see thread_pool.h).
-#include "daemon/gather/thread_pool.h"
+#include "gather/thread_pool.h"
 
 #include "protocol/clock.h"
 

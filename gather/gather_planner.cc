@@ -1,5 +1,5 @@
 // GatherPlanner: validation, de-duplication, offset ordering and read merging for one batch.
-#include "daemon/gather/gather_planner.h"
+#include "gather/gather_planner.h"
 
 #include <algorithm>
 #include <bit>

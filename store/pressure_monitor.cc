@@ -1,5 +1,5 @@
 // PressureMonitor: PSI sampling and the shrink/grow steps of the row cache.
-#include "daemon/store/pressure_monitor.h"
+#include "store/pressure_monitor.h"
 
 #include <fstream>
 #include <sstream>

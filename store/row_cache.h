@@ -21,9 +21,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/store/memory_budget.h"
-#include "daemon/store/row_cache_layout.h"
-#include "daemon/store/shared_region.h"
+#include "store/memory_budget.h"
+#include "store/row_cache_layout.h"
+#include "store/shared_region.h"
 
 namespace engram {
 
