@@ -49,5 +49,6 @@ fi
 corpus="$out/$name.corpus"
 mkdir -p "$corpus"
 if [[ -n "${FUZZ_SEEDS:-}" ]]; then bash "$FUZZ_SEEDS" "$corpus"; fi
+# libFuzzer exits with 77 on a crash by default, which meson would count as a skip.
 exec "$bin" -max_total_time="$seconds" -rss_limit_mb=1024 -malloc_limit_mb=512 \
-  -print_final_stats=1 "$corpus"
+  -error_exitcode=1 -print_final_stats=1 "$corpus"

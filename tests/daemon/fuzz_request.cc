@@ -40,6 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (t.layer_id != sqe.table || request.rows.size() > context.max_rows) abort();
   for (size_t i = 0; i < request.rows.size(); ++i) {
     if (request.rows[i] < t.covered_begin || request.rows[i] >= t.covered_end) abort();
+    if (request.opcode == ENGRAM_OP_PREFETCH) continue;  // a prefetch has no destination
     const uint64_t off =
         request.dest_offsets.empty() ? i * ENGRAM_ROW_BYTES : request.dest_offsets[i];
     if (request.dest_offset + off + ENGRAM_ROW_BYTES > data_bytes) abort();
