@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "engram/engram.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/daemon_test_util.h"
+#include "tests/common/skip.h"
 
 using engram::kRowBytes;
 using nlohmann::json;
@@ -379,6 +381,60 @@ TEST_CASE("engramctl load starts, cancels and resumes a resident table's load", 
             return GatherChecked(d, 14, 1152, kRows, 3, 10, ENGRAM_GATHER_IN_PLACE);
           }) == 0);
   CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == last["store_requests"]);
+}
+
+// HugePages_Free of /proc/meminfo: 2 MiB pages reserved (vm.nr_hugepages) and not in use.
+uint64_t FreeHugePages() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    uint64_t n = 0;
+    if (sscanf(line.c_str(), "HugePages_Free: %" SCNu64, &n) == 1) return n;
+  }
+  return 0;
+}
+
+TEST_CASE("with huge pages reserved a resident table lives on them and maps read-only",
+          "[store][hugetlb]") {
+  constexpr uint64_t kHugePage = 2 << 20;
+  const uint64_t needed = (kRows * kRowBytes + kHugePage - 1) / kHugePage;
+  const uint64_t free_before = FreeHugePages();
+  if (free_before < needed) {
+    ENGRAM_SKIP("fewer than " + std::to_string(needed) +
+                " free 2 MiB huge pages (reserve them with sysctl vm.nr_hugepages=32): the "
+                "hugetlb path of resident tables cannot run here");
+  }
+  {
+    Daemon d({"--tier", "14=resident"}, "hugetlb");
+    REQUIRE(d.alive());
+    WaitResident(d);
+    const json t = TableEntry(Ctl(d, "tables --no-residency"), 14);
+    CHECK(t["resident_huge_pages"] == true);
+    CHECK(t["resident_memory_bytes"].get<uint64_t>() % kHugePage == 0);
+    CHECK(FreeHugePages() + needed <= free_before);
+    REQUIRE(InChild([&] { return GatherChecked(d, 14, 1152, kRows, 5, 11); }) == 0);
+    // Sealed like any resident table: clients map it read-only and read it in place.
+    REQUIRE(InChild([&] {
+              return GatherChecked(d, 14, 1152, kRows, 5, 12, ENGRAM_GATHER_IN_PLACE);
+            }) == 0);
+    engram_connect_options o = d.Options(1 << 20, 4);
+    engram_session* s = nullptr;
+    REQUIRE(engram_connect(&o, &s) == 0);
+    engram_table_map* map = nullptr;
+    REQUIRE(engram_map_table(s, 14, &map) == 0);
+    engram_table_map_info info{.size = sizeof(info)};
+    REQUIRE(engram_get_table_map_info(map, &info) == 0);
+    CHECK(info.map_bytes % kHugePage == 0);
+    std::vector<uint64_t> all(kRows);
+    for (uint64_t r = 0; r < kRows; ++r) all[r] = r;
+    CHECK(FirstBadRow(14, all.data(), kRows, static_cast<const uint8_t*>(info.base)) == -1);
+    CHECK(mprotect(const_cast<void*>(info.base), kHugePage, PROT_READ | PROT_WRITE) == -1);
+    engram_unmap_table(map);
+    engram_close(s);
+  }
+  // The daemon gone and the mapping with it, the pages are free again.
+  for (int i = 0; i < 200 && FreeHugePages() < free_before; ++i) usleep(10000);
+  CHECK(FreeHugePages() == free_before);
 }
 
 // A gather of `rows` (in the data region) into `out` with dest_offsets `offsets`; the result and
