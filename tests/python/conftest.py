@@ -137,6 +137,14 @@ class Daemon:
         self._log.close()
 
 
+def engramctl_json(daemon, command):
+    """`engramctl COMMAND --json` against `daemon`, parsed."""
+    engramctl = _find_program("engramctl", "ENGRAMCTL", "tools/engramctl")
+    out = subprocess.run([str(engramctl), *command.split(), "--json", "--socket", daemon.socket],
+                         check=True, capture_output=True, env=program_env(), timeout=30)
+    return json.loads(out.stdout)
+
+
 @pytest.fixture(scope="session")
 def daemon(checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("engramd")

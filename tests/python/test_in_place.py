@@ -1,15 +1,13 @@
 # Client.gather(in_place=True) against an engramd with a resident and a cached table: rows of the
 # resident table are copied in this process from its mapping (the daemon never sees the
 # requests), others are gathered by the daemon; bad ids fail as they fail through the daemon.
-import json
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
 import engram
-from conftest import Daemon, SYNTH_ROWS, _find_program, program_env
+from conftest import Daemon, SYNTH_ROWS, engramctl_json
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +20,7 @@ def store_daemon(checkpoint, tmp_path_factory):
 
 
 def table_entry(daemon, command, layer):
-    engramctl = _find_program("engramctl", "ENGRAMCTL", "tools/engramctl")
-    out = subprocess.run([str(engramctl), command, "--json", "--socket", daemon.socket],
-                         check=True, capture_output=True, env=program_env(), timeout=30)
-    return next(t for t in json.loads(out.stdout)["tables"] if t["layer"] == layer)
+    return next(t for t in engramctl_json(daemon, command)["tables"] if t["layer"] == layer)
 
 
 def wait_resident(daemon):

@@ -1,14 +1,12 @@
 # Prefetch from Python: Client.prefetch and EngramLookup.prefetch against an engramd whose tables
 # are cached, checked through engramctl's statistics (rows fetched, then used by gathers).
-import json
-import subprocess
 import time
 
 import numpy as np
 import pytest
 
 import engram
-from conftest import Daemon, SYNTH_ROWS, _find_program, program_env
+from conftest import Daemon, SYNTH_ROWS, engramctl_json
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +18,7 @@ def cached_daemon(checkpoint, tmp_path_factory):
     d.stop()
 
 
-def ctl(daemon, command):
-    engramctl = _find_program("engramctl", "ENGRAMCTL", "tools/engramctl")
-    out = subprocess.run([str(engramctl), command, "--json", "--socket", daemon.socket],
-                         check=True, capture_output=True, env=program_env(), timeout=30)
-    return json.loads(out.stdout)
+ctl = engramctl_json
 
 
 def table_stats(daemon, layer):

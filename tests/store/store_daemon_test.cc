@@ -76,6 +76,28 @@ int InChild(const std::function<int()>& body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// A session of its own and its read-only map of a resident layer; unmapped and closed at the
+// end of the scope.
+struct MappedLayer {
+  MappedLayer(const Daemon& d, uint32_t layer) {
+    engram_connect_options o = d.Options(1 << 20, 4);
+    REQUIRE(engram_connect(&o, &session) == 0);
+    REQUIRE(engram_map_table(session, layer, &map) == 0);
+    REQUIRE(engram_get_table_map_info(map, &info) == 0);
+  }
+  ~MappedLayer() {
+    engram_unmap_table(map);
+    CloseSession();
+  }
+  void CloseSession() {
+    engram_close(session);
+    session = nullptr;
+  }
+  engram_session* session = nullptr;
+  engram_table_map* map = nullptr;
+  engram_table_map_info info{.size = sizeof(info)};
+};
+
 // Layer 14 resident, layer 1 cached in 1 MiB (~3,600 rows of its 20,000).
 const Daemon& StoreDaemon() {
   static Daemon d({"--tier", "14=resident", "--tier", "1=cache", "--cache-bytes", "1M"}, "store");
@@ -238,13 +260,9 @@ TEST_CASE("a budget too small for a resident table stops engramd naming the tabl
 TEST_CASE("a client maps a resident table read-only and gathers from it", "[store][map]") {
   const Daemon& d = StoreDaemon();
   WaitResident(d);
-  engram_connect_options o = d.Options(1 << 20, 4);
-  engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
-  engram_table_map* map = nullptr;
-  REQUIRE(engram_map_table(s, 14, &map) == 0);
-  engram_table_map_info info{.size = sizeof(info)};
-  REQUIRE(engram_get_table_map_info(map, &info) == 0);
+  MappedLayer m(d, 14);
+  const engram_table_map_info& info = m.info;
+  engram_table_map* map = m.map;
   CHECK(info.layer_id == 14);
   CHECK(info.row_bytes == kRowBytes);
   CHECK(info.covered_begin == 0);
@@ -266,9 +284,8 @@ TEST_CASE("a client maps a resident table read-only and gathers from it", "[stor
   CHECK(std::string(engram_last_error()).find("index 5") != std::string::npos);
   // Read-only for good: the mapping cannot be made writable.
   CHECK(mprotect(const_cast<void*>(info.base), 4096, PROT_READ | PROT_WRITE) == -1);
-  engram_close(s);  // the mapping outlives the session
+  m.CloseSession();  // the mapping outlives the session
   CHECK(FirstBadRow(14, all.data(), 100, base) == -1);
-  engram_unmap_table(map);
 }
 
 TEST_CASE("mapping a table that is not resident is refused naming why", "[store][map]") {
@@ -417,20 +434,12 @@ TEST_CASE("with huge pages reserved a resident table lives on them and maps read
     REQUIRE(InChild([&] {
               return GatherChecked(d, 14, 1152, kRows, 5, 12, ENGRAM_GATHER_IN_PLACE);
             }) == 0);
-    engram_connect_options o = d.Options(1 << 20, 4);
-    engram_session* s = nullptr;
-    REQUIRE(engram_connect(&o, &s) == 0);
-    engram_table_map* map = nullptr;
-    REQUIRE(engram_map_table(s, 14, &map) == 0);
-    engram_table_map_info info{.size = sizeof(info)};
-    REQUIRE(engram_get_table_map_info(map, &info) == 0);
-    CHECK(info.map_bytes % kHugePage == 0);
+    MappedLayer m(d, 14);
+    CHECK(m.info.map_bytes % kHugePage == 0);
     std::vector<uint64_t> all(kRows);
     for (uint64_t r = 0; r < kRows; ++r) all[r] = r;
-    CHECK(FirstBadRow(14, all.data(), kRows, static_cast<const uint8_t*>(info.base)) == -1);
-    CHECK(mprotect(const_cast<void*>(info.base), kHugePage, PROT_READ | PROT_WRITE) == -1);
-    engram_unmap_table(map);
-    engram_close(s);
+    CHECK(FirstBadRow(14, all.data(), kRows, static_cast<const uint8_t*>(m.info.base)) == -1);
+    CHECK(mprotect(const_cast<void*>(m.info.base), kHugePage, PROT_READ | PROT_WRITE) == -1);
   }
   // The daemon gone and the mapping with it, the pages are free again.
   for (int i = 0; i < 200 && FreeHugePages() < free_before; ++i) usleep(10000);
