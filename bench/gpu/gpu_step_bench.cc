@@ -5,6 +5,8 @@
 //                the completion counter, dequantise on the GPU, synchronise;
 //   GPU step     the captured graph of tests/gpu/gpu_step_util.h: GPU hash into the arena, GPU
 //                submit, GPU wait, dequantise; the host only launches it;
+//   (and the host step again, watched from the host: when its rows are in the arena, and how
+//    long the stream takes after that)
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
 //                from each layer's resident table, mapped read-only from engramd
 //                (engram_map_table) and registered: no daemon request at all.
@@ -128,18 +130,21 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   for (uint32_t i = 0; i < n; ++i) identity[i] = static_cast<int32_t>(i);
   CUDA_REQUIRE(cudaMemcpy(map.get(), identity.data(), n * 4, cudaMemcpyHostToDevice));
 
-  // Host gather: the rows' round trip through engramd.
-  std::vector<double> wall;
+  // Host gather: the rows' round trip through engramd (the host hash timed on its own).
+  std::vector<double> wall, hash_us;
   for (int i = 0; i < steps + 200; ++i) {
     in.Randomise(rng);
+    const auto th = Clock::now();
     host.Hash(h, in);
     const auto t0 = Clock::now();
+    if (i >= 200) hash_us.push_back(Us(th, t0));
     uint64_t tickets[2];
     host.Submit(n, tickets);
     for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);
     if (i >= 200) wall.push_back(Us(t0, Clock::now()));
   }
   const Stats gather = Summarise(wall, 0);
+  const Stats hash = Summarise(hash_us, 0);
 
   // Host step: hash on the host, submit, the stream waits on the counter, dequantise.
   wall.clear();
@@ -170,6 +175,36 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     }
   }
   const Stats host_step = Summarise(wall, host_busy);
+
+  // The host step again, its host thread watching the counter after the launch: when the rows
+  // are in the arena (the daemon's part) and how long the stream takes after that (the GPU's).
+  std::vector<double> until_rows, after_rows;
+  for (int i = 0; i < steps + 200; ++i) {
+    in.Randomise(rng);
+    const auto t0 = Clock::now();
+    host.Hash(h, in);
+    uint64_t tickets[2];
+    host.Submit(n, tickets);
+    expected += 2;
+    ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream), counter_d,
+                                              expected, nullptr));
+    for (int l = 0; l < 2; ++l) {
+      ENGRAM_REQUIRE(engram_dequant_scatter(
+          engram_gpu_device_ptr(host.reg, host.rows[l]), n, map.get<int32_t>(), kTokens, h.heads(),
+          out[l].get(), nullptr, 0, nullptr, reinterpret_cast<uintptr_t>(stream)));
+    }
+    while (__atomic_load_n(host.counter, __ATOMIC_ACQUIRE) < expected) {
+    }
+    const auto t1 = Clock::now();
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    const auto t2 = Clock::now();
+    for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);
+    if (i >= 200) {
+      until_rows.push_back(Us(t0, t1));
+      after_rows.push_back(Us(t1, t2));
+    }
+  }
+  const Stats watched_rows = Summarise(until_rows, 0), watched_gpu = Summarise(after_rows, 0);
   const std::vector<uint16_t> host_out = Download(out[1]);
   const std::vector<int32_t> last_tokens = in.tokens, last_history = in.history;
 
@@ -252,6 +287,11 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   std::printf("GPU step / host step: p50 %.2fx, p99 %.2fx; GPU step - host gather: p50 %+.1f us\n",
               gpu_step.p50 / host_step.p50, gpu_step.p99 / host_step.p99,
               gpu_step.p50 - gather.p50);
+  std::printf(
+      "host hash alone: p50 %.1f us; host step watched from the host: hash, submit and launch to "
+      "the rows in the arena p50 %.1f us (p99 %.1f), from there to the stream done p50 %.1f us "
+      "(p99 %.1f)\n",
+      hash.p50, watched_rows.p50, watched_rows.p99, watched_gpu.p50, watched_gpu.p99);
   cudaStreamDestroy(stream);
   engram_close(resident_session);
 }
