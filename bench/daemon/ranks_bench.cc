@@ -399,6 +399,7 @@ int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
   out->ready.fetch_add(1);
   uint64_t start;
   while ((start = out->start_ns.load()) == 0) usleep(200);
+  SleepUntil(start);  // every case starts on the common clock, back to back ones too
   const uint64_t period = static_cast<uint64_t>(c.period_ms * 1e6);
   const uint64_t cpu0 = SelfCpuNs();
   std::vector<uint64_t> evict;
@@ -469,7 +470,9 @@ int PrefillMain(const Env& env, const Case& c, const std::string& method, Shared
   const Table& t = *env.tables[1];
   RowIdSource src(c.dist, 0, t.num_rows() / cfg.tp, cfg.zipf_s, env.seed * 77);
   out->ready.fetch_add(1);
-  while (out->start_ns.load() == 0) usleep(200);
+  uint64_t start;
+  while ((start = out->start_ns.load()) == 0) usleep(200);
+  SleepUntil(start);
   const uint64_t cpu0 = SelfCpuNs();
   const int decoders = c.ranks - 1;
   while (out->decode_done.load() < decoders && out->failures.load() == 0) {
