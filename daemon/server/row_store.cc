@@ -12,6 +12,9 @@
 namespace engram {
 namespace {
 
+// How many rows ahead a resident table's gather prefetches (ResidentTable::PrefetchRow).
+constexpr size_t kPrefetchAhead = 8;
+
 std::string Gib(uint64_t bytes) {
   if (bytes < (1ull << 30)) return absl::StrFormat("%.1f MiB", double(bytes) / (1 << 20));
   return absl::StrFormat("%.2f GiB", double(bytes) / (1 << 30));
@@ -308,6 +311,9 @@ absl::Status RowStore::Gather(const GatherBatch& batch) {
     uint8_t* dest = batch.dest + offset;
     bool hit;
     if (ts->tier == Tier::kResident) {
+      if (i + kPrefetchAhead < batch.rows.size()) {
+        ts->resident->PrefetchRow(batch.rows[i + kPrefetchAhead]);
+      }
       hit = ts->resident->CopyRow(batch.rows[i], dest);
     } else {
       bool used = false;
