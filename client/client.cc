@@ -755,8 +755,8 @@ int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, 
   bool slot_valid = false;
   proto::CodecError error;
   if (!proto::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
-    return SetError(ErrnoForCode(error.code), "engramd (table %u read in place): %s: %s",
-                    sqe.table, proto::StatusCodeName(error.code), error.message.c_str());
+    return SetError(ErrnoForCode(error.code), "engramd (table %u read in place): %s: %s", sqe.table,
+                    proto::StatusCodeName(error.code), error.message.c_str());
   }
   engram::client::CopyInPlace(table, request, s->data);
   s->rows_in_place.fetch_add(request.rows.size(), std::memory_order_relaxed);

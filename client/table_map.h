@@ -39,7 +39,6 @@ struct InPlaceTable {
 
 // Copies the rows of `request` (decoded and checked against `table.bounds`) from the mapping into
 // the data region at `data`, as the daemon would.
-void CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request,
-                 uint8_t* data);
+void CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request, uint8_t* data);
 
 }  // namespace engram::client

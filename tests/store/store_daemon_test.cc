@@ -523,8 +523,13 @@ TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others t
   CHECK(FirstBadRow(14, rows, n, out, offsets) == -1);
 
   // Unknown flags are refused; engram_submit leaves an in-place request to the daemon.
-  engram_gather_request r{.size = sizeof(r), .table = 14, .flags = 0x80, .rows = rows,
-                          .num_rows = n, .dest = out, .dest_offsets = offsets};
+  engram_gather_request r{.size = sizeof(r),
+                          .table = 14,
+                          .flags = 0x80,
+                          .rows = rows,
+                          .num_rows = n,
+                          .dest = out,
+                          .dest_offsets = offsets};
   uint64_t ticket;
   CHECK(engram_submit(s, &r, &ticket) == -EINVAL);
   CHECK(std::string(engram_last_error()).find("unknown request flags 0x80") != std::string::npos);
