@@ -543,6 +543,26 @@ class Client:
         wait_request / poll_request; the buffers must stay allocated until it completed.
         Nothing is checked here but the bounds of the buffers: the daemon refuses a bad table
         or row when the request runs (raised by wait_request)."""
+        request = self._arena_request(table, ids, num_rows, dest, ids_offset, dest_offset, 0)
+        ticket = ctypes.c_uint64()
+        _lib.check(self._lib.engram_submit(self._session(), ctypes.byref(request),
+                                           ctypes.byref(ticket)))
+        return ticket.value
+
+    def gather_in_arena(self, table: int, ids: ArenaBuffer, num_rows: int, dest: ArenaBuffer,
+                        *, ids_offset: int = 0, dest_offset: int = 0, in_place: bool = False,
+                        timeout: Optional[float] = None) -> None:
+        """submit_in_arena + wait_request in one call (engram_gather). in_place: a resident
+        table's rows are copied by this process from its mapping of the table, with no request
+        (ENGRAM_GATHER_IN_PLACE); other tables go through the daemon. Raises the request's
+        error; on EngramTimeoutError the request stays in flight and the buffers must stay
+        allocated until it completes."""
+        request = self._arena_request(table, ids, num_rows, dest, ids_offset, dest_offset,
+                                      _lib.GATHER_IN_PLACE if in_place else 0)
+        _lib.check(self._lib.engram_gather(self._session(), ctypes.byref(request),
+                                           _timeout_ns(timeout)))
+
+    def _arena_request(self, table, ids, num_rows, dest, ids_offset, dest_offset, flags):
         for buffer, offset, nbytes, what in ((ids, ids_offset, num_rows * 8, "row ids"),
                                              (dest, dest_offset, num_rows * _lib.row_bytes(), "rows")):
             if buffer.client is not self or buffer.freed:
@@ -552,14 +572,10 @@ class Client:
                 raise InvalidArgumentError(-errno.EINVAL,
                                            f"{num_rows} {what} at offset {offset} exceed the "
                                            f"buffer's {buffer.bytes} bytes")
-        request = _lib.GatherRequest(
-            size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=0,
+        return _lib.GatherRequest(
+            size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=flags,
             rows=ids.address + ids_offset, num_rows=num_rows, dest=dest.address + dest_offset,
             dest_offsets=None)
-        ticket = ctypes.c_uint64()
-        _lib.check(self._lib.engram_submit(self._session(), ctypes.byref(request),
-                                           ctypes.byref(ticket)))
-        return ticket.value
 
     def wait_request(self, ticket: int, timeout: Optional[float] = None) -> None:
         """Waits for request `ticket` (from submit_in_arena); raises its error, or

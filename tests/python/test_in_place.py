@@ -60,3 +60,32 @@ def test_in_place_refuses_a_bad_row_as_the_daemon_does(store_daemon):
     assert "read in place" in str(in_place.value)
     assert f"row {SYNTH_ROWS + 5} (index 1) is past the end of layer 14" in str(in_place.value)
     assert str(daemon.value).split("engramd: ")[-1] in str(in_place.value)
+
+
+def test_lookup_in_place_equals_the_reference(store_daemon, tables):
+    """EngramLookup(in_place=True): layer 14 (resident) copied by the lookup itself, layer 1
+    (cached) through the daemon; every step bit-exact with the reference."""
+    import torch
+    import reference
+    wait_resident(store_daemon)
+    heads = 6
+    rng = np.random.default_rng(9)
+    before = table_entry(store_daemon, "stats", 14)["store_requests"]
+    with engram.EngramLookup([1, 14], heads, 32, device="cpu", socket=store_daemon.socket,
+                             in_place=True) as lookup:
+        for tokens in [32, 1, 17]:
+            ids = {layer: rng.integers(0, SYNTH_ROWS, size=(tokens, heads)) for layer in (1, 14)}
+            ids[14][0, 0] = -1  # padding reads as zeros
+            lookup.prepare(ids)
+            for layer in (1, 14):
+                want = reference.embeddings(tables, layer, ids[layer])
+                assert torch.equal(reference.bits(lookup.get(layer)), reference.bits(want))
+        stats = lookup.stats()
+        assert stats.rows_in_place > 0
+        assert stats.requests_ok == 3  # layer 1's steps only
+        # A bad row raises from prepare() itself, naming the layer.
+        bad = {1: np.zeros((1, heads), dtype=np.int64), 14: np.zeros((1, heads), dtype=np.int64)}
+        bad[14][0, 2] = SYNTH_ROWS
+        with pytest.raises(engram.RowOutOfRangeError, match="layer 14"):
+            lookup.prepare(bad)
+    assert table_entry(store_daemon, "stats", 14)["store_requests"] == before
