@@ -152,11 +152,9 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   uint64_t expected = *host.counter;
   const void* counter_d =
       engram_gpu_device_ptr(host.reg, const_cast<const uint64_t*>(host.counter));
-  for (int i = 0; i < steps + 200; ++i) {
-    in.Randomise(rng);
-    const auto t0 = Clock::now();
+  // Hash on the host, submit both layers, and queue the stream's wait and the dequantisation.
+  auto launch_host_step = [&](uint64_t tickets[2]) {
     host.Hash(h, in);
-    uint64_t tickets[2];
     host.Submit(n, tickets);
     expected += 2;
     ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream), counter_d,
@@ -166,6 +164,12 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
           engram_gpu_device_ptr(host.reg, host.rows[l]), n, map.get<int32_t>(), kTokens, h.heads(),
           out[l].get(), nullptr, 0, nullptr, reinterpret_cast<uintptr_t>(stream)));
     }
+  };
+  for (int i = 0; i < steps + 200; ++i) {
+    in.Randomise(rng);
+    const auto t0 = Clock::now();
+    uint64_t tickets[2];
+    launch_host_step(tickets);
     const auto t1 = Clock::now();
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);  // frees the slots
@@ -182,17 +186,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   for (int i = 0; i < steps + 200; ++i) {
     in.Randomise(rng);
     const auto t0 = Clock::now();
-    host.Hash(h, in);
     uint64_t tickets[2];
-    host.Submit(n, tickets);
-    expected += 2;
-    ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream), counter_d,
-                                              expected, nullptr));
-    for (int l = 0; l < 2; ++l) {
-      ENGRAM_REQUIRE(engram_dequant_scatter(
-          engram_gpu_device_ptr(host.reg, host.rows[l]), n, map.get<int32_t>(), kTokens, h.heads(),
-          out[l].get(), nullptr, 0, nullptr, reinterpret_cast<uintptr_t>(stream)));
-    }
+    launch_host_step(tickets);
     while (__atomic_load_n(host.counter, __ATOMIC_ACQUIRE) < expected) {
     }
     const auto t1 = Clock::now();

@@ -34,6 +34,22 @@ json TableEntry(const json& reply, uint32_t layer) {
   return {};
 }
 
+// A gather of `rows` (in the data region) into `out` with dest_offsets `offsets`; the result and
+// engram_last_error() (empty on success).
+std::pair<int, std::string> Gather(engram_session* s, uint32_t layer, const uint64_t* rows,
+                                   uint64_t n, uint8_t* out, const uint64_t* offsets,
+                                   uint32_t flags) {
+  engram_gather_request r{.size = sizeof(r),
+                          .table = layer,
+                          .flags = flags,
+                          .rows = rows,
+                          .num_rows = n,
+                          .dest = out,
+                          .dest_offsets = offsets};
+  const int rc = engram_gather(s, &r, 10'000'000'000);
+  return {rc, rc == 0 ? "" : engram_last_error()};
+}
+
 // A client process: `batches` gathers of `n` rows from `layer`, drawn from the first `span` rows
 // (a working set), scattered into the arena in reverse order, every byte checked. Exit code 0
 // when every row matched. `flags`: the requests' (ENGRAM_GATHER_IN_PLACE).
@@ -54,14 +70,7 @@ int GatherChecked(const Daemon& d, uint32_t layer, uint64_t n, uint64_t span, in
     FillRows(rows, n, span, seed * 1000 + b);
     rows[n - 1] = rows[0];  // a duplicate in every batch
     std::memset(out, 0xEE, n * kRowBytes);
-    engram_gather_request r{.size = sizeof(r),
-                            .table = layer,
-                            .flags = flags,
-                            .rows = rows,
-                            .num_rows = n,
-                            .dest = out,
-                            .dest_offsets = offsets};
-    if (engram_gather(s, &r, 10'000'000'000) != 0) return 12;
+    if (Gather(s, layer, rows, n, out, offsets, flags).first != 0) return 12;
     if (FirstBadRow(layer, rows, n, out, offsets) >= 0) return 13;
   }
   engram_close(s);
@@ -444,22 +453,6 @@ TEST_CASE("with huge pages reserved a resident table lives on them and maps read
   // The daemon gone and the mapping with it, the pages are free again.
   for (int i = 0; i < 200 && FreeHugePages() < free_before; ++i) usleep(10000);
   CHECK(FreeHugePages() == free_before);
-}
-
-// A gather of `rows` (in the data region) into `out` with dest_offsets `offsets`; the result and
-// engram_last_error() (empty on success).
-std::pair<int, std::string> Gather(engram_session* s, uint32_t layer, const uint64_t* rows,
-                                   uint64_t n, uint8_t* out, const uint64_t* offsets,
-                                   uint32_t flags) {
-  engram_gather_request r{.size = sizeof(r),
-                          .table = layer,
-                          .flags = flags,
-                          .rows = rows,
-                          .num_rows = n,
-                          .dest = out,
-                          .dest_offsets = offsets};
-  const int rc = engram_gather(s, &r, 10'000'000'000);
-  return {rc, rc == 0 ? "" : engram_last_error()};
 }
 
 TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others through engramd",
