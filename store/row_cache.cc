@@ -89,6 +89,20 @@ bool RowCacheReader::Contains(uint32_t layer, uint64_t row) const {
   return Find(RowCacheKey(layer, row), nullptr) >= 0;
 }
 
+void RowCacheReader::PrefetchBucket(uint32_t layer, uint64_t row) const {
+  if (slots_ == nullptr) return;
+  __builtin_prefetch(&buckets_[RowCacheHash(RowCacheKey(layer, row)) & bucket_mask_]);
+}
+
+void RowCacheReader::PrefetchSlot(uint32_t layer, uint64_t row) const {
+  if (slots_ == nullptr) return;
+  const uint64_t home = RowCacheHash(RowCacheKey(layer, row)) & bucket_mask_;
+  const uint32_t b = buckets_[home].load(std::memory_order_relaxed);
+  if (b == 0 || b > max_slots_) return;
+  const auto* p = reinterpret_cast<const uint8_t*>(&slots_[b - 1]);
+  for (size_t line = 0; line < sizeof(RowCacheSlot); line += 64) __builtin_prefetch(p + line);
+}
+
 bool RowCache::Lookup(uint32_t layer, uint64_t row, uint8_t* dst, bool* ret_prefetch_used) {
   *ret_prefetch_used = false;
   const int64_t b = reader_.Find(RowCacheKey(layer, row), dst);

@@ -42,6 +42,12 @@ class RowCacheReader {
   bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const;
   // Whether row (layer, row) is cached now, without copying it or marking it used.
   bool Contains(uint32_t layer, uint64_t row) const;
+  // Hints for a gather that looks up many rows at random: ask the CPU for the line of the
+  // bucket a row's probe starts at some rows ahead (PrefetchBucket), and, a few rows later when
+  // that line has arrived, for the row's slot if the bucket names one (PrefetchSlot). They read
+  // nothing a lookup relies on.
+  void PrefetchBucket(uint32_t layer, uint64_t row) const;
+  void PrefetchSlot(uint32_t layer, uint64_t row) const;
 
  private:
   friend class RowCache;

@@ -12,7 +12,8 @@
 namespace engram {
 namespace {
 
-// How many rows ahead a resident table's gather prefetches (ResidentTable::PrefetchRow).
+// How many rows ahead a store gather prefetches (ResidentTable::PrefetchRow, the row cache's
+// buckets; its slots half as far).
 constexpr size_t kPrefetchAhead = 8;
 
 std::string Gib(uint64_t bytes) {
@@ -316,6 +317,13 @@ absl::Status RowStore::Gather(const GatherBatch& batch) {
       }
       hit = ts->resident->CopyRow(batch.rows[i], dest);
     } else {
+      // Two stages ahead: the bucket line first, then (once it has arrived) the slot it names.
+      if (i + kPrefetchAhead < batch.rows.size()) {
+        cache_->reader().PrefetchBucket(layer, batch.rows[i + kPrefetchAhead]);
+      }
+      if (i + kPrefetchAhead / 2 < batch.rows.size()) {
+        cache_->reader().PrefetchSlot(layer, batch.rows[i + kPrefetchAhead / 2]);
+      }
       bool used = false;
       hit = cache_->Lookup(layer, batch.rows[i], dest, &used);
       prefetch_used += used;
