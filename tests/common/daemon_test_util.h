@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tables/table.h"
@@ -189,18 +190,24 @@ inline std::string Engramctl() {
   return p != nullptr ? p : "tools/engramctl/engramctl";
 }
 
-// Runs `engramctl COMMAND --json` against `d` and returns its parsed reply. The test case fails
-// (showing the command line and the output) unless engramctl exits with status 0.
-inline nlohmann::json Ctl(const Daemon& d, const std::string& command) {
-  const std::string line = Engramctl() + " " + command + " --json --socket " + d.socket();
+// Runs a shell command line; returns its exit status (-1 if it did not exit) and its standard
+// output (add " 2>&1" to the line for standard error too).
+inline std::pair<int, std::string> RunCommand(const std::string& line) {
   FILE* p = popen(line.c_str(), "r");
   std::string out;
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
   const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs `engramctl COMMAND --json` against `d` and returns its parsed reply. The test case fails
+// (showing the command line and the output) unless engramctl exits with status 0.
+inline nlohmann::json Ctl(const Daemon& d, const std::string& command) {
+  const std::string line = Engramctl() + " " + command + " --json --socket " + d.socket();
+  const auto [code, out] = RunCommand(line);
   INFO(line << ": " << out);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(code == 0);
   return nlohmann::json::parse(out);
 }
 

@@ -224,14 +224,8 @@ TEST_CASE("the metrics show tiers, store bytes, hits and evictions", "[store]") 
 
 // Runs engramd with `args` on the test checkpoint; returns (exit code, output).
 std::pair<int, std::string> Engramd(const std::string& args) {
-  const std::string line = EngramdPath() + " --model " + Checkpoint() + " --socket " + TestDir() +
-                           "/check.sock " + args + " 2>&1";
-  FILE* p = popen(line.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return RunCommand(EngramdPath() + " --model " + Checkpoint() + " --socket " + TestDir() +
+                    "/check.sock " + args + " 2>&1");
 }
 
 TEST_CASE("--check-config shows tiers and refuses store settings that cannot work", "[store]") {
@@ -253,15 +247,11 @@ TEST_CASE("--check-config shows tiers and refuses store settings that cannot wor
 }
 
 TEST_CASE("a budget too small for a resident table stops engramd naming the table", "[store]") {
-  const std::string line = EngramdPath() + " --model " + Checkpoint() + " --socket " + TestDir() +
-                           "/budget.sock --tier 14=resident --memory-budget 1M 2>&1";
-  FILE* p = popen(line.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
+  const auto [code, out] = RunCommand(EngramdPath() + " --model " + Checkpoint() + " --socket " +
+                                      TestDir() + "/budget.sock --tier 14=resident " +
+                                      "--memory-budget 1M 2>&1");
   INFO(out);
-  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(code == 1);
   CHECK(out.find("layer 14") != std::string::npos);
   CHECK(out.find("[memory] budget") != std::string::npos);
 }
@@ -324,13 +314,7 @@ TEST_CASE("mapping a table that is not resident is refused naming why", "[store]
 
 // Runs engramctl with `args` (no --json), returning its exit status and standard output.
 std::pair<int, std::string> CtlText(const Daemon& d, const std::string& args) {
-  const std::string line = Engramctl() + " " + args + " --socket " + d.socket() + " 2>&1";
-  FILE* p = popen(line.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return RunCommand(Engramctl() + " " + args + " --socket " + d.socket() + " 2>&1");
 }
 
 TEST_CASE("engramctl load starts, cancels and resumes a resident table's load", "[store][load]") {
