@@ -8,6 +8,7 @@
 
 #include "client/last_error.h"
 #include "engram/gpu.h"
+#include "kernels/dequant_device.h"
 #include "kernels/gpu_compat.h"
 #include "kernels/kernel_errors.h"
 
@@ -40,53 +41,16 @@ namespace {
 
 constexpr uint32_t kRowBytes = ENGRAM_ROW_BYTES;
 constexpr uint32_t kRowValues = ENGRAM_ROW_VALUES;
-// A group of 32 threads handles one output slot: 8 values (8 bytes in, 16 bytes out) each.
-constexpr uint32_t kThreadsPerSlot = 32;
-constexpr uint32_t kValuesPerThread = kRowValues / kThreadsPerSlot;
 constexpr uint32_t kBlockThreads = 256;
-constexpr uint32_t kSlotsPerBlock = kBlockThreads / kThreadsPerSlot;
+constexpr uint32_t kSlotsPerBlock = kBlockThreads / engram::kernels::kThreadsPerSlot;
 constexpr uint32_t kMaxBlocks = 1u << 20;  // the grid-stride loop covers any larger job
 
+using engram::kernels::DequantSlot;
 using engram::kernels::Fail;
 using engram::kernels::FailRuntime;
+using engram::kernels::kThreadsPerSlot;
 
-// ---- dequantisation -------------------------------------------------------------------------
-
-// e4m3 (FN: no infinities, S.1111.111 is NaN) to float, exactly.
-__device__ __forceinline__ float E4M3ToFloat(uint32_t byte) {
-  const uint32_t sign = (byte & 0x80u) << 24;
-  const uint32_t exponent = (byte >> 3) & 0xFu;
-  const uint32_t mantissa = byte & 0x7u;
-  float magnitude;
-  if (exponent == 0) {
-    magnitude = static_cast<float>(mantissa) * 0x1p-9f;  // subnormal: m/8 * 2^-6
-  } else {
-    // Rebias 7 -> 127 and move the 3 mantissa bits to the top of float's 23.
-    magnitude = __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20));
-  }
-  return __uint_as_float(__float_as_uint(magnitude) | sign);
-}
-
-// 2^(byte - 127) as float; byte 0 is the float subnormal 2^-127. 255 (NaN) is handled by the
-// caller.
-__device__ __forceinline__ float E8M0ToFloat(uint32_t byte) {
-  return __uint_as_float(byte == 0 ? 0x00400000u : byte << 23);
-}
-
-// Round-to-nearest-even float -> bf16 on the bit pattern. bf16 is float's top half, so the
-// same carry handles normals, subnormals and overflow to infinity.
-__device__ __forceinline__ uint32_t FloatToBf16Bits(float value) {
-  const uint32_t bits = __float_as_uint(value);
-  return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-}
-
-// One value. The product of a 4-significant-bit e4m3 value and a power of two is exact in
-// float (its smallest magnitude, 2^-136, is above float's 2^-149 floor, and an overflow is
-// +-inf either way), so the only rounding is the one to bf16. Requires -ftz=false (default).
-__device__ __forceinline__ uint32_t DequantOne(uint32_t byte, float scale, bool scale_nan) {
-  if (scale_nan || (byte & 0x7Fu) == 0x7Fu) return ENGRAM_GPU_BF16_NAN;
-  return FloatToBf16Bits(E4M3ToFloat(byte) * scale);
-}
+// ---- dequantisation (per slot: kernels/dequant_device.h) ------------------------------------
 
 // Where slot s's row comes from: a compact array of gathered rows and an int32 index map
 // (negative: padding), or a table mapped in place and absolute uint64 row ids.
@@ -125,31 +89,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (uint64_t slot = first; slot < slots; slot += stride) {
     bool padding = false;
     const uint8_t* row = source.Row(slot, &padding);
-    uint4 packed;
-    if (row != nullptr) {
-      // 8 value bytes per thread: one 8-byte load (rows are 264 = 33 * 8 bytes apart).
-      const uint2 values = *reinterpret_cast<const uint2*>(row + lane * kValuesPerThread);
-      const uint32_t scale_byte = row[kRowValues + lane * kValuesPerThread / 32];
-      const float scale = E8M0ToFloat(scale_byte);
-      const bool scale_nan = scale_byte == 0xFFu;
-      uint32_t half[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        half[i] = DequantOne((values.x >> (8 * i)) & 0xFFu, scale, scale_nan);
-        half[4 + i] = DequantOne((values.y >> (8 * i)) & 0xFFu, scale, scale_nan);
-      }
-      packed.x = half[0] | (half[1] << 16);
-      packed.y = half[2] | (half[3] << 16);
-      packed.z = half[4] | (half[5] << 16);
-      packed.w = half[6] | (half[7] << 16);
-    } else if (padding) {
-      packed = make_uint4(0, 0, 0, 0);  // padding slot: +0.0
-    } else {
-      const uint32_t nan2 = ENGRAM_GPU_BF16_NAN | (ENGRAM_GPU_BF16_NAN << 16);
-      packed = make_uint4(nan2, nan2, nan2, nan2);
-      if (lane == 0 && bad_index_count != nullptr) atomicAdd(bad_index_count, 1u);
-    }
-    *reinterpret_cast<uint4*>(out + slot * kRowValues + lane * kValuesPerThread) = packed;
+    DequantSlot(row, padding, lane, out + slot * kRowValues, bad_index_count);
   }
 }
 
