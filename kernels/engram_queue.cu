@@ -11,6 +11,7 @@
 #include "engram/engram.h"
 #include "engram/gpu_submit.h"
 #include "engram/protocol.h"
+#include "kernels/dequant_device.h"
 #include "kernels/gpu_compat.h"
 #include "kernels/kernel_errors.h"
 
@@ -22,6 +23,12 @@ namespace {
 // Requests one engram_gpu_queue_gather call publishes; they travel as kernel parameters.
 constexpr uint32_t kMaxRequests = 32;
 constexpr uint64_t kDefaultTimeoutNs = 2'000'000'000;
+// Pieces of one destination start on 128-byte boundaries (16 rows of 264 bytes = 33 x 128), so
+// no cache line the fused kernel reads holds rows of two pieces, one of them not yet landed.
+constexpr uint32_t kPieceAlign = 128;
+constexpr uint32_t kPieceRowsMultiple = 16;
+static_assert(kPieceRowsMultiple * ENGRAM_ROW_BYTES % kPieceAlign == 0);
+static_assert(ENGRAM_GPU_PIECE_ROWS_DEFAULT % kPieceRowsMultiple == 0);
 
 // What a submission entry needs, fixed when the call is queued (offsets into the data region).
 struct DeviceRequest {
@@ -36,11 +43,43 @@ struct DeviceRequests {
   uint32_t n;
 };
 
+// What the fused kernel dequantises from one request: its rows' device address in the data
+// region, the slots that read them, and the pieces (entries) the request went out as.
+struct DeviceDequant {
+  const int32_t* index_map;
+  uint16_t* out;
+  uint32_t* bad_index_count;
+  const uint8_t* rows;
+  uint64_t slots;        // tokens x heads
+  uint64_t first_block;  // the first block of the fused grid that works on this request
+  uint32_t num_rows;
+  uint32_t first_piece;  // entry index of the request's first piece
+};
+
+struct DeviceDequants {
+  DeviceDequant d[kMaxRequests];
+  uint32_t n;
+  uint32_t piece_rows;
+};
+
+// The fused kernel: block 0 polls the pieces; the others dequantise, one warp per slot. Small
+// blocks spread the rows' reads over many SMs, as the dequantise kernel's do.
+constexpr uint32_t kFusedThreads = 256;
+constexpr uint32_t kFusedSlotsPerBlock = kFusedThreads / engram::kernels::kThreadsPerSlot;
+static_assert(kFusedThreads >= kMaxRequests, "block 0's lanes poll one piece each");
+
 // The queue's state in device memory: the steps completed, and the tickets of the step in
-// flight (written by the submit kernel, read by the wait kernel on the same stream).
+// flight (written by the submit kernel, read by the wait kernels on the same stream).
 struct QueueState {
   uint64_t step;
   uint64_t expected[kMaxRequests];
+  // The fused kernel's words. ready[p] holds piece p's ticket once block 0 saw it complete;
+  // abandoned holds the step's first ticket once block 0 gave up on the step (tickets are new
+  // every step, so neither needs resetting).
+  uint64_t ready[kMaxRequests];
+  uint64_t abandoned;
+  uint32_t blocks_done;  // blocks finished this step (the last one resets it)
+  int32_t failure;       // the step's first failure, until the last block reports it
 };
 
 // Device addresses of the session's rings.
@@ -55,19 +94,20 @@ __device__ __forceinline__ void StoreSystem64(uint64_t* p, uint64_t v) {
   *reinterpret_cast<volatile uint64_t*>(p) = v;
 }
 
+// Request i's ticket in the step after `step` steps: every step's tickets are new, so a late
+// completion of an earlier step can never be taken for this one's.
+__device__ __forceinline__ uint64_t Ticket(uint64_t step, uint32_t i) {
+  return ((step + 1) << 16) | i;
+}
+
 // Publishes the step's requests: entries first, a system-scope fence, then the tail (the
-// daemon reads the tail with acquire, then the entries). Slot i carries request i with the
-// ticket ((step + 1) << 16) | i, so every step's tickets are new and a late completion of an
-// earlier step can never be taken for this one's.
-__global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests reqs,
-                             volatile int32_t* error) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  if (*error != 0) return;  // a failed queue submits nothing until the host recovers it
-  const uint64_t step = state->step;
+// daemon reads the tail with acquire, then the entries). Slot i carries request i.
+__device__ void Publish(const DeviceRing& ring, QueueState* state, const DeviceRequests& reqs,
+                        uint64_t step) {
   volatile uint32_t* tail_word = &ring.header->sq_tail;
   const uint32_t tail = *tail_word;
   for (uint32_t i = 0; i < reqs.n; ++i) {
-    const uint64_t ticket = ((step + 1) << 16) | i;
+    const uint64_t ticket = Ticket(step, i);
     engram_sqe* e = &ring.sq[(tail + i) % ring.slots];
     StoreSystem64(&e->ticket, ticket);
     auto* words = reinterpret_cast<volatile uint32_t*>(&e->opcode);  // opcode, flags
@@ -84,6 +124,13 @@ __global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests 
   __threadfence_system();      // the entries (and the row ids kernels wrote before) are visible...
   *tail_word = tail + reqs.n;  // ...before the daemon can see the new tail
   __threadfence_system();
+}
+
+__global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests reqs,
+                             volatile int32_t* error) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (*error != 0) return;  // a failed queue submits nothing until the host recovers it
+  Publish(ring, state, reqs, state->step);
 }
 
 // Waits until every request of the step completed (its status slot holds its ticket; the
@@ -130,11 +177,133 @@ __global__ void WaitKernel(DeviceRing ring, QueueState* state, uint32_t n, uint6
   state->step += 1;
 }
 
+// Block 0 of the fused kernel: piece p is watched by lane p / kWarps of warp p % kWarps, so
+// that pieces landing together are seen and fenced side by side rather than one poll round
+// after another. Each waits for its piece as WaitKernel waits for a request (its status slot
+// holds its ticket, the daemon stopped, or the deadline passed) and marks it in device memory:
+// ready[p] = its ticket, after the system-scope acquire, so that a block that sees the flag
+// and acquires sees the rows. Only this block polls host memory.
+__device__ void PollPieces(const DeviceRing& ring, QueueState* state, uint32_t pieces,
+                           uint64_t step, uint64_t timeout_ns) {
+  constexpr uint32_t kWarps = kFusedThreads / engram::kernels::kThreadsPerSlot;
+  const uint32_t warp = threadIdx.x / engram::kernels::kThreadsPerSlot;
+  const uint32_t piece = (threadIdx.x % engram::kernels::kThreadsPerSlot) * kWarps + warp;
+  if (piece >= pieces) return;
+  volatile engram_request_status* st = &ring.status[piece];
+  const uint64_t expected = Ticket(step, piece);
+  const uint64_t start = ENGRAM_GPU_NOW_NS();
+  int32_t abandoned = 0;
+  while (true) {
+    if (st->ticket == expected) {
+      ENGRAM_GPU_ACQUIRE_SYSTEM();  // the code and the rows come after the ticket
+      const int32_t code = st->code;
+      if (code != ENGRAM_STATUS_OK) atomicCAS(&state->failure, 0, code);
+      *reinterpret_cast<volatile uint64_t*>(&state->ready[piece]) = expected;
+      return;
+    }
+    if (reinterpret_cast<volatile uint32_t*>(&ring.header->daemon_state)[0] !=
+        ENGRAM_DAEMON_SERVING) {
+      abandoned = ENGRAM_STATUS_UNAVAILABLE;
+    } else if (ENGRAM_GPU_NOW_NS() - start > timeout_ns) {
+      abandoned = ENGRAM_STATUS_DEADLINE_EXCEEDED;
+    }
+    if (abandoned != 0) {
+      atomicCAS(&state->failure, 0, abandoned);
+      __threadfence();
+      *reinterpret_cast<volatile uint64_t*>(&state->abandoned) = Ticket(step, 0);
+      return;
+    }
+    ENGRAM_GPU_PAUSE();
+  }
+}
+
+// A dequantising block's wait for piece p: the flag block 0 sets, until the step is abandoned
+// or the deadline passes (block 0 then records why). True once the piece's rows are visible.
+// The blocks never look at host memory themselves: reads of one host cache line by every block
+// at once are served one after another, and such a burst (tried as a fallback look at the
+// status slot every 50 us) held up the link for ~70 us each time. The grid's blocks are all
+// resident for a decode step, and block 0 is dispatched first, so its poll is running.
+__device__ bool AwaitPiece(const QueueState* state, uint32_t piece, uint64_t step,
+                           uint64_t timeout_ns) {
+  const uint64_t expected = Ticket(step, piece);
+  const uint64_t start = ENGRAM_GPU_NOW_NS();
+  const volatile uint64_t* ready = &state->ready[piece];
+  const volatile uint64_t* abandoned = &state->abandoned;
+  while (*ready != expected) {
+    if (*abandoned == Ticket(step, 0) || ENGRAM_GPU_NOW_NS() - start > timeout_ns) return false;
+    ENGRAM_GPU_PAUSE_SHORT();
+  }
+  // Acquire at device scope: block 0 set the flag after its own system-scope acquire of the
+  // daemon's release, so the rows are visible here by causality.
+  __threadfence();
+  return true;
+}
+
+// Runs after SubmitKernel published the step's pieces. Block 0 polls them (PollPieces); every
+// other block waits for the pieces its slots read, one lane of warp 0 per piece, and
+// dequantises them, one warp per slot: the barrier hands warp 0's acquire to the other warps.
+// While the error word is set (nothing was published), nothing is awaited or written. The
+// last block to finish records the step's failure in *error and advances the step; until then
+// every block reads the same state->step. (Publishing from block 0 of this kernel instead of
+// a kernel of its own was measured: the requests reached the daemon ~150 us later.)
+__global__ void __launch_bounds__(kFusedThreads)
+    WaitDequantKernel(DeviceRing ring, QueueState* state, uint32_t pieces, DeviceDequants dq,
+                      uint64_t timeout_ns, volatile int32_t* error) {
+  __shared__ uint32_t need;     // bit p: this block waits for piece p
+  __shared__ uint32_t invalid;  // the rows are not valid: skipped step or abandoned wait
+  const uint32_t warp = threadIdx.x / engram::kernels::kThreadsPerSlot;
+  const uint32_t lane = threadIdx.x % engram::kernels::kThreadsPerSlot;
+  const uint64_t step = state->step;
+  if (blockIdx.x == 0) {
+    if (*error == 0) PollPieces(ring, state, pieces, step, timeout_ns);
+  } else {
+    if (threadIdx.x == 0) {
+      need = 0;
+      invalid = *error != 0;
+    }
+    uint32_t d = 0;
+    while (d + 1 < dq.n && blockIdx.x >= dq.d[d + 1].first_block) ++d;
+    const DeviceDequant& dd = dq.d[d];
+    const uint64_t slot = (blockIdx.x - dd.first_block) * kFusedSlotsPerBlock + warp;
+    const bool has_slot = slot < dd.slots;
+    const int32_t index = has_slot ? dd.index_map[slot] : -1;
+    const bool in_range = index >= 0 && static_cast<uint32_t>(index) < dd.num_rows;
+    __syncthreads();
+    if (in_range && lane == 0) {
+      atomicOr(&need, 1u << (dd.first_piece + static_cast<uint32_t>(index) / dq.piece_rows));
+    }
+    __syncthreads();
+    if (warp == 0 && invalid == 0 && lane < pieces && (need >> lane & 1u) != 0 &&
+        !AwaitPiece(state, lane, step, timeout_ns)) {
+      invalid = 1;
+    }
+    __syncthreads();
+    if (has_slot && invalid == 0) {
+      const uint8_t* row = in_range ? dd.rows + uint64_t(index) * ENGRAM_ROW_BYTES : nullptr;
+      engram::kernels::DequantSlot(row, index < 0, lane, dd.out + slot * ENGRAM_ROW_VALUES,
+                                   dd.bad_index_count);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&state->blocks_done, 1u) != gridDim.x - 1) return;
+  __threadfence();  // every block's failure is in state->failure
+  const int32_t failure = atomicExch(&state->failure, 0);
+  if (failure > 0 && *error == 0) {
+    *error = failure;
+    __threadfence_system();
+  }
+  state->blocks_done = 0;
+  state->step += 1;
+}
+
 }  // namespace
 
 struct engram_gpu_queue {
   DeviceRing ring{};
-  uint8_t* host_data = nullptr;  // the data region, host addresses
+  uint8_t* host_data = nullptr;          // the data region, host addresses
+  const uint8_t* device_data = nullptr;  // the same, device addresses (null: not registered)
   uint64_t data_bytes = 0;
   QueueState* state = nullptr;    // device memory
   int32_t* error_host = nullptr;  // pinned, mapped
@@ -156,11 +325,83 @@ int DeviceAddresses(engram_session* session, const engram_gpu_registration* reg,
   q->ring.status = static_cast<engram_request_status*>(engram_gpu_device_ptr(reg, ring.status));
   q->ring.slots = ring.slots;
   q->host_data = ring.data;
+  q->device_data = static_cast<const uint8_t*>(engram_gpu_device_ptr(reg, ring.data));
   q->data_bytes = ring.data_bytes;
   if (q->ring.header == nullptr || q->ring.sq == nullptr || q->ring.status == nullptr) {
     return Fail(EINVAL,
                 "engram_gpu_queue_create: the registration does not cover the arena's "
                 "header and rings (register the whole engram_arena())");
+  }
+  return 0;
+}
+
+// ENGRAM_GPU_PIECE_ROWS_DEFAULT, or, where the call's requests would need more than
+// max_pieces pieces of it, the multiple of kPieceRowsMultiple that makes them fit (the
+// requests themselves are checked afterwards; a row count past the data region is refused
+// there).
+uint32_t DefaultPieceRows(const engram_gpu_request* requests, uint32_t n, uint32_t max_pieces) {
+  constexpr uint64_t kLargest = uint64_t{UINT32_MAX} / kPieceRowsMultiple * kPieceRowsMultiple;
+  uint64_t total = 0, longest = 0, pieces = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t rows = std::min<uint64_t>(requests[i].num_rows, kLargest);
+    total += rows;
+    longest = std::max(longest, rows);
+    pieces += (rows + ENGRAM_GPU_PIECE_ROWS_DEFAULT - 1) / ENGRAM_GPU_PIECE_ROWS_DEFAULT;
+  }
+  if (pieces <= max_pieces) return ENGRAM_GPU_PIECE_ROWS_DEFAULT;
+  // Each request's last piece may be short: with p >= total / (max_pieces - n), the pieces
+  // number at most total / p + n <= max_pieces.
+  uint64_t rows = max_pieces > n ? (total + max_pieces - n - 1) / (max_pieces - n) : longest;
+  rows = (rows + kPieceRowsMultiple - 1) / kPieceRowsMultiple * kPieceRowsMultiple;
+  return static_cast<uint32_t>(std::min(rows, kLargest));
+}
+
+// Checks request i of a call named `what` and returns its offsets in the data region.
+int CheckRequest(const engram_gpu_queue& q, const engram_gpu_request& r, uint32_t i,
+                 const char* what, DeviceRequest* ret) {
+  if (r.size != sizeof(engram_gpu_request) || r.flags != 0) {
+    return Fail(EINVAL, "%s: request %u has size %zu (expected %zu) or flags 0x%x", what, i, r.size,
+                sizeof(engram_gpu_request), r.flags);
+  }
+  const uint8_t* data = q.host_data;
+  const auto* rows = reinterpret_cast<const uint8_t*>(r.rows);
+  const uint64_t row_bytes = r.num_rows * 8, dest_bytes = r.num_rows * ENGRAM_ROW_BYTES;
+  if (r.num_rows == 0 || r.num_rows > q.data_bytes || rows < data || r.dest < data ||
+      static_cast<uint64_t>(rows - data) + row_bytes > q.data_bytes ||
+      static_cast<uint64_t>(r.dest - data) + dest_bytes > q.data_bytes) {
+    return Fail(EINVAL,
+                "%s: request %u (table %u, %llu rows): row ids and destination must lie inside "
+                "the session's data region",
+                what, i, r.table, static_cast<unsigned long long>(r.num_rows));
+  }
+  *ret = {r.table, r.num_rows, static_cast<uint64_t>(rows - data),
+          static_cast<uint64_t>(r.dest - data)};
+  return 0;
+}
+
+// Checks what the fused call dequantises from request i (whose offsets `whole` holds).
+int CheckDequant(const engram_gpu_dequant& d, const engram_gpu_request& r,
+                 const DeviceRequest& whole, uint32_t i, const char* what) {
+  if (d.size != sizeof(engram_gpu_dequant)) {
+    return Fail(EINVAL, "%s: dequant %u has size %zu (expected %zu)", what, i, d.size,
+                sizeof(engram_gpu_dequant));
+  }
+  if (d.index_map == nullptr || d.out == nullptr || d.tokens == 0 || d.heads == 0) {
+    return Fail(EINVAL,
+                "%s: dequant %u: index_map (%p) and out (%p) must be set and tokens (%u) x heads "
+                "(%u) must not be 0",
+                what, i, static_cast<const void*>(d.index_map), d.out, d.tokens, d.heads);
+  }
+  if (reinterpret_cast<uintptr_t>(d.out) % 16 != 0) {
+    return Fail(EINVAL, "%s: dequant %u: out %p is not 16-byte aligned", what, i, d.out);
+  }
+  if (whole.num_rows > uint64_t{INT32_MAX}) {
+    return Fail(EINVAL, "%s: request %u has %llu rows, past the int32 index map's range", what, i,
+                static_cast<unsigned long long>(whole.num_rows));
+  }
+  if (whole.dest_offset % kPieceAlign != 0) {
+    return Fail(EINVAL, "%s: request %u: destination %p is not %u-byte aligned", what, i,
+                static_cast<const void*>(r.dest), kPieceAlign);
   }
   return 0;
 }
@@ -193,6 +434,7 @@ int engram_gpu_queue_create(engram_session* session, const engram_gpu_registrati
   }
   gpuError_t loaded = PreloadKernel(SubmitKernel);
   if (loaded == gpuSuccess) loaded = PreloadKernel(WaitKernel);
+  if (loaded == gpuSuccess) loaded = PreloadKernel(WaitDequantKernel);
   if (loaded != gpuSuccess) {
     return FailRuntime("engram_gpu_queue_create: loading the queue kernels", loaded);
   }
@@ -246,33 +488,91 @@ int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_req
   }
   DeviceRequests reqs{};
   reqs.n = n;
-  const uint8_t* data = queue->host_data;
   for (uint32_t i = 0; i < n; ++i) {
-    const engram_gpu_request& r = requests[i];
-    if (r.size != sizeof(engram_gpu_request) || r.flags != 0) {
-      return Fail(EINVAL,
-                  "engram_gpu_queue_gather: request %u has size %zu (expected %zu) or "
-                  "flags 0x%x",
-                  i, r.size, sizeof(engram_gpu_request), r.flags);
+    if (int rc = CheckRequest(*queue, requests[i], i, "engram_gpu_queue_gather", &reqs.r[i]);
+        rc < 0) {
+      return rc;
     }
-    const auto* rows = reinterpret_cast<const uint8_t*>(r.rows);
-    const uint64_t row_bytes = r.num_rows * 8, dest_bytes = r.num_rows * ENGRAM_ROW_BYTES;
-    if (r.num_rows == 0 || rows < data || r.dest < data ||
-        static_cast<uint64_t>(rows - data) + row_bytes > queue->data_bytes ||
-        static_cast<uint64_t>(r.dest - data) + dest_bytes > queue->data_bytes) {
-      return Fail(EINVAL,
-                  "engram_gpu_queue_gather: request %u (table %u, %llu rows): row ids "
-                  "and destination must lie inside the session's data region",
-                  i, r.table, static_cast<unsigned long long>(r.num_rows));
-    }
-    reqs.r[i] = {r.table, r.num_rows, static_cast<uint64_t>(rows - data),
-                 static_cast<uint64_t>(r.dest - data)};
   }
   auto s = reinterpret_cast<gpuStream_t>(stream);
   SubmitKernel<<<1, 32, 0, s>>>(queue->ring, queue->state, reqs, queue->error_device);
   WaitKernel<<<1, 32, 0, s>>>(queue->ring, queue->state, n, queue->timeout_ns, queue->error_device);
   const gpuError_t st = gpuGetLastError();
   return st == gpuSuccess ? 0 : FailRuntime("engram_gpu_queue_gather launch", st);
+}
+
+int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
+                                    const struct engram_gpu_request* requests,
+                                    const struct engram_gpu_dequant* dequants, uint32_t n,
+                                    uint32_t piece_rows, uintptr_t stream) {
+  constexpr const char* kWhat = "engram_gpu_queue_gather_dequant";
+  if (queue == nullptr || requests == nullptr || dequants == nullptr || n == 0) {
+    return Fail(EINVAL, "%s: NULL argument or no request", kWhat);
+  }
+  if (n > kMaxRequests) {
+    return Fail(EINVAL, "%s: %u requests; at most %u per call", kWhat, n, kMaxRequests);
+  }
+  const uint32_t max_pieces = std::min(kMaxRequests, queue->ring.slots);
+  if (piece_rows == 0) piece_rows = DefaultPieceRows(requests, n, max_pieces);
+  if (piece_rows % kPieceRowsMultiple != 0) {
+    return Fail(EINVAL,
+                "%s: piece_rows %u is not a multiple of %u (every piece must start on a "
+                "128-byte boundary of its destination)",
+                kWhat, piece_rows, kPieceRowsMultiple);
+  }
+  if (queue->device_data == nullptr) {
+    return Fail(EINVAL,
+                "%s: the queue's registration does not cover the session's data region, where "
+                "the kernel reads the rows (register the whole engram_arena())",
+                kWhat);
+  }
+  DeviceRequests reqs{};
+  DeviceDequants dq{};
+  dq.n = n;
+  dq.piece_rows = piece_rows;
+  uint64_t blocks = 1;  // block 0 polls
+  for (uint32_t i = 0; i < n; ++i) {
+    DeviceRequest whole;
+    if (int rc = CheckRequest(*queue, requests[i], i, kWhat, &whole); rc < 0) return rc;
+    if (int rc = CheckDequant(dequants[i], requests[i], whole, i, kWhat); rc < 0) return rc;
+    const uint64_t count = (whole.num_rows + piece_rows - 1) / piece_rows;
+    if (reqs.n + count > max_pieces) {
+      return Fail(EINVAL,
+                  "%s: request %u (table %u, %llu rows) needs pieces %u to %llu of %u rows; a "
+                  "call holds at most %u pieces (%u per call, the session's %u slots): raise "
+                  "piece_rows or split the call",
+                  kWhat, i, whole.table, static_cast<unsigned long long>(whole.num_rows), reqs.n,
+                  static_cast<unsigned long long>(reqs.n + count - 1), piece_rows, max_pieces,
+                  kMaxRequests, queue->ring.slots);
+    }
+    const engram_gpu_dequant& d = dequants[i];
+    const uint64_t slots = uint64_t{d.tokens} * d.heads;
+    dq.d[i] = {d.index_map,
+               static_cast<uint16_t*>(d.out),
+               d.bad_index_count,
+               queue->device_data + whole.dest_offset,
+               slots,
+               blocks,
+               static_cast<uint32_t>(whole.num_rows),
+               reqs.n};
+    for (uint64_t first = 0; first < whole.num_rows; first += piece_rows) {
+      reqs.r[reqs.n++] = {whole.table, std::min<uint64_t>(piece_rows, whole.num_rows - first),
+                          whole.rows_offset + first * 8,
+                          whole.dest_offset + first * ENGRAM_ROW_BYTES};
+    }
+    blocks += (slots + kFusedSlotsPerBlock - 1) / kFusedSlotsPerBlock;
+  }
+  if (blocks > uint64_t{INT32_MAX}) {
+    return Fail(EINVAL, "%s: %llu output slots in all; at most %llu per call", kWhat,
+                static_cast<unsigned long long>((blocks - 1) * kFusedSlotsPerBlock),
+                static_cast<unsigned long long>(uint64_t{INT32_MAX} * kFusedSlotsPerBlock));
+  }
+  auto s = reinterpret_cast<gpuStream_t>(stream);
+  SubmitKernel<<<1, 32, 0, s>>>(queue->ring, queue->state, reqs, queue->error_device);
+  WaitDequantKernel<<<static_cast<unsigned>(blocks), kFusedThreads, 0, s>>>(
+      queue->ring, queue->state, reqs.n, dq, queue->timeout_ns, queue->error_device);
+  const gpuError_t st = gpuGetLastError();
+  return st == gpuSuccess ? 0 : FailRuntime("engram_gpu_queue_gather_dequant launch", st);
 }
 
 volatile int32_t* engram_gpu_queue_error(engram_gpu_queue* queue) {

@@ -33,6 +33,10 @@ using gpuStream_t = hipStream_t;
 #define ENGRAM_GPU_NOW_NS() (__builtin_amdgcn_s_memrealtime() * 10ull)
 // Polling back-off inside a waiting kernel: s_sleep takes a constant (units of 64 clocks).
 #define ENGRAM_GPU_PAUSE() __builtin_amdgcn_s_sleep(2)
+// A shorter one, for polls of device memory (cheap to repeat).
+#define ENGRAM_GPU_PAUSE_SHORT() __builtin_amdgcn_s_sleep(1)
+// Acquire at system scope after a relaxed load saw a host thread's release.
+#define ENGRAM_GPU_ACQUIRE_SYSTEM() __threadfence_system()
 
 #else              // CUDA
 #include <cuda.h>  // driver API types only: the functions come from cudaGetDriverEntryPoint*
@@ -70,6 +74,11 @@ __device__ __forceinline__ unsigned long long EngramGpuNowNs() {
 }
 #define ENGRAM_GPU_NOW_NS() EngramGpuNowNs()
 #define ENGRAM_GPU_PAUSE() __nanosleep(256)
+// A shorter one, for polls of device memory (cheap to repeat).
+#define ENGRAM_GPU_PAUSE_SHORT() __nanosleep(32)
+// Acquire at system scope after a relaxed load saw a host thread's release: an acquire-release
+// fence, lighter than __threadfence_system()'s sequentially consistent one.
+#define ENGRAM_GPU_ACQUIRE_SYSTEM() asm volatile("fence.acq_rel.sys;" ::: "memory")
 #endif
 
 // Loads `kernel`'s module into the current context now. With lazy module loading (CUDA's

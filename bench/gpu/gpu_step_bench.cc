@@ -5,6 +5,10 @@
 //                the completion counter, dequantise on the GPU, synchronise;
 //   GPU step     the captured graph of tests/gpu/gpu_step_util.h: GPU hash into the arena, GPU
 //                submit, GPU wait, dequantise; the host only launches it;
+//   fused step   the same with engram_gpu_queue_gather_dequant: each layer's request goes out in
+//                pieces of P rows and one kernel dequantises every piece as it lands (P = the
+//                default, 48, 96, 288 and a whole layer), against the host gather of the same
+//                pieces;
 //   (and the host step again, watched from the host: when its rows are in the arena, and how
 //    long the stream takes after that)
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
@@ -21,9 +25,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
+#include "engram/protocol.h"
 #include "tests/gpu/gpu_step_util.h"
 
 namespace engram {
@@ -99,16 +105,23 @@ struct HostSession {
                           ENGRAM_HASH_COMPRESSED_IDS, ids[l], n) == 0);
     }
   }
-  void Submit(uint32_t n, uint64_t tickets[2]) {
+  // Submits both layers' n rows, each as requests of at most piece_rows rows; returns the
+  // tickets.
+  std::vector<uint64_t> Submit(uint32_t n, uint32_t piece_rows) {
+    std::vector<uint64_t> tickets;
     for (int l = 0; l < 2; ++l) {
-      engram_gather_request r{};
-      r.size = sizeof(r);
-      r.table = kLayerIds[l];
-      r.rows = ids[l];
-      r.num_rows = n;
-      r.dest = rows[l];
-      REQUIRE(engram_submit(s, &r, &tickets[l]) == 0);
+      for (uint32_t first = 0; first < n; first += piece_rows) {
+        engram_gather_request r{};
+        r.size = sizeof(r);
+        r.table = kLayerIds[l];
+        r.rows = ids[l] + first;
+        r.num_rows = std::min(piece_rows, n - first);
+        r.dest = rows[l] + uint64_t{first} * kRowBytes;
+        tickets.push_back(0);
+        REQUIRE(engram_submit(s, &r, &tickets.back()) == 0);
+      }
     }
+    return tickets;
   }
 };
 
@@ -130,21 +143,26 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   for (uint32_t i = 0; i < n; ++i) identity[i] = static_cast<int32_t>(i);
   CUDA_REQUIRE(cudaMemcpy(map.get(), identity.data(), n * 4, cudaMemcpyHostToDevice));
 
-  // Host gather: the rows' round trip through engramd (the host hash timed on its own).
+  // Host gather: the rows' round trip through engramd (the host hash timed on its own), one
+  // request per layer, and in the fused step's default pieces.
   std::vector<double> wall, hash_us;
-  for (int i = 0; i < steps + 200; ++i) {
-    in.Randomise(rng);
-    const auto th = Clock::now();
-    host.Hash(h, in);
-    const auto t0 = Clock::now();
-    if (i >= 200) hash_us.push_back(Us(th, t0));
-    uint64_t tickets[2];
-    host.Submit(n, tickets);
-    for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);
-    if (i >= 200) wall.push_back(Us(t0, Clock::now()));
-  }
-  const Stats gather = Summarise(wall, 0);
+  auto host_gather = [&](uint32_t piece_rows) {
+    wall.clear();
+    hash_us.clear();
+    for (int i = 0; i < steps + 200; ++i) {
+      in.Randomise(rng);
+      const auto th = Clock::now();
+      host.Hash(h, in);
+      const auto t0 = Clock::now();
+      if (i >= 200) hash_us.push_back(Us(th, t0));
+      for (uint64_t t : host.Submit(n, piece_rows)) REQUIRE(engram_wait(host.s, t, -1) == 0);
+      if (i >= 200) wall.push_back(Us(t0, Clock::now()));
+    }
+    return Summarise(wall, 0);
+  };
+  const Stats gather = host_gather(n);
   const Stats hash = Summarise(hash_us, 0);
+  const Stats gather_pieces = host_gather(ENGRAM_GPU_PIECE_ROWS_DEFAULT);
 
   // Host step: hash on the host, submit, the stream waits on the counter, dequantise.
   wall.clear();
@@ -153,10 +171,10 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   const void* counter_d =
       engram_gpu_device_ptr(host.reg, const_cast<const uint64_t*>(host.counter));
   // Hash on the host, submit both layers, and queue the stream's wait and the dequantisation.
-  auto launch_host_step = [&](uint64_t tickets[2]) {
+  auto launch_host_step = [&](std::vector<uint64_t>* tickets) {
     host.Hash(h, in);
-    host.Submit(n, tickets);
-    expected += 2;
+    *tickets = host.Submit(n, n);
+    expected += tickets->size();
     ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream), counter_d,
                                               expected, nullptr));
     for (int l = 0; l < 2; ++l) {
@@ -168,8 +186,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   for (int i = 0; i < steps + 200; ++i) {
     in.Randomise(rng);
     const auto t0 = Clock::now();
-    uint64_t tickets[2];
-    launch_host_step(tickets);
+    std::vector<uint64_t> tickets;
+    launch_host_step(&tickets);
     const auto t1 = Clock::now();
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);  // frees the slots
@@ -186,8 +204,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   for (int i = 0; i < steps + 200; ++i) {
     in.Randomise(rng);
     const auto t0 = Clock::now();
-    uint64_t tickets[2];
-    launch_host_step(tickets);
+    std::vector<uint64_t> tickets;
+    launch_host_step(&tickets);
     while (__atomic_load_n(host.counter, __ATOMIC_ACQUIRE) < expected) {
     }
     const auto t1 = Clock::now();
@@ -203,32 +221,86 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   const std::vector<uint16_t> host_out = Download(out[1]);
   const std::vector<int32_t> last_tokens = in.tokens, last_history = in.history;
 
-  // GPU step: the captured graph; the host writes the step's tokens (as a sampler kernel would)
-  // and launches it.
+  // GPU steps: the captured graphs; the host writes the step's tokens (as a sampler kernel
+  // would) and launches them. Every graph's output for the host step's last tokens must agree
+  // with the host step's bit for bit.
   DeviceSession ds(daemon, n, 2'000'000'000);
-  CapturedStep step(h, in, ds);
-  wall.clear();
-  host_busy = 0;
-  for (int i = 0; i < steps + 200; ++i) {
-    in.Randomise(rng);  // new tokens in the device buffers, as the sampler leaves them
-    const auto t0 = Clock::now();
-    step.Replay();
-    const auto t1 = Clock::now();
-    step.Sync();
-    if (i >= 200) {
-      wall.push_back(Us(t0, Clock::now()));
-      host_busy += Us(t0, t1);
+  struct Watched {
+    Stats publish, daemon, tail, service;
+  };
+  struct engram_device_ring ring {};
+  ring.size = sizeof(ring);
+  REQUIRE(engram_device_ring(ds.session, &ring) == 0);
+  auto run_gpu_step = [&](const testing::StepOptions& options, Watched* watched) {
+    CapturedStep step(h, in, ds, options);
+    wall.clear();
+    double busy = 0;
+    for (int i = 0; i < steps + 200; ++i) {
+      in.Randomise(rng);  // new tokens in the device buffers, as the sampler leaves them
+      const auto t0 = Clock::now();
+      step.Replay();
+      const auto t1 = Clock::now();
+      step.Sync();
+      if (i >= 200) {
+        wall.push_back(Us(t0, Clock::now()));
+        busy += Us(t0, t1);
+      }
     }
+    // Watched from the host: when the GPU publishes the step's requests (the ring's tail
+    // moves), when the daemon has completed them all, and when the stream is done; with the
+    // daemon's own service time of the slowest request (its status slot).
+    const uint32_t per_layer =
+        options.fused
+            ? (options.piece_rows == 0 ? ENGRAM_GPU_PIECE_ROWS_DEFAULT : options.piece_rows)
+            : n;
+    const uint32_t requests = 2 * ((n + per_layer - 1) / per_layer);
+    std::vector<double> publish, daemon_us, tail, service;
+    for (int i = 0; i < steps / 2 + 100; ++i) {
+      in.Randomise(rng);
+      const uint32_t tail_before = __atomic_load_n(&ring.header->sq_tail, __ATOMIC_ACQUIRE);
+      const uint64_t done_before = __atomic_load_n(&ring.header->completions, __ATOMIC_ACQUIRE);
+      const auto t0 = Clock::now();
+      step.Replay();
+      while (__atomic_load_n(&ring.header->sq_tail, __ATOMIC_ACQUIRE) == tail_before) {
+      }
+      const auto t1 = Clock::now();
+      while (__atomic_load_n(&ring.header->completions, __ATOMIC_ACQUIRE) <
+             done_before + requests) {
+      }
+      const auto t2 = Clock::now();
+      step.Sync();
+      const auto t3 = Clock::now();
+      uint64_t slowest = 0;
+      for (uint32_t r = 0; r < requests; ++r) {
+        slowest = std::max(slowest, ring.status[r].service_ns);
+      }
+      if (i >= 100) {
+        publish.push_back(Us(t0, t1));
+        daemon_us.push_back(Us(t1, t2));
+        tail.push_back(Us(t2, t3));
+        service.push_back(slowest / 1000.0);
+      }
+    }
+    *watched = {Summarise(publish, 0), Summarise(daemon_us, 0), Summarise(tail, 0),
+                Summarise(service, 0)};
+    REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
+    in.tokens = last_tokens;
+    in.history = last_history;
+    in.Upload();
+    step.Replay();
+    step.Sync();
+    REQUIRE(Download(step.out[1]) == host_out);
+    return Summarise(wall, busy);
+  };
+  Watched gpu_watched;
+  const Stats gpu_step = run_gpu_step({}, &gpu_watched);
+  const uint32_t piece_sizes[] = {ENGRAM_GPU_PIECE_ROWS_DEFAULT, 48, 96, 288, n};
+  constexpr int kPieceSizes = std::size(piece_sizes);
+  Stats fused[kPieceSizes];
+  Watched fused_watched[kPieceSizes];
+  for (int i = 0; i < kPieceSizes; ++i) {
+    fused[i] = run_gpu_step({.fused = true, .piece_rows = piece_sizes[i]}, &fused_watched[i]);
   }
-  REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
-  const Stats gpu_step = Summarise(wall, host_busy);
-  // Same tokens as the host step's last: the outputs must agree bit for bit.
-  in.tokens = last_tokens;
-  in.history = last_history;
-  in.Upload();
-  step.Replay();
-  step.Sync();
-  REQUIRE(Download(step.out[1]) == host_out);
 
   // In place: both layers' resident tables, mapped read-only from engramd and registered; the
   // graph is GPU hash + dequant-gather from the mappings, with no request.
@@ -273,6 +345,14 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
               host_step.host_us);
   std::printf("%-13s %10.1f %10.1f %16.1f\n", "GPU step", gpu_step.p50, gpu_step.p99,
               gpu_step.host_us);
+  for (int i = 0; i < kPieceSizes; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
+    std::printf("%-13s %10.1f %10.1f %16.1f   (pieces of %u rows)\n", name, fused[i].p50,
+                fused[i].p99, fused[i].host_us, piece_sizes[i]);
+  }
+  std::printf("%-13s %10.1f %10.1f %16s   (requests of %u rows)\n", "host gather/p",
+              gather_pieces.p50, gather_pieces.p99, "(all)", ENGRAM_GPU_PIECE_ROWS_DEFAULT);
   std::printf("%-13s %10.1f %10.1f %16.1f   (resident tables of %llu + %llu rows, mapped)\n",
               "in place", in_place.p50, in_place.p99, in_place.host_us,
               static_cast<unsigned long long>(resident.info[0].covered_end -
@@ -283,10 +363,31 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
               gpu_step.p50 / host_step.p50, gpu_step.p99 / host_step.p99,
               gpu_step.p50 - gather.p50);
   std::printf(
+      "fused step - host gather of the same requests: p50 %+.1f us (pieces of %u), %+.1f us "
+      "(one request a layer); fused step (default pieces) / host step: p50 %.2fx, p99 %.2fx\n",
+      fused[0].p50 - gather_pieces.p50, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+      fused[kPieceSizes - 1].p50 - gather.p50,
+      fused[0].p50 / host_step.p50, fused[0].p99 / host_step.p99);
+  std::printf(
       "host hash alone: p50 %.1f us; host step watched from the host: hash, submit and launch to "
       "the rows in the arena p50 %.1f us (p99 %.1f), from there to the stream done p50 %.1f us "
       "(p99 %.1f)\n",
       hash.p50, watched_rows.p50, watched_rows.p99, watched_gpu.p50, watched_gpu.p99);
+  std::printf(
+      "GPU steps watched from the host, p50 (p99) us: launch to the requests published | "
+      "published to all completed | completed to the stream done | the daemon's service time "
+      "of the slowest request\n");
+  auto print_watched = [](const char* name, const Watched& w) {
+    std::printf("  %-11s %6.1f (%6.1f) | %6.1f (%6.1f) | %6.1f (%6.1f) | %6.1f (%6.1f)\n", name,
+                w.publish.p50, w.publish.p99, w.daemon.p50, w.daemon.p99, w.tail.p50, w.tail.p99,
+                w.service.p50, w.service.p99);
+  };
+  print_watched("GPU step", gpu_watched);
+  for (int i = 0; i < kPieceSizes; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
+    print_watched(name, fused_watched[i]);
+  }
   cudaStreamDestroy(stream);
   engram_close(resident_session);
 }

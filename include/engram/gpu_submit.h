@@ -25,6 +25,7 @@
  *   engram_gpu_hash(gh, &args_writing_into(device_ptr(ids)), stream);
  *   engram_gpu_queue_gather(q, &r, 1, stream);           // submit + wait, on the GPU
  *   engram_dequant_scatter(device_ptr(rows), n, map, tokens, heads, out, NULL, 0, NULL, stream);
+ *   // or, pipelined, the last two in one: engram_gpu_queue_gather_dequant(q, &r, &d, 1, 0, stream)
  *   cudaStreamEndCapture(stream, &graph);
  *   ... replay the graph every step; after a step, *engram_gpu_queue_error(q) != 0 means its
  *   rows are not valid (see the recovery in docs/gpu.md).
@@ -84,6 +85,40 @@ struct engram_gpu_request {
  * Capturable: replays reuse the same slots with fresh tickets. Returns 0, -EINVAL or -EIO. */
 int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_request* requests,
                             uint32_t n, uintptr_t stream);
+
+/* What to dequantise from one request's rows, as engram_dequant_scatter takes it: slot s of
+ * [tokens, heads] takes row index_map[s] of the request (negative: padding, written as +0.0; at
+ * or past the request's num_rows: NaN, counted in *bad_index_count). */
+struct engram_gpu_dequant {
+  size_t size;               /* sizeof(struct engram_gpu_dequant) */
+  const int32_t* index_map;  /* device pointer, tokens x heads entries */
+  uint32_t tokens;
+  uint32_t heads;
+  void* out;                 /* device pointer: bf16 [tokens, heads, 256], 16-byte aligned */
+  uint32_t* bad_index_count; /* device pointer, or NULL */
+};
+
+/* Rows per piece when engram_gpu_queue_gather_dequant is given piece_rows 0: 8 pieces for a
+ * 1,152-row step of two layers, one per request thread of a 16-core host (docs/gpu.md). */
+#define ENGRAM_GPU_PIECE_ROWS_DEFAULT 144u
+
+/* engram_gpu_queue_gather and the dequantisation of every request's rows in one pipelined
+ * step. Each request is published as pieces of at most piece_rows rows (a multiple of 16; 0:
+ * ENGRAM_GPU_PIECE_ROWS_DEFAULT, or more where the pieces would not fit the limit below), which
+ * the daemon serves side by side on its request threads; one kernel then waits for the pieces
+ * and dequantises each slot (dequants[i] for requests[i]) as soon as the piece holding its row
+ * has landed, so the first rows are converted while the rest are still being gathered, and
+ * nothing is launched between the last row landing and the output. Every piece is awaited
+ * before the kernel ends, whether or not a slot reads it. The pieces of one call must fit the
+ * session's slots and 32 entries (connect with 32 slots); each destination must be 128-byte
+ * aligned (engram_alloc's are) and the data region registered, since the kernel reads the rows
+ * there. Failures are recorded in the error word exactly as engram_gpu_queue_gather records
+ * them; a failed step's outputs are not valid (a step skipped because the word was already set
+ * writes none). Capturable. Returns 0, -EINVAL or -EIO. */
+int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
+                                    const struct engram_gpu_request* requests,
+                                    const struct engram_gpu_dequant* dequants, uint32_t n,
+                                    uint32_t piece_rows, uintptr_t stream);
 
 /* The queue's error word, in pinned host memory: 0 while every step so far succeeded, else the
  * status code of the first failure (DEADLINE_EXCEEDED for a timeout, UNAVAILABLE when the daemon

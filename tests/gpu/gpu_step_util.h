@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engram/engram.h"
@@ -96,7 +97,8 @@ struct DeviceSession {
   uint64_t* ids[2] = {};
   uint8_t* rows[2] = {};
   DeviceSession(const Daemon& daemon, uint32_t step_rows, uint64_t timeout_ns) {
-    engram_connect_options o = daemon.Options(16 << 20, 8);
+    // 32 slots: the pieces of a fused step at its smallest piece size take up to 32.
+    engram_connect_options o = daemon.Options(16 << 20, 32);
     o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
     INFO(engram_last_error());
     REQUIRE(engram_connect(&o, &session) == 0);
@@ -125,21 +127,41 @@ struct DeviceSession {
   }
 };
 
+// How the captured step waits and dequantises.
+struct StepOptions {
+  // engram_gpu_queue_gather_dequant (one pipelined kernel) instead of engram_gpu_queue_gather
+  // followed by one engram_dequant_scatter per layer.
+  bool fused = false;
+  uint32_t piece_rows = 0;   // fused: rows per piece (0: the library's default)
+  std::vector<int32_t> map;  // slot -> row of the layer's rows; empty: the identity
+};
+
+// The identity map of `n` slots, or options.map.
+inline std::vector<int32_t> StepMap(const StepOptions& options, uint32_t n) {
+  if (!options.map.empty()) return options.map;
+  std::vector<int32_t> identity(n);
+  for (uint32_t i = 0; i < n; ++i) identity[i] = static_cast<int32_t>(i);
+  return identity;
+}
+
 // The captured step: hash both layers into the arena, gather them, dequantise them.
 struct CapturedStep {
   cudaStream_t stream{};
   cudaGraphExec_t exec{};
-  DeviceBuffer map, out[2];
-  CapturedStep(const Hashers& h, const StepInputs& in, const DeviceSession& ds)
+  DeviceBuffer map, out[2], bad{4};  // bad: slots whose index was out of range, both layers
+  CapturedStep(const Hashers& h, const StepInputs& in, const DeviceSession& ds,
+               const StepOptions& options = {})
       : map(kTokens * h.heads() * 4),
         out{DeviceBuffer(kTokens * h.heads() * 256 * 2),
             DeviceBuffer(kTokens * h.heads() * 256 * 2)} {
     const uint32_t step_rows = kTokens * h.heads();
-    std::vector<int32_t> identity(step_rows);
-    for (uint32_t i = 0; i < step_rows; ++i) identity[i] = static_cast<int32_t>(i);
-    CUDA_REQUIRE(cudaMemcpy(map.get(), identity.data(), step_rows * 4, cudaMemcpyHostToDevice));
+    const std::vector<int32_t> slots = StepMap(options, step_rows);
+    REQUIRE(slots.size() == step_rows);
+    CUDA_REQUIRE(cudaMemcpy(map.get(), slots.data(), step_rows * 4, cudaMemcpyHostToDevice));
+    CUDA_REQUIRE(cudaMemset(bad.get(), 0, 4));
     CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     engram_gpu_request reqs[2];
+    engram_gpu_dequant dequants[2];
     cudaGraph_t graph;
     CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     int rc = 0;
@@ -147,14 +169,20 @@ struct CapturedStep {
       const engram_gpu_hash_args a = in.HashArgs(h, kLayerIds[l], ds.dev<uint64_t>(ds.ids[l]));
       rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
       reqs[l] = {sizeof(engram_gpu_request), kLayerIds[l], 0, ds.ids[l], step_rows, ds.rows[l]};
+      dequants[l] = {
+          sizeof(engram_gpu_dequant), map.get<int32_t>(), kTokens, h.heads(), out[l].get(),
+          bad.get<uint32_t>()};
     }
-    if (rc == 0) {
+    if (rc == 0 && options.fused) {
+      rc = engram_gpu_queue_gather_dequant(ds.queue, reqs, dequants, 2, options.piece_rows,
+                                           reinterpret_cast<uintptr_t>(stream));
+    } else if (rc == 0) {
       rc = engram_gpu_queue_gather(ds.queue, reqs, 2, reinterpret_cast<uintptr_t>(stream));
-    }
-    for (int l = 0; l < 2 && rc == 0; ++l) {
-      rc = engram_dequant_scatter(ds.dev<void>(ds.rows[l]), step_rows, map.get<int32_t>(), kTokens,
-                                  h.heads(), out[l].get(), nullptr, 0, nullptr,
-                                  reinterpret_cast<uintptr_t>(stream));
+      for (int l = 0; l < 2 && rc == 0; ++l) {
+        rc = engram_dequant_scatter(ds.dev<void>(ds.rows[l]), step_rows, map.get<int32_t>(),
+                                    kTokens, h.heads(), out[l].get(), nullptr, 0,
+                                    bad.get<uint32_t>(), reinterpret_cast<uintptr_t>(stream));
+      }
     }
     CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
     INFO(engram_kernels_last_error());
@@ -168,11 +196,17 @@ struct CapturedStep {
   }
   void Replay() { CUDA_REQUIRE(cudaGraphLaunch(exec, stream)); }
   void Sync() { CUDA_REQUIRE(cudaStreamSynchronize(stream)); }
+  uint32_t BadIndices() const {
+    uint32_t n = 0;
+    CUDA_REQUIRE(cudaMemcpy(&n, bad.get(), 4, cudaMemcpyDeviceToHost));
+    return n;
+  }
 };
 
 // The host path for the same step and layer: hash, gather through a host session, dequantise.
 inline std::vector<uint16_t> HostStep(const Hashers& h, engram_session* host, uint64_t* ids,
-                                      uint8_t* rows, const StepInputs& in, uint32_t layer) {
+                                      uint8_t* rows, const StepInputs& in, uint32_t layer,
+                                      const StepOptions& options = {}) {
   std::vector<engram_hash_seq> seqs;
   for (uint32_t s = 0; s < kSeqs; ++s) {
     seqs.push_back({sizeof(engram_hash_seq), in.tokens.data() + s * kPerSeq, kPerSeq,
@@ -189,10 +223,8 @@ inline std::vector<uint16_t> HostStep(const Hashers& h, engram_session* host, ui
   r.dest = rows;
   INFO(engram_last_error());
   REQUIRE(engram_gather(host, &r, -1) == 0);
-  std::vector<int32_t> identity(n);
-  for (uint32_t i = 0; i < n; ++i) identity[i] = static_cast<int32_t>(i);
   std::vector<uint16_t> out(n * 256);
-  REQUIRE(DequantScatter({rows, n * kRowBytes}, n, identity, out) == 0);
+  DequantScatter({rows, n * kRowBytes}, n, StepMap(options, n), out);
   return out;
 }
 
@@ -219,7 +251,8 @@ struct ResidentTables {
         rc = engram_map_table(s, kLayerIds[l], &map[l]);
         if (rc == -EAGAIN) usleep(10'000);
       }
-      INFO(engram_last_error());
+      const std::string why = rc == 0 ? "" : engram_last_error();
+      INFO("engram_map_table(layer " << kLayerIds[l] << ") = " << rc << ": " << why);
       REQUIRE(rc == 0);
       info[l].size = sizeof(info[l]);
       REQUIRE(engram_get_table_map_info(map[l], &info[l]) == 0);
