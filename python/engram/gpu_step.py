@@ -2,8 +2,9 @@
 
 The step's token ids live in static CUDA tensors that the engine's sampler writes; ``run()``
 queues, on the current stream, the GPU hash of every layer straight into the session's arena
-(include/engram/gpu_hash.h), a kernel that publishes the gather requests and one that waits
-for them (include/engram/gpu_submit.h), and the dequantisation into static bf16 outputs. Nothing
+(include/engram/gpu_hash.h), a kernel that publishes the gather requests in pieces and one that
+dequantises each piece into static bf16 outputs as soon as it lands
+(engram_gpu_queue_gather_dequant, include/engram/gpu_submit.h). Nothing
 on the host waits or calls into the daemon, so ``run()`` can be captured once in
 ``torch.cuda.graph`` and replayed every step::
 
@@ -61,6 +62,17 @@ class _Request(ctypes.Structure):
     ]
 
 
+class _Dequant(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("index_map", ctypes.c_void_p),
+        ("tokens", ctypes.c_uint32),
+        ("heads", ctypes.c_uint32),
+        ("out", ctypes.c_void_p),
+        ("bad_index_count", ctypes.c_void_p),
+    ]
+
+
 class _QueueOptions(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("timeout_ns", ctypes.c_uint64)]
 
@@ -74,8 +86,9 @@ _STEP_FUNCTIONS = {
                                                ctypes.POINTER(_QueueOptions),
                                                ctypes.POINTER(ctypes.c_void_p)]),
     "engram_gpu_queue_destroy": (ctypes.c_int, [ctypes.c_void_p]),
-    "engram_gpu_queue_gather": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_Request),
-                                               ctypes.c_uint32, ctypes.c_size_t]),
+    "engram_gpu_queue_gather_dequant": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_Request),
+                                                       ctypes.POINTER(_Dequant), ctypes.c_uint32,
+                                                       ctypes.c_uint32, ctypes.c_size_t]),
     "engram_gpu_queue_error": (ctypes.POINTER(ctypes.c_int32), [ctypes.c_void_p]),
 }
 
@@ -84,11 +97,13 @@ class GpuDecodeStep:
     """One captured-graph-ready decode step: ``seqs`` sequences of ``tokens_per_seq`` new
     tokens each (1 + speculative tokens), the heads of TP rank ``tp_rank`` of ``tp_size``, for
     every layer in ``layers``. The session connects with the device-submit flag, so its ring
-    belongs to the GPU; ``timeout`` bounds how long a step waits for the daemon."""
+    belongs to the GPU; ``timeout`` bounds how long a step waits for the daemon. Each layer's
+    rows go out in pieces of ``piece_rows`` (a multiple of 16; 0: the library's default), which
+    the daemon gathers side by side and the GPU dequantises as they land."""
 
     def __init__(self, hasher: Any, layers: Sequence[int], seqs: int, tokens_per_seq: int, *,
                  tp_size: int = 1, tp_rank: int = 0, socket: Optional[str] = None,
-                 timeout: float = 2.0):
+                 timeout: float = 2.0, piece_rows: int = 0):
         import torch
 
         self._kernels = Kernels("cuda")
@@ -96,6 +111,7 @@ class GpuDecodeStep:
         _lib._declare(lib, _STEP_FUNCTIONS, self._kernels.path)
         self._lib = lib
         self.layers = list(layers)
+        self.piece_rows = piece_rows
         self.head_begin, self.head_end = hasher.rank_heads(tp_size, tp_rank)
         self.heads = self.head_end - self.head_begin
         self.n_tokens = seqs * tokens_per_seq
@@ -113,7 +129,7 @@ class GpuDecodeStep:
         self._hash_errors = torch.zeros(1, dtype=torch.int32, device=dev)
         self._client = Client(socket, data_bytes=max(1 << 20, 2 * len(self.layers) * n *
                                                      (8 + _lib.row_bytes())),
-                              slots=max(8, len(self.layers)), device_submit=True)
+                              slots=32, device_submit=True)
         base, size = self._client.arena()
         self._reg = Registration(base, size)
         self._ids = {layer: self._client.alloc(n * 8) for layer in self.layers}
@@ -131,13 +147,15 @@ class GpuDecodeStep:
         self._error_word = lib.engram_gpu_queue_error(self._queue)
 
     def run(self, stream: Any = None) -> None:
-        """Queues the step on ``stream`` (default: torch's current stream): hash, submit,
-        wait, dequantise. Capturable; reads ``tokens`` and ``history`` when it runs."""
+        """Queues the step on ``stream`` (default: torch's current stream): hash, then submit,
+        wait and dequantise, pipelined. Capturable; reads ``tokens`` and ``history`` when it
+        runs."""
         import torch
 
         s = (stream or torch.cuda.current_stream()).cuda_stream
         lib = self._lib
         requests = (_Request * len(self.layers))()
+        dequants = (_Dequant * len(self.layers))()
         for i, layer in enumerate(self.layers):
             args = _HashArgs(ctypes.sizeof(_HashArgs), layer, 0, self.head_begin, self.head_end,
                              self.tokens.data_ptr(), self.n_tokens, self.n_seqs,
@@ -148,13 +166,12 @@ class GpuDecodeStep:
                            "engram_gpu_hash")
             requests[i] = _Request(ctypes.sizeof(_Request), layer, 0, self._ids[layer].address,
                                    self._rows_per_layer, self._rows[layer].address)
-        _kernels_check(lib, lib.engram_gpu_queue_gather(self._queue, requests, len(self.layers),
-                                                        s), "engram_gpu_queue_gather")
-        for layer in self.layers:
-            self._kernels.dequant_scatter(self._reg.device_ptr(self._rows[layer].address),
-                                          self._rows_per_layer, self._map.data_ptr(),
-                                          self.n_tokens, self.heads, self._out[layer].data_ptr(),
-                                          s)
+            dequants[i] = _Dequant(ctypes.sizeof(_Dequant), self._map.data_ptr(), self.n_tokens,
+                                   self.heads, self._out[layer].data_ptr(), None)
+        _kernels_check(lib, lib.engram_gpu_queue_gather_dequant(self._queue, requests, dequants,
+                                                                len(self.layers),
+                                                                self.piece_rows, s),
+                       "engram_gpu_queue_gather_dequant")
 
     def output(self, layer: int) -> Any:
         """The static bf16 [tokens, heads, 256] output of ``layer``, filled by each run()."""

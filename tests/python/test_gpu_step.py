@@ -21,12 +21,15 @@ def _host_step(hasher, tokens, history, layer, tp):
                        tp_rank=tp[1])
 
 
-def test_captured_gpu_step_equals_host_path(hash_daemon, hash_model, hash_tables, hasher):
+# The library's default pieces, and pieces of 48 rows (the step's rows in many small requests).
+@pytest.mark.parametrize("piece_rows", [0, 48])
+def test_captured_gpu_step_equals_host_path(hash_daemon, hash_model, hash_tables, hasher,
+                                            piece_rows):
     _, _, _, vocab_size = hash_model
     rng = np.random.default_rng(7)
     tp = (4, 1)
     with engram.GpuDecodeStep(hasher, [1, 14], SEQS, PER_SEQ, tp_size=tp[0], tp_rank=tp[1],
-                              socket=hash_daemon.socket) as step:
+                              socket=hash_daemon.socket, piece_rows=piece_rows) as step:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step.run()
