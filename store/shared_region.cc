@@ -59,7 +59,9 @@ absl::StatusOr<SharedRegion> SharedRegion::Create(const std::string& name, uint6
     } else {
       region.huge_page_notice_ =
           absl::StrCat(name, ": no 2 MiB huge pages for ", bytes, " bytes (", std::strerror(err),
-                       "; reserve them with vm.nr_hugepages); using 4 KiB pages");
+                       "; allow them with vm.nr_overcommit_hugepages, as the package's "
+                       "sysctl.d/60-engramd.conf does, or reserve them with vm.nr_hugepages); "
+                       "using 4 KiB pages");
     }
   }
   if (!region.huge_pages_) {

@@ -18,8 +18,9 @@
 namespace engram {
 
 struct SharedRegionOptions {
-  // Try MFD_HUGETLB (2 MiB pages from vm.nr_hugepages) first; fall back to normal pages (with
-  // a notice in huge_page_notice()) when none are reserved or the kernel refuses.
+  // Try MFD_HUGETLB (2 MiB pages: reserved in vm.nr_hugepages, or surplus ones up to
+  // vm.nr_overcommit_hugepages) first; fall back to normal pages (with a notice in
+  // huge_page_notice()) when there are none to have or the kernel refuses.
   bool huge_pages = false;
 };
 

@@ -310,7 +310,7 @@ const std::vector<Setting>& Settings() {
        "Do not shrink the row cache under memory pressure (PSI)", Kind::kBool,
        [](S* s) -> void* { return &s->store.pressure; }},
       {"memory.huge_pages", "--no-huge-pages",
-       "Do not put resident tables on 2 MiB pages even where vm.nr_hugepages reserves them",
+       "Do not put resident tables on 2 MiB pages even where the kernel has them to give",
        Kind::kBool, [](S* s) -> void* { return &s->store.huge_pages; }},
       {"memory.load_at_start", "--no-load-at-start",
        "Do not load resident tables at start; `engramctl load` does (storage serves until then)",

@@ -24,9 +24,13 @@ done
 work=$(mktemp -d /tmp/engramd-deb-test-XXXXXX)
 pid=
 installed=0
+# The package's sysctl drop-in is applied at install; the machine gets its own value back.
+overcommit=/proc/sys/vm/nr_overcommit_hugepages
+overcommit_before=$(cat "$overcommit")
 cleanup() {
   [[ -n $pid ]] && kill -9 "$pid" 2>/dev/null
   ((installed)) && DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${packages[@]}" >/dev/null 2>&1
+  [[ -w $overcommit ]] && echo "$overcommit_before" >"$overcommit" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -47,10 +51,20 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$
   >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "apt-get install failed"; }
 for f in /usr/sbin/engramd /usr/bin/engramctl /lib/systemd/system/engramd.service \
   /lib/systemd/system/engramd.socket /usr/lib/sysusers.d/engramd.conf \
-  /usr/lib/tmpfiles.d/engramd.conf /etc/engramd/engramd.toml /usr/include/engram/engram.h; do
+  /usr/lib/tmpfiles.d/engramd.conf /usr/lib/sysctl.d/60-engramd.conf /etc/engramd/engramd.toml \
+  /usr/include/engram/engram.h; do
   [[ -e $f ]] || fail "$f was not installed"
 done
 getent passwd engram >/dev/null || fail "the engram user was not created (sysusers)"
+want=$(sed -n 's/^vm.nr_overcommit_hugepages = //p' /usr/lib/sysctl.d/60-engramd.conf)
+[[ -n $want ]] || fail "60-engramd.conf sets no vm.nr_overcommit_hugepages"
+# Where this machine lets root write vm settings, the postinst must have applied it.
+if echo "$overcommit_before" >"$overcommit" 2>/dev/null; then
+  DEBIAN_FRONTEND=noninteractive dpkg-reconfigure engramd >/dev/null 2>&1 ||
+    fail "dpkg-reconfigure engramd failed"
+  [[ $(cat "$overcommit") == "$want" ]] ||
+    fail "vm.nr_overcommit_hugepages is $(cat "$overcommit") after the postinst, not $want"
+fi
 
 step "systemd-analyze verify on the installed units"
 if command -v systemd-analyze >/dev/null; then
