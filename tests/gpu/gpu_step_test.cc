@@ -25,9 +25,10 @@ using testing::DeviceBuffer;
 using testing::DeviceSession;
 using testing::Download;
 using testing::Hashers;
-using testing::HostStep;
+using testing::HostPath;
 using testing::kLayerIds;
 using testing::kTokens;
+using testing::ReplayChecked;
 using testing::StepInputs;
 using testing::StepOptions;
 
@@ -56,15 +57,8 @@ TEST_CASE("a captured GPU step (hash, submit, wait, dequantise) replays bit-exac
   StepInputs in;
   DeviceSession ds(daemon, kTokens * h.heads(), 2'000'000'000);
   CapturedStep step(h, in, ds);
-
-  engram_connect_options o = daemon.Options(16 << 20);
-  engram_session* host = nullptr;
-  REQUIRE(engram_connect(&o, &host) == 0);
-  uint64_t* ids = nullptr;
-  uint8_t* rows = nullptr;
   const uint32_t n = kTokens * h.heads();
-  REQUIRE(engram_alloc(host, n * 8, reinterpret_cast<void**>(&ids)) == 0);
-  REQUIRE(engram_alloc(host, n * kRowBytes, reinterpret_cast<void**>(&rows)) == 0);
+  const HostPath host(daemon, n);
 
   // Host submissions on a device session are refused rather than racing the GPU on the ring.
   uint64_t ticket = 0;
@@ -73,16 +67,7 @@ TEST_CASE("a captured GPU step (hash, submit, wait, dequantise) replays bit-exac
   const char* env = std::getenv("ENGRAM_GPU_STEP_REPLAYS");
   const int replays = env != nullptr ? std::atoi(env) : 10000;
   std::mt19937_64 rng(1130);
-  for (int i = 0; i < replays; ++i) {
-    in.Randomise(rng);
-    step.Replay();
-    step.Sync();
-    INFO("replay " << i);
-    REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
-    for (int l = 0; l < 2; ++l) {
-      REQUIRE(Download(step.out[l]) == HostStep(h, host, ids, rows, in, kLayerIds[l]));
-    }
-  }
+  ReplayChecked(step, in, h, ds, host, rng, replays);
   uint64_t steps = 0;
   ENGRAM_REQUIRE(engram_gpu_queue_steps(ds.queue, &steps));
   CHECK(steps == static_cast<uint64_t>(replays));
@@ -100,7 +85,6 @@ TEST_CASE("a captured GPU step (hash, submit, wait, dequantise) replays bit-exac
   CUDA_REQUIRE(cudaEventElapsedTime(&ms, t0, t1));
   WARN("captured step, 2 layers x " << n << " rows: " << ms << " us per step (1,000 replays)");
   CHECK(*engram_gpu_queue_error(ds.queue) == 0);
-  engram_close(host);
 }
 
 TEST_CASE("a fused, pipelined GPU step replays bit-exact for every piece size") {
@@ -110,13 +94,7 @@ TEST_CASE("a fused, pipelined GPU step replays bit-exact for every piece size") 
   StepInputs in;
   const uint32_t n = kTokens * h.heads();
   DeviceSession ds(daemon, n, 2'000'000'000);
-  engram_connect_options o = daemon.Options(16 << 20);
-  engram_session* host = nullptr;
-  REQUIRE(engram_connect(&o, &host) == 0);
-  uint64_t* ids = nullptr;
-  uint8_t* rows = nullptr;
-  REQUIRE(engram_alloc(host, n * 8, reinterpret_cast<void**>(&ids)) == 0);
-  REQUIRE(engram_alloc(host, n * kRowBytes, reinterpret_cast<void**>(&rows)) == 0);
+  const HostPath host(daemon, n);
 
   const char* env = std::getenv("ENGRAM_GPU_STEP_REPLAYS");
   const int replays = env != nullptr ? std::atoi(env) / 5 : 2000;
@@ -131,23 +109,13 @@ TEST_CASE("a fused, pipelined GPU step replays bit-exact for every piece size") 
   for (const StepOptions& options : cases) {
     CapturedStep step(h, in, ds, options);
     INFO("piece rows " << options.piece_rows << (options.map.empty() ? "" : ", scrambled map"));
-    for (int i = 0; i < replays; ++i) {
-      in.Randomise(rng);
-      step.Replay();
-      step.Sync();
-      INFO("replay " << i);
-      REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
-      for (int l = 0; l < 2; ++l) {
-        REQUIRE(Download(step.out[l]) == HostStep(h, host, ids, rows, in, kLayerIds[l], options));
-      }
-    }
+    ReplayChecked(step, in, h, ds, host, rng, replays, options);
     CHECK(step.BadIndices() == (options.map.empty() ? 0 : 2u * bad_per_layer * replays));
     uint64_t steps = 0;
     ENGRAM_REQUIRE(engram_gpu_queue_steps(ds.queue, &steps));
     CHECK(steps - steps_before == static_cast<uint64_t>(replays));
     steps_before = steps;
   }
-  engram_close(host);
 }
 
 TEST_CASE("engram_gpu_queue_gather_dequant refuses what it cannot pipeline, naming it") {
@@ -205,8 +173,8 @@ TEST_CASE("engram_gpu_queue_gather_dequant refuses what it cannot pipeline, nami
   DeviceBuffer big_map(kRows * 4), big_out(kRows * 512);
   CUDA_REQUIRE(cudaMemcpy(big_map.get(), identity.data(), kRows * 4, cudaMemcpyHostToDevice));
   const engram_gpu_request big = {sizeof(engram_gpu_request), kLayerIds[0], 0, ids, kRows, rows};
-  const engram_gpu_dequant big_d = {sizeof(engram_gpu_dequant), big_map.get<int32_t>(), kRows, 1,
-                                    big_out.get(), nullptr};
+  const engram_gpu_dequant big_d = {
+      sizeof(engram_gpu_dequant), big_map.get<int32_t>(), kRows, 1, big_out.get(), nullptr};
   refused(big, big_d, ENGRAM_GPU_PIECE_ROWS_DEFAULT, "at most 32 pieces");
   ENGRAM_REQUIRE(engram_gpu_queue_gather_dequant(ds.queue, &big, &big_d, 1, 0, s));
   CUDA_REQUIRE(cudaStreamSynchronize(stream));
@@ -223,15 +191,9 @@ TEST_CASE("a captured step reads resident tables in place, bit-exact, with no re
   REQUIRE(daemon.alive());
   Hashers h;
   StepInputs in;
-  engram_connect_options o = daemon.Options(16 << 20);
-  engram_session* host = nullptr;
-  REQUIRE(engram_connect(&o, &host) == 0);
   const uint32_t n = kTokens * h.heads();
-  uint64_t* ids = nullptr;
-  uint8_t* rows = nullptr;
-  REQUIRE(engram_alloc(host, n * 8, reinterpret_cast<void**>(&ids)) == 0);
-  REQUIRE(engram_alloc(host, n * kRowBytes, reinterpret_cast<void**>(&rows)) == 0);
-  testing::ResidentTables resident(host);
+  const HostPath host(daemon, n);
+  testing::ResidentTables resident(host.session);
   DeviceBuffer ids_d[2] = {DeviceBuffer(n * 8), DeviceBuffer(n * 8)};
   DeviceBuffer out[2] = {DeviceBuffer(n * 512), DeviceBuffer(n * 512)};
   cudaStream_t stream;
@@ -244,12 +206,11 @@ TEST_CASE("a captured step reads resident tables in place, bit-exact, with no re
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     INFO("replay " << replay);
     for (int l = 0; l < 2; ++l) {
-      REQUIRE(Download(out[l]) == HostStep(h, host, ids, rows, in, kLayerIds[l]));
+      REQUIRE(Download(out[l]) == host.Step(h, in, kLayerIds[l]));
     }
   }
   cudaGraphExecDestroy(exec);
   cudaStreamDestroy(stream);
-  engram_close(host);
 }
 
 TEST_CASE("a GPU step whose daemon is gone fails within its deadline and says so") {

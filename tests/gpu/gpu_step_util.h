@@ -203,35 +203,67 @@ struct CapturedStep {
   }
 };
 
-// The host path for the same step and layer: hash, gather through a host session, dequantise.
-inline std::vector<uint16_t> HostStep(const Hashers& h, engram_session* host, uint64_t* ids,
-                                      uint8_t* rows, const StepInputs& in, uint32_t layer,
-                                      const StepOptions& options = {}) {
-  std::vector<engram_hash_seq> seqs;
-  for (uint32_t s = 0; s < kSeqs; ++s) {
-    seqs.push_back({sizeof(engram_hash_seq), in.tokens.data() + s * kPerSeq, kPerSeq,
-                    in.history.data() + s * kHistory, kHistory});
+// The host path for the same step: hash, gather through a host session, dequantise.
+struct HostPath {
+  engram_session* session = nullptr;
+  uint64_t* ids = nullptr;
+  uint8_t* rows = nullptr;
+  HostPath(const Daemon& daemon, uint32_t step_rows) {
+    engram_connect_options o = daemon.Options(16 << 20);
+    REQUIRE(engram_connect(&o, &session) == 0);
+    REQUIRE(engram_alloc(session, step_rows * 8, reinterpret_cast<void**>(&ids)) == 0);
+    REQUIRE(engram_alloc(session, step_rows * kRowBytes, reinterpret_cast<void**>(&rows)) == 0);
   }
-  const uint32_t n = kTokens * h.heads();
-  REQUIRE(engram_hash(h.host, layer, seqs.data(), kSeqs, h.head_begin, h.head_end,
-                      ENGRAM_HASH_COMPRESSED_IDS, ids, n) == 0);
-  engram_gather_request r{};
-  r.size = sizeof(r);
-  r.table = layer;
-  r.rows = ids;
-  r.num_rows = n;
-  r.dest = rows;
-  INFO(engram_last_error());
-  REQUIRE(engram_gather(host, &r, -1) == 0);
-  std::vector<uint16_t> out(n * 256);
-  DequantScatter({rows, n * kRowBytes}, n, StepMap(options, n), out);
-  return out;
-}
+  ~HostPath() { engram_close(session); }
+  HostPath(const HostPath&) = delete;
+  HostPath& operator=(const HostPath&) = delete;
+
+  // Layer `layer`'s output for the step's inputs, through `options`' index map.
+  std::vector<uint16_t> Step(const Hashers& h, const StepInputs& in, uint32_t layer,
+                             const StepOptions& options = {}) const {
+    std::vector<engram_hash_seq> seqs;
+    for (uint32_t s = 0; s < kSeqs; ++s) {
+      seqs.push_back({sizeof(engram_hash_seq), in.tokens.data() + s * kPerSeq, kPerSeq,
+                      in.history.data() + s * kHistory, kHistory});
+    }
+    const uint32_t n = kTokens * h.heads();
+    REQUIRE(engram_hash(h.host, layer, seqs.data(), kSeqs, h.head_begin, h.head_end,
+                        ENGRAM_HASH_COMPRESSED_IDS, ids, n) == 0);
+    engram_gather_request r{};
+    r.size = sizeof(r);
+    r.table = layer;
+    r.rows = ids;
+    r.num_rows = n;
+    r.dest = rows;
+    INFO(engram_last_error());
+    REQUIRE(engram_gather(session, &r, -1) == 0);
+    std::vector<uint16_t> out(n * 256);
+    DequantScatter({rows, n * kRowBytes}, n, StepMap(options, n), out);
+    return out;
+  }
+};
 
 inline std::vector<uint16_t> Download(const DeviceBuffer& b) {
   std::vector<uint16_t> v(b.bytes() / 2);
   CUDA_REQUIRE(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
   return v;
+}
+
+// Replays `step` `replays` times with random tokens from `rng`, each replay's two layers bit for
+// bit against the host path.
+inline void ReplayChecked(CapturedStep& step, StepInputs& in, const Hashers& h,
+                          const DeviceSession& ds, const HostPath& host, std::mt19937_64& rng,
+                          int replays, const StepOptions& options = {}) {
+  for (int i = 0; i < replays; ++i) {
+    in.Randomise(rng);
+    step.Replay();
+    step.Sync();
+    INFO("replay " << i);
+    REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
+    for (int l = 0; l < 2; ++l) {
+      REQUIRE(Download(step.out[l]) == host.Step(h, in, kLayerIds[l], options));
+    }
+  }
 }
 
 }  // namespace engram::testing
