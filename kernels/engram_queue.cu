@@ -217,20 +217,26 @@ __device__ void PollPieces(const DeviceRing& ring, QueueState* state, uint32_t p
   }
 }
 
-// A dequantising block's wait for piece p: the flag block 0 sets, until the step is abandoned
-// or the deadline passes (block 0 then records why). True once the piece's rows are visible.
+// A dequantising block's wait for piece p: the flag block 0 sets, until block 0 abandons the
+// step (and records why) or the deadline passes (recorded here too, so that a step whose block
+// 0 ran late cannot end unflagged). True once the piece's rows are visible.
 // The blocks never look at host memory themselves: reads of one host cache line by every block
 // at once are served one after another, and such a burst (tried as a fallback look at the
-// status slot every 50 us) held up the link for ~70 us each time. The grid's blocks are all
-// resident for a decode step, and block 0 is dispatched first, so its poll is running.
-__device__ bool AwaitPiece(const QueueState* state, uint32_t piece, uint64_t step,
+// status slot every 50 us) held up the link for ~70 us each time. A decode step's grid is
+// resident at once and blocks are dispatched in index order, so block 0's poll is running; if
+// it were not, every block would still give up at the deadline.
+__device__ bool AwaitPiece(QueueState* state, uint32_t piece, uint64_t step,
                            uint64_t timeout_ns) {
   const uint64_t expected = Ticket(step, piece);
   const uint64_t start = ENGRAM_GPU_NOW_NS();
   const volatile uint64_t* ready = &state->ready[piece];
   const volatile uint64_t* abandoned = &state->abandoned;
   while (*ready != expected) {
-    if (*abandoned == Ticket(step, 0) || ENGRAM_GPU_NOW_NS() - start > timeout_ns) return false;
+    if (*abandoned == Ticket(step, 0)) return false;
+    if (ENGRAM_GPU_NOW_NS() - start > timeout_ns) {
+      atomicCAS(&state->failure, 0, ENGRAM_STATUS_DEADLINE_EXCEEDED);
+      return false;
+    }
     ENGRAM_GPU_PAUSE_SHORT();
   }
   // Acquire at device scope: block 0 set the flag after its own system-scope acquire of the
@@ -244,8 +250,9 @@ __device__ bool AwaitPiece(const QueueState* state, uint32_t piece, uint64_t ste
 // dequantises them, one warp per slot: the barrier hands warp 0's acquire to the other warps.
 // While the error word is set (nothing was published), nothing is awaited or written. The
 // last block to finish records the step's failure in *error and advances the step; until then
-// every block reads the same state->step. (Publishing from block 0 of this kernel instead of
-// a kernel of its own was measured: the requests reached the daemon ~150 us later.)
+// every block reads the same state->step. (A version that published from block 0 of this
+// kernel, saving the submit kernel's launch, had the requests reach the daemon ~150 us later;
+// its other blocks also looked at host memory then, and it has not been measured without.)
 __global__ void __launch_bounds__(kFusedThreads)
     WaitDequantKernel(DeviceRing ring, QueueState* state, uint32_t pieces, DeviceDequants dq,
                       uint64_t timeout_ns, volatile int32_t* error) {
