@@ -1,5 +1,5 @@
 // A decode step's Engram lookups (one TP4 rank: 16 sequences x 6 tokens, heads [6, 12), both
-// layers, 1,152 rows) three ways, side by side against one engramd:
+// layers, 1,152 rows) several ways, side by side against one engramd:
 //   host gather  the rows' round trip alone: host-hashed ids, engram_submit x2, engram_wait x2;
 //   host step    what an engine does today: hash on the host, submit, make the stream wait on
 //                the completion counter, dequantise on the GPU, synchronise;
@@ -9,14 +9,14 @@
 //                pieces of P rows and one kernel dequantises every piece as it lands (P = the
 //                default, 48, 96, 288 and a whole layer), against the host gather of the same
 //                pieces;
-//   (and the host step again, watched from the host: when its rows are in the arena, and how
-//    long the stream takes after that)
+//   (and the host step and every GPU step again, watched from the host: when the requests are
+//    published, when their rows are in the arena, and how long the stream takes after that)
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
 //                from each layer's resident table, mapped read-only from engramd
 //                (engram_map_table) and registered: no daemon request at all.
 // Prints p50/p99 wall time per step, the host thread's time per step, and the ratios; checks that
 // the two steps' outputs agree. Needs $ENGRAMD (the bundle's run.sh --bench sets it).
-// Usage: gpu_step_bench [--steps N]
+// Usage: [ENGRAM_BENCH_STEPS=N] gpu_step_bench   (N steps per method after 200 of warm-up; 2000)
 #include <cuda_runtime.h>
 
 #include <algorithm>
