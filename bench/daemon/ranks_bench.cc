@@ -97,6 +97,7 @@ struct Config {
   double zipf_s = 1.0;
   double miss = 0.05;
   uint32_t client_spin_us = 0;  // 0: the client library's adaptive default
+  uint32_t piece_rows = 144;    // the pieces method: rows per request
   std::vector<std::string> daemon_args;
   bool smoke = false;
 };
@@ -178,10 +179,12 @@ class StepGatherer {
 };
 
 // Through engramd; with `in_place`, each layer's rows by engram_gather with
-// ENGRAM_GATHER_IN_PLACE (copied in the rank's process where the table is resident).
+// ENGRAM_GATHER_IN_PLACE (copied in the rank's process where the table is resident); with
+// `piece_rows`, each layer's rows as requests of at most that many rows, all in flight at once.
 class DaemonGatherer final : public StepGatherer {
  public:
-  explicit DaemonGatherer(bool in_place) : in_place_(in_place) {}
+  DaemonGatherer(bool in_place, uint32_t piece_rows)
+      : in_place_(in_place), piece_rows_(piece_rows) {}
   bool Connect(const std::string& sock, uint64_t cap, const char* name, uint32_t spin_us) {
     engram_connect_options o;
     engram_connect_options_init(&o, sizeof(o));
@@ -211,22 +214,30 @@ class DaemonGatherer final : public StepGatherer {
   uint8_t* dest(int l) override { return dest_[l]; }
   bool Gather(const size_t n[2]) override {
     if (in_place_) return GatherEach(n);
-    uint64_t tickets[2];
-    int submitted = 0;
+    tickets_.clear();
+    size_t waited = 0;
     for (int l = 0; l < 2; ++l) {
-      if (n[l] == 0) continue;
-      engram_gather_request r{.size = sizeof(r),
-                              .table = kLayers[l],
-                              .flags = 0,
-                              .rows = ids_[l],
-                              .num_rows = n[l],
-                              .dest = dest_[l],
-                              .dest_offsets = nullptr};
-      if (engram_submit(s_, &r, &tickets[submitted]) != 0) return Fail("submit");
-      ++submitted;
+      const size_t piece = piece_rows_ > 0 ? piece_rows_ : std::max<size_t>(n[l], 1);
+      for (size_t first = 0; first < n[l]; first += piece) {
+        engram_gather_request r{.size = sizeof(r),
+                                .table = kLayers[l],
+                                .flags = 0,
+                                .rows = ids_[l] + first,
+                                .num_rows = std::min(piece, n[l] - first),
+                                .dest = dest_[l] + first * kRowBytes,
+                                .dest_offsets = nullptr};
+        uint64_t ticket = 0;
+        int rc;
+        // Every slot in flight: the oldest request finishes first.
+        while ((rc = engram_submit(s_, &r, &ticket)) == -ENOSPC && waited < tickets_.size()) {
+          if (engram_wait(s_, tickets_[waited++], -1) != 0) return Fail("wait");
+        }
+        if (rc != 0) return Fail("submit");
+        tickets_.push_back(ticket);
+      }
     }
-    for (int i = 0; i < submitted; ++i) {
-      if (engram_wait(s_, tickets[i], -1) != 0) return Fail("wait");
+    for (; waited < tickets_.size(); ++waited) {
+      if (engram_wait(s_, tickets_[waited], -1) != 0) return Fail("wait");
     }
     return true;
   }
@@ -251,6 +262,8 @@ class DaemonGatherer final : public StepGatherer {
     return false;
   }
   bool in_place_;
+  uint32_t piece_rows_;
+  std::vector<uint64_t> tickets_;
   engram_session* s_ = nullptr;
   uint64_t* ids_[2] = {};
   uint8_t* dest_[2] = {};
@@ -361,10 +374,16 @@ void EvictRows(const Table& table, const uint64_t* rows, size_t n) {
   }
 }
 
+// The methods whose clients talk to engramd.
+bool ThroughDaemon(const std::string& method) {
+  return method == "daemon" || method == "inplace" || method == "pieces";
+}
+
 std::unique_ptr<StepGatherer> MakeGatherer(const Env& env, const std::string& method, uint64_t cap,
                                            const char* name) {
-  if (method == "daemon" || method == "inplace") {
-    auto d = std::make_unique<DaemonGatherer>(method == "inplace");
+  if (ThroughDaemon(method)) {
+    auto d = std::make_unique<DaemonGatherer>(method == "inplace",
+                                              method == "pieces" ? env.cfg->piece_rows : 0);
     d->Connect(env.sock, cap, name, env.cfg->client_spin_us);
     return d;
   }
@@ -457,7 +476,9 @@ int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
 // to back until every decode rank is done.
 int PrefillMain(const Env& env, const Case& c, const std::string& method, SharedResults* out) {
   const Config& cfg = *env.cfg;
-  auto g = MakeGatherer(env, method, kPrefillRows, "engram-ranks prefill");
+  // The antagonist is the same for every method through engramd: whole 98,304-row requests.
+  auto g = MakeGatherer(env, method == "pieces" ? "daemon" : method, kPrefillRows,
+                        "engram-ranks prefill");
   const int slot = c.ranks - 1;
   auto fail = [&](const std::string& why) {
     if (out->failures.fetch_add(1) == 0) {
@@ -574,7 +595,7 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
   r.rows_per_s = rows / (r.wall_ns / 1e9);
   uint64_t rank_cpu = 0;
   for (int i = 0; i < c.ranks; ++i) rank_cpu += out->cpu_ns[i];
-  if (method == "daemon" || method == "inplace") {
+  if (ThroughDaemon(method)) {
     r.server_cpu_us_per_row = daemon_cpu / 1e3 / rows;
     r.client_cpu_us_per_row = rank_cpu / 1e3 / rows;
   } else {
@@ -651,10 +672,13 @@ void PrintHeader(const Config& cfg, const std::vector<std::string>& args) {
   printf(
       "methods: daemon = engramd with its defaults and one client process per rank; inplace = "
       "the same clients' engram_gather with ENGRAM_GATHER_IN_PLACE, one layer after the other "
-      "(resident tables copied in the client, others gathered by engramd); mapped = "
+      "(resident tables copied in the client, others gathered by engramd); pieces = the same "
+      "clients, each layer's rows as requests of %u rows, all in flight together (the prefill "
+      "process as for daemon); mapped = "
       "the daemon's resident tables mapped into each rank process, rows copied there; engine = "
       "the gather engine (defaults) inside each rank process; uring = a plain io_uring loop "
-      "(one ring, one read per row part) inside each rank process\nengramd:");
+      "(one ring, one read per row part) inside each rank process\nengramd:",
+      cfg.piece_rows);
   for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
   printf("\n\n");
 }
@@ -681,7 +705,7 @@ void PrintCase(const Case& c, const std::string& method, const CaseResult& r, do
   }
   if (!r.ok) printf(" FAILED: %s", r.error.c_str());
   printf("\n");
-  if ((method == "daemon" || method == "inplace") && r.p99.size() > 1) {
+  if (ThroughDaemon(method) && r.p99.size() > 1) {
     printf("|   per rank p50/p99/p99.9 µs:");
     for (size_t i = 0; i < r.p99.size(); ++i) {
       printf(" %.0f/%.0f/%.0f", us(r.p50[i]), us(r.p99[i]), us(r.p999[i]));
@@ -798,9 +822,14 @@ int Run(Config& cfg) {
   }
   std::vector<std::string> methods = absl::StrSplit(cfg.methods_arg, ',', absl::SkipEmpty());
   for (const std::string& m : methods) {
-    if (m != "daemon" && m != "inplace" && m != "engine" && m != "uring" && m != "mapped") {
-      fprintf(stderr, "--methods: unknown method '%s' (daemon, inplace, mapped, engine, uring)\n",
+    if (!ThroughDaemon(m) && m != "engine" && m != "uring" && m != "mapped") {
+      fprintf(stderr,
+              "--methods: unknown method '%s' (daemon, inplace, pieces, mapped, engine, uring)\n",
               m.c_str());
+      return 2;
+    }
+    if (m == "pieces" && cfg.piece_rows == 0) {
+      fprintf(stderr, "--piece-rows must be positive for the pieces method\n");
       return 2;
     }
     if (m == "mapped" && cfg.tier != "resident") {
@@ -860,7 +889,7 @@ int Run(Config& cfg) {
     double ref_p99 = 0;
     env.seed = 17 + c.ranks;  // every method of a case gathers the same ids
     for (const std::string& m : methods) {
-      CaseResult r = RunCase(env, c, m, m == "daemon" || m == "inplace" ? daemon : -1);
+      CaseResult r = RunCase(env, c, m, ThroughDaemon(m) ? daemon : -1);
       failures += !r.ok;
       if (m == reference && !r.p99.empty()) {
         ref_p99 = *std::max_element(r.p99.begin(), r.p99.end());
@@ -910,8 +939,11 @@ int main(int argc, char** argv) {
                  "--daemon-arg=--cache-bytes=...)")
       ->capture_default_str();
   app.add_option("--methods", cfg.methods_arg,
-                 "daemon, inplace, mapped, engine, uring (default: daemon,engine,uring; with "
-                 "--tier resident daemon,inplace,mapped,engine)");
+                 "daemon, inplace, pieces, mapped, engine, uring (default: daemon,engine,uring; "
+                 "with --tier resident daemon,inplace,mapped,engine)");
+  app.add_option("--piece-rows", cfg.piece_rows,
+                 "the pieces method: rows per request (each layer's step in pieces)")
+      ->capture_default_str();
   app.add_option("--daemon-arg", cfg.daemon_args, "extra engramd argument (repeatable)");
   app.add_option("--client-spin-us", cfg.client_spin_us,
                  "how long a client spins for its completion before sleeping (0: the library's "
