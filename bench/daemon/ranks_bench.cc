@@ -833,7 +833,8 @@ int Run(Config& cfg) {
       return 2;
     }
     if (m == "mapped" && cfg.tier != "resident") {
-      fprintf(stderr, "--methods: 'mapped' reads the daemon's resident tables: add --tier resident\n");
+      fprintf(stderr,
+              "--methods: 'mapped' reads the daemon's resident tables: add --tier resident\n");
       return 2;
     }
   }
