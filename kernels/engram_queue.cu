@@ -14,6 +14,7 @@
 #include "kernels/dequant_device.h"
 #include "kernels/gpu_compat.h"
 #include "kernels/kernel_errors.h"
+#include "kernels/piece_plan.h"
 
 using engram::kernels::Fail;
 using engram::kernels::FailRuntime;
@@ -23,12 +24,8 @@ namespace {
 // Requests one engram_gpu_queue_gather call publishes; they travel as kernel parameters.
 constexpr uint32_t kMaxRequests = 32;
 constexpr uint64_t kDefaultTimeoutNs = 2'000'000'000;
-// Pieces of one destination start on 128-byte boundaries (16 rows of 264 bytes = 33 x 128), so
-// no cache line the fused kernel reads holds rows of two pieces, one of them not yet landed.
-constexpr uint32_t kPieceAlign = 128;
-constexpr uint32_t kPieceRowsMultiple = 16;
-static_assert(kPieceRowsMultiple * ENGRAM_ROW_BYTES % kPieceAlign == 0);
-static_assert(ENGRAM_GPU_PIECE_ROWS_DEFAULT % kPieceRowsMultiple == 0);
+using engram::kernels::kPieceAlign;
+using engram::kernels::kPieceRowsMultiple;
 
 // What a submission entry needs, fixed when the call is queued (offsets into the data region).
 struct DeviceRequest {
@@ -342,27 +339,6 @@ int DeviceAddresses(engram_session* session, const engram_gpu_registration* reg,
   return 0;
 }
 
-// ENGRAM_GPU_PIECE_ROWS_DEFAULT, or, where the call's requests would need more than
-// max_pieces pieces of it, the multiple of kPieceRowsMultiple that makes them fit (the
-// requests themselves are checked afterwards; a row count past the data region is refused
-// there).
-uint32_t DefaultPieceRows(const engram_gpu_request* requests, uint32_t n, uint32_t max_pieces) {
-  constexpr uint64_t kLargest = uint64_t{UINT32_MAX} / kPieceRowsMultiple * kPieceRowsMultiple;
-  uint64_t total = 0, longest = 0, pieces = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    const uint64_t rows = std::min<uint64_t>(requests[i].num_rows, kLargest);
-    total += rows;
-    longest = std::max(longest, rows);
-    pieces += (rows + ENGRAM_GPU_PIECE_ROWS_DEFAULT - 1) / ENGRAM_GPU_PIECE_ROWS_DEFAULT;
-  }
-  if (pieces <= max_pieces) return ENGRAM_GPU_PIECE_ROWS_DEFAULT;
-  // Each request's last piece may be short: with p >= total / (max_pieces - n), the pieces
-  // number at most total / p + n <= max_pieces.
-  uint64_t rows = max_pieces > n ? (total + max_pieces - n - 1) / (max_pieces - n) : longest;
-  rows = (rows + kPieceRowsMultiple - 1) / kPieceRowsMultiple * kPieceRowsMultiple;
-  return static_cast<uint32_t>(std::min(rows, kLargest));
-}
-
 // Checks request i of a call named `what` and returns its offsets in the data region.
 int CheckRequest(const engram_gpu_queue& q, const engram_gpu_request& r, uint32_t i,
                  const char* what, DeviceRequest* ret) {
@@ -520,7 +496,11 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
     return Fail(EINVAL, "%s: %u requests; at most %u per call", kWhat, n, kMaxRequests);
   }
   const uint32_t max_pieces = std::min(kMaxRequests, queue->ring.slots);
-  if (piece_rows == 0) piece_rows = DefaultPieceRows(requests, n, max_pieces);
+  if (piece_rows == 0) {
+    uint64_t rows[kMaxRequests];
+    for (uint32_t i = 0; i < n; ++i) rows[i] = requests[i].num_rows;
+    piece_rows = engram::kernels::DefaultPieceRows(rows, n, max_pieces);
+  }
   if (piece_rows % kPieceRowsMultiple != 0) {
     return Fail(EINVAL,
                 "%s: piece_rows %u is not a multiple of %u (every piece must start on a "
