@@ -200,6 +200,7 @@ absl::Status ResidentTable::Load(const std::atomic<bool>* cancel, const Progress
   if (absl::Status s = region_.Seal(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(table_.Describe(), ": ", s.message()));
   }
+  sealed_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 

@@ -61,7 +61,10 @@ class ResidentTable {
   RowRange covered() const { return table_.covered(); }
   // Rows [covered().begin, covered().begin + rows_loaded()) are readable.
   uint64_t rows_loaded() const { return rows_loaded_.load(std::memory_order_acquire); }
-  bool loaded() const { return rows_loaded() == covered().size(); }
+  // Every row is in and the memfd is sealed: only now may fd() be handed to a client, which
+  // refuses an unsealed one. (The last rows are readable here a little earlier, before the
+  // seal.)
+  bool loaded() const { return sealed_.load(std::memory_order_acquire); }
   // Bytes of memory held (the region, rounded to its pages); what was reserved from the budget.
   uint64_t bytes() const { return region_.size(); }
   bool huge_pages() const { return region_.huge_pages(); }
@@ -108,6 +111,7 @@ class ResidentTable {
   SharedRegion region_;
   uint64_t reserved_ = 0;
   std::atomic<uint64_t> rows_loaded_{0};
+  std::atomic<bool> sealed_{false};  // set once Load() sealed the region after the last row
   std::atomic<bool> loading_{false};
   bool direct_io_used_ = false;
   // Per file: an O_DIRECT fd when the filesystem takes it, else -1 (buffered through the table's).

@@ -287,6 +287,31 @@ TEST_CASE("a client maps a resident table read-only and gathers from it", "[stor
   CHECK(FirstBadRow(14, all.data(), 100, base) == -1);
 }
 
+TEST_CASE("a table mapped the moment its load ends comes sealed", "[store][map]") {
+  // The last rows land, then the memfd is sealed: a client asking in between must hear "still
+  // loading", never get the unsealed memfd (which it refuses). Each round races fresh loads.
+  for (int round = 0; round < 10; ++round) {
+    Daemon d({"--tier", "1=resident", "--tier", "14=resident"}, "map-race");
+    REQUIRE(d.alive());
+    engram_connect_options o = d.Options(1 << 20, 4);
+    engram_session* s = nullptr;
+    REQUIRE(engram_connect(&o, &s) == 0);
+    for (uint32_t layer : {1u, 14u}) {
+      engram_table_map* map = nullptr;
+      int rc = -EAGAIN;
+      for (int tries = 0; rc == -EAGAIN && tries < 20000; ++tries) {
+        rc = engram_map_table(s, layer, &map);
+        if (rc == -EAGAIN) usleep(200);
+      }
+      const std::string why = rc == 0 ? "" : engram_last_error();
+      INFO("round " << round << ", layer " << layer << ": " << rc << " " << why);
+      REQUIRE(rc == 0);
+      engram_unmap_table(map);
+    }
+    engram_close(s);
+  }
+}
+
 TEST_CASE("mapping a table that is not resident is refused naming why", "[store][map]") {
   const Daemon& d = StoreDaemon();
   engram_connect_options o = d.Options(1 << 20, 4);
