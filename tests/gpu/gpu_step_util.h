@@ -229,14 +229,11 @@ struct HostPath {
     const uint32_t n = kTokens * h.heads();
     REQUIRE(engram_hash(h.host, layer, seqs.data(), kSeqs, h.head_begin, h.head_end,
                         ENGRAM_HASH_COMPRESSED_IDS, ids, n) == 0);
-    engram_gather_request r{};
-    r.size = sizeof(r);
-    r.table = layer;
-    r.rows = ids;
-    r.num_rows = n;
-    r.dest = rows;
+    const engram_gather_request r{
+        .size = sizeof(r), .table = layer, .rows = ids, .num_rows = n, .dest = rows};
+    const int rc = engram_gather(session, &r, -1);
     INFO(engram_last_error());
-    REQUIRE(engram_gather(session, &r, -1) == 0);
+    REQUIRE(rc == 0);
     std::vector<uint16_t> out(n * 256);
     DequantScatter({rows, n * kRowBytes}, n, StepMap(options, n), out);
     return out;
