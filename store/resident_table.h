@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "protocol/prefetch.h"
 #include "store/memory_budget.h"
 #include "store/shared_region.h"
 #include "tables/table.h"
@@ -86,10 +87,7 @@ class ResidentTable {
   // and a gather that prefetches a few rows ahead overlaps their cache misses instead of
   // waiting for each in turn. No-op for a row CopyRow would refuse.
   void PrefetchRow(uint64_t row) const {
-    const uint64_t index = row - table_.covered().begin;
-    if (row < table_.covered().begin || index >= rows_loaded()) return;
-    const uint8_t* p = region_.data() + index * kRowBytes;
-    for (uint32_t line = 0; line < kRowBytes; line += 64) __builtin_prefetch(p + line);
+    if (const uint8_t* p = Row(row); p != nullptr) PrefetchLines(p, kRowBytes);
   }
   // The row in place (valid while this object lives), or null as for CopyRow.
   const uint8_t* Row(uint64_t row) const {

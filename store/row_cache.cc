@@ -5,6 +5,7 @@
 #include <bit>
 
 #include "absl/strings/str_cat.h"
+#include "protocol/prefetch.h"
 
 namespace engram {
 namespace {
@@ -99,8 +100,7 @@ void RowCacheReader::PrefetchSlot(uint32_t layer, uint64_t row) const {
   const uint64_t home = RowCacheHash(RowCacheKey(layer, row)) & bucket_mask_;
   const uint32_t b = buckets_[home].load(std::memory_order_relaxed);
   if (b == 0 || b > max_slots_) return;
-  const auto* p = reinterpret_cast<const uint8_t*>(&slots_[b - 1]);
-  for (size_t line = 0; line < sizeof(RowCacheSlot); line += 64) __builtin_prefetch(p + line);
+  PrefetchLines(&slots_[b - 1], sizeof(RowCacheSlot));
 }
 
 bool RowCache::Lookup(uint32_t layer, uint64_t row, uint8_t* dst, bool* ret_prefetch_used) {

@@ -8,13 +8,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "protocol/clock.h"
+#include "protocol/prefetch.h"
 
 namespace engram {
 namespace {
-
-// How many rows ahead a store gather prefetches (ResidentTable::PrefetchRow, the row cache's
-// buckets; its slots half as far).
-constexpr size_t kPrefetchAhead = 8;
 
 std::string Gib(uint64_t bytes) {
   if (bytes < (1ull << 30)) return absl::StrFormat("%.1f MiB", double(bytes) / (1 << 20));
@@ -312,17 +309,18 @@ absl::Status RowStore::Gather(const GatherBatch& batch) {
     uint8_t* dest = batch.dest + offset;
     bool hit;
     if (ts->tier == Tier::kResident) {
-      if (i + kPrefetchAhead < batch.rows.size()) {
-        ts->resident->PrefetchRow(batch.rows[i + kPrefetchAhead]);
+      if (i + kPrefetchRowsAhead < batch.rows.size()) {
+        ts->resident->PrefetchRow(batch.rows[i + kPrefetchRowsAhead]);
       }
       hit = ts->resident->CopyRow(batch.rows[i], dest);
     } else {
-      // Two stages ahead: the bucket line first, then (once it has arrived) the slot it names.
-      if (i + kPrefetchAhead < batch.rows.size()) {
-        cache_->reader().PrefetchBucket(layer, batch.rows[i + kPrefetchAhead]);
+      // Two stages ahead (protocol/prefetch.h): the bucket line first, then, half as far ahead
+      // (once it has arrived), the slot it names.
+      if (i + kPrefetchRowsAhead < batch.rows.size()) {
+        cache_->reader().PrefetchBucket(layer, batch.rows[i + kPrefetchRowsAhead]);
       }
-      if (i + kPrefetchAhead / 2 < batch.rows.size()) {
-        cache_->reader().PrefetchSlot(layer, batch.rows[i + kPrefetchAhead / 2]);
+      if (i + kPrefetchRowsAhead / 2 < batch.rows.size()) {
+        cache_->reader().PrefetchSlot(layer, batch.rows[i + kPrefetchRowsAhead / 2]);
       }
       bool used = false;
       hit = cache_->Lookup(layer, batch.rows[i], dest, &used);
