@@ -100,9 +100,11 @@ def expected_rows(tables):
 
 
 class Daemon:
-    def __init__(self, model_dir, socket_path, log_path, extra_args=()):
-        self.socket = str(socket_path)
-        self.log_path = log_path
+    """engramd serving `model_dir` on `folder`/engramd.sock, logging to `folder`/engramd.log."""
+
+    def __init__(self, model_dir, folder, extra_args=()):
+        self.socket = str(folder / "engramd.sock")
+        self.log_path = log_path = folder / "engramd.log"
         engramd = _find_program("engramd", "ENGRAMD", "daemon")
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(
@@ -148,7 +150,7 @@ def engramctl_json(daemon, command):
 @pytest.fixture(scope="session")
 def daemon(checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("engramd")
-    d = Daemon(checkpoint, folder / "engramd.sock", folder / "engramd.log")
+    d = Daemon(checkpoint, folder)
     yield d
     d.stop()
 
@@ -156,7 +158,7 @@ def daemon(checkpoint, tmp_path_factory):
 @pytest.fixture
 def private_daemon(checkpoint, tmp_path):
     """A daemon of the test's own, which the test may kill."""
-    d = Daemon(checkpoint, tmp_path / "engramd.sock", tmp_path / "engramd.log")
+    d = Daemon(checkpoint, tmp_path)
     yield d
     d.stop()
 

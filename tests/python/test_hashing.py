@@ -94,7 +94,7 @@ def hash_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hash_daemon(hash_model, tmp_path_factory):
     folder = tmp_path_factory.mktemp("hashd")
-    d = Daemon(hash_model[0], folder / "engramd.sock", folder / "engramd.log")
+    d = Daemon(hash_model[0], folder)
     yield d
     d.stop()
 

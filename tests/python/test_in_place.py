@@ -13,7 +13,7 @@ from conftest import Daemon, SYNTH_ROWS, engramctl_json
 @pytest.fixture(scope="module")
 def store_daemon(checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("engramd-in-place")
-    d = Daemon(checkpoint, folder / "engramd.sock", folder / "engramd.log",
+    d = Daemon(checkpoint, folder,
                ["--tier", "14=resident", "--tier", "1=cache", "--cache-bytes", "4M"])
     yield d
     d.stop()

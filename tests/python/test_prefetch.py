@@ -12,7 +12,7 @@ from conftest import Daemon, SYNTH_ROWS, engramctl_json
 @pytest.fixture(scope="module")
 def cached_daemon(checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("engramd-prefetch")
-    d = Daemon(checkpoint, folder / "engramd.sock", folder / "engramd.log",
+    d = Daemon(checkpoint, folder,
                ["--tier", "1=cache", "--tier", "14=cache", "--cache-bytes", "4M"])
     yield d
     d.stop()
