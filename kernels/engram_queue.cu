@@ -99,8 +99,11 @@ __device__ __forceinline__ uint64_t Ticket(uint64_t step, uint32_t i) {
 
 // Publishes the step's requests: entries first, a system-scope fence, then the tail (the
 // daemon reads the tail with acquire, then the entries). Slot i carries request i.
-__device__ void Publish(const DeviceRing& ring, QueueState* state, const DeviceRequests& reqs,
-                        uint64_t step) {
+__global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests reqs,
+                             volatile int32_t* error) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  if (*error != 0) return;  // a failed queue submits nothing until the host recovers it
+  const uint64_t step = state->step;
   volatile uint32_t* tail_word = &ring.header->sq_tail;
   const uint32_t tail = *tail_word;
   for (uint32_t i = 0; i < reqs.n; ++i) {
@@ -121,13 +124,6 @@ __device__ void Publish(const DeviceRing& ring, QueueState* state, const DeviceR
   __threadfence_system();      // the entries (and the row ids kernels wrote before) are visible...
   *tail_word = tail + reqs.n;  // ...before the daemon can see the new tail
   __threadfence_system();
-}
-
-__global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests reqs,
-                             volatile int32_t* error) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  if (*error != 0) return;  // a failed queue submits nothing until the host recovers it
-  Publish(ring, state, reqs, state->step);
 }
 
 // Waits until every request of the step completed (its status slot holds its ticket; the
