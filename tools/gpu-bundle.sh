@@ -66,8 +66,9 @@ failed=0
 for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_hash_test \
          gpu_step_test gpu_engramd_test; do
   start=$(date +%s.%N)
-  # A hung GPU wait must not eat the machine's time: each test gets a bounded run.
-  timeout "${ENGRAM_GPU_TEST_TIMEOUT:-300}" "$here/bin/$t" >"$logs/$t.log" 2>&1
+  # A hung GPU wait must not eat the machine's time: each test gets a bounded run (the step
+  # test's 18,000 replays, each checked against the host path, take 5-7 minutes).
+  timeout "${ENGRAM_GPU_TEST_TIMEOUT:-600}" "$here/bin/$t" >"$logs/$t.log" 2>&1
   rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   case $rc in

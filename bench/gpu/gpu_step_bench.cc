@@ -14,8 +14,9 @@
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
 //                from each layer's resident table, mapped read-only from engramd
 //                (engram_map_table) and registered: no daemon request at all.
-// Prints p50/p99 wall time per step, the host thread's time per step, and the ratios; checks that
-// the two steps' outputs agree. Needs $ENGRAMD (the bundle's run.sh --bench sets it).
+// Prints p50/p99 wall time per step, the host thread's time per step, and the ratios, and for the
+// captured steps their time on the GPU (CUDA events around the graph, without the host's launch
+// call and stream wait); checks that the two steps' outputs agree. Needs $ENGRAMD (the bundle's run.sh --bench sets it).
 // Usage: [ENGRAM_BENCH_STEPS=N] gpu_step_bench   (N steps per method after 200 of warm-up; 2000)
 #include <cuda_runtime.h>
 
@@ -231,7 +232,20 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   struct engram_device_ring ring {};
   ring.size = sizeof(ring);
   REQUIRE(engram_device_ring(ds.session, &ring) == 0);
-  auto run_gpu_step = [&](const testing::StepOptions& options, Watched* watched) {
+  // The step's time on the GPU: the stream waits on a host word (`gate`), records an event,
+  // runs the graph and records another; the host opens the gate once all of it is queued, so
+  // the first event is taken just before the graph starts, without the host's launch call, and
+  // the second when its last node is done, without the host's wait for the stream.
+  uint64_t* gate = nullptr;
+  CUDA_REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(uint64_t),
+                             cudaHostAllocMapped));
+  *gate = 0;
+  void* gate_d = nullptr;
+  CUDA_REQUIRE(cudaHostGetDevicePointer(&gate_d, gate, 0));
+  cudaEvent_t span_begin, span_end;
+  CUDA_REQUIRE(cudaEventCreate(&span_begin));
+  CUDA_REQUIRE(cudaEventCreate(&span_end));
+  auto run_gpu_step = [&](const testing::StepOptions& options, Watched* watched, Stats* span) {
     CapturedStep step(h, in, ds, options);
     wall.clear();
     double busy = 0;
@@ -246,6 +260,22 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
         busy += Us(t0, t1);
       }
     }
+    std::vector<double> gpu_us;
+    for (int i = 0; i < steps / 2 + 100; ++i) {
+      in.Randomise(rng);
+      const uint64_t open = __atomic_load_n(gate, __ATOMIC_RELAXED) + 1;
+      ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(step.stream), gate_d,
+                                                open, nullptr));
+      CUDA_REQUIRE(cudaEventRecord(span_begin, step.stream));
+      step.Replay();
+      CUDA_REQUIRE(cudaEventRecord(span_end, step.stream));
+      __atomic_store_n(gate, open, __ATOMIC_RELEASE);
+      step.Sync();
+      float ms = 0;
+      CUDA_REQUIRE(cudaEventElapsedTime(&ms, span_begin, span_end));
+      if (i >= 100) gpu_us.push_back(ms * 1000.0);
+    }
+    *span = Summarise(gpu_us, 0);
     // Watched from the host: when the GPU publishes the step's requests (the ring's tail
     // moves), when the daemon has completed them all, and when the stream is done; with the
     // daemon's own service time of the slowest request (its status slot).
@@ -293,13 +323,16 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     return Summarise(wall, busy);
   };
   Watched gpu_watched;
-  const Stats gpu_step = run_gpu_step({}, &gpu_watched);
+  Stats gpu_span;
+  const Stats gpu_step = run_gpu_step({}, &gpu_watched, &gpu_span);
   const uint32_t piece_sizes[] = {ENGRAM_GPU_PIECE_ROWS_DEFAULT, 48, 96, 288, n};
   constexpr int kPieceSizes = std::size(piece_sizes);
   Stats fused[kPieceSizes];
   Watched fused_watched[kPieceSizes];
+  Stats fused_span[kPieceSizes];
   for (int i = 0; i < kPieceSizes; ++i) {
-    fused[i] = run_gpu_step({.fused = true, .piece_rows = piece_sizes[i]}, &fused_watched[i]);
+    fused[i] = run_gpu_step({.fused = true, .piece_rows = piece_sizes[i]}, &fused_watched[i],
+                            &fused_span[i]);
   }
 
   // In place: both layers' resident tables, mapped read-only from engramd and registered; the
@@ -388,6 +421,23 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
     print_watched(name, fused_watched[i]);
   }
+  std::printf(
+      "GPU steps' time on the GPU (CUDA events just before and after the graph, the stream "
+      "held until both were queued), p50 (p99) us:\n");
+  std::printf("  %-11s %6.1f (%6.1f)\n", "GPU step", gpu_span.p50, gpu_span.p99);
+  for (int i = 0; i < kPieceSizes; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
+    std::printf("  %-11s %6.1f (%6.1f)\n", name, fused_span[i].p50, fused_span[i].p99);
+  }
+  std::printf(
+      "fused step (default pieces) on the GPU - host hash and gather of the same requests: p50 "
+      "%+.1f us (%.1f - %.1f - %.1f)\n",
+      fused_span[0].p50 - hash.p50 - gather_pieces.p50, fused_span[0].p50, hash.p50,
+      gather_pieces.p50);
+  cudaEventDestroy(span_begin);
+  cudaEventDestroy(span_end);
+  cudaFreeHost(gate);
   cudaStreamDestroy(stream);
   engram_close(resident_session);
 }
