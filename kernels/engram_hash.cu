@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -86,39 +87,83 @@ __device__ __forceinline__ int32_t SequenceOf(const int32_t* seq_starts, uint32_
   return static_cast<int32_t>(lo);
 }
 
-// One thread per token: its ids are gathered once, then every head of the range is hashed.
-__global__ void HashKernel(DeviceLayer layer, DeviceVocab vocab, bool compressed,
-                           uint32_t head_begin, uint32_t head_end, const int32_t* tokens,
-                           uint32_t n_tokens, const int32_t* seq_starts, uint32_t n_seqs,
-                           const int32_t* history, uint64_t* rows, uint32_t* error_count) {
+// One hash call as the kernel runs it (engram_gpu_hash_args, checked and resolved to its layer).
+struct HashCall {
+  DeviceLayer layer;
+  bool compressed = false;
+  uint32_t head_begin = 0;
+  uint32_t head_end = 0;
+  const int32_t* tokens = nullptr;
+  uint32_t n_tokens = 0;
+  uint32_t n_seqs = 0;
+  const int32_t* seq_starts = nullptr;
+  const int32_t* history = nullptr;
+  uint64_t* rows = nullptr;
+  uint32_t* error_count = nullptr;
+};
+
+// The calls of one launch, passed by value (about 1.3 KB of kernel parameters at most).
+struct HashCalls {
+  HashCall c[ENGRAM_GPU_HASH_MAX_CALLS];
+  uint32_t n = 0;  // calls in use: the launch's grid has as many rows (blockIdx.y)
+};
+
+// A block first copies its call's heads' primes and offsets (dynamic shared memory: 16 bytes a
+// head, kMaxHeads at most) and, for up to kSharedSeqStarts sequences, the sequence starts into
+// shared memory, all with one round of parallel loads, so that a token's chain of dependent loads
+// is its ids and their vocabulary entries only. A call with more sequences searches them in place.
+constexpr uint32_t kSharedSeqStarts = 512;
+constexpr uint32_t kMaxHeads = 2048;
+
+// Block (x, y) hashes tokens [x * 256, x * 256 + 256) of call y, one thread per token: its ids
+// are gathered once, then every head of the range is hashed.
+__global__ void __launch_bounds__(kBlockThreads) HashKernel(DeviceVocab vocab, HashCalls calls) {
+  __shared__ int32_t shared_starts[kSharedSeqStarts + 1];
+  extern __shared__ uint64_t head_params[];  // primes, then offsets, of the call's heads
+  const HashCall& c = calls.c[blockIdx.y];
+  const uint32_t heads = c.head_end - c.head_begin;
+  const bool stage_starts = c.n_seqs <= kSharedSeqStarts;
+  if (stage_starts) {
+    for (uint32_t i = threadIdx.x; i <= c.n_seqs; i += blockDim.x) {
+      shared_starts[i] = c.seq_starts[i];
+    }
+  }
+  uint64_t* primes = head_params;
+  uint64_t* offsets = head_params + heads;
+  for (uint32_t i = threadIdx.x; i < heads; i += blockDim.x) {
+    primes[i] = c.layer.primes[c.head_begin + i];
+    offsets[i] = c.layer.offsets[c.head_begin + i];
+  }
+  __syncthreads();
+  const int32_t* seq_starts = stage_starts ? shared_starts : c.seq_starts;
   const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= n_tokens) return;
-  const uint32_t heads = head_end - head_begin;
-  uint64_t* out = rows + static_cast<uint64_t>(t) * heads;
-  const int32_t s = SequenceOf(seq_starts, n_seqs, t);
+  if (t >= c.n_tokens) return;
+  uint64_t* out = c.rows + static_cast<uint64_t>(t) * heads;
+  const int32_t s = SequenceOf(seq_starts, c.n_seqs, t);
   uint64_t ids[kMaxNgram];
   bool ok = s >= 0;
   if (ok) {
     const int64_t start = seq_starts[s];
-    const int32_t* seq_history =
-        history != nullptr ? history + static_cast<int64_t>(s) * (vocab.max_ngram - 1) : nullptr;
+    const int32_t* seq_history = c.history != nullptr
+                                     ? c.history + static_cast<int64_t>(s) * (vocab.max_ngram - 1)
+                                     : nullptr;
     for (uint32_t k = 0; k < vocab.max_ngram; ++k) {
-      const uint32_t id =
-          IdAt(tokens + start, seq_history, static_cast<int64_t>(t) - start, k, vocab, compressed);
+      const uint32_t id = IdAt(c.tokens + start, seq_history, static_cast<int64_t>(t) - start, k,
+                               vocab, c.compressed);
       ok = ok && id != UINT32_MAX;
       ids[k] = id;
     }
   }
   if (!ok) {
     for (uint32_t h = 0; h < heads; ++h) out[h] = kBadRow;
-    if (error_count != nullptr) atomicAdd(error_count, 1u);
+    if (c.error_count != nullptr) atomicAdd(c.error_count, 1u);
     return;
   }
-  for (uint32_t h = head_begin; h < head_end; ++h) {
-    const uint32_t n = h / vocab.heads_per_order + 2;  // the head's n-gram order
+  for (uint32_t h = 0; h < heads; ++h) {
+    const uint32_t n = (c.head_begin + h) / vocab.heads_per_order + 2;  // the head's n-gram order
     uint64_t mix = 0;
-    for (uint32_t k = 0; k < n; ++k) mix ^= ids[k] * static_cast<uint64_t>(layer.multipliers[k]);
-    out[h - head_begin] = FloorMod(mix, layer.primes[h]) + layer.offsets[h];
+    for (uint32_t k = 0; k < n; ++k) mix ^= ids[k] * static_cast<uint64_t>(c.layer.multipliers[k]);
+    out[h] = FloorMod(mix, primes[h]) + offsets[h];
   }
 }
 
@@ -143,6 +188,10 @@ int CollectParameters(const engram_hasher* hasher, engram_gpu_hasher* g,
   if (info.max_ngram_size < 2 || info.max_ngram_size > kMaxNgram || info.heads_per_order == 0) {
     return Fail(EINVAL, "engram_gpu_hasher_create: max_ngram_size %u (2..%u supported)",
                 info.max_ngram_size, kMaxNgram);
+  }
+  if (info.heads_per_layer == 0 || info.heads_per_layer > kMaxHeads) {
+    return Fail(EINVAL, "engram_gpu_hasher_create: %u heads per layer (1..%u supported)",
+                info.heads_per_layer, kMaxHeads);
   }
   g->vocab = {nullptr,
               info.vocab_size,
@@ -247,49 +296,75 @@ void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size) {
 
 int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu_hash_args* args,
                     uintptr_t stream) {
-  if (gpu_hasher == nullptr || args == nullptr) {
-    return Fail(EINVAL, "engram_gpu_hash: NULL argument");
+  return engram_gpu_hash_layers(gpu_hasher, &args, 1, stream);
+}
+
+int engram_gpu_hash_layers(const engram_gpu_hasher* gpu_hasher,
+                           const struct engram_gpu_hash_args* const* args, uint32_t n,
+                           uintptr_t stream) {
+  // One name for the failures of both entry points: engram_gpu_hash is this call with n = 1.
+  const char* fn = n == 1 ? "engram_gpu_hash" : "engram_gpu_hash_layers";
+  if (gpu_hasher == nullptr || args == nullptr) return Fail(EINVAL, "%s: NULL argument", fn);
+  if (n == 0 || n > ENGRAM_GPU_HASH_MAX_CALLS) {
+    return Fail(EINVAL, "%s: %u calls (1..%u in one launch)", fn, n, ENGRAM_GPU_HASH_MAX_CALLS);
   }
-  engram_gpu_hash_args a{};
-  constexpr size_t kOldest = offsetof(engram_gpu_hash_args, error_count);
-  if (args->size < kOldest || args->size > sizeof(a)) {
-    return Fail(EINVAL,
-                "engram_gpu_hash: args size %zu is not a size of engram_gpu_hash_args "
-                "(%zu..%zu): call engram_gpu_hash_args_init",
-                args->size, kOldest, sizeof(a));
+  HashCalls calls;
+  calls.n = n;
+  uint32_t max_tokens = 0, max_heads = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    // Failures of call i of several name it.
+    char which[32] = "";
+    if (n > 1) std::snprintf(which, sizeof(which), " call %u:", i);
+    if (args[i] == nullptr) return Fail(EINVAL, "%s:%s NULL argument", fn, which);
+    engram_gpu_hash_args a{};
+    constexpr size_t kOldest = offsetof(engram_gpu_hash_args, error_count);
+    if (args[i]->size < kOldest || args[i]->size > sizeof(a)) {
+      return Fail(EINVAL,
+                  "%s:%s args size %zu is not a size of engram_gpu_hash_args "
+                  "(%zu..%zu): call engram_gpu_hash_args_init",
+                  fn, which, args[i]->size, kOldest, sizeof(a));
+    }
+    std::memcpy(&a, args[i], args[i]->size);
+    const auto layer = std::find_if(gpu_hasher->layers.begin(), gpu_hasher->layers.end(),
+                                    [&](const DeviceLayer& l) { return l.layer_id == a.layer_id; });
+    if (layer == gpu_hasher->layers.end()) {
+      return Fail(ENOENT, "%s:%s layer %u is not an Engram layer of the hasher", fn, which,
+                  a.layer_id);
+    }
+    if (a.head_begin >= a.head_end || a.head_end > layer->heads) {
+      return Fail(EINVAL, "%s:%s head range [%u, %u) is empty or beyond the %u heads", fn, which,
+                  a.head_begin, a.head_end, layer->heads);
+    }
+    if (a.flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
+      return Fail(EINVAL, "%s:%s unknown flags 0x%x", fn, which, a.flags);
+    }
+    const bool compressed = (a.flags & ENGRAM_HASH_COMPRESSED_IDS) != 0;
+    if (!compressed && gpu_hasher->vocab.lookup == nullptr) {
+      return Fail(EOPNOTSUPP,
+                  "%s:%s tokenizer ids given, but the hasher has no "
+                  "compressed vocabulary (derive it with tools/engram_vocab.py)",
+                  fn, which);
+    }
+    if (a.tokens == nullptr || a.seq_starts == nullptr || a.rows == nullptr || a.n_tokens == 0 ||
+        a.n_seqs == 0) {
+      return Fail(EINVAL,
+                  "%s:%s tokens, seq_starts and rows must be set and "
+                  "n_tokens, n_seqs non-zero",
+                  fn, which);
+    }
+    calls.c[i] = {*layer,   compressed,   a.head_begin, a.head_end, a.tokens,     a.n_tokens,
+                  a.n_seqs, a.seq_starts, a.history,    a.rows,     a.error_count};
+    max_tokens = std::max(max_tokens, a.n_tokens);
+    max_heads = std::max(max_heads, a.head_end - a.head_begin);
   }
-  std::memcpy(&a, args, args->size);
-  const auto layer = std::find_if(gpu_hasher->layers.begin(), gpu_hasher->layers.end(),
-                                  [&](const DeviceLayer& l) { return l.layer_id == a.layer_id; });
-  if (layer == gpu_hasher->layers.end()) {
-    return Fail(ENOENT, "engram_gpu_hash: layer %u is not an Engram layer of the hasher",
-                a.layer_id);
-  }
-  if (a.head_begin >= a.head_end || a.head_end > layer->heads) {
-    return Fail(EINVAL, "engram_gpu_hash: head range [%u, %u) is empty or beyond the %u heads",
-                a.head_begin, a.head_end, layer->heads);
-  }
-  if (a.flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
-    return Fail(EINVAL, "engram_gpu_hash: unknown flags 0x%x", a.flags);
-  }
-  const bool compressed = (a.flags & ENGRAM_HASH_COMPRESSED_IDS) != 0;
-  if (!compressed && gpu_hasher->vocab.lookup == nullptr) {
-    return Fail(EOPNOTSUPP,
-                "engram_gpu_hash: tokenizer ids given, but the hasher has no "
-                "compressed vocabulary (derive it with tools/engram_vocab.py)");
-  }
-  if (a.tokens == nullptr || a.seq_starts == nullptr || a.rows == nullptr || a.n_tokens == 0 ||
-      a.n_seqs == 0) {
-    return Fail(EINVAL,
-                "engram_gpu_hash: tokens, seq_starts and rows must be set and "
-                "n_tokens, n_seqs non-zero");
-  }
-  const uint32_t blocks = (a.n_tokens + kBlockThreads - 1) / kBlockThreads;
-  HashKernel<<<blocks, kBlockThreads, 0, reinterpret_cast<gpuStream_t>(stream)>>>(
-      *layer, gpu_hasher->vocab, compressed, a.head_begin, a.head_end, a.tokens, a.n_tokens,
-      a.seq_starts, a.n_seqs, a.history, a.rows, a.error_count);
+  const dim3 grid((max_tokens + kBlockThreads - 1) / kBlockThreads, n);
+  const size_t head_bytes = size_t{max_heads} * 2 * sizeof(uint64_t);  // <= 32 KiB (kMaxHeads)
+  HashKernel<<<grid, kBlockThreads, head_bytes, reinterpret_cast<gpuStream_t>(stream)>>>(
+      gpu_hasher->vocab, calls);
   const gpuError_t st = gpuGetLastError();
-  return st == gpuSuccess ? 0 : FailRuntime("engram_gpu_hash launch", st);
+  return st == gpuSuccess
+             ? 0
+             : FailRuntime(n == 1 ? "engram_gpu_hash launch" : "engram_gpu_hash_layers launch", st);
 }
 
 }  // extern "C"

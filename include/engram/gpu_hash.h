@@ -89,6 +89,18 @@ void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size);
 int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu_hash_args* args,
                     uintptr_t stream);
 
+/* The most calls engram_gpu_hash_layers takes at once. */
+#define ENGRAM_GPU_HASH_MAX_CALLS 8
+
+/* Queues n hash calls (1..ENGRAM_GPU_HASH_MAX_CALLS; args[i] as engram_gpu_hash takes it, e.g.
+ * one per Engram layer of a step) as one kernel launch, so that a step's layers are hashed side
+ * by side instead of one launch after another. Every call is checked before anything is queued;
+ * a failure names the call ("call 1: ..."). Each call's rows are exactly those engram_gpu_hash
+ * would write. Returns what engram_gpu_hash returns. Capturable into a CUDA graph. */
+int engram_gpu_hash_layers(const engram_gpu_hasher* gpu_hasher,
+                           const struct engram_gpu_hash_args* const* args, uint32_t n,
+                           uintptr_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,8 +1,8 @@
 // The GPU hasher (include/engram/gpu_hash.h) against the host hasher (include/engram/hash.h):
-// random batches of sequences with and without history, every head range a TP rank owns, ids out
-// of range, and a captured CUDA graph replayed with new tokens. With $ENGRAM_HASH_MODEL (a model
-// directory with a derived-tables file, e.g. the tokenizer fixture tools/gpu-bundle.sh writes)
-// tokenizer ids go through the compressed vocabulary too.
+// random batches of sequences with and without history, every head range a TP rank owns, several
+// calls in one launch, ids out of range, and a captured CUDA graph replayed with new tokens. With
+// $ENGRAM_HASH_MODEL (a model directory with a derived-tables file, e.g. the tokenizer fixture
+// tools/gpu-bundle.sh writes) tokenizer ids go through the compressed vocabulary too.
 #include "engram/gpu_hash.h"
 
 #include <unistd.h>
@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -226,6 +227,87 @@ TEST_CASE("GPU hash of compressed ids matches the host hasher") {
     a = dev.Args(b, 14, 0, 24, ENGRAM_HASH_COMPRESSED_IDS);
     a.size = sizeof(a) + 8;  // a newer, larger struct than this library knows
     CHECK(engram_gpu_hash(gpu.g, &a, 0) == -EINVAL);
+  }
+
+  SECTION("several calls in one launch: each call's rows are those it gets alone") {
+    // Calls of different sizes (so some of the grid's blocks have nothing of a smaller call),
+    // layers and head ranges, 1 to ENGRAM_GPU_HASH_MAX_CALLS at once; every tenth round one
+    // call has more sequences than a block keeps in shared memory.
+    std::mt19937_64 rng(1201);
+    const std::vector<HeadRange> ranges = RankRanges(host);
+    for (int round = 0; round < 80; ++round) {
+      const uint32_t n = 1 + round % ENGRAM_GPU_HASH_MAX_CALLS;
+      std::vector<Batch> batches;
+      std::vector<std::unique_ptr<DeviceBatch>> devs;
+      std::vector<engram_gpu_hash_args> args(n);
+      std::vector<const engram_gpu_hash_args*> ptrs;
+      std::vector<uint32_t> layers;
+      std::vector<HeadRange> heads;
+      for (uint32_t i = 0; i < n; ++i) {
+        const bool many_seqs = round % 10 == 9 && i == 0;
+        batches.push_back(many_seqs ? RandomBatch(rng, 99092, 1, 1)
+                                    : RandomBatch(rng, 99092, 64, 16));
+        if (many_seqs) {
+          while (batches.back().starts.size() <= 700) {
+            Batch more = RandomBatch(rng, 99092, 1, 1);
+            Batch& b = batches.back();
+            b.tokens.push_back(more.tokens[0]);
+            b.starts.push_back(static_cast<int32_t>(b.tokens.size()));
+            b.history.insert(b.history.end(), more.history.begin(), more.history.end());
+            b.host_history.push_back(more.host_history[0]);
+          }
+        }
+        const Batch& b = batches.back();
+        layers.push_back(rng() % 2 ? 14 : 1);
+        heads.push_back(ranges[rng() % ranges.size()]);
+        devs.push_back(std::make_unique<DeviceBatch>(b.tokens.size(), b.starts.size() - 1, 24));
+        devs.back()->Upload(b);
+        args[i] = devs.back()->Args(b, layers.back(), heads.back().begin, heads.back().end,
+                                    ENGRAM_HASH_COMPRESSED_IDS);
+        ptrs.push_back(&args[i]);
+      }
+      ENGRAM_REQUIRE(engram_gpu_hash_layers(gpu.g, ptrs.data(), n, 0));
+      CUDA_REQUIRE(cudaDeviceSynchronize());
+      for (uint32_t i = 0; i < n; ++i) {
+        const Batch& b = batches[i];
+        INFO("round " << round << ", call " << i << " of " << n << ": " << b.tokens.size()
+                      << " tokens in " << b.starts.size() - 1 << " sequences, layer " << layers[i]
+                      << ", heads [" << heads[i].begin << ", " << heads[i].end << ")");
+        REQUIRE(devs[i]->Errors() == 0);
+        REQUIRE(
+            devs[i]->Rows(b.tokens.size() * (heads[i].end - heads[i].begin)) ==
+            HostRows(host, b, layers[i], heads[i].begin, heads[i].end, ENGRAM_HASH_COMPRESSED_IDS));
+      }
+    }
+  }
+
+  SECTION("one launch of several calls refuses a bad call, naming it, and queues nothing") {
+    std::mt19937_64 rng(3);
+    const Batch b = RandomBatch(rng, 99092, 4, 4);
+    DeviceBatch dev(b.tokens.size(), b.starts.size() - 1, 24);
+    dev.Upload(b);
+    CUDA_REQUIRE(cudaMemset(dev.rows.get(), 0xab, b.tokens.size() * 24 * 8));
+    const engram_gpu_hash_args good = dev.Args(b, 14, 0, 24, ENGRAM_HASH_COMPRESSED_IDS);
+    engram_gpu_hash_args bad = dev.Args(b, 14, 0, 25, ENGRAM_HASH_COMPRESSED_IDS);
+    const engram_gpu_hash_args* calls[ENGRAM_GPU_HASH_MAX_CALLS + 1] = {};
+    for (auto& c : calls) c = &good;
+    calls[1] = &bad;
+    CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -EINVAL);
+    CHECK(std::string(engram_kernels_last_error()).find("call 1: head range [0, 25)") !=
+          std::string::npos);
+    bad = dev.Args(b, 7, 0, 24, ENGRAM_HASH_COMPRESSED_IDS);
+    CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -ENOENT);
+    CHECK(std::string(engram_kernels_last_error()).find("call 1: layer 7") != std::string::npos);
+    calls[1] = nullptr;
+    CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -EINVAL);
+    CHECK(std::string(engram_kernels_last_error()).find("call 1: NULL") != std::string::npos);
+    calls[1] = &good;
+    CHECK(engram_gpu_hash_layers(gpu.g, calls, 0, 0) == -EINVAL);
+    CHECK(engram_gpu_hash_layers(gpu.g, calls, ENGRAM_GPU_HASH_MAX_CALLS + 1, 0) == -EINVAL);
+    CHECK(std::string(engram_kernels_last_error()).find("9 calls") != std::string::npos);
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    // Nothing was queued by the refused launches: the rows are as the memset left them.
+    for (uint64_t r : dev.Rows(b.tokens.size() * 24)) CHECK(r == 0xababababababababull);
   }
 
   SECTION("a captured graph replayed with new tokens") {
