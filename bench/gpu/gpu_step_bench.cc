@@ -9,6 +9,9 @@
 //                pieces of P rows and one kernel dequantises every piece as it lands (P = the
 //                default, 48, 96, 288 and a whole layer), against the host gather of the same
 //                pieces;
+//   hash/layer,  the default pipelined step with a hash launch per layer instead of one for both
+//   no hash      (engram_gpu_hash_layers), and with the GPU hash left out of the graph (it gathers
+//                the ids the arena holds): what hashing adds;
 //   (and the host step and every GPU step again, watched from the host: when the requests are
 //    published, when their rows are in the arena, and how long the stream takes after that)
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
@@ -16,7 +19,8 @@
 //                (engram_map_table) and registered: no daemon request at all.
 // Prints p50/p99 wall time per step, the host thread's time per step, and the ratios, and for the
 // captured steps their time on the GPU (CUDA events around the graph, without the host's launch
-// call and stream wait); checks that the two steps' outputs agree. Needs $ENGRAMD (the bundle's run.sh --bench sets it).
+// call and stream wait); checks that the two steps' outputs agree. Needs $ENGRAMD (the bundle's
+// run.sh --bench sets it).
 // Usage: [ENGRAM_BENCH_STEPS=N] gpu_step_bench   (N steps per method after 200 of warm-up; 2000)
 #include <cuda_runtime.h>
 
@@ -237,8 +241,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   // the first event is taken just before the graph starts, without the host's launch call, and
   // the second when its last node is done, without the host's wait for the stream.
   uint64_t* gate = nullptr;
-  CUDA_REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(uint64_t),
-                             cudaHostAllocMapped));
+  CUDA_REQUIRE(
+      cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(uint64_t), cudaHostAllocMapped));
   *gate = 0;
   void* gate_d = nullptr;
   CUDA_REQUIRE(cudaHostGetDevicePointer(&gate_d, gate, 0));
@@ -319,7 +323,7 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     in.Upload();
     step.Replay();
     step.Sync();
-    REQUIRE(Download(step.out[1]) == host_out);
+    if (options.hash != testing::StepHash::kNone) REQUIRE(Download(step.out[1]) == host_out);
     return Summarise(wall, busy);
   };
   Watched gpu_watched;
@@ -334,6 +338,15 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     fused[i] = run_gpu_step({.fused = true, .piece_rows = piece_sizes[i]}, &fused_watched[i],
                             &fused_span[i]);
   }
+  // The default pipelined step with each layer hashed by a launch of its own, and without the
+  // GPU hash (the ids the arena holds are gathered again): what hashing adds before the requests
+  // go out, and what hashing both layers in one launch saves.
+  Watched per_layer_watched, unhashed_watched;
+  Stats per_layer_span, unhashed_span;
+  const Stats per_layer = run_gpu_step({.fused = true, .hash = testing::StepHash::kPerLayer},
+                                       &per_layer_watched, &per_layer_span);
+  const Stats unhashed = run_gpu_step({.fused = true, .hash = testing::StepHash::kNone},
+                                      &unhashed_watched, &unhashed_span);
 
   // In place: both layers' resident tables, mapped read-only from engramd and registered; the
   // graph is GPU hash + dequant-gather from the mappings, with no request.
@@ -399,8 +412,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
       "fused step - host gather of the same requests: p50 %+.1f us (pieces of %u), %+.1f us "
       "(one request a layer); fused step (default pieces) / host step: p50 %.2fx, p99 %.2fx\n",
       fused[0].p50 - gather_pieces.p50, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
-      fused[kPieceSizes - 1].p50 - gather.p50,
-      fused[0].p50 / host_step.p50, fused[0].p99 / host_step.p99);
+      fused[kPieceSizes - 1].p50 - gather.p50, fused[0].p50 / host_step.p50,
+      fused[0].p99 / host_step.p99);
   std::printf(
       "host hash alone: p50 %.1f us; host step watched from the host: hash, submit and launch to "
       "the rows in the arena p50 %.1f us (p99 %.1f), from there to the stream done p50 %.1f us "
@@ -421,6 +434,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
     print_watched(name, fused_watched[i]);
   }
+  print_watched("hash/layer", per_layer_watched);
+  print_watched("no hash", unhashed_watched);
   std::printf(
       "GPU steps' time on the GPU (CUDA events just before and after the graph, the stream "
       "held until both were queued), p50 (p99) us:\n");
@@ -430,6 +445,13 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
     std::printf("  %-11s %6.1f (%6.1f)\n", name, fused_span[i].p50, fused_span[i].p99);
   }
+  std::printf(
+      "  %-11s %6.1f (%6.1f)   (fused/%u, a hash launch per layer; wall p50 %.1f, p99 %.1f)\n",
+      "hash/layer", per_layer_span.p50, per_layer_span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+      per_layer.p50, per_layer.p99);
+  std::printf("  %-11s %6.1f (%6.1f)   (fused/%u without the GPU hash; wall p50 %.1f, p99 %.1f)\n",
+              "no hash", unhashed_span.p50, unhashed_span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+              unhashed.p50, unhashed.p99);
   std::printf(
       "fused step (default pieces) on the GPU - host hash and gather of the same requests: p50 "
       "%+.1f us (%.1f - %.1f - %.1f)\n",

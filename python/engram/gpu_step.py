@@ -77,11 +77,15 @@ class _QueueOptions(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("timeout_ns", ctypes.c_uint64)]
 
 
+# ENGRAM_GPU_HASH_MAX_CALLS: the calls one engram_gpu_hash_layers launch takes.
+_HASH_MAX_CALLS = 8
+
 _STEP_FUNCTIONS = {
     "engram_gpu_hasher_create": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]),
     "engram_gpu_hasher_destroy": (ctypes.c_int, [ctypes.c_void_p]),
-    "engram_gpu_hash": (ctypes.c_int, [ctypes.c_void_p, ctypes.POINTER(_HashArgs),
-                                       ctypes.c_size_t]),
+    "engram_gpu_hash_layers": (ctypes.c_int, [ctypes.c_void_p,
+                                              ctypes.POINTER(ctypes.POINTER(_HashArgs)),
+                                              ctypes.c_uint32, ctypes.c_size_t]),
     "engram_gpu_queue_create": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p,
                                                ctypes.POINTER(_QueueOptions),
                                                ctypes.POINTER(ctypes.c_void_p)]),
@@ -156,14 +160,19 @@ class GpuDecodeStep:
         lib = self._lib
         requests = (_Request * len(self.layers))()
         dequants = (_Dequant * len(self.layers))()
+        hash_args = [
+            _HashArgs(ctypes.sizeof(_HashArgs), layer, 0, self.head_begin, self.head_end,
+                      self.tokens.data_ptr(), self.n_tokens, self.n_seqs, self._starts.data_ptr(),
+                      self.history.data_ptr(), self._reg.device_ptr(self._ids[layer].address),
+                      self._hash_errors.data_ptr()) for layer in self.layers]
+        # Every layer's ids in as few launches as the library takes calls.
+        for first in range(0, len(hash_args), _HASH_MAX_CALLS):
+            chunk = hash_args[first:first + _HASH_MAX_CALLS]
+            pointers = (ctypes.POINTER(_HashArgs) * len(chunk))(*[ctypes.pointer(a) for a in chunk])
+            _kernels_check(lib, lib.engram_gpu_hash_layers(self._gpu_hasher, pointers,
+                                                           len(chunk), s),
+                           "engram_gpu_hash_layers")
         for i, layer in enumerate(self.layers):
-            args = _HashArgs(ctypes.sizeof(_HashArgs), layer, 0, self.head_begin, self.head_end,
-                             self.tokens.data_ptr(), self.n_tokens, self.n_seqs,
-                             self._starts.data_ptr(), self.history.data_ptr(),
-                             self._reg.device_ptr(self._ids[layer].address),
-                             self._hash_errors.data_ptr())
-            _kernels_check(lib, lib.engram_gpu_hash(self._gpu_hasher, ctypes.byref(args), s),
-                           "engram_gpu_hash")
             requests[i] = _Request(ctypes.sizeof(_Request), layer, 0, self._ids[layer].address,
                                    self._rows_per_layer, self._rows[layer].address)
             dequants[i] = _Dequant(ctypes.sizeof(_Dequant), self._map.data_ptr(), self.n_tokens,

@@ -127,13 +127,23 @@ struct DeviceSession {
   }
 };
 
-// How the captured step waits and dequantises.
+// How the captured step hashes both layers' row ids.
+enum class StepHash {
+  kOneLaunch,  // engram_gpu_hash_layers: both layers in one launch (what an engine should do)
+  kPerLayer,   // engram_gpu_hash once a layer, one launch after the other
+  // None: the graph leaves the GPU hash out and gathers the ids the arena holds (a benchmark's
+  // measure of what hashing adds to a step; the output then follows those ids, not the tokens).
+  kNone,
+};
+
+// How the captured step hashes, waits and dequantises.
 struct StepOptions {
   // engram_gpu_queue_gather_dequant (one pipelined kernel) instead of engram_gpu_queue_gather
   // followed by one engram_dequant_scatter per layer.
   bool fused = false;
   uint32_t piece_rows = 0;   // fused: rows per piece (0: the library's default)
   std::vector<int32_t> map;  // slot -> row of the layer's rows; empty: the identity
+  StepHash hash = StepHash::kOneLaunch;
 };
 
 // The identity map of `n` slots, or options.map.
@@ -165,13 +175,20 @@ struct CapturedStep {
     cudaGraph_t graph;
     CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     int rc = 0;
+    engram_gpu_hash_args hash_args[2];
     for (int l = 0; l < 2 && rc == 0; ++l) {
-      const engram_gpu_hash_args a = in.HashArgs(h, kLayerIds[l], ds.dev<uint64_t>(ds.ids[l]));
-      rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
+      hash_args[l] = in.HashArgs(h, kLayerIds[l], ds.dev<uint64_t>(ds.ids[l]));
+      if (options.hash == StepHash::kPerLayer) {
+        rc = engram_gpu_hash(h.gpu, &hash_args[l], reinterpret_cast<uintptr_t>(stream));
+      }
       reqs[l] = {sizeof(engram_gpu_request), kLayerIds[l], 0, ds.ids[l], step_rows, ds.rows[l]};
       dequants[l] = {
           sizeof(engram_gpu_dequant), map.get<int32_t>(), kTokens, h.heads(), out[l].get(),
           bad.get<uint32_t>()};
+    }
+    if (rc == 0 && options.hash == StepHash::kOneLaunch) {
+      const engram_gpu_hash_args* both[2] = {&hash_args[0], &hash_args[1]};
+      rc = engram_gpu_hash_layers(h.gpu, both, 2, reinterpret_cast<uintptr_t>(stream));
     }
     if (rc == 0 && options.fused) {
       rc = engram_gpu_queue_gather_dequant(ds.queue, reqs, dequants, 2, options.piece_rows,
@@ -296,26 +313,28 @@ struct ResidentTables {
       engram_unmap_table(map[l]);
     }
   }
-  // Queues the in-place step for layer l: the GPU hash into ids_d, then the dequant-gather
-  // from the mapping into out.
-  int Enqueue(const Hashers& h, const StepInputs& in, int l, uint64_t* ids_d, void* out,
-              cudaStream_t stream) const {
-    const engram_gpu_hash_args a = in.HashArgs(h, kLayerIds[l], ids_d);
-    int rc = engram_gpu_hash(h.gpu, &a, reinterpret_cast<uintptr_t>(stream));
-    if (rc != 0) return rc;
-    return engram_dequant_gather(engram_gpu_device_ptr(reg[l], info[l].base), info[l].covered_begin,
-                                 info[l].covered_end - info[l].covered_begin, ids_d, kTokens,
-                                 h.heads(), out, nullptr, reinterpret_cast<uintptr_t>(stream));
+  // Queues the in-place step: both layers' GPU hash into ids_d in one launch, then each layer's
+  // dequant-gather from its mapping into out.
+  int Enqueue(const Hashers& h, const StepInputs& in, const DeviceBuffer (&ids_d)[2],
+              const DeviceBuffer (&out)[2], cudaStream_t stream) const {
+    const engram_gpu_hash_args a[2] = {in.HashArgs(h, kLayerIds[0], ids_d[0].get<uint64_t>()),
+                                       in.HashArgs(h, kLayerIds[1], ids_d[1].get<uint64_t>())};
+    const engram_gpu_hash_args* both[2] = {&a[0], &a[1]};
+    int rc = engram_gpu_hash_layers(h.gpu, both, 2, reinterpret_cast<uintptr_t>(stream));
+    for (int l = 0; l < 2 && rc == 0; ++l) {
+      rc = engram_dequant_gather(engram_gpu_device_ptr(reg[l], info[l].base), info[l].covered_begin,
+                                 info[l].covered_end - info[l].covered_begin,
+                                 ids_d[l].get<uint64_t>(), kTokens, h.heads(), out[l].get(),
+                                 nullptr, reinterpret_cast<uintptr_t>(stream));
+    }
+    return rc;
   }
   // Captures both layers' in-place steps on `stream` into an instantiated graph.
   cudaGraphExec_t Capture(const Hashers& h, const StepInputs& in, const DeviceBuffer (&ids_d)[2],
                           const DeviceBuffer (&out)[2], cudaStream_t stream) const {
     cudaGraph_t graph;
     CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    int rc = 0;
-    for (int l = 0; l < 2 && rc == 0; ++l) {
-      rc = Enqueue(h, in, l, ids_d[l].get<uint64_t>(), out[l].get(), stream);
-    }
+    const int rc = Enqueue(h, in, ids_d, out, stream);
     CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
     INFO(engram_kernels_last_error());
     REQUIRE(rc == 0);
