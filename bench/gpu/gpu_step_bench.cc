@@ -268,12 +268,19 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     for (int i = 0; i < steps / 2 + 100; ++i) {
       in.Randomise(rng);
       const uint64_t open = __atomic_load_n(gate, __ATOMIC_RELAXED) + 1;
-      ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(step.stream), gate_d,
-                                                open, nullptr));
-      CUDA_REQUIRE(cudaEventRecord(span_begin, step.stream));
-      step.Replay();
-      CUDA_REQUIRE(cudaEventRecord(span_end, step.stream));
-      __atomic_store_n(gate, open, __ATOMIC_RELEASE);
+      {
+        // Opened however this block is left: a failed check must not leave the stream held.
+        struct OpenGate {
+          uint64_t* word;
+          uint64_t value;
+          ~OpenGate() { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+        } opens{gate, open};
+        ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(step.stream), gate_d,
+                                                  open, nullptr));
+        CUDA_REQUIRE(cudaEventRecord(span_begin, step.stream));
+        step.Replay();
+        CUDA_REQUIRE(cudaEventRecord(span_end, step.stream));
+      }
       step.Sync();
       float ms = 0;
       CUDA_REQUIRE(cudaEventElapsedTime(&ms, span_begin, span_end));
