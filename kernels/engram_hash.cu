@@ -234,6 +234,71 @@ int CollectParameters(const engram_hasher* hasher, engram_gpu_hasher* g,
   return 0;
 }
 
+// Checks and queues n hash calls as one launch; failures are named after `fn`, the entry point
+// the caller used, and `launch` is its name for a refused launch.
+int QueueHashCalls(const char* fn, const char* launch, const engram_gpu_hasher* gpu_hasher,
+                   const struct engram_gpu_hash_args* const* args, uint32_t n, uintptr_t stream) {
+  if (gpu_hasher == nullptr || args == nullptr) return Fail(EINVAL, "%s: NULL argument", fn);
+  if (n == 0 || n > ENGRAM_GPU_HASH_MAX_CALLS) {
+    return Fail(EINVAL, "%s: %u calls (1..%u in one launch)", fn, n, ENGRAM_GPU_HASH_MAX_CALLS);
+  }
+  HashCalls calls;
+  calls.n = n;
+  uint32_t max_tokens = 0, max_heads = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    // Failures of call i of several name it.
+    char which[32] = "";
+    if (n > 1) std::snprintf(which, sizeof(which), " call %u:", i);
+    if (args[i] == nullptr) return Fail(EINVAL, "%s:%s NULL argument", fn, which);
+    engram_gpu_hash_args a{};
+    constexpr size_t kOldest = offsetof(engram_gpu_hash_args, error_count);
+    if (args[i]->size < kOldest || args[i]->size > sizeof(a)) {
+      return Fail(EINVAL,
+                  "%s:%s args size %zu is not a size of engram_gpu_hash_args "
+                  "(%zu..%zu): call engram_gpu_hash_args_init",
+                  fn, which, args[i]->size, kOldest, sizeof(a));
+    }
+    std::memcpy(&a, args[i], args[i]->size);
+    const auto layer = std::find_if(gpu_hasher->layers.begin(), gpu_hasher->layers.end(),
+                                    [&](const DeviceLayer& l) { return l.layer_id == a.layer_id; });
+    if (layer == gpu_hasher->layers.end()) {
+      return Fail(ENOENT, "%s:%s layer %u is not an Engram layer of the hasher", fn, which,
+                  a.layer_id);
+    }
+    if (a.head_begin >= a.head_end || a.head_end > layer->heads) {
+      return Fail(EINVAL, "%s:%s head range [%u, %u) is empty or beyond the %u heads", fn, which,
+                  a.head_begin, a.head_end, layer->heads);
+    }
+    if (a.flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
+      return Fail(EINVAL, "%s:%s unknown flags 0x%x", fn, which, a.flags);
+    }
+    const bool compressed = (a.flags & ENGRAM_HASH_COMPRESSED_IDS) != 0;
+    if (!compressed && gpu_hasher->vocab.lookup == nullptr) {
+      return Fail(EOPNOTSUPP,
+                  "%s:%s tokenizer ids given, but the hasher has no "
+                  "compressed vocabulary (derive it with tools/engram_vocab.py)",
+                  fn, which);
+    }
+    if (a.tokens == nullptr || a.seq_starts == nullptr || a.rows == nullptr || a.n_tokens == 0 ||
+        a.n_seqs == 0) {
+      return Fail(EINVAL,
+                  "%s:%s tokens, seq_starts and rows must be set and "
+                  "n_tokens, n_seqs non-zero",
+                  fn, which);
+    }
+    calls.c[i] = {*layer,   compressed,   a.head_begin, a.head_end, a.tokens,     a.n_tokens,
+                  a.n_seqs, a.seq_starts, a.history,    a.rows,     a.error_count};
+    max_tokens = std::max(max_tokens, a.n_tokens);
+    max_heads = std::max(max_heads, a.head_end - a.head_begin);
+  }
+  const dim3 grid((max_tokens + kBlockThreads - 1) / kBlockThreads, n);
+  const size_t head_bytes = size_t{max_heads} * 2 * sizeof(uint64_t);  // <= 32 KiB (kMaxHeads)
+  HashKernel<<<grid, kBlockThreads, head_bytes, reinterpret_cast<gpuStream_t>(stream)>>>(
+      gpu_hasher->vocab, calls);
+  const gpuError_t st = gpuGetLastError();
+  return st == gpuSuccess ? 0 : FailRuntime(launch, st);
+}
+
 }  // namespace
 
 extern "C" {
@@ -296,75 +361,14 @@ void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size) {
 
 int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu_hash_args* args,
                     uintptr_t stream) {
-  return engram_gpu_hash_layers(gpu_hasher, &args, 1, stream);
+  return QueueHashCalls("engram_gpu_hash", "engram_gpu_hash launch", gpu_hasher, &args, 1, stream);
 }
 
 int engram_gpu_hash_layers(const engram_gpu_hasher* gpu_hasher,
                            const struct engram_gpu_hash_args* const* args, uint32_t n,
                            uintptr_t stream) {
-  // One name for the failures of both entry points: engram_gpu_hash is this call with n = 1.
-  const char* fn = n == 1 ? "engram_gpu_hash" : "engram_gpu_hash_layers";
-  if (gpu_hasher == nullptr || args == nullptr) return Fail(EINVAL, "%s: NULL argument", fn);
-  if (n == 0 || n > ENGRAM_GPU_HASH_MAX_CALLS) {
-    return Fail(EINVAL, "%s: %u calls (1..%u in one launch)", fn, n, ENGRAM_GPU_HASH_MAX_CALLS);
-  }
-  HashCalls calls;
-  calls.n = n;
-  uint32_t max_tokens = 0, max_heads = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    // Failures of call i of several name it.
-    char which[32] = "";
-    if (n > 1) std::snprintf(which, sizeof(which), " call %u:", i);
-    if (args[i] == nullptr) return Fail(EINVAL, "%s:%s NULL argument", fn, which);
-    engram_gpu_hash_args a{};
-    constexpr size_t kOldest = offsetof(engram_gpu_hash_args, error_count);
-    if (args[i]->size < kOldest || args[i]->size > sizeof(a)) {
-      return Fail(EINVAL,
-                  "%s:%s args size %zu is not a size of engram_gpu_hash_args "
-                  "(%zu..%zu): call engram_gpu_hash_args_init",
-                  fn, which, args[i]->size, kOldest, sizeof(a));
-    }
-    std::memcpy(&a, args[i], args[i]->size);
-    const auto layer = std::find_if(gpu_hasher->layers.begin(), gpu_hasher->layers.end(),
-                                    [&](const DeviceLayer& l) { return l.layer_id == a.layer_id; });
-    if (layer == gpu_hasher->layers.end()) {
-      return Fail(ENOENT, "%s:%s layer %u is not an Engram layer of the hasher", fn, which,
-                  a.layer_id);
-    }
-    if (a.head_begin >= a.head_end || a.head_end > layer->heads) {
-      return Fail(EINVAL, "%s:%s head range [%u, %u) is empty or beyond the %u heads", fn, which,
-                  a.head_begin, a.head_end, layer->heads);
-    }
-    if (a.flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
-      return Fail(EINVAL, "%s:%s unknown flags 0x%x", fn, which, a.flags);
-    }
-    const bool compressed = (a.flags & ENGRAM_HASH_COMPRESSED_IDS) != 0;
-    if (!compressed && gpu_hasher->vocab.lookup == nullptr) {
-      return Fail(EOPNOTSUPP,
-                  "%s:%s tokenizer ids given, but the hasher has no "
-                  "compressed vocabulary (derive it with tools/engram_vocab.py)",
-                  fn, which);
-    }
-    if (a.tokens == nullptr || a.seq_starts == nullptr || a.rows == nullptr || a.n_tokens == 0 ||
-        a.n_seqs == 0) {
-      return Fail(EINVAL,
-                  "%s:%s tokens, seq_starts and rows must be set and "
-                  "n_tokens, n_seqs non-zero",
-                  fn, which);
-    }
-    calls.c[i] = {*layer,   compressed,   a.head_begin, a.head_end, a.tokens,     a.n_tokens,
-                  a.n_seqs, a.seq_starts, a.history,    a.rows,     a.error_count};
-    max_tokens = std::max(max_tokens, a.n_tokens);
-    max_heads = std::max(max_heads, a.head_end - a.head_begin);
-  }
-  const dim3 grid((max_tokens + kBlockThreads - 1) / kBlockThreads, n);
-  const size_t head_bytes = size_t{max_heads} * 2 * sizeof(uint64_t);  // <= 32 KiB (kMaxHeads)
-  HashKernel<<<grid, kBlockThreads, head_bytes, reinterpret_cast<gpuStream_t>(stream)>>>(
-      gpu_hasher->vocab, calls);
-  const gpuError_t st = gpuGetLastError();
-  return st == gpuSuccess
-             ? 0
-             : FailRuntime(n == 1 ? "engram_gpu_hash launch" : "engram_gpu_hash_layers launch", st);
+  return QueueHashCalls("engram_gpu_hash_layers", "engram_gpu_hash_layers launch", gpu_hasher, args,
+                        n, stream);
 }
 
 }  // extern "C"
