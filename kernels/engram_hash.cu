@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "engram/gpu_hash.h"
@@ -104,8 +105,7 @@ struct HashCall {
 
 // The calls of one launch, passed by value (about 1.3 KB of kernel parameters at most).
 struct HashCalls {
-  HashCall c[ENGRAM_GPU_HASH_MAX_CALLS];
-  uint32_t n = 0;  // calls in use: the launch's grid has as many rows (blockIdx.y)
+  HashCall c[ENGRAM_GPU_HASH_MAX_CALLS];  // the launch's grid has a row (blockIdx.y) per call
 };
 
 // A block first copies its call's heads' primes and offsets (dynamic shared memory: 16 bytes a
@@ -235,15 +235,14 @@ int CollectParameters(const engram_hasher* hasher, engram_gpu_hasher* g,
 }
 
 // Checks and queues n hash calls as one launch; failures are named after `fn`, the entry point
-// the caller used, and `launch` is its name for a refused launch.
-int QueueHashCalls(const char* fn, const char* launch, const engram_gpu_hasher* gpu_hasher,
+// the caller used.
+int QueueHashCalls(const char* fn, const engram_gpu_hasher* gpu_hasher,
                    const struct engram_gpu_hash_args* const* args, uint32_t n, uintptr_t stream) {
   if (gpu_hasher == nullptr || args == nullptr) return Fail(EINVAL, "%s: NULL argument", fn);
   if (n == 0 || n > ENGRAM_GPU_HASH_MAX_CALLS) {
     return Fail(EINVAL, "%s: %u calls (1..%u in one launch)", fn, n, ENGRAM_GPU_HASH_MAX_CALLS);
   }
   HashCalls calls;
-  calls.n = n;
   uint32_t max_tokens = 0, max_heads = 0;
   for (uint32_t i = 0; i < n; ++i) {
     // Failures of call i of several name it.
@@ -296,7 +295,7 @@ int QueueHashCalls(const char* fn, const char* launch, const engram_gpu_hasher* 
   HashKernel<<<grid, kBlockThreads, head_bytes, reinterpret_cast<gpuStream_t>(stream)>>>(
       gpu_hasher->vocab, calls);
   const gpuError_t st = gpuGetLastError();
-  return st == gpuSuccess ? 0 : FailRuntime(launch, st);
+  return st == gpuSuccess ? 0 : FailRuntime((std::string(fn) + " launch").c_str(), st);
 }
 
 }  // namespace
@@ -361,14 +360,13 @@ void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size) {
 
 int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu_hash_args* args,
                     uintptr_t stream) {
-  return QueueHashCalls("engram_gpu_hash", "engram_gpu_hash launch", gpu_hasher, &args, 1, stream);
+  return QueueHashCalls("engram_gpu_hash", gpu_hasher, &args, 1, stream);
 }
 
 int engram_gpu_hash_layers(const engram_gpu_hasher* gpu_hasher,
                            const struct engram_gpu_hash_args* const* args, uint32_t n,
                            uintptr_t stream) {
-  return QueueHashCalls("engram_gpu_hash_layers", "engram_gpu_hash_layers launch", gpu_hasher, args,
-                        n, stream);
+  return QueueHashCalls("engram_gpu_hash_layers", gpu_hasher, args, n, stream);
 }
 
 }  // extern "C"
