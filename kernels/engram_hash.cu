@@ -118,6 +118,9 @@ constexpr uint32_t kMaxHeads = 2048;
 // Block (x, y) hashes tokens [x * 256, x * 256 + 256) of call y, one thread per token: its ids
 // are gathered once, then every head of the range is hashed.
 __global__ void __launch_bounds__(kBlockThreads) HashKernel(DeviceVocab vocab, HashCalls calls) {
+  // A kernel launched after-prior behind this one (the GPU queue's submit kernel, a dequantise
+  // kernel) may be put in place now; it awaits this grid's end before reading the row ids.
+  ENGRAM_GPU_RELEASE_DEPENDENTS();
   __shared__ int32_t shared_starts[kSharedSeqStarts + 1];
   extern __shared__ uint64_t head_params[];  // primes, then offsets, of the call's heads
   const HashCall& c = calls.c[blockIdx.y];

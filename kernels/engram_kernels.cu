@@ -83,6 +83,9 @@ template <typename Source>
 __global__ void __launch_bounds__(kBlockThreads)
     DequantKernel(Source source, uint64_t slots, uint16_t* __restrict__ out,
                   uint32_t* bad_index_count) {
+  // Launched after-prior: the rows, row ids and index map may come from the kernel ahead.
+  ENGRAM_GPU_AWAIT_PRIOR_GRID();
+  ENGRAM_GPU_RELEASE_DEPENDENTS();
   const uint32_t lane = threadIdx.x % kThreadsPerSlot;
   const uint64_t first = uint64_t{blockIdx.x} * kSlotsPerBlock + threadIdx.x / kThreadsPerSlot;
   const uint64_t stride = uint64_t{gridDim.x} * kSlotsPerBlock;
@@ -200,9 +203,9 @@ int LaunchDequant(const Source& source, uint64_t slots, void* out, uint32_t* bad
                   gpuStream_t stream, const char* what) {
   uint64_t blocks = (slots + kSlotsPerBlock - 1) / kSlotsPerBlock;
   if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  DequantKernel<<<static_cast<unsigned>(blocks), kBlockThreads, 0, stream>>>(
-      source, slots, static_cast<uint16_t*>(out), bad_index_count);
-  const gpuError_t status = gpuGetLastError();
+  const gpuError_t status =
+      LaunchAfterPrior(true, DequantKernel<Source>, static_cast<unsigned>(blocks), kBlockThreads, 0,
+                       stream, source, slots, static_cast<uint16_t*>(out), bad_index_count);
   if (status == gpuSuccess) return 0;
   char call[96];
   snprintf(call, sizeof(call), "%s: kernel launch", what);

@@ -65,11 +65,10 @@ constexpr uint32_t kFusedThreads = 256;
 constexpr uint32_t kFusedSlotsPerBlock = kFusedThreads / engram::kernels::kThreadsPerSlot;
 static_assert(kFusedThreads >= kMaxRequests, "block 0's lanes poll one piece each");
 
-// The queue's state in device memory: the steps completed, and the tickets of the step in
-// flight (written by the submit kernel, read by the wait kernels on the same stream).
+// The queue's state in device memory: the steps completed (the tickets of the step in flight
+// derive from it: Ticket below), advanced by the wait kernels.
 struct QueueState {
   uint64_t step;
-  uint64_t expected[kMaxRequests];
   // The fused kernel's words. ready[p] holds piece p's ticket once block 0 saw it complete;
   // abandoned holds the step's first ticket once block 0 gave up on the step (tickets are new
   // every step, so neither needs resetting).
@@ -98,10 +97,13 @@ __device__ __forceinline__ uint64_t Ticket(uint64_t step, uint32_t i) {
 }
 
 // Publishes the step's requests: entries first, a system-scope fence, then the tail (the
-// daemon reads the tail with acquire, then the entries). Slot i carries request i.
+// daemon reads the tail with acquire, then the entries). Slot i carries request i. One thread.
+// Launched after-prior (unless ENGRAM_GPU_QUEUE_NO_OVERLAP): it is in place while the kernel
+// that writes the row ids finishes, and awaits that kernel (and through it the previous step's
+// wait kernel, which advanced the step) before it touches anything.
 __global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests reqs,
                              volatile int32_t* error) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  ENGRAM_GPU_AWAIT_PRIOR_GRID();
   if (*error != 0) return;  // a failed queue submits nothing until the host recovers it
   const uint64_t step = state->step;
   volatile uint32_t* tail_word = &ring.header->sq_tail;
@@ -119,7 +121,6 @@ __global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests 
     StoreSystem64(&e->dest_offsets_offset, 0);
     StoreSystem64(&e->reserved[0], 0);
     StoreSystem64(&e->reserved[1], 0);
-    state->expected[i] = ticket;
   }
   __threadfence_system();      // the entries (and the row ids kernels wrote before) are visible...
   *tail_word = tail + reqs.n;  // ...before the daemon can see the new tail
@@ -128,10 +129,13 @@ __global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests 
 
 // Waits until every request of the step completed (its status slot holds its ticket; the
 // daemon stores the ticket last, with release), the daemon stopped, or the deadline passed.
-// Records the first failure in *error. Always advances the step.
+// Records the first failure in *error. Always advances the step. One thread. An ordinary
+// launch: it starts while the daemon serves the requests, so an earlier start would gain
+// nothing. It releases the kernel behind it at once (a dequantise kernel, launched after-prior,
+// which awaits this one before it reads the rows).
 __global__ void WaitKernel(DeviceRing ring, QueueState* state, uint32_t n, uint64_t timeout_ns,
                            volatile int32_t* error) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  ENGRAM_GPU_RELEASE_DEPENDENTS();
   if (*error != 0) {  // a failed queue submitted nothing
     state->step += 1;
     return;
@@ -139,10 +143,11 @@ __global__ void WaitKernel(DeviceRing ring, QueueState* state, uint32_t n, uint6
   int32_t failure = 0;
   bool abandoned = false;  // the daemon is gone or late: stop waiting for the rest
   const uint64_t start = ENGRAM_GPU_NOW_NS();
+  const uint64_t step = state->step;
   for (uint32_t i = 0; i < n && !abandoned; ++i) {
     volatile engram_request_status* st = &ring.status[i];
     while (true) {
-      if (st->ticket == state->expected[i]) {
+      if (st->ticket == Ticket(step, i)) {
         __threadfence_system();  // acquire: the code and the rows come after the ticket
         // A request's own failure is recorded, but every other request is still awaited, so
         // that none is in flight when the engine clears the word and goes on.
@@ -167,7 +172,7 @@ __global__ void WaitKernel(DeviceRing ring, QueueState* state, uint32_t n, uint6
     *error = failure;
     __threadfence_system();
   }
-  state->step += 1;
+  state->step = step + 1;
 }
 
 // Block 0 of the fused kernel: piece p is watched by lane p / kWarps of warp p % kWarps, so
@@ -243,9 +248,12 @@ __device__ bool AwaitPiece(QueueState* state, uint32_t piece, uint64_t step,
 // dequantises them, one warp per slot: the barrier hands warp 0's acquire to the other warps.
 // While the error word is set (nothing was published), nothing is awaited or written. The
 // last block to finish records the step's failure in *error and advances the step; until then
-// every block reads the same state->step. (A version that published from block 0 of this
-// kernel, saving the submit kernel's launch, had the requests reach the daemon ~150 us later;
-// its other blocks also looked at host memory then, and it has not been measured without.)
+// every block reads the same state->step. An ordinary launch, once SubmitKernel has finished:
+// launched after-prior, so that its blocks were in place while the pieces were published, it
+// had the requests reach the daemon ~160 us later (measured on the H200, whether or not block 0
+// polled the host before the submit kernel was done), and its launch is hidden behind the
+// daemon's service time anyway. (A version that published from block 0 of this kernel, saving
+// the submit kernel's launch, was as late, ~150 us.)
 __global__ void __launch_bounds__(kFusedThreads)
     WaitDequantKernel(DeviceRing ring, QueueState* state, uint32_t pieces, DeviceDequants dq,
                       uint64_t timeout_ns, volatile int32_t* error) {
@@ -309,6 +317,7 @@ struct engram_gpu_queue {
   int32_t* error_host = nullptr;  // pinned, mapped
   int32_t* error_device = nullptr;
   uint64_t timeout_ns = kDefaultTimeoutNs;
+  bool overlap = true;  // launch the kernels after-prior (not ENGRAM_GPU_QUEUE_NO_OVERLAP)
 };
 
 namespace {
@@ -411,6 +420,9 @@ int engram_gpu_queue_create(engram_session* session, const engram_gpu_registrati
     }
     std::memcpy(&o, opts, opts->size);
   }
+  if ((o.flags & ~uint32_t{ENGRAM_GPU_QUEUE_NO_OVERLAP}) != 0) {
+    return Fail(EINVAL, "engram_gpu_queue_create: unknown option flags 0x%x", o.flags);
+  }
   gpuError_t loaded = PreloadKernel(SubmitKernel);
   if (loaded == gpuSuccess) loaded = PreloadKernel(WaitKernel);
   if (loaded == gpuSuccess) loaded = PreloadKernel(WaitDequantKernel);
@@ -420,6 +432,7 @@ int engram_gpu_queue_create(engram_session* session, const engram_gpu_registrati
   auto* q = new (std::nothrow) engram_gpu_queue;
   if (q == nullptr) return Fail(ENOMEM, "engram_gpu_queue_create: out of memory");
   if (o.timeout_ns != 0) q->timeout_ns = o.timeout_ns;
+  q->overlap = (o.flags & ENGRAM_GPU_QUEUE_NO_OVERLAP) == 0;
   if (int rc = DeviceAddresses(session, reg, q); rc < 0) {
     delete q;
     return rc;
@@ -474,9 +487,12 @@ int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_req
     }
   }
   auto s = reinterpret_cast<gpuStream_t>(stream);
-  SubmitKernel<<<1, 32, 0, s>>>(queue->ring, queue->state, reqs, queue->error_device);
-  WaitKernel<<<1, 32, 0, s>>>(queue->ring, queue->state, n, queue->timeout_ns, queue->error_device);
-  const gpuError_t st = gpuGetLastError();
+  gpuError_t st = LaunchAfterPrior(queue->overlap, SubmitKernel, 1, 1, 0, s, queue->ring,
+                                   queue->state, reqs, queue->error_device);
+  if (st == gpuSuccess) {
+    st = LaunchAfterPrior(false, WaitKernel, 1, 1, 0, s, queue->ring, queue->state, n,
+                          queue->timeout_ns, queue->error_device);
+  }
   return st == gpuSuccess ? 0 : FailRuntime("engram_gpu_queue_gather launch", st);
 }
 
@@ -551,10 +567,13 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
                 static_cast<unsigned long long>(uint64_t{INT32_MAX} * kFusedSlotsPerBlock));
   }
   auto s = reinterpret_cast<gpuStream_t>(stream);
-  SubmitKernel<<<1, 32, 0, s>>>(queue->ring, queue->state, reqs, queue->error_device);
-  WaitDequantKernel<<<static_cast<unsigned>(blocks), kFusedThreads, 0, s>>>(
-      queue->ring, queue->state, reqs.n, dq, queue->timeout_ns, queue->error_device);
-  const gpuError_t st = gpuGetLastError();
+  gpuError_t st = LaunchAfterPrior(queue->overlap, SubmitKernel, 1, 1, 0, s, queue->ring,
+                                   queue->state, reqs, queue->error_device);
+  if (st == gpuSuccess) {
+    st = LaunchAfterPrior(false, WaitDequantKernel, static_cast<unsigned>(blocks), kFusedThreads, 0,
+                          s, queue->ring, queue->state, reqs.n, dq, queue->timeout_ns,
+                          queue->error_device);
+  }
   return st == gpuSuccess ? 0 : FailRuntime("engram_gpu_queue_gather_dequant launch", st);
 }
 

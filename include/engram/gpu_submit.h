@@ -49,7 +49,14 @@ struct engram_gpu_queue_options {
   size_t size;         /* engram_gpu_queue_options_init sets it */
   uint64_t timeout_ns; /* how long a device wait may take before it gives up and flags the
                           step DEADLINE_EXCEEDED; 0: 2 s */
+  uint32_t flags;      /* ENGRAM_GPU_QUEUE_* */
 };
+/* Launch each of the queue's kernels only once the kernel ahead of it on the stream has
+ * finished. By default (CUDA, compute capability 9.0 or later) they are programmatic dependent
+ * launches: the submit kernel is in place while the kernel that writes the row ids finishes, and
+ * the wait kernel while the submit kernel publishes (docs/gpu.md, "Overlapped launches"). For
+ * comparison, or a driver that mishandles such launches. */
+#define ENGRAM_GPU_QUEUE_NO_OVERLAP (1u << 0)
 
 /* Fills *opts with the defaults; size = the caller's sizeof. */
 void engram_gpu_queue_options_init(struct engram_gpu_queue_options* opts, size_t size);

@@ -118,6 +118,37 @@ TEST_CASE("a fused, pipelined GPU step replays bit-exact for every piece size") 
   }
 }
 
+TEST_CASE("a GPU queue launched without overlap replays bit-exact; unknown flags are refused") {
+  Daemon daemon({}, "gpu-step-serial", testing::HashModel());
+  REQUIRE(daemon.alive());
+  Hashers h;
+  StepInputs in;
+  const uint32_t n = kTokens * h.heads();
+  DeviceSession ds(daemon, n, 2'000'000'000, ENGRAM_GPU_QUEUE_NO_OVERLAP);
+  const HostPath host(daemon, n);
+  const char* env = std::getenv("ENGRAM_GPU_STEP_REPLAYS");
+  const int replays = env != nullptr ? std::atoi(env) / 5 : 2000;
+  std::mt19937_64 rng(1202);
+  for (const bool fused : {false, true}) {
+    INFO((fused ? "fused wait and dequantise" : "wait, then dequantise"));
+    const StepOptions options{.fused = fused};
+    CapturedStep step(h, in, ds, options);
+    ReplayChecked(step, in, h, ds, host, rng, replays, options);
+  }
+  uint64_t steps = 0;
+  ENGRAM_REQUIRE(engram_gpu_queue_steps(ds.queue, &steps));
+  CHECK(steps == 2u * static_cast<uint64_t>(replays));
+
+  engram_gpu_queue_options qo;
+  engram_gpu_queue_options_init(&qo, sizeof(qo));
+  qo.flags = 0x6;
+  engram_gpu_queue* q = nullptr;
+  CHECK(engram_gpu_queue_create(ds.session, ds.reg, &qo, &q) == -EINVAL);
+  CHECK(q == nullptr);
+  CHECK(std::string(engram_kernels_last_error()).find("unknown option flags 0x6") !=
+        std::string::npos);
+}
+
 TEST_CASE("engram_gpu_queue_gather_dequant refuses what it cannot pipeline, naming it") {
   Daemon daemon({}, "gpu-step-fused-args", testing::HashModel());
   REQUIRE(daemon.alive());

@@ -89,14 +89,15 @@ struct StepInputs {
 };
 
 // A session whose ring belongs to the GPU, its arena registered, and per layer the row ids and
-// rows of one step inside its data region.
+// rows of one step inside its data region. queue_flags: ENGRAM_GPU_QUEUE_*.
 struct DeviceSession {
   engram_session* session = nullptr;
   engram_gpu_registration* reg = nullptr;
   engram_gpu_queue* queue = nullptr;
   uint64_t* ids[2] = {};
   uint8_t* rows[2] = {};
-  DeviceSession(const Daemon& daemon, uint32_t step_rows, uint64_t timeout_ns) {
+  DeviceSession(const Daemon& daemon, uint32_t step_rows, uint64_t timeout_ns,
+                uint32_t queue_flags = 0) {
     // 32 slots: the pieces of a fused step at its smallest piece size take up to 32.
     engram_connect_options o = daemon.Options(16 << 20, 32);
     o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
@@ -114,6 +115,7 @@ struct DeviceSession {
     engram_gpu_queue_options qo;
     engram_gpu_queue_options_init(&qo, sizeof(qo));
     qo.timeout_ns = timeout_ns;
+    qo.flags = queue_flags;
     ENGRAM_REQUIRE(engram_gpu_queue_create(session, reg, &qo, &queue));
   }
   ~DeviceSession() {
