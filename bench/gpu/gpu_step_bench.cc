@@ -12,6 +12,11 @@
 //   hash/layer,  the default pipelined step with a hash launch per layer instead of one for both
 //   no hash      (engram_gpu_hash_layers), and with the GPU hash left out of the graph (it gathers
 //                the ids the arena holds): what hashing adds;
+//   serial,      the default pipelined step and the GPU step on a queue whose kernels are not
+//   serial GPU   launched after-prior (ENGRAM_GPU_QUEUE_NO_OVERLAP): what the overlap saves;
+//   paired       rounds of host hash + host gather of the default pieces, the pipelined step
+//                and its serial twin, one after another with the same tokens: the differences
+//                round by round, without the daemon's drift between parts of the run;
 //   (and the host step and every GPU step again, watched from the host: when the requests are
 //    published, when their rows are in the arena, and how long the stream takes after that)
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
@@ -230,12 +235,12 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   // would) and launches them. Every graph's output for the host step's last tokens must agree
   // with the host step's bit for bit.
   DeviceSession ds(daemon, n, 2'000'000'000);
+  // The same steps with the queue's kernels launched one after the other, each once the kernel
+  // ahead of it has finished: what the overlapped launches save.
+  DeviceSession serial_ds(daemon, n, 2'000'000'000, ENGRAM_GPU_QUEUE_NO_OVERLAP);
   struct Watched {
     Stats publish, daemon, tail, service;
   };
-  struct engram_device_ring ring {};
-  ring.size = sizeof(ring);
-  REQUIRE(engram_device_ring(ds.session, &ring) == 0);
   // The step's time on the GPU: the stream waits on a host word (`gate`), records an event,
   // runs the graph and records another; the host opens the gate once all of it is queued, so
   // the first event is taken just before the graph starts, without the host's launch call, and
@@ -249,8 +254,33 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   cudaEvent_t span_begin, span_end;
   CUDA_REQUIRE(cudaEventCreate(&span_begin));
   CUDA_REQUIRE(cudaEventCreate(&span_end));
-  auto run_gpu_step = [&](const testing::StepOptions& options, Watched* watched, Stats* span) {
-    CapturedStep step(h, in, ds, options);
+  // One replay of `step` timed on the GPU's clock, in µs.
+  auto replay_on_gpu_clock = [&](CapturedStep& step) {
+    const uint64_t open = __atomic_load_n(gate, __ATOMIC_RELAXED) + 1;
+    {
+      // Opened however this block is left: a failed check must not leave the stream held.
+      struct OpenGate {
+        uint64_t* word;
+        uint64_t value;
+        ~OpenGate() { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+      } opens{gate, open};
+      ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(step.stream), gate_d,
+                                                open, nullptr));
+      CUDA_REQUIRE(cudaEventRecord(span_begin, step.stream));
+      step.Replay();
+      CUDA_REQUIRE(cudaEventRecord(span_end, step.stream));
+    }
+    step.Sync();
+    float ms = 0;
+    CUDA_REQUIRE(cudaEventElapsedTime(&ms, span_begin, span_end));
+    return ms * 1000.0;
+  };
+  auto run_gpu_step = [&](const testing::StepOptions& options, Watched* watched, Stats* span,
+                          const DeviceSession& session) {
+    struct engram_device_ring ring {};
+    ring.size = sizeof(ring);
+    REQUIRE(engram_device_ring(session.session, &ring) == 0);
+    CapturedStep step(h, in, session, options);
     wall.clear();
     double busy = 0;
     for (int i = 0; i < steps + 200; ++i) {
@@ -267,24 +297,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     std::vector<double> gpu_us;
     for (int i = 0; i < steps / 2 + 100; ++i) {
       in.Randomise(rng);
-      const uint64_t open = __atomic_load_n(gate, __ATOMIC_RELAXED) + 1;
-      {
-        // Opened however this block is left: a failed check must not leave the stream held.
-        struct OpenGate {
-          uint64_t* word;
-          uint64_t value;
-          ~OpenGate() { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
-        } opens{gate, open};
-        ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(step.stream), gate_d,
-                                                  open, nullptr));
-        CUDA_REQUIRE(cudaEventRecord(span_begin, step.stream));
-        step.Replay();
-        CUDA_REQUIRE(cudaEventRecord(span_end, step.stream));
-      }
-      step.Sync();
-      float ms = 0;
-      CUDA_REQUIRE(cudaEventElapsedTime(&ms, span_begin, span_end));
-      if (i >= 100) gpu_us.push_back(ms * 1000.0);
+      const double us = replay_on_gpu_clock(step);
+      if (i >= 100) gpu_us.push_back(us);
     }
     *span = Summarise(gpu_us, 0);
     // Watched from the host: when the GPU publishes the step's requests (the ring's tail
@@ -324,7 +338,7 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
     }
     *watched = {Summarise(publish, 0), Summarise(daemon_us, 0), Summarise(tail, 0),
                 Summarise(service, 0)};
-    REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
+    REQUIRE(*engram_gpu_queue_error(session.queue) == 0);
     in.tokens = last_tokens;
     in.history = last_history;
     in.Upload();
@@ -335,7 +349,7 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   };
   Watched gpu_watched;
   Stats gpu_span;
-  const Stats gpu_step = run_gpu_step({}, &gpu_watched, &gpu_span);
+  const Stats gpu_step = run_gpu_step({}, &gpu_watched, &gpu_span, ds);
   const uint32_t piece_sizes[] = {ENGRAM_GPU_PIECE_ROWS_DEFAULT, 48, 96, 288, n};
   constexpr int kPieceSizes = std::size(piece_sizes);
   Stats fused[kPieceSizes];
@@ -343,17 +357,56 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   Stats fused_span[kPieceSizes];
   for (int i = 0; i < kPieceSizes; ++i) {
     fused[i] = run_gpu_step({.fused = true, .piece_rows = piece_sizes[i]}, &fused_watched[i],
-                            &fused_span[i]);
+                            &fused_span[i], ds);
   }
   // The default pipelined step with each layer hashed by a launch of its own, and without the
   // GPU hash (the ids the arena holds are gathered again): what hashing adds before the requests
   // go out, and what hashing both layers in one launch saves.
-  Watched per_layer_watched, unhashed_watched;
-  Stats per_layer_span, unhashed_span;
+  Watched per_layer_watched, unhashed_watched, serial_watched, serial_gpu_watched;
+  Stats per_layer_span, unhashed_span, serial_span, serial_gpu_span;
   const Stats per_layer = run_gpu_step({.fused = true, .hash = testing::StepHash::kPerLayer},
-                                       &per_layer_watched, &per_layer_span);
+                                       &per_layer_watched, &per_layer_span, ds);
   const Stats unhashed = run_gpu_step({.fused = true, .hash = testing::StepHash::kNone},
-                                      &unhashed_watched, &unhashed_span);
+                                      &unhashed_watched, &unhashed_span, ds);
+  const Stats serial = run_gpu_step({.fused = true}, &serial_watched, &serial_span, serial_ds);
+  const Stats serial_gpu = run_gpu_step({}, &serial_gpu_watched, &serial_gpu_span, serial_ds);
+
+  // The +15 us comparison with the daemon's drift taken out: each round runs the host's hash
+  // and gather of the default pieces, the default pipelined step and the same without
+  // overlapped launches (both on the GPU's clock), one right after the other, with the same
+  // tokens; the differences are taken round by round.
+  std::vector<double> paired_host, paired_fused, paired_serial, fused_minus_host, serial_minus_host;
+  {
+    const testing::StepOptions pipelined{.fused = true};
+    CapturedStep fused_step(h, in, ds, pipelined), serial_step(h, in, serial_ds, pipelined);
+    for (int i = 0; i < steps + 100; ++i) {
+      in.Randomise(rng);
+      const auto t0 = Clock::now();
+      host.Hash(h, in);
+      for (uint64_t t : host.Submit(n, ENGRAM_GPU_PIECE_ROWS_DEFAULT)) {
+        REQUIRE(engram_wait(host.s, t, -1) == 0);
+      }
+      const double host_us = Us(t0, Clock::now());
+      // Alternate which GPU step goes first, so that neither always follows the host's gather.
+      double fused_us, serial_us;
+      if (i % 2 == 0) {
+        fused_us = replay_on_gpu_clock(fused_step);
+        serial_us = replay_on_gpu_clock(serial_step);
+      } else {
+        serial_us = replay_on_gpu_clock(serial_step);
+        fused_us = replay_on_gpu_clock(fused_step);
+      }
+      if (i >= 100) {
+        paired_host.push_back(host_us);
+        paired_fused.push_back(fused_us);
+        paired_serial.push_back(serial_us);
+        fused_minus_host.push_back(fused_us - host_us);
+        serial_minus_host.push_back(serial_us - host_us);
+      }
+    }
+    REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
+    REQUIRE(*engram_gpu_queue_error(serial_ds.queue) == 0);
+  }
 
   // In place: both layers' resident tables, mapped read-only from engramd and registered; the
   // graph is GPU hash + dequant-gather from the mappings, with no request.
@@ -443,6 +496,8 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
   }
   print_watched("hash/layer", per_layer_watched);
   print_watched("no hash", unhashed_watched);
+  print_watched("serial", serial_watched);
+  print_watched("serial GPU", serial_gpu_watched);
   std::printf(
       "GPU steps' time on the GPU (CUDA events just before and after the graph, the stream "
       "held until both were queued), p50 (p99) us:\n");
@@ -460,10 +515,28 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
               "no hash", unhashed_span.p50, unhashed_span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
               unhashed.p50, unhashed.p99);
   std::printf(
+      "  %-11s %6.1f (%6.1f)   (fused/%u, the queue's kernels not overlapped; wall p50 %.1f, p99 "
+      "%.1f)\n",
+      "serial", serial_span.p50, serial_span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT, serial.p50,
+      serial.p99);
+  std::printf(
+      "  %-11s %6.1f (%6.1f)   (GPU step, the queue's kernels not overlapped; wall p50 %.1f, p99 "
+      "%.1f)\n",
+      "serial GPU", serial_gpu_span.p50, serial_gpu_span.p99, serial_gpu.p50, serial_gpu.p99);
+  std::printf(
       "fused step (default pieces) on the GPU - host hash and gather of the same requests: p50 "
       "%+.1f us (%.1f - %.1f - %.1f)\n",
       fused_span[0].p50 - hash.p50 - gather_pieces.p50, fused_span[0].p50, hash.p50,
       gather_pieces.p50);
+  // Differences can be negative: Summarise sorts them like any sample.
+  const Stats ph = Summarise(paired_host, 0), pf = Summarise(paired_fused, 0),
+              ps = Summarise(paired_serial, 0), dfh = Summarise(fused_minus_host, 0),
+              dsh = Summarise(serial_minus_host, 0);
+  std::printf(
+      "paired rounds (%d): host hash + gather of the same pieces p50 %.1f (p99 %.1f) us; on the "
+      "GPU: pipelined step %.1f (%.1f), not overlapped %.1f (%.1f); pipelined - host, round by "
+      "round: p50 %+.1f us (p99 %+.1f); not overlapped - host: p50 %+.1f us (p99 %+.1f)\n",
+      steps, ph.p50, ph.p99, pf.p50, pf.p99, ps.p50, ps.p99, dfh.p50, dfh.p99, dsh.p50, dsh.p99);
   cudaEventDestroy(span_begin);
   cudaEventDestroy(span_end);
   cudaFreeHost(gate);
