@@ -32,6 +32,13 @@ using testing::ReplayChecked;
 using testing::StepInputs;
 using testing::StepOptions;
 
+// Replays of the step's main case: ENGRAM_GPU_STEP_REPLAYS, or 10,000; `share` of that for each
+// other case.
+int Replays(int share = 1) {
+  const char* env = std::getenv("ENGRAM_GPU_STEP_REPLAYS");
+  return (env != nullptr ? std::atoi(env) : 10000) / share;
+}
+
 // A map that reads the layer's rows back to front, with padding and out-of-range slots: every
 // slot's piece differs from the one its position would suggest.
 std::vector<int32_t> ScrambledMap(uint32_t n, uint32_t* ret_bad) {
@@ -64,8 +71,7 @@ TEST_CASE("a captured GPU step (hash, submit, wait, dequantise) replays bit-exac
   uint64_t ticket = 0;
   CHECK(engram_submit_nop(ds.session, &ticket) == -EBUSY);
 
-  const char* env = std::getenv("ENGRAM_GPU_STEP_REPLAYS");
-  const int replays = env != nullptr ? std::atoi(env) : 10000;
+  const int replays = Replays();
   std::mt19937_64 rng(1130);
   ReplayChecked(step, in, h, ds, host, rng, replays);
   uint64_t steps = 0;
@@ -96,8 +102,7 @@ TEST_CASE("a fused, pipelined GPU step replays bit-exact for every piece size") 
   DeviceSession ds(daemon, n, 2'000'000'000);
   const HostPath host(daemon, n);
 
-  const char* env = std::getenv("ENGRAM_GPU_STEP_REPLAYS");
-  const int replays = env != nullptr ? std::atoi(env) / 5 : 2000;
+  const int replays = Replays(5);
   std::mt19937_64 rng(1201);
   uint64_t steps_before = 0;
   // The default (4 pieces a layer), pieces of 48 rows (12 a layer, 24 in all), one piece a
@@ -126,8 +131,7 @@ TEST_CASE("a GPU queue launched without overlap replays bit-exact; unknown flags
   const uint32_t n = kTokens * h.heads();
   DeviceSession ds(daemon, n, 2'000'000'000, ENGRAM_GPU_QUEUE_NO_OVERLAP);
   const HostPath host(daemon, n);
-  const char* env = std::getenv("ENGRAM_GPU_STEP_REPLAYS");
-  const int replays = env != nullptr ? std::atoi(env) / 5 : 2000;
+  const int replays = Replays(5);
   std::mt19937_64 rng(1202);
   for (const bool fused : {false, true}) {
     INFO((fused ? "fused wait and dequantise" : "wait, then dequantise"));
