@@ -52,10 +52,10 @@ struct engram_gpu_queue_options {
   uint32_t flags;      /* ENGRAM_GPU_QUEUE_* */
 };
 /* Launch each of the queue's kernels only once the kernel ahead of it on the stream has
- * finished. By default (CUDA, compute capability 9.0 or later) they are programmatic dependent
- * launches: the submit kernel is in place while the kernel that writes the row ids finishes, and
- * the wait kernel while the submit kernel publishes (docs/gpu.md, "Overlapped launches"). For
- * comparison, or a driver that mishandles such launches. */
+ * finished. By default (CUDA, compute capability 9.0 or later) the submit kernel is a
+ * programmatic dependent launch, in place while the kernel that writes the row ids finishes
+ * (docs/gpu.md, "Requests from the GPU", overlapped launches). For comparison, or a driver that
+ * mishandles such launches. */
 #define ENGRAM_GPU_QUEUE_NO_OVERLAP (1u << 0)
 
 /* Fills *opts with the defaults; size = the caller's sizeof. */
