@@ -250,9 +250,9 @@ __device__ bool AwaitPiece(QueueState* state, uint32_t piece, uint64_t step,
 // last block to finish records the step's failure in *error and advances the step; until then
 // every block reads the same state->step. An ordinary launch, once SubmitKernel has finished:
 // launched after-prior, so that its blocks were in place while the pieces were published, it
-// had the requests reach the daemon ~160 us later (measured on the H200, whether or not block 0
-// polled the host before the submit kernel was done), and its launch is hidden behind the
-// daemon's service time anyway. (A version that published from block 0 of this kernel, saving
+// had the requests reach the daemon 150-185 us later (measured on the H200, whether or not
+// block 0 polled the host before the submit kernel was done), and its launch is hidden behind
+// the daemon's service time anyway. (A version that published from block 0 of this kernel, saving
 // the submit kernel's launch, was as late, ~150 us.)
 __global__ void __launch_bounds__(kFusedThreads)
     WaitDequantKernel(DeviceRing ring, QueueState* state, uint32_t pieces, DeviceDequants dq,
