@@ -36,8 +36,8 @@ fi
 # architecture-independent and come with the list above).
 cross_packages=(
   crossbuild-essential-arm64 qemu-user-static
-  liburing-dev:arm64 libboost-dev:arm64 libabsl-dev:arm64 catch2:arm64 libfmt-dev:arm64
-  libtomlplusplus-dev:arm64 libsystemd-dev:arm64 libxxhash-dev:arm64
+  liburing-dev:arm64 libabsl-dev:arm64 libfmt-dev:arm64
+  libtomlplusplus-dev:arm64 libxxhash-dev:arm64
   # For dpkg-buildpackage -aarm64: aarch64-linux-gnu-pkg-config.
   pkgconf:arm64
 )
