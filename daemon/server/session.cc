@@ -8,17 +8,11 @@
 #include <climits>
 #include <cstring>
 
+#include "absl/base/config.h"
 #include "absl/strings/str_format.h"
 #include "daemon/ops/escape.h"
 
-#if defined(__SANITIZE_THREAD__)  // GCC
-#define ENGRAM_TSAN 1
-#elif defined(__has_feature)  // clang
-#if __has_feature(thread_sanitizer)
-#define ENGRAM_TSAN 1
-#endif
-#endif
-#if defined(ENGRAM_TSAN)
+#if defined(ABSL_HAVE_THREAD_SANITIZER)  // gcc's and clang's ways of saying so
 #include <sanitizer/tsan_interface.h>
 #endif
 
@@ -38,7 +32,7 @@ std::atomic_ref<T> Shared(T& word) {
 // it reports every such reuse as a race between the two request threads. They tell it of that
 // order, per session, and of nothing else: what was done before a completion was published
 // comes before what is done for the submissions taken after it.
-#if defined(ENGRAM_TSAN)
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
 void ClientOrderRelease(const char* order) { __tsan_release(const_cast<char*>(order)); }
 void ClientOrderAcquire(const char* order) { __tsan_acquire(const_cast<char*>(order)); }
 #else

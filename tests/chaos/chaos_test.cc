@@ -16,6 +16,7 @@
 #include <deque>
 #include <thread>
 
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 #include "tests/chaos/chaos_util.h"
 
@@ -686,7 +687,7 @@ TEST_CASE("clients SIGKILLed at random points under load", "[chaos]") {
   CHECK(clients["clients"].size() <= 2);  // the verifier and the control session itself
   // The killed clients' arenas (4 MiB each) are unmapped: memory is back near its baseline.
   INFO("daemon RSS " << rss_before << " kB before, " << RssKb(d.pid()) << " kB after");
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(ABSL_HAVE_ADDRESS_SANITIZER)  // gcc or clang
   // ASan keeps freed memory in quarantine: RSS says nothing there; its leak check does.
   WARN("RSS check skipped under AddressSanitizer");
 #else
