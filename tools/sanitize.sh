@@ -19,6 +19,9 @@ kinds=("$@")
 [[ ${#kinds[@]} -eq 0 ]] && kinds=(asan tsan)
 suites=(daemon hash gather store ops chaos)
 ccache=$(command -v ccache >/dev/null && echo "ccache " || true)
+# Both runs build with clang. meson puts ccache in front of the compilers it finds itself, not
+# of those named in CC/CXX.
+compilers=(CC="${ccache}clang" CXX="${ccache}clang++")
 common=(-Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled -Dbuildtype=debugoptimized)
 
 # The tests of `suites` that run C/C++ code in-process, and the build targets they need, from
@@ -48,8 +51,6 @@ PY
 status=0
 for kind in "${kinds[@]}"; do
   dir="$prefix-$kind"
-  # meson puts ccache in front of the compilers it finds itself, not of those named in CC/CXX.
-  compilers=(CC="${ccache}clang" CXX="${ccache}clang++")
   case $kind in
     asan) opts=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
     tsan) opts=(-Dtsan=true -Db_lundef=false) ;;
