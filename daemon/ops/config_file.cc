@@ -9,13 +9,16 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "daemon/ops/log.h"
 #include "engram/protocol.h"
 
 namespace engram {
@@ -252,6 +255,47 @@ void Setting::ClearList(DaemonSettings* s) const {
   if (kind == Kind::kIds) At<std::vector<uint32_t>>(*this, s).clear();
 }
 
+namespace {
+
+// Calls fn(&value) with this setting's value in *s, typed as its Kind stores it.
+template <typename Fn>
+void VisitValue(const Setting& setting, DaemonSettings* s, Fn&& fn) {
+  switch (setting.kind) {
+    case Kind::kUint32:
+      return fn(&At<uint32_t>(setting, s));
+    case Kind::kUint64:
+    case Kind::kBytes:
+    case Kind::kBytesOrZero:
+      return fn(&At<uint64_t>(setting, s));
+    case Kind::kString:
+      return fn(&At<std::string>(setting, s));
+    case Kind::kStrings:
+      return fn(&At<std::vector<std::string>>(setting, s));
+    case Kind::kIds:
+      return fn(&At<std::vector<uint32_t>>(setting, s));
+    case Kind::kBool:
+      return fn(&At<bool>(setting, s));
+  }
+}
+
+}  // namespace
+
+bool Setting::Same(const DaemonSettings& a, const DaemonSettings& b) const {
+  bool same = false;
+  VisitValue(*this, const_cast<DaemonSettings*>(&a), [&](auto* value) {
+    using T = std::remove_pointer_t<decltype(value)>;
+    same = *value == At<T>(*this, const_cast<DaemonSettings*>(&b));
+  });
+  return same;
+}
+
+void Setting::Copy(const DaemonSettings& from, DaemonSettings* to) const {
+  VisitValue(*this, to, [&](auto* value) {
+    using T = std::remove_pointer_t<decltype(value)>;
+    *value = At<T>(*this, const_cast<DaemonSettings*>(&from));
+  });
+}
+
 // One tables.tiers entry: "LAYER=storage", "LAYER=resident" or "LAYER=cache".
 absl::Status CheckTierEntry(const std::string& v) {
   const size_t eq = v.find('=');
@@ -264,154 +308,272 @@ absl::Status CheckTierEntry(const std::string& v) {
   return absl::OkStatus();
 }
 
-// Every setting of engramd, once: its key, flag, help, kind, field and check. One table rather
-// than code, so it is one piece however long it grows; the config file, --help, reload and
-// docs/operations.md (checked by a test) all read it.
+namespace {
+
+absl::Status CheckFileMode(const std::string& v) {
+  char* end = nullptr;
+  const unsigned long mode = strtoul(v.c_str(), &end, 8);
+  if (v.empty() || *end != '\0' || mode > 07777) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("'%s' is not an octal file mode such as \"0660\"", v));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoopback(const std::string& v) {
+  if (v != "127.0.0.1" && v != "::1" && v != "localhost") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "'%s' is not a loopback address (127.0.0.1, ::1 or localhost); the metrics port is never "
+        "exposed beyond the node",
+        v));
+  }
+  return absl::OkStatus();
+}
+
+// "error, warning, notice, info or debug", from log::kLevelNames.
+std::string LevelList() {
+  std::string out;
+  const size_t n = std::size(log::kLevelNames);
+  for (size_t i = 0; i < n; ++i) {
+    out += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(log::kLevelNames[i].name);
+  }
+  return out;
+}
+
+absl::Status CheckLevel(const std::string& v) {
+  if (log::ParseLevel(v)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat("'%s' is not one of %s", v, LevelList()));
+}
+
+const std::string& LevelHelp() {
+  static const std::string* help =
+      new std::string("Least important messages logged: " + LevelList());
+  return *help;
+}
+
+}  // namespace
+
+// Every setting of engramd, once: its key, flag, help, kind, whether SIGHUP applies it, field
+// and check. One table rather than code, so it is one piece however long it grows; the config
+// file, --help, reload and docs/operations.md (checked by a test) all read it.
 const std::vector<Setting>& Settings() {
   using S = DaemonSettings;
+  constexpr Setting::Reload kLive = Setting::Reload::kLive;
+  constexpr Setting::Reload kRestart = Setting::Reload::kRestart;
   static const auto* settings = new std::vector<Setting>{
-      {"tables.models", "--model", "Checkpoint directory; every Engram table in it is served",
-       Kind::kStrings, [](S* s) -> void* { return &s->models; }},
-      {"tables.files", "--table", "A packed table file (or a checkpoint directory)", Kind::kStrings,
-       [](S* s) -> void* { return &s->tables; }},
-      {"tables.rows", "--rows", "Per-rank copy: the rows A:B the sources hold (others are refused)",
-       Kind::kString, [](S* s) -> void* { return &s->rows; }, 0, 0,
-       [](const std::string& v) -> absl::Status {
+      {.key = "tables.models",
+       .flag = "--model",
+       .help = "Checkpoint directory; every Engram table in it is served",
+       .kind = Kind::kStrings,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->models; },
+       .example = "/srv/engram/model"},
+      {.key = "tables.files",
+       .flag = "--table",
+       .help = "A packed table file (or a checkpoint directory)",
+       .kind = Kind::kStrings,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->tables; },
+       .example = "/srv/engram/layer-14.engram"},
+      {.key = "tables.rows",
+       .flag = "--rows",
+       .help = "Per-rank copy: the rows A:B the sources hold (others are refused)",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->rows; },
+       .check = [](const std::string& v) -> absl::Status {
          if (v.empty()) return absl::OkStatus();
          absl::StatusOr<RowRange> r = ParseRowRange(v);
          return r.ok() ? absl::OkStatus() : r.status();
-       }},
-      {"tables.layers", "--layers", "Serve only these layer ids (empty: all)", Kind::kIds,
-       [](S* s) -> void* { return &s->server.layers; }, 0, UINT32_MAX, nullptr, ",", "layer id"},
+       },
+       .example = "0:1000000"},
+      {.key = "tables.layers",
+       .flag = "--layers",
+       .help = "Serve only these layer ids (empty: all)",
+       .kind = Kind::kIds,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->server.layers; },
+       .max = UINT32_MAX,
+       .flag_separator = ",",
+       .item = "layer id"},
       {"tables.check_holes", "--no-check-holes",
-       "Do not check sparse copies for holes in the rows they claim", Kind::kBool,
+       "Do not check sparse copies for holes in the rows they claim", Kind::kBool, kRestart,
        [](S* s) -> void* { return &s->server.check_holes; }},
-      {"tables.read_mode", "--read-mode",
-       "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables much larger "
-       "than RAM)",
-       Kind::kString, [](S* s) -> void* { return &s->read_mode; }, 0, 0,
-       [](const std::string& v) {
-         return OneOf(v, {"buffered", "direct"});
-       }},
-      {"tables.tier", "--default-tier",
-       "Tier of the tables tables.tiers does not name: storage, resident or cache "
-       "(docs/row-store.md)",
-       Kind::kString, [](S* s) -> void* { return &s->default_tier; }, 0, 0,
-       [](const std::string& v) { return OneOf(v, {"storage", "resident", "cache"}); }},
-      {"tables.tiers", "--tier", "A table's tier, LAYER=storage|resident|cache (repeatable)",
-       Kind::kStrings, [](S* s) -> void* { return &s->tiers; }, 0, 0, CheckTierEntry},
+      {.key = "tables.read_mode",
+       .flag = "--read-mode",
+       .help = "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables much "
+               "larger than RAM)",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->read_mode; },
+       .check =
+           [](const std::string& v) {
+             return OneOf(v, {"buffered", "direct"});
+           },
+       .example = "direct"},
+      {.key = "tables.tier",
+       .flag = "--default-tier",
+       .help = "Tier of the tables tables.tiers does not name: storage, resident or cache "
+               "(docs/row-store.md)",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->default_tier; },
+       .check =
+           [](const std::string& v) {
+             return OneOf(v, {"storage", "resident", "cache"});
+           },
+       .example = "resident"},
+      {.key = "tables.tiers",
+       .flag = "--tier",
+       .help = "A table's tier, LAYER=storage|resident|cache (repeatable)",
+       .kind = Kind::kStrings,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->tiers; },
+       .check = CheckTierEntry,
+       .example = "14=resident"},
       {"memory.budget", "--memory-budget",
        "Bytes the row store may hold, resident tables and cache (0: unbounded); the service's "
        "memory limits derive from it",
-       Kind::kBytesOrZero, [](S* s) -> void* { return &s->store.budget_bytes; }},
+       Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.budget_bytes; }},
       {"memory.cache", "--cache-bytes", "Size of the row cache (0: what the budget leaves)",
-       Kind::kBytesOrZero, [](S* s) -> void* { return &s->store.cache_bytes; }},
+       Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.cache_bytes; }},
       {"memory.pressure", "--no-memory-pressure",
-       "Do not shrink the row cache under memory pressure (PSI)", Kind::kBool,
+       "Do not shrink the row cache under memory pressure (PSI)", Kind::kBool, kRestart,
        [](S* s) -> void* { return &s->store.pressure; }},
       {"memory.huge_pages", "--no-huge-pages",
        "Do not put resident tables on 2 MiB pages even where the kernel has them to give",
-       Kind::kBool, [](S* s) -> void* { return &s->store.huge_pages; }},
+       Kind::kBool, kRestart, [](S* s) -> void* { return &s->store.huge_pages; }},
       {"memory.load_at_start", "--no-load-at-start",
        "Do not load resident tables at start; `engramctl load` does (storage serves until then)",
-       Kind::kBool, [](S* s) -> void* { return &s->store.load_at_start; }},
+       Kind::kBool, kRestart, [](S* s) -> void* { return &s->store.load_at_start; }},
       {"memory.load_rate", "--load-rate",
        "Bytes per second a resident table's load may read (0: no limit), so that loading beside "
        "serving leaves the disk to the misses",
-       Kind::kBytesOrZero, [](S* s) -> void* { return &s->store.load_rate_bytes_per_s; }},
-      {"socket.path", "--socket", "Unix socket to listen on", Kind::kString,
-       [](S* s) -> void* { return &s->server.socket_path; }, 0, 0,
-       [](const std::string& v) { return AbsolutePath(v, false); }, "", "", true},
-      {"socket.mode", "--socket-mode", "File mode of the socket (octal)", Kind::kString,
-       [](S* s) -> void* { return &s->socket_mode; }, 0, 0,
-       [](const std::string& v) -> absl::Status {
-         char* end = nullptr;
-         const unsigned long mode = strtoul(v.c_str(), &end, 8);
-         if (v.empty() || *end != '\0' || mode > 07777) {
-           return absl::InvalidArgumentError(
-               absl::StrFormat("'%s' is not an octal file mode such as \"0660\"", v));
-         }
-         return absl::OkStatus();
-       }},
-      {"socket.group", "--socket-group", "Group owning the socket (empty: the daemon's group)",
-       Kind::kString, [](S* s) -> void* { return &s->server.socket_group; }},
-      {"access.allow_users", "--allow-uid",
-       "User (name or uid) allowed to connect; repeatable (default: own uid and root)",
-       Kind::kStrings, [](S* s) -> void* { return &s->allow_users; }},
-      {"access.allow_groups", "--allow-gid",
-       "Group (name or gid) whose members may connect; repeatable", Kind::kStrings,
-       [](S* s) -> void* { return &s->allow_groups; }},
-      {"access.admin_uids", "--admin-uid",
-       "uid that may also run warm and evict (root and engramd's own uid always may); repeatable",
-       Kind::kIds, [](S* s) -> void* { return &s->server.admin_uids; }, 0, kMaxId, nullptr, "",
-       "uid"},
-      {"access.admin_gids", "--admin-gid", "gid whose members may run warm and evict; repeatable",
-       Kind::kIds, [](S* s) -> void* { return &s->server.admin_gids; }, 0, kMaxId, nullptr, "",
-       "gid"},
-      {"limits.max_clients", "--max-clients", "Sessions at once", Kind::kUint32,
+       Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.load_rate_bytes_per_s; }},
+      {.key = "socket.path",
+       .flag = "--socket",
+       .help = "Unix socket to listen on",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->server.socket_path; },
+       .check = [](const std::string& v) { return AbsolutePath(v, false); },
+       .path = true,
+       .example = "/run/engramd-b/engramd.sock"},
+      {.key = "socket.mode",
+       .flag = "--socket-mode",
+       .help = "File mode of the socket (octal)",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->socket_mode; },
+       .check = CheckFileMode,
+       .example = "0600"},
+      {.key = "socket.group",
+       .flag = "--socket-group",
+       .help = "Group owning the socket (empty: the daemon's group)",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->server.socket_group; },
+       .example = "engram"},
+      {.key = "access.allow_users",
+       .flag = "--allow-uid",
+       .help = "User (name or uid) allowed to connect; repeatable (default: own uid and root)",
+       .kind = Kind::kStrings,
+       .reload = kLive,
+       .field = [](S* s) -> void* { return &s->allow_users; },
+       .example = "root"},
+      {.key = "access.allow_groups",
+       .flag = "--allow-gid",
+       .help = "Group (name or gid) whose members may connect; repeatable",
+       .kind = Kind::kStrings,
+       .reload = kLive,
+       .field = [](S* s) -> void* { return &s->allow_groups; },
+       .example = "root"},
+      {.key = "access.admin_uids",
+       .flag = "--admin-uid",
+       .help = "uid that may also run warm and evict (root and engramd's own uid always may); "
+               "repeatable",
+       .kind = Kind::kIds,
+       .reload = kLive,
+       .field = [](S* s) -> void* { return &s->server.admin_uids; },
+       .max = kMaxId,
+       .item = "uid"},
+      {.key = "access.admin_gids",
+       .flag = "--admin-gid",
+       .help = "gid whose members may run warm and evict; repeatable",
+       .kind = Kind::kIds,
+       .reload = kLive,
+       .field = [](S* s) -> void* { return &s->server.admin_gids; },
+       .max = kMaxId,
+       .item = "gid"},
+      {"limits.max_clients", "--max-clients", "Sessions at once", Kind::kUint32, kLive,
        [](S* s) -> void* { return &s->server.limits.max_clients; }, 1, 65536},
       {"limits.max_inflight", "--max-inflight", "Requests in flight per session", Kind::kUint32,
-       [](S* s) -> void* { return &s->server.limits.max_inflight; }, 1, ENGRAM_MAX_SLOTS},
+       kRestart, [](S* s) -> void* { return &s->server.limits.max_inflight; }, 1, ENGRAM_MAX_SLOTS},
       {"limits.max_rows_per_request", "--max-rows-per-request", "Rows in one request",
-       Kind::kUint64, [](S* s) -> void* { return &s->server.limits.max_rows_per_request; }, 1,
-       uint64_t{1} << 32},
+       Kind::kUint64, kRestart,
+       [](S* s) -> void* { return &s->server.limits.max_rows_per_request; }, 1, uint64_t{1} << 32},
       {"limits.max_arena_bytes", "--max-arena-bytes",
-       "Data region of one session (bytes; K/M/G suffixes)", Kind::kBytes,
+       "Data region of one session (bytes; K/M/G suffixes)", Kind::kBytes, kLive,
        [](S* s) -> void* { return &s->server.limits.max_arena_bytes; }},
       {"limits.max_total_arena_bytes", "--max-total-arena-bytes", "Arenas of all sessions together",
-       Kind::kBytes, [](S* s) -> void* { return &s->server.limits.max_total_arena_bytes; }},
+       Kind::kBytes, kLive, [](S* s) -> void* { return &s->server.limits.max_total_arena_bytes; }},
       {"limits.default_data_bytes", "",
-       "Data region of a session whose client asks for the default (0)", Kind::kBytes,
+       "Data region of a session whose client asks for the default (0)", Kind::kBytes, kLive,
        [](S* s) -> void* { return &s->server.limits.default_data_bytes; }},
       {"limits.default_slots", "", "Request slots of a session whose client asks for the default",
-       Kind::kUint32, [](S* s) -> void* { return &s->server.limits.default_slots; }, 1,
+       Kind::kUint32, kLive, [](S* s) -> void* { return &s->server.limits.default_slots; }, 1,
        ENGRAM_MAX_SLOTS},
       {"limits.prefetch_queue_rows", "--prefetch-queue-rows",
        "Rows queued for prefetch, all sessions together (a full queue drops its oldest rows, "
        "counted; 0: prefetch off)",
-       Kind::kUint64, [](S* s) -> void* { return &s->server.limits.prefetch_queue_rows; }, 0,
-       uint64_t{1} << 28},
-      {"engine.workers", "--workers", "Gather workers (0: one per CPU)", Kind::kUint32,
+       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->server.limits.prefetch_queue_rows; },
+       0, uint64_t{1} << 28},
+      {"engine.workers", "--workers", "Gather workers (0: one per CPU)", Kind::kUint32, kRestart,
        [](S* s) -> void* { return &s->server.workers; }, 0, 1024},
       {"engine.request_threads", "--request-threads",
        "Requests gathered at the same time (0: half the CPUs, 2 to 32); requests larger than a "
        "decode step run on a separate pool of half as many",
-       Kind::kUint32, [](S* s) -> void* { return &s->server.request_threads; }, 0, 1024},
+       Kind::kUint32, kRestart, [](S* s) -> void* { return &s->server.request_threads; }, 0, 1024},
       {"engine.poll_spin_min_us", "--poll-spin-min-us", "Shortest polling spell before sleeping",
-       Kind::kUint64, [](S* s) -> void* { return &s->spin_min_us; }, 0, 10'000'000},
+       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->spin_min_us; }, 0, 10'000'000},
       {"engine.poll_spin_max_us", "--poll-spin-max-us", "Longest polling spell before sleeping",
-       Kind::kUint64, [](S* s) -> void* { return &s->spin_max_us; }, 0, 10'000'000},
+       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->spin_max_us; }, 0, 10'000'000},
       {"engine.pace", "--pace",
        "Wake the poller and two request threads ahead of regularly paced requests (spins CPU)",
-       Kind::kBool, [](S* s) -> void* { return &s->server.poll.pace; }},
+       Kind::kBool, kRestart, [](S* s) -> void* { return &s->server.poll.pace; }},
       {"engine.inline_rows", "--inline-rows",
-       "Gather requests of up to this many rows on the polling thread", Kind::kUint64,
+       "Gather requests of up to this many rows on the polling thread", Kind::kUint64, kRestart,
        [](S* s) -> void* { return &s->server.poll.inline_rows; }, 0, uint64_t{1} << 32},
-      {"log.level", "--log-level", "error, warning, notice, info or debug", Kind::kString,
-       [](S* s) -> void* { return &s->log_level; }, 0, 0,
-       [](const std::string& v) {
-         return OneOf(v, {"error", "warning", "notice", "info", "debug"});
-       }},
+      {.key = "log.level",
+       .flag = "--log-level",
+       .help = LevelHelp().c_str(),
+       .kind = Kind::kString,
+       .reload = kLive,
+       .field = [](S* s) -> void* { return &s->log_level; },
+       .check = CheckLevel,
+       .example = "debug"},
       {"metrics.http_port", "--metrics-port",
-       "Serve Prometheus metrics on this loopback TCP port (0: off)", Kind::kUint32,
+       "Serve Prometheus metrics on this loopback TCP port (0: off)", Kind::kUint32, kRestart,
        [](S* s) -> void* { return &s->metrics.http_port; }, 0, 65535},
-      {"metrics.http_address", "", "Loopback address of the metrics port", Kind::kString,
-       [](S* s) -> void* { return &s->metrics.http_address; }, 0, 0,
-       [](const std::string& v) -> absl::Status {
-         if (v != "127.0.0.1" && v != "::1" && v != "localhost") {
-           return absl::InvalidArgumentError(absl::StrFormat(
-               "'%s' is not a loopback address (127.0.0.1, ::1 or localhost); the metrics "
-               "port is never exposed beyond the node",
-               v));
-         }
-         return absl::OkStatus();
-       }},
-      {"metrics.textfile_dir", "--metrics-textfile-dir",
-       "Write engramd.prom for node-exporter's textfile collector into this directory",
-       Kind::kString, [](S* s) -> void* { return &s->metrics.textfile_dir; }, 0, 0,
-       [](const std::string& v) { return AbsolutePath(v, true); }, "", "", true},
+      {.key = "metrics.http_address",
+       .flag = "",
+       .help = "Loopback address of the metrics port",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->metrics.http_address; },
+       .check = CheckLoopback,
+       .example = "::1"},
+      {.key = "metrics.textfile_dir",
+       .flag = "--metrics-textfile-dir",
+       .help = "Write engramd.prom for node-exporter's textfile collector into this directory",
+       .kind = Kind::kString,
+       .reload = kLive,
+       .field = [](S* s) -> void* { return &s->metrics.textfile_dir; },
+       .check = [](const std::string& v) { return AbsolutePath(v, true); },
+       .path = true,
+       .example = "/var/lib/prometheus/node-exporter"},
       {"metrics.textfile_interval_seconds", "", "Seconds between textfile writes", Kind::kUint32,
-       [](S* s) -> void* { return &s->metrics.textfile_interval_s; }, 1, 3600},
+       kLive, [](S* s) -> void* { return &s->metrics.textfile_interval_s; }, 1, 3600},
   };
   return *settings;
 }

@@ -47,9 +47,10 @@ struct DaemonSettings {
 };
 
 // One setting of engramd, defined once: its configuration-file key, its command-line flag, its
-// help text, where its value lives in DaemonSettings and how a value is checked. The file
-// parser, engramd's flags (and --help) and the check of docs/operations.md all read Settings();
-// the defaults are DaemonSettings' member initialisers, shown through DefaultText().
+// help text, whether a SIGHUP applies a new value live, where its value lives in DaemonSettings
+// and how a value is checked. The file parser, engramd's flags (and --help), the SIGHUP reload
+// (reload.h) and the check of docs/operations.md all read Settings(); the defaults are
+// DaemonSettings' member initialisers, shown through DefaultText().
 struct Setting {
   enum class Kind {
     kUint32,   // an integer in [min, max]
@@ -61,10 +62,16 @@ struct Setting {
     kIds,      // a list of integers in [min, max]; a repeatable (or comma-separated) flag
     kBool,     // true or false; the flag, if any, sets the opposite of the default
   };
+  // When a changed value takes effect. kLive: a SIGHUP applies it (only the control thread
+  // reads it: handshake limits, access lists, the log level, the metrics textfile); kRestart:
+  // the running daemon keeps its value and the SIGHUP names the setting as needing a restart.
+  enum class Reload { kLive, kRestart };
+
   const char* key;   // "limits.max_clients"
   const char* flag;  // "--max-clients"; "" when only the file sets it
   const char* help;  // one line, for --help and the docs
   Kind kind;
+  Reload reload;
   std::function<void*(DaemonSettings*)> field;  // the value's storage (type as Kind says)
   uint64_t min = 0;
   uint64_t max = UINT64_MAX;
@@ -74,7 +81,11 @@ struct Setting {
   // kString: a path, which the file must give absolute; a flag's relative path is taken from
   // the working directory.
   bool path = false;
+  // kString, kStrings: a valid value other than the default (for kStrings, one element). The
+  // reload test sets it to change the setting alone.
+  const char* example = "";
 
+  bool live() const { return reload == Reload::kLive; }
   // The value as TOML text ("64M", "[]", "\"info\"", "true").
   std::string Text(const DaemonSettings& s) const;
   std::string DefaultText() const { return Text(DaemonSettings{}); }
@@ -82,6 +93,10 @@ struct Setting {
   absl::Status ApplyText(const std::string& text, DaemonSettings* s) const;
   // Empties a list setting (a flag replaces the file's list); no-op for others.
   void ClearList(DaemonSettings* s) const;
+  // Whether `a` and `b` hold the same value of this setting.
+  bool Same(const DaemonSettings& a, const DaemonSettings& b) const;
+  // Sets this setting of *to to its value in `from`.
+  void Copy(const DaemonSettings& from, DaemonSettings* to) const;
 };
 
 // Every setting, in the order of docs/operations.md.

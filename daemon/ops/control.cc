@@ -259,19 +259,21 @@ void Control::Reload() {
     watchdog_.Reloaded();
     return;
   }
-  ReloadReport report = CompareServerConfigs(server_->config(), fresh->server);
-  server_->ApplyLiveSettings(fresh->server);
-  CompareOpsSettings(*fresh, &log_level_, &metrics_, &report);
+  const DaemonSettings& next = fresh->settings;
+  server_->ApplyLiveSettings(next.server);
+  metrics_ = next.metrics;
   watchdog_.set_textfile(metrics_.textfile_dir, metrics_.textfile_interval_s);
-  if (report.changed.empty()) {
-    log::Notice("SIGHUP: configuration re-read; nothing that can change live changed");
-  } else {
-    log::Notice("SIGHUP: configuration re-read; changed: {}", absl::StrJoin(report.changed, "; "));
+  // Logged before the level changes, so that lowering it does not hide its own report; the
+  // "configuration re-read" line comes last.
+  if (!fresh->report.restart.empty()) log::Warning("SIGHUP: {}", RestartLine(fresh->report));
+  if (!(server_->config() == next.server)) {
+    log::Error(
+        "SIGHUP: the server did not take every live setting (a setting marked live in "
+        "Settings() that Server::ApplyLiveSettings does not copy); restart engramd to apply it");
   }
-  if (!report.restart.empty()) {
-    log::Warning("SIGHUP: these settings changed but only take effect after a restart: {}",
-                 absl::StrJoin(report.restart, ", "));
-  }
+  log::Notice("SIGHUP: configuration re-read; {}", ChangedLine(fresh->report));
+  log_level_ = next.log_level;
+  log::SetLogLevel(log_level_);
   watchdog_.Reloaded();
 }
 

@@ -7,14 +7,44 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace engram::log {
 
 enum Priority : int { kError = 3, kWarning = 4, kNotice = 5, kInfo = 6, kDebug = 7 };
 
-// Lines at a priority above this (less important) are dropped. Set once at startup.
+// The level names of log.level and --log-level, most important first: the only place they are
+// spelled (the configuration's check, its help and SetLogLevel read this table).
+struct LevelName {
+  const char* name;
+  Priority priority;
+};
+inline constexpr LevelName kLevelNames[] = {{"error", kError},
+                                            {"warning", kWarning},
+                                            {"notice", kNotice},
+                                            {"info", kInfo},
+                                            {"debug", kDebug}};
+
+// The priority a level name stands for; nullopt for a name kLevelNames does not have.
+inline std::optional<Priority> ParseLevel(std::string_view name) {
+  for (const LevelName& l : kLevelNames) {
+    if (name == l.name) return l.priority;
+  }
+  return std::nullopt;
+}
+
+// Lines at a priority above this (less important) are dropped. Set at startup and on SIGHUP.
 inline std::atomic<int> g_max_priority{kInfo};
+
+// Sets g_max_priority from a level name; false, and nothing changed, for an unknown name.
+inline bool SetLogLevel(std::string_view name) {
+  const std::optional<Priority> priority = ParseLevel(name);
+  if (!priority) return false;
+  g_max_priority.store(*priority, std::memory_order_relaxed);
+  return true;
+}
 
 // One event is one line: a control character inside `line` (a newline in a name that was not
 // escaped, say) is written as "\xNN", so no text can start a line of its own, with its own

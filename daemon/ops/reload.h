@@ -1,46 +1,42 @@
-// SIGHUP: what a re-read configuration changes. The settings the server reads only on the
-// control thread (handshake limits, access lists) change live; the rest is named as needing a
-// restart.
+// SIGHUP: what a re-read configuration changes. Each row of Settings() (config_file.h) says
+// whether a new value applies live or needs a restart; this file compares and takes values row by
+// row and keeps no list of its own.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "daemon/ops/config_file.h"
-#include "daemon/server/server_config.h"
-#include "store/store_config.h"
 
 namespace engram {
 
-// What a SIGHUP re-read yields: the resolved server configuration and the rest of the settings.
-struct ReloadedConfig {
-  ServerConfig server;
-  std::string log_level;
-  MetricsOptions metrics;
-  // Settings the re-read found changed that the reloader compared itself (the row store's,
-  // which the server does not hold): all need a restart.
+struct ReloadReport {
+  // Live settings that changed, applied: "limits.max_clients 64 -> 32".
+  std::vector<std::string> changed;
+  // Settings that changed but keep their running value until a restart:
+  // "tables.read_mode \"buffered\" -> \"direct\"".
   std::vector<std::string> restart;
 };
 
-struct ReloadReport {
-  std::vector<std::string> changed;  // "limits.max_clients 64 -> 32", applied live
-  std::vector<std::string> restart;  // keys that changed but need a restart
+// Every setting whose value differs between `running` (in force) and `fresh` (re-read), in the
+// order of Settings(): a live one in `changed`, the others in `restart`.
+ReloadReport CompareSettings(const DaemonSettings& running, const DaemonSettings& fresh);
+
+// `running` with the value of every live setting taken from `fresh`: what is in force after the
+// SIGHUP. Only the settings themselves are taken; what is derived from them (ServerConfig's
+// resolved uids, say) is for the caller to derive again.
+DaemonSettings TakeLiveSettings(const DaemonSettings& running, const DaemonSettings& fresh);
+
+// What a SIGHUP re-read yields: the settings in force afterwards (TakeLiveSettings, resolved:
+// `settings.server` is the server configuration to apply) and what changed.
+struct ReloadedConfig {
+  DaemonSettings settings;
+  ReloadReport report;
 };
 
-// Compares the server settings of `cur` and `next`: the live ones go to `changed`, the others
-// that differ to `restart`. Applying the live ones is the server's (ServerView).
-ReloadReport CompareServerConfigs(const ServerConfig& cur, const ServerConfig& next);
-
-// The [tables] tier and [memory] keys that differ between `cur` and `next` (the row store is
-// built once, at start: every one of them needs a restart).
-std::vector<std::string> CompareStoreConfigs(const StoreConfig& cur, const StoreConfig& next);
-
-// Appends the metrics and log changes of `next` against the running values to `report`, and
-// updates those values.
-void CompareOpsSettings(const ReloadedConfig& next, std::string* log_level,
-                        MetricsOptions* metrics, ReloadReport* report);
-
-// Sets log::g_max_priority from a level name ("error" ... "debug"); false if unknown.
-bool SetLogLevel(const std::string& level);
+// The log lines of a report: "changed: a 1 -> 2; b ..." (or that nothing live changed), and,
+// when something needs a restart, "needs a restart: c x -> y; ...".
+std::string ChangedLine(const ReloadReport& report);
+std::string RestartLine(const ReloadReport& report);
 
 }  // namespace engram

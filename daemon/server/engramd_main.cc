@@ -20,6 +20,7 @@
 #include "daemon/ops/control.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/notify.h"
+#include "daemon/ops/reload.h"
 #include "daemon/server/row_store.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_config.h"
@@ -120,11 +121,13 @@ void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
                           : setting.kind == Kind::kUint32 || setting.kind == Kind::kUint64 ? "N"
                           : setting.kind == Kind::kIds                                     ? "ID"
                                                                                            : "TEXT";
+    // A setting a SIGHUP applies says so (reload.h); the others need a restart.
+    const std::string help = std::string(setting.help) + (setting.live() ? " [SIGHUP: live]" : "");
     std::string shown = setting.Text(*settings);
     if (shown.size() >= 2 && shown.front() == '"') shown = shown.substr(1, shown.size() - 2);
     if (setting.kind == Kind::kBool) {
       app.add_flag_callback(
-          setting.flag, [apply] { apply(""); }, setting.help);
+          setting.flag, [apply] { apply(""); }, help);
     } else if (setting.kind == Kind::kStrings || setting.kind == Kind::kIds) {
       CLI::Option* o = app.add_option_function<std::vector<std::string>>(
           setting.flag,
@@ -132,12 +135,12 @@ void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
             st->ClearList(settings);  // the flag's list replaces the file's
             for (const std::string& v : values) apply(v);
           },
-          setting.help);
+          help);
       o->type_name(metavar);
       if (setting.flag_separator[0] != '\0') o->delimiter(setting.flag_separator[0]);
       if (shown != "[]") o->default_str(shown);
     } else {
-      CLI::Option* o = app.add_option_function<std::string>(setting.flag, apply, setting.help);
+      CLI::Option* o = app.add_option_function<std::string>(setting.flag, apply, help);
       o->type_name(metavar);
       if (!shown.empty()) o->default_str(shown);
     }
@@ -185,15 +188,6 @@ absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
   config.poll.spin_min_ns = settings->spin_min_us * 1000;
   config.poll.spin_max_ns = std::max(settings->spin_max_us, settings->spin_min_us) * 1000;
   return ApplyTiers(settings);
-}
-
-void SetLogLevel(const std::string& level) {
-  static const std::map<std::string, log::Priority> levels = {{"error", log::kError},
-                                                              {"warning", log::kWarning},
-                                                              {"notice", log::kNotice},
-                                                              {"info", log::kInfo},
-                                                              {"debug", log::kDebug}};
-  log::g_max_priority = levels.at(level);
 }
 
 int Fail(const absl::Status& s) {
@@ -249,29 +243,32 @@ struct CommandLine {
   bool config_given;
 };
 
-// `running_store` is the row store's configuration as it was built at start (a store setting
-// that differs from it needs a restart, however many reloads came between).
-absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* settings,
-                                      const StoreConfig& running_store) {
-  DaemonSettings fresh;
+// SIGHUP: reads the files, applies the same flags over them and, if the result is valid, makes
+// the live settings of it the ones in force (*settings). The other settings keep their running
+// values, so that one changed stays named as needing a restart however many reloads come between.
+absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* settings) {
+  DaemonSettings loaded;
   std::vector<std::string> files;
-  if (absl::Status s = LoadConfig(cl.config_path, cl.config_given, &fresh, &files); !s.ok()) {
+  if (absl::Status s = LoadConfig(cl.config_path, cl.config_given, &loaded, &files); !s.ok()) {
     return s;
   }
-  const int listen_fd = settings->server.listen_fd;
-  *settings = fresh;
+  const DaemonSettings running = *settings;
+  *settings = loaded;  // the flags write into *settings
   cl.app->clear();
+  absl::Status status;
   try {
     cl.app->parse(cl.argc, cl.argv);
+    status = Resolve(cl.config_path, settings);
   } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
+    status = absl::InvalidArgumentError(e.what());
   }
-  if (absl::Status s = Resolve(cl.config_path, settings); !s.ok()) return s;
-  settings->server.listen_fd = listen_fd;
-  return ReloadedConfig{.server = settings->server,
-                        .log_level = settings->log_level,
-                        .metrics = settings->metrics,
-                        .restart = CompareStoreConfigs(running_store, settings->store)};
+  const DaemonSettings fresh = *settings;
+  *settings = running;
+  if (!status.ok()) return status;
+  DaemonSettings next = TakeLiveSettings(running, fresh);
+  if (absl::Status s = Resolve(cl.config_path, &next); !s.ok()) return s;
+  *settings = next;
+  return ReloadedConfig{.settings = std::move(next), .report = CompareSettings(running, fresh)};
 }
 
 // Starts the gather engine and the server on the opened tables and serves until a signal.
@@ -317,8 +314,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
     (*server)->SetRowStore(std::move(store));
   }
   (*server)->control().Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION);
-  (*server)->control().SetReloader(
-      [&cl, settings, store_config] { return Reload(cl, settings, store_config); });
+  (*server)->control().SetReloader([&cl, settings] { return Reload(cl, settings); });
   if (absl::Status s = (*server)->Run(); !s.ok()) return Fail(s);
   return 0;
 }
@@ -345,13 +341,16 @@ int Main(int argc, char** argv) {
   app.add_flag("--memory-dropin", memory_dropin,
                "Print the systemd drop-in that bounds engramd.service to memory.budget, then exit");
   AddSettingFlags(app, &settings);
+  app.footer(
+      "Settings marked [SIGHUP: live] change on SIGHUP (systemctl reload engramd); a change to "
+      "any other is logged as needing a restart.");
   CLI11_PARSE(app, argc, argv);
   if (!config_status.ok()) return Fail(config_status);
   if (memory_dropin) {
     fputs(MemoryDropIn(settings.store.budget_bytes).c_str(), stdout);
     return 0;
   }
-  SetLogLevel(settings.log_level);
+  log::SetLogLevel(settings.log_level);  // checked when it was set
   if (absl::Status s = Resolve(cl.config_path, &settings); !s.ok()) return Fail(s);
   if (!config_files.empty()) {
     log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));

@@ -26,6 +26,7 @@ struct Limits {
   uint64_t default_data_bytes = uint64_t{64} << 20;     // when the client asks for 0
   uint32_t default_slots = 64;                          // when the client asks for 0
   uint64_t prefetch_queue_rows = 262144;  // rows queued for prefetch, all sessions (0: off)
+  bool operator==(const Limits&) const = default;
 };
 
 // How the poller waits for submissions.
@@ -41,12 +42,14 @@ struct PollOptions {
   // spinning, from shortly before the next one is due (daemon/server/pace.h). Off by default:
   // measured, it cut a lone engine's p50 but not its p99, at three times the daemon's CPU.
   bool pace = false;
+  bool operator==(const PollOptions&) const = default;
 };
 
 // One source of tables: a checkpoint directory or a packed table file.
 struct TableSource {
   std::string path;
   std::optional<RowRange> rows;  // per-rank copy: the rows it holds
+  bool operator==(const TableSource&) const = default;
 };
 
 struct ServerConfig {
@@ -84,6 +87,8 @@ struct ServerConfig {
   // Tables served from storage are read with O_DIRECT (engine.read_mode = direct): there is no
   // page cache for a prefetch to warm. Set from engine.read_mode.
   bool storage_read_direct = false;
+  // A SIGHUP checks that the server took every live setting (reload.h).
+  bool operator==(const ServerConfig&) const = default;
 };
 
 // The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.

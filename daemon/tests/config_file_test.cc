@@ -244,14 +244,16 @@ TEST_CASE("the example /etc/engramd/engramd.toml parses") {
 }  // namespace
 }  // namespace engram
 
-TEST_CASE("docs/operations.md lists every setting with its default and flag, and no other") {
+TEST_CASE(
+    "docs/operations.md lists every setting with its default, flag and SIGHUP column, and no "
+    "other") {
   const char* path = getenv("ENGRAMD_OPERATIONS_MD");
   INFO("ENGRAMD_OPERATIONS_MD names docs/operations.md (set by meson test)");
   REQUIRE(path != nullptr);
   std::ifstream in(path);
   REQUIRE(in.good());
-  // The rows "| `key` | `default` (notes) | `--flag` or — | live |" of the configuration
-  // file's table.
+  // The rows "| `key` | `default` (notes) | `--flag` or — | live or restart |" of the
+  // configuration file's table.
   std::vector<std::string> documented;
   bool in_section = false;
   for (std::string line; std::getline(in, line);) {
@@ -262,6 +264,11 @@ TEST_CASE("docs/operations.md lists every setting with its default and flag, and
       cells.push_back(line.substr(at == 1 ? 2 : at, bar - (at == 1 ? 2 : at)));
     }
     REQUIRE(cells.size() >= 3);
+    // The last cell, "live" or "restart" (with a note), ends the line with " |".
+    REQUIRE(line.size() > 3);
+    REQUIRE(line.compare(line.size() - 2, 2, " |") == 0);
+    const size_t last = line.rfind(" | ", line.size() - 3) + 3;
+    const std::string reload = line.substr(last, line.size() - 2 - last);
     const std::string key = cells[0].substr(1, cells[0].size() - 2);
     documented.push_back(key);
     const auto& all = engram::Settings();
@@ -275,6 +282,9 @@ TEST_CASE("docs/operations.md lists every setting with its default and flag, and
     } else {
       CHECK(cells[2].rfind(std::string("`") + it->flag, 0) == 0);
     }
+    // The SIGHUP column says what the table says.
+    const std::string word = reload.substr(0, reload.find(' '));
+    CHECK(word == (it->live() ? "live" : "restart"));
   }
   std::sort(documented.begin(), documented.end());
   CHECK(documented == engram::ConfigKeys());

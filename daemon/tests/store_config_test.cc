@@ -83,17 +83,21 @@ TEST_CASE("bad store values are refused naming the key", "[config]") {
 TEST_CASE("a SIGHUP names every changed store key as needing a restart", "[config]") {
   DaemonSettings running;
   REQUIRE(Apply("[tables]\ntiers = [\"14=resident\"]\n[memory]\ncache = \"1G\"\n", &running).ok());
-  REQUIRE(CompareStoreConfigs(running.store, running.store).empty());
+  REQUIRE(CompareSettings(running, running).restart.empty());
   DaemonSettings next = running;
   REQUIRE(Apply("[tables]\ntier = \"cache\"\ntiers = [\"14=storage\"]\n[memory]\ncache = \"2G\"\n"
                 "pressure = false\nhuge_pages = false\nload_at_start = false\n"
                 "load_rate = \"1M\"\n",
                 &next)
               .ok());
-  const std::vector<std::string> keys = CompareStoreConfigs(running.store, next.store);
-  REQUIRE(keys == std::vector<std::string>{"tables.tier", "tables.tiers", "memory.cache",
-                                           "memory.pressure", "memory.huge_pages",
-                                           "memory.load_at_start", "memory.load_rate"});
+  const ReloadReport report = CompareSettings(running, next);
+  CHECK(report.changed.empty());
+  std::vector<std::string> keys;
+  for (const std::string& entry : report.restart) keys.push_back(entry.substr(0, entry.find(' ')));
+  CHECK(keys == std::vector<std::string>{"tables.tier", "tables.tiers", "memory.cache",
+                                         "memory.pressure", "memory.huge_pages",
+                                         "memory.load_at_start", "memory.load_rate"});
+  CHECK(report.restart[0] == "tables.tier \"storage\" -> \"cache\"");
 }
 
 }  // namespace
