@@ -82,6 +82,15 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenAll(const ServerConfig& 
   return all;
 }
 
+// Opens the tables and checks the row store's settings against them: what --check-config and a
+// start both run, so that a configuration one refuses the other refuses too, with the same words.
+absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenChecked(const DaemonSettings& settings) {
+  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(settings.server);
+  if (!opened.ok()) return opened.status();
+  if (absl::Status s = RowStore::Validate(settings.store, *opened); !s.ok()) return s;
+  return opened;
+}
+
 // --config PATH from the command line, found before the flags are parsed: the file is read
 // first, so that the flags, parsed into the same settings, override it.
 std::string FindConfigPath(int argc, char** argv, bool* ret_given) {
@@ -356,10 +365,9 @@ int Main(int argc, char** argv) {
     log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
   }
   BlockSignals();
-  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(settings.server);
+  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(settings);
   if (!opened.ok()) return Fail(opened.status());
   if (check_config) {
-    if (absl::Status s = RowStore::Validate(settings.store, *opened); !s.ok()) return Fail(s);
     PrintCheckedConfig(settings.server, settings.store, config_files, *opened);
     return 0;
   }

@@ -1,7 +1,7 @@
 // engramctl and the operator interfaces against a real engramd: every command in human and
 // --json form, exit codes when no daemon answers, warm/evict against page-cache residency, rows
 // as served, the metrics scraped over HTTP and parsed back, sd_notify messages observed through
-// a test NOTIFY_SOCKET, SIGHUP reloads and --check-config.
+// a test NOTIFY_SOCKET, SIGHUP reloads, and --check-config and a start refusing alike.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -652,6 +652,22 @@ TEST_CASE("engramd --check-config validates the files and the tables without ser
   r = Sh(EngramdPath() + " --config " + good + " --layers 14 --check-config");
   CHECK(r.code == 0);
   CHECK(r.out.find("layer 1 ") == std::string::npos);
+}
+
+TEST_CASE("a start refuses what --check-config refuses, with the same message") {
+  // A tier for a layer no table holds: the row store's check, which both paths run.
+  const std::string args = " --model " + Checkpoint() + " --socket " + TestDir() +
+                           "/tier.sock --workers 2 --tier 99=resident";
+  const std::string says = "a tier is set for layer 99";
+  Result checked = Sh(EngramdPath() + args + " --check-config");
+  CHECK(checked.code == 1);
+  CHECK(checked.err.find(says) != std::string::npos);
+  // A start that served instead would run until `timeout` stops it (exit 124).
+  Result started = Sh("timeout 20 " + EngramdPath() + args);
+  CHECK(started.code == 1);
+  CHECK(started.err.find(says) != std::string::npos);
+  CHECK(started.err.substr(started.err.find("engramd: ")) ==
+        checked.err.substr(checked.err.find("engramd: ")));
 }
 
 }  // namespace
