@@ -136,13 +136,19 @@ struct engram_session {
   std::map<uint64_t, uint64_t> allocations;  // offset → bytes
 
   std::atomic<bool> lost{false};
-  std::atomic<uint64_t> client_sleeps{0};
+  // The LIBRARY counters of engram_session_stats (engram/session_stats.h).
+  struct LibraryCounters {
+#define ENGRAM_LIBRARY_ATOMIC_(field, origin, type, metric, help) \
+  ENGRAM_SESSION_LIBRARY_##origin(std::atomic<uint64_t> field{0};)
+    ENGRAM_SESSION_COUNTERS(ENGRAM_LIBRARY_ATOMIC_)
+#undef ENGRAM_LIBRARY_ATOMIC_
+  };
+  LibraryCounters counters;
 
   // ENGRAM_GATHER_IN_PLACE: the tables asked for so far, by layer. The mappings stay until
   // the session is closed.
   std::mutex in_place_mutex;
   std::map<uint32_t, engram::client::InPlaceTable> in_place;
-  std::atomic<uint64_t> rows_in_place{0};
 };
 
 namespace {
@@ -759,7 +765,7 @@ int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, 
                     proto::StatusCodeName(error.code), error.message.c_str());
   }
   engram::client::CopyInPlace(table, request, s->data);
-  s->rows_in_place.fetch_add(request.rows.size(), std::memory_order_relaxed);
+  s->counters.rows_in_place.fetch_add(request.rows.size(), std::memory_order_relaxed);
   return 0;
 }
 
@@ -937,7 +943,7 @@ int WaitFor(engram_session* s, uint64_t ticket, int64_t timeout_ns, uint64_t* re
     waiters.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t seen = Shared(*word).load(std::memory_order_seq_cst);
     if (!Done(s, ticket)) {
-      s->client_sleeps.fetch_add(1, std::memory_order_relaxed);
+      s->counters.client_sleeps.fetch_add(1, std::memory_order_relaxed);
       FutexWait(word, seen, std::min(deadline - now, kLivenessCheckNs));
     }
     waiters.fetch_sub(1, std::memory_order_seq_cst);
@@ -1200,20 +1206,46 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   struct engram_session_stats out {};
   out.size = sizeof(out);
   out.session_id = m.stats.session_id;
-  out.requests_submitted = m.stats.requests_submitted;
-  out.requests_ok = m.stats.requests_ok;
-  out.requests_failed = m.stats.requests_failed;
-  out.rows = m.stats.rows;
-  out.bytes = m.stats.bytes;
-  out.inflight = m.stats.inflight;
-  out.doorbells = m.stats.doorbells;
-  out.cq_overflows = m.stats.cq_overflows;
-  out.latency_p50_ns = m.stats.latency_p50_ns;
-  out.latency_p99_ns = m.stats.latency_p99_ns;
-  out.latency_max_ns = m.stats.latency_max_ns;
-  out.client_sleeps = s->client_sleeps.load();
-  out.rows_in_place = s->rows_in_place.load();
+#define ENGRAM_STATS_COPY_(field, origin, type, metric, help)          \
+  ENGRAM_SESSION_ON_WIRE_##origin(out.field = m.stats.field;)         \
+  ENGRAM_SESSION_LIBRARY_##origin(out.field = s->counters.field.load();)
+  ENGRAM_SESSION_COUNTERS(ENGRAM_STATS_COPY_)
+#undef ENGRAM_STATS_COPY_
   return WriteStruct("engram_session_stats", out, ret_stats);
+}
+
+// The ABI's layout of engram_session_stats (LP64): the list in engram/session_stats.h is only
+// ever appended to.
+static_assert(sizeof(size_t) != 8 || (offsetof(engram_session_stats, session_id) == 8 &&
+                                      offsetof(engram_session_stats, doorbells) == 64 &&
+                                      offsetof(engram_session_stats, rows_in_place) == 112),
+              "engram_session_stats' fields keep their places");
+
+int engram_session_stats_field(size_t index, const char** ret_name, const char** ret_help) {
+  struct Field {
+    const char* name;
+    const char* help;
+  };
+  static constexpr Field kFields[] = {
+      {"session_id", "The session's id, as engramd numbers sessions"},
+#define ENGRAM_STATS_NAME_(field, origin, type, metric, help) {#field, help},
+      ENGRAM_SESSION_COUNTERS(ENGRAM_STATS_NAME_)
+#undef ENGRAM_STATS_NAME_
+  };
+  constexpr size_t kCount = sizeof(kFields) / sizeof(kFields[0]);
+  static_assert(sizeof(struct engram_session_stats) == sizeof(size_t) + kCount * 8 ||
+                    sizeof(size_t) != 8,
+                "one uint64_t of engram_session_stats per field named here");
+  if (ret_name == nullptr || ret_help == nullptr) {
+    return SetError(-EINVAL, "engram_session_stats_field needs ret_name and ret_help");
+  }
+  if (index >= kCount) {
+    return SetError(-ERANGE, "engram_session_stats has %zu fields after size; no field %zu",
+                    kCount, index);
+  }
+  *ret_name = kFields[index].name;
+  *ret_help = kFields[index].help;
+  return 0;
 }
 
 int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_map) {

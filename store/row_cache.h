@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "protocol/store_counters.h"
 #include "store/memory_budget.h"
 #include "store/row_cache_layout.h"
 #include "store/shared_region.h"
@@ -71,19 +72,13 @@ struct RowCacheOptions {
   uint32_t promote_threshold = 1;
 };
 
+// One field per entry of ENGRAM_ROW_CACHE_COUNTERS (protocol/store_counters.h): capacity_slots,
+// max_slots, used_slots, bytes, resident_bytes, hits, misses, inserts, evictions, ghost_hits,
+// promotions, prefetch_inserts.
 struct RowCacheStats {
-  uint64_t capacity_slots = 0;
-  uint64_t max_slots = 0;
-  uint64_t used_slots = 0;
-  uint64_t bytes = 0;           // bytes the capacity accounts for (slots + index + header)
-  uint64_t resident_bytes = 0;  // bytes of the region that hold pages now
-  uint64_t hits = 0;
-  uint64_t misses = 0;
-  uint64_t inserts = 0;
-  uint64_t evictions = 0;
-  uint64_t ghost_hits = 0;  // inserts that went straight to the main FIFO
-  uint64_t promotions = 0;  // small -> main
-  uint64_t prefetch_inserts = 0;  // rows admitted by prefetches (included in inserts)
+#define ENGRAM_ROW_CACHE_FIELD_(field, json_key, type, metric, help) uint64_t field = 0;
+  ENGRAM_ROW_CACHE_COUNTERS(ENGRAM_ROW_CACHE_FIELD_)
+#undef ENGRAM_ROW_CACHE_FIELD_
 };
 
 class RowCache {

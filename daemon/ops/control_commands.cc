@@ -134,31 +134,21 @@ json EngineStatsJson(const TableGatherStats& s) {
   return j;
 }
 
-json SessionStatsJson(const Session& session) {
-  const engram_wire_session_stats w = session.Stats();
-  return {{"session", w.session_id},
-          {"name", EscapeBytes(session.name())},
-          {"pid", session.peer().pid},
-          {"uid", session.peer().uid},
-          {"requests_submitted", w.requests_submitted},
-          {"requests_ok", w.requests_ok},
-          {"requests_failed", w.requests_failed},
-          {"rows", w.rows},
-          {"bytes", w.bytes},
-          {"inflight", w.inflight},
-          {"doorbells", w.doorbells},
-          {"cq_overflows", w.cq_overflows},
-          {"garbage", session.counters.garbage.load()},
-          {"latency_p50_ns", w.latency_p50_ns},
-          {"latency_p99_ns", w.latency_p99_ns},
-          {"latency_max_ns", w.latency_max_ns}};
+// Who the session is, then every counter the daemon reports of it (Session::ForEachCounter).
+json SessionJson(const Session& session) {
+  json j = {{"session", session.id()},
+            {"name", EscapeBytes(session.name())},
+            {"pid", session.peer().pid},
+            {"uid", session.peer().uid}};
+  session.ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) { j[c.field] = v; });
+  return j;
 }
 
 CommandResult Stats(CommandContext& c) {
   json tables = json::array();
   for (const TableGatherStats& t : c.server.EngineStats()) tables.push_back(EngineStatsJson(t));
   json clients = json::array();
-  for (const auto& session : c.server.Sessions()) clients.push_back(SessionStatsJson(*session));
+  for (const auto& session : c.server.Sessions()) clients.push_back(SessionJson(*session));
   return json{{"tables", tables},
               {"clients", clients},
               {"uptime_seconds", double(NowNs() - c.server.start_ns()) / 1e9}};
@@ -168,17 +158,12 @@ CommandResult Clients(CommandContext& c) {
   json clients = json::array();
   for (const auto& session : c.server.Sessions()) {
     Arena& arena = session->arena();
-    clients.push_back({{"session", session->id()},
-                       {"name", EscapeBytes(session->name())},
-                       {"pid", session->peer().pid},
-                       {"uid", session->peer().uid},
-                       {"gid", session->peer().gid},
-                       {"slots", arena.layout().slots},
-                       {"arena_bytes", arena.bytes()},
-                       {"data_bytes", arena.data_bytes()},
-                       {"inflight", session->inflight.load()},
-                       {"requests", session->counters.submitted.load()},
-                       {"rows", session->counters.rows.load()}});
+    json j = SessionJson(*session);
+    j["gid"] = session->peer().gid;
+    j["slots"] = arena.layout().slots;
+    j["arena_bytes"] = arena.bytes();
+    j["data_bytes"] = arena.data_bytes();
+    clients.push_back(j);
   }
   return json{{"clients", clients}};
 }

@@ -1,9 +1,10 @@
 // The engram_* metrics families (metrics_text.h).
 #include "daemon/ops/metrics_text.h"
 
-#include "daemon/ops/cgroup_memory.h"
+#include <string_view>
 
 #include "absl/strings/str_format.h"
+#include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/escape.h"
 #include "daemon/ops/metrics.h"
 #include "engram/protocol.h"
@@ -41,27 +42,31 @@ void AddEngine(const ServerView& server, metrics::Exposition& e) {
   }
 }
 
+// A counter's family and the label its metric spec may end in: "name{key=value}".
+void AddCounterSample(const SessionCounterInfo& c, metrics::Labels labels, double value,
+                      metrics::Exposition& e) {
+  std::string_view name = c.metric;
+  if (const size_t brace = name.find('{'); brace != std::string_view::npos) {
+    const std::string_view label = name.substr(brace + 1, name.size() - brace - 2);
+    const size_t eq = label.find('=');
+    labels.emplace_back(std::string(label.substr(0, eq)), std::string(label.substr(eq + 1)));
+    name = name.substr(0, brace);
+  }
+  if (c.grows) {
+    e.Counter(std::string(name), c.help, labels, value);
+  } else {
+    e.Gauge(std::string(name), c.help, labels, value);
+  }
+}
+
 void AddSession(const Session& session, metrics::Exposition& e) {
   // The client chose its name: escaped like any text from outside.
   const metrics::Labels l = {{"client", session.name().empty() ? "-" : EscapeBytes(session.name())},
                              {"session", std::to_string(session.id())}};
+  session.ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) {
+    if (*c.metric != '\0') AddCounterSample(c, l, double(v), e);
+  });
   const Session::Counters& c = session.counters;
-  auto with = [&](const char* k, const char* v) {
-    metrics::Labels x = l;
-    x.emplace_back(k, v);
-    return x;
-  };
-  e.Counter("engram_client_requests_total", "Requests a client submitted, by result",
-            with("result", "ok"), double(c.ok.load()));
-  e.Counter("engram_client_requests_total", "Requests a client submitted, by result",
-            with("result", "failed"), double(c.failed.load()));
-  e.Counter("engram_client_rows_total", "Rows gathered for a client", l, double(c.rows.load()));
-  e.Counter("engram_client_bytes_total", "Bytes written into a client's arena", l,
-            double(c.bytes.load()));
-  e.Counter("engram_client_doorbells_total", "Times a client woke the poller", l,
-            double(c.doorbells.load()));
-  e.Gauge("engram_client_requests_in_flight", "Requests of a client in flight", l,
-          double(session.inflight.load()));
   uint64_t buckets[64];
   for (size_t i = 0; i < 64; ++i) buckets[i] = c.latency_log2[i].load();
   e.Log2Histogram("engram_client_request_duration_seconds",

@@ -266,7 +266,7 @@ void Prefetcher::AddControlFields(const std::string& command, json* out) const {
     (*t)["prefetch_held_rows"] = s.held;
     (*t)["prefetch_dropped_rows"] = s.dropped;
     (*t)["prefetch_failed_rows"] = s.failed;
-    (*t)["prefetch_used_rows"] = UsedRows(store_, s.layer_id);
+    // prefetch_used_rows is the row store's (protocol/store_counters.h).
   }
 }
 
@@ -286,9 +286,6 @@ void Prefetcher::AddMetrics(metrics::Exposition* e) const {
                double(s.dropped));
     e->Counter("engram_prefetch_failed_rows_total", "Prefetched rows whose read failed", t,
                double(s.failed));
-    e->Counter("engram_prefetch_used_rows_total",
-               "Rows a prefetch admitted to the row cache that a gather then hit (each once)", t,
-               double(UsedRows(store_, s.layer_id)));
   }
 }
 

@@ -421,11 +421,10 @@ std::vector<TableStoreStats> RowStore::Stats() const {
     TableStoreStats s;
     s.layer_id = ts->table->layer_id();
     s.tier = ts->tier;
-    s.requests = ts->requests.load(std::memory_order_relaxed);
-    s.all_hit_requests = ts->all_hit_requests.load(std::memory_order_relaxed);
-    s.rows = ts->rows.load(std::memory_order_relaxed);
-    s.hit_rows = ts->hit_rows.load(std::memory_order_relaxed);
-    s.prefetch_used_rows = ts->prefetch_used_rows.load(std::memory_order_relaxed);
+#define ENGRAM_STORE_TABLE_LOAD_(field, json_key, tiers, type, metric, help) \
+  ENGRAM_STORE_IF_COUNTER_##type(s.field = ts->field.load(std::memory_order_relaxed);)
+    ENGRAM_STORE_TABLE_COUNTERS(ENGRAM_STORE_TABLE_LOAD_)
+#undef ENGRAM_STORE_TABLE_LOAD_
     if (ts->resident != nullptr) {
       s.resident_rows_loaded = ts->resident->rows_loaded();
       s.resident_bytes = ts->resident->bytes();

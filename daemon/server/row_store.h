@@ -26,6 +26,7 @@
 #include "daemon/ops/metrics.h"
 #include "gather/gather_engine.h"
 #include "nlohmann/json.hpp"
+#include "protocol/store_counters.h"
 #include "store/load_status.h"
 #include "store/memory_budget.h"
 #include "store/pressure_monitor.h"
@@ -36,17 +37,15 @@
 
 namespace engram {
 
-// Counters of one table's requests through the store. Only grow.
+// One table's counters: one field per entry of ENGRAM_STORE_TABLE_COUNTERS
+// (protocol/store_counters.h): requests, all_hit_requests, rows, hit_rows, prefetch_used_rows,
+// resident_rows_loaded, resident_bytes.
 struct TableStoreStats {
   uint32_t layer_id = 0;
   Tier tier = Tier::kStorage;
-  uint64_t requests = 0;
-  uint64_t all_hit_requests = 0;  // answered wholly from memory: no engine, no I/O
-  uint64_t rows = 0;
-  uint64_t hit_rows = 0;
-  uint64_t resident_rows_loaded = 0;  // resident tier: rows in memory so far
-  uint64_t resident_bytes = 0;        // resident tier: bytes held
-  uint64_t prefetch_used_rows = 0;    // cache tier: hits on rows a prefetch admitted, each once
+#define ENGRAM_STORE_TABLE_FIELD_(field, json_key, tiers, type, metric, help) uint64_t field = 0;
+  ENGRAM_STORE_TABLE_COUNTERS(ENGRAM_STORE_TABLE_FIELD_)
+#undef ENGRAM_STORE_TABLE_FIELD_
 };
 
 // What a prefetch of some rows of one table did (RowStore::Prefetch).
@@ -130,11 +129,11 @@ class RowStore {
     const Table* table = nullptr;
     Tier tier = Tier::kStorage;
     std::unique_ptr<ResidentTable> resident;
-    std::atomic<uint64_t> requests{0};
-    std::atomic<uint64_t> all_hit_requests{0};
-    std::atomic<uint64_t> rows{0};
-    std::atomic<uint64_t> hit_rows{0};
-    std::atomic<uint64_t> prefetch_used_rows{0};
+    // The COUNTER entries of ENGRAM_STORE_TABLE_COUNTERS (the gauges are the resident table's).
+#define ENGRAM_STORE_TABLE_ATOMIC_(field, json_key, tiers, type, metric, help) \
+  ENGRAM_STORE_IF_COUNTER_##type(std::atomic<uint64_t> field{0};)
+    ENGRAM_STORE_TABLE_COUNTERS(ENGRAM_STORE_TABLE_ATOMIC_)
+#undef ENGRAM_STORE_TABLE_ATOMIC_
     // Resident tier: the load's state (guarded by load_mu_) and its cancel flag.
     LoadState load_state = LoadState::kWaiting;
     std::string load_error;

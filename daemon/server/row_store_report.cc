@@ -10,6 +10,43 @@ using json = nlohmann::json;
 
 double Ratio(uint64_t part, uint64_t whole) { return whole == 0 ? 0.0 : double(part) / whole; }
 
+#define ENGRAM_STORE_GROWS_COUNTER true
+#define ENGRAM_STORE_GROWS_GAUGE false
+#define ENGRAM_STORE_RESIDENT_ONLY_MEMORY false
+#define ENGRAM_STORE_RESIDENT_ONLY_RESIDENT true
+
+struct StoreCounterInfo {
+  const char* json_key;
+  const char* metric;
+  const char* help;
+  bool grows;          // COUNTER, else GAUGE
+  bool resident_only;  // tiers RESIDENT, else MEMORY
+};
+
+// Calls fn(info, value) for each entry of ENGRAM_STORE_TABLE_COUNTERS that the table's tier
+// reports (a table of the storage tier reports none).
+template <typename Fn>
+void ForEachStoreTableCounter(const TableStoreStats& s, Fn&& fn) {
+  if (s.tier == Tier::kStorage) return;
+#define ENGRAM_STORE_TABLE_EACH_(field, json_key, tiers, type, metric, help)                    \
+  if (!ENGRAM_STORE_RESIDENT_ONLY_##tiers || s.tier == Tier::kResident) {                    \
+    fn(StoreCounterInfo{json_key, metric, help, ENGRAM_STORE_GROWS_##type,                   \
+                        ENGRAM_STORE_RESIDENT_ONLY_##tiers},                                 \
+       s.field);                                                                             \
+  }
+  ENGRAM_STORE_TABLE_COUNTERS(ENGRAM_STORE_TABLE_EACH_)
+#undef ENGRAM_STORE_TABLE_EACH_
+}
+
+void AddSample(const StoreCounterInfo& c, const metrics::Labels& labels, double value,
+               metrics::Exposition* e) {
+  if (c.grows) {
+    e->Counter(c.metric, c.help, labels, value);
+  } else {
+    e->Gauge(c.metric, c.help, labels, value);
+  }
+}
+
 }  // namespace
 
 json* ControlTableEntry(json* tables, uint32_t layer) {
@@ -40,16 +77,12 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
                   {"hit_rate", Ratio(hits, rows)}};
     if (cache_ != nullptr) {
       const RowCacheStats c = cache_->Stats();
-      store["cache"] = {{"bytes", c.bytes},
-                        {"resident_bytes", c.resident_bytes},
-                        {"capacity_rows", c.capacity_slots},
-                        {"configured_rows", cache_target_slots_},
-                        {"used_rows", c.used_slots},
-                        {"hits", c.hits},
-                        {"misses", c.misses},
-                        {"inserts", c.inserts},
-                        {"evictions", c.evictions},
-                        {"hit_rate", Ratio(c.hits, c.hits + c.misses)}};
+      json cache = {{"configured_rows", cache_target_slots_},
+                    {"hit_rate", Ratio(c.hits, c.hits + c.misses)}};
+#define ENGRAM_ROW_CACHE_JSON_(field, json_key, type, metric, help) cache[json_key] = c.field;
+      ENGRAM_ROW_CACHE_COUNTERS(ENGRAM_ROW_CACHE_JSON_)
+#undef ENGRAM_ROW_CACHE_JSON_
+      store["cache"] = cache;
     }
     (*out)["store"] = store;
     // "rows_served" and "batches" count what clients asked for. For tables of the store's tiers
@@ -76,8 +109,6 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
     (*t)["tier"] = TierName(s.tier);
     if (s.tier == Tier::kResident) {
       const ResidentTable* r = resident(s.layer_id);
-      (*t)["resident_rows_loaded"] = s.resident_rows_loaded;
-      (*t)["resident_memory_bytes"] = s.resident_bytes;
       (*t)["resident_loaded"] = r->loaded();
       if (absl::StatusOr<ResidentLoadStatus> l = LoadStatus(s.layer_id); l.ok()) {
         (*t)["resident_load_state"] = LoadStateName(l->state);
@@ -85,12 +116,13 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
       }
       (*t)["resident_huge_pages"] = r->huge_pages();
     }
-    if (command == "stats" && s.tier != Tier::kStorage) {
-      (*t)["store_requests"] = s.requests;
-      (*t)["store_all_hit_requests"] = s.all_hit_requests;
+    if (s.tier == Tier::kStorage) continue;
+    // The counters: in stats all of the table's tiers, in tables the resident table's.
+    ForEachStoreTableCounter(s, [&](const StoreCounterInfo& c, uint64_t v) {
+      if (command == "stats" || c.resident_only) (*t)[c.json_key] = v;
+    });
+    if (command == "stats") {
       (*t)["store_all_hit_fraction"] = Ratio(s.all_hit_requests, s.requests);
-      (*t)["store_rows"] = s.rows;
-      (*t)["store_hit_rows"] = s.hit_rows;
       (*t)["store_hit_rate"] = Ratio(s.hit_rows, s.rows);
     }
   }
@@ -106,35 +138,18 @@ void RowStore::AddMetrics(metrics::Exposition* e) const {
     e->Gauge("engram_store_table_info", "The tier each table is served from", l, 1);
     if (s.tier == Tier::kStorage) continue;
     const metrics::Labels t = {{"table", std::to_string(s.layer_id)}};
-    e->Counter("engram_store_requests_total", "Gathers through the row store", t,
-               double(s.requests));
-    e->Counter("engram_store_all_hit_requests_total",
-               "Gathers answered wholly from memory (no engine, no I/O)", t,
-               double(s.all_hit_requests));
-    e->Counter("engram_store_rows_total", "Rows asked of the row store", t, double(s.rows));
-    e->Counter("engram_store_hit_rows_total", "Rows copied from memory", t, double(s.hit_rows));
-    if (s.tier == Tier::kResident) {
-      e->Gauge("engram_store_resident_rows", "Rows of a resident table in memory", t,
-               double(s.resident_rows_loaded));
-      e->Gauge("engram_store_resident_bytes", "Memory of a resident table", t,
-               double(s.resident_bytes));
-    }
+    ForEachStoreTableCounter(s, [&](const StoreCounterInfo& c, uint64_t v) {
+      AddSample(c, t, double(v), e);
+    });
   }
   if (cache_ == nullptr) return;
   const RowCacheStats c = cache_->Stats();
-  e->Gauge("engram_cache_bytes", "Bytes the row cache accounts for (slots and index)", {},
-           double(c.bytes));
-  e->Gauge("engram_cache_resident_bytes", "Bytes of the row cache holding pages", {},
-           double(c.resident_bytes));
-  e->Gauge("engram_cache_capacity_rows", "Rows the row cache may hold now", {},
-           double(c.capacity_slots));
   e->Gauge("engram_cache_configured_rows", "Rows the row cache holds without memory pressure", {},
            double(cache_target_slots_));
-  e->Gauge("engram_cache_rows", "Rows in the row cache", {}, double(c.used_slots));
-  e->Counter("engram_cache_hits_total", "Row cache lookups that hit", {}, double(c.hits));
-  e->Counter("engram_cache_misses_total", "Row cache lookups that missed", {}, double(c.misses));
-  e->Counter("engram_cache_evictions_total", "Rows evicted from the row cache", {},
-             double(c.evictions));
+#define ENGRAM_ROW_CACHE_METRIC_(field, json_key, type, metric, help) \
+  AddSample({json_key, metric, help, ENGRAM_STORE_GROWS_##type, false}, {}, double(c.field), e);
+  ENGRAM_ROW_CACHE_COUNTERS(ENGRAM_ROW_CACHE_METRIC_)
+#undef ENGRAM_ROW_CACHE_METRIC_
 }
 
 }  // namespace engram

@@ -891,7 +891,7 @@ uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sq
 
 void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe) {
   const uint64_t start = NowNs();
-  session->counters.submitted.fetch_add(1, std::memory_order_relaxed);
+  session->counters.requests_submitted.fetch_add(1, std::memory_order_relaxed);
   const uint32_t slot = ENGRAM_TICKET_SLOT(sqe.ticket);
   const uint64_t claimed = std::min<uint64_t>(sqe.num_rows, config_.limits.max_rows_per_request);
   const bool slot_valid = (sqe.ticket >> 16) != 0 && slot < session->arena().layout().slots;
@@ -1032,7 +1032,7 @@ void Server::QueuePrefetch(Session& session, const protocol::DecodedRequest& req
 }
 
 void Server::Unanswerable(Session& session, const std::string& message, uint64_t start) {
-  session.counters.failed.fetch_add(1, std::memory_order_relaxed);
+  session.counters.requests_failed.fetch_add(1, std::memory_order_relaxed);
   session.counters.garbage.fetch_add(1, std::memory_order_relaxed);
   uint64_t suppressed = 0;
   if (garbage_log_.Allow(start, &suppressed)) {

@@ -110,13 +110,13 @@ void Session::Complete(uint64_t ticket, uint32_t slot, int32_t code, const char*
   // Counted before the completion is published: a client that sees its request done and then
   // asks for statistics finds the request in them.
   if (code == ENGRAM_STATUS_OK) {
-    counters.ok.fetch_add(1, std::memory_order_relaxed);
+    counters.requests_ok.fetch_add(1, std::memory_order_relaxed);
     if (rows_written) {
       counters.rows.fetch_add(rows, std::memory_order_relaxed);
       counters.bytes.fetch_add(rows * ENGRAM_ROW_BYTES, std::memory_order_relaxed);
     }
   } else {
-    counters.failed.fetch_add(1, std::memory_order_relaxed);
+    counters.requests_failed.fetch_add(1, std::memory_order_relaxed);
   }
   const int bucket = service_ns == 0 ? 0 : 63 - __builtin_clzll(service_ns);
   counters.latency_log2[bucket].fetch_add(1, std::memory_order_relaxed);
@@ -175,13 +175,12 @@ void Session::MarkStopped() {
 engram_wire_session_stats Session::Stats() const {
   engram_wire_session_stats s{};
   s.session_id = id_;
-  s.requests_submitted = counters.submitted.load();
-  s.requests_ok = counters.ok.load();
-  s.requests_failed = counters.failed.load();
-  s.rows = counters.rows.load();
-  s.bytes = counters.bytes.load();
+#define ENGRAM_SESSION_LOAD_(field, origin, type, metric, help) \
+  ENGRAM_SESSION_COUNTED_##origin(s.field = counters.field.load();)
+  ENGRAM_SESSION_COUNTERS(ENGRAM_SESSION_LOAD_)
+#undef ENGRAM_SESSION_LOAD_
+  // The COMPUTED counters.
   s.inflight = inflight.load();
-  s.doorbells = counters.doorbells.load();
   s.cq_overflows = Shared(arena_->header()->cq_overflow).load(std::memory_order_relaxed);
   s.latency_p50_ns = Percentile(counters.latency_log2, 0.50);
   s.latency_p99_ns = Percentile(counters.latency_log2, 0.99);
@@ -191,6 +190,26 @@ engram_wire_session_stats Session::Stats() const {
   }
   s.latency_max_ns = max;
   return s;
+}
+
+void Session::ForEachCounter(
+    const std::function<void(const SessionCounterInfo&, uint64_t)>& fn) const {
+  const engram_wire_session_stats w = Stats();
+#define ENGRAM_SESSION_GROWS_COUNTER true
+#define ENGRAM_SESSION_GROWS_GAUGE false
+#define ENGRAM_SESSION_INFO_(field, type, metric, help) \
+  SessionCounterInfo { #field, ENGRAM_SESSION_GROWS_##type, metric, help }
+#define ENGRAM_SESSION_WIRE_(field, origin, type, metric, help) \
+  ENGRAM_SESSION_ON_WIRE_##origin(fn(ENGRAM_SESSION_INFO_(field, type, metric, help), w.field);)
+#define ENGRAM_SESSION_OWN_(field, origin, type, metric, help) \
+  fn(ENGRAM_SESSION_INFO_(field, type, metric, help), counters.field.load());
+  ENGRAM_SESSION_COUNTERS(ENGRAM_SESSION_WIRE_)
+  ENGRAM_SESSION_DAEMON_COUNTERS(ENGRAM_SESSION_OWN_)
+#undef ENGRAM_SESSION_OWN_
+#undef ENGRAM_SESSION_WIRE_
+#undef ENGRAM_SESSION_INFO_
+#undef ENGRAM_SESSION_GROWS_GAUGE
+#undef ENGRAM_SESSION_GROWS_COUNTER
 }
 
 }  // namespace engram

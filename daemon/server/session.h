@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +20,14 @@
 #include "protocol/unique_fd.h"
 
 namespace engram {
+
+// What Session::ForEachCounter tells about a counter.
+struct SessionCounterInfo {
+  const char* field;   // the engram_session_stats field, and the JSON key
+  bool grows;          // type COUNTER (else GAUGE)
+  const char* metric;  // Prometheus family, "" for none; may end in {key=value}
+  const char* help;
+};
 
 struct PeerInfo {
   pid_t pid = 0;
@@ -75,19 +84,22 @@ class Session {
   std::atomic<uint32_t> inflight{0};
   std::atomic<uint64_t> rows_in_flight{0};  // rows of the requests admitted and not finished
 
+  // The COUNTED entries of ENGRAM_SESSION_COUNTERS and ENGRAM_SESSION_DAEMON_COUNTERS.
   struct Counters {
-    std::atomic<uint64_t> submitted{0};
-    std::atomic<uint64_t> ok{0};
-    std::atomic<uint64_t> failed{0};
-    std::atomic<uint64_t> rows{0};
-    std::atomic<uint64_t> bytes{0};
-    std::atomic<uint64_t> doorbells{0};
-    std::atomic<uint64_t> garbage{0};
+#define ENGRAM_SESSION_ATOMIC_(field, origin, type, metric, help) \
+  ENGRAM_SESSION_COUNTED_##origin(std::atomic<uint64_t> field{0};)
+    ENGRAM_SESSION_COUNTERS(ENGRAM_SESSION_ATOMIC_)
+    ENGRAM_SESSION_DAEMON_COUNTERS(ENGRAM_SESSION_ATOMIC_)
+#undef ENGRAM_SESSION_ATOMIC_
     std::array<std::atomic<uint64_t>, 64> latency_log2{};  // service time buckets [2^i, 2^i+1)
     std::atomic<uint64_t> latency_sum_ns{0};               // every request's service time added
   };
   Counters counters;
+  // The STATS reply: the COUNTED counters read, the COMPUTED ones worked out.
   engram_wire_session_stats Stats() const;
+  // Calls fn(info, value) for every counter the daemon reports of this session: those of the
+  // STATS reply, then ENGRAM_SESSION_DAEMON_COUNTERS. For the JSON and metrics writers.
+  void ForEachCounter(const std::function<void(const SessionCounterInfo&, uint64_t)>& fn) const;
 
  private:
   const uint64_t id_;

@@ -80,6 +80,8 @@ extern "C" {
 #include "engram/hash.h"
 /* ENGRAM_ROW_BYTES (264) and enum engram_table_layout. */
 #include "engram/row.h"
+/* ENGRAM_SESSION_COUNTERS, the fields of struct engram_session_stats. */
+#include "engram/session_stats.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -258,28 +260,24 @@ struct engram_table_info {
 ENGRAM_API int engram_list_tables(engram_session* session, struct engram_table_info* ret_tables,
                                   size_t capacity, size_t* ret_count);
 
+/* The session's statistics: session_id, then one uint64_t per entry of ENGRAM_SESSION_COUNTERS
+ * (engram/session_stats.h: the fields, in order, and what each counts). */
 struct engram_session_stats {
   size_t size; /* set by the caller to sizeof(struct engram_session_stats) */
   uint64_t session_id;
-  uint64_t requests_submitted; /* as counted by the daemon */
-  uint64_t requests_ok;
-  uint64_t requests_failed;
-  uint64_t rows;
-  uint64_t bytes;
-  uint64_t inflight;
-  uint64_t doorbells; /* times this client had to wake the daemon's poller */
-  uint64_t cq_overflows;
-  uint64_t latency_p50_ns; /* daemon-side service time */
-  uint64_t latency_p99_ns;
-  uint64_t latency_max_ns;
-  uint64_t client_sleeps; /* times engram_wait went to sleep on the futex (this process) */
-  uint64_t rows_in_place; /* rows this process's engram_gather copied from resident tables
-                             itself (ENGRAM_GATHER_IN_PLACE), not counted in `rows` */
+  ENGRAM_SESSION_COUNTERS(ENGRAM_SESSION_STATS_FIELD_)
 };
 
 /* Reads the session's statistics from the daemon. Set ret_stats->size first. Thread-safe. */
 ENGRAM_API int engram_get_session_stats(engram_session* session,
                                            struct engram_session_stats* ret_stats);
+
+/* The name and one-line description of field `index` of struct engram_session_stats after
+ * `size` (0: session_id, then the counters in order), for bindings that cannot read
+ * engram/session_stats.h; the strings are static. -ERANGE past the last field. Thread-safe.
+ * Since ENGRAM_0.6. */
+ENGRAM_API int engram_session_stats_field(size_t index, const char** ret_name,
+                                          const char** ret_help);
 
 /* ---- resident tables read in place (since ENGRAM_0.4) ------------------------------------ */
 

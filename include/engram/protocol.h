@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "engram/row.h" /* ENGRAM_ROW_BYTES, enum engram_table_layout */
+#include "engram/session_stats.h" /* ENGRAM_SESSION_COUNTERS */
 
 #ifdef __cplusplus
 #define ENGRAM_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
@@ -171,23 +172,18 @@ struct engram_msg_tables {
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_tables) == 24, "tables size");
 
-/* STATS: the counters of one session, all growing except `inflight`. */
+/* STATS: the counters of one session: session_id, then those of ENGRAM_SESSION_COUNTERS
+ * (engram/session_stats.h) that the daemon keeps, in the list's order, then zeros. A counter
+ * appended to the list takes the first reserved word, which an older peer sends as 0 and
+ * ignores; a sixteenth word would change the message's size (a protocol version). */
 struct engram_wire_session_stats {
   uint64_t session_id;
-  uint64_t requests_submitted; /* taken from the submission ring */
-  uint64_t requests_ok;
-  uint64_t requests_failed;
-  uint64_t rows;  /* rows gathered for requests that succeeded */
-  uint64_t bytes; /* bytes written into the data region */
-  uint64_t inflight;
-  uint64_t doorbells;    /* times the client had to wake the daemon */
-  uint64_t cq_overflows; /* completions not queued because the completion ring was full */
-  uint64_t latency_p50_ns;
-  uint64_t latency_p99_ns;
-  uint64_t latency_max_ns;
-  uint64_t reserved[4];
+  ENGRAM_SESSION_COUNTERS(ENGRAM_SESSION_WIRE_FIELD_)
+  uint64_t reserved[15 - ENGRAM_SESSION_WIRE_COUNTERS];
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_wire_session_stats) == 128, "stats size");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_wire_session_stats, latency_max_ns) == 88,
+                     "the counters on the wire keep their places: append to the list");
 struct engram_msg_stats {
   struct engram_msg_header header;
   struct engram_wire_session_stats stats;

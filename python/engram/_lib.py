@@ -79,15 +79,31 @@ class TableInfoStruct(ctypes.Structure):
     ]
 
 
-SESSION_STATS_FIELDS = (
-    "session_id", "requests_submitted", "requests_ok", "requests_failed", "rows", "bytes",
-    "inflight", "doorbells", "cq_overflows", "latency_p50_ns", "latency_p99_ns",
-    "latency_max_ns", "client_sleeps", "rows_in_place",
-)
+@functools.lru_cache(maxsize=None)
+def session_stats_fields():
+    """((name, help), ...) of struct engram_session_stats after `size`, in order, as the loaded
+    library declares them (engram_session_stats_field; the list is engram/session_stats.h)."""
+    lib = client_lib()
+    if not hasattr(lib, "engram_session_stats_field"):
+        raise LibraryNotFoundError(
+            0, f"{client_lib_path()} does not export engram_session_stats_field (ENGRAM_0.6): "
+               f"it predates this package's statistics; use the library built with it")
+    fields = []
+    name, help_text = c_char_p(), c_char_p()
+    while lib.engram_session_stats_field(len(fields), ctypes.byref(name),
+                                         ctypes.byref(help_text)) == 0:
+        fields.append((name.value.decode(), help_text.value.decode()))
+    if not fields or fields[0][0] != "session_id":
+        raise LibraryNotFoundError(
+            0, f"{client_lib_path()}: engram_session_stats_field names no session_id first")
+    return tuple(fields)
 
 
-class SessionStatsStruct(ctypes.Structure):
-    _fields_ = [("size", c_size_t)] + [(name, c_u64) for name in SESSION_STATS_FIELDS]
+@functools.lru_cache(maxsize=None)
+def session_stats_struct():
+    """struct engram_session_stats as a ctypes.Structure: size, then a uint64_t per field."""
+    fields = [("size", c_size_t)] + [(name, c_u64) for name, _ in session_stats_fields()]
+    return type("SessionStatsStruct", (ctypes.Structure,), {"_fields_": fields})
 
 
 # ---- host-side hashing (engram/hash.h) and the combined submit (engram.h, ENGRAM_0.3) ----
@@ -170,7 +186,7 @@ _CLIENT_FUNCTIONS = {
     "engram_poll": (c_int, [c_void_p, c_u64]),
     "engram_completion_counter": (c_int, [c_void_p, _P(c_void_p)]),
     "engram_list_tables": (c_int, [c_void_p, _P(TableInfoStruct), c_size_t, _P(c_size_t)]),
-    "engram_get_session_stats": (c_int, [c_void_p, _P(SessionStatsStruct)]),
+    "engram_get_session_stats": (c_int, [c_void_p, c_void_p]),
     "engram_protocol_version": (None, [_P(c_u32), _P(c_u32)]),
     "engram_row_bytes": (c_u32, []),
 }
@@ -178,6 +194,11 @@ _CLIENT_FUNCTIONS = {
 # Since ENGRAM_0.5: a library without it still loads; Client.prefetch says what is missing.
 _PREFETCH_FUNCTIONS = {
     "engram_prefetch": (c_int, [c_void_p, c_u32, c_void_p, c_u64, c_u32, _P(c_u64)]),
+}
+
+# Since ENGRAM_0.6: a library without it still loads; Client.stats says what is missing.
+_STATS_FIELD_FUNCTIONS = {
+    "engram_session_stats_field": (c_int, [c_size_t, _P(c_char_p), _P(c_char_p)]),
 }
 
 _HASH_FUNCTIONS = {
@@ -318,6 +339,7 @@ def client_lib():
                               "ENGRAM_CLIENT_LIB", "client")
             _declare(lib, _CLIENT_FUNCTIONS, path)
             _declare(lib, _PREFETCH_FUNCTIONS, path, required=False)
+            _declare(lib, _STATS_FIELD_FUNCTIONS, path, required=False)
             _client, _client_path = lib, path
         return _client
 

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -67,23 +67,46 @@ class TableInfo:
     data_bytes: int
 
 
-@dataclasses.dataclass(frozen=True)
 class SessionStats:
-    """Counters of this session as the daemon keeps them (struct engram_session_stats)."""
-    session_id: int
-    requests_submitted: int
-    requests_ok: int
-    requests_failed: int
-    rows: int
-    bytes: int
-    inflight: int
-    doorbells: int
-    cq_overflows: int
-    latency_p50_ns: int
-    latency_p99_ns: int
-    latency_max_ns: int
-    client_sleeps: int
-    rows_in_place: int  # gathered by this process from resident tables itself (gather(in_place=True))
+    """Statistics of this session (struct engram_session_stats): one int attribute per field,
+    named as in C (session_id, requests_submitted, requests_ok, doorbells, rows_in_place, ...).
+    The fields and what each counts come from the loaded library (engram/session_stats.h), so
+    a counter added there appears here: `as_dict()` holds them all, in order, and
+    `SessionStats.fields()` gives (name, help) for each."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Dict[str, int]):
+        object.__setattr__(self, "_values", dict(values))
+
+    @staticmethod
+    def fields() -> Tuple[Tuple[str, str], ...]:
+        """(name, one-line description) of every field, in the struct's order."""
+        return _lib.session_stats_fields()
+
+    def as_dict(self) -> Dict[str, int]:
+        return dict(self._values)
+
+    def __getattr__(self, name: str) -> int:
+        if name.startswith("_"):  # _values itself before __init__ (copy, pickle)
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"SessionStats has no field {name!r} (it has: "
+                                 f"{', '.join(self._values)})") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("SessionStats is read-only")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SessionStats) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        return "SessionStats(" + ", ".join(f"{k}={v}" for k, v in self._values.items()) + ")"
 
 
 def protocol_version() -> Tuple[int, int]:
@@ -283,10 +306,10 @@ class Client:
 
     def stats(self) -> SessionStats:
         """This session's statistics (SessionStats)."""
-        stats = _lib.SessionStatsStruct()
+        stats = _lib.session_stats_struct()()
         stats.size = ctypes.sizeof(stats)
         _lib.check(self._lib.engram_get_session_stats(self._session(), ctypes.byref(stats)))
-        return SessionStats(*(getattr(stats, f) for f in _lib.SESSION_STATS_FIELDS))
+        return SessionStats({name: getattr(stats, name) for name, _ in _lib.session_stats_fields()})
 
     # ---- the arena ------------------------------------------------------------------------
 

@@ -2,10 +2,13 @@
 """Writes a copy of include/engram/engram.h whose structs are those of an older or a newer
 release: `older` drops the last field of the options, request and output structs (as a header
 from before those fields existed), `newer` appends one field to each (as a header from after).
+engram_session_stats' counters are first written out from their list (session_stats.h, beside
+IN) so that its fields can be cut like the others'.
 
 usage: make_header.py older|newer IN OUT
 """
 
+import os
 import re
 import sys
 
@@ -16,6 +19,23 @@ STRUCTS = {
     "engram_table_info": ("uint64_t data_bytes;", "uint64_t future_field;"),
     "engram_session_stats": ("uint64_t client_sleeps;", "uint64_t future_counter;"),
 }
+
+
+def counter_names(session_stats_h):
+    """The fields of ENGRAM_SESSION_COUNTERS, in order."""
+    with open(session_stats_h) as f:
+        text = f.read()
+    match = re.search(r"#define ENGRAM_SESSION_COUNTERS\(X\)((?:.*\\\n)*.*\n)", text)
+    if match is None:
+        sys.exit(f"make_header.py: no ENGRAM_SESSION_COUNTERS list in {session_stats_h}")
+    return re.findall(r"\bX\((\w+),", match.group(1))
+
+
+def expand_counters(text, names):
+    macro = "  ENGRAM_SESSION_COUNTERS(ENGRAM_SESSION_STATS_FIELD_)"
+    if macro not in text:
+        sys.exit("make_header.py: engram_session_stats does not use ENGRAM_SESSION_COUNTERS")
+    return text.replace(macro, "\n".join(f"  uint64_t {n};" for n in names))
 
 
 def rewrite(text, mode):
@@ -44,6 +64,8 @@ def main():
         sys.exit("make_header.py: mode is older or newer")
     with open(src) as f:
         text = f.read()
+    text = expand_counters(text, counter_names(os.path.join(os.path.dirname(src),
+                                                            "session_stats.h")))
     with open(dst, "w") as f:
         f.write(rewrite(text, mode))
 

@@ -11,12 +11,14 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <thread>
 #include <chrono>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
@@ -419,6 +421,88 @@ TEST_CASE("engramctl stats and clients show a client's gathers") {
   Result ch = Sh(Ctl("clients"));
   CHECK(ch.out.find("ops-test") != std::string::npos);
   engram_close(s);
+}
+
+// The counters of engram/session_stats.h as the daemon reports them: every entry but those the
+// client library counts, then the daemon's own.
+struct ListedCounter {
+  std::string field;
+  std::string metric;  // "" for none; may end in {key=value}
+};
+std::vector<ListedCounter> DaemonSessionCounters() {
+  std::vector<ListedCounter> out;
+#define LISTED_(field, origin, type, metric, help) \
+  if (std::string_view(#origin) != "LIBRARY") out.push_back({#field, metric});
+  ENGRAM_SESSION_COUNTERS(LISTED_)
+  ENGRAM_SESSION_DAEMON_COUNTERS(LISTED_)
+#undef LISTED_
+  return out;
+}
+
+// The sample a metric spec "name" or "name{key=value}" makes for the client `labels` name.
+std::string SamplePrefix(const std::string& spec, const std::string& labels) {
+  const size_t brace = spec.find('{');
+  if (brace == std::string::npos) return spec + "{" + labels;
+  const std::string label = spec.substr(brace + 1, spec.size() - brace - 2);
+  const size_t eq = label.find('=');
+  return spec.substr(0, brace) + "{" + labels + "," + label.substr(0, eq) + "=\"" +
+         label.substr(eq + 1) + "\"";
+}
+
+TEST_CASE("every session counter of the list shows in stats, clients, metrics and engramctl") {
+  engram_session* s = GatherSome(50);
+  engram_session_stats st{.size = sizeof(st)};
+  REQUIRE(engram_get_session_stats(s, &st) == 0);
+  const json id = st.session_id;
+  auto entry = [&](const json& reply) {
+    for (const json& c : reply["clients"]) {
+      if (c["session"] == id) return c;
+    }
+    FAIL("session " << id << " missing from " << reply.dump());
+    return json();
+  };
+  const json stats = entry(Json("stats")), clients = entry(Json("clients"));
+  const std::string metrics = Json("metrics")["text"];
+  const std::string text = Sh(Ctl("stats")).out;
+  const size_t at = text.find("session " + id.dump() + " '");
+  REQUIRE(at != std::string::npos);
+  const std::string block = text.substr(at, text.find("\nsession ", at + 1) - at);
+  const std::string labels = absl::StrFormat("client=\"ops-test\",session=\"%u\"", st.session_id);
+  for (const ListedCounter& c : DaemonSessionCounters()) {
+    INFO(c.field);
+    CHECK(stats.contains(c.field));
+    CHECK(clients.contains(c.field));
+    if (!c.metric.empty()) CHECK(metrics.find(SamplePrefix(c.metric, labels)) != std::string::npos);
+    std::string label = c.field;
+    if (label.size() > 3 && label.compare(label.size() - 3, 3, "_ns") == 0) {
+      label.resize(label.size() - 3);
+    }
+    std::replace(label.begin(), label.end(), '_', ' ');
+    CHECK(block.find(label + " ") != std::string::npos);
+  }
+  CHECK(stats["requests_ok"] == 1);
+  CHECK(stats["rows"] == 100);
+  engram_close(s);
+}
+
+TEST_CASE("the library names each field of engram_session_stats, as the list declares them") {
+  std::vector<std::string> listed = {"session_id"};
+#define LISTED_(field, origin, type, metric, help) listed.push_back(#field);
+  ENGRAM_SESSION_COUNTERS(LISTED_)
+#undef LISTED_
+  CHECK(sizeof(engram_session_stats) == sizeof(size_t) + 8 * listed.size());
+  std::vector<std::string> named;
+  const char *name = nullptr, *help = nullptr;
+  while (engram_session_stats_field(named.size(), &name, &help) == 0) {
+    INFO(name);
+    CHECK(strlen(help) > 10);
+    named.push_back(name);
+    REQUIRE(named.size() < 1000);
+  }
+  CHECK(engram_session_stats_field(named.size(), &name, &help) == -ERANGE);
+  CHECK(std::string(engram_last_error()).find("no field") != std::string::npos);
+  CHECK(named == listed);
+  CHECK(engram_session_stats_field(0, nullptr, &help) == -EINVAL);
 }
 
 // A parsed exposition: sample name with labels → value, and family → type.

@@ -153,6 +153,34 @@ def test_stats_count_the_session_requests(daemon):
         assert stats.inflight == 0
 
 
+def _listed_session_counters():
+    """The fields of ENGRAM_SESSION_COUNTERS, read from the header itself."""
+    import re
+    text = (REPO / "include" / "engram" / "session_stats.h").read_text()
+    body = re.search(r"#define ENGRAM_SESSION_COUNTERS\(X\)((?:.*\\\n)*.*\n)", text).group(1)
+    return re.findall(r"\bX\((\w+),", body)
+
+
+def test_stats_hold_every_counter_of_the_list(daemon):
+    """SessionStats has one attribute per field of engram/session_stats.h's list, in order,
+    whatever the list holds: the package takes the names from the library."""
+    listed = ["session_id"] + _listed_session_counters()
+    assert len(listed) > 10
+    assert [name for name, _ in engram.SessionStats.fields()] == listed
+    assert all(len(help_text) > 10 for _, help_text in engram.SessionStats.fields())
+    with engram.Client(daemon.socket, client_name="pytest-stats-list") as c:
+        c.gather(1, [1, 2, 3])
+        stats = c.stats()
+        assert list(stats.as_dict()) == listed
+        for name in listed:
+            assert isinstance(getattr(stats, name), int)
+        assert stats.rows == 3
+        with pytest.raises(AttributeError, match="no field 'no_such_counter'"):
+            stats.no_such_counter
+        with pytest.raises(AttributeError):
+            stats.rows = 4
+
+
 def test_default_socket_comes_from_the_environment(daemon, monkeypatch):
     monkeypatch.setenv("ENGRAM_SOCKET", daemon.socket)
     with engram.Client() as c:

@@ -6,16 +6,19 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
 #include "engram/engram.h"
+#include "protocol/store_counters.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/daemon_test_util.h"
 #include "tests/common/skip.h"
@@ -220,6 +223,54 @@ TEST_CASE("the metrics show tiers, store bytes, hits and evictions", "[store]") 
     INFO(want);
     CHECK(text.find(want) != std::string::npos);
   }
+}
+
+// engramctl's label of a counter: its JSON key with spaces for underscores.
+std::string Label(std::string key) {
+  std::replace(key.begin(), key.end(), '_', ' ');
+  return key + " ";
+}
+
+TEST_CASE("every row store counter of the lists shows in the JSON, metrics and engramctl",
+          "[store]") {
+  const Daemon& d = StoreDaemon();
+  WaitResident(d);
+  REQUIRE(InChild([&] { return GatherChecked(d, 1, 100, 1000, 2, 5); }) == 0);
+  const json cache = Ctl(d, "status")["store"]["cache"];
+  const json stats = Ctl(d, "stats"), tables = Ctl(d, "tables --no-residency");
+  const std::string metrics = Ctl(d, "metrics")["text"];
+  const std::string base = Engramctl() + " --socket " + d.socket() + " ";
+  const std::string status_text = RunCommand(base + "status").second;
+  const std::string stats_text = RunCommand(base + "stats").second;
+  const std::string tables_text = RunCommand(base + "tables --no-residency").second;
+#define ROW_CACHE_(field, json_key, type, metric, help)                                  \
+  {                                                                                      \
+    INFO(json_key);                                                                      \
+    CHECK(cache.contains(json_key));                                                     \
+    CHECK(metrics.find(std::string("\n") + metric + " ") != std::string::npos);          \
+    CHECK(status_text.find(Label(json_key)) != std::string::npos);                       \
+  }
+  ENGRAM_ROW_CACHE_COUNTERS(ROW_CACHE_)
+#undef ROW_CACHE_
+  // Layer 14 is resident (every counter), layer 1 cached (those of both tiers).
+  const json resident = TableEntry(stats, 14), cached = TableEntry(stats, 1);
+#define STORE_TABLE_(field, json_key, tiers, type, metric, help)                           \
+  {                                                                                      \
+    INFO(json_key);                                                                      \
+    const bool both = std::string_view(#tiers) == "MEMORY";                              \
+    CHECK(resident.contains(json_key));                                                  \
+    CHECK(cached.contains(json_key) == both);                                            \
+    CHECK(TableEntry(tables, 14).contains(json_key) == !both);                           \
+    CHECK(metrics.find(std::string(metric) + "{table=\"14\"}") != std::string::npos);    \
+    CHECK((metrics.find(std::string(metric) + "{table=\"1\"}") != std::string::npos) ==   \
+          both);                                                                         \
+    CHECK(stats_text.find(Label(json_key)) != std::string::npos);                        \
+    if (!both) CHECK(tables_text.find(Label(json_key)) != std::string::npos);            \
+  }
+  ENGRAM_STORE_TABLE_COUNTERS(STORE_TABLE_)
+#undef STORE_TABLE_
+  CHECK(cache["hits"].get<uint64_t>() + cache["misses"].get<uint64_t>() > 0);
+  CHECK(cache["inserts"].get<uint64_t>() > 0);
 }
 
 // Runs engramd with `args` on the test checkpoint; returns (exit code, output).

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
+#include "tools/engramctl/counter_lines.h"
 
 namespace engramctl {
 namespace {
@@ -166,14 +167,7 @@ void PrintStats(const json& r, const json* before, double dt) {
     const json* b = Match(before_clients, c, "session");
     printf("session %lu '%s' (pid %lu, uid %lu)\n", U(c, "session"), c.value("name", "").c_str(),
            U(c, "pid"), U(c, "uid"));
-    printf("  requests %lu ok, %lu failed, %lu in flight%s\n", U(c, "requests_ok"),
-           U(c, "requests_failed"), U(c, "inflight"),
-           RateText(Rate(c, b, "requests_submitted", dt), "req").c_str());
-    printf("  rows %lu, %s%s, doorbells %lu, completion overflows %lu\n", U(c, "rows"),
-           Bytes(double(U(c, "bytes"))).c_str(), RateText(Rate(c, b, "rows", dt), "rows").c_str(),
-           U(c, "doorbells"), U(c, "cq_overflows"));
-    printf("  service time p50 %s p99 %s max %s\n", Duration(U(c, "latency_p50_ns")).c_str(),
-           Duration(U(c, "latency_p99_ns")).c_str(), Duration(U(c, "latency_max_ns")).c_str());
+    fputs(CounterLines(SessionCounters(), c, b, dt, "  ").c_str(), stdout);
   }
 }
 
@@ -296,7 +290,7 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
                   printf("%-8lu %-8lu %-6lu %-20s %-6lu %-10s %-9lu %-10lu %lu\n", U(s, "session"),
                          U(s, "pid"), U(s, "uid"), s.value("name", "").c_str(), U(s, "slots"),
                          Bytes(double(U(s, "arena_bytes"))).c_str(), U(s, "inflight"),
-                         U(s, "requests"), U(s, "rows"));
+                         U(s, "requests_submitted"), U(s, "rows"));
                 }
               });
     });

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
+#include "tools/engramctl/counter_lines.h"
 
 namespace engramctl {
 namespace {
@@ -40,13 +41,13 @@ void PrintStoreStatus(const json& reply) {
          100 * Frac(s, "all_hit_fraction"));
   if (s.contains("cache") && s["cache"].is_object()) {
     const json& c = s["cache"];
-    printf("  row cache %s (%lu of %lu rows%s), hit rate %.1f%%, %lu evictions\n",
-           Bytes(double(Num(c, "bytes"))).c_str(), Num(c, "used_rows"), Num(c, "capacity_rows"),
+    printf("  row cache, hit rate %.1f%%%s:\n", 100 * Frac(c, "hit_rate"),
            Num(c, "capacity_rows") < Num(c, "configured_rows")
-               ? absl::StrFormat(", shrunk from %lu by memory pressure", Num(c, "configured_rows"))
+               ? absl::StrFormat(" (shrunk from %lu rows by memory pressure)",
+                                 Num(c, "configured_rows"))
                      .c_str()
-               : "",
-           100 * Frac(c, "hit_rate"), Num(c, "evictions"));
+               : "");
+    fputs(CounterLines(RowCacheCounters(), c, nullptr, 0, "    ").c_str(), stdout);
   }
 }
 
@@ -59,20 +60,20 @@ void PrintStoreTableStats(const json& t) {
            Num(t, "prefetch_failed_rows"), Num(t, "prefetch_used_rows"));
   }
   if (!t.contains("store_requests")) return;
-  printf("  tier %s: %lu of %lu rows from memory (%.1f%%), %lu of %lu requests all hits (%.1f%%)\n",
-         t.value("tier", "?").c_str(), Num(t, "store_hit_rows"), Num(t, "store_rows"),
-         100 * Frac(t, "store_hit_rate"), Num(t, "store_all_hit_requests"),
-         Num(t, "store_requests"), 100 * Frac(t, "store_all_hit_fraction"));
+  printf("  tier %s: %.1f%% of rows from memory, %.1f%% of requests all hits\n",
+         t.value("tier", "?").c_str(), 100 * Frac(t, "store_hit_rate"),
+         100 * Frac(t, "store_all_hit_fraction"));
+  fputs(CounterLines(StoreTableCounters(), t, nullptr, 0, "    ").c_str(), stdout);
 }
 
 void PrintStoreTable(const json& t) {
   if (!t.contains("tier")) return;
   if (t["tier"] == "resident") {
     const std::string state = t.value("resident_load_state", std::string());
-    printf("         tier resident: %lu rows in memory (%s, %s)%s%s\n",
-           Num(t, "resident_rows_loaded"), Bytes(double(Num(t, "resident_memory_bytes"))).c_str(),
+    printf("         tier resident (%s%s%s):\n",
            t.value("resident_huge_pages", false) ? "2 MiB pages" : "4 KiB pages",
-           state.empty() || state == "loaded" ? "" : ", ", state == "loaded" ? "" : state.c_str());
+           state.empty() ? "" : ", ", state.c_str());
+    fputs(CounterLines(StoreTableCounters(), t, nullptr, 0, "           ").c_str(), stdout);
     if (t.contains("resident_load_error")) {
       printf("         load failed: %s\n", t["resident_load_error"].get<std::string>().c_str());
     }

@@ -1,0 +1,65 @@
+// The row store's counters, declared once: those of the shared row cache (RowCacheStats,
+// store/row_cache.h) and those of each table served from memory (TableStoreStats,
+// daemon/server/row_store.h). The structs' fields, the control replies' JSON
+// (daemon/server/row_store_report.cc), the Prometheus metrics and engramctl's text are made
+// from these lists. They sit here, beside the wire codec, because the JSON keys are shared by
+// the daemon and engramctl.
+//
+//   X(field, json_key, type, metric, help)           row cache
+//   X(field, json_key, tiers, type, metric, help)    tables
+//   field     the member of the stats struct
+//   json_key  its key: in status's "store"."cache" (row cache) or in the table's entry of
+//             stats (tables); engramctl prints it with spaces for underscores, one ending in
+//             bytes as a size
+//   tiers     the tables it is reported for: MEMORY (resident and cache tiers) or RESIDENT
+//   type      COUNTER (only grows) or GAUGE
+//   metric    the Prometheus family (table counters: labelled by table)
+//   help      one line: the metric's HELP
+//
+// To add a counter: add one line to the list of its owner, then count it.
+#pragma once
+
+// RowCache: one for the daemon, shown in status.
+#define ENGRAM_ROW_CACHE_COUNTERS(X)                                                           \
+  X(capacity_slots, "capacity_rows", GAUGE, "engram_cache_capacity_rows",                      \
+    "Rows the row cache may hold now")                                                         \
+  X(max_slots, "max_rows", GAUGE, "engram_cache_max_rows",                                     \
+    "Rows the row cache's region has room for (its configured size)")                          \
+  X(used_slots, "used_rows", GAUGE, "engram_cache_rows", "Rows in the row cache")              \
+  X(bytes, "bytes", GAUGE, "engram_cache_bytes",                                               \
+    "Bytes the row cache accounts for (slots and index)")                                      \
+  X(resident_bytes, "resident_bytes", GAUGE, "engram_cache_resident_bytes",                    \
+    "Bytes of the row cache holding pages")                                                    \
+  X(hits, "hits", COUNTER, "engram_cache_hits_total", "Row cache lookups that hit")            \
+  X(misses, "misses", COUNTER, "engram_cache_misses_total", "Row cache lookups that missed")   \
+  X(inserts, "inserts", COUNTER, "engram_cache_inserts_total", "Rows admitted to the row cache") \
+  X(evictions, "evictions", COUNTER, "engram_cache_evictions_total",                           \
+    "Rows evicted from the row cache")                                                         \
+  X(ghost_hits, "ghost_hits", COUNTER, "engram_cache_ghost_hits_total",                        \
+    "Rows admitted straight to the main queue: evicted recently (the ghost queue)")            \
+  X(promotions, "promotions", COUNTER, "engram_cache_promotions_total",                        \
+    "Rows moved from the small queue to the main queue")                                       \
+  X(prefetch_inserts, "prefetch_inserts", COUNTER, "engram_cache_prefetch_inserts_total",      \
+    "Rows admitted by prefetches (counted in inserts too)")
+
+// Per table of the resident or cache tier, shown in stats (RESIDENT ones in tables too).
+#define ENGRAM_STORE_TABLE_COUNTERS(X)                                                         \
+  X(requests, "store_requests", MEMORY, COUNTER, "engram_store_requests_total",                \
+    "Gathers through the row store")                                                           \
+  X(all_hit_requests, "store_all_hit_requests", MEMORY, COUNTER,                               \
+    "engram_store_all_hit_requests_total",                                                     \
+    "Gathers answered wholly from memory (no engine, no I/O)")                                 \
+  X(rows, "store_rows", MEMORY, COUNTER, "engram_store_rows_total", "Rows asked of the row store") \
+  X(hit_rows, "store_hit_rows", MEMORY, COUNTER, "engram_store_hit_rows_total",                \
+    "Rows copied from memory")                                                                 \
+  X(prefetch_used_rows, "prefetch_used_rows", MEMORY, COUNTER, "engram_prefetch_used_rows_total", \
+    "Rows a prefetch admitted to the row cache that a gather then hit (each once)")            \
+  X(resident_rows_loaded, "resident_rows_loaded", RESIDENT, GAUGE, "engram_store_resident_rows", \
+    "Rows of a resident table in memory")                                                      \
+  X(resident_bytes, "resident_memory_bytes", RESIDENT, GAUGE, "engram_store_resident_bytes",   \
+    "Memory of a resident table")
+
+// Selector on an entry's type: ENGRAM_STORE_IF_COUNTER_##type(...) expands to its arguments for
+// a COUNTER and to nothing for a GAUGE.
+#define ENGRAM_STORE_IF_COUNTER_COUNTER(...) __VA_ARGS__
+#define ENGRAM_STORE_IF_COUNTER_GAUGE(...)
