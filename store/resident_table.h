@@ -3,12 +3,22 @@
 // clients can map it read-only. Loading is incremental: rows below rows_loaded() are readable
 // while the rest streams in; a cancelled load resumes where it stopped.
 //
+// Only the files the table validated at open are read: through the table's own fds, or an
+// O_DIRECT descriptor reopened from them (/proc/self/fd), never by path. Each chunk first checks
+// that no file changed since Create() (fstat: size, mtime, ctime; stat of the path: same inode);
+// after the last chunk a sample of rows is compared with buffered reads through the validated
+// fds. A table whose file changed is refused for good (refusal()): its rows stop being served
+// from memory and it is never sealed, so it cannot be mapped.
+//
 //   auto rt = engram::ResidentTable::Create(table, &budget, {});
 //   std::atomic<bool> cancel{false};
 //   absl::Status s = (*rt)->Load(&cancel, [](uint64_t done, uint64_t total) { ... });
 //   uint8_t row[engram::kRowBytes];
 //   if ((*rt)->CopyRow(42, row)) { /* a hit: one memcpy */ }
 #pragma once
+
+#include <sys/types.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -53,10 +63,15 @@ class ResidentTable {
   ~ResidentTable();
 
   // Reads the rows not yet loaded, chunk by chunk, calling `progress` after each. Returns
-  // Cancelled (naming the table and the rows loaded) when *cancel becomes true between chunks; a
-  // later Load() resumes from there. Seals the memfd once every row is in. A read error names
-  // the file and offset. One Load() at a time (FailedPrecondition otherwise).
+  // Cancelled (naming the table and the rows loaded) when *cancel becomes true: it is looked at
+  // before each chunk and every 50 ms of a rate limit's wait, so a cancelled load returns within
+  // one chunk's read plus 50 ms. A later Load() resumes from there, under the same rate limit
+  // (the rate's budget is kept across loads). Verifies and seals the memfd once every row is
+  // in. A read error names the file and offset; a changed file is DataLoss naming it, and
+  // refuses the table for good. One Load() at a time (FailedPrecondition otherwise).
   absl::Status Load(const std::atomic<bool>* cancel, const Progress& progress);
+  // OK, or the DataLoss that refused the table (a file changed under it). Thread-safe.
+  absl::Status refusal() const;
 
   const Table& table() const { return table_; }
   RowRange covered() const { return table_.covered(); }
@@ -97,11 +112,29 @@ class ResidentTable {
   }
 
  private:
+  // What a file was when the table was created: a later difference means it changed.
+  struct FileIdentity {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    uint64_t size = 0;
+    timespec mtime{};
+    timespec ctime{};
+  };
   ResidentTable(const Table& table, MemoryBudget* budget, const ResidentOptions& options)
       : table_(table), budget_(budget), options_(options) {}
+  absl::Status RecordFiles();
+  // DataLoss naming the file when one is no longer what RecordFiles() saw; `when` says where
+  // in the load ("before chunk at row 32768").
+  absl::Status CheckFiles(const std::string& when) const;
+  // Compares a sample of the loaded rows with buffered reads through the validated fds.
+  absl::Status VerifySample() const;
+  absl::Status Refuse(absl::Status why);
   absl::Status OpenReaders();
   absl::Status LoadChunk(uint64_t first, uint64_t count);
   absl::Status ReadRange(uint32_t file, uint64_t begin, uint64_t end, uint8_t** ret_data);
+  // Waits until the rate limit allows the next chunk; false when cancelled meanwhile.
+  bool WaitForRate(const std::atomic<bool>* cancel) const;
+  absl::Status Finish();
 
   const Table& table_;
   MemoryBudget* budget_;
@@ -112,6 +145,11 @@ class ResidentTable {
   std::atomic<bool> sealed_{false};  // set once Load() sealed the region after the last row
   std::atomic<bool> loading_{false};
   bool direct_io_used_ = false;
+  std::vector<FileIdentity> identities_;  // per file of the table, from Create()
+  // The rate limit's bucket (ns, steady clock): the next chunk may start once this has passed.
+  // Kept across Load() calls, so that cancelling and resuming cannot read faster than the rate.
+  uint64_t rate_due_ns_ = 0;
+  absl::Status refusal_;  // guarded by notices_mu_
   // Per file: an O_DIRECT fd when the filesystem takes it, else -1 (buffered through the table's).
   std::vector<UniqueFd> direct_fds_;
   bool readers_open_ = false;

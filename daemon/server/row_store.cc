@@ -3,6 +3,7 @@
 #include "daemon/server/row_store.h"
 
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -104,12 +105,7 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
 }
 
 RowStore::~RowStore() {
-  {
-    std::lock_guard lock(load_mu_);
-    load_stop_ = true;
-    for (const auto& ts : states_) ts->cancel.store(true);
-  }
-  load_cv_.notify_all();
+  StopLoading();
   if (loader_.joinable()) loader_.join();
   pressure_.reset();
 }
@@ -151,6 +147,15 @@ void RowStore::StartLoading(bool load_now) {
     }
   }
   if (any) loader_ = std::thread([this] { LoaderLoop(); });
+}
+
+void RowStore::StopLoading() {
+  {
+    std::lock_guard lock(load_mu_);
+    load_stop_ = true;
+    for (const auto& ts : states_) ts->cancel.store(true);
+  }
+  load_cv_.notify_all();
 }
 
 void RowStore::WaitLoaded() {
@@ -204,8 +209,11 @@ absl::StatusOr<ResidentLoadStatus> RowStore::Load(uint32_t layer) {
       load_queue_.push_back(&t);
       load_cv_.notify_all();
       break;
-    case LoadState::kQueued:
     case LoadState::kLoading:
+      // A cancel still pending is taken back; one the loader saw already ends in a requeue.
+      if (t.cancel.exchange(false)) t.restart = true;
+      break;
+    case LoadState::kQueued:
     case LoadState::kLoaded:
       break;
   }
@@ -223,6 +231,7 @@ absl::StatusOr<ResidentLoadStatus> RowStore::CancelLoad(uint32_t layer) {
     load_cv_.notify_all();
   } else if (t.load_state == LoadState::kLoading) {
     t.cancel.store(true);  // the loader sets kCancelled when the chunk in progress is done
+    t.restart = false;
   }
   return StatusOfLocked(t);
 }
@@ -273,6 +282,14 @@ void RowStore::LoadOne(TableState& ts) {
                     : s.code() == absl::StatusCode::kCancelled ? LoadState::kCancelled
                                                                : LoadState::kFailed;
     ts.load_error = s.ok() || s.code() == absl::StatusCode::kCancelled ? "" : s.ToString();
+    const bool restart = std::exchange(ts.restart, false);
+    if (restart && s.code() == absl::StatusCode::kCancelled && !load_stop_) {
+      // Load() after CancelLoad(): the start wins. Queued first, as it was running.
+      ts.cancel.store(false);
+      ts.load_state = LoadState::kQueued;
+      load_queue_.push_front(&ts);
+      return;
+    }
   }
   if (!s.ok()) {
     notice_(absl::StrCat("resident ", t.Describe(), ": ", s.ToString(),

@@ -87,9 +87,14 @@ class RowStore {
   void StartLoading(bool load_now = true);
   // Waits until no resident table is queued or loading (tests, tools).
   void WaitLoaded();
+  // Cancels every load and ends the loader thread (engramd stopping): returns at once; the load
+  // in progress ends within ResidentTable::Load's bound and the destructor joins the thread.
+  void StopLoading();
 
   // Queues the resident table of `layer` for loading, or resumes a load that was cancelled or
-  // failed; a table already loaded, queued or loading is left as it is. Returns its state.
+  // failed; a table already loaded, queued or loading is left as it is, except that a load
+  // still running after CancelLoad goes on (the cancel is withdrawn: the later request wins).
+  // A table refused because its file changed stays failed. Returns its state.
   // NotFound for a layer not served, FailedPrecondition for a table of another tier.
   absl::StatusOr<ResidentLoadStatus> Load(uint32_t layer);
   // Stops the load of `layer` after the chunk in progress (a queued one never starts); the rows
@@ -138,6 +143,9 @@ class RowStore {
     LoadState load_state = LoadState::kWaiting;
     std::string load_error;
     std::atomic<bool> cancel{false};
+    // Load() came after CancelLoad() while the loader was still in the chunk: if the loader saw
+    // the cancel anyway, it queues the table again instead of leaving it cancelled.
+    bool restart = false;
   };
   RowStore(const StoreConfig& config, GatherEngine* engine, Notice notice)
       : config_(config),

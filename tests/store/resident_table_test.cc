@@ -1,14 +1,19 @@
 // Tests of ResidentTable: every row of a checkpoint and a packed table byte-exact against the
 // synthetic row function, O_DIRECT and buffered (tmpfs) loads, a cancelled load resumed, the
-// seals that keep a loaded table immutable, and the memory budget.
+// seals that keep a loaded table immutable, the memory budget, files that change before or
+// during a load (refused, never served) and the rate limit across cancel and resume.
 #include "store/resident_table.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
+#include <future>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -206,6 +211,107 @@ TEST_CASE("a table whose file is cut short fails to load naming the file", "[res
   REQUIRE(s.code() == absl::StatusCode::kDataLoss);
   REQUIRE_THAT(std::string(s.message()), Contains("l1.engram"));
   REQUIRE((*rt)->rows_loaded() < kRows);
+}
+
+// The shard of `layer` in the synthetic checkpoint at `dir`.
+std::string Shard(const std::string& dir, uint32_t layer) {
+  return dir + "/" +
+         SyntheticShardName(SynthOptions{.out_dir = dir, .rows = kRows, .seed = kSeed}, layer);
+}
+
+// A refused table serves nothing from memory, is not sealed, and stays refused.
+void ExpectRefused(ResidentTable& rt, const absl::Status& s, const std::string& path,
+                   const std::string& what) {
+  INFO(s.ToString());
+  REQUIRE(s.code() == absl::StatusCode::kDataLoss);
+  REQUIRE_THAT(std::string(s.message()), Contains(path) && Contains(what) && Contains("layer 14"));
+  REQUIRE(rt.rows_loaded() == 0);
+  REQUIRE_FALSE(rt.loaded());
+  uint8_t got[kRowBytes];
+  REQUIRE_FALSE(rt.CopyRow(0, got));
+  REQUIRE(rt.refusal() == s);
+  REQUIRE(rt.Load(nullptr, nullptr) == s);
+}
+
+TEST_CASE("a shard replaced (mv) before the load refuses the table", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  auto rt = ResidentTable::Create(*tables[1], nullptr, {.chunk_rows = 4096});
+  REQUIRE(rt.ok());
+  // A valid shard with other rows takes the validated one's name.
+  TempDir other;
+  REQUIRE(WriteSyntheticCheckpoint({.out_dir = other.path(), .rows = kRows, .seed = kSeed + 1})
+              .ok());
+  REQUIRE(::rename(Shard(other.path(), 14).c_str(), Shard(dir.path(), 14).c_str()) == 0);
+  const absl::Status s = (*rt)->Load(nullptr, nullptr);
+  ExpectRefused(**rt, s, Shard(dir.path(), 14), "was replaced");
+}
+
+TEST_CASE("a shard overwritten in the middle of a load refuses the table", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  auto rt = ResidentTable::Create(*tables[1], nullptr, {.chunk_rows = 4096});
+  REQUIRE(rt.ok());
+  const std::string shard = Shard(dir.path(), 14);
+  bool written = false;
+  const absl::Status s = (*rt)->Load(nullptr, [&](uint64_t done, uint64_t) {
+    if (written || done < 2 * 4096) return;
+    // dd conv=notrunc: the same inode, new bytes over rows loaded and rows still to come.
+    const int fd = ::open(shard.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    struct stat st;
+    REQUIRE(::fstat(fd, &st) == 0);
+    std::vector<char> junk(st.st_size - 4096, '\x5a');
+    REQUIRE(::pwrite(fd, junk.data(), junk.size(), 4096) == static_cast<ssize_t>(junk.size()));
+    ::close(fd);
+    written = true;
+  });
+  REQUIRE(written);
+  ExpectRefused(**rt, s, shard, "was written to");
+}
+
+TEST_CASE("a FIFO in place of a shard fails the load at once, naming it", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  auto rt = ResidentTable::Create(*tables[1], nullptr, {.chunk_rows = 4096});
+  REQUIRE(rt.ok());
+  const std::string shard = Shard(dir.path(), 14);
+  REQUIRE(::unlink(shard.c_str()) == 0);
+  REQUIRE(::mkfifo(shard.c_str(), 0644) == 0);
+  // On a thread of its own: a loader that opens the path would wait for a writer for good.
+  auto done = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = done->get_future();
+  std::thread([done, table = rt->get()] { done->set_value(table->Load(nullptr, nullptr)); })
+      .detach();
+  REQUIRE(result.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  ExpectRefused(**rt, result.get(), shard, "a FIFO");
+}
+
+TEST_CASE("the rate limit holds across cancelled and resumed loads", "[resident]") {
+  TempDir dir;
+  auto tables = Synth(dir.path());
+  constexpr uint64_t kChunk = 1024;
+  constexpr uint64_t kRate = 2'000'000;  // bytes a second: a chunk is due every 135 ms
+  auto rt = ResidentTable::Create(*tables[1], nullptr,
+                                  {.chunk_rows = kChunk, .rate_bytes_per_s = kRate});
+  REQUIRE(rt.ok());
+  // Each load is cancelled as soon as its first chunk is in, then resumed at once: the way
+  // `engramctl load --cancel` and `load` in a loop would go.
+  std::atomic<bool> cancel{false};
+  const auto start = std::chrono::steady_clock::now();
+  constexpr int kLoads = 8;
+  for (int i = 0; i < kLoads; ++i) {
+    cancel = false;
+    const absl::Status s = (*rt)->Load(&cancel, [&](uint64_t, uint64_t) { cancel = true; });
+    REQUIRE(s.code() == absl::StatusCode::kCancelled);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE((*rt)->rows_loaded() == kLoads * kChunk);
+  // The first chunk is free; each later one waits for its due time.
+  const double due = double((kLoads - 1) * kChunk * kRowBytes) / double(kRate);
+  INFO(seconds << " s for " << kLoads << " chunks; the rate allows them in " << due << " s");
+  REQUIRE(seconds >= 0.95 * due);
 }
 
 }  // namespace
