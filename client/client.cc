@@ -416,7 +416,7 @@ int Handshake(engram_session* s, const engram_connect_options& o, int64_t timeou
   hello.version_minor = ENGRAM_PROTOCOL_MINOR;
   // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
   hello.slots = o.slots;
-  hello.features = ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_PREFETCH;
+  hello.features = ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_PREFETCH | ENGRAM_FEATURE_TABLE_STATE;
   if (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) hello.features |= ENGRAM_FEATURE_DEVICE_SUBMIT;
   hello.data_bytes = o.data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());
@@ -723,6 +723,8 @@ constexpr int64_t kInPlaceRetryNs = 100'000'000;
 const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer) {
   std::lock_guard<std::mutex> lock(s->in_place_mutex);
   engram::client::InPlaceTable& t = s->in_place[layer];
+  // A withdrawn table is gathered by the daemon (which names the changed file); its mapping
+  // stays until the session closes, as another thread may be reading it.
   if (t.map != nullptr) return &t;
   if (t.never || NowNs() < t.retry_at_ns) return nullptr;
   std::vector<engram_wire_table> tables;
@@ -742,14 +744,16 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
                 .covered_end = map->covered_end};
     return &t;
   }
-  // Not resident, or no such table (the daemon's answer to the request names it): for good.
-  t.never = rc == -EOPNOTSUPP || (wire == nullptr && tables.size() != 0);
+  // Not resident, refused because its file changed (-EIO: DATA_LOSS), or no such table (the
+  // daemon's answer to the request names it): for good.
+  t.never = rc == -EOPNOTSUPP || rc == -EIO || (wire == nullptr && tables.size() != 0);
   t.retry_at_ns = NowNs() + kInPlaceRetryNs;
   return nullptr;
 }
 
 // engram_gather of a request for a table read in place: checked as the daemon checks requests
-// (the same decoder, so the same errors), then copied on this thread.
+// (the same decoder, so the same errors), then copied on this thread. -ESTALE when the table
+// was withdrawn before or during the copy: the caller asks the daemon instead.
 int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, engram_sqe sqe) {
   sqe.ticket = uint64_t{1} << 16;  // slot 0 of a one-slot context: it never enters the ring
   const proto::RequestContext context{.slots = 1,
@@ -764,7 +768,11 @@ int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, 
     return SetError(ErrnoForCode(error.code), "engramd (table %u read in place): %s: %s", sqe.table,
                     proto::StatusCodeName(error.code), error.message.c_str());
   }
-  engram::client::CopyInPlace(table, request, s->data);
+  if (int rc = engram::client::CopyInPlace(table, request, s->data); rc < 0) {
+    // The daemon died (the kernel marked the table state page): the session is lost too.
+    if (rc == -ENOTCONN) s->lost.store(true);
+    return rc == -ENOTCONN ? LostError(s) : rc;
+  }
   s->counters.rows_in_place.fetch_add(request.rows.size(), std::memory_order_relaxed);
   return 0;
 }
@@ -969,7 +977,7 @@ int engram_gather(engram_session* s, const struct engram_gather_request* request
   if ((flags & ENGRAM_GATHER_IN_PLACE) != 0) {
     if (CheckLostCheap(s)) return LostError(s);
     if (const engram::client::InPlaceTable* t = InPlaceFor(s, sqe.table); t != nullptr) {
-      return GatherInPlace(s, *t, sqe);
+      if (int rc = GatherInPlace(s, *t, sqe); rc != -ESTALE) return rc;
     }
   }
   uint64_t ticket;
@@ -1253,6 +1261,12 @@ int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_m
     return SetError(-EINVAL, "engram_map_table needs a session and ret_map");
   }
   if (s->lost.load()) return LostError(s);
+  if (!(s->welcome.features & ENGRAM_FEATURE_TABLE_STATE)) {
+    return SetError(-EOPNOTSUPP,
+                    "engramd at %s (protocol %u.%u) cannot tell a client when a mapped table is "
+                    "withdrawn (protocol 1.3 can), so its tables are not read in place; upgrade it",
+                    s->socket_path.c_str(), s->welcome.version_major, s->welcome.version_minor);
+  }
   std::lock_guard<std::mutex> lock(s->control_mutex);
   engram_msg_map_table request{};
   const uint32_t id = s->next_request_id++;
@@ -1263,8 +1277,13 @@ int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_m
     return LostError(s);
   }
   std::vector<uint8_t> reply(ENGRAM_MSG_MAX_BYTES);
-  int fd = -1, nfds = 0;
-  const ssize_t n = proto::ReceiveMessage(s->socket.get(), reply.data(), reply.size(), &fd, 1, &nfds);
+  int fds[2] = {-1, -1};
+  int nfds = 0;
+  const ssize_t n =
+      proto::ReceiveMessage(s->socket.get(), reply.data(), reply.size(), fds, 2, &nfds);
+  const auto close_fds = [&] {
+    for (int i = 0; i < nfds; ++i) close(fds[i]);
+  };
   if (n == 0 || n == -ECONNRESET || n == -EPIPE) {
     s->lost.store(true);
     return LostError(s);
@@ -1275,11 +1294,11 @@ int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_m
   if (!proto::DecodeHeader(reply.data(), static_cast<size_t>(n), &header, &error) ||
       header.request_id != id ||
       (header.type != ENGRAM_MSG_ERROR && header.type != ENGRAM_MSG_TABLE_MAPPED)) {
-    if (nfds == 1) close(fd);
+    close_fds();
     return SetError(-EPROTO, "bad reply from engramd to MAP_TABLE for layer %u", layer);
   }
   if (header.type == ENGRAM_MSG_ERROR) {
-    if (nfds == 1) close(fd);
+    close_fds();
     proto::DecodeError(reply.data(), static_cast<size_t>(n), &error);
     // Not -ENOTCONN for "still loading": that means "reconnect" everywhere else.
     const int rc = error.code == ENGRAM_STATUS_FAILED_PRECONDITION ? -EOPNOTSUPP
@@ -1288,13 +1307,19 @@ int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_m
     return SetError(rc, "engramd: %s", error.message.c_str());
   }
   engram_msg_table_mapped m;
-  if (static_cast<size_t>(n) != sizeof(m) || nfds != 1) {
-    if (nfds == 1) close(fd);
+  if (static_cast<size_t>(n) != sizeof(m) || nfds != 2) {
+    close_fds();
     return SetError(-EPROTO, "TABLE_MAPPED reply of %zd bytes with %d descriptors", n, nfds);
   }
   memcpy(&m, reply.data(), sizeof(m));
-  return engram::client::MapSealedTable(fd, m.layer_id, m.row_bytes, m.covered_begin, m.covered_end,
-                                        m.map_bytes, ret_map);
+  return engram::client::MapSealedTable(fds[0], fds[1],
+                                        {.layer = m.layer_id,
+                                         .row_bytes = m.row_bytes,
+                                         .covered_begin = m.covered_begin,
+                                         .covered_end = m.covered_end,
+                                         .map_bytes = m.map_bytes,
+                                         .state_index = m.state_index},
+                                        ret_map);
 }
 
 void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor) {

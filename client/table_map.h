@@ -2,9 +2,11 @@
 // mapping and what the daemon said about it. Internal to libengram_client.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "engram/engram.h"
+#include "engram/protocol.h"
 #include "protocol/codec.h"
 
 struct engram_table_map {
@@ -14,14 +16,49 @@ struct engram_table_map {
   uint32_t row_bytes = 0;
   uint64_t covered_begin = 0;
   uint64_t covered_end = 0;
+  // The daemon's table state page (PROT_READ) and, inside it, the two words every read checks.
+  const engram_table_state_page* state_page = nullptr;
+  uint64_t state_bytes = 0;
+  const uint32_t* table_state = nullptr;  // this table's entry's `state`
 };
 
 namespace engram::client {
 
-// Checks the memfd's seals and size against what the daemon said, maps it read-only and
-// returns the map (or -errno with engram_last_error() set). Takes ownership of `fd`.
-int MapSealedTable(int fd, uint32_t layer, uint32_t row_bytes, uint64_t covered_begin,
-                   uint64_t covered_end, uint64_t map_bytes, engram_table_map** ret_map);
+// What a map's TABLE_MAPPED said.
+struct MappedTable {
+  uint32_t layer = 0;
+  uint32_t row_bytes = 0;
+  uint64_t covered_begin = 0;
+  uint64_t covered_end = 0;
+  uint64_t map_bytes = 0;
+  uint32_t state_index = 0;
+};
+
+// Checks the memfd's seals and size against what the daemon said, and the table state page
+// (seals, magic, the table's entry), maps both read-only and returns the map (or -errno with
+// engram_last_error() set). Takes ownership of `fd` and `state_fd`.
+int MapSealedTable(int fd, int state_fd, const MappedTable& table, engram_table_map** ret_map);
+
+// Whether the map may be read now: the daemon lives (the kernel has not marked its liveness
+// word) and the table is SERVING. Two acquire loads, no syscall; the loads of the rows a caller
+// then reads cannot move before them. Call it before and after reading rows
+// (MapUsableAfterRead for the second: it orders the rows' loads before its own).
+inline bool MapUsable(const engram_table_map& map) {
+  const uint32_t alive = std::atomic_ref<uint32_t>(
+      const_cast<uint32_t&>(map.state_page->daemon_alive)).load(std::memory_order_acquire);
+  const uint32_t state = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(*map.table_state))
+                             .load(std::memory_order_acquire);
+  return (alive & ENGRAM_DAEMON_TID_MASK) != 0 && (alive & ENGRAM_DAEMON_OWNER_DIED) == 0 &&
+         state == ENGRAM_TABLE_SERVING;
+}
+inline bool MapUsableAfterRead(const engram_table_map& map) {
+  // The rows' loads complete before the words are read again (a LoadLoad barrier on Arm).
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return MapUsable(map);
+}
+// 0 when MapUsable(map); otherwise -ENOTCONN (the daemon is gone) or -ESTALE (the table was
+// withdrawn), with engram_last_error() naming the table.
+int MapError(const engram_table_map& map);
 
 // A table as engram_gather reads it in place (ENGRAM_GATHER_IN_PLACE): its mapping and bounds,
 // or why there is none. Owns the mapping.
@@ -38,7 +75,8 @@ struct InPlaceTable {
 };
 
 // Copies the rows of `request` (decoded and checked against `table.bounds`) from the mapping into
-// the data region at `data`, as the daemon would.
-void CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request, uint8_t* data);
+// the data region at `data`, as the daemon would. 0, or MapError's when the map could not be
+// read before the copy or stopped being readable while it ran (the rows are then not to be used).
+int CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request, uint8_t* data);
 
 }  // namespace engram::client

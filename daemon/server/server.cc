@@ -299,6 +299,12 @@ absl::Status Server::Run() {
     epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, signal_fd_.get(), &ev);
   }
   WatchTables();
+  if (auto page = TableStatePage::Create(tables_); page.ok()) {
+    table_states_ = std::move(*page);
+  } else {
+    table_states_error_ = std::string(page.status().message());
+    log::Notice("resident tables cannot be read in place: {}", table_states_error_);
+  }
   prefetcher_ = std::make_unique<Prefetcher>(
       PrefetcherOptions{.queue_rows = config_.limits.prefetch_queue_rows,
                         .storage_readahead = !config_.storage_read_direct},
@@ -381,8 +387,10 @@ bool Server::HandleControlEvent(const epoll_event& event) {
 }
 
 absl::Status Server::Shutdown() {
-  // No new connections; finish what the rings hold and what is in flight.
+  // No new connections; finish what the rings hold and what is in flight. A resident load
+  // stops after its chunk in progress (ResidentTable::Load bounds that).
   control_->Stopping();
+  if (store_ != nullptr) store_->StopLoading();
   epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
   listen_fd_.Reset();
   if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
@@ -400,6 +408,9 @@ absl::Status Server::Shutdown() {
                           inflight_total_.load(), config_.drain_timeout_ns / 1'000'000'000));
     }
   }
+  // Clients reading in place stop with the sessions: every table withdrawn, then the
+  // liveness word marked as the thread holding it ends.
+  table_states_.reset();
   for (auto& [fd, session] : by_fd_) {
     session->MarkStopped();
     shutdown(fd, SHUT_RDWR);
@@ -425,6 +436,11 @@ void Server::WatchTables() {
 
 void Server::ReportTableChanges(const std::vector<std::string>& messages) {
   for (const std::string& m : messages) log::Error("{}", m);
+  if (messages.empty() || table_states_ == nullptr) return;
+  // Clients reading a changed table in place stop with their next read, as gathers do.
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    if (watch_->Changed(i)) table_states_->Withdraw(i);
+  }
 }
 
 void Server::Accept() {
@@ -608,7 +624,7 @@ void Server::Handshake(int fd) {
   welcome.version_major = ENGRAM_PROTOCOL_MAJOR;
   welcome.version_minor = ENGRAM_PROTOCOL_MINOR;
   welcome.slots = layout.slots;
-  welcome.features = hello.features & ENGRAM_FEATURES_V1_2;
+  welcome.features = hello.features & ENGRAM_FEATURES_V1_3;
   welcome.session_id = id;
   welcome.arena_bytes = layout.arena_bytes;
   welcome.data_bytes = layout.data_bytes;
@@ -620,6 +636,7 @@ void Server::Handshake(int fd) {
   auto session = std::make_shared<Session>(id, fd, std::move(*arena), doorbell, peer,
                                            std::string(hello.client_name));
   session->set_device_submit((welcome.features & ENGRAM_FEATURE_DEVICE_SUBMIT) != 0);
+  session->set_table_state((welcome.features & ENGRAM_FEATURE_TABLE_STATE) != 0);
   total_arena_bytes_ += layout.arena_bytes;
   by_fd_[fd] = session;
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = id}};

@@ -30,6 +30,7 @@
 #include "protocol/unique_fd.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
+#include "daemon/server/table_state.h"
 #include "protocol/codec.h"
 #include "tables/table.h"
 #include "tables/table_watch.h"
@@ -149,6 +150,11 @@ class Server : public ServerView {
   // every request thread that checks it.
   std::unique_ptr<TableWatch> watch_;
   uint64_t last_recheck_ns_ = 0;
+  // Set by Run(): what clients reading resident tables in place check (table_state.h); null
+  // when the kernel refused it, and then MAP_TABLE is refused. Control thread only, but its
+  // words are read by clients at any time.
+  std::unique_ptr<TableStatePage> table_states_;
+  std::string table_states_error_;
   std::unique_ptr<GatherEngine> engine_;
   std::unique_ptr<RowStore> store_;        // null: every table from storage
   std::unique_ptr<Prefetcher> prefetcher_;  // after store_ and watch_: stops before them

@@ -79,6 +79,10 @@ class Session {
   // once, before the session is published to the poller.
   bool device_submit() const { return device_submit_; }
   void set_device_submit(bool on) { device_submit_ = on; }
+  // Whether the client checks the table state page (ENGRAM_FEATURE_TABLE_STATE): only such a
+  // client is sent a resident table to read in place. Set once, before the session is published.
+  bool table_state() const { return table_state_; }
+  void set_table_state(bool on) { table_state_ = on; }
   void set_closing() { closing_.store(true, std::memory_order_release); }
 
   std::atomic<uint32_t> inflight{0};
@@ -112,6 +116,7 @@ class Session {
   std::mutex cq_mutex_;   // daemon-private: completion entries come from several threads
   std::atomic<bool> closing_{false};
   bool device_submit_ = false;
+  bool table_state_ = false;
   // Only its address is used: ThreadSanitizer is told of the order the client keeps between a
   // completion and the submissions that reuse its memory (session.cc, ClientOrder*).
   const char client_order_ = 0;

@@ -1,48 +1,90 @@
 // MAP_TABLE: hands a client the sealed memfd of a resident table so that it can read rows in
-// place (PROT_READ), with no request. Only resident, fully loaded tables can be mapped: their
-// memfd never changes or shrinks again (F_SEAL_FUTURE_WRITE, SHRINK, GROW, SEAL), so a client
-// mapping stays valid whatever the daemon does, restarts included.
+// place (PROT_READ), with no request, together with the table state page that tells it when to
+// stop. Only resident tables that loaded, were verified against their files and whose files have
+// not changed since can be mapped: their memfd never changes or shrinks again (F_SEAL_FUTURE_WRITE,
+// SHRINK, GROW, SEAL), and the daemon withdraws the table in the state page when a file changes
+// or it stops; the kernel marks the page's liveness word when the daemon dies.
 #include "absl/strings/str_format.h"
 #include "daemon/server/server.h"
 
 namespace engram {
+namespace {
+
+// The table of `layer` and its index, or null.
+const Table* FindTable(std::span<const std::unique_ptr<Table>> tables, uint32_t layer,
+                       size_t* ret_index) {
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (tables[i]->layer_id() != layer) continue;
+    *ret_index = i;
+    return tables[i].get();
+  }
+  return nullptr;
+}
+
+}  // namespace
 
 void Server::SendTableMap(Session& session, const engram_msg_header& header,
                           const uint8_t* message) {
+  const auto refuse = [&](int32_t code, const std::string& why) {
+    SendError(session, code, why, header.request_id);
+  };
   if (header.bytes != sizeof(engram_msg_map_table)) {
-    SendError(session, ENGRAM_STATUS_INVALID_ARGUMENT,
-              absl::StrFormat("MAP_TABLE is %u bytes, got %u", sizeof(engram_msg_map_table),
-                              header.bytes),
-              header.request_id);
+    refuse(ENGRAM_STATUS_INVALID_ARGUMENT,
+           absl::StrFormat("MAP_TABLE is %u bytes, got %u", sizeof(engram_msg_map_table),
+                           header.bytes));
     return;
   }
   engram_msg_map_table request;
   memcpy(&request, message, sizeof(request));
   const uint32_t layer = request.layer_id;
-  const Table* table = nullptr;
-  for (const auto& t : tables_) {
-    if (t->layer_id() == layer) table = t.get();
-  }
+  size_t index = 0;
+  const Table* table = FindTable(tables_, layer, &index);
   if (table == nullptr) {
-    SendError(session, ENGRAM_STATUS_NOT_FOUND,
-              absl::StrFormat("engramd serves no table of layer %u", layer), header.request_id);
+    refuse(ENGRAM_STATUS_NOT_FOUND, absl::StrFormat("engramd serves no table of layer %u", layer));
     return;
   }
   const ResidentTable* resident = store_ != nullptr ? store_->resident(layer) : nullptr;
   if (resident == nullptr) {
-    SendError(session, ENGRAM_STATUS_FAILED_PRECONDITION,
-              absl::StrFormat("%s is not resident, so it cannot be mapped (only tables of the "
-                              "resident tier can: [tables] tiers or --tier %u=resident)",
-                              table->Describe(), layer),
-              header.request_id);
+    refuse(ENGRAM_STATUS_FAILED_PRECONDITION,
+           absl::StrFormat("%s is not resident, so it cannot be mapped (only tables of the "
+                           "resident tier can: [tables] tiers or --tier %u=resident)",
+                           table->Describe(), layer));
+    return;
+  }
+  // A client that cannot see the table withdrawn would go on reading it after its file changed
+  // or the daemon died: it gathers through the daemon instead (FAILED_PRECONDITION means
+  // "not for you, ever" to the client library, which then stops asking).
+  if (!session.table_state()) {
+    refuse(ENGRAM_STATUS_FAILED_PRECONDITION,
+           absl::StrFormat("%s is not mapped for this client: its library predates protocol "
+                           "1.3, which tells in-place readers when a table is withdrawn; "
+                           "upgrade libengram_client to read it in place",
+                           table->Describe()));
+    return;
+  }
+  if (table_states_ == nullptr) {
+    refuse(ENGRAM_STATUS_UNAVAILABLE,
+           absl::StrFormat("%s cannot be read in place: %s", table->Describe(),
+                           table_states_error_));
+    return;
+  }
+  // As gathers through the daemon: a changed file refuses the table, naming the file.
+  if (absl::Status s = watch_->Check(index); !s.ok()) {
+    table_states_->Withdraw(index);
+    refuse(ENGRAM_STATUS_DATA_LOSS,
+           absl::StrFormat("%s cannot be mapped: %s", table->Describe(), s.message()));
+    return;
+  }
+  if (!resident->refusal().ok()) {
+    refuse(ENGRAM_STATUS_DATA_LOSS, absl::StrFormat("%s cannot be mapped: %s", table->Describe(),
+                                                    resident->refusal().message()));
     return;
   }
   if (!resident->loaded()) {
-    SendError(
-        session, ENGRAM_STATUS_UNAVAILABLE,
-        absl::StrFormat("%s is still loading (%u of %u rows); map it once it is loaded",
-                        table->Describe(), resident->rows_loaded(), resident->covered().size()),
-        header.request_id);
+    refuse(ENGRAM_STATUS_UNAVAILABLE,
+           absl::StrFormat("%s is still loading (%u of %u rows); map it once it is loaded",
+                           table->Describe(), resident->rows_loaded(),
+                           resident->covered().size()));
     return;
   }
   engram_msg_table_mapped reply{};
@@ -52,8 +94,9 @@ void Server::SendTableMap(Session& session, const engram_msg_header& header,
   reply.covered_begin = resident->covered().begin;
   reply.covered_end = resident->covered().end;
   reply.map_bytes = resident->bytes();
-  const int fd = resident->fd();
-  (void)protocol::SendMessage(session.socket_fd(), &reply, sizeof(reply), &fd, 1);
+  reply.state_index = static_cast<uint32_t>(index);
+  const int fds[2] = {resident->fd(), table_states_->fd()};
+  (void)protocol::SendMessage(session.socket_fd(), &reply, sizeof(reply), fds, 2);
 }
 
 }  // namespace engram

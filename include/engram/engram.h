@@ -284,8 +284,12 @@ ENGRAM_API int engram_session_stats_field(size_t index, const char** ret_name,
 /* A resident table (docs/row-store.md) mapped read-only into this process: rows are read with a
  * memcpy, with no request to the daemon. The memory is the daemon's sealed memfd: nobody can
  * change, shrink or grow it, and the mapping stays valid until engram_unmap_table, even if the
- * daemon or the session goes away. engram_gpu_register registers it for a GPU to read in place
- * (engram_dequant_gather, engram/gpu.h). */
+ * daemon or the session goes away. But its rows are only good while the daemon stands behind
+ * them: once the daemon withdraws the table (a file it was loaded from changed, or the daemon
+ * is stopping) or the daemon is gone (stopped, killed, restarted), engram_table_map_gather
+ * fails and engram_table_map_check says so. engram_gpu_register registers it for a GPU to read
+ * in place (engram_dequant_gather, engram/gpu.h); a GPU cannot ask, so the host calls
+ * engram_table_map_check before a launch and after the kernel finished (docs/gpu.md). */
 typedef struct engram_table_map engram_table_map;
 
 struct engram_table_map_info {
@@ -308,9 +312,17 @@ ENGRAM_API int engram_map_table(engram_session* session, uint32_t layer,
 ENGRAM_API int engram_get_table_map_info(const engram_table_map* map,
                                          struct engram_table_map_info* ret_info);
 /* CPU gather: copies rows[i] to dest + i * 264 for i < num_rows. -ERANGE naming the first row
- * outside the table, before anything is copied. Thread-safe (reads only). */
+ * outside the table, before anything is copied. -ESTALE (withdrawn) or -ENOTCONN (daemon gone)
+ * as engram_table_map_check, checked before and after the copy: after a failure, dest holds
+ * nothing to use. Thread-safe (reads only). */
 ENGRAM_API int engram_table_map_gather(const engram_table_map* map, const uint64_t* rows,
                                        uint64_t num_rows, void* dest);
+/* Whether the map's rows may be read now (since ENGRAM_0.6): 0; -ESTALE when the daemon
+ * withdrew the table (a file it was loaded from changed, or the daemon is stopping: a gather
+ * through the daemon names the file); -ENOTCONN when the daemon is gone (stopped or died, a
+ * restart included). Both are for good: map the table again from a new session. Two loads from
+ * shared memory, no syscall. Thread-safe. */
+ENGRAM_API int engram_table_map_check(const engram_table_map* map);
 /* Unmaps (null: no-op). No other call may use the map at the same time or after. */
 ENGRAM_API void engram_unmap_table(engram_table_map* map);
 

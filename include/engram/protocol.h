@@ -29,7 +29,7 @@ extern "C" {
 
 /* A different major version cannot talk to this one; a newer minor only adds features. */
 #define ENGRAM_PROTOCOL_MAJOR 1
-#define ENGRAM_PROTOCOL_MINOR 2
+#define ENGRAM_PROTOCOL_MINOR 3
 
 /* Feature bits, offered by the client in HELLO and granted by the daemon in WELCOME. */
 #define ENGRAM_FEATURE_GATHER (1ull << 0)        /* GATHER submissions in the arena */
@@ -49,11 +49,16 @@ extern "C" {
 /* 1.2: PREFETCH submissions: row ids the client will probably gather soon, which the daemon
  * brings into its row cache or the page cache in the background (docs/row-store.md). */
 #define ENGRAM_FEATURE_PREFETCH (1ull << 9)
+/* 1.3: TABLE_MAPPED carries the daemon's table state page with the table's memfd, so that a
+ * client reading a resident table in place sees the table withdrawn and the daemon gone
+ * (docs/protocol.md, "Reading in place"). A daemon refuses MAP_TABLE to a session without it. */
+#define ENGRAM_FEATURE_TABLE_STATE (1ull << 10)
 #define ENGRAM_FEATURES_V1_0                                                        \
   (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
    ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
 #define ENGRAM_FEATURES_V1_1 (ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_DEVICE_SUBMIT)
 #define ENGRAM_FEATURES_V1_2 (ENGRAM_FEATURES_V1_1 | ENGRAM_FEATURE_PREFETCH)
+#define ENGRAM_FEATURES_V1_3 (ENGRAM_FEATURES_V1_2 | ENGRAM_FEATURE_TABLE_STATE)
 
 /* ---- status codes ---------------------------------------------------------------------- */
 
@@ -191,8 +196,11 @@ struct engram_msg_stats {
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_stats) == 144, "msg stats size");
 
 /* MAP_TABLE: asks for the sealed memfd of a resident table. Refused (ERROR) for a table that
- * is not resident or not loaded yet. TABLE_MAPPED comes with the memfd; row r of the table is
- * at (r - covered_begin) * row_bytes of it, for covered_begin <= r < covered_end. */
+ * is not resident, not loaded yet, whose files changed (DATA_LOSS), or when the session lacks
+ * ENGRAM_FEATURE_TABLE_STATE. TABLE_MAPPED comes with two fds: the table's memfd (row r of the
+ * table is at (r - covered_begin) * row_bytes of it, for covered_begin <= r < covered_end), then
+ * the daemon's table state page (struct engram_table_state_page), whose entry `state_index`
+ * says whether the table may still be read. */
 struct engram_msg_map_table {
   struct engram_msg_header header;
   uint32_t layer_id;
@@ -205,9 +213,56 @@ struct engram_msg_table_mapped {
   uint32_t row_bytes;
   uint64_t covered_begin;
   uint64_t covered_end;
-  uint64_t map_bytes; /* size of the memfd, a multiple of its page size */
+  uint64_t map_bytes;   /* size of the memfd, a multiple of its page size */
+  uint32_t state_index; /* the table's entry in the table state page */
+  uint32_t reserved;    /* 0 */
 };
-ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_table_mapped) == 48, "table mapped size");
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_table_mapped) == 56, "table mapped size");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_msg_table_mapped, state_index) == 48, "state_index");
+
+/* ---- the table state page (1.3) -------------------------------------------------------- */
+
+/* One sealed memfd per daemon, sent with every TABLE_MAPPED and mapped read-only by clients
+ * (F_SEAL_FUTURE_WRITE: only the daemon's own mapping writes it). Before each read of a mapped
+ * table a client loads `daemon_alive` and the table's `state` (acquire); it reads rows only while
+ * the daemon lives and the table is ENGRAM_TABLE_SERVING, and checks both again after the read.
+ * docs/protocol.md, "Reading in place", gives the orderings. */
+#define ENGRAM_TABLE_STATE_MAGIC 0x54535247u /* "GRST" */
+/* The kernel sets this bit in `daemon_alive` when the daemon's thread holding it ends, however
+ * the daemon ends (SIGKILL included): the word is a robust futex of that thread
+ * (set_robust_list(2)); its low 30 bits are that thread's id while it lives. */
+#define ENGRAM_DAEMON_OWNER_DIED 0x40000000u
+#define ENGRAM_DAEMON_TID_MASK 0x3FFFFFFFu
+
+/* An entry's state. A table leaves SERVING for good (until engramd restarts). */
+enum engram_table_state {
+  ENGRAM_TABLE_SERVING = 1,   /* rows may be read */
+  ENGRAM_TABLE_WITHDRAWN = 2, /* a file of the table changed, or the daemon is stopping */
+};
+
+struct engram_table_state_entry {
+  uint32_t layer_id; /* written before the memfd is sent, immutable afterwards */
+  uint32_t state;    /* daemon: enum engram_table_state */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_table_state_entry) == 8, "table state entry size");
+
+struct engram_table_state_page {
+  /* line 0: written by the daemon before the memfd is sent, immutable afterwards */
+  uint32_t magic; /* ENGRAM_TABLE_STATE_MAGIC */
+  uint16_t version_major;
+  uint16_t version_minor;
+  uint32_t header_bytes; /* 128: entries start here */
+  uint32_t entries;      /* struct engram_table_state_entry[entries] follow the header */
+  uint64_t page_bytes;   /* size of the memfd */
+  uint8_t pad0[40];
+  /* line 1 (offset 64): daemon (and the kernel). Non-zero and without ENGRAM_DAEMON_OWNER_DIED
+   * while the daemon lives. */
+  uint32_t daemon_alive;
+  uint8_t pad1[60];
+  /* offset 128: struct engram_table_state_entry[entries] */
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_table_state_page) == 128, "table state page size");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_table_state_page, daemon_alive) == 64, "alive");
 
 /* ---- the arena ------------------------------------------------------------------------- */
 

@@ -881,3 +881,247 @@ TEST_CASE("an unprivileged uid's floods touch neither root's clients nor its own
 }
 
 }  // namespace engram::testing
+
+namespace engram::testing {
+namespace {
+
+// A private checkpoint whose rows come from `seed`: another model's files under the same names.
+std::string OtherCheckpoint(const std::string& name, uint64_t seed) {
+  const std::string dir = TestDir() + "/" + name;
+  std::filesystem::remove_all(dir);
+  REQUIRE(WriteSyntheticCheckpoint({.out_dir = dir, .rows = kRows, .seed = seed}).ok());
+  return dir;
+}
+
+std::string ShardOf(const std::string& dir, uint32_t layer) {
+  return dir + "/" +
+         SyntheticShardName(SynthOptions{.out_dir = dir, .rows = kRows, .seed = kSeed}, layer);
+}
+
+json LoadCommand(const std::string& socket, const std::string& action) {
+  return ControlJson(socket,
+                     R"({"command": "load", "table": 14, "action": ")" + action + R"("})");
+}
+
+// Layer 14's load state once it is neither queued nor loading, or the last seen after `seconds`.
+json WaitLoadEnds(const std::string& socket, double seconds) {
+  json s;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  do {
+    s = LoadCommand(socket, "status");
+    if (s["state"] != "queued" && s["state"] != "loading") break;
+    usleep(20'000);
+  } while (std::chrono::steady_clock::now() < end);
+  return s;
+}
+
+// A session gathering 2,000 random rows of layer 14 with ENGRAM_GATHER_IN_PLACE.
+class InPlaceReader {
+ public:
+  explicit InPlaceReader(const engram_connect_options& o) {
+    REQUIRE(engram_connect(&o, &s_) == 0);
+    REQUIRE(engram_alloc(s_, kN * 8, reinterpret_cast<void**>(&rows_)) == 0);
+    REQUIRE(engram_alloc(s_, kN * kRowBytes, reinterpret_cast<void**>(&out_)) == 0);
+  }
+  ~InPlaceReader() { engram_close(s_); }
+  // The gather's result; *ret_error gets engram_last_error() when it failed.
+  int Gather(uint64_t seed, std::string* ret_error) {
+    FillRows(rows_, kN, kRows, seed);
+    engram_gather_request r{.size = sizeof(r), .table = 14, .flags = ENGRAM_GATHER_IN_PLACE,
+                            .rows = rows_, .num_rows = kN, .dest = out_, .dest_offsets = nullptr};
+    const int rc = engram_gather(s_, &r, 10'000'000'000);
+    if (rc != 0) *ret_error = engram_last_error();
+    return rc;
+  }
+  // Rows of the last gather that differ from the checkpoint of `seed`.
+  uint64_t Wrong(uint64_t seed) const {
+    uint64_t wrong = 0;
+    uint8_t expect[kRowBytes];
+    for (uint64_t i = 0; i < kN; ++i) {
+      SyntheticRow(seed, 14, rows_[i], expect);
+      wrong += memcmp(expect, out_ + i * kRowBytes, kRowBytes) != 0;
+    }
+    return wrong;
+  }
+  engram_session* session() const { return s_; }
+
+ private:
+  static constexpr uint64_t kN = 2000;
+  engram_session* s_ = nullptr;
+  uint64_t* rows_ = nullptr;
+  uint8_t* out_ = nullptr;
+};
+
+// After layer 14's file changed before or during its load: mapping it is refused naming the
+// table and the file, and no in-place gather returns a row that is not the validated file's.
+void ExpectNeverReadInPlace(const LoggedDaemon& d, const std::string& shard) {
+  engram_connect_options o = d.Options();
+  InPlaceReader reader(o);
+  engram_table_map* map = nullptr;
+  const int mapped = engram_map_table(reader.session(), 14, &map);
+  const std::string why = mapped == 0 ? "" : engram_last_error();
+  INFO("engram_map_table: " << mapped << " " << why);
+  CHECK(mapped != 0);
+  CHECK(why.find("layer 14") != std::string::npos);
+  CHECK(why.find(shard) != std::string::npos);
+  engram_unmap_table(map);
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    std::string error;
+    const int rc = reader.Gather(seed, &error);
+    INFO("in-place gather " << seed << ": " << rc << " " << error);
+    if (rc == 0) {
+      CHECK(reader.Wrong(kSeed) == 0);
+    } else {
+      CHECK(error.find(shard) != std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a shard replaced (mv) before its resident load is never read in place", "[chaos]") {
+  const std::string dir = CopyCheckpoint("mv-before-load");
+  const std::string other = OtherCheckpoint("mv-other", kSeed + 1);
+  const std::string shard = ShardOf(dir, 14);
+  LoggedDaemon d("mv-load", dir, {"--tier", "14=resident", "--no-load-at-start"});
+  REQUIRE(d.alive());
+  REQUIRE(rename(ShardOf(other, 14).c_str(), shard.c_str()) == 0);
+  LoadCommand(d.socket(), "start");
+  const json s = WaitLoadEnds(d.socket(), 30);
+  INFO(s.dump() << "\n" << d.Log());
+  CHECK(s["state"] == "failed");
+  CHECK(s.value("error", "").find(shard) != std::string::npos);
+  ExpectNeverReadInPlace(d, shard);
+  CHECK(d.alive());
+}
+
+TEST_CASE("a shard overwritten during its resident load is never read in place", "[chaos]") {
+  const std::string dir = CopyCheckpoint("overwrite-load");
+  const std::string shard = ShardOf(dir, 14);
+  // At 1 MB/s the second 16,384-row chunk is due ~4 s after the first.
+  LoggedDaemon d("overwrite-load", dir, {"--tier", "14=resident", "--load-rate", "1M"});
+  REQUIRE(d.alive());
+  json s = LoadCommand(d.socket(), "status");
+  for (int i = 0; i < 1000 && s["rows_loaded"] == 0; ++i) {
+    usleep(10'000);
+    s = LoadCommand(d.socket(), "status");
+  }
+  REQUIRE(s["state"] == "loading");
+  REQUIRE(s["rows_loaded"] == 16384);
+  // dd conv=notrunc: new bytes over rows loaded and rows still to come, the same inode.
+  const int fd = open(shard.c_str(), O_WRONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  struct stat st;
+  REQUIRE(fstat(fd, &st) == 0);
+  std::vector<char> junk(st.st_size - 4096, '\x5a');
+  REQUIRE(pwrite(fd, junk.data(), junk.size(), 4096) == static_cast<ssize_t>(junk.size()));
+  close(fd);
+  s = WaitLoadEnds(d.socket(), 30);
+  INFO(s.dump() << "\n" << d.Log());
+  CHECK(s["state"] == "failed");
+  CHECK(s.value("error", "").find(shard) != std::string::npos);
+  ExpectNeverReadInPlace(d, shard);
+  CHECK(d.alive());
+}
+
+TEST_CASE("a FIFO in place of a shard fails its resident load; cancel and SIGTERM work",
+          "[chaos]") {
+  const std::string dir = CopyCheckpoint("fifo-load");
+  const std::string shard = ShardOf(dir, 14);
+  LoggedDaemon d("fifo-load", dir, {"--tier", "14=resident", "--no-load-at-start"});
+  REQUIRE(d.alive());
+  REQUIRE(unlink(shard.c_str()) == 0);
+  REQUIRE(mkfifo(shard.c_str(), 0644) == 0);
+  LoadCommand(d.socket(), "start");
+  const json s = WaitLoadEnds(d.socket(), 10);
+  INFO(s.dump() << "\n" << d.Log());
+  CHECK(s["state"] == "failed");
+  CHECK(s.value("error", "").find(shard) != std::string::npos);
+  CHECK(s.value("error", "").find("FIFO") != std::string::npos);
+  CHECK(LoadCommand(d.socket(), "cancel")["state"] != "loading");
+  // SIGTERM ends engramd within the load's bound (a chunk and 50 ms) and the drain.
+  const auto start = std::chrono::steady_clock::now();
+  kill(d.pid(), SIGTERM);
+  siginfo_t info{};
+  bool exited = false;
+  while (!exited && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    info.si_pid = 0;
+    exited = waitid(P_PID, d.pid(), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0;
+    if (!exited) usleep(10'000);
+  }
+  CHECK(exited);
+}
+
+TEST_CASE("a resident load started again right after a cancel goes on", "[chaos]") {
+  LoggedDaemon d("cancel-start", Checkpoint(),
+                 {"--tier", "14=resident", "--no-load-at-start", "--load-rate", "1M"});
+  REQUIRE(d.alive());
+  json s = LoadCommand(d.socket(), "start");
+  for (int i = 0; i < 1000 && s["rows_loaded"] == 0; ++i) {
+    usleep(10'000);
+    s = LoadCommand(d.socket(), "status");
+  }
+  REQUIRE(s["rows_loaded"] == 16384);  // the loader now waits ~4 s for the rate
+  // Back to back on one connection: the loader has not looked at its cancel flag in between.
+  RawSession admin(d.socket(), "chaos-admin");
+  REQUIRE(admin.fd() >= 0);
+  const std::string cancel =
+      admin.Control(R"({"command": "load", "table": 14, "action": "cancel"})");
+  const std::string start =
+      admin.Control(R"({"command": "load", "table": 14, "action": "start"})");
+  INFO(cancel << "\n" << start);
+  s = WaitLoadEnds(d.socket(), 30);
+  INFO(s.dump());
+  CHECK(s["state"] == "loaded");
+  CHECK(s["rows_loaded"] == kRows);
+}
+
+TEST_CASE("an in-place reader of a SIGKILLed daemon never reads the old table after a restart",
+          "[chaos]") {
+  const std::string a = CopyCheckpoint("kill-inplace-a");
+  const std::string b = OtherCheckpoint("kill-inplace-b", kSeed + 1);
+  auto d = std::make_unique<LoggedDaemon>("kill-inplace", a,
+                                          std::vector<std::string>{"--tier", "14=resident"});
+  REQUIRE(d->alive());
+  REQUIRE(WaitLoadEnds(d->socket(), 30)["state"] == "loaded");
+  engram_connect_options o = d->Options();
+  InPlaceReader reader(o);
+  std::string error;
+  REQUIRE(reader.Gather(1, &error) == 0);
+  REQUIRE(reader.Wrong(kSeed) == 0);
+  engram_table_map* map = nullptr;
+  REQUIRE(engram_map_table(reader.session(), 14, &map) == 0);
+  std::vector<uint64_t> rows(100);
+  FillRows(rows.data(), rows.size(), kRows, 3);
+  std::vector<uint8_t> out(rows.size() * kRowBytes);
+  REQUIRE(engram_table_map_gather(map, rows.data(), rows.size(), out.data()) == 0);
+
+  kill(d->pid(), SIGKILL);
+  d.reset();
+  d = std::make_unique<LoggedDaemon>("kill-inplace", b,
+                                     std::vector<std::string>{"--tier", "14=resident"});
+  REQUIRE(d->alive());
+  REQUIRE(WaitLoadEnds(d->socket(), 30)["state"] == "loaded");
+  // The old session: an error, or the new table's rows; never the old table's with rc 0.
+  for (uint64_t seed = 2; seed < 6; ++seed) {
+    error.clear();
+    const int rc = reader.Gather(seed, &error);
+    INFO("gather " << seed << ": " << rc << " " << error);
+    if (rc == 0) {
+      CHECK(reader.Wrong(kSeed + 1) == 0);
+    } else {
+      CHECK(rc == -ENOTCONN);
+      CHECK(error.find("engramd") != std::string::npos);
+    }
+  }
+  // The map outlives its session and its daemon, but its rows are not handed out any more.
+  CHECK(engram_table_map_gather(map, rows.data(), rows.size(), out.data()) == -ENOTCONN);
+  CHECK(std::string(engram_last_error()).find("layer 14") != std::string::npos);
+  engram_unmap_table(map);
+  // A new session reads the new table in place.
+  InPlaceReader fresh(d->Options());
+  REQUIRE(fresh.Gather(7, &error) == 0);
+  CHECK(fresh.Wrong(kSeed + 1) == 0);
+}
+
+}  // namespace engram::testing
