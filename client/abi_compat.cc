@@ -45,7 +45,7 @@ __attribute__((symver("engram_list_tables@ENGRAM_0.1"))) ENGRAM_API int engram_l
   if (int rc = engram_list_tables(session, tables.data(), capacity, &count); rc < 0) return rc;
   for (size_t i = 0; i < count && i < capacity; ++i) {
     const engram_table_info& t = tables[i];
-    ret_tables[i] = {t.layer_id,    t.row_bytes, t.num_rows, t.covered_begin,
+    ret_tables[i] = {t.layer,       t.row_bytes, t.num_rows, t.covered_begin,
                      t.covered_end, t.layout,    t.files,    t.data_bytes};
   }
   *ret_count = count;

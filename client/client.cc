@@ -358,7 +358,7 @@ extern "C" {
 void engram_connect_options_init(struct engram_connect_options* ret_options, size_t size) {
   engram_connect_options defaults{};
   defaults.size = sizeof(defaults);
-  engram::client::InitStruct(defaults, ret_options, size);
+  engram::client::InitStruct("engram_connect_options", defaults, ret_options, size);
 }
 
 }  // extern "C"
@@ -525,7 +525,8 @@ int TakeDeviceSubmit(engram_session* s, const engram_connect_options& o) {
 
 extern "C" {
 
-int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
+int engram_session_open(const struct engram_connect_options* options,
+                        engram_session** ret_session) {
   struct engram_connect_options o;
   engram_connect_options_init(&o, sizeof(o));
   if (options != nullptr) {
@@ -555,15 +556,19 @@ int engram_connect(const struct engram_connect_options* options, engram_session*
   return 0;
 }
 
-void engram_close(engram_session* session) { delete session; }
+void engram_session_close(engram_session* session) { delete session; }
+
+// The deprecated names (engram.h, convention 8).
+int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
+  return engram_session_open(options, ret_session);
+}
+void engram_close(engram_session* session) { engram_session_close(session); }
 
 uint32_t engram_row_bytes(void) { return ENGRAM_ROW_BYTES; }
 
 int engram_device_ring(engram_session* s, struct engram_device_ring* ret_ring) {
-  if (s == nullptr || ret_ring == nullptr ||
-      ret_ring->size < offsetof(struct engram_device_ring, reserved) ||
-      ret_ring->size > sizeof(struct engram_device_ring)) {
-    return SetError(-EINVAL, "engram_device_ring needs a session and a ring with its size set");
+  if (s == nullptr || ret_ring == nullptr) {
+    return SetError(-EINVAL, "engram_device_ring needs a session and ret_ring");
   }
   if (!s->device_submit) {
     return SetError(-EPERM,
@@ -571,15 +576,14 @@ int engram_device_ring(engram_session* s, struct engram_device_ring* ret_ring) {
                     "ENGRAM_CONNECT_DEVICE_SUBMIT to hand its ring to a device");
   }
   struct engram_device_ring ring {};
-  ring.size = ret_ring->size;
+  ring.size = sizeof(ring);
   ring.header = s->header;
   ring.sq = s->sq;
   ring.status = s->status;
   ring.data = s->data;
   ring.data_bytes = s->data_bytes;
   ring.slots = s->slots;
-  memcpy(ret_ring, &ring, ring.size);
-  return 0;
+  return WriteStruct("engram_device_ring", ring, ret_ring);
 }
 
 int engram_data_region(engram_session* s, void** ret_base, uint64_t* ret_bytes) {
@@ -681,7 +685,7 @@ int GatherSqe(engram_session* s, const struct engram_gather_request* theirs, eng
   engram_sqe& sqe = *ret_sqe;
   sqe = engram_sqe{};
   sqe.opcode = ENGRAM_OP_GATHER;
-  sqe.table = request->table;
+  sqe.table = request->layer;
   sqe.num_rows = n;
   if (n > s->data_bytes / 8 || !InData(s, request->rows, n * 8, &sqe.rows_offset) ||
       sqe.rows_offset % 8 != 0) {
@@ -735,7 +739,7 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
     }
   }
   engram_table_map* map = nullptr;
-  const int rc = wire != nullptr ? engram_map_table(s, layer, &map) : -ENOENT;
+  const int rc = wire != nullptr ? engram_table_map_open(s, layer, &map) : -ENOENT;
   if (rc == 0) {
     t.map = map;
     t.bounds = {.layer_id = layer,
@@ -826,12 +830,12 @@ int PrefetchChunk(engram_session* s, uint32_t table, uint64_t rows_offset, uint6
 
 extern "C" {
 
-int engram_prefetch(engram_session* s, uint32_t table, const uint64_t* rows, uint64_t num_rows,
+int engram_prefetch(engram_session* s, uint32_t layer, const uint64_t* rows, uint64_t num_rows,
                     uint32_t flags, uint64_t* ret_queued) {
   if (s == nullptr || (rows == nullptr && num_rows != 0)) {
     return SetError(-EINVAL, "engram_prefetch needs a session and the row ids");
   }
-  if (flags != 0) return SetError(-EINVAL, "table %u: unknown prefetch flags 0x%x", table, flags);
+  if (flags != 0) return SetError(-EINVAL, "table %u: unknown prefetch flags 0x%x", layer, flags);
   if (!(s->welcome.features & ENGRAM_FEATURE_PREFETCH)) {
     return SetError(-EOPNOTSUPP,
                     "engramd at %s (protocol %u.%u) does not take prefetches (protocol 1.2 "
@@ -849,7 +853,7 @@ int engram_prefetch(engram_session* s, uint32_t table, const uint64_t* rows, uin
     const uint64_t chunk = std::min<uint64_t>(num_rows, ENGRAM_PREFETCH_MAX_ROWS);
     if (int rc = engram_alloc(s, chunk * 8, reinterpret_cast<void**>(&staging)); rc < 0) {
       return SetError(rc, "table %u: no room for %llu prefetched row ids in the data region: %s",
-                      table, static_cast<unsigned long long>(chunk), engram_last_error());
+                      layer, static_cast<unsigned long long>(chunk), engram_last_error());
     }
   }
   int rc = 0;
@@ -860,7 +864,7 @@ int engram_prefetch(engram_session* s, uint32_t table, const uint64_t* rows, uin
       memcpy(staging, rows + first, n * 8);
       InData(s, staging, n * 8, &chunk_offset);
     }
-    rc = PrefetchChunk(s, table, chunk_offset, n, first, &queued);
+    rc = PrefetchChunk(s, layer, chunk_offset, n, first, &queued);
   }
   if (staging != nullptr) {
     // The ids stay until a chunk completes: a chunk lost in flight keeps its buffer.
@@ -999,21 +1003,21 @@ int TokenHeads(const engram_hasher* hasher, const engram_token_request& r, uint3
       return SetError(-EINVAL,
                       "table %u: both a head range [%u, %u) and TP rank %u of %u were given; "
                       "give one",
-                      r.table, r.head_begin, r.head_end, r.tp_rank, r.tp_size);
+                      r.layer, r.head_begin, r.head_end, r.tp_rank, r.tp_size);
     }
     if (engram_hasher_rank_heads(hasher, r.tp_size, r.tp_rank, &head_begin, &head_end) < 0) {
-      return SetError(-EINVAL, "table %u: %s", r.table, engram_last_error());
+      return SetError(-EINVAL, "table %u: %s", r.layer, engram_last_error());
     }
   } else if (head_begin == 0 && head_end == 0) {
     engram_hasher_info info{};
     info.size = sizeof(info);
     if (engram_hasher_get_info(hasher, &info) < 0) {
-      return SetError(-EINVAL, "table %u: %s", r.table, engram_last_error());
+      return SetError(-EINVAL, "table %u: %s", r.layer, engram_last_error());
     }
     head_end = info.heads_per_layer;
   }
   if (head_end <= head_begin) {
-    return SetError(-EINVAL, "table %u: empty or reversed head range [%u, %u)", r.table, head_begin,
+    return SetError(-EINVAL, "table %u: empty or reversed head range [%u, %u)", r.layer, head_begin,
                     head_end);
   }
   *ret_head_begin = head_begin;
@@ -1026,19 +1030,20 @@ int TokenHeads(const engram_hasher* hasher, const engram_token_request& r, uint3
 int TokenPositions(const engram_session* s, const engram_token_request& r,
                    uint64_t* ret_positions) {
   uint64_t positions = 0;
-  const size_t stride = r.n_seqs > 0 ? engram::client::DeclaredSize(r.seqs) : 0;
+  size_t stride = 0;
+  if (int rc = engram::client::CheckArray("engram_hash_seq", r.seqs, r.n_seqs,
+                                          sizeof(engram_hash_seq), &stride);
+      rc < 0) {
+    return rc;
+  }
   for (size_t i = 0; i < r.n_seqs; ++i) {
     engram_hash_seq seq{};
     const void* theirs = engram::client::ArrayElement(r.seqs, stride, i);
-    if (engram::client::DeclaredSize(theirs) != stride) {
-      return SetError(-EINVAL, "table %u: sequence %zu has size %zu, sequence 0 has %zu", r.table,
-                      i, engram::client::DeclaredSize(theirs), stride);
-    }
     if (int rc = ReadStruct("engram_hash_seq", theirs, &seq); rc < 0) return rc;
     positions += seq.n_tokens;
     if (positions > s->data_bytes) {
       return SetError(-EINVAL, "table %u: more tokens than the %llu-byte data region can hold",
-                      r.table, static_cast<unsigned long long>(s->data_bytes));
+                      r.layer, static_cast<unsigned long long>(s->data_bytes));
     }
   }
   *ret_positions = positions;
@@ -1059,10 +1064,10 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
   engram_token_request r{};
   if (int rc = ReadStruct("engram_token_request", request, &r); rc < 0) return rc;
   if ((r.flags & ~ENGRAM_HASH_COMPRESSED_IDS) != 0) {
-    return SetError(-EINVAL, "table %u: unknown token request flags 0x%x", r.table, r.flags);
+    return SetError(-EINVAL, "table %u: unknown token request flags 0x%x", r.layer, r.flags);
   }
   if (r.seqs == nullptr && r.n_seqs > 0) {
-    return SetError(-EINVAL, "table %u: %zu sequences but seqs is NULL", r.table, r.n_seqs);
+    return SetError(-EINVAL, "table %u: %zu sequences but seqs is NULL", r.layer, r.n_seqs);
   }
   uint32_t head_begin = 0;
   uint32_t head_end = 0;
@@ -1078,12 +1083,12 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
     return SetError(-EINVAL,
                     "table %u: the row ids (rows_cap %llu) must lie in the session's data "
                     "region, 8-byte aligned (allocate them with engram_alloc)",
-                    r.table, static_cast<unsigned long long>(r.rows_cap));
+                    r.layer, static_cast<unsigned long long>(r.rows_cap));
   }
   if (n > r.rows_cap) {
     return SetError(
         -ENOSPC, "table %u: %llu positions x %llu heads need %llu row ids; rows_cap is %llu",
-        r.table, static_cast<unsigned long long>(positions), static_cast<unsigned long long>(heads),
+        r.layer, static_cast<unsigned long long>(positions), static_cast<unsigned long long>(heads),
         static_cast<unsigned long long>(n), static_cast<unsigned long long>(r.rows_cap));
   }
   if (n > s->data_bytes / ENGRAM_ROW_BYTES ||
@@ -1091,18 +1096,18 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
     return SetError(-EINVAL,
                     "table %u: the destination of %llu rows (%llu bytes) must lie in the "
                     "session's data region",
-                    r.table, static_cast<unsigned long long>(n),
+                    r.layer, static_cast<unsigned long long>(n),
                     static_cast<unsigned long long>(n * ENGRAM_ROW_BYTES));
   }
   // The hash writes the ids where the daemon reads them: the request needs no other copy.
-  if (int rc = engram_hash(hasher, r.table, r.seqs, r.n_seqs, head_begin, head_end, r.flags, r.rows,
+  if (int rc = engram_hash(hasher, r.layer, r.seqs, r.n_seqs, head_begin, head_end, r.flags, r.rows,
                            r.rows_cap);
       rc < 0) {
-    return SetError(rc, "table %u: %s", r.table, engram_last_error());
+    return SetError(rc, "table %u: %s", r.layer, engram_last_error());
   }
   engram_sqe sqe{};
   sqe.opcode = ENGRAM_OP_GATHER;
-  sqe.table = r.table;
+  sqe.table = r.layer;
   sqe.num_rows = n;
   sqe.rows_offset = rows_offset;
   sqe.dest_offset = dest_offset;
@@ -1155,7 +1160,7 @@ int FetchTables(engram_session* s, std::vector<engram_wire_table>* ret_tables) {
 engram_table_info TableInfo(const engram_wire_table& w) {
   engram_table_info t{};
   t.size = sizeof(t);
-  t.layer_id = w.layer_id;
+  t.layer = w.layer_id;
   t.row_bytes = w.row_bytes;
   t.num_rows = w.num_rows;
   t.covered_begin = w.covered_begin;
@@ -1175,22 +1180,17 @@ int engram_list_tables(engram_session* s, struct engram_table_info* ret_tables, 
   if (s == nullptr || ret_count == nullptr || (capacity != 0 && ret_tables == nullptr)) {
     return SetError(-EINVAL, "engram_list_tables needs a session, ret_count and room");
   }
-  const size_t stride = capacity != 0 ? engram::client::DeclaredSize(ret_tables) : 0;
-  for (size_t i = 0; i < capacity; ++i) {
-    const size_t size =
-        engram::client::DeclaredSize(engram::client::ArrayElement(ret_tables, stride, i));
-    if (size != stride || size < sizeof(size_t)) {
-      return SetError(-EINVAL,
-                      "engram_table_info %zu has size %zu, entry 0 has %zu; set every entry's "
-                      "size to sizeof(struct engram_table_info) (%zu here)",
-                      i, size, stride, sizeof(engram_table_info));
-    }
+  size_t stride = 0;
+  if (int rc = engram::client::CheckArray("engram_table_info", ret_tables, capacity,
+                                          sizeof(engram_table_info), &stride);
+      rc < 0) {
+    return rc;
   }
   std::vector<engram_wire_table> tables;
   if (int rc = FetchTables(s, &tables); rc < 0) return rc;
   for (size_t i = 0; i < tables.size() && i < capacity; ++i) {
     WriteStruct("engram_table_info", TableInfo(tables[i]),
-                const_cast<void*>(engram::client::ArrayElement(ret_tables, stride, i)));
+                engram::client::ArrayElement(static_cast<void*>(ret_tables), stride, i));
   }
   *ret_count = tables.size();
   return 0;
@@ -1200,9 +1200,11 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   if (s == nullptr || ret_stats == nullptr) {
     return SetError(-EINVAL, "engram_get_session_stats needs a session and ret_stats");
   }
-  if (ret_stats->size < sizeof(size_t)) {
-    return SetError(-EINVAL, "struct engram_session_stats has size %zu; set it to sizeof (%zu)",
-                    ret_stats->size, sizeof(struct engram_session_stats));
+  // Checked before the round trip: a refused struct costs no message to the daemon.
+  if (int rc = engram::client::CheckOutput("engram_session_stats", ret_stats,
+                                           sizeof(engram_session_stats));
+      rc < 0) {
+    return rc;
   }
   std::vector<uint8_t> reply;
   if (int rc = ControlExchange(s, ENGRAM_MSG_SESSION_STATS, ENGRAM_MSG_STATS, &reply); rc < 0) {
@@ -1256,9 +1258,9 @@ int engram_session_stats_field(size_t index, const char** ret_name, const char**
   return 0;
 }
 
-int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_map) {
+int engram_table_map_open(engram_session* s, uint32_t layer, engram_table_map** ret_map) {
   if (s == nullptr || ret_map == nullptr) {
-    return SetError(-EINVAL, "engram_map_table needs a session and ret_map");
+    return SetError(-EINVAL, "engram_table_map_open needs a session and ret_map");
   }
   if (s->lost.load()) return LostError(s);
   if (!(s->welcome.features & ENGRAM_FEATURE_TABLE_STATE)) {
@@ -1320,6 +1322,10 @@ int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_m
                                          .map_bytes = m.map_bytes,
                                          .state_index = m.state_index},
                                         ret_map);
+}
+
+int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_map) {
+  return engram_table_map_open(s, layer, ret_map);
 }
 
 void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor) {

@@ -15,8 +15,3 @@ int SetErrorMessage(int neg_errno, std::string message);
 const char* LastError();
 
 }  // namespace engram::client
-
-// Exported in the ENGRAM_PRIVATE version node, not in the public headers: lets the kernel
-// library (a separate shared object built from this tree) record its failures where
-// engram_last_error() finds them.
-extern "C" void engram_internal_set_last_error(const char* message);

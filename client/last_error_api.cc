@@ -11,10 +11,12 @@ extern "C" {
 
 ENGRAM_API const char* engram_last_error(void) { return engram::client::LastError(); }
 
-// The names of the same message from before there was one for the whole library.
+// Deprecated: the names of the same message from before there was one for both libraries
+// (libengram_kernels_* exports engram_kernels_last_error likewise).
 ENGRAM_API const char* engram_hash_last_error(void) { return engram::client::LastError(); }
 ENGRAM_API const char* engram_gpu_last_error(void) { return engram::client::LastError(); }
 
+// Declared in engram/engram.h for libengram_kernels_*; exported in ENGRAM_PRIVATE.
 ENGRAM_API void engram_internal_set_last_error(const char* message) {
   engram::client::SetErrorMessage(0, message != nullptr ? message : "");
 }

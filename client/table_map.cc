@@ -11,6 +11,7 @@
 #include <cstring>
 #include <new>
 
+#include "client/abi_struct.h"
 #include "client/last_error.h"
 #include "protocol/prefetch.h"
 #include "protocol/unique_fd.h"
@@ -101,7 +102,7 @@ int MapSealedTable(int fd, int state_fd, const MappedTable& t, engram_table_map*
   // kernels before 5.14 refuse the advice and the rows fault in as they are read.
   constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ
   madvise(p, t.map_bytes, kPopulateRead);
-  // The map owns both mappings from here (engram_unmap_table).
+  // The map owns both mappings from here (engram_table_map_close).
   map->base = static_cast<const uint8_t*>(p);
   map->map_bytes = t.map_bytes;
   map->layer_id = t.layer;
@@ -174,22 +175,15 @@ int engram_get_table_map_info(const engram_table_map* map, struct engram_table_m
   if (map == nullptr || ret_info == nullptr) {
     return SetError(-EINVAL, "engram_get_table_map_info needs a map and ret_info");
   }
-  const size_t size = ret_info->size;
-  if (size < offsetof(struct engram_table_map_info, map_bytes) + sizeof(uint64_t) ||
-      size > sizeof(struct engram_table_map_info)) {
-    return SetError(-EINVAL, "engram_table_map_info.size is %zu; set it to sizeof (%zu)", size,
-                    sizeof(struct engram_table_map_info));
-  }
   struct engram_table_map_info out {};
-  out.size = size;
-  out.layer_id = map->layer_id;
+  out.size = sizeof(out);
+  out.layer = map->layer_id;
   out.row_bytes = map->row_bytes;
   out.covered_begin = map->covered_begin;
   out.covered_end = map->covered_end;
   out.base = map->base;
   out.map_bytes = map->map_bytes;
-  memcpy(ret_info, &out, size);
-  return 0;
+  return engram::client::WriteStruct("engram_table_map_info", out, ret_info);
 }
 
 int engram_table_map_gather(const engram_table_map* map, const uint64_t* rows, uint64_t num_rows,
@@ -218,11 +212,14 @@ int engram_table_map_check(const engram_table_map* map) {
   return engram::client::MapError(*map);
 }
 
-void engram_unmap_table(engram_table_map* map) {
+void engram_table_map_close(engram_table_map* map) {
   if (map == nullptr) return;
   munmap(const_cast<uint8_t*>(map->base), map->map_bytes);
   munmap(const_cast<engram_table_state_page*>(map->state_page), map->state_bytes);
   delete map;
 }
+
+// The deprecated name (engram.h, convention 8).
+void engram_unmap_table(engram_table_map* map) { engram_table_map_close(map); }
 
 }  // extern "C"

@@ -71,7 +71,7 @@ struct InPlaceTable {
   InPlaceTable() = default;
   InPlaceTable(const InPlaceTable&) = delete;
   InPlaceTable& operator=(const InPlaceTable&) = delete;
-  ~InPlaceTable() { engram_unmap_table(map); }
+  ~InPlaceTable() { engram_table_map_close(map); }
 };
 
 // Copies the rows of `request` (decoded and checked against `table.bounds`) from the mapping into

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engram/engram.h"
 #include "engram/gpu_hash.h"
 #include "kernels/gpu_compat.h"
 #include "kernels/kernel_errors.h"
@@ -186,7 +187,7 @@ int CollectParameters(const engram_hasher* hasher, engram_gpu_hasher* g,
   engram_hasher_info info{};
   info.size = sizeof(info);
   if (engram_hasher_get_info(hasher, &info) < 0) {
-    return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_hash_last_error());
+    return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_last_error());
   }
   if (info.max_ngram_size < 2 || info.max_ngram_size > kMaxNgram || info.heads_per_order == 0) {
     return Fail(EINVAL, "engram_gpu_hasher_create: max_ngram_size %u (2..%u supported)",
@@ -207,16 +208,16 @@ int CollectParameters(const engram_hasher* hasher, engram_gpu_hasher* g,
     layer_info.size = sizeof(layer_info);
     DeviceLayer layer;
     if (engram_hasher_get_layer(hasher, i, &layer_info) < 0 ||
-        engram_hasher_multipliers(hasher, layer_info.layer_id, layer.multipliers, kMaxNgram) < 0) {
-      return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_hash_last_error());
+        engram_hasher_multipliers(hasher, layer_info.layer, layer.multipliers, kMaxNgram) < 0) {
+      return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_last_error());
     }
-    layer.layer_id = layer_info.layer_id;
+    layer.layer_id = layer_info.layer;
     layer.heads = info.heads_per_layer;
     std::vector<uint64_t> primes, offsets;
     for (uint32_t h = 0; h < info.heads_per_layer; ++h) {
       uint64_t begin = 0, end = 0;
       if (engram_hasher_head_rows(hasher, layer.layer_id, h, h + 1, &begin, &end) < 0) {
-        return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_hash_last_error());
+        return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_last_error());
       }
       primes.push_back(end - begin);  // a head's rows are its prime's residues
       offsets.push_back(begin);
@@ -231,67 +232,83 @@ int CollectParameters(const engram_hasher* hasher, engram_gpu_hasher* g,
     ret_lookup->resize(info.vocab_size);
     if (engram_hash_compress(hasher, ids.data(), ids.size(),
                              reinterpret_cast<int32_t*>(ret_lookup->data())) < 0) {
-      return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_hash_last_error());
+      return Fail(EINVAL, "engram_gpu_hasher_create: %s", engram_last_error());
     }
   }
   return 0;
 }
 
+// Reads call i's arguments and checks what needs no hasher: the struct (engram.h's size
+// policy), the flags and the buffers. `which` names the call among several.
+int ReadHashCall(const char* fn, const char* which, const engram_gpu_hash_args* theirs,
+                 engram_gpu_hash_args* ret_args) {
+  if (theirs == nullptr) return Fail(EINVAL, "%s:%s NULL argument", fn, which);
+  engram_gpu_hash_args& a = *ret_args;
+  a = engram_gpu_hash_args{};
+  if (int rc = engram::kernels::ReadStruct(fn, "engram_gpu_hash_args", theirs, &a); rc < 0) {
+    return rc;
+  }
+  if (a.flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
+    return Fail(EINVAL, "%s:%s unknown flags 0x%x", fn, which, a.flags);
+  }
+  if (a.tokens == nullptr || a.seq_starts == nullptr || a.rows == nullptr || a.n_tokens == 0 ||
+      a.n_seqs == 0) {
+    return Fail(EINVAL,
+                "%s:%s tokens, seq_starts and rows must be set and "
+                "n_tokens, n_seqs non-zero",
+                fn, which);
+  }
+  return 0;
+}
+
+// Checks call a against the hasher (its layer, head range and vocabulary) and describes it for
+// the kernel.
+int PlanHashCall(const char* fn, const char* which, const engram_gpu_hasher& g,
+                 const engram_gpu_hash_args& a, HashCall* ret_call) {
+  const auto layer = std::find_if(g.layers.begin(), g.layers.end(),
+                                  [&](const DeviceLayer& l) { return l.layer_id == a.layer; });
+  if (layer == g.layers.end()) {
+    return Fail(ENOENT, "%s:%s layer %u is not an Engram layer of the hasher", fn, which, a.layer);
+  }
+  if (a.head_begin >= a.head_end || a.head_end > layer->heads) {
+    return Fail(EINVAL, "%s:%s head range [%u, %u) is empty or beyond the %u heads", fn, which,
+                a.head_begin, a.head_end, layer->heads);
+  }
+  const bool compressed = (a.flags & ENGRAM_HASH_COMPRESSED_IDS) != 0;
+  if (!compressed && g.vocab.lookup == nullptr) {
+    return Fail(EOPNOTSUPP,
+                "%s:%s tokenizer ids given, but the hasher has no "
+                "compressed vocabulary (derive it with tools/engram_vocab.py)",
+                fn, which);
+  }
+  *ret_call = {*layer,   compressed,   a.head_begin, a.head_end, a.tokens,     a.n_tokens,
+               a.n_seqs, a.seq_starts, a.history,    a.rows,     a.error_count};
+  return 0;
+}
+
 // Checks and queues n hash calls as one launch; failures are named after `fn`, the entry point
-// the caller used.
+// the caller used. The argument structs are read before the hasher is looked at, so that what
+// the caller passed is checked first (and without a GPU).
 int QueueHashCalls(const char* fn, const engram_gpu_hasher* gpu_hasher,
                    const struct engram_gpu_hash_args* const* args, uint32_t n, uintptr_t stream) {
-  if (gpu_hasher == nullptr || args == nullptr) return Fail(EINVAL, "%s: NULL argument", fn);
+  if (args == nullptr) return Fail(EINVAL, "%s: NULL argument", fn);
   if (n == 0 || n > ENGRAM_GPU_HASH_MAX_CALLS) {
     return Fail(EINVAL, "%s: %u calls (1..%u in one launch)", fn, n, ENGRAM_GPU_HASH_MAX_CALLS);
   }
+  // Failures of call i of several name it.
+  char which[ENGRAM_GPU_HASH_MAX_CALLS][32] = {};
+  engram_gpu_hash_args a[ENGRAM_GPU_HASH_MAX_CALLS];
+  for (uint32_t i = 0; i < n; ++i) {
+    if (n > 1) std::snprintf(which[i], sizeof(which[i]), " call %u:", i);
+    if (int rc = ReadHashCall(fn, which[i], args[i], &a[i]); rc < 0) return rc;
+  }
+  if (gpu_hasher == nullptr) return Fail(EINVAL, "%s: NULL gpu_hasher", fn);
   HashCalls calls;
   uint32_t max_tokens = 0, max_heads = 0;
   for (uint32_t i = 0; i < n; ++i) {
-    // Failures of call i of several name it.
-    char which[32] = "";
-    if (n > 1) std::snprintf(which, sizeof(which), " call %u:", i);
-    if (args[i] == nullptr) return Fail(EINVAL, "%s:%s NULL argument", fn, which);
-    engram_gpu_hash_args a{};
-    constexpr size_t kOldest = offsetof(engram_gpu_hash_args, error_count);
-    if (args[i]->size < kOldest || args[i]->size > sizeof(a)) {
-      return Fail(EINVAL,
-                  "%s:%s args size %zu is not a size of engram_gpu_hash_args "
-                  "(%zu..%zu): call engram_gpu_hash_args_init",
-                  fn, which, args[i]->size, kOldest, sizeof(a));
-    }
-    std::memcpy(&a, args[i], args[i]->size);
-    const auto layer = std::find_if(gpu_hasher->layers.begin(), gpu_hasher->layers.end(),
-                                    [&](const DeviceLayer& l) { return l.layer_id == a.layer_id; });
-    if (layer == gpu_hasher->layers.end()) {
-      return Fail(ENOENT, "%s:%s layer %u is not an Engram layer of the hasher", fn, which,
-                  a.layer_id);
-    }
-    if (a.head_begin >= a.head_end || a.head_end > layer->heads) {
-      return Fail(EINVAL, "%s:%s head range [%u, %u) is empty or beyond the %u heads", fn, which,
-                  a.head_begin, a.head_end, layer->heads);
-    }
-    if (a.flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
-      return Fail(EINVAL, "%s:%s unknown flags 0x%x", fn, which, a.flags);
-    }
-    const bool compressed = (a.flags & ENGRAM_HASH_COMPRESSED_IDS) != 0;
-    if (!compressed && gpu_hasher->vocab.lookup == nullptr) {
-      return Fail(EOPNOTSUPP,
-                  "%s:%s tokenizer ids given, but the hasher has no "
-                  "compressed vocabulary (derive it with tools/engram_vocab.py)",
-                  fn, which);
-    }
-    if (a.tokens == nullptr || a.seq_starts == nullptr || a.rows == nullptr || a.n_tokens == 0 ||
-        a.n_seqs == 0) {
-      return Fail(EINVAL,
-                  "%s:%s tokens, seq_starts and rows must be set and "
-                  "n_tokens, n_seqs non-zero",
-                  fn, which);
-    }
-    calls.c[i] = {*layer,   compressed,   a.head_begin, a.head_end, a.tokens,     a.n_tokens,
-                  a.n_seqs, a.seq_starts, a.history,    a.rows,     a.error_count};
-    max_tokens = std::max(max_tokens, a.n_tokens);
-    max_heads = std::max(max_heads, a.head_end - a.head_begin);
+    if (int rc = PlanHashCall(fn, which[i], *gpu_hasher, a[i], &calls.c[i]); rc < 0) return rc;
+    max_tokens = std::max(max_tokens, a[i].n_tokens);
+    max_heads = std::max(max_heads, a[i].head_end - a[i].head_begin);
   }
   const dim3 grid((max_tokens + kBlockThreads - 1) / kBlockThreads, n);
   const size_t head_bytes = size_t{max_heads} * 2 * sizeof(uint64_t);  // <= 32 KiB (kMaxHeads)
@@ -356,9 +373,8 @@ int engram_gpu_hasher_destroy(engram_gpu_hasher* gpu_hasher) {
 }
 
 void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size) {
-  if (args == nullptr) return;
-  std::memset(args, 0, std::min(size, sizeof(*args)));
-  if (size >= sizeof(args->size)) args->size = size;
+  engram::kernels::InitStruct("engram_gpu_hash_args_init", "engram_gpu_hash_args",
+                              engram_gpu_hash_args{}, args, size);
 }
 
 int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu_hash_args* args,

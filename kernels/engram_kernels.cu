@@ -6,23 +6,21 @@
 #include <cstdio>
 #include <mutex>
 
-#include "client/last_error.h"
+#include "engram/engram.h"
 #include "engram/gpu.h"
 #include "kernels/dequant_device.h"
 #include "kernels/gpu_compat.h"
 #include "kernels/kernel_errors.h"
 
 namespace engram::kernels {
-namespace {
-thread_local char g_error[512];
-}  // namespace
 
 int Fail(int err, const char* format, ...) {
+  char message[512];
   va_list args;
   va_start(args, format);
-  vsnprintf(g_error, sizeof(g_error), format, args);
+  vsnprintf(message, sizeof(message), format, args);
   va_end(args);
-  engram_internal_set_last_error(g_error);  // where engram_last_error() finds it
+  engram_internal_set_last_error(message);  // where engram_last_error() finds it
   return -err;
 }
 
@@ -32,8 +30,6 @@ int FailRuntime(const char* call, gpuError_t status) {
                                                                                        : EIO;
   return Fail(err, "%s failed: %s (%s)", call, gpuGetErrorName(status), gpuGetErrorString(status));
 }
-
-const char* LastError() { return g_error; }
 
 }  // namespace engram::kernels
 
@@ -216,7 +212,8 @@ int LaunchDequant(const Source& source, uint64_t slots, void* out, uint32_t* bad
 
 extern "C" {
 
-const char* engram_kernels_last_error(void) { return engram::kernels::LastError(); }
+// Deprecated: engram_last_error() under its older name (engram/gpu.h).
+const char* engram_kernels_last_error(void) { return engram_last_error(); }
 
 const char* engram_kernels_backend(void) { return ENGRAM_GPU_BACKEND; }
 

@@ -344,13 +344,32 @@ int DeviceAddresses(engram_session* session, const engram_gpu_registration* reg,
   return 0;
 }
 
-// Checks request i of a call named `what` and returns its offsets in the data region.
+// Reads the n requests of a call named `what` (an array of size-prefixed structs) and checks
+// what needs no queue. Before the queue is looked at, so that what the caller passed is checked
+// first (and without a GPU).
+int ReadRequests(const char* what, const engram_gpu_request* theirs, uint32_t n,
+                 engram_gpu_request* ret_requests) {
+  if (theirs == nullptr || n == 0) return Fail(EINVAL, "%s: NULL argument or no request", what);
+  if (n > kMaxRequests) {
+    return Fail(EINVAL, "%s: %u requests; at most %u per call", what, n, kMaxRequests);
+  }
+  if (int rc = engram::kernels::ReadArray(what, "engram_gpu_request", theirs, n, ret_requests);
+      rc < 0) {
+    return rc;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    if (ret_requests[i].flags != 0) {
+      return Fail(EINVAL, "%s: request %u has flags 0x%x (0 expected)", what, i,
+                  ret_requests[i].flags);
+    }
+  }
+  return 0;
+}
+
+// Checks request i (read by ReadRequests) against the queue's data region and returns its
+// offsets there.
 int CheckRequest(const engram_gpu_queue& q, const engram_gpu_request& r, uint32_t i,
                  const char* what, DeviceRequest* ret) {
-  if (r.size != sizeof(engram_gpu_request) || r.flags != 0) {
-    return Fail(EINVAL, "%s: request %u has size %zu (expected %zu) or flags 0x%x", what, i, r.size,
-                sizeof(engram_gpu_request), r.flags);
-  }
   const uint8_t* data = q.host_data;
   const auto* rows = reinterpret_cast<const uint8_t*>(r.rows);
   const uint64_t row_bytes = r.num_rows * 8, dest_bytes = r.num_rows * ENGRAM_ROW_BYTES;
@@ -360,29 +379,40 @@ int CheckRequest(const engram_gpu_queue& q, const engram_gpu_request& r, uint32_
     return Fail(EINVAL,
                 "%s: request %u (table %u, %llu rows): row ids and destination must lie inside "
                 "the session's data region",
-                what, i, r.table, static_cast<unsigned long long>(r.num_rows));
+                what, i, r.layer, static_cast<unsigned long long>(r.num_rows));
   }
-  *ret = {r.table, r.num_rows, static_cast<uint64_t>(rows - data),
+  *ret = {r.layer, r.num_rows, static_cast<uint64_t>(rows - data),
           static_cast<uint64_t>(r.dest - data)};
   return 0;
 }
 
+// Reads the n dequantisations of the fused call (an array of size-prefixed structs) and checks
+// what needs no queue, as ReadRequests does.
+int ReadDequants(const char* what, const engram_gpu_dequant* theirs, uint32_t n,
+                 engram_gpu_dequant* ret_dequants) {
+  if (theirs == nullptr) return Fail(EINVAL, "%s: NULL dequants", what);
+  if (int rc = engram::kernels::ReadArray(what, "engram_gpu_dequant", theirs, n, ret_dequants);
+      rc < 0) {
+    return rc;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    const engram_gpu_dequant& d = ret_dequants[i];
+    if (d.index_map == nullptr || d.out == nullptr || d.tokens == 0 || d.heads == 0) {
+      return Fail(EINVAL,
+                  "%s: dequant %u: index_map (%p) and out (%p) must be set and tokens (%u) x "
+                  "heads (%u) must not be 0",
+                  what, i, static_cast<const void*>(d.index_map), d.out, d.tokens, d.heads);
+    }
+    if (reinterpret_cast<uintptr_t>(d.out) % 16 != 0) {
+      return Fail(EINVAL, "%s: dequant %u: out %p is not 16-byte aligned", what, i, d.out);
+    }
+  }
+  return 0;
+}
+
 // Checks what the fused call dequantises from request i (whose offsets `whole` holds).
-int CheckDequant(const engram_gpu_dequant& d, const engram_gpu_request& r,
-                 const DeviceRequest& whole, uint32_t i, const char* what) {
-  if (d.size != sizeof(engram_gpu_dequant)) {
-    return Fail(EINVAL, "%s: dequant %u has size %zu (expected %zu)", what, i, d.size,
-                sizeof(engram_gpu_dequant));
-  }
-  if (d.index_map == nullptr || d.out == nullptr || d.tokens == 0 || d.heads == 0) {
-    return Fail(EINVAL,
-                "%s: dequant %u: index_map (%p) and out (%p) must be set and tokens (%u) x heads "
-                "(%u) must not be 0",
-                what, i, static_cast<const void*>(d.index_map), d.out, d.tokens, d.heads);
-  }
-  if (reinterpret_cast<uintptr_t>(d.out) % 16 != 0) {
-    return Fail(EINVAL, "%s: dequant %u: out %p is not 16-byte aligned", what, i, d.out);
-  }
+int CheckDequant(const engram_gpu_request& r, const DeviceRequest& whole, uint32_t i,
+                 const char* what) {
   if (whole.num_rows > uint64_t{INT32_MAX}) {
     return Fail(EINVAL, "%s: request %u has %llu rows, past the int32 index map's range", what, i,
                 static_cast<unsigned long long>(whole.num_rows));
@@ -394,34 +424,37 @@ int CheckDequant(const engram_gpu_dequant& d, const engram_gpu_request& r,
   return 0;
 }
 
+// The queue's options (NULL: the defaults), checked before anything else of the call.
+int ReadQueueOptions(const engram_gpu_queue_options* opts, engram_gpu_queue_options* ret) {
+  *ret = engram_gpu_queue_options{};
+  if (opts == nullptr) return 0;
+  if (int rc = engram::kernels::ReadStruct("engram_gpu_queue_create", "engram_gpu_queue_options",
+                                           opts, ret);
+      rc < 0) {
+    return rc;
+  }
+  if ((ret->flags & ~uint32_t{ENGRAM_GPU_QUEUE_NO_OVERLAP}) != 0) {
+    return Fail(EINVAL, "engram_gpu_queue_create: unknown option flags 0x%x", ret->flags);
+  }
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
 
 void engram_gpu_queue_options_init(struct engram_gpu_queue_options* opts, size_t size) {
-  if (opts == nullptr) return;
-  std::memset(opts, 0, std::min(size, sizeof(*opts)));
-  if (size >= sizeof(opts->size)) opts->size = size;
+  engram::kernels::InitStruct("engram_gpu_queue_options_init", "engram_gpu_queue_options",
+                              engram_gpu_queue_options{}, opts, size);
 }
 
 int engram_gpu_queue_create(engram_session* session, const engram_gpu_registration* reg,
                             const struct engram_gpu_queue_options* opts,
                             engram_gpu_queue** ret_queue) {
+  engram_gpu_queue_options o;
+  if (int rc = ReadQueueOptions(opts, &o); rc < 0) return rc;
   if (session == nullptr || reg == nullptr || ret_queue == nullptr) {
     return Fail(EINVAL, "engram_gpu_queue_create: NULL argument");
-  }
-  engram_gpu_queue_options o{};
-  if (opts != nullptr) {
-    if (opts->size < sizeof(o.size) || opts->size > sizeof(o)) {
-      return Fail(EINVAL,
-                  "engram_gpu_queue_create: options size %zu is not a size of "
-                  "engram_gpu_queue_options (up to %zu)",
-                  opts->size, sizeof(o));
-    }
-    std::memcpy(&o, opts, opts->size);
-  }
-  if ((o.flags & ~uint32_t{ENGRAM_GPU_QUEUE_NO_OVERLAP}) != 0) {
-    return Fail(EINVAL, "engram_gpu_queue_create: unknown option flags 0x%x", o.flags);
   }
   gpuError_t loaded = PreloadKernel(SubmitKernel);
   if (loaded == gpuSuccess) loaded = PreloadKernel(WaitKernel);
@@ -469,22 +502,18 @@ int engram_gpu_queue_destroy(engram_gpu_queue* queue) {
 
 int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_request* requests,
                             uint32_t n, uintptr_t stream) {
-  if (queue == nullptr || requests == nullptr || n == 0) {
-    return Fail(EINVAL, "engram_gpu_queue_gather: NULL argument or no request");
-  }
-  if (n > kMaxRequests || n > queue->ring.slots) {
-    return Fail(EINVAL,
-                "engram_gpu_queue_gather: %u requests; at most %u per call and the "
-                "session's %u slots",
-                n, kMaxRequests, queue->ring.slots);
+  constexpr const char* kWhat = "engram_gpu_queue_gather";
+  engram_gpu_request r[kMaxRequests];
+  if (int rc = ReadRequests(kWhat, requests, n, r); rc < 0) return rc;
+  if (queue == nullptr) return Fail(EINVAL, "%s: NULL queue", kWhat);
+  if (n > queue->ring.slots) {
+    return Fail(EINVAL, "%s: %u requests; at most the session's %u slots", kWhat, n,
+                queue->ring.slots);
   }
   DeviceRequests reqs{};
   reqs.n = n;
   for (uint32_t i = 0; i < n; ++i) {
-    if (int rc = CheckRequest(*queue, requests[i], i, "engram_gpu_queue_gather", &reqs.r[i]);
-        rc < 0) {
-      return rc;
-    }
+    if (int rc = CheckRequest(*queue, r[i], i, kWhat, &reqs.r[i]); rc < 0) return rc;
   }
   auto s = reinterpret_cast<gpuStream_t>(stream);
   gpuError_t st = LaunchAfterPrior(queue->overlap, SubmitKernel, 1, 1, 0, s, queue->ring,
@@ -501,16 +530,15 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
                                     const struct engram_gpu_dequant* dequants, uint32_t n,
                                     uint32_t piece_rows, uintptr_t stream) {
   constexpr const char* kWhat = "engram_gpu_queue_gather_dequant";
-  if (queue == nullptr || requests == nullptr || dequants == nullptr || n == 0) {
-    return Fail(EINVAL, "%s: NULL argument or no request", kWhat);
-  }
-  if (n > kMaxRequests) {
-    return Fail(EINVAL, "%s: %u requests; at most %u per call", kWhat, n, kMaxRequests);
-  }
+  engram_gpu_request r[kMaxRequests];
+  engram_gpu_dequant dequant[kMaxRequests];
+  if (int rc = ReadRequests(kWhat, requests, n, r); rc < 0) return rc;
+  if (int rc = ReadDequants(kWhat, dequants, n, dequant); rc < 0) return rc;
+  if (queue == nullptr) return Fail(EINVAL, "%s: NULL queue", kWhat);
   const uint32_t max_pieces = std::min(kMaxRequests, queue->ring.slots);
   if (piece_rows == 0) {
     uint64_t rows[kMaxRequests];
-    for (uint32_t i = 0; i < n; ++i) rows[i] = requests[i].num_rows;
+    for (uint32_t i = 0; i < n; ++i) rows[i] = r[i].num_rows;
     piece_rows = engram::kernels::DefaultPieceRows(rows, n, max_pieces);
   }
   if (piece_rows % kPieceRowsMultiple != 0) {
@@ -532,8 +560,8 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
   uint64_t blocks = 1;  // block 0 polls
   for (uint32_t i = 0; i < n; ++i) {
     DeviceRequest whole;
-    if (int rc = CheckRequest(*queue, requests[i], i, kWhat, &whole); rc < 0) return rc;
-    if (int rc = CheckDequant(dequants[i], requests[i], whole, i, kWhat); rc < 0) return rc;
+    if (int rc = CheckRequest(*queue, r[i], i, kWhat, &whole); rc < 0) return rc;
+    if (int rc = CheckDequant(r[i], whole, i, kWhat); rc < 0) return rc;
     const uint64_t count = (whole.num_rows + piece_rows - 1) / piece_rows;
     if (reqs.n + count > max_pieces) {
       return Fail(EINVAL,
@@ -544,7 +572,7 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
                   static_cast<unsigned long long>(reqs.n + count - 1), piece_rows, max_pieces,
                   kMaxRequests, queue->ring.slots);
     }
-    const engram_gpu_dequant& d = dequants[i];
+    const engram_gpu_dequant& d = dequant[i];
     const uint64_t slots = uint64_t{d.tokens} * d.heads;
     dq.d[i] = {d.index_map,
                static_cast<uint16_t*>(d.out),

@@ -69,7 +69,7 @@ void engram_hasher_opts_init(struct engram_hasher_opts* opts, size_t size) {
   engram_hasher_opts defaults{};
   defaults.size = sizeof(defaults);
   defaults.compressed_pad_id = -1;
-  engram::client::InitStruct(defaults, opts, size);
+  engram::client::InitStruct("engram_hasher_opts", defaults, opts, size);
 }
 
 int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* opts,
@@ -109,8 +109,8 @@ int engram_hasher_open(const char* model_dir, const struct engram_hasher_opts* o
 void engram_hasher_close(engram_hasher* hasher) { delete hasher; }
 
 int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_info* ret_info) {
-  if (hasher == nullptr || ret_info == nullptr || ret_info->size < sizeof(size_t)) {
-    return FailInvalid("engram_hasher_get_info: NULL argument or size not set");
+  if (hasher == nullptr || ret_info == nullptr) {
+    return FailInvalid("engram_hasher_get_info: NULL argument");
   }
   const engram::NgramHasher& h = hasher->impl;
   engram_hasher_info info{};
@@ -127,8 +127,8 @@ int engram_hasher_get_info(const engram_hasher* hasher, struct engram_hasher_inf
 
 int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
                             struct engram_hash_layer_info* ret_info) {
-  if (hasher == nullptr || ret_info == nullptr || ret_info->size < sizeof(size_t)) {
-    return FailInvalid("engram_hasher_get_layer: NULL argument or size not set");
+  if (hasher == nullptr || ret_info == nullptr) {
+    return FailInvalid("engram_hasher_get_layer: NULL argument");
   }
   if (index >= hasher->impl.num_layers()) {
     return FailInvalid(absl::StrFormat("engram_hasher_get_layer: index %d of %d layers", index,
@@ -136,7 +136,7 @@ int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
   }
   engram_hash_layer_info info{};
   info.size = sizeof(info);
-  info.layer_id = hasher->impl.layer(index).layer_id;
+  info.layer = hasher->impl.layer(index).layer_id;
   info.num_rows = hasher->impl.layer(index).num_rows();
   return engram::client::WriteStruct("engram_hash_layer_info", info, ret_info);
 }
@@ -153,12 +153,12 @@ int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp_size, uint
   return 0;
 }
 
-int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint32_t head_begin,
+int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer, uint32_t head_begin,
                             uint32_t head_end, uint64_t* ret_row_begin, uint64_t* ret_row_end) {
   if (hasher == nullptr || ret_row_begin == nullptr || ret_row_end == nullptr) {
     return FailInvalid("engram_hasher_head_rows: NULL argument");
   }
-  auto index = hasher->impl.LayerIndex(layer_id);
+  auto index = hasher->impl.LayerIndex(layer);
   if (!index.ok()) return Fail(index.status(), EINVAL);
   auto rows = hasher->impl.HeadRows(*index, {head_begin, head_end});
   if (!rows.ok()) return Fail(rows.status(), EINVAL);
@@ -167,25 +167,25 @@ int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id, uint
   return 0;
 }
 
-int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t layer_id,
-                              int64_t* ret_multipliers, size_t cap) {
+int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t layer, int64_t* ret_multipliers,
+                              size_t cap) {
   if (hasher == nullptr || ret_multipliers == nullptr) {
     return FailInvalid("engram_hasher_multipliers: NULL argument");
   }
-  auto index = hasher->impl.LayerIndex(layer_id);
+  auto index = hasher->impl.LayerIndex(layer);
   if (!index.ok()) return Fail(index.status(), EINVAL);
   const std::vector<int64_t>& multipliers = hasher->impl.layer(*index).multipliers;
   if (cap < multipliers.size()) {
     return engram::client::SetErrorMessage(
         -ENOSPC, absl::StrFormat("engram_hasher_multipliers: layer %d has %d multipliers, the "
                                  "output holds %d",
-                                 layer_id, multipliers.size(), cap));
+                                 layer, multipliers.size(), cap));
   }
   std::copy(multipliers.begin(), multipliers.end(), ret_multipliers);
   return 0;
 }
 
-int engram_hash(const engram_hasher* hasher, uint32_t layer_id, const struct engram_hash_seq* seqs,
+int engram_hash(const engram_hasher* hasher, uint32_t layer, const struct engram_hash_seq* seqs,
                 size_t n_seqs, uint32_t head_begin, uint32_t head_end, uint32_t flags,
                 uint64_t* ret_rows, size_t rows_cap) {
   if (hasher == nullptr || (seqs == nullptr && n_seqs > 0) ||
@@ -195,7 +195,7 @@ int engram_hash(const engram_hasher* hasher, uint32_t layer_id, const struct eng
   if (flags & ~ENGRAM_HASH_COMPRESSED_IDS) {
     return FailInvalid(absl::StrFormat("engram_hash: unknown flags 0x%x", flags));
   }
-  auto index = hasher->impl.LayerIndex(layer_id);
+  auto index = hasher->impl.LayerIndex(layer);
   if (!index.ok()) return Fail(index.status(), EINVAL);
   // Small batches (a decode step) stay on the stack; chunked prefill sends one sequence.
   constexpr size_t kInline = 64;
@@ -207,13 +207,14 @@ int engram_hash(const engram_hasher* hasher, uint32_t layer_id, const struct eng
     converted = heap_seqs.data();
   }
   // The first sequence's size is the array's stride (a caller's header may be older or newer).
-  const size_t stride = n_seqs > 0 ? engram::client::DeclaredSize(seqs) : 0;
+  size_t stride = 0;
+  if (int rc = engram::client::CheckArray("engram_hash_seq", seqs, n_seqs, sizeof(engram_hash_seq),
+                                          &stride);
+      rc < 0) {
+    return rc;
+  }
   for (size_t i = 0; i < n_seqs; ++i) {
     const void* theirs = engram::client::ArrayElement(seqs, stride, i);
-    if (engram::client::DeclaredSize(theirs) != stride) {
-      return FailInvalid(absl::StrFormat("engram_hash: sequence %d has size %d, sequence 0 has %d",
-                                         i, engram::client::DeclaredSize(theirs), stride));
-    }
     engram_hash_seq s{};
     if (int rc = engram::client::ReadStruct("engram_hash_seq", theirs, &s); rc < 0) return rc;
     if ((s.tokens == nullptr && s.n_tokens > 0) || (s.history == nullptr && s.n_history > 0)) {

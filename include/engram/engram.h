@@ -4,42 +4,61 @@
  * destinations live in that region too, so a request crosses no socket and no copy:
  *
  *   engram_session* s;
- *   if (engram_connect(NULL, &s) < 0) { fprintf(stderr, "%s\n", engram_last_error()); ... }
+ *   if (engram_session_open(NULL, &s) < 0) { fprintf(stderr, "%s\n", engram_last_error()); ... }
  *   uint64_t* rows; uint8_t* out;
  *   engram_alloc(s, n * sizeof(uint64_t), (void**)&rows);
  *   engram_alloc(s, n * ENGRAM_ROW_BYTES, (void**)&out);
  *   ... fill rows[0..n) ...
- *   struct engram_gather_request req = {.size = sizeof(req), .table = 14,
+ *   struct engram_gather_request req = {.size = sizeof(req), .layer = 14,
  *                                       .rows = rows, .num_rows = n, .dest = out};
  *   uint64_t ticket;
  *   engram_submit(s, &req, &ticket);
  *   ... other work ...
  *   int rc = engram_wait(s, ticket, -1);   // out[i * 264 ...] holds row rows[i]
- *   engram_close(s);
+ *   engram_session_close(s);
  *
- * Conventions of the engramd C ABI (this header, hash.h and gpu.h; libengram_client and
- * libengram_kernels):
+ * Conventions of the engramd C ABI (every header of include/engram/; libengram_client and
+ * libengram_kernels_* alike):
  *  1. Handles are opaque; every function that can fail returns 0 or a negative errno.
  *  2. A struct that crosses the ABI starts with `size_t size`, set by the caller to
  *     sizeof(struct ...) as its header declares it, so that structs grow at their end without
- *     new function names. *_init(ptr, sizeof *ptr) functions fill one with the defaults.
- *  3. Input structs (options, requests): a caller compiled against an older, smaller struct is
- *     served as if the fields it lacks held their defaults (0 unless the field says otherwise).
- *     A larger struct (a newer header) is accepted when every byte past the end of the struct
- *     this library knows is zero, and refused with -E2BIG otherwise: a field the library does
- *     not know would be ignored silently. A size smaller than the size field is -EINVAL.
- *  4. Output structs (engram_table_info, engram_session_stats, engram_hasher_info, ...): the
+ *     new function names. *_init(ptr, sizeof *ptr) functions fill one with the defaults and set
+ *     its size. Every header pins each struct's size with ENGRAM_STATIC_ASSERT.
+ *  3. A size field must lie in [sizeof(size_t), ENGRAM_MAX_STRUCT_BYTES] (4096): anything else
+ *     is refused with -EINVAL before a byte past the field is read or written (a *_init
+ *     function then writes nothing).
+ *  4. Input structs (options, requests, arguments): a caller compiled against an older, smaller
+ *     struct is served as if the fields it lacks held their defaults (0 unless the field says
+ *     otherwise). A larger struct (a newer header) is accepted when every byte past the end of
+ *     the struct this library knows is zero, and refused with -E2BIG otherwise, the message
+ *     naming the struct and the first byte set: a field the library does not know would be
+ *     ignored silently.
+ *  5. Output structs (engram_table_info, engram_session_stats, engram_hasher_info, ...): the
  *     library fills the fields that fit in the caller's size and zeroes the bytes past the end
  *     of its own struct, so fields unknown to this library read 0; the caller's size field is
- *     left as it was. In an array of structs the first element's size is the stride and every
- *     element must carry it.
- *  5. Out-parameters are named ret_*, come last, and are untouched on failure.
- *  6. After a failure, engram_last_error() gives a message naming what was wrong (the socket,
- *     the table, the row, the limit, the struct). One message per thread for the whole library:
- *     sessions, hashing, GPU registration and the kernels. The library never prints or logs.
- *  7. Each function states its thread-safety.
- *  8. Exported symbols carry a version node per release (libengram_client.map); a changed
- *     signature keeps its old version for binaries linked before the change.
+ *     left as it was. In an array of structs (input or output) the first element's size is the
+ *     stride and every element must carry it.
+ *  6. Out-parameters are named ret_*, come last, and are untouched on failure.
+ *  7. After a failure, engram_last_error() gives a message naming what was wrong (the socket,
+ *     the table, the row, the limit, the struct). One message per thread for both libraries:
+ *     sessions, hashing, GPU registration and the kernels. engram_hash_last_error,
+ *     engram_gpu_last_error and engram_kernels_last_error are deprecated names for it. The
+ *     libraries never print or log.
+ *  8. Lifecycle names: a handle type is engram_<noun>, and the calls that begin and end it are
+ *     engram_<noun>_open / engram_<noun>_close when it stands for something that exists without
+ *     it (a session with the daemon, a model's hash tables, a daemon's resident table mapped
+ *     here), and engram_<noun>_create / engram_<noun>_destroy when the call builds the object
+ *     (device memory: the GPU hasher, the GPU queue). Ranges of memory keep the verbs of what is
+ *     done to them: engram_alloc / engram_free, engram_gpu_register / engram_gpu_unregister.
+ *     The older spellings (engram_connect, engram_close, engram_map_table, engram_unmap_table)
+ *     stay exported as deprecated aliases.
+ *  9. A table is identified by its Engram layer id (1 and 14 for DeepSeek-V4.1), called `layer`
+ *     in every parameter and field. Fields once named `table` or `layer_id` keep that name as a
+ *     deprecated alias in an anonymous union: the layout is unchanged.
+ * 10. Each function states its thread-safety.
+ * 11. Exported symbols carry a version node per release (client/libengram_client.map,
+ *     kernels/libengram_kernels.map); a changed signature keeps its old version for binaries
+ *     linked before the change.
  *
  * Errors map to the daemon's status codes as follows:
  *   -EINVAL        InvalidArgument: a bad argument or request
@@ -62,20 +81,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-#if defined(__GNUC__)
-#define ENGRAM_API __attribute__((visibility("default")))
-#else
-#define ENGRAM_API
-#endif
-
-#ifdef __cplusplus
-} /* extern "C" */
-#endif
-
+/* ENGRAM_API, ENGRAM_ASSERT_SIZE, ENGRAM_MAX_STRUCT_BYTES. */
+#include "engram/abi.h"
 /* engram_hasher and struct engram_hash_seq, for engram_submit_tokens(). */
 #include "engram/hash.h"
 /* ENGRAM_ROW_BYTES (264) and enum engram_table_layout. */
@@ -110,6 +117,7 @@ struct engram_connect_options {
   uint32_t flags;          /* ENGRAM_CONNECT_* */
   uint32_t reserved;       /* 0 */
 };
+ENGRAM_ASSERT_SIZE(struct engram_connect_options, 56);
 
 /* engram_connect_options.flags */
 /* The session's requests come from a GPU kernel (engram/gpu_submit.h), not from this process:
@@ -118,25 +126,37 @@ struct engram_connect_options {
 #define ENGRAM_CONNECT_DEVICE_SUBMIT (1u << 0)
 
 /* Fills the caller's struct of `size` bytes (sizeof *ret_options) with the defaults and sets
- * its size field. Thread-safe. */
+ * its size field; writes nothing (and sets engram_last_error()) for a NULL struct or a size
+ * outside [sizeof(size_t), ENGRAM_MAX_STRUCT_BYTES]. Thread-safe. */
 ENGRAM_API void engram_connect_options_init(struct engram_connect_options* ret_options,
                                             size_t size);
 
 /* Connects to engramd and maps the session's arena. `options` may be NULL for the defaults.
  * After a -ENOTCONN from any call (daemon restarted), call this again for a new session.
- * Thread-safe. */
-ENGRAM_API int engram_connect(const struct engram_connect_options* options,
-                              engram_session** ret_session);
+ * Thread-safe. (Since ENGRAM_0.6; engram_connect is its deprecated older name.) */
+ENGRAM_API int engram_session_open(const struct engram_connect_options* options,
+                                   engram_session** ret_session);
 
 /* Closes the session: unmaps the arena (every pointer into it becomes invalid) and abandons
  * tickets in flight (the daemon finishes them into its own mapping). NULL is a no-op.
- * Not thread-safe with other calls on the same session. */
+ * Not thread-safe with other calls on the same session. (Since ENGRAM_0.6; engram_close is its
+ * deprecated older name.) */
+ENGRAM_API void engram_session_close(engram_session* session);
+
+/* Deprecated: the names of engram_session_open and engram_session_close before ENGRAM_0.6. */
+ENGRAM_API int engram_connect(const struct engram_connect_options* options,
+                              engram_session** ret_session);
 ENGRAM_API void engram_close(engram_session* session);
 
 /* The message of the calling thread's last failed call into libengram_client or
- * libengram_kernels (engram_hash_last_error and engram_gpu_last_error return the same); "" if
- * none. Valid until that thread's next call into the library. Thread-safe (per-thread). */
+ * libengram_kernels_* (the one last-error call of both); "" if none. Valid until that thread's
+ * next call into either library. Thread-safe (per-thread). */
 ENGRAM_API const char* engram_last_error(void);
+
+/* For libengram_kernels_* of the same build only, not for applications: records `message` as
+ * the calling thread's last error, where engram_last_error() finds it. Exported in the
+ * ENGRAM_PRIVATE version node, which may change in any release. */
+ENGRAM_API void engram_internal_set_last_error(const char* message);
 
 /* Where a device producer finds a session's rings: host addresses inside the arena (register
  * the arena, engram_arena(), and translate them with engram_gpu_device_ptr). */
@@ -150,10 +170,11 @@ struct engram_device_ring {
   uint32_t slots;
   uint32_t reserved;
 };
+ENGRAM_ASSERT_SIZE(struct engram_device_ring, 56);
 
-/* Fills *ret_ring for a session connected with ENGRAM_CONNECT_DEVICE_SUBMIT. Returns 0, -EINVAL
- * (NULL, a size this library does not know) or -EPERM (the session submits from the host).
- * Thread-safe. */
+/* Fills *ret_ring (an output struct: set ret_ring->size first) for a session connected with
+ * ENGRAM_CONNECT_DEVICE_SUBMIT. Returns 0, -EINVAL (NULL, a size out of bounds) or -EPERM (the
+ * session submits from the host). Thread-safe. */
 ENGRAM_API int engram_device_ring(engram_session* session, struct engram_device_ring* ret_ring);
 /* Bytes per gathered row, ENGRAM_ROW_BYTES (engram/row.h): for callers that cannot include a
  * header (Python). Thread-safe. */
@@ -175,8 +196,11 @@ ENGRAM_API int engram_free(engram_session* session, void* ptr);
 /* ---- gathering ------------------------------------------------------------------------- */
 
 struct engram_gather_request {
-  size_t size;    /* sizeof(struct engram_gather_request) */
-  uint32_t table; /* Engram layer id (1, 14 for DeepSeek-V4.1) */
+  size_t size; /* sizeof(struct engram_gather_request) */
+  union {
+    uint32_t layer; /* the table's Engram layer id (1, 14 for DeepSeek-V4.1) */
+    uint32_t table; /* deprecated name of `layer` */
+  };
   uint32_t flags; /* 0 or ENGRAM_GATHER_IN_PLACE */
   const uint64_t* rows; /* num_rows row ids, in the data region, 8-byte aligned */
   uint64_t num_rows;
@@ -184,19 +208,20 @@ struct engram_gather_request {
   const uint64_t* dest_offsets; /* ... at dest + dest_offsets[i] when not NULL (in the data
                                    region, 8-byte aligned) */
 };
+ENGRAM_ASSERT_SIZE(struct engram_gather_request, 48);
 
-/* engram_gather_request.flags. ENGRAM_GATHER_IN_PLACE: where the table is
- * resident in the daemon's row store (docs/row-store.md), engram_gather copies the rows on the
- * calling thread from a read-only mapping of the table (engram_map_table) instead of asking the
- * daemon: no round trip, no thread of the daemon woken. The first such call for a table maps it
- * (a control round trip and the page tables of the whole table: a few ms per GiB with 4 KiB
- * pages), and the mapping stays until engram_close. A table that is not resident is gathered by
- * the daemon as without the flag; one still loading (or refused for another reason) too, and
- * its mapping is asked for again at most every 100 ms. The request is checked as the daemon
- * checks it, with the same errors and messages. Rows read in place are counted in
- * engram_session_stats.rows_in_place, not by the daemon's statistics. engram_submit accepts
- * the flag and leaves the request to the daemon (its completion belongs to the daemon). An
- * older library refuses the flag (-EINVAL, "unknown request flags"). */
+/* engram_gather_request.flags. ENGRAM_GATHER_IN_PLACE: where the table is resident in the daemon's
+ * row store (docs/row-store.md), engram_gather copies the rows on the calling thread from a
+ * read-only mapping of the table (engram_table_map_open) instead of asking the daemon: no round
+ * trip, no thread of the daemon woken. The first such call for a table maps it (a control round
+ * trip and the page tables of the whole table: a few ms per GiB with 4 KiB pages), and the mapping
+ * stays until engram_session_close. A table that is not resident is gathered by the daemon as
+ * without the flag; one still loading (or refused for another reason) too, and its mapping is asked
+ * for again at most every 100 ms. The request is checked as the daemon checks it, with the same
+ * errors and messages. Rows read in place are counted in engram_session_stats.rows_in_place, not by
+ * the daemon's statistics. engram_submit accepts the flag and leaves the request to the daemon (its
+ * completion belongs to the daemon). An older library refuses the flag (-EINVAL, "unknown request
+ * flags"). */
 #define ENGRAM_GATHER_IN_PLACE 0x1u
 
 /* Submits a gather; on success *ret_ticket identifies it. The row ids and offsets are read by
@@ -243,7 +268,10 @@ ENGRAM_API int engram_arena(engram_session* session, void** ret_base, uint64_t* 
 
 struct engram_table_info {
   size_t size; /* set by the caller to sizeof(struct engram_table_info) */
-  uint32_t layer_id;
+  union {
+    uint32_t layer;    /* Engram layer id */
+    uint32_t layer_id; /* deprecated name of `layer` */
+  };
   uint32_t row_bytes; /* 264 */
   uint64_t num_rows;  /* of the whole logical table */
   uint64_t covered_begin; /* rows this daemon serves: [covered_begin, covered_end) */
@@ -252,6 +280,7 @@ struct engram_table_info {
   uint32_t files;
   uint64_t data_bytes;
 };
+ENGRAM_ASSERT_SIZE(struct engram_table_info, 56);
 
 /* Lists the tables the daemon serves, ordered by layer id. Writes up to `capacity` entries and
  * sets *ret_count to the number of tables (which may exceed capacity). With capacity > 0, set
@@ -267,6 +296,7 @@ struct engram_session_stats {
   uint64_t session_id;
   ENGRAM_SESSION_COUNTERS(ENGRAM_SESSION_STATS_FIELD_)
 };
+ENGRAM_ASSERT_SIZE(struct engram_session_stats, 120);
 
 /* Reads the session's statistics from the daemon. Set ret_stats->size first. Thread-safe. */
 ENGRAM_API int engram_get_session_stats(engram_session* session,
@@ -283,7 +313,7 @@ ENGRAM_API int engram_session_stats_field(size_t index, const char** ret_name,
 
 /* A resident table (docs/row-store.md) mapped read-only into this process: rows are read with a
  * memcpy, with no request to the daemon. The memory is the daemon's sealed memfd: nobody can
- * change, shrink or grow it, and the mapping stays valid until engram_unmap_table, even if the
+ * change, shrink or grow it, and the mapping stays valid until engram_table_map_close, even if the
  * daemon or the session goes away. But its rows are only good while the daemon stands behind
  * them: once the daemon withdraws the table (a file it was loaded from changed, or the daemon
  * is stopping) or the daemon is gone (stopped, killed, restarted), engram_table_map_gather
@@ -294,21 +324,25 @@ typedef struct engram_table_map engram_table_map;
 
 struct engram_table_map_info {
   size_t size; /* set by the caller to sizeof(struct engram_table_map_info) */
-  uint32_t layer_id;
+  union {
+    uint32_t layer;    /* Engram layer id */
+    uint32_t layer_id; /* deprecated name of `layer` */
+  };
   uint32_t row_bytes;     /* 264 */
   uint64_t covered_begin; /* row r (covered_begin <= r < covered_end) is at */
   uint64_t covered_end;   /* base + (r - covered_begin) * row_bytes */
   const void* base;
   uint64_t map_bytes;
 };
+ENGRAM_ASSERT_SIZE(struct engram_table_map_info, 48);
 
 /* Maps the table of `layer` read-only. -EOPNOTSUPP when the table is not of the resident tier,
  * -EAGAIN while it is still loading, -ENOENT when no table of that layer is served;
  * engram_last_error() says which. Thread-safe (control messages on one session
- * are serialised). */
-ENGRAM_API int engram_map_table(engram_session* session, uint32_t layer,
-                                engram_table_map** ret_map);
-/* Describes a map. Set ret_info->size first. Thread-safe. */
+ * are serialised). (Since ENGRAM_0.6; engram_map_table is its deprecated older name.) */
+ENGRAM_API int engram_table_map_open(engram_session* session, uint32_t layer,
+                                     engram_table_map** ret_map);
+/* Describes a map (an output struct: set ret_info->size first). Thread-safe. */
 ENGRAM_API int engram_get_table_map_info(const engram_table_map* map,
                                          struct engram_table_map_info* ret_info);
 /* CPU gather: copies rows[i] to dest + i * 264 for i < num_rows. -ERANGE naming the first row
@@ -323,28 +357,32 @@ ENGRAM_API int engram_table_map_gather(const engram_table_map* map, const uint64
  * restart included). Both are for good: map the table again from a new session. Two loads from
  * shared memory, no syscall. Thread-safe. */
 ENGRAM_API int engram_table_map_check(const engram_table_map* map);
-/* Unmaps (null: no-op). No other call may use the map at the same time or after. */
+/* Unmaps (null: no-op). No other call may use the map at the same time or after. (Since
+ * ENGRAM_0.6; engram_unmap_table is its deprecated older name.) */
+ENGRAM_API void engram_table_map_close(engram_table_map* map);
+
+/* Deprecated: the names of engram_table_map_open and engram_table_map_close before ENGRAM_0.6. */
+ENGRAM_API int engram_map_table(engram_session* session, uint32_t layer,
+                                engram_table_map** ret_map);
 ENGRAM_API void engram_unmap_table(engram_table_map* map);
 
 /* ---- prefetch (since ENGRAM_0.5, protocol 1.2) ------------------------------------------ */
 
-/* Tells the daemon that rows of `table` will probably be gathered soon (the rows of speculative
- * decoding's draft tokens, of the next prefill chunk), so that it brings them into its row
- * cache or the page cache in the background, after the gathers in flight. Returns as soon as
+/* Tells the daemon that rows of `layer`'s table will probably be gathered soon (the rows of
+ * speculative decoding's draft tokens, of the next prefill chunk), so that it brings them into its
+ * row cache or the page cache in the background, after the gathers in flight. Returns as soon as
  * the daemon has checked the row ids and queued them: it never waits for I/O (one round trip
- * through the arena; ENGRAM_PREFETCH_MAX_ROWS (engram/protocol.h, 8,192) rows an entry, more
- * take one entry each).
- * `rows` may lie anywhere; ids outside the data region are copied into it (a buffer of up to
- * 64 KiB, freed before return). *ret_queued (may be NULL) is set to the rows queued (all of
- * them unless they exceed the daemon's whole prefetch queue; a full queue drops its oldest rows
- * for new ones, which its statistics count). A
- * later gather of a prefetched row is an ordinary gather (a row cache hit if it arrived).
- * `flags`: 0. Errors: -EOPNOTSUPP when the daemon predates prefetch (protocol < 1.2); -ENOENT
- * no table of that layer; -ERANGE a row outside the table (engram_last_error() names the
- * table, the row and its index; nothing of that entry is queued); -ENOSPC every slot is busy
- * or the data region has no room for the ids; -EBUSY on a device-submit session; -ENOTCONN.
- * Thread-safe. */
-ENGRAM_API int engram_prefetch(engram_session* session, uint32_t table, const uint64_t* rows,
+ * through the arena; ENGRAM_PREFETCH_MAX_ROWS (engram/protocol.h, 8,192) rows an entry, more take
+ * one entry each). `rows` may lie anywhere; ids outside the data region are copied into it (a
+ * buffer of up to 64 KiB, freed before return). *ret_queued (may be NULL) is set to the rows queued
+ * (all of them unless they exceed the daemon's whole prefetch queue; a full queue drops its oldest
+ * rows for new ones, which its statistics count). A later gather of a prefetched row is an ordinary
+ * gather (a row cache hit if it arrived). `flags`: 0. Errors: -EOPNOTSUPP when the daemon predates
+ * prefetch (protocol < 1.2); -ENOENT no table of that layer; -ERANGE a row outside the table
+ * (engram_last_error() names the table, the row and its index; nothing of that entry is queued);
+ * -ENOSPC every slot is busy or the data region has no room for the ids; -EBUSY on a device-submit
+ * session; -ENOTCONN. Thread-safe. */
+ENGRAM_API int engram_prefetch(engram_session* session, uint32_t layer, const uint64_t* rows,
                                uint64_t num_rows, uint32_t flags, uint64_t* ret_queued);
 
 /* Protocol version this library speaks. Thread-safe. */
@@ -362,8 +400,11 @@ ENGRAM_API void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor
  * (engram_hasher_rank_heads; head_begin and head_end must then be 0); otherwise
  * [head_begin, head_end), where 0, 0 means every head of the layer. */
 struct engram_token_request {
-  size_t size;    /* sizeof(struct engram_token_request) */
-  uint32_t table; /* Engram layer id (1, 14 for DeepSeek-V4.1); the hasher's and the table's */
+  size_t size; /* sizeof(struct engram_token_request) */
+  union {
+    uint32_t layer; /* Engram layer id (1, 14 for DeepSeek-V4.1); the hasher's and the table's */
+    uint32_t table; /* deprecated name of `layer` */
+  };
   uint32_t flags; /* ENGRAM_HASH_COMPRESSED_IDS: tokens and history are compressed ids */
   const struct engram_hash_seq* seqs; /* sequences (any memory): new tokens and history */
   size_t n_seqs;
@@ -375,6 +416,7 @@ struct engram_token_request {
   uint64_t rows_cap;  /* entries rows can hold */
   void* dest;         /* in the data region: positions * heads * 264 bytes */
 };
+ENGRAM_ASSERT_SIZE(struct engram_token_request, 72);
 
 /* Hashes the request's tokens into request->rows with `hasher` (engram_hash) and submits the
  * gather of those rows into request->dest; on success *ret_ticket identifies it (wait as for

@@ -175,7 +175,10 @@ class Hasher {
 
 // What Session::SubmitTokens hashes and where the rows go (struct engram_token_request).
 struct TokenRequest {
-  uint32_t table = 0;                     // Engram layer id
+  union {
+    uint32_t layer = 0;  // Engram layer id
+    uint32_t table;      // deprecated name of `layer`
+  };
   std::span<const engram_hash_seq> seqs;  // Hasher::Sequence(...) each
   bool compressed = false;                // ids are compressed ids
   uint32_t head_begin = 0, head_end = 0;  // 0, 0: all heads (or the TP rank's below)
@@ -212,7 +215,7 @@ class Session {
     o.client_name = options.client_name.empty() ? nullptr : options.client_name.c_str();
     o.timeout_ns = options.timeout.count();
     engram_session* s = nullptr;
-    Status status = Status::FromReturn(engram_connect(&o, &s));
+    Status status = Status::FromReturn(engram_session_open(&o, &s));
     if (status.ok()) {
       ret_session->Close();
       ret_session->s_ = s;
@@ -221,7 +224,7 @@ class Session {
   }
 
   void Close() {
-    engram_close(s_);
+    engram_session_close(s_);
     s_ = nullptr;
   }
   bool connected() const { return s_ != nullptr; }
@@ -247,22 +250,23 @@ class Session {
   }
 
   // rows and dest (and dest_offsets, if not empty) must lie in the data region.
-  Status Submit(uint32_t table, const uint64_t* rows, uint64_t num_rows, void* dest,
+  Status Submit(uint32_t layer, const uint64_t* rows, uint64_t num_rows, void* dest,
                 Ticket* ret_ticket, const uint64_t* dest_offsets = nullptr) {
     engram_gather_request r{};
     r.size = sizeof(r);
-    r.table = table;
+    r.layer = layer;
     r.rows = rows;
     r.num_rows = num_rows;
     r.dest = dest;
     r.dest_offsets = dest_offsets;
     return Status::FromReturn(engram_submit(s_, &r, ret_ticket));
   }
-  // Rows of `table` the caller will probably gather soon (engram_prefetch): returns once the
-  // daemon queued them, never after I/O; *ret_queued (if given) = rows queued, the rest dropped.
-  Status Prefetch(uint32_t table, const uint64_t* rows, uint64_t num_rows,
+  // Rows of `layer`'s table the caller will probably gather soon (engram_prefetch): returns
+  // once the daemon queued them, never after I/O; *ret_queued (if given) = rows queued, the rest
+  // dropped.
+  Status Prefetch(uint32_t layer, const uint64_t* rows, uint64_t num_rows,
                   uint64_t* ret_queued = nullptr) {
-    return Status::FromReturn(engram_prefetch(s_, table, rows, num_rows, 0, ret_queued));
+    return Status::FromReturn(engram_prefetch(s_, layer, rows, num_rows, 0, ret_queued));
   }
   Status SubmitNop(Ticket* ret_ticket) {
     return Status::FromReturn(engram_submit_nop(s_, ret_ticket));
@@ -273,10 +277,10 @@ class Session {
   }
   // Status code -EAGAIN while in flight.
   Status Poll(Ticket ticket) { return Status::FromReturn(engram_poll(s_, ticket)); }
-  Status Gather(uint32_t table, const uint64_t* rows, uint64_t num_rows, void* dest,
+  Status Gather(uint32_t layer, const uint64_t* rows, uint64_t num_rows, void* dest,
                 std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1)) {
     Ticket t;
-    Status s = Submit(table, rows, num_rows, dest, &t);
+    Status s = Submit(layer, rows, num_rows, dest, &t);
     return s.ok() ? Wait(t, timeout) : s;
   }
 
@@ -325,7 +329,7 @@ class Session {
   static engram_token_request ToC(const TokenRequest& request) {
     engram_token_request r{};
     r.size = sizeof(r);
-    r.table = request.table;
+    r.layer = request.layer;
     r.flags = request.compressed ? ENGRAM_HASH_COMPRESSED_IDS : 0u;
     r.seqs = request.seqs.data();
     r.n_seqs = request.seqs.size();

@@ -2,18 +2,18 @@
  * dequantise-and-scatter kernel and stream-side waits on the daemon's completion counter.
  *
  * Two libraries implement this header:
- *   - libengram_client: engram_gpu_register / _device_ptr / _unregister / _last_error. It links
+ *   - libengram_client: engram_gpu_register / _device_ptr / _unregister. It links
  *     no GPU runtime: it finds libcudart or libamdhip64 at run time (the one already loaded in
  *     the process first), so one client library serves CUDA hosts, ROCm hosts and hosts with
  *     no GPU at all.
- *   - libengram_kernels_cuda (or _hip): engram_dequant_scatter, the stream waits and
- *     engram_kernels_last_error. Built only where nvcc (hipcc) exists.
+ *   - libengram_kernels_cuda (or _hip): engram_dequant_scatter, the stream waits. Built only
+ *     where nvcc (hipcc) exists. It links libengram_client, where its errors are recorded.
  *
- * Conventions (as in the rest of the engram C ABI):
+ * Conventions (those of engram/engram.h, and):
  *   1. Functions return 0 or a negative errno; they never print. After a failure,
  *      engram_last_error() (engram/engram.h) returns a message for the calling thread naming
  *      what was wrong, for both libraries (the kernel library links libengram_client);
- *      engram_gpu_last_error() and engram_kernels_last_error() are older names for it.
+ *      engram_gpu_last_error() and engram_kernels_last_error() are deprecated names for it.
  *   2. Out-parameters are named ret_*, come last and are left untouched on failure.
  *   3. Streams, graphs and graph nodes are passed as integers (uintptr_t of cudaStream_t /
  *      hipStream_t, cudaGraphExec_t, cudaGraphNode_t), so Python (ctypes, torch's
@@ -39,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engram/abi.h"
 #include "engram/row.h"
 
 #ifdef __cplusplus
@@ -92,7 +93,7 @@ int engram_gpu_registration_runtime(const engram_gpu_registration* reg);
  * -EIO). The caller must make sure no queued GPU work still reads the range. NULL is a no-op. */
 int engram_gpu_unregister(engram_gpu_registration* reg);
 
-/* engram_last_error() under its older name. */
+/* Deprecated: engram_last_error() under its older name. */
 const char* engram_gpu_last_error(void);
 
 /* ---- Kernels (libengram_kernels_cuda / libengram_kernels_hip) --------------------------- */
@@ -113,7 +114,7 @@ const char* engram_gpu_last_error(void);
  *              the copy.
  *   stream     cudaStream_t / hipStream_t as an integer; the work is queued, not waited for.
  * Returns 0; -EINVAL for a bad argument; -ENODEV/-EIO if the runtime refused the copy or the
- * launch (engram_kernels_last_error() names the call and the runtime's error). Capturable into a
+ * launch (engram_last_error() names the call and the runtime's error). Capturable into a
  * CUDA graph. */
 int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* index_map,
                            uint32_t tokens, uint32_t heads, void* out, void* staging,
@@ -157,8 +158,8 @@ int engram_graph_set_wait_value64(uintptr_t graph_exec, uintptr_t node, uint64_t
 int engram_stream_wait_ticket(uintptr_t stream, const void* counter, const uint64_t* tickets,
                               uint32_t ring, uint32_t* step_counter);
 
-/* The message of the calling thread's last failed kernel-side call ("" if none); the same
- * message reaches engram_last_error(). */
+/* Deprecated: engram_last_error() under its older name (the kernel library's failures are
+ * recorded there, with every other). */
 const char* engram_kernels_last_error(void);
 
 /* "cuda" or "hip": which runtime this kernel library was built for. */

@@ -11,7 +11,7 @@
  * from a host engram_hasher (libengram_client) once, at creation.
  *
  * Conventions: those of engram/gpu.h. Functions return 0 or a negative errno and never print;
- * engram_kernels_last_error() names what was wrong. Streams are passed as integers.
+ * engram_last_error() names what was wrong. Streams are passed as integers.
  *
  * Example: a decode step of S sequences of 1 + k tokens, TP rank 1 of 4, layer 14, captured.
  *
@@ -19,7 +19,7 @@
  *   engram_gpu_hasher_create(host_hasher, &g);                 // once, outside capture
  *   struct engram_gpu_hash_args a;
  *   engram_gpu_hash_args_init(&a, sizeof a);
- *   a.layer_id = 14; a.head_begin = hb; a.head_end = he;
+ *   a.layer = 14; a.head_begin = hb; a.head_end = he;
  *   a.tokens = d_tokens; a.n_tokens = S * (1 + k);             // device buffers, fixed
  *   a.seq_starts = d_starts; a.n_seqs = S;                     // [0, 1+k, 2(1+k), ...]
  *   a.history = d_history;                                     // S x (N-1) ids before each
@@ -55,8 +55,11 @@ int engram_gpu_hasher_destroy(engram_gpu_hasher* gpu_hasher);
  * registered host memory); the values they point to are read when the kernel runs, not when
  * it is queued, so a captured graph hashes whatever the buffers hold at each replay. */
 struct engram_gpu_hash_args {
-  size_t size;          /* engram_gpu_hash_args_init sets it; see engram.h's size policy */
-  uint32_t layer_id;    /* the Engram layer, e.g. 14 */
+  size_t size; /* engram_gpu_hash_args_init sets it; see engram.h's size policy */
+  union {
+    uint32_t layer;    /* the Engram layer, e.g. 14 */
+    uint32_t layer_id; /* deprecated name of `layer` */
+  };
   uint32_t flags;       /* ENGRAM_HASH_COMPRESSED_IDS: tokens and history are compressed ids */
   uint32_t head_begin;  /* heads [head_begin, head_end) of the layer, e.g. a TP rank's */
   uint32_t head_end;
@@ -77,13 +80,17 @@ struct engram_gpu_hash_args {
                                 a token's rows are written as UINT64_MAX, which engramd refuses
                                 as OUT_OF_RANGE rather than serving a wrong row */
 };
+ENGRAM_ASSERT_SIZE(struct engram_gpu_hash_args, 72);
 
-/* Zero-fills *args, sets args->size = size (the caller's sizeof) and the defaults (all heads
- * but none yet: head_end = 0). */
+/* Zero-fills the caller's struct of `size` bytes (sizeof *args; the defaults: no flags, no
+ * heads yet) and sets args->size = size. Writes nothing for a NULL struct or a size out of
+ * bounds (engram.h, convention 3). */
 void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size);
 
-/* Queues the hash on stream. Checks on the host what it can (the layer, the head range, the
- * struct size, NULL pointers, flags); ids are checked on the device (error_count). Returns 0,
+/* Queues the hash on stream. Checks on the host what it can, the struct first (engram.h,
+ * conventions 3-4: a smaller struct's missing fields are 0, a larger one's must be), then
+ * flags, NULL pointers, the layer and the head range; ids are checked on the device
+ * (error_count). Returns 0, -E2BIG (a field this library does not know is set),
  * -ENOENT (not an Engram layer of the hasher), -EINVAL, or -EIO/-ENODEV (launch refused).
  * Capturable into a CUDA graph. */
 int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu_hash_args* args,

@@ -9,18 +9,19 @@
  * the GPU".
  *
  * Implemented by libengram_kernels_cuda (HIP: compile-checked only). Conventions: those of
- * engram/gpu.h (0 or a negative errno, engram_kernels_last_error(), streams as integers).
+ * engram/gpu.h (0 or a negative errno, engram_last_error(), streams as integers).
  *
  * Example: one captured step (hash into the arena, gather, dequantise).
  *
  *   engram_connect_options o; engram_connect_options_init(&o, sizeof o);
  *   o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
- *   engram_connect(&o, &s);                              // the ring now belongs to the GPU
+ *   engram_session_open(&o, &s);                         // the ring now belongs to the GPU
  *   engram_arena(s, &arena, &arena_bytes);
  *   engram_gpu_register(arena, arena_bytes, &reg);       // header, rings and data, once
  *   engram_gpu_queue_create(s, reg, NULL, &q);
  *   engram_alloc(s, n * 8, &ids); engram_alloc(s, n * 264, &rows);
- *   struct engram_gpu_request r = {sizeof r, 14, 0, ids, n, rows};
+ *   struct engram_gpu_request r = {.size = sizeof r, .layer = 14, .rows = ids, .num_rows = n,
+ *                                  .dest = rows};
  *   cudaStreamBeginCapture(stream, ...);
  *   engram_gpu_hash(gh, &args_writing_into(device_ptr(ids)), stream);
  *   engram_gpu_queue_gather(q, &r, 1, stream);           // submit + wait, on the GPU
@@ -51,6 +52,7 @@ struct engram_gpu_queue_options {
                           step DEADLINE_EXCEEDED; 0: 2 s */
   uint32_t flags;      /* ENGRAM_GPU_QUEUE_* */
 };
+ENGRAM_ASSERT_SIZE(struct engram_gpu_queue_options, 24);
 /* Launch each of the queue's kernels only once the kernel ahead of it on the stream has
  * finished. By default (CUDA, compute capability 9.0 or later) the submit kernel is a
  * programmatic dependent launch, in place while the kernel that writes the row ids finishes
@@ -58,13 +60,15 @@ struct engram_gpu_queue_options {
  * mishandles such launches. */
 #define ENGRAM_GPU_QUEUE_NO_OVERLAP (1u << 0)
 
-/* Fills *opts with the defaults; size = the caller's sizeof. */
+/* Fills the caller's struct of `size` bytes (sizeof *opts) with the defaults and sets its size
+ * field; writes nothing for a NULL struct or a size out of bounds (engram.h, convention 3). */
 void engram_gpu_queue_options_init(struct engram_gpu_queue_options* opts, size_t size);
 
 /* A queue over a session connected with ENGRAM_CONNECT_DEVICE_SUBMIT whose whole arena
  * (engram_arena) is registered as reg. Allocates the queue's device state and a pinned error
  * word. Not capturable; call it once. Returns 0, -EINVAL, -EPERM (the session submits from the
- * host), -ENOMEM or -EIO. */
+ * host), -E2BIG (opts sets a field this library does not know), -ENOMEM or -EIO. opts is
+ * checked first, before the session and the GPU runtime (engram.h, conventions 3-4). */
 int engram_gpu_queue_create(engram_session* session, const engram_gpu_registration* reg,
                             const struct engram_gpu_queue_options* opts,
                             engram_gpu_queue** ret_queue);
@@ -76,20 +80,26 @@ int engram_gpu_queue_destroy(engram_gpu_queue* queue);
  * addresses inside the session's data region (engram_alloc); their offsets are fixed when the
  * call is queued, their contents are read when the request runs. */
 struct engram_gpu_request {
-  size_t size;             /* sizeof(struct engram_gpu_request) */
-  uint32_t table;          /* Engram layer id */
+  size_t size; /* sizeof(struct engram_gpu_request) */
+  union {
+    uint32_t layer; /* the table's Engram layer id */
+    uint32_t table; /* deprecated name of `layer` */
+  };
   uint32_t flags;          /* 0 */
   const uint64_t* rows;    /* num_rows row ids (written by a kernel before the gather runs) */
   uint64_t num_rows;
   uint8_t* dest;           /* num_rows x 264 bytes */
 };
+ENGRAM_ASSERT_SIZE(struct engram_gpu_request, 40);
 
 /* Queues on stream: a kernel that publishes the n requests into the session's submission ring
  * (system-scope fences, then the tail), then a kernel that waits until the daemon completed all
  * of them, the deadline passed, or the daemon stopped. Work queued after it on the stream sees
  * the rows. n must be at most the session's slots. On any failure the wait records a status
  * code (enum engram_status_code) in the queue's error word and lets the stream go on.
- * Capturable: replays reuse the same slots with fresh tickets. Returns 0, -EINVAL or -EIO. */
+ * Capturable: replays reuse the same slots with fresh tickets. requests is an array of
+ * size-prefixed structs (engram.h, convention 5: the first one's size is the stride), read
+ * before the queue is looked at. Returns 0, -EINVAL, -E2BIG or -EIO. */
 int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_request* requests,
                             uint32_t n, uintptr_t stream);
 
@@ -104,6 +114,7 @@ struct engram_gpu_dequant {
   void* out;                 /* device pointer: bf16 [tokens, heads, 256], 16-byte aligned */
   uint32_t* bad_index_count; /* device pointer, or NULL */
 };
+ENGRAM_ASSERT_SIZE(struct engram_gpu_dequant, 40);
 
 /* Rows per piece when engram_gpu_queue_gather_dequant is given piece_rows 0: 8 pieces for a
  * 1,152-row step of two layers, one per request thread of a 16-core host (docs/gpu.md). */
@@ -121,7 +132,9 @@ struct engram_gpu_dequant {
  * aligned (engram_alloc's are) and the data region registered, since the kernel reads the rows
  * there. Failures are recorded in the error word exactly as engram_gpu_queue_gather records
  * them; a failed step's outputs are not valid (a step skipped because the word was already set
- * writes none). Capturable. Returns 0, -EINVAL or -EIO. */
+ * writes none). Capturable. requests and dequants are arrays of size-prefixed structs, each
+ * with its own stride, read as engram_gpu_queue_gather reads requests. Returns 0, -EINVAL,
+ * -E2BIG or -EIO. */
 int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
                                     const struct engram_gpu_request* requests,
                                     const struct engram_gpu_dequant* dequants, uint32_t n,

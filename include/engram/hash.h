@@ -6,7 +6,8 @@
  * n-grams of orders 2..N, modulo per-head primes, plus head offsets.
  *
  * Conventions: those of engram/engram.h (size-prefixed structs that grow, -errno returns,
- * ret_* out-parameters, one engram_last_error() message per thread), and:
+ * ret_* out-parameters, one engram_last_error() message per thread, a table's id called
+ * `layer`), and:
  *  1. engram_hasher is an opaque handle. It is immutable once opened: any number of threads may
  *     call the functions below on one hasher at the same time. engram_hasher_close() must not
  *     race with any other call on that hasher.
@@ -34,16 +35,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engram/abi.h" /* ENGRAM_API, ENGRAM_ASSERT_SIZE */
+
 #ifdef __cplusplus
 extern "C" {
-#endif
-
-#ifndef ENGRAM_API
-#if defined(__GNUC__)
-#define ENGRAM_API __attribute__((visibility("default")))
-#else
-#define ENGRAM_API
-#endif
 #endif
 
 typedef struct engram_hasher engram_hasher;
@@ -60,10 +55,12 @@ struct engram_hasher_opts {
   const char* derived_path;  /* derived-tables file; NULL: <model_dir>/engram-hash.bin */
   int64_t compressed_pad_id; /* compressed id of the pad token; -1: take it from the file */
 };
+ENGRAM_ASSERT_SIZE(struct engram_hasher_opts, 32);
 
 /* Fills the caller's struct of `size` bytes (sizeof *opts) with the defaults (no flags,
  * default path, pad id from the file) and sets its size field. A caller whose struct ends
- * before compressed_pad_id gets the pad id from the file. */
+ * before compressed_pad_id gets the pad id from the file. Writes nothing for a NULL struct or
+ * a size out of bounds (engram.h, convention 3). */
 ENGRAM_API void engram_hasher_opts_init(struct engram_hasher_opts* opts, size_t size);
 
 /* Opens the hasher of the model in model_dir (its config.json, and the derived-tables file
@@ -87,17 +84,22 @@ struct engram_hasher_info {
   uint32_t compressed_vocab_size;
   uint32_t compressed_pad_id;
 };
+ENGRAM_ASSERT_SIZE(struct engram_hasher_info, 40);
 
 /* Fills the fields that fit in ret_info->size. Returns 0 or -EINVAL. */
 ENGRAM_API int engram_hasher_get_info(const engram_hasher* hasher,
                                       struct engram_hasher_info* ret_info);
 
 struct engram_hash_layer_info {
-  size_t size;       /* set by the caller: sizeof(struct engram_hash_layer_info) */
-  uint32_t layer_id; /* the model layer, e.g. 1 or 14 */
+  size_t size; /* set by the caller: sizeof(struct engram_hash_layer_info) */
+  union {
+    uint32_t layer;    /* the model layer, e.g. 1 or 14 */
+    uint32_t layer_id; /* deprecated name of `layer` */
+  };
   uint32_t reserved;
   uint64_t num_rows; /* rows of the layer's table: sum of its head primes */
 };
+ENGRAM_ASSERT_SIZE(struct engram_hash_layer_info, 24);
 
 /* Describes the index-th Engram layer (0 <= index < num_layers). Returns 0 or -EINVAL. */
 ENGRAM_API int engram_hasher_get_layer(const engram_hasher* hasher, uint32_t index,
@@ -110,18 +112,18 @@ ENGRAM_API int engram_hasher_rank_heads(const engram_hasher* hasher, uint32_t tp
                                         uint32_t tp_rank, uint32_t* ret_head_begin,
                                         uint32_t* ret_head_end);
 
-/* The rows [*ret_row_begin, *ret_row_end) that heads [head_begin, head_end) of layer_id own:
+/* The rows [*ret_row_begin, *ret_row_end) that heads [head_begin, head_end) of `layer` own:
  * one contiguous range. Returns 0, -ENOENT (not an Engram layer) or -EINVAL. */
-ENGRAM_API int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer_id,
+ENGRAM_API int engram_hasher_head_rows(const engram_hasher* hasher, uint32_t layer,
                                        uint32_t head_begin, uint32_t head_end,
                                        uint64_t* ret_row_begin, uint64_t* ret_row_end);
 
-/* The max_ngram_size odd multipliers of layer_id (ret_multipliers[k] multiplies the id at lag
+/* The max_ngram_size odd multipliers of `layer` (ret_multipliers[k] multiplies the id at lag
  * k), as the hash uses them: what a re-implementation of the hash (the GPU hasher in
  * engram/gpu_hash.h) needs beyond engram_hasher_head_rows. cap is the capacity of
  * ret_multipliers in entries. Returns 0, -ENOENT (not an Engram layer), -ENOSPC (cap below
  * max_ngram_size) or -EINVAL. */
-ENGRAM_API int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t layer_id,
+ENGRAM_API int engram_hasher_multipliers(const engram_hasher* hasher, uint32_t layer,
                                          int64_t* ret_multipliers, size_t cap);
 
 /* One sequence of a hash call: its new token ids, and the ids right before them (oldest
@@ -136,18 +138,19 @@ struct engram_hash_seq {
   const int32_t* history;
   size_t n_history;
 };
+ENGRAM_ASSERT_SIZE(struct engram_hash_seq, 40);
 
 /* engram_hash() flags */
 #define ENGRAM_HASH_COMPRESSED_IDS (1u << 0) /* tokens and history are compressed ids */
 
-/* Row ids of heads [head_begin, head_end) of layer layer_id for every token of seqs, tokens
+/* Row ids of heads [head_begin, head_end) of layer `layer` for every token of seqs, tokens
  * in sequence order: ret_rows[t * (head_end - head_begin) + (h - head_begin)] is the absolute
  * row (head offset included) of head h for the t-th token overall. rows_cap is the capacity
  * of ret_rows in entries. All ids are checked before anything is written.
- * Returns 0, -ENOENT (layer_id is not an Engram layer), -EINVAL (an id out of range, a bad head
+ * Returns 0, -ENOENT (`layer` is not an Engram layer), -EINVAL (an id out of range, a bad head
  * range or struct size), -ENOSPC (rows_cap too small), -EOPNOTSUPP (tokenizer ids without a
  * compressed vocabulary). */
-ENGRAM_API int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
+ENGRAM_API int engram_hash(const engram_hasher* hasher, uint32_t layer,
                            const struct engram_hash_seq* seqs, size_t n_seqs, uint32_t head_begin,
                            uint32_t head_end, uint32_t flags, uint64_t* ret_rows, size_t rows_cap);
 
@@ -155,7 +158,7 @@ ENGRAM_API int engram_hash(const engram_hasher* hasher, uint32_t layer_id,
 ENGRAM_API int engram_hash_compress(const engram_hasher* hasher, const int32_t* tokens, size_t n,
                                     int32_t* ret_ids);
 
-/* The same message as engram_last_error() (engram/engram.h), under its older name. */
+/* Deprecated: engram_last_error() (engram/engram.h) under its older name. */
 ENGRAM_API const char* engram_hash_last_error(void);
 
 #ifdef __cplusplus

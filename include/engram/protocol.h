@@ -11,14 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engram/abi.h" /* ENGRAM_STATIC_ASSERT */
 #include "engram/row.h" /* ENGRAM_ROW_BYTES, enum engram_table_layout */
 #include "engram/session_stats.h" /* ENGRAM_SESSION_COUNTERS */
 
 #ifdef __cplusplus
-#define ENGRAM_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
 extern "C" {
-#else
-#define ENGRAM_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
 #endif
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

@@ -112,7 +112,7 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
       "Load a resident table into the row store's memory, or resume its load; Ctrl-C cancels "
       "(rows loaded stay; administrators only: exit 77 otherwise)");
   AddCommonOptions(c, &o->common);
-  c->add_option("TABLE", o->table, "Layer id of a table of the resident tier")->required();
+  c->add_option("LAYER", o->table, "Layer id of a table of the resident tier")->required();
   c->add_flag("--cancel", o->cancel, "Stop the table's load after the chunk in progress");
   c->add_flag("--no-wait", o->no_wait, "Start the load and return at once");
   c->add_flag("-q,--quiet", o->quiet, "No progress bar or summary");

@@ -133,7 +133,7 @@ void AddRowsCommand(CLI::App& app, int* exit_code) {
   CLI::App* c = app.add_subcommand(
       "rows", "Print rows as engramd serves them (raw hex, --dequant values) or --out FILE");
   AddCommonOptions(c, &o->common);
-  c->add_option("TABLE", o->table, "Layer id of the table")->required();
+  c->add_option("LAYER", o->table, "Layer id of the table")->required();
   c->add_option("ROW", o->rows, "Row ids")->required();
   c->add_option("--out", o->out, "Write the raw 264-byte rows to FILE instead")->type_name("FILE");
   c->add_flag("--dequant", o->dequant, "Print the 256 values of each row, dequantised");

@@ -112,7 +112,7 @@ void AddWarmCommands(CLI::App& app, int* exit_code) {
                   : "Drop a table (or --rows A:B of it) from the page cache (administrators "
                     "only: exit 77 otherwise)");
     AddCommonOptions(c, &o->common);
-    c->add_option("TABLE", o->table, "Layer id of the table")->required();
+    c->add_option("LAYER", o->table, "Layer id of the table")->required();
     c->add_option("--rows", o->rows, "Only rows A:B")->type_name("A:B");
     c->add_flag("-q,--quiet", o->quiet, "No progress bar or summary");
     c->callback([=] { *exit_code = RunWarm(*o, command); });
