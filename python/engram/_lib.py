@@ -36,6 +36,13 @@ c_char_p = ctypes.c_char_p
 c_uintptr = ctypes.c_size_t  # uintptr_t on every platform CPython supports here
 
 
+def _alias(field):
+    """A property naming a struct field by its deprecated C name (engram.h, convention 9: the
+    table's id is `layer`; `table` and `layer_id` are older names of the same field)."""
+    return property(lambda self: getattr(self, field),
+                    lambda self, value: setattr(self, field, value))
+
+
 class ConnectOptions(ctypes.Structure):
     _fields_ = [
         ("size", c_size_t),
@@ -56,19 +63,20 @@ CONNECT_DEVICE_SUBMIT = 1  # ENGRAM_CONNECT_DEVICE_SUBMIT
 class GatherRequest(ctypes.Structure):
     _fields_ = [
         ("size", c_size_t),
-        ("table", c_u32),
+        ("layer", c_u32),
         ("flags", c_u32),
         ("rows", c_void_p),
         ("num_rows", c_u64),
         ("dest", c_void_p),
         ("dest_offsets", c_void_p),
     ]
+    table = _alias("layer")
 
 
 class TableInfoStruct(ctypes.Structure):
     _fields_ = [
         ("size", c_size_t),
-        ("layer_id", c_u32),
+        ("layer", c_u32),
         ("row_bytes", c_u32),
         ("num_rows", c_u64),
         ("covered_begin", c_u64),
@@ -77,6 +85,7 @@ class TableInfoStruct(ctypes.Structure):
         ("files", c_u32),
         ("data_bytes", c_u64),
     ]
+    layer_id = _alias("layer")
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,10 +138,11 @@ class HasherInfo(ctypes.Structure):
 class HashLayerInfo(ctypes.Structure):
     _fields_ = [
         ("size", c_size_t),
-        ("layer_id", c_u32),
+        ("layer", c_u32),
         ("reserved", c_u32),
         ("num_rows", c_u64),
     ]
+    layer_id = _alias("layer")
 
 
 class HashSeq(ctypes.Structure):
@@ -148,7 +158,7 @@ class HashSeq(ctypes.Structure):
 class TokenRequest(ctypes.Structure):
     _fields_ = [
         ("size", c_size_t),
-        ("table", c_u32),
+        ("layer", c_u32),
         ("flags", c_u32),
         ("seqs", c_void_p),
         ("n_seqs", c_size_t),
@@ -160,6 +170,7 @@ class TokenRequest(ctypes.Structure):
         ("rows_cap", c_u64),
         ("dest", c_void_p),
     ]
+    table = _alias("layer")
 
 
 HASHER_COMPRESSED_ONLY = 1
@@ -172,6 +183,7 @@ _P = ctypes.POINTER
 # name: (restype, argtypes)
 _CLIENT_FUNCTIONS = {
     "engram_connect_options_init": (None, [_P(ConnectOptions), c_size_t]),
+    # Deprecated names of engram_session_open / engram_session_close (_RENAMED below).
     "engram_connect": (c_int, [_P(ConnectOptions), _P(c_void_p)]),
     "engram_close": (None, [c_void_p]),
     "engram_last_error": (c_char_p, []),
@@ -189,6 +201,21 @@ _CLIENT_FUNCTIONS = {
     "engram_get_session_stats": (c_int, [c_void_p, c_void_p]),
     "engram_protocol_version": (None, [_P(c_u32), _P(c_u32)]),
     "engram_row_bytes": (c_u32, []),
+}
+
+# Since ENGRAM_0.6 (engram.h, convention 8), each with the older name it replaces: a library
+# without the new name gets it as an alias of the old one, so callers use the new names only.
+_RENAMED = {
+    "engram_session_open": "engram_connect",
+    "engram_session_close": "engram_close",
+    "engram_table_map_open": "engram_map_table",
+    "engram_table_map_close": "engram_unmap_table",
+}
+_RENAMED_FUNCTIONS = {
+    "engram_session_open": _CLIENT_FUNCTIONS["engram_connect"],
+    "engram_session_close": _CLIENT_FUNCTIONS["engram_close"],
+    "engram_table_map_open": (c_int, [c_void_p, c_u32, _P(c_void_p)]),
+    "engram_table_map_close": (None, [c_void_p]),
 }
 
 # Since ENGRAM_0.5: a library without it still loads; Client.prefetch says what is missing.
@@ -254,6 +281,23 @@ def _declare(lib, functions, path, required=True):
             0, f"{path} does not export {', '.join(missing)}: it is not the library this "
                f"package expects (rebuild it, or point the environment at the right one)")
     return not missing
+
+
+def _declare_renamed(lib):
+    """Declares the ENGRAM_0.6 names, falling back on their older names in an older library.
+    ctypes returns a new function object per name, so each is declared under both."""
+    for new, old in _RENAMED.items():
+        restype, argtypes = _RENAMED_FUNCTIONS[new]
+        try:
+            fn = getattr(lib, new)
+        except AttributeError:
+            try:
+                fn = getattr(lib, old)
+            except AttributeError:
+                continue  # neither (engram_map_table came in ENGRAM_0.4)
+            setattr(lib, new, fn)
+        fn.restype = restype
+        fn.argtypes = argtypes
 
 
 def _source_tree_build_dirs():
@@ -338,6 +382,7 @@ def client_lib():
                               ["libengram_client.so", "libengram_client.so.0"],
                               "ENGRAM_CLIENT_LIB", "client")
             _declare(lib, _CLIENT_FUNCTIONS, path)
+            _declare_renamed(lib)
             _declare(lib, _PREFETCH_FUNCTIONS, path, required=False)
             _declare(lib, _STATS_FIELD_FUNCTIONS, path, required=False)
             _client, _client_path = lib, path
@@ -431,5 +476,6 @@ def hash_lib():
 
 
 def hash_last_error():
-    message = hash_lib().engram_hash_last_error()
+    """Deprecated: last_error(), which the hashing functions report through too."""
+    message = hash_lib().engram_last_error()
     return message.decode("utf-8", "replace") if message else ""

@@ -216,7 +216,7 @@ class Client:
         # The ring then belongs to a GPU producer (engram.GpuDecodeStep): host submits fail.
         options.flags = _lib.CONNECT_DEVICE_SUBMIT if device_submit else 0
         handle = ctypes.c_void_p()
-        _lib.check(lib.engram_connect(ctypes.byref(options), ctypes.byref(handle)))
+        _lib.check(lib.engram_session_open(ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle
         self.socket = socket or os.environ.get("ENGRAM_SOCKET") or DEFAULT_SOCKET
         self._mutex = threading.Lock()
@@ -260,12 +260,12 @@ class Client:
                 return
             self._closed = True
             handle, self._handle = self._handle, None
-        self._lib.engram_close(handle)
+        self._lib.engram_session_close(handle)
 
     def __del__(self):
         # The arena stays mapped while tensors view it (they hold allocations, which hold us).
         if getattr(self, "_handle", None) is not None and not getattr(self, "_closed", True):
-            self._lib.engram_close(self._handle)
+            self._lib.engram_session_close(self._handle)
             self._handle = None
 
     def _session(self):
@@ -291,7 +291,7 @@ class Client:
                 break
             capacity = count.value
         layouts = {0: "checkpoint", 1: "packed"}
-        return [TableInfo(e.layer_id, e.row_bytes, e.num_rows, e.covered_begin, e.covered_end,
+        return [TableInfo(e.layer, e.row_bytes, e.num_rows, e.covered_begin, e.covered_end,
                           layouts.get(e.layout, str(e.layout)), e.files, e.data_bytes)
                 for e in entries[:count.value]]
 
@@ -466,7 +466,7 @@ class Client:
                 (ctypes.c_uint64 * n).from_address(allocation.address + rows_bytes))
             np.copyto(dst, ids, casting="unsafe")
         request = _lib.GatherRequest(
-            size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=flags,
+            size=ctypes.sizeof(_lib.GatherRequest), layer=table, flags=flags,
             rows=allocation.address + rows_bytes, num_rows=n, dest=allocation.address,
             dest_offsets=None)
         return allocation, request
@@ -529,7 +529,7 @@ class Client:
         allocation = self._alloc(rows_bytes + n * 8)
         try:
             request = _lib.TokenRequest(
-                size=ctypes.sizeof(_lib.TokenRequest), table=table,
+                size=ctypes.sizeof(_lib.TokenRequest), layer=table,
                 flags=_lib.HASH_COMPRESSED_IDS if compressed else 0, seqs=ctypes.addressof(
                     seqs.seqs), n_seqs=seqs.count, head_begin=begin, head_end=end, tp_size=0,
                 tp_rank=0, rows=allocation.address + rows_bytes, rows_cap=n,
@@ -596,7 +596,7 @@ class Client:
                                            f"{num_rows} {what} at offset {offset} exceed the "
                                            f"buffer's {buffer.bytes} bytes")
         return _lib.GatherRequest(
-            size=ctypes.sizeof(_lib.GatherRequest), table=table, flags=flags,
+            size=ctypes.sizeof(_lib.GatherRequest), layer=table, flags=flags,
             rows=ids.address + ids_offset, num_rows=num_rows, dest=dest.address + dest_offset,
             dest_offsets=None)
 

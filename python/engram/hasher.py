@@ -133,7 +133,7 @@ class Hasher:
             layer = _lib.HashLayerInfo()
             layer.size = ctypes.sizeof(layer)
             _check(lib.engram_hasher_get_layer(handle, index, ctypes.byref(layer)))
-            self.layers[int(layer.layer_id)] = int(layer.num_rows)
+            self.layers[int(layer.layer)] = int(layer.num_rows)
 
     def __repr__(self):
         return (f"<engram.Hasher {self.model_dir!r} layers={list(self.layers)} "

@@ -31,6 +31,31 @@ def test_meson_install_lists_every_module():
     assert listed - modules == set(), "python/meson.build names modules that do not exist"
 
 
+def test_deprecated_c_names_are_aliases():
+    """engram.h conventions 8-9: the ctypes structs name a table's id `layer`, with the older
+    field names as aliases, and the ENGRAM_0.6 function names fall back on the older ones in a
+    library that predates them."""
+    from engram import _lib
+    request = _lib.GatherRequest(table=14)
+    assert request.layer == 14 and request.table == 14
+    info = _lib.TableInfoStruct(layer=1)
+    assert info.layer_id == 1
+    assert _lib.HashLayerInfo(layer=14).layer_id == 14
+    assert _lib.TokenRequest(table=1).layer == 1
+
+    class OldLibrary:  # exports only the older names
+        def __init__(self):
+            self.engram_connect = lambda *a: 0
+            self.engram_close = lambda *a: None
+    old = OldLibrary()
+    _lib._declare_renamed(old)
+    assert old.engram_session_open is old.engram_connect
+    assert old.engram_session_close is old.engram_close
+    assert not hasattr(old, "engram_table_map_open")  # neither name: nothing declared
+    lib = _lib.client_lib()
+    assert lib.engram_session_open is not None and lib.engram_table_map_close is not None
+
+
 def test_tables_lists_the_checkpoint(client):
     tables = client.tables()
     assert [t.layer_id for t in tables] == list(LAYERS)
