@@ -245,7 +245,10 @@ int ReadHashCall(const char* fn, const char* which, const engram_gpu_hash_args* 
   if (theirs == nullptr) return Fail(EINVAL, "%s:%s NULL argument", fn, which);
   engram_gpu_hash_args& a = *ret_args;
   a = engram_gpu_hash_args{};
-  if (int rc = engram::kernels::ReadStruct(fn, "engram_gpu_hash_args", theirs, &a); rc < 0) {
+  char where[96];
+  std::snprintf(where, sizeof(where), "%s:%s", fn, which);
+  where[std::strlen(where) - 1] = '\0';  // "fn" or "fn: call i", as the messages below start
+  if (int rc = engram::kernels::ReadStruct(where, "engram_gpu_hash_args", theirs, &a); rc < 0) {
     return rc;
   }
   if (a.flags & ~ENGRAM_HASH_COMPRESSED_IDS) {

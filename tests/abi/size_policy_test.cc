@@ -245,12 +245,13 @@ TEST_CASE("engram_hash_seq arrays and engram_token_request", "[abi][hash]") {
   constexpr size_t kOlderSeq = offsetof(engram_hash_seq, history);  // no history: none read
   uint64_t out[3 * engram::testing::kHeads];
   CheckInputStruct("engram_hash_seq", &seq, sizeof(seq), kOlderSeq, [h, &out](const void* p) {
-    return engram_hash(h, 14, static_cast<const engram_hash_seq*>(p), 1, 0, 0,
-                       ENGRAM_HASH_COMPRESSED_IDS, out, 3 * engram::testing::kHeads);
+    return engram_hash(h, 14, static_cast<const engram_hash_seq*>(p), 1, 0,
+                       engram::testing::kHeads, ENGRAM_HASH_COMPRESSED_IDS, out,
+                       3 * engram::testing::kHeads);
   });
   engram_hash_seq two[2] = {seq, seq};
   two[1].size = sizeof(engram_hash_seq) + 8;
-  CHECK(engram_hash(h, 14, two, 2, 0, 0, ENGRAM_HASH_COMPRESSED_IDS, out,
+  CHECK(engram_hash(h, 14, two, 2, 0, engram::testing::kHeads, ENGRAM_HASH_COMPRESSED_IDS, out,
                     3 * engram::testing::kHeads) == -EINVAL);
   CHECK(LastErrorHas("engram_hash_seq 1"));
 
