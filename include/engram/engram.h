@@ -89,6 +89,8 @@
 #include "engram/row.h"
 /* ENGRAM_SESSION_COUNTERS, the fields of struct engram_session_stats. */
 #include "engram/session_stats.h"
+/* ENGRAM_VERSION (the headers' release) and engram_version() (the library's). */
+#include "engram/version.h"
 
 #ifdef __cplusplus
 extern "C" {

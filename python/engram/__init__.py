@@ -37,7 +37,8 @@ from .hasher import Hasher
 from .views import (Float8UnavailableError, RowView, decode_e4m3, decode_e8m0,
                     dequantize_numpy, split_rows)
 
-__version__ = "0.1.0"
+# The release: meson.build's project version (tests/version checks that they agree).
+__version__ = "0.2.0"
 
 # Names whose modules import torch: loaded on first use (PEP 562).
 _LAZY = {

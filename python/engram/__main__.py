@@ -1,10 +1,10 @@
-"""python -m engram [--socket PATH] [--json]: a health check for engine operators.
+"""python -m engram [--socket PATH] [--json] [--version]: a health check for engine operators.
 
 Prints the libengram_client it loaded (and its wire protocol), whether engramd answers on the
 socket (with one empty round trip's time) and the tables it serves. Exit status: 0 when the
 daemon answered, 1 when the client library cannot be loaded, 3 when no daemon answered
 (as `engramctl status` and `systemctl status` use 3 for "not running"), 4 when the socket
-refused this user. Needs no torch.
+refused this user. Needs no torch. `--version` prints the package's release and exits 0.
 """
 
 import argparse
@@ -69,6 +69,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--socket", help="engramd's socket (default: $ENGRAM_SOCKET, else "
                                          "/run/engramd/engramd.sock)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--version", action="version", version=f"engram {__version__}",
+                        help="print the package's release and exit")
     args = parser.parse_args(argv)
     report = _check(args.socket)
     if args.json:

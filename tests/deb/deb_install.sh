@@ -66,6 +66,14 @@ if echo "$overcommit_before" >"$overcommit" 2>/dev/null; then
     fail "vm.nr_overcommit_hugepages is $(cat "$overcommit") after the postinst, not $want"
 fi
 
+step "the installed programs report the packaged release"
+release=$(dpkg-query -W -f '${Version}' engramd)
+release=${release%%-*}  # a Debian revision, if the package ever gets one
+engramctl --version | grep -qx "engramctl $release (libengram_client $release)" ||
+  fail "engramctl --version says '$(engramctl --version)', not release $release"
+/usr/sbin/engramd --version | grep -q "^engramd $release " ||
+  fail "engramd --version says '$(/usr/sbin/engramd --version)', not release $release"
+
 step "systemd-analyze verify on the installed units"
 if command -v systemd-analyze >/dev/null; then
   systemd-analyze verify /lib/systemd/system/engramd.service /lib/systemd/system/engramd.socket \

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "engram/version.h"
 #include "tools/engramctl/commands.h"
 
 namespace {
@@ -78,6 +79,9 @@ int ReportParseError(CLI::App& app, const CLI::ParseError& e) {
 int main(int argc, char** argv) {
   CLI::App app{"engramctl: inspect and drive engramd and DeepSeek-V4.1 Engram tables"};
   app.name("engramctl");
+  // The release engramctl was built as, and that of the libengram_client it loaded.
+  app.set_version_flag("--version", std::string("engramctl ") + ENGRAM_VERSION +
+                                        " (libengram_client " + engram_version() + ")");
   app.require_subcommand(1);
   app.footer("--socket PATH and --json may come before or after the subcommand.");
   int exit_code = 0;
