@@ -61,8 +61,15 @@ def wheel(tmp_path_factory):
                           "--no-deps", "--no-index", "-w", str(out), *settings, str(REPO)],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    (found,) = out.glob("engram-*.whl")
+    (found,) = out.glob("engramd_client-*.whl")
     return found, kernels
+
+
+def _meson_version():
+    """meson.build's project version, as `meson introspect` reads it from the build folder."""
+    run = subprocess.run(["meson", "introspect", "--projectinfo", str(_build_dir())],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(run.stdout)["version"]
 
 
 def _clean_env():
@@ -87,15 +94,21 @@ def venv(wheel, tmp_path_factory):
 
 def test_wheel_holds_the_package_and_its_libraries(wheel):
     path, kernels = wheel
-    # no Python extension inside: any CPython 3 on the platform may install it
-    assert path.name.startswith("engram-0.1.0-py3-none-linux_"), path.name
+    # The distribution engramd-client at meson's release; no Python extension inside, so any
+    # CPython 3 on a manylinux system of the building glibc or newer may install it.
+    glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1].replace(".", "_")
+    prefix = f"engramd_client-{_meson_version()}-py3-none-manylinux_{glibc}_"
+    assert path.name.startswith(prefix), (path.name, prefix)
     names = zipfile.ZipFile(path).namelist()
+    wheel_file = zipfile.ZipFile(path).read(f"engramd_client-{_meson_version()}.dist-info/WHEEL")
+    assert f"Tag: py3-none-manylinux_{glibc}_".encode() in wheel_file, wheel_file
     assert "engram/__init__.py" in names and "engram/py.typed" in names
     assert "engram/lib/libengram_client.so.0" in names
     assert any(n.startswith("engram/lib/libabsl_") for n in names)  # what the client loads
     assert ("engram/lib/libengram_kernels_cuda.so" in names) == kernels
     # nothing else of the project: no programs, headers, units or examples
-    assert all(n.startswith(("engram/", "engram-0.1.0.dist-info/")) for n in names), names
+    assert all(n.startswith(("engram/", f"engramd_client-{_meson_version()}.dist-info/"))
+               for n in names), names
     assert not any("cudart" in n or "/libc.so" in n for n in names)
 
 
@@ -122,6 +135,10 @@ print(json.dumps({{"library": engram.library_path(), "package": engram.__file__,
 
 
 def test_installed_health_check(venv, daemon, tmp_path):
+    version = subprocess.run([str(venv), "-m", "engram", "--version"], capture_output=True,
+                             text=True, timeout=60, cwd=tmp_path, env=_clean_env())
+    assert version.returncode == 0, version.stdout + version.stderr
+    assert version.stdout == f"engram {_meson_version()}\n", version.stdout
     run = subprocess.run([str(venv), "-m", "engram", "--socket", daemon.socket],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env=_clean_env())
