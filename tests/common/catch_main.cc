@@ -11,22 +11,10 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdio>
-#include <string>
-#include <vector>
 
 #include "tests/common/skip.h"
 
 namespace engram::testing {
-namespace {
-std::vector<std::string>& Skips() {
-  static std::vector<std::string> skips;
-  return skips;
-}
-}  // namespace
-
-void RecordSkip(const std::string& reason) {
-  Skips().push_back(Catch::getResultCapture().getCurrentTestName() + ": " + reason);
-}
 
 // RWF_NOWAIT reads of a regular file (this binary's): qemu-user answers EOPNOTSUPP or ENOSYS.
 bool NowaitMissing(const char* path) {
@@ -54,9 +42,5 @@ int main(int argc, char** argv) {
     config.testsOrTags.push_back("~[nowait]");
     session.useConfigData(config);
   }
-  const int failed = session.run();
-  const auto& skips = engram::testing::Skips();
-  if (failed != 0 || skips.empty()) return failed;
-  for (const std::string& s : skips) std::fprintf(stderr, "SKIP: %s\n", s.c_str());
-  return 77;
+  return engram::testing::ExitStatusWithSkips(session.run());
 }

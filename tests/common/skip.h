@@ -11,6 +11,10 @@ namespace engram::testing {
 // Records that the current test case cannot run here, and why.
 void RecordSkip(const std::string& reason);
 
+// What main() returns after the run: `failed` when a test failed or none skipped, else 77 (meson's
+// SKIP), with each skip's reason on stderr (tests/common/skip.cc).
+int ExitStatusWithSkips(int failed);
+
 }  // namespace engram::testing
 
 #define ENGRAM_SKIP(reason)                \

@@ -1,8 +1,9 @@
 // The GPU hasher (include/engram/gpu_hash.h) against the host hasher (include/engram/hash.h):
 // random batches of sequences with and without history, every head range a TP rank owns, several
-// calls in one launch, ids out of range, and a captured CUDA graph replayed with new tokens. With
-// $ENGRAM_HASH_MODEL (a model directory with a derived-tables file, e.g. the tokenizer fixture
-// tools/gpu-bundle.sh writes) tokenizer ids go through the compressed vocabulary too.
+// calls in one launch, ids out of range, and a captured CUDA graph replayed with new tokens.
+// Tokenizer ids through the compressed vocabulary ([tokenizer]) need $ENGRAM_HASH_MODEL, a model
+// directory with a derived-tables file: tests/gpu/with_hash_model.py (meson's gpu_hash_tokenizer)
+// and tools/gpu-bundle.sh write tests/hash's tokenizer fixture for it; without one they skip.
 #include "engram/gpu_hash.h"
 
 #include <unistd.h>
@@ -19,6 +20,7 @@
 
 #include "engram/gpu.h"
 #include "engram/hash.h"
+#include "tests/common/skip.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -356,11 +358,12 @@ TEST_CASE("GPU hash of compressed ids matches the host hasher") {
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("GPU hash of tokenizer ids goes through the compressed vocabulary") {
+TEST_CASE("GPU hash of tokenizer ids goes through the compressed vocabulary", "[tokenizer]") {
   const char* model = std::getenv("ENGRAM_HASH_MODEL");
-  if (model == nullptr) {
-    WARN("SKIP: $ENGRAM_HASH_MODEL (a model directory with engram-hash.bin) is not set");
-    return;
+  if (model == nullptr || *model == '\0') {
+    ENGRAM_SKIP(
+        "$ENGRAM_HASH_MODEL (a model directory with engram-hash.bin) is not set: run it as "
+        "meson's gpu_hash_tokenizer, which writes one");
   }
   HostHasher host;
   REQUIRE(engram_hasher_open(model, nullptr, &host.h) == 0);
