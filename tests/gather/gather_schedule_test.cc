@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -138,77 +139,123 @@ TEST_CASE("a batch that went cold costs one wave of NOWAIT misses, not one per c
   CHECK_FALSE(s.nowait_enabled);
 }
 
+// Ordering between the threads of a scheduling test: each step waits for an event the other
+// side records, never for time to pass. A wait gives up after kPatience (the CHECKs after it
+// then fail) so that a scheduler that never delivers the event fails instead of hanging.
+class Events {
+ public:
+  static constexpr std::chrono::seconds kPatience{10};
+  template <typename Predicate>
+  bool WaitFor(Predicate ready, std::chrono::milliseconds patience = kPatience) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, patience, ready);
+  }
+  template <typename Change>
+  void Record(Change change) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      change();
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
 TEST_CASE("a pool thread helping one batch turns to another batch's task after its chunk",
           "[gather][schedule]") {
   ThreadPool pool(1, /*spin_ns=*/0, [] { return std::make_unique<ReaderContext>(); });
   ReaderContext caller_a, caller_b;
+  Events events;
+  // Guarded by events: the pool thread is inside one of A's indexes; B's helper task is queued
+  // (B's caller posts it before claiming its first index); the pool thread ran one of B's.
+  bool pool_in_a = false, b_queued = false, pool_helped_b = false;
+  int a_indexes_on_pool_after_b = 0;  // what turning after the current chunk makes 0
   std::atomic<int> a_done{0};
-  std::atomic<int> a_done_when_b_helped{-1};
-  const auto slow = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
   std::thread a([&] {
-    ParallelFor(&pool, 60, 1, caller_a, [&](size_t, ReaderContext&) {
-      slow(1);
+    ParallelFor(&pool, 60, 1, caller_a, [&](size_t, ReaderContext& ctx) {
+      if (&ctx == &caller_a) {
+        // A's caller leaves A's indexes to the pool thread until it has turned to B.
+        events.WaitFor([&] { return pool_helped_b; });
+      } else {
+        events.Record([&] {
+          pool_in_a = true;
+          if (b_queued && !pool_helped_b) ++a_indexes_on_pool_after_b;
+        });
+        events.WaitFor([&] { return b_queued; });
+      }
       a_done.fetch_add(1);
     });
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(events.WaitFor([&] { return pool_in_a; }));  // not REQUIRE: thread a must be joined
   ParallelFor(&pool, 4, 1, caller_b, [&](size_t, ReaderContext& ctx) {
-    if (&ctx != &caller_b) {
-      int expected = -1;
-      a_done_when_b_helped.compare_exchange_strong(expected, a_done.load());
+    if (&ctx == &caller_b) {
+      events.Record([&] { b_queued = true; });
+      events.WaitFor([&] { return pool_helped_b; });
+    } else {
+      events.Record([&] { pool_helped_b = true; });
     }
-    slow(5);
   });
   a.join();
   CHECK(a_done.load() == 60);
-  INFO("batch A's indexes done when the pool thread first helped batch B: "
-       << a_done_when_b_helped.load());
-  // Without turning, the pool thread would stay with A until its 60 indexes were gone.
-  CHECK(a_done_when_b_helped.load() >= 0);
-  CHECK(a_done_when_b_helped.load() < 40);
+  CHECK(pool_helped_b);
+  // Without turning, the pool thread would stay with A until its indexes were gone.
+  CHECK(a_indexes_on_pool_after_b == 0);
 }
 
 TEST_CASE("helpers step aside while asked to and come back after", "[gather][schedule]") {
   ThreadPool pool(2, /*spin_ns=*/0, [] { return std::make_unique<ReaderContext>(); });
   ReaderContext caller;
   std::atomic<bool> aside{false};
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point t0 = Clock::now();
-  auto ms_since = [&] {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  };
-  std::mutex mu;
-  std::vector<double> helper_starts;  // ms since t0 of every index a helper started
-  double aside_from = 0, aside_until = 0;
-  std::thread flip([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    aside_from = ms_since();
-    aside = true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    aside_until = ms_since();
-    aside = false;
-  });
+  Events events;
+  // Guarded by events. Phases, driven by the caller's indexes: 0 until a helper runs an index
+  // (held there until the flag goes up), 1 with the flag up for kAsideIndexes of the caller's,
+  // 2 after the flag went down, until a helper runs an index again.
+  constexpr int kAsideIndexes = 10;
+  int phase = 0, caller_aside_indexes = 0;
+  int helper_indexes[3] = {0, 0, 0};  // helper indexes started in each phase
   ParallelFor(
-      &pool, 80, 2, caller,
+      &pool, 200, 2, caller,
       [&](size_t, ReaderContext& ctx) {
         if (&ctx != &caller) {
-          std::lock_guard<std::mutex> l(mu);
-          helper_starts.push_back(ms_since());
+          int started_in = 0;
+          events.Record([&] { ++helper_indexes[started_in = phase]; });
+          if (started_in == 0) events.WaitFor([&] { return phase > 0; });
+          // A pause for the helpers to run ahead in if they ignored the flag; nothing is timed.
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          return;
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        int now = 0;
+        events.Record([&] { now = phase; });
+        if (now == 0) {
+          events.WaitFor([&] { return helper_indexes[0] > 0; });
+          aside = true;  // before the phase changes: a helper started in phase 1 saw it up...
+          events.Record([&] { phase = 1; });
+        } else if (now == 1) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          bool last = false;
+          events.Record([&] { last = ++caller_aside_indexes == kAsideIndexes; });
+          if (last) {
+            aside = false;
+            events.Record([&] { phase = 2; });
+            return;  // the caller brings the helpers back before claiming its next index
+          }
+        } else {
+          // Between two of its indexes the caller brings back the helpers that have left: wait
+          // for one a while, then let the caller look again (190 indexes: over 9 s in all).
+          events.WaitFor([&] { return helper_indexes[2] > 0; }, std::chrono::milliseconds(50));
+        }
       },
       [&] { return aside.load(); });
-  flip.join();
-  size_t during = 0, after = 0;
-  for (double t : helper_starts) {
-    // An index a helper had claimed when the flag went up may start a moment later.
-    if (t > aside_from + 3 && t < aside_until) ++during;
-    if (t > aside_until) ++after;
-  }
-  INFO("helper indexes: " << helper_starts.size() << ", during the aside window: " << during
-                          << ", after it: " << after);
-  CHECK(during == 0);
-  CHECK(after > 0);
+  INFO("helper indexes started before, while and after the helpers were asked to step aside: "
+       << helper_indexes[0] << ", " << helper_indexes[1] << ", " << helper_indexes[2]);
+  CHECK(helper_indexes[0] > 0);
+  CHECK(caller_aside_indexes == kAsideIndexes);
+  // ...or had claimed its index just before: at most one per pool thread.
+  CHECK(helper_indexes[1] <= 2);
+  CHECK(helper_indexes[2] > 0);
 }
 
 }  // namespace
