@@ -23,11 +23,11 @@ packages=(
   build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
   liburing-dev libabsl-dev catch2 libbenchmark-dev
   libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
-  pybind11-dev python3 python3-numpy python3-torch python3-pytest python3-matplotlib
+  python3 python3-numpy python3-torch python3-pytest python3-matplotlib
   python3-venv python3-pip python3-mesonpy patchelf
   systemd
   # Debian packages (debian/): dpkg-buildpackage, debhelper, lintian.
-  dpkg-dev debhelper lintian dh-python python3-setuptools
+  dpkg-dev debhelper lintian
 )
 if [[ "${ENGRAM_SETUP_HIP:-1}" == 1 ]]; then
   packages+=(hipcc)
