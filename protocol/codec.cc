@@ -111,7 +111,7 @@ bool DecodeHeader(const uint8_t* data, size_t size, engram_msg_header* ret_heade
   // Reserved fields are zero, so that a later minor version can give them a meaning.
   if (header.reserved != 0) {
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                "message header reserved field is %u, not 0", header.reserved);
+                "engram_msg_header.reserved is %u, not 0", header.reserved);
   }
   if (header.type == 0 || header.type > ENGRAM_MSG_TABLE_MAPPED) {
     return Fail(ret_error, ENGRAM_STATUS_UNIMPLEMENTED, "unknown message type %u", header.type);
@@ -149,11 +149,34 @@ bool DecodeHello(const uint8_t* data, size_t size, engram_msg_hello* ret_hello,
                 sizeof(engram_msg_hello));
   }
   if (hello.reserved != 0) {
-    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "HELLO reserved field is %u, not 0",
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "engram_msg_hello.reserved is %u, not 0",
                 hello.reserved);
   }
   hello.client_name[ENGRAM_CLIENT_NAME_BYTES - 1] = '\0';
   *ret_hello = hello;
+  return true;
+}
+
+bool DecodeMapTable(const uint8_t* data, size_t size, engram_msg_map_table* ret_request,
+                    CodecError* ret_error) {
+  engram_msg_header header;
+  if (!DecodeHeader(data, size, &header, ret_error)) return false;
+  if (header.type != ENGRAM_MSG_MAP_TABLE) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "message type %u is not MAP_TABLE (%u)",
+                header.type, ENGRAM_MSG_MAP_TABLE);
+  }
+  if (size != sizeof(engram_msg_map_table)) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "MAP_TABLE of %zu bytes, protocol %u.x defines %zu", size, ENGRAM_PROTOCOL_MAJOR,
+                sizeof(engram_msg_map_table));
+  }
+  engram_msg_map_table request;
+  memcpy(&request, data, sizeof(request));
+  if (request.reserved != 0) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "engram_msg_map_table.reserved is %u, not 0", request.reserved);
+  }
+  *ret_request = request;
   return true;
 }
 
@@ -242,8 +265,12 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
   request.opcode = sqe.opcode;
   request.rows.clear();
   request.dest_offsets.clear();
-  if (sqe.reserved[0] != 0 || sqe.reserved[1] != 0) {
-    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "reserved words are not zero");
+  for (int i = 0; i < 2; ++i) {
+    if (sqe.reserved[i] != 0) {
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                  "engram_sqe.reserved[%d] is %llu, not 0", i,
+                  static_cast<unsigned long long>(sqe.reserved[i]));
+    }
   }
   if (sqe.opcode == ENGRAM_OP_NOP) {
     if (sqe.flags != 0 || sqe.num_rows != 0 || sqe.table != 0) {

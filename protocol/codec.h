@@ -66,6 +66,10 @@ bool DecodeHeader(const uint8_t* data, size_t size, engram_msg_header* ret_heade
 bool DecodeHello(const uint8_t* data, size_t size, engram_msg_hello* ret_hello,
                  CodecError* ret_error);
 
+// Decodes MAP_TABLE: its size and its reserved field (0); the layer is the caller's to check.
+bool DecodeMapTable(const uint8_t* data, size_t size, engram_msg_map_table* ret_request,
+                    CodecError* ret_error);
+
 // Client side: decodes WELCOME, or turns an ERROR message into the error it carries.
 bool DecodeWelcome(const uint8_t* data, size_t size, engram_msg_welcome* ret_welcome,
                    CodecError* ret_error);

@@ -28,14 +28,12 @@ void Server::SendTableMap(Session& session, const engram_msg_header& header,
   const auto refuse = [&](int32_t code, const std::string& why) {
     SendError(session, code, why, header.request_id);
   };
-  if (header.bytes != sizeof(engram_msg_map_table)) {
-    refuse(ENGRAM_STATUS_INVALID_ARGUMENT,
-           absl::StrFormat("MAP_TABLE is %u bytes, got %u", sizeof(engram_msg_map_table),
-                           header.bytes));
+  engram_msg_map_table request;
+  protocol::CodecError error;
+  if (!protocol::DecodeMapTable(message, header.bytes, &request, &error)) {
+    refuse(error.code, error.message);
     return;
   }
-  engram_msg_map_table request;
-  memcpy(&request, message, sizeof(request));
   const uint32_t layer = request.layer_id;
   size_t index = 0;
   const Table* table = FindTable(tables_, layer, &index);

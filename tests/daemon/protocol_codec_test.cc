@@ -112,7 +112,47 @@ TEST_CASE("request decoder statuses", "[codec]") {
   fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown flags");
   s = sqe;
   s.reserved[1] = 1;
-  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "reserved");
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "reserved[1]");
+  s = sqe;
+  s.reserved[0] = 7;
+  fails(s, ENGRAM_STATUS_INVALID_ARGUMENT, "engram_sqe.reserved[0] is 7, not 0");
+}
+
+// Every reserved field of a message a client sends is refused when not zero, with an error
+// naming the field, so that a later minor version can give it a meaning.
+TEST_CASE("reserved fields of client messages must be zero", "[codec]") {
+  CodecError e;
+  engram_msg_hello h{};
+  FillHeader(&h.header, ENGRAM_MSG_HELLO, sizeof(h), 0);
+  h.version_major = ENGRAM_PROTOCOL_MAJOR;
+  h.reserved = 3;
+  engram_msg_hello hello_out;
+  CHECK_FALSE(DecodeHello(reinterpret_cast<uint8_t*>(&h), sizeof(h), &hello_out, &e));
+  CHECK(e.code == ENGRAM_STATUS_INVALID_ARGUMENT);
+  CHECK(e.message == "engram_msg_hello.reserved is 3, not 0");
+  h.reserved = 0;
+  h.header.reserved = 1;
+  CHECK_FALSE(DecodeHello(reinterpret_cast<uint8_t*>(&h), sizeof(h), &hello_out, &e));
+  CHECK(e.message == "engram_msg_header.reserved is 1, not 0");
+
+  engram_msg_map_table m{};
+  FillHeader(&m.header, ENGRAM_MSG_MAP_TABLE, sizeof(m), 5);
+  m.layer_id = 14;
+  engram_msg_map_table map_out{};
+  REQUIRE(DecodeMapTable(reinterpret_cast<uint8_t*>(&m), sizeof(m), &map_out, &e));
+  CHECK(map_out.layer_id == 14);
+  m.reserved = 0x10;
+  CHECK_FALSE(DecodeMapTable(reinterpret_cast<uint8_t*>(&m), sizeof(m), &map_out, &e));
+  CHECK(e.code == ENGRAM_STATUS_INVALID_ARGUMENT);
+  CHECK(e.message == "engram_msg_map_table.reserved is 16, not 0");
+  m.reserved = 0;
+  m.header.bytes = sizeof(m) - 4;
+  CHECK_FALSE(DecodeMapTable(reinterpret_cast<uint8_t*>(&m), sizeof(m) - 4, &map_out, &e));
+  CHECK(e.message == "MAP_TABLE of 20 bytes, protocol 1.x defines 24");
+  m.header.bytes = sizeof(m);
+  m.header.type = ENGRAM_MSG_LIST_TABLES;
+  CHECK_FALSE(DecodeMapTable(reinterpret_cast<uint8_t*>(&m), sizeof(m), &map_out, &e));
+  CHECK(e.message == "message type 4 is not MAP_TABLE (10)");
 }
 
 TEST_CASE("PREFETCH entries are checked like gathers and carry no destination", "[codec]") {
