@@ -40,7 +40,10 @@
   X(promotions, "promotions", COUNTER, "engram_cache_promotions_total",                        \
     "Rows moved from the small queue to the main queue")                                       \
   X(prefetch_inserts, "prefetch_inserts", COUNTER, "engram_cache_prefetch_inserts_total",      \
-    "Rows admitted by prefetches (counted in inserts too)")
+    "Rows admitted by prefetches (counted in inserts too)")                                \
+  X(shrink_skipped_inserts, "shrink_skipped_inserts", COUNTER,                                 \
+    "engram_cache_shrink_skipped_inserts_total",                                               \
+    "Rows not admitted because a shrink was under way and no slot below the new size was free")
 
 // Per table of the resident or cache tier, shown in stats (RESIDENT ones in tables too).
 #define ENGRAM_STORE_TABLE_COUNTERS(X)                                                         \

@@ -358,11 +358,9 @@ absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* d
   std::lock_guard<std::mutex> lock(mu_);
   if (capacity_slots() == 0 || FindBucket(key) >= 0) return absl::OkStatus();
   uint32_t s;
-  if (!free_.empty()) {
-    s = free_.back();
-    free_.pop_back();
-  } else {
-    s = EvictOne();
+  if (!TakeSlot(&s)) {
+    ++shrink_skipped_inserts_;
+    return absl::OkStatus();
   }
   WriteSlot(s, key, data);
   if (prefetched) {
@@ -382,6 +380,33 @@ absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* d
     Push(kSmall, s);
   }
   return absl::OkStatus();
+}
+
+bool RowCache::TakeSlot(uint32_t* ret_slot) {
+  if (!shrinking_) {
+    if (free_.empty()) {
+      *ret_slot = EvictOne();
+      return true;
+    }
+    *ret_slot = free_.back();
+    free_.pop_back();
+    return true;
+  }
+  // Between a shrink's chunks: nothing is evicted (the shrink does that by policy) and no row
+  // lands in a slot the shrink has to empty; free slots above the new capacity that are found on
+  // the way are dropped from the list (at most a few per insert, so none waits long for it).
+  constexpr int kMaxDropped = 64;
+  const uint64_t capacity = capacity_slots();
+  if (small_count_ + main_count_ >= capacity) return false;
+  for (int i = 0; i < kMaxDropped && !free_.empty(); ++i) {
+    const uint32_t s = free_.back();
+    free_.pop_back();
+    if (s < capacity) {
+      *ret_slot = s;
+      return true;
+    }
+  }
+  return false;
 }
 
 // Moves the row in slot `from` to the free slot `to`, keeping its queue (at the young end).
@@ -412,9 +437,22 @@ void RowCache::MoveDown(uint32_t from, uint32_t to) {
 }
 
 uint64_t RowCache::SetCapacitySlots(uint64_t slots) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t old = capacity_slots();
-  slots = std::min<uint64_t>(slots, max_slots_);
+  std::lock_guard<std::mutex> resize(resize_mu_);
+  uint64_t old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    old = capacity_slots();
+    slots = std::min<uint64_t>(slots, max_slots_);
+    if (slots >= old) return Grow(slots, old);
+    // From here on no insert evicts or writes a slot at or above `slots` (TakeSlot).
+    header_->capacity_slots.store(static_cast<uint32_t>(slots), std::memory_order_relaxed);
+    shrinking_ = true;
+  }
+  Shrink(slots, old);
+  return slots;
+}
+
+uint64_t RowCache::Grow(uint64_t slots, uint64_t old) {
   if (slots > old && budget_ != nullptr) {
     const uint64_t room = SlotsForBytes(budget_->available());
     slots = std::min(slots, old + room);
@@ -424,28 +462,75 @@ uint64_t RowCache::SetCapacitySlots(uint64_t slots) {
     }
   }
   if (slots == old) return old;
-  if (slots > old) {
-    for (uint64_t s = slots; s-- > old;) free_.push_back(static_cast<uint32_t>(s));
-    header_->capacity_slots.store(static_cast<uint32_t>(slots), std::memory_order_relaxed);
-    reserved_bytes_ += budget_ != nullptr ? BytesForSlots(slots - old) : 0;
-    return slots;
-  }
+  for (uint64_t s = slots; s-- > old;) free_.push_back(static_cast<uint32_t>(s));
   header_->capacity_slots.store(static_cast<uint32_t>(slots), std::memory_order_relaxed);
-  while (small_count_ + main_count_ > slots) free_.push_back(EvictOne());
-  std::erase_if(free_, [&](uint32_t s) { return s >= slots; });
-  for (uint32_t s = static_cast<uint32_t>(slots); s < old; ++s) {
-    if (meta_[s].queue == kFree) continue;
-    const uint32_t to = free_.back();
-    free_.pop_back();
-    MoveDown(s, to);
+  reserved_bytes_ += budget_ != nullptr ? BytesForSlots(slots - old) : 0;
+  return slots;
+}
+
+// A shrink in chunks, each under the writer's lock: evict by policy until the rows fit, drop the
+// free slots at or above the new capacity from the free list, move the rows left up there down
+// into free slots below it, give the pages and the budget back.
+void RowCache::Shrink(uint64_t slots, uint64_t old) {
+  const uint64_t chunk = std::max<uint32_t>(1, options_.shrink_chunk_slots);
+  for (bool more = true; more;) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t i = 0; i < chunk && small_count_ + main_count_ > slots; ++i) {
+      free_.push_back(EvictOne());
+    }
+    more = small_count_ + main_count_ > slots;
   }
-  (void)region_.Release(reinterpret_cast<uint8_t*>(slots_ + slots) - region_.data(),
-                        BytesForSlots(old - slots));
+  ShrinkFreeList(slots);
+  // Rows fit (inserts keep them within `slots`), and every free slot below `slots` is on the
+  // free list: there is one for every row still above.
+  for (uint64_t s = slots; s < old;) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const uint64_t end = std::min(old, s + chunk); s < end; ++s) {
+      if (meta_[s].queue == kFree) continue;
+      const uint32_t to = free_.back();
+      free_.pop_back();
+      MoveDown(static_cast<uint32_t>(s), to);
+    }
+  }
+  ReleaseSlots(slots, old);
+  std::lock_guard<std::mutex> lock(mu_);
   if (budget_ != nullptr) {
     budget_->Give(BytesForSlots(old - slots));
     reserved_bytes_ -= BytesForSlots(old - slots);
   }
-  return slots;
+  shrinking_ = false;
+}
+
+// Removes the free slots at or above `slots` from the free list, a chunk at a time. Entries
+// before `at` are checked; an insert between chunks only pops from the back.
+void RowCache::ShrinkFreeList(uint64_t slots) {
+  const uint64_t chunk = std::max<uint32_t>(1, options_.shrink_chunk_slots);
+  for (size_t at = 0;;) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint64_t i = 0; i < chunk && at < free_.size(); ++i) {
+      if (free_[at] < slots) {
+        ++at;
+        continue;
+      }
+      free_[at] = free_.back();
+      free_.pop_back();
+    }
+    if (at >= free_.size()) return;
+  }
+}
+
+// Gives the pages of slots [slots, old) back. No writer touches them while the shrink runs, so
+// this needs no lock; it goes in pieces so that a client's page fault elsewhere in the region
+// never waits behind one long hole punch.
+void RowCache::ReleaseSlots(uint64_t slots, uint64_t old) {
+  constexpr uint64_t kPiece = 16 << 20;  // a multiple of any page size
+  const uint64_t begin = reinterpret_cast<uint8_t*>(slots_ + slots) - region_.data();
+  const uint64_t end = begin + BytesForSlots(old - slots);
+  for (uint64_t at = begin; at < end;) {
+    const uint64_t next = std::min(end, (at / kPiece + 1) * kPiece);
+    (void)region_.Release(at, next - at);
+    at = next;
+  }
 }
 
 RowCacheStats RowCache::Stats() const {
@@ -465,6 +550,7 @@ RowCacheStats RowCache::Stats() const {
   st.ghost_hits = ghost_hits_;
   st.promotions = promotions_;
   st.prefetch_inserts = prefetch_inserts_;
+  st.shrink_skipped_inserts = shrink_skipped_inserts_;
   return st;
 }
 

@@ -70,11 +70,14 @@ struct RowCacheOptions {
   double small_fraction = 0.1;
   // Accesses while in the small FIFO that promote a row to the main FIFO instead of evicting it.
   uint32_t promote_threshold = 1;
+  // Slots a shrink evicts, checks or moves per hold of the writer's lock; inserts (a gather's
+  // misses) wait at most one such chunk (about 1 µs a slot, so ~1 ms) however large the shrink.
+  uint32_t shrink_chunk_slots = 1024;
 };
 
 // One field per entry of ENGRAM_ROW_CACHE_COUNTERS (protocol/store_counters.h): capacity_slots,
 // max_slots, used_slots, bytes, resident_bytes, hits, misses, inserts, evictions, ghost_hits,
-// promotions, prefetch_inserts.
+// promotions, prefetch_inserts, shrink_skipped_inserts.
 struct RowCacheStats {
 #define ENGRAM_ROW_CACHE_FIELD_(field, json_key, type, metric, help) uint64_t field = 0;
   ENGRAM_ROW_CACHE_COUNTERS(ENGRAM_ROW_CACHE_FIELD_)
@@ -116,6 +119,10 @@ class RowCache {
   // Changes the capacity (clamped to [0, max_slots]): growing takes bytes from the budget (as
   // many as it gives), shrinking evicts by policy, moves rows out of the released range and gives
   // the pages back to the kernel and the bytes to the budget. Returns the new capacity in slots.
+  // A shrink works in chunks of options.shrink_chunk_slots slots and lets the writer's lock go
+  // between them, so inserts and lock-free lookups go on; until it returns, a row is admitted
+  // only into a free slot below the new capacity while fewer rows than that are held (else it
+  // is skipped: counted in shrink_skipped_inserts). One resize runs at a time.
   uint64_t SetCapacitySlots(uint64_t slots);
   uint64_t SetCapacityBytes(uint64_t bytes) { return SetCapacitySlots(SlotsForBytes(bytes)); }
   uint64_t capacity_slots() const;
@@ -162,6 +169,13 @@ class RowCache {
   void AddGhost(uint64_t key);
   void MoveDown(uint32_t from, uint32_t to);
   uint64_t SmallTarget() const;
+  // The slot a new row goes into (a free one, or one evicted for it); false while a shrink
+  // leaves no place for it.
+  bool TakeSlot(uint32_t* ret_slot);
+  uint64_t Grow(uint64_t slots, uint64_t old);  // with mu_ held
+  void Shrink(uint64_t slots, uint64_t old);    // with resize_mu_ held, takes mu_ per chunk
+  void ShrinkFreeList(uint64_t slots);
+  void ReleaseSlots(uint64_t slots, uint64_t old);
 
   const RowCacheOptions options_;
   MemoryBudget* budget_;
@@ -175,7 +189,10 @@ class RowCache {
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> misses_{0};
 
+  std::mutex resize_mu_;   // one SetCapacitySlots at a time; taken before mu_
   mutable std::mutex mu_;  // the writer's; everything below
+  bool shrinking_ = false;  // a shrink is between its chunks (capacity_slots() is its target)
+  uint64_t shrink_skipped_inserts_ = 0;
   uint64_t reserved_bytes_ = 0;
   std::vector<SlotMeta> meta_;
   std::vector<uint32_t> free_;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
@@ -131,6 +132,57 @@ TEST_CASE("shrinking keeps rows byte-exact, gives pages and budget back; growing
   REQUIRE(budget.used() == used_full);
   for (uint64_t r = full; r < 2 * full; ++r) InsertSynthetic(cache, 14, r);
   REQUIRE(cache.Stats().used_slots == full);
+}
+
+// A pressure shrink of a large cache must not hold the writer's lock for the whole of it: a
+// gather's misses insert rows, and each insert would wait until the shrink is done (hundreds of
+// milliseconds for a few hundred thousand rows, seconds for a 16 GiB cache). The shrink works in
+// chunks; an insert waits at most about one chunk, whatever the shrink's size.
+TEST_CASE("a large shrink stalls inserts for one chunk at most, not the whole shrink",
+          "[cache][shrink]") {
+  MemoryBudget budget(0);
+  auto created = RowCache::Create({.max_bytes = 128 << 20}, &budget);
+  REQUIRE(created.ok());
+  RowCache& cache = **created;
+  const uint64_t full = cache.capacity_slots();
+  REQUIRE(full > 400000);
+  for (uint64_t r = 0; r < full; ++r) InsertSynthetic(cache, 14, r);
+  const uint64_t used_full = budget.used();
+
+  std::atomic<bool> stop{false}, started{false};
+  uint64_t max_wait_ns = 0, inserts = 0;
+  std::thread misses([&] {
+    uint8_t data[kRowBytes];
+    SyntheticRow(kSeed, 2, 0, data);
+    for (uint64_t r = 0; !stop.load(std::memory_order_relaxed); ++r) {
+      const uint64_t t0 = NowNs();
+      (void)cache.Insert(2, r, data);  // a gather's miss admitted after its read
+      max_wait_ns = std::max(max_wait_ns, NowNs() - t0);
+      ++inserts;
+      started.store(true, std::memory_order_relaxed);
+    }
+  });
+  while (!started.load()) std::this_thread::yield();
+  const uint64_t t0 = NowNs();
+  REQUIRE(cache.SetCapacitySlots(full / 4) == full / 4);
+  const uint64_t shrink_ns = NowNs() - t0;
+  stop = true;
+  misses.join();
+  INFO("shrink of " << full - full / 4 << " slots took " << shrink_ns / 1000
+                    << " us; the longest "
+                       "insert waited "
+                    << max_wait_ns / 1000 << " us (" << inserts << " inserts)");
+  CHECK(max_wait_ns < shrink_ns / 4);
+  RowCacheStats st = cache.Stats();
+  CHECK(st.used_slots <= full / 4);
+  CHECK(budget.used() == used_full - RowCache::BytesForSlots(full - full / 4));
+  uint64_t hits = 0;
+  for (uint64_t r = 0; r < full; ++r) hits += LookupChecked(cache, 14, r);
+  CHECK(hits <= full / 4);
+  // After the shrink, inserts evict by policy again.
+  for (uint64_t r = 0; r < 1000; ++r) InsertSynthetic(cache, 3, r);
+  CHECK(cache.Stats().used_slots == full / 4);
+  for (uint64_t r = 0; r < 1000; ++r) CHECK(LookupChecked(cache, 3, r));
 }
 
 // Shrinking gives the slots' pages back, and they read 0 afterwards, their `seq` included. A
