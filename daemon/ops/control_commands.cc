@@ -48,7 +48,7 @@ CommandResult Status(CommandContext& c) {
   out["protocol"] = absl::StrFormat("%u.%u", ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR);
   out["pid"] = getpid();
   out["uptime_seconds"] = double(NowNs() - s.start_ns()) / 1e9;
-  out["socket"] = EscapeBytes(s.config().socket_path);
+  SetJsonText(&out, "socket", s.config().socket_path);
   out["tables"] = s.tables().size();
   size_t changed = 0;
   for (size_t i = 0; i < s.tables().size(); ++i) changed += s.TableHealth(i).ok() ? 0 : 1;
@@ -96,19 +96,19 @@ CommandResult Tables(CommandContext& c) {
   for (size_t i = 0; i < all.size(); ++i) {
     const Table& t = *all[i];
     json files = json::array();
-    for (const TableFile& f : t.files()) files.push_back(EscapeBytes(f.path));
+    for (const TableFile& f : t.files()) files.push_back(Utf8Text(f.path));
     const absl::Status health = c.server.TableHealth(i);
     json j = {{"layer", t.layer_id()},
               {"rows", t.num_rows()},
               {"row_bytes", t.row_bytes()},
               {"layout", TableLayoutName(t.layout())},
-              {"source", EscapeBytes(t.source())},
               {"files", files},
               {"covered_begin", t.covered().begin},
               {"covered_end", t.covered().end},
               {"data_bytes", t.data_bytes()},
               {"serving", health.ok()}};
-    if (!health.ok()) j["problem"] = EscapeBytes(std::string(health.message()));
+    SetJsonText(&j, "source", t.source());
+    if (!health.ok()) j["problem"] = Utf8Text(std::string(health.message()));
     if (residency) {
       absl::StatusOr<json> r = ResidencyJson(t);
       if (!r.ok()) return r.status();
@@ -137,10 +137,10 @@ json EngineStatsJson(const TableGatherStats& s) {
 // Who the session is, then every counter the daemon reports of it (Session::ForEachCounter).
 json SessionJson(const Session& session) {
   json j = {{"session", session.id()},
-            {"name", EscapeBytes(session.name())},
             {"pid", session.peer().pid},
             {"uid", session.peer().uid}};
   session.ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) { j[c.field] = v; });
+  SetJsonText(&j, "name", session.name());
   return j;
 }
 
@@ -282,7 +282,7 @@ CommandResult Load(CommandContext& c) {
   json out = {{"layer", s->layer},       {"state", LoadStateName(s->state)},
               {"rows_loaded", s->rows_loaded}, {"rows", s->rows},
               {"bytes", s->bytes}};
-  if (!s->error.empty()) out["error"] = EscapeBytes(s->error);
+  if (!s->error.empty()) out["error"] = Utf8Text(s->error);
   return out;
 }
 

@@ -80,4 +80,48 @@ bool IsPlainText(std::string_view bytes) {
   return true;
 }
 
+bool IsValidUtf8(std::string_view bytes) {
+  for (size_t i = 0; i < bytes.size();) {
+    uint32_t cp = 0;
+    const size_t n = SequenceLength(bytes, i, &cp);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string Utf8Text(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    uint32_t cp = 0;
+    const size_t n = SequenceLength(bytes, i, &cp);
+    if (n == 0) {
+      out.append("\xEF\xBF\xBD");  // U+FFFD REPLACEMENT CHARACTER
+      ++i;
+      continue;
+    }
+    out.append(bytes.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+std::string HexBytes(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * bytes.size());
+  for (char c : bytes) {
+    const auto b = static_cast<uint8_t>(c);
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 0xF]);
+  }
+  return out;
+}
+
+void SetJsonText(nlohmann::json* object, const std::string& key, std::string_view bytes) {
+  (*object)[key] = Utf8Text(bytes);
+  if (!IsValidUtf8(bytes)) (*object)[key + "_hex"] = HexBytes(bytes);
+}
+
 }  // namespace engram

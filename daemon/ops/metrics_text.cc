@@ -60,9 +60,11 @@ void AddCounterSample(const SessionCounterInfo& c, metrics::Labels labels, doubl
 }
 
 void AddSession(const Session& session, metrics::Exposition& e) {
-  // The client chose its name: escaped like any text from outside.
-  const metrics::Labels l = {{"client", session.name().empty() ? "-" : EscapeBytes(session.name())},
-                             {"session", std::to_string(session.id())}};
+  // The client chose its name: EscapeLabel escapes it once, as it writes the label; bytes that
+  // are not UTF-8 (which a label cannot hold) are also given exactly in client_hex.
+  metrics::Labels l = {{"client", session.name().empty() ? "-" : Utf8Text(session.name())},
+                       {"session", std::to_string(session.id())}};
+  if (!IsValidUtf8(session.name())) l.emplace_back("client_hex", HexBytes(session.name()));
   session.ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) {
     if (*c.metric != '\0') AddCounterSample(c, l, double(v), e);
   });

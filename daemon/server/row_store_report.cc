@@ -112,7 +112,7 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
       (*t)["resident_loaded"] = r->loaded();
       if (absl::StatusOr<ResidentLoadStatus> l = LoadStatus(s.layer_id); l.ok()) {
         (*t)["resident_load_state"] = LoadStateName(l->state);
-        if (!l->error.empty()) (*t)["resident_load_error"] = EscapeBytes(l->error);
+        if (!l->error.empty()) (*t)["resident_load_error"] = Utf8Text(l->error);
       }
       (*t)["resident_huge_pages"] = r->huge_pages();
     }

@@ -42,6 +42,24 @@ std::string Uptime(double s) {
   return absl::StrFormat("%ud %uh", t / 86400, t / 3600 % 24);
 }
 
+// Text the daemon took from outside (client names, paths) as a terminal line: the JSON carries
+// it unescaped, so it is escaped here, where it is printed. Control characters and backslashes
+// become \xNN and \\; U+FFFD stands where the daemon found bytes that are not UTF-8.
+std::string Printable(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b == '\\') {
+      out += "\\\\";
+    } else if (b < 0x20 || b == 0x7F) {
+      out += absl::StrFormat("\\x%02x", b);
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 uint64_t U(const json& j, const char* key) {
   return j.contains(key) && j[key].is_number() ? j[key].get<uint64_t>() : 0;
 }
@@ -98,7 +116,8 @@ void PrintMemory(const json& m) {
 }
 
 void PrintStatus(const json& r, const json* before, double dt) {
-  printf("engramd %s on %s\n", r.value("state", "?").c_str(), r.value("socket", "?").c_str());
+  printf("engramd %s on %s\n", r.value("state", "?").c_str(),
+         Printable(r.value("socket", "?")).c_str());
   printf("  version %s (protocol %s), pid %lu, up %s\n", r.value("version", "?").c_str(),
          r.value("protocol", "?").c_str(), U(r, "pid"),
          Uptime(r.value("uptime_seconds", 0.0)).c_str());
@@ -165,7 +184,7 @@ void PrintStats(const json& r, const json* before, double dt) {
   if (r["clients"].empty()) printf("  (none connected)\n");
   for (const json& c : r["clients"]) {
     const json* b = Match(before_clients, c, "session");
-    printf("session %lu '%s' (pid %lu, uid %lu)\n", U(c, "session"), c.value("name", "").c_str(),
+    printf("session %lu '%s' (pid %lu, uid %lu)\n", U(c, "session"), Printable(c.value("name", "")).c_str(),
            U(c, "pid"), U(c, "uid"));
     fputs(CounterLines(SessionCounters(), c, b, dt, "  ").c_str(), stdout);
   }
@@ -263,7 +282,7 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
                       .c_str(),
                   resident.c_str(), t["files"].size());
               for (const json& f : t["files"]) {
-                printf("         %s\n", f.get<std::string>().c_str());
+                printf("         %s\n", Printable(f.get<std::string>()).c_str());
               }
               PrintStoreTable(t);
               // Pages that left recently and would be read again: the table is thrashing.
@@ -288,7 +307,7 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
                        "NAME", "SLOTS", "ARENA", "INFLIGHT", "REQUESTS", "ROWS");
                 for (const json& s : r["clients"]) {
                   printf("%-8lu %-8lu %-6lu %-20s %-6lu %-10s %-9lu %-10lu %lu\n", U(s, "session"),
-                         U(s, "pid"), U(s, "uid"), s.value("name", "").c_str(), U(s, "slots"),
+                         U(s, "pid"), U(s, "uid"), Printable(s.value("name", "")).c_str(), U(s, "slots"),
                          Bytes(double(U(s, "arena_bytes"))).c_str(), U(s, "inflight"),
                          U(s, "requests_submitted"), U(s, "rows"));
                 }
