@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -106,6 +107,12 @@ std::string Exposition::Text() const {
   return out;
 }
 
+namespace {
+// Connections the kernel holds for accept: a flood fills this instead of making a scraper's
+// SYN wait for a retransmission.
+constexpr int kListenBacklog = 1024;
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
     const std::string& address, uint16_t port, std::function<std::string()> render) {
   addrinfo hints{};
@@ -122,7 +129,8 @@ absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
   l->fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
   if (l->fd_ >= 0) setsockopt(l->fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (l->fd_ < 0 || bind(l->fd_, found->ai_addr, found->ai_addrlen) < 0 || listen(l->fd_, 16) < 0) {
+  if (l->fd_ < 0 || bind(l->fd_, found->ai_addr, found->ai_addrlen) < 0 ||
+      listen(l->fd_, kListenBacklog) < 0) {
     const int err = errno;
     freeaddrinfo(found);
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -152,8 +160,15 @@ HttpListener::~HttpListener() {
 
 namespace {
 
-// Connections served at once; a new one past this closes the oldest.
-constexpr size_t kMaxHttpConnections = 16;
+// Connections served at once; a new one past this closes the oldest that has not sent its
+// whole request yet (one being answered is never closed for a newcomer).
+constexpr size_t kMaxHttpConnections = 64;
+// Connections accepted per pass of the loop: between passes every connection is read, so a
+// scraper's request that has arrived is answered before a burst of newcomers can push it out.
+constexpr size_t kAcceptsPerPass = 16;
+// A connection that has not sent its whole request by then is closed: scrapers send theirs
+// right after connecting.
+constexpr uint64_t kHttpRequestDeadlineNs = 500'000'000;
 // Whole life of one connection, request to last byte of the answer: a client that sends a
 // byte now and then is closed at this deadline, whatever it does.
 constexpr uint64_t kHttpDeadlineNs = 2'000'000'000;
@@ -192,6 +207,7 @@ std::string HttpAnswer(const std::string& request, const std::function<std::stri
 struct HttpListener::Connection {
   int fd;
   uint64_t deadline_ns;
+  uint64_t request_deadline_ns;  // the whole request must have come by then
   std::string in;
   std::string out;  // the answer, once the request is complete
   size_t sent = 0;
@@ -207,7 +223,8 @@ void HttpListener::Loop() {
     int timeout_ms = -1;
     for (const Connection& c : conns) {
       fds.push_back({.fd = c.fd, .events = static_cast<short>(c.out.empty() ? POLLIN : POLLOUT)});
-      const uint64_t left = c.deadline_ns > now ? c.deadline_ns - now : 0;
+      const uint64_t until = c.out.empty() ? c.request_deadline_ns : c.deadline_ns;
+      const uint64_t left = until > now ? until - now : 0;
       const int ms = static_cast<int>(left / 1'000'000) + 1;
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     }
@@ -218,7 +235,8 @@ void HttpListener::Loop() {
     }
     now = MonotonicNs();
     std::erase_if(conns, [&](const Connection& c) {
-      const bool done = c.fd < 0 || now >= c.deadline_ns;
+      const bool done =
+          c.fd < 0 || now >= c.deadline_ns || (c.out.empty() && now >= c.request_deadline_ns);
       if (done && c.fd >= 0) close(c.fd);
       return done;
     });
@@ -228,14 +246,26 @@ void HttpListener::Loop() {
 }
 
 void HttpListener::Accept(std::vector<Connection>* conns, uint64_t now) {
-  while (true) {
+  for (size_t accepted = 0; accepted < kAcceptsPerPass; ++accepted) {
     const int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
     if (conns->size() >= kMaxHttpConnections) {
-      close(conns->front().fd);
-      conns->erase(conns->begin());
+      // The oldest that is still waiting for its request; if every one is being answered, the
+      // newcomer waits for the next pass instead.
+      auto idle = std::find_if(conns->begin(), conns->end(),
+                               [](const Connection& c) { return c.out.empty(); });
+      if (idle == conns->end()) {
+        close(fd);
+        return;
+      }
+      close(idle->fd);
+      conns->erase(idle);
     }
-    conns->push_back(Connection{.fd = fd, .deadline_ns = now + kHttpDeadlineNs});
+    conns->push_back(Connection{.fd = fd,
+                                .deadline_ns = now + kHttpDeadlineNs,
+                                .request_deadline_ns = now + kHttpRequestDeadlineNs});
+    Serve(conns->back());  // its request is usually here already
+    if (conns->back().fd < 0) conns->pop_back();
   }
 }
 

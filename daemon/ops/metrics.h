@@ -46,8 +46,10 @@ class Exposition {
 std::string EscapeLabel(const std::string& value);
 
 // Serves GET /metrics on a loopback TCP port from its own thread with whatever `render`
-// returns. Up to 16 connections are served at once, none blocking another; each has 2 s from
-// accept to its last byte, and a 17th closes the oldest.
+// returns. Up to 64 connections are served at once, none blocking another; each has 0.5 s from
+// accept to the end of its request and 2 s to its answer's last byte. A 65th closes the oldest
+// that has not sent its request yet, so that a flood of idle connections never closes a scraper
+// whose request has come (docs/reliability.md).
 class HttpListener {
  public:
   static absl::StatusOr<std::unique_ptr<HttpListener>> Start(const std::string& address,
