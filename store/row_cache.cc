@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "protocol/clock.h"
 #include "protocol/prefetch.h"
 
 namespace engram {
@@ -355,7 +358,10 @@ absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* d
         absl::StrCat("row cache: layer ", layer, " row ", row, " is outside the key space"));
   }
   const uint64_t key = RowCacheKey(layer, row);
+  insert_waiters_.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
+  insert_waiters_.fetch_sub(1, std::memory_order_relaxed);
+  insert_entries_.fetch_add(1, std::memory_order_relaxed);
   if (capacity_slots() == 0 || FindBucket(key) >= 0) return absl::OkStatus();
   uint32_t s;
   if (!TakeSlot(&s)) {
@@ -468,12 +474,26 @@ uint64_t RowCache::Grow(uint64_t slots, uint64_t old) {
   return slots;
 }
 
+// A mutex is not fair: the shrink, releasing it and taking it again at once, would win it over an
+// insert that waits to be scheduled, chunk after chunk. So between chunks it waits (briefly, and
+// only while inserts wait) until as many inserts as were waiting have had the lock.
+void RowCache::LetWritersIn() {
+  const uint32_t waiting = insert_waiters_.load(std::memory_order_relaxed);
+  if (waiting == 0) return;
+  const uint64_t target = insert_entries_.load(std::memory_order_relaxed) + waiting;
+  const uint64_t deadline = NowNs() + 2'000'000;
+  while (insert_entries_.load(std::memory_order_relaxed) < target && NowNs() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 // A shrink in chunks, each under the writer's lock: evict by policy until the rows fit, drop the
 // free slots at or above the new capacity from the free list, move the rows left up there down
 // into free slots below it, give the pages and the budget back.
 void RowCache::Shrink(uint64_t slots, uint64_t old) {
   const uint64_t chunk = std::max<uint32_t>(1, options_.shrink_chunk_slots);
   for (bool more = true; more;) {
+    LetWritersIn();
     std::lock_guard<std::mutex> lock(mu_);
     for (uint64_t i = 0; i < chunk && small_count_ + main_count_ > slots; ++i) {
       free_.push_back(EvictOne());
@@ -484,6 +504,7 @@ void RowCache::Shrink(uint64_t slots, uint64_t old) {
   // Rows fit (inserts keep them within `slots`), and every free slot below `slots` is on the
   // free list: there is one for every row still above.
   for (uint64_t s = slots; s < old;) {
+    LetWritersIn();
     std::lock_guard<std::mutex> lock(mu_);
     for (const uint64_t end = std::min(old, s + chunk); s < end; ++s) {
       if (meta_[s].queue == kFree) continue;
@@ -506,6 +527,7 @@ void RowCache::Shrink(uint64_t slots, uint64_t old) {
 void RowCache::ShrinkFreeList(uint64_t slots) {
   const uint64_t chunk = std::max<uint32_t>(1, options_.shrink_chunk_slots);
   for (size_t at = 0;;) {
+    LetWritersIn();
     std::lock_guard<std::mutex> lock(mu_);
     for (uint64_t i = 0; i < chunk && at < free_.size(); ++i) {
       if (free_[at] < slots) {

@@ -176,6 +176,8 @@ class RowCache {
   void Shrink(uint64_t slots, uint64_t old);    // with resize_mu_ held, takes mu_ per chunk
   void ShrinkFreeList(uint64_t slots);
   void ReleaseSlots(uint64_t slots, uint64_t old);
+  // Between a shrink's chunks, with mu_ released: lets the inserts that wait for mu_ have it.
+  void LetWritersIn();
 
   const RowCacheOptions options_;
   MemoryBudget* budget_;
@@ -190,6 +192,9 @@ class RowCache {
   std::atomic<uint64_t> misses_{0};
 
   std::mutex resize_mu_;   // one SetCapacitySlots at a time; taken before mu_
+  // Inserts waiting for mu_, and inserts that got it (LetWritersIn).
+  std::atomic<uint32_t> insert_waiters_{0};
+  std::atomic<uint64_t> insert_entries_{0};
   mutable std::mutex mu_;  // the writer's; everything below
   bool shrinking_ = false;  // a shrink is between its chunks (capacity_slots() is its target)
   uint64_t shrink_skipped_inserts_ = 0;
