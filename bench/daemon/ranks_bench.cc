@@ -2,7 +2,8 @@
 // their rank's rows of both Engram layers every T ms on a common clock, through engramd and, side
 // by side, with the same gather engine in each process and with a plain io_uring loop in each
 // process; per-step p50/p99/p99.9 per rank, aggregate rows/s and CPU per row; a mixed case runs
-// one prefill process next to the decode ranks.
+// one prefill process next to the decode ranks. With --prefetch-flood N, one decode rank alone
+// and then beside N processes that send PREFETCH entries as fast as engramd answers them.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -37,6 +38,7 @@
 #include "bench/common/row_ids.h"
 #include "bench/gather/gather_methods.h"
 #include "engram/engram.h"
+#include "engram/protocol.h"
 #include "gather/gather_engine.h"
 #include "tables/table.h"
 #include "tests/common/gather_test_util.h"
@@ -100,6 +102,7 @@ struct Config {
   uint32_t piece_rows = 144;    // the pieces method: rows per request
   std::vector<std::string> daemon_args;
   bool smoke = false;
+  int prefetch_flood = 0;  // >0: only the pair of cases with and without that many floods
 };
 
 // One case of the matrix.
@@ -110,6 +113,7 @@ struct Case {
   std::string dist = "uniform";
   double evict = 0;      // fraction of each step's rows evicted before the step
   bool prefill = false;  // one more process gathers 98,304-row batches back to back
+  int flooders = 0;      // processes that prefetch 4 x 8,192 rows per call, back to back
 };
 
 // What the rank processes report, in memory shared with the parent.
@@ -125,6 +129,8 @@ struct SharedResults {
   uint64_t prefill_batches = 0;
   uint64_t prefill_ns_sum = 0;
   uint64_t prefill_max_ns = 0;
+  std::atomic<uint64_t> flood_rows{0};     // rows the flood processes' prefetches queued
+  std::atomic<uint64_t> flood_refused{0};  // their calls refused (the session's bound)
   char error[256];
   // lat[rank * steps + step], ns; followed by the prefill latencies.
   uint64_t lat[1];
@@ -510,6 +516,31 @@ int PrefillMain(const Env& env, const Case& c, const std::string& method, Shared
   return 0;
 }
 
+// A flood process: a session that prefetches 4 x 8,192 rows of layer 14 per call, back to back,
+// until every decode rank is done (engramd only; the other methods run no daemon).
+int FloodMain(const Env& env, int decoders, int index, SharedResults* out) {
+  engram_connect_options o;
+  engram_connect_options_init(&o, sizeof(o));
+  o.socket_path = env.sock.c_str();
+  o.client_name = "engram-ranks flood";
+  o.data_bytes = 4 << 20;
+  engram_session* s = nullptr;
+  if (engram_connect(&o, &s) != 0) return 1;
+  const Table& t = *env.tables[1];
+  std::vector<uint64_t> rows(4 * ENGRAM_PREFETCH_MAX_ROWS);
+  std::mt19937_64 rng(env.seed * 1000 + index);
+  for (uint64_t& r : rows) r = rng() % t.num_rows();
+  while (out->start_ns.load() == 0) usleep(200);
+  while (out->decode_done.load() < decoders && out->failures.load() == 0) {
+    uint64_t queued = 0;
+    const int rc = engram_prefetch(s, 14, rows.data(), rows.size(), 0, &queued);
+    if (rc == -ENOSPC) out->flood_refused.fetch_add(1);
+    out->flood_rows.fetch_add(queued);
+  }
+  engram_close(s);
+  return 0;
+}
+
 uint64_t Quantile(std::vector<uint64_t> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -526,6 +557,7 @@ struct CaseResult {
   double client_cpu_us_per_row = 0;  // the rank processes' (daemon method only)
   uint64_t prefill_batches = 0;
   double prefill_mean_ms = 0, prefill_max_ms = 0;
+  uint64_t flood_rows = 0, flood_refused = 0;
   double wake_late_mean_us = 0, wake_late_max_us = 0;  // the ranks' timers (paced cases)
   uint64_t wall_ns = 0;
 };
@@ -564,6 +596,12 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
     }
     kids.push_back(pid);
   }
+  std::vector<pid_t> floods;
+  for (int i = 0; ThroughDaemon(method) && i < c.flooders; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(FloodMain(env, decoders, i, out));
+    floods.push_back(pid);
+  }
   while (out->ready.load() < c.ranks) usleep(1000);
   const uint64_t daemon_cpu0 = daemon > 0 ? ProcessCpuNs(daemon) : 0;
   const uint64_t start = NowNs() + 20'000'000;
@@ -574,6 +612,9 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) r.ok = false;
   }
   r.wall_ns = NowNs() - start;
+  for (pid_t f : floods) waitpid(f, nullptr, 0);
+  r.flood_rows = out->flood_rows.load();
+  r.flood_refused = out->flood_refused.load();
   const uint64_t daemon_cpu = daemon > 0 ? ProcessCpuNs(daemon) - daemon_cpu0 : 0;
   if (!r.ok || out->failures.load() > 0) {
     r.ok = false;
@@ -622,6 +663,13 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
 std::vector<Case> Matrix(const Config& cfg) {
   std::vector<Case> cases;
   const std::string first = cfg.trace.empty() ? "uniform" : "trace";
+  if (cfg.prefetch_flood > 0) {
+    Case alone{"1 rank, no flood", 1, cfg.period_ms, first};
+    Case flooded = alone;
+    flooded.name = absl::StrCat("1 rank + ", cfg.prefetch_flood, " prefetch floods");
+    flooded.flooders = cfg.prefetch_flood;
+    return {alone, flooded};
+  }
   for (int n : cfg.ranks) cases.push_back({"warm " + first, n, cfg.period_ms, first});
   if (cfg.trace.empty()) {
     for (int n : cfg.ranks) cases.push_back({"warm zipf", n, cfg.period_ms, "zipf"});
@@ -699,6 +747,10 @@ void PrintCase(const Case& c, const std::string& method, const CaseResult& r, do
   if (c.prefill) {
     printf(" prefill: %" PRIu64 " x 98,304 rows, mean %.1f ms, max %.1f ms |", r.prefill_batches,
            r.prefill_mean_ms, r.prefill_max_ms);
+  }
+  if (c.flooders > 0) {
+    printf(" floods: %" PRIu64 " rows queued, %" PRIu64 " calls refused |", r.flood_rows,
+           r.flood_refused);
   }
   if (c.period_ms > 0) {
     printf(" rank timers late %.0f µs mean, %.0f max |", r.wake_late_mean_us, r.wake_late_max_us);
@@ -950,6 +1002,10 @@ int main(int argc, char** argv) {
                  "how long a client spins for its completion before sleeping (0: the library's "
                  "adaptive default)");
   app.add_flag("--smoke", cfg.smoke, "a tiny run that only checks that the benchmark works");
+  app.add_option("--prefetch-flood", cfg.prefetch_flood,
+                 "run only one decode rank alone and beside this many processes that prefetch "
+                 "as fast as engramd answers (0: the usual matrix)")
+      ->check(CLI::Range(0, 64));
   CLI11_PARSE(app, argc, argv);
   if (cfg.smoke) {
     cfg.rows = 20000;

@@ -528,6 +528,17 @@ const std::vector<Setting>& Settings() {
        "counted; 0: prefetch off)",
        Kind::kUint64, kRestart, [](S* s) -> void* { return &s->server.limits.prefetch_queue_rows; },
        0, uint64_t{1} << 28},
+      {"limits.prefetch_session_rows", "--prefetch-session-rows",
+       "Rows one session may have waiting for prefetch, from submission until they are worked "
+       "on or dropped (a PREFETCH past it is refused: RESOURCE_EXHAUSTED)",
+       Kind::kUint64, kRestart,
+       [](S* s) -> void* { return &s->server.limits.prefetch_session_rows; }, 1,
+       uint64_t{1} << 28},
+      {"limits.max_device_sessions", "--max-device-sessions",
+       "Sessions that may submit from a device (ENGRAM_CONNECT_DEVICE_SUBMIT) at once; only "
+       "administrators may open one (0: none)",
+       Kind::kUint32, kLive, [](S* s) -> void* { return &s->server.limits.max_device_sessions; },
+       0, 65536},
       {"engine.workers", "--workers", "Gather workers (0: one per CPU)", Kind::kUint32, kRestart,
        [](S* s) -> void* { return &s->server.workers; }, 0, 1024},
       {"engine.request_threads", "--request-threads",

@@ -53,6 +53,7 @@ Prefetcher::Prefetcher(const PrefetcherOptions& options,
       counters_(new Counters[tables.size()]) {}
 
 Prefetcher::~Prefetcher() {
+  StopIntake();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -63,23 +64,91 @@ Prefetcher::~Prefetcher() {
 
 void Prefetcher::Start() {
   thread_ = std::thread([this] { Run(); });
+  intake_thread_ = std::thread([this] { RunIntake(); });
+}
+
+void Prefetcher::StopIntake() {
+  {
+    std::lock_guard<std::mutex> lock(intake_mu_);
+    intake_stop_ = true;
+  }
+  intake_wake_.notify_all();
+  if (intake_thread_.joinable()) intake_thread_.join();
+}
+
+void Prefetcher::Post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(intake_mu_);
+    intake_.push_back(std::move(task));
+  }
+  intake_wake_.notify_one();
+}
+
+// Checking a PREFETCH entry costs in proportion to its rows: it runs here, below the request
+// threads (nice 10, not SCHED_IDLE: a busy daemon still answers prefetches), never on the poller.
+void Prefetcher::RunIntake() {
+  if (options_.idle_priority) {
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+  }
+  std::unique_lock<std::mutex> lock(intake_mu_);
+  while (true) {
+    intake_wake_.wait(lock, [this] { return intake_stop_ || !intake_.empty(); });
+    if (intake_.empty()) return;  // stopping, and every task posted has run
+    std::function<void()> task = std::move(intake_.front());
+    intake_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+uint32_t Prefetcher::OwnerOf(const std::shared_ptr<PrefetchAccount>& account) {
+  if (account == nullptr) return kNoOwner;
+  auto [it, added] = owner_index_.try_emplace(account.get(), 0);
+  if (!added) return it->second;
+  if (free_owners_.empty()) {
+    free_owners_.push_back(static_cast<uint32_t>(owners_.size()));
+    owners_.emplace_back();
+  }
+  it->second = free_owners_.back();
+  free_owners_.pop_back();
+  owners_[it->second] = Owner{.account = account, .rows = 0};
+  return it->second;
+}
+
+void Prefetcher::Leave(uint32_t owner, uint64_t rows) {
+  if (owner == kNoOwner || rows == 0) return;
+  Owner& o = owners_[owner];
+  o.account->fetch_sub(rows, std::memory_order_relaxed);
+  o.rows -= rows;
+  if (o.rows != 0) return;
+  owner_index_.erase(o.account.get());
+  o.account.reset();
+  free_owners_.push_back(owner);
 }
 
 // Hints go stale: the rows of drafts a later step rejected are worth less than the newest ones.
 // So a full queue makes room by dropping its oldest rows, and the thread works the newest first.
-uint64_t Prefetcher::Enqueue(size_t table_index, std::span<const uint64_t> rows) {
+uint64_t Prefetcher::Enqueue(size_t table_index, std::span<const uint64_t> rows,
+                             const std::shared_ptr<PrefetchAccount>& account) {
   Counters& c = counters_[table_index];
   // Of one entry larger than the whole queue, its last rows are kept.
   const uint64_t queued = std::min<uint64_t>(options_.queue_rows, rows.size());
+  if (account != nullptr && queued < rows.size()) {
+    account->fetch_sub(rows.size() - queued, std::memory_order_relaxed);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     while (!queue_.empty() && queue_.size() + queued > options_.queue_rows) {
       counters_[queue_.front().table].dropped.fetch_add(1, std::memory_order_relaxed);
+      Leave(queue_.front().owner, 1);
       queue_.pop_front();
       pending_.fetch_sub(1, std::memory_order_relaxed);
     }
+    const uint32_t owner = queued != 0 ? OwnerOf(account) : kNoOwner;
+    if (owner != kNoOwner) owners_[owner].rows += queued;
     for (uint64_t row : rows.subspan(rows.size() - queued)) {
-      queue_.push_back({static_cast<uint32_t>(table_index), row});
+      queue_.push_back({static_cast<uint32_t>(table_index), owner, row});
     }
     pending_.fetch_add(queued, std::memory_order_relaxed);
   }
@@ -131,6 +200,7 @@ bool Prefetcher::Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows) {
   while (!queue_.empty() && queue_.back().table == *ret_table &&
          ret_rows->size() < options_.batch_rows) {
     ret_rows->push_back(queue_.back().row);
+    Leave(queue_.back().owner, 1);
     queue_.pop_back();
   }
   return true;

@@ -1,16 +1,18 @@
 // Prefetcher: rows a client will probably gather soon (speculative decoding's draft tokens, the
-// next prefill chunk), brought into memory in the background. PREFETCH submissions are checked
-// on the polling thread and their rows put on one bounded queue (when it is full its oldest rows
-// are dropped and counted: hints go stale); one low-priority thread works the queue in small
-// batches, newest first, after
-// the gathers in flight: a cached table's missing rows are read with O_DIRECT and admitted to the
-// row cache marked as prefetched, a resident table's rows are held already, a table served from
-// storage has the pages of its rows' missing parts read ahead into the page cache
-// (posix_fadvise WILLNEED). docs/row-store.md, "Prefetch".
+// next prefill chunk), brought into memory in the background. The poller only hands a PREFETCH
+// submission over (Post, O(1)); an intake thread of lower priority checks it and puts its rows on
+// one bounded queue (when it is full its oldest rows are dropped and counted: hints go stale), so
+// that no client can make the poller do work in proportion to its requests. Each session's rows
+// count against its own bound (PrefetchAccount) from submission until they leave the queue. One
+// low-priority thread works the queue in small batches, newest first, after the gathers in
+// flight: a cached table's missing rows are read with O_DIRECT and admitted to the row cache
+// marked as prefetched, a resident table's rows are held already, a table served from storage has
+// the pages of its rows' missing parts read ahead into the page cache (posix_fadvise WILLNEED).
+// docs/row-store.md, "Prefetch".
 //
 //   Prefetcher p(options, tables, store, [&] { return gathers_running(); }, healthy);
 //   p.Start();
-//   uint64_t queued = p.Enqueue(table_index, rows);  // returns at once; the rest were dropped
+//   p.Post([=] { /* check the entry, then */ p.Enqueue(table_index, rows, account); });
 #pragma once
 
 #include <atomic>
@@ -25,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "daemon/ops/metrics.h"
 #include "daemon/server/row_store.h"
@@ -43,8 +46,8 @@ struct PrefetcherOptions {
   // While gathers are in flight a batch waits for them, up to this long; then it runs anyway,
   // so that a daemon that is never idle still prefetches (one batch per wait).
   uint64_t max_defer_ns = 2'000'000;
-  // Run the thread as SCHED_IDLE with the idle I/O class (false: normal priority, for tests
-  // that measure it).
+  // Run the thread as SCHED_IDLE with the idle I/O class, and the intake thread at nice 10
+  // (false: both at normal priority, for tests that measure them).
   bool idle_priority = true;
   // Tables served from storage through the page cache get their pages read ahead; false when
   // they are read with O_DIRECT (engine.read_mode = direct), which no page cache helps: their
@@ -62,6 +65,11 @@ struct TablePrefetchStats {
   uint64_t failed = 0;     // rows whose read failed (the table changed, an I/O error)
 };
 
+// The rows one session has waiting for prefetch: added by the poller when it hands a PREFETCH
+// over, taken off when they leave the queue (worked on or dropped) or fail their check. Shared by
+// the session and the prefetcher, which holds it while any of its rows are queued.
+using PrefetchAccount = std::atomic<uint64_t>;
+
 class Prefetcher {
  public:
   // True while gathers are in flight (the thread defers to them).
@@ -77,11 +85,19 @@ class Prefetcher {
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   void Start();
+  // Runs `task` on the intake thread, in the order posted. O(1): the poller hands a submission
+  // over this way; the caller bounds what it posts (each session's PrefetchAccount). Tasks still
+  // waiting when the prefetcher stops are run first. Thread-safe.
+  void Post(std::function<void()> task);
+  // Runs the tasks posted so far and stops the intake thread; nothing may be posted afterwards.
+  void StopIntake();
   // Queues rows of tables[table_index] (checked by the caller against the table's coverage),
   // dropping the oldest queued rows (counted) to make room, and returns how many were queued:
-  // all of them unless they alone exceed the bound (then their last queue_rows). Never waits
-  // for I/O. Thread-safe.
-  uint64_t Enqueue(size_t table_index, std::span<const uint64_t> rows);
+  // all of them unless they alone exceed the bound (then their last queue_rows). The rows
+  // stay counted in `account` (may be null) until they leave the queue; the caller has added
+  // them already, and those not queued are taken off here. Never waits for I/O. Thread-safe.
+  uint64_t Enqueue(size_t table_index, std::span<const uint64_t> rows,
+                   const std::shared_ptr<PrefetchAccount>& account = nullptr);
   // Rows on the queue or being worked on now.
   uint64_t pending_rows() const { return pending_.load(std::memory_order_relaxed); }
   // Waits until nothing is pending or `timeout_ns` passed; true when nothing is (tests, tools).
@@ -96,7 +112,14 @@ class Prefetcher {
  private:
   struct Entry {
     uint32_t table;
+    uint32_t owner;  // index into owners_, or kNoOwner
     uint64_t row;
+  };
+  static constexpr uint32_t kNoOwner = UINT32_MAX;
+  // A session's account while it has rows on the queue.
+  struct Owner {
+    std::shared_ptr<PrefetchAccount> account;
+    uint64_t rows = 0;
   };
   struct Counters {
     std::atomic<uint64_t> requested{0};
@@ -107,6 +130,10 @@ class Prefetcher {
   };
 
   void Run();
+  void RunIntake();
+  // With mu_ held: the owner index of `account` (null: kNoOwner), and a row of it leaving.
+  uint32_t OwnerOf(const std::shared_ptr<PrefetchAccount>& account);
+  void Leave(uint32_t owner, uint64_t rows);
   // Takes the next batch (rows of one table) off the queue; false when stopping.
   bool Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows);
   void Defer();
@@ -126,9 +153,18 @@ class Prefetcher {
   std::condition_variable wake_;
   std::condition_variable idle_;
   std::deque<Entry> queue_;  // bounded by options_.queue_rows; newest at the back
+  std::vector<Owner> owners_;  // accounts with rows on the queue, and free places
+  std::vector<uint32_t> free_owners_;
+  absl::flat_hash_map<const PrefetchAccount*, uint32_t> owner_index_;
   bool stop_ = false;
   std::atomic<uint64_t> pending_{0};
   std::thread thread_;
+
+  std::mutex intake_mu_;
+  std::condition_variable intake_wake_;
+  std::deque<std::function<void()>> intake_;
+  bool intake_stop_ = false;
+  std::thread intake_thread_;
 };
 
 }  // namespace engram

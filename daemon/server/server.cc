@@ -21,9 +21,10 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "protocol/clock.h"
 #include "daemon/ops/control.h"
+#include "daemon/ops/escape.h"
 #include "daemon/server/pace.h"
+#include "protocol/clock.h"
 
 namespace engram {
 namespace {
@@ -38,6 +39,15 @@ constexpr uint64_t kTagInotify = kTagListen + 4;
 constexpr uint64_t kRecheckNs = 1'000'000'000;
 // The poller's kick eventfd; session doorbells are tagged by session id (from 1).
 constexpr uint64_t kTagKick = 0;
+
+// A device cannot ring a doorbell, so while a device-submitting session is open the poller
+// spins; once none of them has submitted for kDeviceIdleNs it sleeps instead, in timed sleeps
+// of kDeviceNapMinNs growing to kDeviceNapMaxNs, and spins again at the next submission. The
+// first submission after such an idle spell waits at most kDeviceNapMaxNs (plus the thread's
+// 10 us timer slack) longer than it would on a spinning poller (docs/gpu.md).
+constexpr uint64_t kDeviceIdleNs = 50'000'000;
+constexpr uint64_t kDeviceNapMinNs = 50'000;
+constexpr uint64_t kDeviceNapMaxNs = 1'000'000;
 
 // Connections that have not sent HELLO yet, per uid and in all (PendingHandshakes). A client
 // sends HELLO right after connecting, so only a peer that holds connections open without
@@ -244,6 +254,7 @@ void Server::ApplyLiveSettings(const ServerConfig& next) {
   config_.limits.max_total_arena_bytes = next.limits.max_total_arena_bytes;
   config_.limits.default_data_bytes = next.limits.default_data_bytes;
   config_.limits.default_slots = next.limits.default_slots;
+  config_.limits.max_device_sessions = next.limits.max_device_sessions;
   config_.allow_uids = next.allow_uids;
   config_.allow_gids = next.allow_gids;
   config_.admin_uids = next.admin_uids;
@@ -398,6 +409,7 @@ absl::Status Server::Shutdown() {
   draining_.store(true);
   Kick();
   poller_.join();
+  prefetcher_->StopIntake();  // the entries the poller handed over are answered first
   absl::Status result = absl::OkStatus();
   {
     std::unique_lock<std::mutex> lock(drain_mutex_);
@@ -575,6 +587,36 @@ bool Server::GrantArena(const engram_msg_hello& hello, protocol::ArenaLayout* re
   return true;
 }
 
+// A session that submits from a device keeps the poller awake (a device cannot ring a doorbell):
+// an administrator's privilege, and only so many at once.
+bool Server::GrantDeviceSubmit(int fd, const engram_msg_hello& hello, const PeerInfo& peer,
+                               int32_t* ret_code, std::string* ret_message) const {
+  const std::string who = absl::StrFormat("client '%s' (pid %d, uid %u)",
+                                          EscapeBytes(hello.client_name), peer.pid, peer.uid);
+  std::vector<gid_t> groups;
+  if (!config_.admin_gids.empty()) groups = PeerGroups(fd);
+  if (!IsAdministrator(config_, own_uid_, peer.uid, peer.gid, groups)) {
+    *ret_code = ENGRAM_STATUS_PERMISSION_DENIED;
+    *ret_message = absl::StrFormat(
+        "%s asked to submit from a device (ENGRAM_CONNECT_DEVICE_SUBMIT), which keeps a daemon "
+        "core polling while it is open; only engramd administrators may (%s; access.admin_uids, "
+        "access.admin_gids)",
+        who, DescribeAdministrators(config_, own_uid_));
+    return false;
+  }
+  const size_t open = std::count_if(by_fd_.begin(), by_fd_.end(),
+                                    [](const auto& e) { return e.second->device_submit(); });
+  if (open >= config_.limits.max_device_sessions) {
+    *ret_code = ENGRAM_STATUS_RESOURCE_EXHAUSTED;
+    *ret_message = absl::StrFormat(
+        "%s asked to submit from a device (ENGRAM_CONNECT_DEVICE_SUBMIT); %u such sessions are "
+        "open and the limit is %u (limits.max_device_sessions, --max-device-sessions)",
+        who, open, config_.limits.max_device_sessions);
+    return false;
+  }
+  return true;
+}
+
 void Server::Handshake(int fd) {
   uint8_t buffer[ENGRAM_MSG_MAX_BYTES];
   const ssize_t n = recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
@@ -601,7 +643,9 @@ void Server::Handshake(int fd) {
   protocol::ArenaLayout layout;
   int32_t code = 0;
   std::string message;
-  if (!GrantArena(hello, &layout, &code, &message)) {
+  if (!GrantArena(hello, &layout, &code, &message) ||
+      ((hello.features & ENGRAM_FEATURE_DEVICE_SUBMIT) != 0 &&
+       !GrantDeviceSubmit(fd, hello, peer, &code, &message))) {
     Refuse(fd, code, message);
     return;
   }
@@ -786,19 +830,28 @@ void Server::PollerLoop() {
   uint64_t pace_spin_until = 0;  // spinning through a predicted window until then
   uint32_t burst_requests = 0, last_burst_requests = 0;
   uint64_t timer_late_ns = 50'000;  // how late this thread's timed sleeps end, on average
+  uint64_t last_device_work = 0;    // a device-submitting session's last submission
+  uint64_t device_nap_ns = kDeviceNapMinNs;
   while (true) {
     if (generation != sessions_generation_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(sessions_mutex_);
       snapshot = sessions_;
       generation = sessions_generation_.load(std::memory_order_acquire);
-      // A device cannot ring a doorbell: while a session submits from one, never sleep.
+      const size_t before = device_sessions;
       device_sessions = std::count_if(snapshot.begin(), snapshot.end(),
                                       [](const auto& s) { return s->device_submit(); });
+      if (device_sessions > before) last_device_work = NowNs();  // a new one starts awake
     }
     const bool draining = draining_.load(std::memory_order_acquire);
     uint32_t work = 0;
     for (const auto& s : snapshot) {
-      if (!s->closing()) work += DrainSession(s, scratch);
+      if (s->closing()) continue;
+      const uint32_t n = DrainSession(s, scratch);
+      if (n != 0 && s->device_submit()) {
+        last_device_work = NowNs();
+        device_nap_ns = kDeviceNapMinNs;
+      }
+      work += n;
     }
     if (draining) {
       if (work == 0) break;  // the final sweep found the rings empty
@@ -822,7 +875,8 @@ void Server::PollerLoop() {
       last_work = now;
       continue;
     }
-    if (now - last_work < spin_ns || now < pace_spin_until || device_sessions > 0) {
+    const bool device_awake = device_sessions > 0 && now - last_device_work < kDeviceIdleNs;
+    if (now - last_work < spin_ns || now < pace_spin_until || device_awake) {
       CpuRelax();
       continue;
     }
@@ -851,7 +905,12 @@ void Server::PollerLoop() {
       // Sleep for at most a second, or until the next expected burst's window opens (minus
       // how late this thread's timed wake-ups come, so that it is spinning when it opens).
       const bool timed = window && window->wake_ns > now + timer_late_ns;
-      const uint64_t deadline = timed ? window->wake_ns - timer_late_ns : now + 1'000'000'000;
+      uint64_t deadline = timed ? window->wake_ns - timer_late_ns : now + 1'000'000'000;
+      if (device_sessions > 0) {
+        // Idle device sessions: look at their rings again after a nap.
+        deadline = std::min(deadline, now + device_nap_ns);
+        device_nap_ns = std::min(kDeviceNapMaxNs, device_nap_ns * 2);
+      }
       const int n = EpollWaitUntil(poller_epoll_.get(), events, 64, deadline);
       woke = NowNs();
       if (timed && n == 0 && woke >= deadline) {
@@ -912,9 +971,12 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
   const uint32_t slot = ENGRAM_TICKET_SLOT(sqe.ticket);
   const uint64_t claimed = std::min<uint64_t>(sqe.num_rows, config_.limits.max_rows_per_request);
   const bool slot_valid = (sqe.ticket >> 16) != 0 && slot < session->arena().layout().slots;
-  if (claimed <= config_.poll.inline_rows || !slot_valid || sqe.opcode == ENGRAM_OP_PREFETCH) {
-    // Small (or unanswerable, or a prefetch of at most ENGRAM_PREFETCH_MAX_ROWS rows that must
-    // not wait behind gathers): decoding costs the poller little.
+  if (slot_valid && sqe.opcode == ENGRAM_OP_PREFETCH) {
+    PostPrefetch(session, sqe, start);
+    return;
+  }
+  if (claimed <= config_.poll.inline_rows || !slot_valid) {
+    // Small (or unanswerable): decoding costs the poller little.
     Execute(session, sqe, start, /*admitted_rows=*/0);
     return;
   }
@@ -964,7 +1026,7 @@ bool Server::Admit(Session& session, uint64_t ticket, uint32_t slot, uint64_t ro
 }
 
 void Server::Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Status status,
-                    uint64_t rows, uint64_t admitted_rows, uint64_t start) {
+                    uint64_t rows, uint64_t admitted_rows, uint64_t start, bool rows_written) {
   // The session's counts drop before the completion is published, so a client that reuses the
   // finished request's place at once is not refused for the limit; the daemon-wide count,
   // which shutdown drains on, only after it.
@@ -972,7 +1034,7 @@ void Server::Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Stat
   session.rows_in_flight.fetch_sub(admitted_rows, std::memory_order_relaxed);
   session.Complete(ticket, slot, static_cast<int32_t>(status.code()),
                    status.ok() ? nullptr : std::string(status.message()).c_str(),
-                   status.ok() ? rows : 0, NowNs() - start);
+                   status.ok() ? rows : 0, NowNs() - start, rows_written);
   if (inflight_total_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
       draining_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(drain_mutex_);  // not lost between check and wait
@@ -1013,10 +1075,6 @@ void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& 
     }
     return;
   }
-  if (request.opcode == ENGRAM_OP_PREFETCH) {
-    QueuePrefetch(*session, request, start);
-    return;
-  }
   if (admitted_rows == 0) {
     if (!Admit(*session, request.ticket, request.slot, request.rows.size(), start)) return;
     admitted_rows = request.rows.size();
@@ -1035,17 +1093,63 @@ void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& 
          admitted_rows, start);
 }
 
-void Server::QueuePrefetch(Session& session, const protocol::DecodedRequest& request,
-                           uint64_t start) {
-  // A table whose files changed fails the prefetch as it would fail a gather.
-  if (absl::Status s = watch_->Check(request.table_index); !s.ok()) {
-    session.Complete(request.ticket, request.slot, static_cast<int32_t>(s.code()),
-                     std::string(s.message()).c_str(), 0, NowNs() - start);
+// On the poller: O(1) whatever the entry claims. The session's bound is checked against what the
+// entry claims (its rows are only read and checked on the intake thread), and the raw entry is
+// handed over.
+void Server::PostPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
+                          uint64_t start) {
+  const uint32_t slot = ENGRAM_TICKET_SLOT(sqe.ticket);
+  // An entry takes at least one row's place; one over the per-entry limit is refused by its
+  // check, with that limit's message.
+  const uint64_t claimed =
+      sqe.num_rows <= ENGRAM_PREFETCH_MAX_ROWS ? std::max<uint64_t>(1, sqe.num_rows) : 1;
+  std::atomic<uint64_t>& waiting = *session->prefetch_rows;
+  const uint64_t limit = config_.limits.prefetch_session_rows;
+  if (waiting.load(std::memory_order_relaxed) + claimed > limit) {
+    session->Complete(
+        sqe.ticket, slot, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+        absl::StrFormat("%u rows of this session wait for prefetch and %u more were asked for; "
+                        "a session may have %u waiting (limits.prefetch_session_rows)",
+                        waiting.load(), claimed, limit)
+            .c_str(),
+        0, NowNs() - start, /*rows_written=*/false);
     return;
   }
-  const uint64_t queued = prefetcher_->Enqueue(request.table_index, request.rows);
-  session.Complete(request.ticket, request.slot, ENGRAM_STATUS_OK, nullptr, queued,
-                   NowNs() - start, /*rows_written=*/false);
+  if (!Admit(*session, sqe.ticket, slot, /*rows=*/0, start)) return;
+  waiting.fetch_add(claimed, std::memory_order_relaxed);
+  prefetcher_->Post(
+      [this, session, sqe, start, claimed] { CheckPrefetch(session, sqe, start, claimed); });
+}
+
+// On the prefetcher's intake thread: the entry is decoded (row ids copied and checked), its rows
+// queued, and it completes with how many were.
+void Server::CheckPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
+                           uint64_t start, uint64_t claimed) {
+  Arena& arena = session->arena();
+  protocol::RequestContext context{.slots = arena.layout().slots,
+                                   .max_rows = config_.limits.max_rows_per_request,
+                                   .data = arena.data(),
+                                   .data_bytes = arena.data_bytes(),
+                                   .tables = bounds_};
+  protocol::DecodedRequest request;
+  bool slot_valid = false;
+  protocol::CodecError error;
+  absl::Status status;
+  if (!protocol::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
+    status = absl::Status(static_cast<absl::StatusCode>(error.code), error.message);
+  } else if (!request.rows.empty()) {
+    // A table whose files changed fails the prefetch as it would fail a gather.
+    status = watch_->Check(request.table_index);
+  }
+  uint64_t queued = 0;
+  if (status.ok() && !request.rows.empty()) {
+    session->prefetch_rows->fetch_sub(claimed - request.rows.size(), std::memory_order_relaxed);
+    queued = prefetcher_->Enqueue(request.table_index, request.rows, session->prefetch_rows);
+  } else {
+    session->prefetch_rows->fetch_sub(claimed, std::memory_order_relaxed);
+  }
+  Finish(*session, sqe.ticket, ENGRAM_TICKET_SLOT(sqe.ticket), std::move(status), queued,
+         /*admitted_rows=*/0, start, /*rows_written=*/false);
 }
 
 void Server::Unanswerable(Session& session, const std::string& message, uint64_t start) {

@@ -99,8 +99,11 @@ class Server : public ServerView {
   void PollerLoop();
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
-  // A checked PREFETCH: its rows go on the prefetch queue and it completes at once.
-  void QueuePrefetch(Session& session, const protocol::DecodedRequest& request, uint64_t start);
+  // PREFETCH: the poller checks the session's bound and hands the entry over (PostPrefetch);
+  // the prefetcher's intake thread decodes it, queues its rows and completes it (CheckPrefetch).
+  void PostPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start);
+  void CheckPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
+                     uint64_t claimed);
   // Decodes and runs one submission on the calling thread. `admitted_rows` != 0: Admit() ran
   // already for that many rows.
   void Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
@@ -108,8 +111,8 @@ class Server : public ServerView {
   // Takes a place for a request of `rows` rows within the session's limits (in flight, row
   // budget); false when it completed the request with the refusal.
   bool Admit(Session& session, uint64_t ticket, uint32_t slot, uint64_t rows, uint64_t start);
-  void Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Status status,
-              uint64_t rows, uint64_t admitted_rows, uint64_t start);
+  void Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Status status, uint64_t rows,
+              uint64_t admitted_rows, uint64_t start, bool rows_written = true);
   uint64_t RowBudget(Session& session) const;
   void Unanswerable(Session& session, const std::string& message, uint64_t start);
   void Accept();
@@ -117,6 +120,10 @@ class Server : public ServerView {
   // The session a HELLO may have under the limits, or the refusal (code, message).
   bool GrantArena(const engram_msg_hello& hello, protocol::ArenaLayout* ret_layout,
                   int32_t* ret_code, std::string* ret_message) const;
+  // ENGRAM_FEATURE_DEVICE_SUBMIT for the peer of `fd`: administrators only, at most
+  // limits.max_device_sessions at once; else the refusal (code, message naming the client).
+  bool GrantDeviceSubmit(int fd, const engram_msg_hello& hello, const PeerInfo& peer,
+                         int32_t* ret_code, std::string* ret_message) const;
   void HandleMessage(const std::shared_ptr<Session>& session);
   void Disconnect(const std::shared_ptr<Session>& session, const char* why);
   void Refuse(int fd, int32_t code, const std::string& message);

@@ -87,6 +87,10 @@ class Session {
 
   std::atomic<uint32_t> inflight{0};
   std::atomic<uint64_t> rows_in_flight{0};  // rows of the requests admitted and not finished
+  // Rows of this session's PREFETCH entries from hand-over until they leave the prefetch queue
+  // (a PrefetchAccount, prefetcher.h; the prefetcher holds it while the rows are queued).
+  const std::shared_ptr<std::atomic<uint64_t>> prefetch_rows =
+      std::make_shared<std::atomic<uint64_t>>(0);
 
   // The COUNTED entries of ENGRAM_SESSION_COUNTERS and ENGRAM_SESSION_DAEMON_COUNTERS.
   struct Counters {

@@ -382,8 +382,9 @@ ENGRAM_API void engram_unmap_table(engram_table_map* map);
  * gather (a row cache hit if it arrived). `flags`: 0. Errors: -EOPNOTSUPP when the daemon predates
  * prefetch (protocol < 1.2); -ENOENT no table of that layer; -ERANGE a row outside the table
  * (engram_last_error() names the table, the row and its index; nothing of that entry is queued);
- * -ENOSPC every slot is busy or the data region has no room for the ids; -EBUSY on a device-submit
- * session; -ENOTCONN. Thread-safe. */
+ * -ENOSPC every slot is busy, the data region has no room for the ids, or the session already has
+ * the daemon's limits.prefetch_session_rows rows waiting to be prefetched (the message says which);
+ * -EBUSY on a device-submit session; -ENOTCONN. Thread-safe. */
 ENGRAM_API int engram_prefetch(engram_session* session, uint32_t layer, const uint64_t* rows,
                                uint64_t num_rows, uint32_t flags, uint64_t* ret_queued);
 
