@@ -149,7 +149,11 @@ SIZE(engram_msg_tables, 24);
 SIZE(engram_wire_session_stats, 128);
 SIZE(engram_msg_stats, 144);
 SIZE(engram_msg_map_table, 24);
-SIZE(engram_msg_table_mapped, 48);
+SIZE(engram_msg_table_mapped, 56);
+AT(engram_msg_table_mapped, state_index, 48);
+SIZE(engram_table_state_entry, 8);
+SIZE(engram_table_state_page, 128);
+AT(engram_table_state_page, daemon_alive, 64);
 SIZE(engram_arena_header, 4096);
 SIZE(engram_sqe, 64);
 SIZE(engram_cqe, 16);
@@ -160,6 +164,6 @@ _Static_assert(ENGRAM_ROW_BYTES == 264, "row size");
 _Static_assert(ENGRAM_MAX_STRUCT_BYTES == 4096, "the size-field bound of engram.h convention 3");
 
 int main(void) {
-  printf("layouts of 15 ABI structs and 14 protocol structs checked at compile time\n");
+  printf("layouts of 15 ABI structs and 16 protocol structs checked at compile time\n");
   return 0;
 }
