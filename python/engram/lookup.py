@@ -183,12 +183,16 @@ class EngramLookup:
         row_ids: {layer_id: ids} or a sequence in the order of `layers`; ids of shape
         [tokens, heads] (CPU tensor, NumPy array or nested lists of integers; -1 = padding).
         Raises ValueError for a bad shape or a row outside the table (naming layer, token and
-        head), and the daemon's errors of the previous step (see the module's notes)."""
+        head), UnknownTableError for ids of a layer this lookup does not serve,
+        InvalidArgumentError when a layer of the lookup has none (all of them EngramError and
+        ValueError), and the daemon's errors of the previous step (see the module's notes)."""
         self._check_open()
         row_ids = self._by_layer(row_ids)
+        self._check_layers(row_ids)
         if sorted(row_ids) != sorted(self.layers):
-            raise ValueError(f"row ids given for layers {sorted(row_ids)}, expected "
-                             f"{sorted(self.layers)}")
+            raise InvalidArgumentError(
+                -errno.EINVAL, f"row ids given for layers {sorted(row_ids)}, expected "
+                               f"{sorted(self.layers)}")
         steps = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
         self._finish_step(timeout)
         for layer_id in self.layers:
@@ -263,10 +267,7 @@ class EngramLookup:
         outside the table). Does not touch the step in flight."""
         self._check_open()
         row_ids = self._by_layer(row_ids)
-        unknown = sorted(set(row_ids) - set(self.layers))
-        if unknown:
-            raise ValueError(f"row ids given for layers {unknown}, not layers of this lookup "
-                             f"{self.layers}")
+        self._check_layers(row_ids)
         checked = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
         return sum(self._client.prefetch(layer, rows) for layer, (_, _, rows) in checked.items())
 
@@ -291,14 +292,23 @@ class EngramLookup:
                                f"{end - begin} heads; this lookup was made for {self.heads}")
         return begin, end
 
+    def _check_layers(self, row_ids):
+        """UnknownTableError (an EngramError) for ids of layers this lookup does not serve."""
+        unknown = sorted(set(row_ids) - set(self.layers))
+        if unknown:
+            raise UnknownTableError(
+                -errno.ENOENT, f"row ids given for layers {unknown}, not layers of this lookup "
+                               f"{self.layers}")
+
     def _by_layer(self, row_ids):
         """{layer_id: ids} from a dict, or from a sequence in the order of `layers`."""
         if isinstance(row_ids, dict):
             return row_ids
         row_ids = list(row_ids)
         if len(row_ids) != len(self.layers):
-            raise ValueError(f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
-                             f"{self.layers}")
+            raise InvalidArgumentError(
+                -errno.EINVAL, f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
+                               f"{self.layers}")
         return dict(zip(self.layers, row_ids))
 
     def _validate(self, layer_id, ids):
@@ -427,7 +437,8 @@ class EngramLookup:
         self._check_open()
         layer = self._layers.get(layer_id)
         if layer is None:
-            raise ValueError(f"layer {layer_id} is not one of {self.layers}")
+            raise UnknownTableError(-errno.ENOENT,
+                                    f"layer {layer_id} is not one of {self.layers}")
         if layer.tokens is None:
             raise RuntimeError(f"layer {layer_id}: get() before any prepare()")
         return layer

@@ -77,8 +77,17 @@ def test_lookup_refuses_bad_steps(daemon):
             lookup.prepare({1: good, 14: np.zeros((2, 5), dtype=np.int64)})
         with pytest.raises(ValueError, match="max_tokens"):
             lookup.prepare({1: good, 14: np.zeros((9, 4), dtype=np.int64)})
-        with pytest.raises(ValueError, match="expected"):
+        with pytest.raises(engram.InvalidArgumentError, match="expected"):
             lookup.prepare({1: good})
+        with pytest.raises(engram.InvalidArgumentError, match="3 row id arrays for 2 layers"):
+            lookup.prepare([good, good, good])
+        # A layer the lookup does not serve is an EngramError naming it, in each entry point.
+        with pytest.raises(engram.UnknownTableError, match=r"layers \[7\], not layers"):
+            lookup.prepare({1: good, 14: good, 7: good})
+        with pytest.raises(engram.UnknownTableError, match=r"layers \[7\], not layers"):
+            lookup.prefetch({7: good})
+        with pytest.raises(engram.UnknownTableError, match="layer 7 is not one of"):
+            lookup.get(7)
         with pytest.raises(TypeError):
             lookup.prepare({1: good, 14: good.astype(np.float32)})
         with pytest.raises(RuntimeError, match="before any prepare"):
