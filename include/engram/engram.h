@@ -78,6 +78,9 @@
 #ifndef ENGRAM_ENGRAM_H_
 #define ENGRAM_ENGRAM_H_
 
+/* errno.h: the functions return the negative errno values listed above, which a caller
+ * compares with the E* names (rc == -ENOTCONN) without an include of its own. */
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
