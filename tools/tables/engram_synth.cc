@@ -10,6 +10,28 @@
 #include "tools/tables/progress.h"
 #include "tools/tables/synthetic.h"
 
+namespace {
+
+// One line saying what was written.
+void PrintSummary(const engram::SynthOptions& options) {
+  std::printf("wrote %s: Engram layers", options.out_dir.c_str());
+  for (uint32_t l : options.layers) std::printf(" %u", l);
+  const auto seed = static_cast<unsigned long long>(options.seed);
+  if (!options.hashable) {
+    std::printf(", %s rows per table, seed %llu\n",
+                options.rows ? std::to_string(options.rows).c_str() : "full-size", seed);
+    return;
+  }
+  std::printf(", rows per table");
+  for (uint64_t rows : engram::HashableRows(options.layers.size(), options.hash_prime_start)) {
+    std::printf(" %llu", static_cast<unsigned long long>(rows));
+  }
+  std::printf(" (engram_vocab_size %llu), seed %llu; hashable: tokenizer.json, engram-hash.bin\n",
+              static_cast<unsigned long long>(options.hash_prime_start), seed);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "Write a synthetic DeepSeek-V4.1 checkpoint (config.json, index, safetensors shards with "
@@ -19,12 +41,26 @@ int main(int argc, char** argv) {
   std::string rows_text = std::to_string(engram::kDefaultSyntheticRows);
   uint64_t seed = 0;
   std::vector<uint32_t> layers = {1, 14};
-  bool progress = false, quiet = false;
+  bool progress = false, quiet = false, hashable = false;
+  uint64_t prime_start = engram::kDefaultHashPrimeStart;
   app.add_option("OUT_DIR", out_dir, "Checkpoint directory to write")->required();
-  app.add_option("--rows", rows_text,
-                 "Rows per Engram table, or 'full' for DeepSeek-V4.1's 384,006,168 / 384,016,682 "
-                 "(203 GB)")
-      ->capture_default_str();
+  CLI::Option* rows_option =
+      app.add_option("--rows", rows_text,
+                     "Rows per Engram table, or 'full' for DeepSeek-V4.1's 384,006,168 / "
+                     "384,016,682 (203 GB)")
+          ->capture_default_str();
+  CLI::Option* hashable_flag = app.add_flag(
+      "--hashable", hashable,
+      "Also write a small tokenizer (tokenizer.json, tokenizer_config.json) and its derived "
+      "hash tables (engram-hash.bin), with each table's rows set by its head primes, so that "
+      "engramctl hash and engram.Hasher work on the checkpoint; excludes --rows");
+  rows_option->excludes(hashable_flag);
+  app.add_option("--engram-vocab-size", prime_start,
+                 "With --hashable: config.json's engram_vocab_size, where the search for each "
+                 "layer's 24 head primes starts; a table has about 24 times this many rows")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{2}, engram::kMaxHashPrimeStart))
+      ->needs(hashable_flag);
   app.add_option("--seed", seed, "Seed of the row contents")->capture_default_str();
   app.add_option("--layers", layers, "Engram layer ids")->capture_default_str()->delimiter(',');
   app.add_flag("--progress", progress, "Show progress even when stderr is not a terminal");
@@ -35,7 +71,11 @@ int main(int argc, char** argv) {
   options.out_dir = out_dir;
   options.seed = seed;
   options.layers = layers;
-  if (rows_text == "full") {
+  options.hashable = hashable;
+  options.hash_prime_start = prime_start;
+  if (hashable) {
+    options.rows = 0;  // set from the primes
+  } else if (rows_text == "full") {
     options.rows = 0;
   } else if (!absl::SimpleAtoi(rows_text, &options.rows) || options.rows == 0) {
     std::fprintf(stderr, "engram-synth: --rows must be a positive row count or 'full', got '%s'\n",
@@ -50,12 +90,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "engram-synth: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  if (!quiet) {
-    std::printf("wrote %s: Engram layers", out_dir.c_str());
-    for (uint32_t l : layers) std::printf(" %u", l);
-    std::printf(", %s rows per table, seed %llu\n",
-                options.rows ? std::to_string(options.rows).c_str() : "full-size",
-                static_cast<unsigned long long>(seed));
-  }
+  if (!quiet) PrintSummary(options);
   return 0;
 }

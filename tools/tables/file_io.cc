@@ -32,6 +32,17 @@ absl::Status WriteAllAt(int fd, const std::string& path, const void* buf, uint64
   return absl::OkStatus();
 }
 
+absl::Status WriteWholeFile(const std::string& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("cannot create", path);
+  absl::Status s = WriteAllAt(fd, path, bytes.data(), bytes.size(), 0);
+  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus("cannot fsync", path);
+  const int saved = errno;
+  if (::close(fd) != 0 && s.ok()) return ErrnoStatus("cannot close", path);
+  errno = saved;
+  return s;
+}
+
 absl::Status FsyncDirectory(const std::string& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) return ErrnoStatus("cannot open directory", dir);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 
@@ -15,6 +16,9 @@ absl::Status ErrnoStatus(const std::string& what, const std::string& path);
 // Writes all `len` bytes at `offset`, retrying short writes and EINTR.
 absl::Status WriteAllAt(int fd, const std::string& path, const void* buf, uint64_t len,
                         uint64_t offset);
+
+// Creates (or truncates) `path` (mode 0644), writes `bytes` and fsyncs it.
+absl::Status WriteWholeFile(const std::string& path, std::string_view bytes);
 
 // fsyncs directory `dir` so that entries just created or renamed in it survive a crash.
 absl::Status FsyncDirectory(const std::string& dir);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -225,15 +226,10 @@ absl::Status WriteShard(const std::string& dir, const PlannedShard& shard,
 }
 
 absl::Status WriteJson(const std::string& path, const ordered_json& doc) {
-  auto out = OutputFile::Create(path);
-  if (!out.ok()) return out.status();
-  const std::string text = doc.dump(2) + "\n";
-  if (absl::Status s = (*out)->WriteAt(text.data(), text.size(), 0); !s.ok()) return s;
-  return (*out)->Finish();
+  return WriteWholeFile(path, doc.dump(2) + "\n");
 }
 
-absl::StatusOr<uint64_t> RowsOf(const SynthOptions& options, uint32_t layer) {
-  if (options.rows != 0) return options.rows;
+absl::StatusOr<uint64_t> FullRowsOf(uint32_t layer) {
   for (int i = 0; i < 2; ++i) {
     if (kDsv41EngramLayers[i] == layer) return kDsv41EngramRows[i];
   }
@@ -241,6 +237,81 @@ absl::StatusOr<uint64_t> RowsOf(const SynthOptions& options, uint32_t layer) {
       absl::StrCat("layer ", layer,
                    " has no DeepSeek-V4.1 row count; full-size checkpoints have layers 1 "
                    "and 14 (pass a row count instead)"));
+}
+
+// Rows of each layer's table, in options.layers' order.
+absl::StatusOr<std::vector<uint64_t>> RowsPerLayer(const SynthOptions& options) {
+  if (options.hashable) {
+    if (options.hash_prime_start < 2 || options.hash_prime_start > kMaxHashPrimeStart) {
+      return absl::InvalidArgumentError(absl::StrCat("engram_vocab_size ", options.hash_prime_start,
+                                                     " is outside [2, ", kMaxHashPrimeStart, "]"));
+    }
+    return HashableRows(options.layers.size(), options.hash_prime_start);
+  }
+  std::vector<uint64_t> rows;
+  for (uint32_t layer : options.layers) {
+    auto n = options.rows != 0 ? absl::StatusOr<uint64_t>(options.rows) : FullRowsOf(layer);
+    if (!n.ok()) return n.status();
+    rows.push_back(*n);
+  }
+  return rows;
+}
+
+// config.json: the engram_* keys under text_config. A hashable checkpoint's describe its
+// tokenizer and primes; otherwise DeepSeek-V4.1's, with the rows written.
+std::string ConfigText(const SynthOptions& options, const std::vector<uint64_t>& rows,
+                       const SyntheticVocab* vocab) {
+  ordered_json text_config;
+  text_config["model_type"] = "deepseek_v4";
+  if (vocab != nullptr) text_config["vocab_size"] = vocab->tokens.size();
+  text_config["engram_layer_ids"] = options.layers;
+  text_config["engram_num_embeddings"] = rows;
+  text_config["engram_max_ngram_size"] = kSyntheticMaxNgram;
+  text_config["engram_n_heads"] = kSyntheticHeadsPerOrder;
+  text_config["engram_head_dim"] = kValueBytes;
+  text_config["engram_vocab_size"] = vocab != nullptr ? options.hash_prime_start : 16000000;
+  text_config["engram_pad_token_id"] = vocab != nullptr ? vocab->pad_token_id : 2;
+  text_config["engram_compressed_vocab_size"] = vocab != nullptr ? vocab->compressed_size : 99092;
+  ordered_json config;
+  config["architectures"] = {"DeepseekV4ForCausalLM"};
+  config["model_type"] = "deepseek_v4";
+  config["text_config"] = text_config;
+  // Lets tools verify rows against SyntheticRow() without being told the seed.
+  config["engram_synthetic"] = {{"seed", options.seed}, {"generator", "engram-synth"}};
+  return config.dump(2) + "\n";
+}
+
+// config.json, and with options.hashable the tokenizer files and engram-hash.bin after it
+// (their fingerprint covers config.json as written).
+absl::Status WriteModelFiles(const SynthOptions& options, const std::vector<uint64_t>& rows) {
+  const std::filesystem::path dir(options.out_dir);
+  std::optional<SyntheticVocab> vocab;
+  if (options.hashable) vocab = MakeSyntheticVocab(kSyntheticWords);
+  const std::string config = ConfigText(options, rows, vocab ? &*vocab : nullptr);
+  if (absl::Status s = WriteWholeFile((dir / "config.json").string(), config); !s.ok()) return s;
+  if (vocab) return WriteHashFiles(options.out_dir, config, *vocab);
+  return absl::OkStatus();
+}
+
+// A shard holding one Engram layer's tensors between two decoys.
+void PlanEngramShard(uint32_t layer, uint64_t rows, std::string name, PlannedShard* shard) {
+  shard->name = std::move(name);
+  shard->engram_layer = layer;
+  shard->has_engram = true;
+  shard->rows = rows;
+  const std::string prefix = absl::StrCat("layers.", layer, ".");
+  // A decoy whose name looks like an Engram tensor comes first, so the table data does not
+  // start at data offset 0 either.
+  shard->tensors.push_back(Decoy(prefix + "engram.norm.weight", "BF16", {kValueBytes}, 2));
+  PlannedTensor values{prefix + "engram.embed.weight", "F8_E4M3", {rows, kValueBytes}};
+  values.bytes = rows * kValueBytes;
+  values.fill = PlannedTensor::Fill::kEngramValues;
+  shard->tensors.push_back(values);
+  PlannedTensor scales{prefix + "engram.embed.scale", "F8_E8M0", {rows, kScaleBytes}};
+  scales.bytes = rows * kScaleBytes;
+  scales.fill = PlannedTensor::Fill::kEngramScales;
+  shard->tensors.push_back(scales);
+  shard->tensors.push_back(Decoy(prefix + "ffn.gate.weight", "BF16", {32, 64}, 2));
 }
 
 std::string ShardName(size_t index, size_t count) {
@@ -295,32 +366,13 @@ absl::Status WriteSyntheticCheckpoint(const SynthOptions& options) {
   shards[0].name = ShardName(0, shard_count);
   shards[0].tensors.push_back(Decoy("embed.weight", "BF16", {1024, 64}, 2));
   shards[0].tensors.push_back(Decoy("layers.0.attn.wq.weight", "BF16", {64, 64}, 2));
-  std::vector<uint64_t> rows_per_layer;
+  auto rows_per_layer = RowsPerLayer(options);
+  if (!rows_per_layer.ok()) return rows_per_layer.status();
   uint64_t total_bytes = 0;
   for (size_t i = 0; i < options.layers.size(); ++i) {
-    const uint32_t layer = options.layers[i];
-    auto rows = RowsOf(options, layer);
-    if (!rows.ok()) return rows.status();
-    rows_per_layer.push_back(*rows);
-    total_bytes += *rows * kRowBytes;
-    PlannedShard& shard = shards[i + 1];
-    shard.name = ShardName(i + 1, shard_count);
-    shard.engram_layer = layer;
-    shard.has_engram = true;
-    shard.rows = *rows;
-    const std::string prefix = absl::StrCat("layers.", layer, ".");
-    // A decoy whose name looks like an Engram tensor comes first, so the table data does not
-    // start at data offset 0 either.
-    shard.tensors.push_back(Decoy(prefix + "engram.norm.weight", "BF16", {kValueBytes}, 2));
-    PlannedTensor values{prefix + "engram.embed.weight", "F8_E4M3", {*rows, kValueBytes}};
-    values.bytes = *rows * kValueBytes;
-    values.fill = PlannedTensor::Fill::kEngramValues;
-    shard.tensors.push_back(values);
-    PlannedTensor scales{prefix + "engram.embed.scale", "F8_E8M0", {*rows, kScaleBytes}};
-    scales.bytes = *rows * kScaleBytes;
-    scales.fill = PlannedTensor::Fill::kEngramScales;
-    shard.tensors.push_back(scales);
-    shard.tensors.push_back(Decoy(prefix + "ffn.gate.weight", "BF16", {32, 64}, 2));
+    const uint64_t rows = (*rows_per_layer)[i];
+    total_bytes += rows * kRowBytes;
+    PlanEngramShard(options.layers[i], rows, ShardName(i + 1, shard_count), &shards[i + 1]);
   }
   ordered_json weight_map = ordered_json::object();
   uint64_t total_size = 0;
@@ -346,23 +398,7 @@ absl::Status WriteSyntheticCheckpoint(const SynthOptions& options) {
     return s;
   }
 
-  ordered_json text_config;
-  text_config["model_type"] = "deepseek_v4";
-  text_config["engram_layer_ids"] = options.layers;
-  text_config["engram_num_embeddings"] = rows_per_layer;
-  text_config["engram_max_ngram_size"] = 4;
-  text_config["engram_n_heads"] = 8;
-  text_config["engram_head_dim"] = kValueBytes;
-  text_config["engram_vocab_size"] = 16000000;
-  text_config["engram_pad_token_id"] = 2;
-  text_config["engram_compressed_vocab_size"] = 99092;
-  ordered_json config;
-  config["architectures"] = {"DeepseekV4ForCausalLM"};
-  config["model_type"] = "deepseek_v4";
-  config["text_config"] = text_config;
-  // Lets tools verify rows against SyntheticRow() without being told the seed.
-  config["engram_synthetic"] = {{"seed", options.seed}, {"generator", "engram-synth"}};
-  if (absl::Status s = WriteJson((dir / "config.json").string(), config); !s.ok()) return s;
+  if (absl::Status s = WriteModelFiles(options, *rows_per_layer); !s.ok()) return s;
 
   // Make the new directory entries durable too.
   return FsyncDirectory(options.out_dir);

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "tables/table.h"
+#include "tools/tables/synthetic_vocab.h"
 
 namespace engram {
 
@@ -43,17 +44,26 @@ struct SynthOptions {
   // Engram layers to write; their tables go into the last shards, one per layer, as in the
   // released checkpoint.
   std::vector<uint32_t> layers = {1, 14};
+  // A checkpoint the n-gram hasher reads too (engramctl hash, engram.Hasher): each table gets
+  // exactly the rows its head primes imply (HashableRows from `hash_prime_start`, written as
+  // engram_vocab_size; `rows` is not used), and the directory gets a small tokenizer
+  // (tokenizer.json, tokenizer_config.json) and its derived tables, engram-hash.bin
+  // (tools/tables/synthetic_vocab.h).
+  bool hashable = false;
+  uint64_t hash_prime_start = kDefaultHashPrimeStart;
   // Called now and then with bytes of Engram data written so far and the total.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
 };
 
 // Writes a DeepSeek-V4.1-format checkpoint directory: config.json (the real engram_* keys under
-// text_config, engram_num_embeddings = options.rows per layer), model.safetensors.index.json,
+// text_config, engram_num_embeddings = options.rows per layer, or with options.hashable the
+// hash parameters of the synthetic tokenizer and its primes' rows), model.safetensors.index.json,
 // a first shard holding only decoy tensors, then one shard per Engram layer holding
 // layers.<L>.engram.embed.weight (F8_E4M3 [N, 256]), layers.<L>.engram.embed.scale
 // (F8_E8M0 [N, 8]) and a decoy tensor. The JSON headers are padded so that tensor data starts
 // at an odd file offset, as unaligned as safetensors permits. Streams in bounded memory
-// (a few MB) and syncs every file before returning.
+// (a few MB) and syncs every file before returning. With options.hashable also writes
+// tokenizer.json, tokenizer_config.json and engram-hash.bin.
 absl::Status WriteSyntheticCheckpoint(const SynthOptions& options);
 
 // Name of the shard file holding `layer`'s Engram tensors in a checkpoint written with
