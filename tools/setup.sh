@@ -26,6 +26,8 @@ packages=(
   python3 python3-numpy python3-torch python3-pytest python3-matplotlib
   python3-venv python3-pip python3-mesonpy patchelf
   systemd
+  # Man pages of engramd, engramctl and the table tools (man/), made from their --help.
+  help2man
   # Debian packages (debian/): dpkg-buildpackage, debhelper, lintian.
   dpkg-dev debhelper lintian
 )
