@@ -1,6 +1,6 @@
 // engramd inside a memory cgroup smaller than its tables, as the DGX Spark profile runs it: the
 // test creates the cgroup (v2 with the memory controller, else the legacy v1 controller), starts
-// engramd in it with the limits `[memory] budget` gives (MemoryHigh a tenth below MemoryMax),
+// engramd in it with the limits of the drop-in `engramd --memory-dropin` prints for the budget,
 // reads every row of both tables from disk through it with every byte checked, and then checks
 // that the cgroup never went above its limit, nothing was OOM-killed, the daemon still serves,
 // and `engramctl status` reports the cgroup, its limit and the throttling it saw.
@@ -19,6 +19,7 @@
 #include <string>
 
 #include "daemon/ops/cgroup_memory.h"
+#include "daemon/tests/cgroup_test_util.h"
 #include "engram/engram.h"
 #include "tests/common/daemon_test_util.h"
 
@@ -29,83 +30,6 @@ constexpr uint64_t kLimit = 96ull << 20;
 // Two tables of this many rows: 2 x 400,000 x 264 B = 211 MB, over twice the limit.
 constexpr uint64_t kBigRows = 400'000;
 constexpr uint64_t kBatchRows = 8192;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.flush();
-  return static_cast<bool>(out);
-}
-
-[[noreturn]] void Skip(const std::string& why) {
-  std::fprintf(stderr, "SKIP: %s\n", why.c_str());
-  std::exit(77);
-}
-
-// A memory cgroup this test made, limited to kLimit; removed (once empty) on destruction.
-struct TestCgroup {
-  int version = 0;
-  std::string dir;
-  std::string peak_file, oom_file, oom_key;
-
-  TestCgroup() {
-    const std::string name = "engram-limit-test-" + std::to_string(getpid());
-    if (access("/sys/fs/cgroup/cgroup.controllers", F_OK) == 0 &&
-        ReadText("/sys/fs/cgroup/cgroup.controllers").find("memory") != std::string::npos) {
-      // Pure v2: the root must hand the memory controller to its children.
-      WriteText("/sys/fs/cgroup/cgroup.subtree_control", "+memory");
-      dir = "/sys/fs/cgroup/" + name;
-      if (mkdir(dir.c_str(), 0755) == 0 && access((dir + "/memory.max").c_str(), F_OK) == 0) {
-        version = 2;
-        WriteText(dir + "/memory.high", std::to_string(MemoryHighFor(kLimit)));
-        WriteText(dir + "/memory.max", std::to_string(kLimit));
-        WriteText(dir + "/memory.swap.max", "0");
-        peak_file = dir + "/memory.peak";
-        oom_file = dir + "/memory.events";
-        oom_key = "oom_kill";
-        return;
-      }
-      rmdir(dir.c_str());
-    }
-    dir = "/sys/fs/cgroup/memory/" + name;
-    if (mkdir(dir.c_str(), 0755) == 0) {
-      if (WriteText(dir + "/memory.limit_in_bytes", std::to_string(kLimit))) {
-        version = 1;
-        peak_file = dir + "/memory.max_usage_in_bytes";
-        oom_file = dir + "/memory.oom_control";
-        oom_key = "oom_kill";
-        return;
-      }
-      rmdir(dir.c_str());
-    }
-    dir.clear();
-  }
-  ~TestCgroup() {
-    for (int i = 0; !dir.empty() && i < 500 && rmdir(dir.c_str()) != 0; ++i) usleep(10000);
-  }
-  uint64_t Number(const std::string& file) const {
-    return std::strtoull(ReadText(file).c_str(), nullptr, 10);
-  }
-  uint64_t Keyed(const std::string& file, const std::string& key) const {
-    std::istringstream in(ReadText(file));
-    std::string k;
-    uint64_t v;
-    while (in >> k >> v) {
-      if (k == key) return v;
-    }
-    return 0;
-  }
-  uint64_t Current() const {
-    return Number(dir + (version == 2 ? "/memory.current" : "/memory.usage_in_bytes"));
-  }
-};
 
 // Drops the file's pages from the page cache, so engramd's reads are charged to its cgroup.
 void EvictFiles(const std::string& dir) {
@@ -119,11 +43,16 @@ void EvictFiles(const std::string& dir) {
 }
 
 TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit") {
-  if (geteuid() != 0) Skip("creating a memory cgroup needs root");
-  if (std::getenv("MESON_EXE_WRAPPER") != nullptr) {
-    Skip("under an emulator (qemu-user) the emulator's own memory is charged to the cgroup");
-  }
-  TestCgroup cg;
+  SkipWithoutCgroups();
+  // Requests of at most kBatchRows rows: a budget this small cannot hold the bookkeeping of
+  // 131,072-row requests on every request thread (engramd refuses to start, saying so).
+  const std::vector<std::string> flags = {"--memory-budget", std::to_string(kLimit),
+                                          "--max-rows-per-request", std::to_string(kBatchRows)};
+  std::vector<std::string> dropin_flags = flags;
+  dropin_flags.insert(dropin_flags.end(), {"--workers", "2"});
+  const auto [high, max] = DropInLimits(dropin_flags);
+  REQUIRE(max == kLimit);
+  TestCgroup cg("engram-limit-test-" + std::to_string(getpid()), high, max);
   if (cg.version == 0) {
     Skip("no writable memory cgroup (cgroup v2 with the memory controller at /sys/fs/cgroup, "
          "or the v1 memory controller at /sys/fs/cgroup/memory)");
@@ -137,13 +66,10 @@ TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit
   EvictFiles(model);
 
   // engramd joins the cgroup before it starts: a wrapper writes its own pid, then execs it.
-  const std::string wrapper = TestDir() + "/engramd-in-cgroup";
-  REQUIRE(WriteText(wrapper, "#!/bin/sh\necho $$ > '" + cg.dir + "/cgroup.procs' || exit 1\n" +
-                                 "exec '" + EngramdPath() + "' \"$@\"\n"));
-  REQUIRE(chmod(wrapper.c_str(), 0755) == 0);
+  const std::string wrapper = cg.Wrapper(TestDir() + "/engramd-in-cgroup");
   const std::string real_engramd = EngramdPath();
   setenv("ENGRAMD", wrapper.c_str(), 1);
-  Daemon daemon({"--memory-budget", std::to_string(kLimit)}, "cgroup", model);
+  Daemon daemon(flags, "cgroup", model);
   setenv("ENGRAMD", real_engramd.c_str(), 1);
   REQUIRE(daemon.alive());
   REQUIRE(ReadText(cg.dir + "/cgroup.procs").find(std::to_string(daemon.pid())) !=
@@ -177,12 +103,12 @@ TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit
                "most %lu bytes (sampled), peak %lu\n",
                static_cast<unsigned long>(rows_read), static_cast<unsigned long>(table_bytes),
                static_cast<unsigned long>(kLimit), static_cast<unsigned long>(highest),
-               static_cast<unsigned long>(cg.Number(cg.peak_file)));
+               static_cast<unsigned long>(cg.Peak()));
   CHECK(bad_batches == 0);
   CHECK(table_bytes > 2 * kLimit);
   CHECK(highest <= kLimit);
-  CHECK(cg.Number(cg.peak_file) <= kLimit);
-  CHECK(cg.Keyed(cg.oom_file, cg.oom_key) == 0);
+  CHECK(cg.Peak() <= kLimit);
+  CHECK(cg.OomKills() == 0);
   CHECK(daemon.alive());
   CHECK(SocketAnswers(daemon.socket()));
 
