@@ -30,6 +30,51 @@ TEST_CASE("the budget refuses what it does not have, naming the asker", "[budget
   REQUIRE(unbounded.available() == UINT64_MAX);
 }
 
+TEST_CASE("the budget is split: fixed pieces first, the row store gets the rest", "[budget]") {
+  const uint64_t mib = 1 << 20;
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(
+      {.budget = 1000 * mib, .process = 50 * mib, .buffers = 30 * mib, .arena_limit = 16ull << 30});
+  REQUIRE(plan.ok());
+  CHECK(plan->arenas == 250 * mib);  // a quarter: the limit is larger
+  CHECK(plan->page_cache == 100 * mib);
+  CHECK(plan->store == 1000 * mib - 50 * mib - 30 * mib - 250 * mib - 100 * mib);
+  CHECK(plan->process + plan->buffers + plan->arenas + plan->page_cache + plan->store ==
+        plan->budget);
+  CHECK(plan->unreclaimable() == 900 * mib);
+  CHECK_THAT(DescribeMemoryPlan(*plan), Contains("arenas 250.0 MiB") && Contains("= budget"));
+  // A smaller arena limit is the arenas' share; the store gets the difference.
+  plan = PlanMemory(
+      {.budget = 1000 * mib, .process = 50 * mib, .buffers = 30 * mib, .arena_limit = 10 * mib});
+  REQUIRE(plan.ok());
+  CHECK(plan->arenas == 10 * mib);
+  CHECK(plan->store == 810 * mib);
+  // Unbounded: no plan.
+  plan = PlanMemory({.process = 50 * mib});
+  REQUIRE(plan.ok());
+  CHECK_FALSE(plan->bounded());
+}
+
+TEST_CASE("a budget the pieces do not fit, or larger than the machine, is refused", "[budget]") {
+  const uint64_t mib = 1 << 20;
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(
+      {.budget = 64 * mib, .process = 40 * mib, .buffers = 20 * mib, .arena_limit = 16ull << 30});
+  REQUIRE(plan.status().code() == absl::StatusCode::kResourceExhausted);
+  const std::string m(plan.status().message());
+  CHECK_THAT(m, Contains("process 40.0 MiB") && Contains("buffers 20.0 MiB") &&
+                    Contains("arenas 16.0 MiB") && Contains("page cache 6.4 MiB") &&
+                    Contains("= 82.4 MiB"));
+  // The budget it names is enough.
+  const size_t at = m.find("budget to at least ") + 19;
+  const double least_mib = std::stod(m.substr(at));
+  CHECK(PlanMemory({.budget = uint64_t(least_mib * mib) + mib, .process = 40 * mib,
+                    .buffers = 20 * mib, .arena_limit = 16ull << 30})
+            .ok());
+  plan = PlanMemory({.budget = 32ull << 30, .process = mib, .mem_total = 24ull << 30});
+  REQUIRE(plan.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(plan.status().message()),
+             Contains("32.00 GiB") && Contains("MemTotal 24.00 GiB"));
+}
+
 TEST_CASE("PSI text parses, malformed text is refused", "[pressure]") {
   auto s = ParseMemoryPressure(
       "some avg10=1.00 avg60=0.50 avg300=0.10 total=123456\n"
