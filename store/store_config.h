@@ -1,8 +1,10 @@
-// What the row store is told to do: each table's tier, the memory budget, the cache size and
-// whether memory pressure shrinks the cache. Filled from the [tables] and [memory] sections of
-// the configuration file and from engramd's flags; docs/row-store.md explains each choice.
+// What the row store is told to do: each table's tier, its share of the memory budget, the cache
+// size and whether memory pressure shrinks the cache. Filled from the [tables] and [memory]
+// sections of the configuration file and from engramd's flags; docs/row-store.md explains each
+// choice.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,12 +42,21 @@ inline std::optional<Tier> ParseTier(const std::string& text) {
 struct StoreConfig {
   Tier default_tier = Tier::kStorage;  // [tables] tier
   std::map<uint32_t, Tier> tiers;      // [tables] tiers, by layer id
-  uint64_t budget_bytes = 0;           // [memory] budget: resident tables + cache; 0 = unbounded
-  uint64_t cache_bytes = 0;            // [memory] cache: 0 = what the budget leaves
+  uint64_t budget_bytes = 0;  // [memory] budget: all engramd holds (MemoryPlan); 0 = unbounded
+  // Of budget_bytes, what the rest of engramd holds (the process, its buffers, the arenas' and
+  // the page cache's shares: MemoryPlan); the row store gets the remainder. Set by engramd
+  // from the plan, not by a setting.
+  uint64_t others_bytes = 0;
+  uint64_t cache_bytes = 0;            // [memory] cache: 0 = what the store's share leaves
   bool pressure = true;                // [memory] pressure: shrink the cache under PSI pressure
   bool huge_pages = true;              // [memory] huge_pages: resident tables on hugetlb pages
   bool load_at_start = true;           // [memory] load_at_start: else `engramctl load` starts it
   uint64_t load_rate_bytes_per_s = 0;  // [memory] load_rate: bytes/s a load reads; 0 = no limit
+
+  // The row store's cap: resident tables + cache (0 = unbounded).
+  uint64_t store_budget_bytes() const {
+    return budget_bytes == 0 ? 0 : budget_bytes - std::min(budget_bytes, others_bytes);
+  }
 
   Tier TierOf(uint32_t layer) const {
     auto it = tiers.find(layer);

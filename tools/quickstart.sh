@@ -39,10 +39,14 @@ for f in "$work"/*.engram; do
 done
 
 step "starting engramd on $work/model: layer 14 resident, layer 1 through a 32 MiB row cache"
-# A memory budget for the row store (docs/row-store.md): layer 14 in memory, layer 1's hot rows
-# in the cache, its misses read with O_DIRECT.
+# A memory budget (docs/operations.md, "Memory budget"): layer 14 in memory, layer 1's hot rows
+# in the cache, its misses read with O_DIRECT. The row store gets what the process, its buffers
+# (which grow with the CPUs) and the arenas' and page cache's shares (a quarter and a tenth of
+# the budget) leave: the budget is what the store needs plus a generous allowance per CPU, over
+# 13/20.
 resident_bytes=$(((rows * 264 + 2097151) / 2097152 * 2097152))
-budget=$((resident_bytes + 48 * 1048576))
+others=$(((64 + $(nproc) * 40) * 1048576))
+budget=$(((resident_bytes + 32 * 1048576 + others) * 20 / 13 + 1048576))
 "$builddir/daemon/engramd" --model "$work/model" --socket "$work/engramd.sock" \
   --tier 14=resident --tier 1=cache --cache-bytes 32M --memory-budget "$budget" &
 daemon_pid=$!

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 namespace engram {
 namespace {
@@ -142,9 +143,22 @@ MemoryReport ReadMemoryReport(const std::string& root) {
   return r;
 }
 
-uint64_t MemoryHighFor(uint64_t budget) { return budget - budget / 10; }
+std::optional<uint64_t> ReadMemTotal(const std::string& root) {
+  std::optional<std::string> text = ReadFile(root + "/proc/meminfo");
+  if (!text) return std::nullopt;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    if (!absl::ConsumePrefix(&line, "MemTotal:")) continue;
+    line = absl::StripAsciiWhitespace(line);
+    uint64_t kib = 0;
+    if (absl::ConsumeSuffix(&line, "kB") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &kib)) {
+      return kib * 1024;
+    }
+  }
+  return std::nullopt;
+}
 
-std::string MemoryDropIn(uint64_t budget) {
+std::string MemoryDropIn(const MemoryPlan& plan) {
   std::string out =
       "# engramd.service memory bound, written by `engramd --memory-dropin` from [memory] "
       "budget.\n"
@@ -152,13 +166,15 @@ std::string MemoryDropIn(uint64_t budget) {
       "# `systemctl daemon-reload && systemctl restart engramd`.\n"
       "[Service]\n"
       "MemoryAccounting=yes\n";
-  if (budget == 0) {
+  if (!plan.bounded()) {
     return out + "# budget 0: unbounded\nMemoryHigh=infinity\nMemoryMax=infinity\n";
   }
   return out + absl::StrFormat(
-                   "# budget %u bytes (%s): reclaim starts at MemoryHigh, MemoryMax is the cap\n"
+                   "# budget %u bytes: %s.\n"
+                   "# MemoryHigh is all but the page cache's share: what engramd may hold that\n"
+                   "# cannot be reclaimed (no swap), so reclaim above it only takes page cache.\n"
                    "MemoryHigh=%u\nMemoryMax=%u\nMemorySwapMax=0\n",
-                   budget, Gib(budget), MemoryHighFor(budget), budget);
+                   plan.budget, DescribeMemoryPlan(plan), plan.unreclaimable(), plan.budget);
 }
 
 std::optional<std::string> BudgetMismatch(const CgroupMemory& cgroup, uint64_t budget) {
@@ -169,8 +185,15 @@ std::optional<std::string> BudgetMismatch(const CgroupMemory& cgroup, uint64_t b
         "(run it from engramd.service with the drop-in of `engramd --memory-dropin`)",
         Gib(budget));
   }
-  if (budget == 0) return std::nullopt;
-  if (cgroup.max && *cgroup.max <= budget) return std::nullopt;
+  if (budget == 0 || (cgroup.max && *cgroup.max == budget)) return std::nullopt;
+  if (cgroup.max && *cgroup.max < budget) {
+    return absl::StrFormat(
+        "memory.budget is %s (%u bytes) but engramd's cgroup %s allows only %s (%u bytes): "
+        "engramd plans to hold up to the budget and would be OOM-killed before it gets there; "
+        "lower memory.budget to %u or install the drop-in that `engramd --memory-dropin` "
+        "prints",
+        Gib(budget), budget, cgroup.path, Gib(*cgroup.max), *cgroup.max, *cgroup.max);
+  }
   return absl::StrFormat(
       "memory.budget is %s but engramd's cgroup %s allows %s: install the drop-in that "
       "`engramd --memory-dropin` prints, then `systemctl daemon-reload && systemctl restart "
@@ -178,9 +201,14 @@ std::optional<std::string> BudgetMismatch(const CgroupMemory& cgroup, uint64_t b
       Gib(budget), cgroup.path, cgroup.max ? Gib(*cgroup.max) : "unlimited memory");
 }
 
-nlohmann::json MemoryReportJson(const MemoryReport& r, uint64_t budget) {
+nlohmann::json MemoryReportJson(const MemoryReport& r, const MemoryPlan& plan) {
   const CgroupMemory& c = r.cgroup;
-  nlohmann::json j = {{"budget_bytes", budget}, {"cgroup_version", c.version}};
+  nlohmann::json j = {{"budget_bytes", plan.budget}, {"cgroup_version", c.version}};
+  if (plan.bounded()) {
+    j["split"] = {{"process_bytes", plan.process}, {"buffers_bytes", plan.buffers},
+                  {"arenas_bytes", plan.arenas},   {"page_cache_bytes", plan.page_cache},
+                  {"store_bytes", plan.store},     {"unreclaimable_bytes", plan.unreclaimable()}};
+  }
   if (c.version != 0) {
     j["cgroup"] = c.path;
     j["current_bytes"] = c.current;
@@ -196,9 +224,20 @@ nlohmann::json MemoryReportJson(const MemoryReport& r, uint64_t budget) {
   return j;
 }
 
-void AppendMemoryMetrics(metrics::Exposition& e, const MemoryReport& r, uint64_t budget) {
+void AppendMemoryMetrics(metrics::Exposition& e, const MemoryReport& r, const MemoryPlan& plan) {
   e.Gauge("engram_memory_budget_bytes", "The configured memory.budget (0: unbounded)", {},
-          double(budget));
+          double(plan.budget));
+  if (plan.bounded()) {
+    const std::pair<const char*, uint64_t> pieces[] = {{"process", plan.process},
+                                                       {"buffers", plan.buffers},
+                                                       {"arenas", plan.arenas},
+                                                       {"page_cache", plan.page_cache},
+                                                       {"store", plan.store}};
+    for (const auto& [piece, bytes] : pieces) {
+      e.Gauge("engram_memory_budget_split_bytes", "memory.budget's share for each piece",
+              {{"piece", piece}}, double(bytes));
+    }
+  }
   const CgroupMemory& c = r.cgroup;
   if (c.version != 0) {
     e.Gauge("engram_memory_cgroup_current_bytes",

@@ -1,5 +1,6 @@
 // engramd's memory as the kernel accounts it: its own memory cgroup (what is charged, page cache
-// included, against the MemoryHigh=/MemoryMax= that systemd derived from `[memory] budget`),
+// included, against the MemoryHigh=/MemoryMax= that systemd derived from `[memory] budget`, and
+// how the budget is split),
 // memory pressure (PSI) of the cgroup and of the system, and whether the kernel is throttling
 // it. On a unified-memory machine (DGX Spark) every byte here is a byte the GPU does not have.
 //
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "daemon/ops/metrics.h"
+#include "store/memory_budget.h"     // MemoryPlan
 #include "store/pressure_monitor.h"  // PSI: MemoryPressure, ParseMemoryPressure
 
 namespace engram {
@@ -39,20 +41,23 @@ struct MemoryReport {
 // point it at a fake tree). Never fails: what cannot be read is left out.
 MemoryReport ReadMemoryReport(const std::string& root = "");
 
-// The MemoryHigh= for a budget: reclaim (and throttling) starts a tenth below the hard limit, so
-// page cache is given back before allocations fail.
-uint64_t MemoryHighFor(uint64_t budget);
+// The machine's memory (MemTotal of /proc/meminfo under `root`), or nullopt if unreadable.
+std::optional<uint64_t> ReadMemTotal(const std::string& root = "");
 
-// The systemd drop-in that bounds engramd.service to `budget` bytes (0: unbounded).
-std::string MemoryDropIn(uint64_t budget);
+// The systemd drop-in that bounds engramd.service to `plan`'s budget (unbounded: none):
+// MemoryMax= is the budget, MemoryHigh= what engramd may hold that cannot be reclaimed
+// (plan.unreclaimable()), so that reclaim and throttling above it only ever take page cache.
+std::string MemoryDropIn(const MemoryPlan& plan);
 
 // A warning when the cgroup's memory.max does not match the configured budget (the drop-in is
-// missing or stale); nullopt when they match or no memory cgroup was found.
+// missing or stale, or the cgroup is smaller than the budget, which the kernel would enforce by
+// OOM-killing engramd); nullopt when they match or no budget is set and no cgroup found.
 std::optional<std::string> BudgetMismatch(const CgroupMemory& cgroup, uint64_t budget);
 
 // `engramctl status`'s "memory" object and the engram_memory_* metrics.
-nlohmann::json MemoryReportJson(const MemoryReport& r, uint64_t budget);
-void AppendMemoryMetrics(metrics::Exposition& e, const MemoryReport& r, uint64_t budget);
+// With a budget, "split" gives the plan's pieces (each "<piece>_bytes").
+nlohmann::json MemoryReportJson(const MemoryReport& r, const MemoryPlan& plan);
+void AppendMemoryMetrics(metrics::Exposition& e, const MemoryReport& r, const MemoryPlan& plan);
 
 // Says when the kernel throttled or limited engramd's cgroup since the previous call (memory.high
 // reclaim, memory.max hits, OOM kills), at most once per `interval_ns`; the lines it held back are

@@ -67,7 +67,7 @@ CommandResult Status(CommandContext& c) {
   }
   out["rows_served"] = rows;
   out["batches"] = batches;
-  out["memory"] = MemoryReportJson(ReadMemoryReport(), s.config().memory_budget);
+  out["memory"] = MemoryReportJson(ReadMemoryReport(), s.config().memory_plan);
   out["access"] = AccessJson(c);
   return out;
 }

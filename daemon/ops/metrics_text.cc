@@ -101,7 +101,7 @@ std::string RenderMetrics(const ServerView& server, const std::string& version) 
             double(server.pace_windows_caught()));
   for (const auto& session : sessions) AddSession(*session, e);
   server.AddStoreMetrics(&e);
-  AppendMemoryMetrics(e, ReadMemoryReport(), server.config().memory_budget);
+  AppendMemoryMetrics(e, ReadMemoryReport(), server.config().memory_plan);
   return e.Text();
 }
 

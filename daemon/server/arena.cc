@@ -1,16 +1,40 @@
-// Creation of a session's sealed memfd arena (see arena.h).
+// Creation of a session's sealed memfd arena, and the bounds on all sessions' memory (arena.h).
 #include "daemon/server/arena.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
 
 namespace engram {
+
+uint64_t SessionMemoryBytes(const protocol::ArenaLayout& layout, uint64_t max_rows_per_request) {
+  const uint64_t rows_in_flight =
+      std::max<uint64_t>(layout.data_bytes / sizeof(uint64_t), max_rows_per_request);
+  return layout.arena_bytes + rows_in_flight * 2 * sizeof(uint64_t);
+}
+
+std::optional<std::string> ArenaRefusal(uint64_t arena_total, uint64_t session_total,
+                                        uint64_t limit, const MemoryPlan& plan) {
+  if (arena_total > limit) {
+    return absl::StrFormat(
+        "arenas of all sessions would reach %u bytes; the limit is %u (--max-total-arena-bytes)",
+        arena_total, limit);
+  }
+  if (plan.bounded() && session_total > plan.arenas) {
+    return absl::StrFormat(
+        "the sessions' arenas and the requests they may queue would take %u bytes; the arenas' "
+        "share of memory.budget is %u bytes (%s): ask for a smaller data region, close a "
+        "session, or raise memory.budget on the daemon",
+        session_total, plan.arenas, DescribeMemoryPlan(plan));
+  }
+  return std::nullopt;
+}
 
 absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(const protocol::ArenaLayout& layout,
                                                      uint64_t session_id,

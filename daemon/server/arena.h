@@ -1,17 +1,34 @@
 // A session's shared-memory arena on the daemon side: a sealed memfd laid out as
-// include/engram/protocol.h describes, mapped here for as long as the session has I/O in flight.
+// include/engram/protocol.h describes, mapped here for as long as the session has I/O in flight;
+// and what sessions may hold, all together, against their bounds.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "engram/protocol.h"
 #include "protocol/codec.h"
 #include "protocol/unique_fd.h"
 #include "protocol/unique_mapping.h"
+#include "store/memory_budget.h"
 
 namespace engram {
+
+// What a session with this arena may make engramd hold: the arena (a memfd engramd creates and
+// writes, charged to its cgroup) and the bookkeeping of the requests it may queue (16 bytes per
+// row in flight: a session may have its data region's bytes / 8 rows in flight, and at least
+// one request of `max_rows_per_request` rows).
+uint64_t SessionMemoryBytes(const protocol::ArenaLayout& layout, uint64_t max_rows_per_request);
+
+// Why a new session is refused, or nullopt when it fits: `arena_total`, the arena bytes of all
+// sessions with it, against `limit` (limits.max_total_arena_bytes); and with a budget,
+// `session_total`, their SessionMemoryBytes, against the arenas' share of it in `plan`. The text
+// goes to the client: it names the bound, the numbers and what to change.
+std::optional<std::string> ArenaRefusal(uint64_t arena_total, uint64_t session_total,
+                                        uint64_t limit, const MemoryPlan& plan);
 
 class Arena {
  public:

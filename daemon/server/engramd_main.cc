@@ -82,12 +82,22 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenAll(const ServerConfig& 
   return all;
 }
 
+// A row store error with the budget's split appended, when a budget is set: what the store's
+// share is and where the rest went.
+absl::Status WithPlan(const absl::Status& s, const MemoryPlan& plan) {
+  if (!plan.bounded()) return s;
+  return absl::Status(
+      s.code(), absl::StrFormat("%s ([memory] budget: %s)", s.message(), DescribeMemoryPlan(plan)));
+}
+
 // Opens the tables and checks the row store's settings against them: what --check-config and a
 // start both run, so that a configuration one refuses the other refuses too, with the same words.
 absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenChecked(const DaemonSettings& settings) {
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenAll(settings.server);
   if (!opened.ok()) return opened.status();
-  if (absl::Status s = RowStore::Validate(settings.store, *opened); !s.ok()) return s;
+  if (absl::Status s = RowStore::Validate(settings.store, *opened); !s.ok()) {
+    return WithPlan(s, settings.server.memory_plan);
+  }
   return opened;
 }
 
@@ -156,6 +166,12 @@ void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
   }
 }
 
+// How [memory] budget is split under these settings, checked against the machine's memory.
+absl::StatusOr<MemoryPlan> PlanFor(const DaemonSettings& settings) {
+  return PlanMemory(
+      MemoryNeedsOf(settings.server, settings.store.budget_bytes, ReadMemTotal().value_or(0)));
+}
+
 // Turns the settings into the server configuration (names resolved, text parsed). Also used by
 // SIGHUP, which reloads the files and applies the same flags again.
 absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
@@ -194,6 +210,10 @@ absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
     config.allow_uids = {geteuid(), 0};
   }
   config.memory_budget = settings->store.budget_bytes;  // the cgroup's side of [memory] budget
+  absl::StatusOr<MemoryPlan> plan = PlanFor(*settings);
+  if (!plan.ok()) return plan.status();
+  config.memory_plan = *plan;
+  settings->store.others_bytes = plan->budget - plan->store;
   config.poll.spin_min_ns = settings->spin_min_us * 1000;
   config.poll.spin_max_ns = std::max(settings->spin_max_us, settings->spin_min_us) * 1000;
   return ApplyTiers(settings);
@@ -237,8 +257,8 @@ void PrintCheckedConfig(const ServerConfig& config, const StoreConfig& store,
   printf("  memory budget: %s\n",
          config.memory_budget == 0
              ? "unbounded"
-             : absl::StrFormat("%u bytes (`engramd --memory-dropin` prints the unit's bounds)",
-                               config.memory_budget)
+             : absl::StrFormat("%u bytes: %s (`engramd --memory-dropin` prints the unit's bounds)",
+                               config.memory_budget, DescribeMemoryPlan(config.memory_plan))
                    .c_str());
 }
 
@@ -288,12 +308,16 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
           BudgetMismatch(ReadMemoryReport().cgroup, config.memory_budget)) {
     log::Warning("{}", *mismatch);
   }
+  if (config.memory_plan.bounded()) {
+    log::Info("memory.budget split: {}", DescribeMemoryPlan(config.memory_plan));
+  }
   if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
     config.listen_fd = fds[0];
     log::Info("using the socket passed by systemd for {}", config.socket_path);
   }
   absl::StatusOr<std::unique_ptr<GatherEngine>> engine = GatherEngine::Create(
       {.workers = config.workers,
+       .direct_bounce_bytes = DirectBounceBytes(config.memory_budget),
        // Once per file or worker: a file without RWF_NOWAIT, io_uring
        // missing or failing, unregistrable O_DIRECT buffers.
        .notice = [](const std::string& notice) { log::Notice("gather engine: {}", notice); }});
@@ -312,7 +336,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   if (use_store) {
     auto created = RowStore::Create(store_config, tables, engine->get(),
                                     [](const std::string& line) { log::Notice("{}", line); });
-    if (!created.ok()) return Fail(created.status());
+    if (!created.ok()) return Fail(WithPlan(created.status(), config.memory_plan));
     store = std::move(*created);
   }
   absl::StatusOr<std::unique_ptr<Server>> server =
@@ -356,7 +380,9 @@ int Main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (!config_status.ok()) return Fail(config_status);
   if (memory_dropin) {
-    fputs(MemoryDropIn(settings.store.budget_bytes).c_str(), stdout);
+    absl::StatusOr<MemoryPlan> plan = PlanFor(settings);
+    if (!plan.ok()) return Fail(plan.status());
+    fputs(MemoryDropIn(*plan).c_str(), stdout);
     return 0;
   }
   log::SetLogLevel(settings.log_level);  // checked when it was set

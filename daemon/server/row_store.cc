@@ -43,7 +43,7 @@ absl::Status RowStore::Validate(const StoreConfig& config,
           layer));
     }
   }
-  MemoryBudget budget(config.budget_bytes);
+  MemoryBudget budget(config.store_budget_bytes());
   bool any_cache = false;
   for (const auto& t : tables) {
     const Tier tier = config.TierOf(t->layer_id());
@@ -62,7 +62,8 @@ absl::Status RowStore::Validate(const StoreConfig& config,
   }
   if (any_cache && config.cache_bytes == 0 && budget.available() < (1u << 20)) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "the resident tables leave %u bytes of the %u-byte [memory] budget to the row cache",
+        "the resident tables leave %u bytes of the row store's %u-byte share of [memory] budget "
+        "to the row cache",
         budget.available(), budget.budget()));
   }
   return absl::OkStatus();
@@ -371,16 +372,22 @@ absl::Status RowStore::GatherMisses(TableState& ts, const GatherBatch& batch,
     return engine_->Gather(
         {.table = batch.table, .rows = rows, .dest = batch.dest, .dest_offsets = offsets});
   }
+  // In pieces of kMissChunkRows: the buffer a request thread keeps stays small, whatever the
+  // request's size (MemoryPlan counts it per thread).
   std::vector<uint8_t>& bounce = t_scratch.bounce;
-  if (bounce.size() < rows.size() * kRowBytes) bounce.resize(rows.size() * kRowBytes);
-  absl::Status s = engine_->Gather({.table = batch.table, .rows = rows, .dest = bounce.data()});
-  if (!s.ok()) return s;
   const uint32_t layer = batch.table->layer_id();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const uint8_t* row = bounce.data() + i * kRowBytes;
-    std::memcpy(batch.dest + offsets[i], row, kRowBytes);
-    // Rows and layers were validated above; an insert cannot fail.
-    (void)cache_->Insert(layer, rows[i], row);
+  for (size_t begin = 0; begin < rows.size(); begin += kMissChunkRows) {
+    const size_t n = std::min<size_t>(kMissChunkRows, rows.size() - begin);
+    if (bounce.size() < n * kRowBytes) bounce.resize(n * kRowBytes);
+    absl::Status s = engine_->Gather(
+        {.table = batch.table, .rows = {rows.data() + begin, n}, .dest = bounce.data()});
+    if (!s.ok()) return s;
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t* row = bounce.data() + i * kRowBytes;
+      std::memcpy(batch.dest + offsets[begin + i], row, kRowBytes);
+      // Rows and layers were validated above; an insert cannot fail.
+      (void)cache_->Insert(layer, rows[begin + i], row);
+    }
   }
   return absl::OkStatus();
 }
@@ -415,18 +422,23 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
   }
   if (miss.rows.empty()) return absl::OkStatus();
   std::vector<uint8_t>& bounce = miss.bounce;
-  if (bounce.size() < miss.rows.size() * kRowBytes) bounce.resize(miss.rows.size() * kRowBytes);
-  absl::Status s = engine_->Gather({.table = table, .rows = miss.rows, .dest = bounce.data()});
-  if (!s.ok()) return s;
-  for (size_t i = 0; i < miss.rows.size(); ++i) {
-    bool inserted = false;
-    // Rows were checked against the table when the prefetch was queued.
-    (void)cache_->InsertPrefetched(layer, miss.rows[i], bounce.data() + i * kRowBytes, &inserted);
-    // A row a gather admitted meanwhile (or a duplicate in `rows`) was held, not fetched.
-    if (inserted) {
-      ++ret_outcome->fetched;
-    } else {
-      ++ret_outcome->held;
+  for (size_t begin = 0; begin < miss.rows.size(); begin += kMissChunkRows) {
+    const size_t n = std::min<size_t>(kMissChunkRows, miss.rows.size() - begin);
+    if (bounce.size() < n * kRowBytes) bounce.resize(n * kRowBytes);
+    absl::Status s = engine_->Gather(
+        {.table = table, .rows = {miss.rows.data() + begin, n}, .dest = bounce.data()});
+    if (!s.ok()) return s;
+    for (size_t i = 0; i < n; ++i) {
+      bool inserted = false;
+      // Rows were checked against the table when the prefetch was queued.
+      (void)cache_->InsertPrefetched(layer, miss.rows[begin + i], bounce.data() + i * kRowBytes,
+                                     &inserted);
+      // A row a gather admitted meanwhile (or a duplicate in `rows`) was held, not fetched.
+      if (inserted) {
+        ++ret_outcome->fetched;
+      } else {
+        ++ret_outcome->held;
+      }
     }
   }
   return absl::OkStatus();

@@ -61,6 +61,12 @@ class RowStore {
  public:
   using Notice = std::function<void(const std::string& line)>;
 
+  // Misses of a cached table (and rows a prefetch reads) go through a private buffer of each
+  // request thread, at most this many rows at a time: the buffer is bounded whatever the
+  // request's size.
+  static constexpr size_t kMissChunkRows = 4096;
+  static constexpr uint64_t kMissBufferBytes = kMissChunkRows * kRowBytes;
+
   // The engine's read mode for a table of this tier: cached tables' misses are read with
   // O_DIRECT, so the page cache keeps no second copy of them.
   static ReadMode ReadModeFor(Tier tier, ReadMode configured) {
@@ -151,7 +157,7 @@ class RowStore {
       : config_(config),
         engine_(engine),
         notice_(std::move(notice)),
-        budget_(config.budget_bytes) {}
+        budget_(config.store_budget_bytes()) {}
   TableState* StateOf(const Table* table);
   absl::Status GatherMisses(TableState& ts, const GatherBatch& batch,
                             const std::vector<uint64_t>& rows,

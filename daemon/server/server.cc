@@ -577,14 +577,15 @@ bool Server::GrantArena(const engram_msg_hello& hello, protocol::ArenaLayout* re
         absl::StrFormat("no arena can have %u slots and %u data bytes", slots, data_bytes);
     return false;
   }
-  const uint64_t total = total_arena_bytes_.load() + ret_layout->arena_bytes;
-  if (total > limits.max_total_arena_bytes) {
-    *ret_message = absl::StrFormat(
-        "arenas of all sessions would reach %u bytes; the limit is %u (--max-total-arena-bytes)",
-        total, limits.max_total_arena_bytes);
-    return false;
+  uint64_t sessions_total = SessionMemoryBytes(*ret_layout, limits.max_rows_per_request);
+  for (const auto& [fd, session] : by_fd_) {
+    sessions_total += SessionMemoryBytes(session->arena().layout(), limits.max_rows_per_request);
   }
-  return true;
+  std::optional<std::string> refusal =
+      ArenaRefusal(total_arena_bytes_.load() + ret_layout->arena_bytes, sessions_total,
+                   limits.max_total_arena_bytes, config_.memory_plan);
+  if (refusal) *ret_message = std::move(*refusal);
+  return !refusal;
 }
 
 // A session that submits from a device keeps the poller awake (a device cannot ring a doorbell):

@@ -2,11 +2,62 @@
 #include "daemon/server/server_config.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "daemon/server/request_pool.h"
+#include "daemon/server/row_store.h"
+#include "gather/gather_engine.h"
 
 namespace engram {
+
+namespace {
+
+// The process at rest: code and data of engramd and its libraries, the heap, the tables' index.
+constexpr uint64_t kProcessBaseBytes = uint64_t{24} << 20;
+// Each thread: its stack and what it keeps in its malloc arena between requests.
+constexpr uint64_t kThreadBytes = uint64_t{256} << 10;
+// A request thread's bookkeeping per row of its largest request: the gather plan (unique rows,
+// reads, iovecs) and the pending reads.
+constexpr uint64_t kPlanBytesPerRow = 160;
+// Threads beside the gather workers and request threads: main, control, poller, prefetcher,
+// resident loader, pressure monitor; and the engine's blocking pool (16, started only when a read
+// must block).
+constexpr uint64_t kOtherThreads = 6 + 16;
+// The O_DIRECT bounce area of a thread is at least one run.
+constexpr uint64_t kMinBounceBytes = uint64_t{256} << 10;
+
+}  // namespace
+
+uint32_t DirectBounceBytes(uint64_t budget) {
+  const uint64_t engine_default = GatherEngineOptions{}.direct_bounce_bytes;
+  if (budget == 0) return static_cast<uint32_t>(engine_default);
+  const uint64_t share = budget / 256 / 4096 * 4096;
+  return static_cast<uint32_t>(std::clamp(share, kMinBounceBytes, engine_default));
+}
+
+MemoryNeeds MemoryNeedsOf(const ServerConfig& config, uint64_t budget, uint64_t mem_total) {
+  const uint32_t cpus = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t workers = config.workers != 0 ? config.workers : cpus;
+  const uint64_t requests =
+      config.request_threads != 0 ? config.request_threads : DefaultRequestThreads(cpus);
+  // The pool of small requests, the pool of large ones (half as many), and the prefetcher: each
+  // gathers as a calling thread, with a miss buffer and bookkeeping for a whole request.
+  const uint64_t callers = requests + std::max<uint64_t>(1, requests / 2) + 1;
+  const uint64_t bounce = DirectBounceBytes(budget);
+  MemoryNeeds needs;
+  needs.budget = budget;
+  needs.mem_total = mem_total;
+  needs.process = kProcessBaseBytes + (workers + callers + kOtherThreads) * kThreadBytes +
+                  callers * config.limits.max_rows_per_request * kPlanBytesPerRow +
+                  budget / 512;  // page tables of what is mapped: 8 bytes per 4 KiB page
+  // An O_DIRECT bounce area per gather worker, calling thread and the poller (inline gathers);
+  // a miss buffer per calling thread.
+  needs.buffers = (workers + callers + 1) * bounce + callers * RowStore::kMissBufferBytes;
+  needs.arena_limit = config.limits.max_total_arena_bytes;
+  return needs;
+}
 
 bool IsAdministrator(const ServerConfig& config, uid_t own_uid, uid_t uid, gid_t gid,
                      const std::vector<gid_t>& groups) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "store/memory_budget.h"
 #include "tables/table.h"
 
 namespace engram {
@@ -86,12 +87,25 @@ struct ServerConfig {
   // [memory] budget: what engramd.service may use, page cache included (0: unbounded). systemd
   // enforces it (`engramd --memory-dropin`); engramd reports against it (cgroup_memory.h).
   uint64_t memory_budget = 0;
+  // How memory_budget is split (MemoryNeedsOf, PlanMemory), fixed at start: the arenas' share
+  // bounds the handshake, the store's the row store.
+  MemoryPlan memory_plan;
   // Tables served from storage are read with O_DIRECT (engine.read_mode = direct): there is no
   // page cache for a prefetch to warm. Set from engine.read_mode.
   bool storage_read_direct = false;
   // A SIGHUP checks that the server took every live setting (reload.h).
   bool operator==(const ServerConfig&) const = default;
 };
+
+// What engramd holds besides the row store under `config`, as PlanMemory needs it: the process
+// (a base, each thread, page tables, and each request thread's bookkeeping for the largest
+// request), the threads' O_DIRECT, miss and prefetch buffers, and the arenas' own bound.
+// `budget` is [memory] budget, `mem_total` the machine's memory (0: unknown).
+MemoryNeeds MemoryNeedsOf(const ServerConfig& config, uint64_t budget, uint64_t mem_total);
+
+// The gather engine's O_DIRECT bounce area per thread under `budget`: the engine's default
+// (4 MiB) unless the budget is small, then 1/256 of it, at least 256 KiB.
+uint32_t DirectBounceBytes(uint64_t budget);
 
 // The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.
 inline constexpr uint32_t kMaxId = UINT32_MAX - 1;

@@ -30,7 +30,7 @@ namespace {
 // Two tables of this many rows: 2 x 700,000 x 264 B = 370 MB, more than either budget.
 constexpr uint64_t kTableRows = 700'000;
 constexpr uint32_t kClients = 4;
-constexpr uint64_t kClientDataBytes = 4ull << 20;
+constexpr uint64_t kClientDataBytes = 1ull << 20;  // a 2,048-row batch and its ids
 constexpr uint64_t kBatchRows = 2048;
 
 // The synthetic checkpoint of kTableRows rows, written once, its pages dropped from the page

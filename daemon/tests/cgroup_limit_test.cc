@@ -75,7 +75,8 @@ TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit
   REQUIRE(ReadText(cg.dir + "/cgroup.procs").find(std::to_string(daemon.pid())) !=
           std::string::npos);
 
-  engram_connect_options opts = daemon.Options(8ull << 20, 4);
+  // A data region for one batch and its ids: the arenas get a quarter of the budget.
+  engram_connect_options opts = daemon.Options(3ull << 20, 4);
   engram_session* s = nullptr;
   REQUIRE(engram_connect(&opts, &s) == 0);
   uint64_t* rows = nullptr;

@@ -74,14 +74,23 @@ TEST_CASE("a cgroup v2 memory controller is read with its limits, events and pre
   REQUIRE(m.cgroup.pressure);
   CHECK(m.cgroup.pressure->some.avg10 == Approx(1.5));
   REQUIRE(m.system);
-  nlohmann::json j = MemoryReportJson(m, 24ull << 30);
+  const MemoryPlan plan = *PlanMemory({.budget = 24ull << 30,
+                                       .process = 1ull << 30,
+                                       .buffers = 1ull << 30,
+                                       .arena_limit = 2ull << 30});
+  nlohmann::json j = MemoryReportJson(m, plan);
   CHECK(j["max_bytes"] == 25769803776ull);
   CHECK(j["high_bytes"].is_null());
   CHECK(j["budget_bytes"] == 24ull << 30);
+  CHECK(j["split"]["arenas_bytes"] == 2ull << 30);
+  CHECK(j["split"]["store_bytes"] == plan.store);
+  CHECK(j["split"]["unreclaimable_bytes"] == plan.unreclaimable());
   CHECK(j["pressure"]["some"]["avg10"] == Approx(1.5));
   metrics::Exposition e;
-  AppendMemoryMetrics(e, m, 24ull << 30);
+  AppendMemoryMetrics(e, m, plan);
   const std::string text = e.Text();
+  CHECK(text.find("engram_memory_budget_split_bytes{piece=\"arenas\"} 2147483648\n") !=
+        std::string::npos);
   CHECK(text.find("engram_memory_cgroup_current_bytes 1048576\n") != std::string::npos);
   CHECK(text.find("engram_memory_cgroup_high_bytes +Inf\n") != std::string::npos);
   CHECK(text.find("engram_memory_cgroup_high_events_total 7\n") != std::string::npos);
@@ -109,6 +118,12 @@ TEST_CASE("the legacy v1 memory controller is read where the unified hierarchy h
   CHECK_FALSE(BudgetMismatch(m.cgroup, 0));
   m.cgroup.max = 1 << 30;
   CHECK_FALSE(BudgetMismatch(m.cgroup, 1 << 30));
+  // A cgroup smaller than the budget would OOM-kill engramd before it reaches the budget.
+  m.cgroup.max = 1 << 29;
+  const std::optional<std::string> smaller = BudgetMismatch(m.cgroup, 1 << 30);
+  REQUIRE(smaller);
+  CHECK(smaller->find("allows only") != std::string::npos);
+  CHECK(smaller->find("OOM-killed") != std::string::npos);
 }
 
 TEST_CASE("no memory cgroup: only the budget and system pressure are reported") {
@@ -117,63 +132,34 @@ TEST_CASE("no memory cgroup: only the budget and system pressure are reported") 
   r.Write("/proc/pressure/memory", kPsi);
   MemoryReport m = ReadMemoryReport(r.dir);
   CHECK(m.cgroup.version == 0);
-  CHECK(MemoryReportJson(m, 0)["cgroup_version"] == 0);
+  CHECK(MemoryReportJson(m, MemoryPlan{})["cgroup_version"] == 0);
+  CHECK_FALSE(MemoryReportJson(m, MemoryPlan{}).contains("split"));
   CHECK(BudgetMismatch(m.cgroup, 1 << 30)->find("no memory cgroup") != std::string::npos);
 }
 
-TEST_CASE("the drop-in bounds the unit to the budget, reclaiming from a tenth below it") {
-  const std::string d = MemoryDropIn(24ull << 30);
+TEST_CASE("the drop-in caps the unit at the budget, reclaiming above what cannot be reclaimed") {
+  const MemoryPlan plan = *PlanMemory({.budget = 24ull << 30,
+                                       .process = 1ull << 30,
+                                       .buffers = 1ull << 30,
+                                       .arena_limit = 16ull << 30});
+  const std::string d = MemoryDropIn(plan);
   CHECK(d.find("[Service]\n") != std::string::npos);
   CHECK(d.find("\nMemoryMax=25769803776\n") != std::string::npos);
-  CHECK(d.find("\nMemoryHigh=" + std::to_string(MemoryHighFor(24ull << 30)) + "\n") !=
-        std::string::npos);
-  CHECK(MemoryHighFor(1000) == 900);
-  const std::string none = MemoryDropIn(0);
+  CHECK(d.find("\nMemoryHigh=" + std::to_string(plan.unreclaimable()) + "\n") != std::string::npos);
+  // Everything but the page cache's share is below MemoryHigh.
+  CHECK(plan.unreclaimable() == plan.process + plan.buffers + plan.arenas + plan.store);
+  CHECK(d.find("process 1.00 GiB + buffers 1.00 GiB + arenas 6.00 GiB") != std::string::npos);
+  const std::string none = MemoryDropIn(MemoryPlan{});
   CHECK(none.find("\nMemoryMax=infinity\n") != std::string::npos);
   CHECK(none.find("\nMemoryHigh=infinity\n") != std::string::npos);
 }
 
-TEST_CASE("throttling is logged once per interval, counting what happened in between") {
-  MemoryThrottleWatch watch(60'000'000'000);
-  MemoryReport m;
-  m.cgroup.version = 2;
-  m.cgroup.path = "/sys/fs/cgroup/system.slice/engramd.service";
-  m.cgroup.high = 900;
-  m.cgroup.high_events = 10;  // before engramd started: not news
-  CHECK_FALSE(watch.Check(m, 1));
-  CHECK_FALSE(watch.Check(m, 2));
-  m.cgroup.high_events = 13;
-  std::optional<std::string> line = watch.Check(m, 3);
-  REQUIRE(line);
-  CHECK(line->find("3 reclaims at memory.high") != std::string::npos);
-  CHECK(line->find(m.cgroup.path) != std::string::npos);
-  m.cgroup.high_events = 20;
-  CHECK_FALSE(watch.Check(m, 30'000'000'000));  // within the minute: held back
-  m.cgroup.oom_kills = 1;
-  line = watch.Check(m, 70'000'000'000);
-  REQUIRE(line);
-  CHECK(line->find("7 reclaims at memory.high") != std::string::npos);
-  CHECK(line->find("1 OOM kills") != std::string::npos);
-}
-
-TEST_CASE("[memory] budget takes a byte size, and 0 for unbounded") {
+TEST_CASE("MemTotal is read from /proc/meminfo") {
   FakeRoot r;
-  auto apply = [&](const std::string& text) {
-    r.Write("/c.toml", text);
-    DaemonSettings s;
-    absl::Status st = ApplyConfigFile(r.dir + "/c.toml", &s);
-    return std::make_pair(st, s.store.budget_bytes);
-  };
-  CHECK(apply("[memory]\nbudget = \"24G\"\n").second == 24ull << 30);
-  CHECK(apply("[memory]\nbudget = 1048576\n").second == 1048576);
-  auto zero = apply("[memory]\nbudget = 0\n");
-  CHECK(zero.first.ok());
-  CHECK(zero.second == 0);
-  CHECK(apply("[memory]\nbudget = \"0\"\n").first.ok());
-  auto bad = apply("[memory]\nbudget = \"lots\"\n");
-  CHECK_FALSE(bad.first.ok());
-  CHECK(std::string(bad.first.message()).find("key 'memory.budget'") != std::string::npos);
-  CHECK(std::string(bad.first.message()).find(":2:") != std::string::npos);
+  r.Write("/proc/meminfo", "MemTotal:       24684316 kB\nMemFree:         1000 kB\n");
+  CHECK(ReadMemTotal(r.dir) == uint64_t{24684316} * 1024);
+  FakeRoot empty;
+  CHECK_FALSE(ReadMemTotal(empty.dir));
 }
 
 }  // namespace

@@ -298,9 +298,12 @@ TEST_CASE("--check-config shows tiers and refuses store settings that cannot wor
 }
 
 TEST_CASE("a budget too small for a resident table stops engramd naming the table", "[store]") {
-  const auto [code, out] = RunCommand(EngramdPath() + " --model " + Checkpoint() + " --socket " +
-                                      TestDir() + "/budget.sock --tier 14=resident " +
-                                      "--memory-budget 1M 2>&1");
+  // 72 MiB holds the process, buffers and shares of two workers and two request threads of
+  // 8,192-row requests, and leaves the row store less than layer 14's 6 MiB.
+  const auto [code, out] =
+      RunCommand(EngramdPath() + " --model " + Checkpoint() + " --socket " + TestDir() +
+                 "/budget.sock --tier 14=resident --workers 2 --request-threads 2 " +
+                 "--max-rows-per-request 8192 --memory-budget 72M 2>&1");
   INFO(out);
   CHECK(code == 1);
   CHECK(out.find("layer 14") != std::string::npos);

@@ -108,6 +108,15 @@ void PrintMemory(const json& m) {
                             p["some"].value("avg10", 0.0));
   }
   printf("%s\n", line.c_str());
+  if (m.contains("split") && m["split"].is_object()) {
+    const json& s = m["split"];
+    printf("  budget split: process %s, buffers %s, arenas %s, page cache %s, row store %s\n",
+           Bytes(double(U(s, "process_bytes"))).c_str(),
+           Bytes(double(U(s, "buffers_bytes"))).c_str(),
+           Bytes(double(U(s, "arenas_bytes"))).c_str(),
+           Bytes(double(U(s, "page_cache_bytes"))).c_str(),
+           Bytes(double(U(s, "store_bytes"))).c_str());
+  }
   if (U(m, "high_events") + U(m, "max_events") + U(m, "oom_kills") != 0) {
     printf("  memory throttled %lu times at high, limit hit %lu times, %lu OOM kills (%s)\n",
            U(m, "high_events"), U(m, "max_events"), U(m, "oom_kills"),

@@ -35,8 +35,9 @@ void PrintStoreStatus(const json& reply) {
   const json& s = reply["store"];
   printf("  row store %s of %s%s, hit rate %.1f%%, all-hit requests %.1f%%\n",
          Bytes(double(Num(s, "store_bytes"))).c_str(),
-         Num(s, "budget_bytes") == 0 ? "no budget"
-                                     : ("budget " + Bytes(double(Num(s, "budget_bytes")))).c_str(),
+         Num(s, "budget_bytes") == 0
+             ? "no budget"
+             : ("its share of the budget, " + Bytes(double(Num(s, "budget_bytes")))).c_str(),
          s.value("loading", false) ? " (resident tables loading)" : "", 100 * Frac(s, "hit_rate"),
          100 * Frac(s, "all_hit_fraction"));
   if (s.contains("cache") && s["cache"].is_object()) {
