@@ -46,6 +46,7 @@ struct MemoryPlan {
   // Everything but the page cache: what engramd may hold that reclaim cannot take back
   // (anonymous memory and shared memory, with no swap). MemoryHigh.
   uint64_t unreclaimable() const { return budget - page_cache; }
+  bool operator==(const MemoryPlan&) const = default;
 };
 
 // The arenas' share of a budget is a quarter of it, or limits.max_total_arena_bytes if that is
