@@ -476,14 +476,16 @@ const std::vector<Setting>& Settings() {
        .example = "engram"},
       {.key = "access.allow_users",
        .flag = "--allow-uid",
-       .help = "User (name or uid) allowed to connect; repeatable (default: own uid and root)",
+       .help = "User (name or uid) allowed to connect besides root and engramd's own uid, "
+               "which always are; repeatable",
        .kind = Kind::kStrings,
        .reload = kLive,
        .field = [](S* s) -> void* { return &s->allow_users; },
        .example = "root"},
       {.key = "access.allow_groups",
        .flag = "--allow-gid",
-       .help = "Group (name or gid) whose members may connect; repeatable",
+       .help = "Group (name or gid) whose members may connect (root and engramd's own uid "
+               "always may); repeatable",
        .kind = Kind::kStrings,
        .reload = kLive,
        .field = [](S* s) -> void* { return &s->allow_groups; },

@@ -20,19 +20,15 @@ using nlohmann::json;
 
 const char* StateName(bool draining) { return draining ? "stopping" : "serving"; }
 
+// The effective rules: root and the daemon's own uid are in both uid lists, as they are
+// always admitted and always administrators.
 json AccessJson(CommandContext& c) {
   const ServerConfig& config = c.server.config();
   const uid_t own = c.server.own_uid();
-  std::vector<uid_t> admin_uids = config.admin_uids;
-  admin_uids.push_back(0);
-  admin_uids.push_back(own);
-  std::sort(admin_uids.begin(), admin_uids.end());
-  admin_uids.erase(std::unique(admin_uids.begin(), admin_uids.end()), admin_uids.end());
-  std::vector<uid_t> allow_uids = config.allow_uids;
-  if (allow_uids.empty()) allow_uids = {own, 0};
-  return {{"allow_uids", allow_uids},
+  return {{"allow_uids", AlwaysAndListed(own, config.allow_uids)},
           {"allow_gids", config.allow_gids},
-          {"admin_uids", admin_uids},
+          {"may_connect", DescribeAdmitted(config, own)},
+          {"admin_uids", AlwaysAndListed(own, config.admin_uids)},
           {"admin_gids", config.admin_gids},
           {"admin_commands", ControlCommandNames(true)},
           {"administrators", DescribeAdministrators(config, own)},

@@ -205,10 +205,6 @@ absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
     if (!gid.ok()) return gid.status();
     config.allow_gids.push_back(*gid);
   }
-  if (!config.allow_gids.empty() && config.allow_uids.empty()) {
-    // Naming groups must not lock out the operator: keep the daemon's own uid and root.
-    config.allow_uids = {geteuid(), 0};
-  }
   config.memory_budget = settings->store.budget_bytes;  // the cgroup's side of [memory] budget
   absl::StatusOr<MemoryPlan> plan = PlanFor(*settings);
   if (!plan.ok()) return plan.status();
@@ -245,13 +241,7 @@ void PrintCheckedConfig(const ServerConfig& config, const StoreConfig& store,
     printf("  %s: rows [%lu, %lu) of %lu, tier %s\n", t->Describe().c_str(), t->covered().begin,
            t->covered().end, t->num_rows(), TierName(store.TierOf(t->layer_id())));
   }
-  printf("  may connect: %s%s\n",
-         config.allow_uids.empty()
-             ? absl::StrFormat("root and uid %u (engramd's own)", geteuid()).c_str()
-             : ("uids " + absl::StrJoin(config.allow_uids, ",")).c_str(),
-         config.allow_gids.empty()
-             ? ""
-             : (", members of gids " + absl::StrJoin(config.allow_gids, ",")).c_str());
+  printf("  may connect: %s\n", DescribeAdmitted(config, geteuid()).c_str());
   printf("  administrators (%s): %s\n", absl::StrJoin(AdminCommandNames(), ", ").c_str(),
          DescribeAdministrators(config, geteuid()).c_str());
   printf("  memory budget: %s\n",

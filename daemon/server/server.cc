@@ -513,30 +513,13 @@ bool Server::PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why) {
   ret_peer->pid = cred.pid;
   ret_peer->uid = cred.uid;
   ret_peer->gid = cred.gid;
-  if (config_.allow_uids.empty()) {
-    if (cred.uid == own_uid_ || cred.uid == 0) return true;
-  } else if (std::find(config_.allow_uids.begin(), config_.allow_uids.end(), cred.uid) !=
-             config_.allow_uids.end()) {
-    return true;
-  }
-  if (!config_.allow_gids.empty()) {
-    std::vector<gid_t> groups = PeerGroups(fd);
-    groups.push_back(cred.gid);
-    for (gid_t g : groups) {
-      if (std::find(config_.allow_gids.begin(), config_.allow_gids.end(), g) !=
-          config_.allow_gids.end()) {
-        return true;
-      }
-    }
-  }
+  // The groups cost a syscall: only asked for when a group could admit the peer.
+  std::vector<gid_t> groups;
+  if (!config_.allow_gids.empty()) groups = PeerGroups(fd);
+  if (IsAdmitted(config_, own_uid_, cred.uid, cred.gid, groups)) return true;
   *ret_why = absl::StrFormat(
       "uid %u (gid %u, pid %d) may not use engramd; allowed: %s (see --allow-uid/--allow-gid)",
-      cred.uid, cred.gid, cred.pid,
-      config_.allow_uids.empty()
-          ? absl::StrFormat("uid %u and root", own_uid_)
-          : "uids " + absl::StrJoin(config_.allow_uids, ",") +
-                (config_.allow_gids.empty() ? ""
-                                            : ", gids " + absl::StrJoin(config_.allow_gids, ",")));
+      cred.uid, cred.gid, cred.pid, DescribeAdmitted(config_, own_uid_));
   return false;
 }
 

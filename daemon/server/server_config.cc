@@ -28,6 +28,27 @@ constexpr uint64_t kOtherThreads = 6 + 16;
 // The O_DIRECT bounce area of a thread is at least one run.
 constexpr uint64_t kMinBounceBytes = uint64_t{256} << 10;
 
+
+bool Listed(const std::vector<uid_t>& uids, const std::vector<gid_t>& gids, uid_t uid, gid_t gid,
+            const std::vector<gid_t>& groups) {
+  if (std::find(uids.begin(), uids.end(), uid) != uids.end()) return true;
+  if (std::find(gids.begin(), gids.end(), gid) != gids.end()) return true;
+  for (gid_t g : groups) {
+    if (std::find(gids.begin(), gids.end(), g) != gids.end()) return true;
+  }
+  return false;
+}
+
+// "root (engramd's own uid)" or "root, uid 998 (engramd's own)", then the listed ids.
+std::string DescribeAlwaysAnd(uid_t own_uid, const std::vector<uid_t>& uids,
+                              const std::vector<gid_t>& gids) {
+  std::string out = own_uid == 0 ? "root (engramd's own uid)"
+                                 : absl::StrFormat("root, uid %u (engramd's own)", own_uid);
+  if (!uids.empty()) out += ", uids " + absl::StrJoin(uids, ",");
+  if (!gids.empty()) out += ", members of gids " + absl::StrJoin(gids, ",");
+  return out;
+}
+
 }  // namespace
 
 uint32_t DirectBounceBytes(uint64_t budget) {
@@ -59,25 +80,32 @@ MemoryNeeds MemoryNeedsOf(const ServerConfig& config, uint64_t budget, uint64_t 
   return needs;
 }
 
+bool IsAdmitted(const ServerConfig& config, uid_t own_uid, uid_t uid, gid_t gid,
+                const std::vector<gid_t>& groups) {
+  if (uid == 0 || uid == own_uid) return true;
+  return Listed(config.allow_uids, config.allow_gids, uid, gid, groups);
+}
+
+std::string DescribeAdmitted(const ServerConfig& config, uid_t own_uid) {
+  return DescribeAlwaysAnd(own_uid, config.allow_uids, config.allow_gids);
+}
+
+std::vector<uid_t> AlwaysAndListed(uid_t own_uid, std::vector<uid_t> uids) {
+  uids.push_back(0);
+  uids.push_back(own_uid);
+  std::sort(uids.begin(), uids.end());
+  uids.erase(std::unique(uids.begin(), uids.end()), uids.end());
+  return uids;
+}
+
 bool IsAdministrator(const ServerConfig& config, uid_t own_uid, uid_t uid, gid_t gid,
                      const std::vector<gid_t>& groups) {
   if (uid == 0 || uid == own_uid) return true;
-  const auto& uids = config.admin_uids;
-  if (std::find(uids.begin(), uids.end(), uid) != uids.end()) return true;
-  const auto& gids = config.admin_gids;
-  if (std::find(gids.begin(), gids.end(), gid) != gids.end()) return true;
-  for (gid_t g : groups) {
-    if (std::find(gids.begin(), gids.end(), g) != gids.end()) return true;
-  }
-  return false;
+  return Listed(config.admin_uids, config.admin_gids, uid, gid, groups);
 }
 
 std::string DescribeAdministrators(const ServerConfig& config, uid_t own_uid) {
-  std::string out = own_uid == 0 ? "root (engramd's own uid)"
-                                 : absl::StrFormat("root, uid %u (engramd's own)", own_uid);
-  if (!config.admin_uids.empty()) out += ", uids " + absl::StrJoin(config.admin_uids, ",");
-  if (!config.admin_gids.empty()) out += ", gids " + absl::StrJoin(config.admin_gids, ",");
-  return out;
+  return DescribeAlwaysAnd(own_uid, config.admin_uids, config.admin_gids);
 }
 
 }  // namespace engram

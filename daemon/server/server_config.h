@@ -66,7 +66,8 @@ struct ServerConfig {
   // A listening socket passed by systemd socket activation (-1: bind socket_path). The
   // socket unit owns its path, so it is neither created nor removed.
   int listen_fd = -1;
-  // Peers allowed by SO_PEERCRED. Empty allow_uids means the daemon's own uid and root.
+  // Peers allowed by SO_PEERCRED besides root and the daemon's own uid, which always are
+  // (IsAdmitted): these uids, and members of these groups.
   std::vector<uid_t> allow_uids;
   std::vector<gid_t> allow_gids;
   // Peers who may run the control requests that change what every client sees (warm, evict;
@@ -110,12 +111,25 @@ uint32_t DirectBounceBytes(uint64_t budget);
 // The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.
 inline constexpr uint32_t kMaxId = UINT32_MAX - 1;
 
+// May a peer with `uid`, primary group `gid` and supplementary `groups` connect to a daemon
+// running as `own_uid`? Root and `own_uid` always may, whatever the allow lists say; so do the
+// uids in allow_uids and the members of allow_gids.
+bool IsAdmitted(const ServerConfig& config, uid_t own_uid, uid_t uid, gid_t gid,
+                const std::vector<gid_t>& groups);
+
+// Who may connect, for people: "root, uid 998 (engramd's own), uids 1000, members of gids 27".
+std::string DescribeAdmitted(const ServerConfig& config, uid_t own_uid);
+
+// `uids` with root and `own_uid` added, sorted, each once: the uids a list admits in effect.
+std::vector<uid_t> AlwaysAndListed(uid_t own_uid, std::vector<uid_t> uids);
+
 // Is a peer with `uid`, primary group `gid` and supplementary `groups` an administrator of a
 // daemon running as `own_uid`? Root and `own_uid` always are.
 bool IsAdministrator(const ServerConfig& config, uid_t own_uid, uid_t uid, gid_t gid,
                      const std::vector<gid_t>& groups);
 
-// The administrators for people: "root, uid 998 (engramd's own), uids 1000,1001, gids 27".
+// The administrators for people: "root, uid 998 (engramd's own), uids 1000,1001, members of
+// gids 27".
 std::string DescribeAdministrators(const ServerConfig& config, uid_t own_uid);
 
 }  // namespace engram

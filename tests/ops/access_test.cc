@@ -2,10 +2,13 @@
 // (an unprivileged uid, run by forking and dropping to it) gathers and reads status, tables,
 // stats, clients and metrics, and is refused warm and evict with PermissionDenied, engramctl's
 // exit 77 and one warning line; admin_uids and admin_gids added by SIGHUP let it warm; bad
-// values are refused with file, line and key. Needs root to change uid; skips otherwise.
+// values are refused with file, line and key. Who may connect: root and engramd's own uid always
+// (engramd run as an unprivileged uid for it), whether --allow-uid or --allow-gid names others.
+// Needs root to change uid; skips otherwise.
 #include <dlfcn.h>
 #include <grp.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -219,7 +222,7 @@ TEST_CASE("a peer that is not an administrator gathers and reads everything") {
   CHECK(access["admin_uids"] == json::array({0}));
   CHECK(access["admin_gids"] == json::array());
   CHECK(access["admin_commands"] == json::array({"warm", "evict", "load"}));
-  CHECK(access["allow_uids"] == json::array({0, kReader, kGroupPeer}));
+  CHECK(access["allow_uids"] == json::array({0, kGroupPeer, kReader}));  // sorted, root in it
   CHECK(CtlJson(0, {"status"})["access"]["peer_is_administrator"] == true);
 
   Result human = Ctl(kReader, {"status"});
@@ -340,14 +343,14 @@ TEST_CASE("--check-config prints the administrators and refuses bad values") {
   INFO(r.err);
   CHECK(r.code == 0);
   CHECK(r.out.find("administrators (warm, evict, load): root (engramd's own uid), uids 1000,1001, "
-                   "gids 27") != std::string::npos);
-  CHECK(r.out.find("may connect: root and uid 0") != std::string::npos);
+                   "members of gids 27") != std::string::npos);
+  CHECK(r.out.find("may connect: root (engramd's own uid)\n") != std::string::npos);
   // Flags replace the file's lists.
   r = RunAs(
       0, 0, {},
       {EngramdPath(), "--config", good, "--admin-uid", "5", "--admin-uid", "6", "--check-config"});
   CHECK(r.code == 0);
-  CHECK(r.out.find("uids 5,6, gids 27") != std::string::npos);
+  CHECK(r.out.find("uids 5,6, members of gids 27") != std::string::npos);
   r = RunAs(0, 0, {}, {EngramdPath(), "--config", good, "--admin-gid", "x", "--check-config"});
   CHECK(r.code != 0);
   CHECK(r.err.find("--admin-gid") != std::string::npos);
@@ -362,6 +365,155 @@ TEST_CASE("--check-config prints the administrators and refuses bad values") {
   CHECK(r.code == 1);
   CHECK(r.err.find(bad + ":4: key 'access.admin_gids': element 0, 'wheel', is not a gid") !=
         std::string::npos);
+}
+
+// engramd run as an unprivileged uid (kOwner), so that root and engramd's own uid are two
+// different peers. Its log goes to TestDir()/owner-NAME.log.
+constexpr uid_t kOwner = 65532;
+constexpr uid_t kStranger = 65531;
+
+class OwnedDaemon {
+ public:
+  OwnedDaemon(const std::string& name, const std::vector<std::string>& access_flags)
+      : dir_(TestDir() + "/owner-" + name), socket_(dir_ + "/engramd.sock") {
+    // The daemon creates its socket in a directory it owns; the peers reach it through 0666.
+    std::filesystem::create_directories(dir_);
+    REQUIRE(chown(dir_.c_str(), kOwner, kOwner) == 0);
+    chmod(dir_.c_str(), 0755);
+    std::vector<std::string> args = {EngramdBinary(), "--model",   Checkpoint(), "--socket",
+                                     socket_,         "--workers", "1",          "--socket-mode",
+                                     "0666"};
+    args.insert(args.end(), access_flags.begin(), access_flags.end());
+    const int log = open((dir_ + ".log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    REQUIRE(log >= 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      dup2(log, STDERR_FILENO);
+      if (setgroups(0, nullptr) != 0 || setresgid(kOwner, kOwner, kOwner) != 0 ||
+          setresuid(kOwner, kOwner, kOwner) != 0) {
+        _exit(126);
+      }
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // after setresuid, which clears it
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(log);
+    for (int i = 0; i < 1000 && !SocketAnswers(socket_); ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        FAIL("engramd as uid " << kOwner << " exited during startup: " << Log());
+      }
+      usleep(10'000);
+    }
+    REQUIRE(SocketAnswers(socket_));
+  }
+  ~OwnedDaemon() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    if (SanitizerReported(status)) ExitForSanitizerReport(Log());
+  }
+  OwnedDaemon(const OwnedDaemon&) = delete;
+  OwnedDaemon& operator=(const OwnedDaemon&) = delete;
+
+  Result Ctl(uid_t uid, const std::vector<std::string>& args, std::vector<gid_t> groups = {}) {
+    std::vector<std::string> argv = {Engramctl()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--socket", socket_});
+    return RunAs(uid, uid, groups, argv);
+  }
+  std::string Log() const {
+    std::ifstream f(dir_ + ".log");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+
+  // engramd, copied where the unprivileged owner can run it (see CopyEngramctlForPeers).
+  static std::string EngramdBinary() {
+    const std::string copy = TestDir() + "/bin/engramd";
+    if (!std::filesystem::exists(copy)) {
+      std::filesystem::copy_file(EngramdPath(), copy);
+      chmod(copy.c_str(), 0755);
+    }
+    return copy;
+  }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+// Connects as `uid` (with `groups`) and reads status: exit 0, or the refusal's exit 4.
+void CheckAdmitted(OwnedDaemon& d, uid_t uid, bool admitted, std::vector<gid_t> groups = {}) {
+  Result r = d.Ctl(uid, {"status"}, groups);
+  INFO("uid " << uid << ": exit " << r.code << ", " << r.err << "\nengramd log:\n" << d.Log());
+  if (admitted) {
+    CHECK(r.code == 0);
+    CHECK(r.out.find("engramd serving") != std::string::npos);
+  } else {
+    CHECK(r.code == 4);
+    CHECK(r.err.find(absl::StrFormat("uid %u", uid)) != std::string::npos);
+    CHECK(r.err.find("may not use engramd") != std::string::npos);
+  }
+}
+
+TEST_CASE("root and engramd's own uid are admitted whatever --allow-uid names") {
+  F();  // the peers' copies of engramctl, and a test directory they can enter
+  OwnedDaemon d("uid", {"--allow-uid", std::to_string(kReader)});
+  CheckAdmitted(d, 0, true);
+  CheckAdmitted(d, kOwner, true);
+  CheckAdmitted(d, kReader, true);
+  CheckAdmitted(d, kStranger, false);
+  Result refused = d.Ctl(kStranger, {"status"});
+  CHECK(refused.err.find(absl::StrFormat("allowed: root, uid %u (engramd's own), uids %u",
+                                         kOwner, kReader)) != std::string::npos);
+
+  Result root = d.Ctl(0, {"status", "--json"});
+  REQUIRE(root.code == 0);
+  const json access = json::parse(root.out)["access"];
+  CHECK(access["allow_uids"] == json::array({0, kOwner, kReader}));
+  CHECK(access["allow_gids"] == json::array());
+  CHECK(access["may_connect"] ==
+        absl::StrFormat("root, uid %u (engramd's own), uids %u", kOwner, kReader));
+  CHECK(access["admin_uids"] == json::array({0, kOwner}));
+  Result human = d.Ctl(kOwner, {"status"});
+  CHECK(human.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u",
+                                       kOwner, kReader)) != std::string::npos);
+
+  // --check-config, run as the same uid, names the same rule.
+  Result check =
+      RunAs(kOwner, kOwner, {},
+            {OwnedDaemon::EngramdBinary(), "--model", Checkpoint(), "--allow-uid",
+             std::to_string(kReader), "--check-config"});
+  INFO(check.err);
+  CHECK(check.code == 0);
+  CHECK(check.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u",
+                                       kOwner, kReader)) != std::string::npos);
+}
+
+TEST_CASE("root and engramd's own uid are admitted whatever --allow-gid names") {
+  F();
+  OwnedDaemon d("gid", {"--allow-gid", std::to_string(kAdminGroup)});
+  CheckAdmitted(d, 0, true);
+  CheckAdmitted(d, kOwner, true);
+  CheckAdmitted(d, kReader, false);
+  CheckAdmitted(d, kReader, true, {kAdminGroup});
+
+  Result root = d.Ctl(0, {"status", "--json"});
+  REQUIRE(root.code == 0);
+  const json access = json::parse(root.out)["access"];
+  CHECK(access["allow_uids"] == json::array({0, kOwner}));
+  CHECK(access["allow_gids"] == json::array({kAdminGroup}));
+  CHECK(access["may_connect"] == absl::StrFormat("root, uid %u (engramd's own), members of gids %u",
+                                                 kOwner, kAdminGroup));
 }
 
 }  // namespace

@@ -147,6 +147,9 @@ void PrintStatus(const json& r, const json* before, double dt) {
     for (const json& c : a.value("admin_commands", json::array())) {
       commands += (commands.empty() ? "" : ", ") + c.get<std::string>();
     }
+    if (a.contains("may_connect")) {
+      printf("  may connect: %s\n", a.value("may_connect", "?").c_str());
+    }
     printf("  administrators (%s): %s\n", commands.c_str(), a.value("administrators", "?").c_str());
     printf("  you (uid %lu): %s\n", U(a, "peer_uid"),
            a.value("peer_is_administrator", false) ? "administrator" : "read and gather only");
