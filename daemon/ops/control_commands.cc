@@ -12,6 +12,7 @@
 #include "daemon/ops/metrics_text.h"
 #include "daemon/ops/residency.h"
 #include "protocol/clock.h"
+#include "store/store_config.h"
 
 namespace engram {
 namespace {
@@ -224,10 +225,54 @@ CommandResult Evict(CommandContext& c) {
   return StepJson(**t, step, *bytes, start);
 }
 
+// The tier of `t` as `engramctl tables` reports it: the row store names the tiers it serves;
+// without a row store every table is of the storage tier.
+std::string TierOf(CommandContext& c, const Table& t) {
+  json out = {{"tables", json::array({json{{"layer", t.layer_id()}}})}};
+  c.server.AddStoreControlFields("tables", &out);
+  return out["tables"][0].value("tier", TierName(Tier::kStorage));
+}
+
+bool ReadDirect(CommandContext& c, const Table& t) {
+  for (const TableGatherStats& s : c.server.EngineStats()) {
+    if (s.layer_id == t.layer_id()) return s.mode == ReadMode::kDirect;
+  }
+  return false;
+}
+
+// OK when gathers on `t` read through the page cache, so that warming it helps them; else
+// FailedPrecondition naming the table, its tier and what does help. On a machine whose GPU
+// memory is its host memory (a DGX Spark), page cache nobody reads is memory the GPU lacks.
+absl::Status CheckWarmHelps(CommandContext& c, const Table& t) {
+  const std::string tier = TierOf(c, t);
+  const uint32_t layer = t.layer_id();
+  std::string why;
+  if (tier == TierName(Tier::kResident)) {
+    why = absl::StrFormat(
+        "it is of the resident tier: its rows are served from engramd's memory once loaded "
+        "(`engramctl load %u` loads it, `engramctl tables` shows how far)",
+        layer);
+  } else if (tier == TierName(Tier::kCache)) {
+    why =
+        "it is of the cache tier: the rows the row cache misses are read with O_DIRECT, past the "
+        "page cache (a larger [memory] cache or budget raises the cache's hit rate)";
+  } else if (ReadDirect(c, t)) {
+    why = "it is of the storage tier read with O_DIRECT (tables.read_mode = \"direct\"), past "
+          "the page cache";
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrFormat("not warming layer %u: %s; warming would only fill the page cache, which "
+                      "no gather on it reads",
+                      layer, why));
+}
+
 // The reads run on the page-cache worker: the control thread never waits on the disk.
 CommandResult Warm(CommandContext& c) {
   absl::StatusOr<const Table*> t = FindTable(c);
   if (!t.ok()) return t.status();
+  if (absl::Status s = CheckWarmHelps(c, **t); !s.ok()) return s;
   absl::StatusOr<RowRange> range = RangeOf(c, **t);
   if (!range.ok()) return range.status();
   const Table* table = *t;

@@ -1,6 +1,7 @@
 // The row store through engramd: a resident table and a cached table (cache much smaller than
 // the table) served byte-exact to client processes, scattered and duplicate rows included, hits
-// answered without the engine, and the tiers, hit rates and cache shown by engramctl.
+// answered without the engine, the tiers, hit rates and cache shown by engramctl, and warm refused
+// for tables that do not read through the page cache.
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -491,6 +492,39 @@ HugePages ReadHugePages() {
   uint64_t overcommit = 0;
   std::ifstream("/proc/sys/vm/nr_overcommit_hugepages") >> overcommit;
   return {total - free, free + (overcommit > surplus ? overcommit - surplus : 0)};
+}
+
+// `engramctl warm` on a table whose gathers do not read the page cache: refused with exit 1,
+// naming the table, its tier and what helps instead.
+void CheckWarmRefused(const Daemon& d, uint32_t layer, const std::vector<std::string>& names) {
+  auto [code, out] = CtlText(d, "warm " + std::to_string(layer));
+  INFO(out);
+  CHECK(code == 1);
+  CHECK(out.find("not warming layer " + std::to_string(layer) + ": ") != std::string::npos);
+  CHECK(out.find("would only fill the page cache") != std::string::npos);
+  for (const std::string& n : names) CHECK(out.find(n) != std::string::npos);
+}
+
+TEST_CASE("warm refuses resident, cached and O_DIRECT tables, naming the tier", "[store][warm]") {
+  const Daemon& d = StoreDaemon();
+  CheckWarmRefused(d, 14, {"resident tier", "engramctl load 14"});
+  CheckWarmRefused(d, 1, {"cache tier", "O_DIRECT", "[memory] cache or budget"});
+  auto [code, out] = CtlText(d, "warm 1 --rows 0:10 --json");
+  CHECK(code == 1);
+  const json j = json::parse(out);
+  CHECK(j["exit_code"] == 1);
+  CHECK(j["error"].get<std::string>().find("cache tier") != std::string::npos);
+  // Evicting stays allowed: it only gives memory back.
+  CHECK(Ctl(d, "evict 1 --rows 0:10")["done_to"] == 10);
+
+  // A storage table beside a resident one is warmed; one read with O_DIRECT is not.
+  Daemon mixed({"--tier", "14=resident"}, "warm-mixed");
+  REQUIRE(mixed.alive());
+  CHECK(Ctl(mixed, "warm 1 --rows 0:100")["done_to"] == 100);
+  CheckWarmRefused(mixed, 14, {"resident tier"});
+  Daemon direct({"--read-mode", "direct"}, "warm-direct");
+  REQUIRE(direct.alive());
+  CheckWarmRefused(direct, 14, {"storage tier read with O_DIRECT", "tables.read_mode"});
 }
 
 TEST_CASE("where the kernel has 2 MiB pages to give, a resident table lives on them",

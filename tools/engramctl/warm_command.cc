@@ -1,6 +1,7 @@
 // engramctl warm / evict: load a table's rows into the page cache, or drop them, step by step
 // through the daemon (which owns the files), with a progress bar and a rate. Ctrl-C stops warm
-// after the step in progress.
+// after the step in progress. The daemon refuses to warm a table whose gathers do not read the
+// page cache (resident, cache tier, O_DIRECT): its first step fails naming the tier, exit 1.
 #include <signal.h>
 #include <unistd.h>
 
@@ -107,8 +108,9 @@ void AddWarmCommands(CLI::App& app, int* exit_code) {
     const std::string command = name;
     CLI::App* c = app.add_subcommand(
         name, command == "warm"
-                  ? "Load a table (or --rows A:B of it) into the page cache; Ctrl-C cancels "
-                    "(administrators only: exit 77 otherwise)"
+                  ? "Load a table (or --rows A:B of it) into the page cache; Ctrl-C cancels. "
+                    "Only storage tables read through the page cache: resident, cache-tier and "
+                    "O_DIRECT tables are refused, exit 1 (administrators only: exit 77 otherwise)"
                   : "Drop a table (or --rows A:B of it) from the page cache (administrators "
                     "only: exit 77 otherwise)");
     AddCommonOptions(c, &o->common);
