@@ -3,13 +3,22 @@
 # DeepSeek-V4.1-format checkpoint, validates it, packs its tables (full and one TP4 rank's range),
 # checks every copy against the synthetic row function, then starts engramd on the checkpoint,
 # drives decode-like and prefill-like gathers through the client library from a separate process
-# (every byte checked), layer 14 from a resident copy and layer 1 through the row cache, shows
-# the row store's memory and hit rate, and stops the daemon with SIGTERM.
-# Usage: tools/quickstart.sh [--rows N]   (work files go to $ENGRAM_QUICKSTART_DIR or build/quickstart)
+# (every byte checked) once layer 14's load into memory has finished, layer 14 from that resident
+# copy and layer 1 through the row cache, shows the row store's memory and hit rate, and stops
+# the daemon with SIGTERM.
+# Usage: tools/quickstart.sh [--rows N]
+#   ENGRAM_BUILD_DIR: build directory (default build); ENGRAM_QUICKSTART_DIR: work files (default
+#   $ENGRAM_BUILD_DIR/quickstart); ENGRAM_QUICKSTART_LOAD_TIMEOUT: seconds to wait for the
+#   resident load (default 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rows=400000
 if [[ "${1:-}" == "--rows" ]]; then rows=$2; fi
+load_timeout=${ENGRAM_QUICKSTART_LOAD_TIMEOUT:-300}
+[[ $load_timeout =~ ^[0-9]+$ ]] || {
+  echo "quickstart: ENGRAM_QUICKSTART_LOAD_TIMEOUT must be whole seconds (got '$load_timeout')" >&2
+  exit 2
+}
 
 bash tools/setup.sh
 builddir=${ENGRAM_BUILD_DIR:-build}
@@ -57,13 +66,58 @@ for _ in $(seq 400); do
   sleep 0.05
 done
 
-step "engram-demo: decode-like and prefill-like gathers from a separate client process"
+ctl="$builddir/tools/engramctl/engramctl"
+step "waiting for layer 14's load into memory (at most $load_timeout s), so that the gathers" \
+  "below show each tier as it serves once started, not while it loads"
+# Until its load ends a resident table serves the rows not loaded yet from storage: timed then,
+# "resident" would show a mix of memory and disk.
+resident_state() {
+  "$ctl" tables --no-residency --json --socket "$work/engramd.sock" | python3 -c '
+import json, sys
+reply = json.load(sys.stdin)
+if "tables" not in reply:
+    print("engramctl tables: %s" % reply.get("error", reply))
+    sys.exit(2)
+tables = [t for t in reply["tables"] if t.get("tier") == "resident"]
+states = {t.get("resident_load_state") for t in tables}
+for t in tables:
+    if t.get("resident_load_state") in ("failed", "cancelled", "waiting"):
+        error = t.get("resident_load_error")
+        print("layer %d: load %s%s" % (t["layer"], t["resident_load_state"],
+                                       ": " + error if error else ""))
+        sys.exit(2)
+print(", ".join("layer %d %s, %d of %d rows" % (t["layer"], t["resident_load_state"],
+      t["resident_rows_loaded"], t["covered_end"] - t["covered_begin"]) for t in tables))
+sys.exit(0 if states <= {"loaded"} else 1)'
+}
+load_start=$SECONDS
+while true; do
+  load_status=0
+  state=$(resident_state) || load_status=$?
+  if [[ $load_status -eq 0 ]]; then
+    echo "$state (waited $((SECONDS - load_start)) s)"
+    break
+  fi
+  kill -0 "$daemon_pid" 2>/dev/null || { echo "quickstart: engramd exited" >&2; exit 1; }
+  if [[ $load_status -ne 1 ]]; then
+    echo "quickstart: the resident load did not finish: $state" >&2
+    exit 1
+  fi
+  if ((SECONDS - load_start >= load_timeout)); then
+    echo "quickstart: still loading after $load_timeout s: $state" >&2
+    echo "(ENGRAM_QUICKSTART_LOAD_TIMEOUT=SECONDS waits longer; engramctl tables shows progress)" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+
+step "engram-demo: decode-like and prefill-like gathers from a separate client process" \
+  "(layer 14 from memory, layer 1 through the row cache, started empty)"
 for layer in 14 1; do
   "$builddir/tools/demo/engram-demo" --socket "$work/engramd.sock" --synthetic-seed 7 \
     --table "$layer"
 done
 step "row store: memory, cache hit rate and evictions (row ids above are uniform: the worst case)"
-ctl="$builddir/tools/engramctl/engramctl"
 "$ctl" status --socket "$work/engramd.sock" | grep -E "row store|row cache"
 "$ctl" stats --socket "$work/engramd.sock" | grep -E "^layer|tier "
 
