@@ -257,8 +257,9 @@ absl::Status CheckWarmHelps(CommandContext& c, const Table& t) {
         "it is of the cache tier: the rows the row cache misses are read with O_DIRECT, past the "
         "page cache (a larger [memory] cache or budget raises the cache's hit rate)";
   } else if (ReadDirect(c, t)) {
-    why = "it is of the storage tier read with O_DIRECT (tables.read_mode = \"direct\"), past "
-          "the page cache";
+    why =
+        "it is of the storage tier read with O_DIRECT (tables.read_mode = \"direct\"), past "
+        "the page cache";
   } else {
     return absl::OkStatus();
   }

@@ -473,8 +473,8 @@ TEST_CASE("root and engramd's own uid are admitted whatever --allow-uid names") 
   CheckAdmitted(d, kReader, true);
   CheckAdmitted(d, kStranger, false);
   Result refused = d.Ctl(kStranger, {"status"});
-  CHECK(refused.err.find(absl::StrFormat("allowed: root, uid %u (engramd's own), uids %u",
-                                         kOwner, kReader)) != std::string::npos);
+  CHECK(refused.err.find(absl::StrFormat("allowed: root, uid %u (engramd's own), uids %u", kOwner,
+                                         kReader)) != std::string::npos);
 
   Result root = d.Ctl(0, {"status", "--json"});
   REQUIRE(root.code == 0);
@@ -485,18 +485,17 @@ TEST_CASE("root and engramd's own uid are admitted whatever --allow-uid names") 
         absl::StrFormat("root, uid %u (engramd's own), uids %u", kOwner, kReader));
   CHECK(access["admin_uids"] == json::array({0, kOwner}));
   Result human = d.Ctl(kOwner, {"status"});
-  CHECK(human.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u",
-                                       kOwner, kReader)) != std::string::npos);
+  CHECK(human.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u", kOwner,
+                                       kReader)) != std::string::npos);
 
   // --check-config, run as the same uid, names the same rule.
-  Result check =
-      RunAs(kOwner, kOwner, {},
-            {OwnedDaemon::EngramdBinary(), "--model", Checkpoint(), "--allow-uid",
-             std::to_string(kReader), "--check-config"});
+  Result check = RunAs(kOwner, kOwner, {},
+                       {OwnedDaemon::EngramdBinary(), "--model", Checkpoint(), "--allow-uid",
+                        std::to_string(kReader), "--check-config"});
   INFO(check.err);
   CHECK(check.code == 0);
-  CHECK(check.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u",
-                                       kOwner, kReader)) != std::string::npos);
+  CHECK(check.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u", kOwner,
+                                       kReader)) != std::string::npos);
 }
 
 TEST_CASE("root and engramd's own uid are admitted whatever --allow-gid names") {
@@ -512,8 +511,8 @@ TEST_CASE("root and engramd's own uid are admitted whatever --allow-gid names") 
   const json access = json::parse(root.out)["access"];
   CHECK(access["allow_uids"] == json::array({0, kOwner}));
   CHECK(access["allow_gids"] == json::array({kAdminGroup}));
-  CHECK(access["may_connect"] == absl::StrFormat("root, uid %u (engramd's own), members of gids %u",
-                                                 kOwner, kAdminGroup));
+  CHECK(access["may_connect"] ==
+        absl::StrFormat("root, uid %u (engramd's own), members of gids %u", kOwner, kAdminGroup));
 }
 
 }  // namespace
