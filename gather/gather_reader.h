@@ -141,6 +141,12 @@ class ReaderContext {
  private:
   absl::Status SetUpRing();
   void UnregisterBounce();
+  // RecoverRing's three steps (see there).
+  void AbandonUnstartedReads(uint32_t& inflight,
+                             absl::FunctionRef<void(uint64_t user_data)> abandon);
+  void DrainStartedReads(uint32_t& inflight, const std::string& what,
+                         absl::FunctionRef<void(const io_uring_cqe& cqe)> reap, ReadCounters& c);
+  void ReplaceRing(ReadCounters& c);
 
   ReaderShared* shared_ = nullptr;
   io_uring ring_{};

@@ -111,7 +111,14 @@ void ReaderContext::RecoverRing(int err, uint32_t& inflight, const std::string& 
                      "failures only show in the ring_failures statistic)"));
   }
 
-  // 1. Without SQPOLL the kernel takes SQEs only inside io_uring_enter, which this thread alone
+  AbandonUnstartedReads(inflight, abandon);
+  DrainStartedReads(inflight, what, reap, c);
+  ReplaceRing(c);
+}
+
+void ReaderContext::AbandonUnstartedReads(uint32_t& inflight,
+                                          absl::FunctionRef<void(uint64_t user_data)> abandon) {
+  // Without SQPOLL the kernel takes SQEs only inside io_uring_enter, which this thread alone
   // calls: those past the kernel's head never started and never will once they are no-ops.
   io_uring_sq& sq = ring_.sq;
   for (unsigned i = io_uring_smp_load_acquire(sq.khead); i != sq.sqe_tail; ++i) {
@@ -122,8 +129,12 @@ void ReaderContext::RecoverRing(int err, uint32_t& inflight, const std::string& 
     abandon(data);
     --inflight;
   }
+}
 
-  // 2. Reads the kernel took may still write into their buffers: wait for every completion.
+void ReaderContext::DrainStartedReads(uint32_t& inflight, const std::string& what,
+                                      absl::FunctionRef<void(const io_uring_cqe& cqe)> reap,
+                                      ReadCounters& c) {
+  // Reads the kernel took may still write into their buffers: wait for every completion.
   // Cancelling interrupts reads parked on worker threads; a read waiting for its page cannot be
   // cancelled and completes when the page arrives.
   if (inflight > 0) {
@@ -162,8 +173,10 @@ void ReaderContext::RecoverRing(int err, uint32_t& inflight, const std::string& 
                                        "gather thread waits for the device to finish them"));
     }
   }
+}
 
-  // 3. A fresh ring, unless rings keep failing here.
+void ReaderContext::ReplaceRing(ReadCounters& c) {
+  // A fresh ring, unless rings keep failing here.
   io_uring_queue_exit(&ring_);
   ring_ = {};
   has_ring_ = false;

@@ -72,6 +72,101 @@ absl::Status ParseTensor(const std::string& path, const std::string& name, const
   return absl::OkStatus();
 }
 
+// The 8-byte little-endian header length at the start of the file, checked against the limit
+// and the file's size.
+absl::StatusOr<uint64_t> ReadHeaderLength(const std::string& path, int fd, uint64_t file_size) {
+  if (file_size < 8) {
+    return Corrupt(path,
+                   absl::StrCat("file is ", file_size,
+                                " bytes, too short for the 8-byte safetensors header length"));
+  }
+  uint8_t length_bytes[8];
+  if (absl::Status s = PreadFull(fd, path, length_bytes, 8, 0); !s.ok()) return s;
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];  // little-endian
+  if (length == 0) return Corrupt(path, "safetensors header length is 0");
+  if (length > kMaxSafetensorsHeaderBytes) {
+    return Corrupt(path, absl::StrCat("safetensors header length ", length, " exceeds the ",
+                                      kMaxSafetensorsHeaderBytes, "-byte limit (corrupt length?)"));
+  }
+  if (length > file_size - 8) {
+    return Corrupt(path,
+                   absl::StrCat("safetensors header length ", length, " runs past the end of the ",
+                                file_size, "-byte file (truncated?)"));
+  }
+  return length;
+}
+
+// Fills header's metadata and tensors from the header's JSON text.
+absl::Status ParseHeaderJson(const std::string& path, const std::string& text,
+                             SafetensorsHeader& header) {
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return Corrupt(path,
+                   absl::StrCat("safetensors header (", text.size(), " bytes) is not valid JSON"));
+  }
+  if (!doc.is_object()) return Corrupt(path, "safetensors header is not a JSON object");
+
+  for (const auto& [name, entry] : doc.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) return Corrupt(path, "'__metadata__' is not a JSON object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) {
+          return Corrupt(path, absl::StrCat("'__metadata__' entry '", key, "' is not a string"));
+        }
+        header.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    SafetensorsTensor tensor;
+    if (absl::Status s = ParseTensor(path, name, entry, &tensor); !s.ok()) return s;
+    header.tensors.emplace(name, std::move(tensor));
+  }
+  return absl::OkStatus();
+}
+
+// Sorts by start and compares neighbours; empty tensors cannot overlap anything.
+absl::Status CheckNoOverlaps(const SafetensorsHeader& header) {
+  std::vector<const SafetensorsTensor*> by_offset;
+  for (const auto& [name, t] : header.tensors) {
+    if (t.bytes() > 0) by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const auto* a, const auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    if (by_offset[i]->begin < by_offset[i - 1]->end) {
+      return Corrupt(
+          header.path,
+          absl::StrCat("tensor '", by_offset[i]->name, "' data_offsets [", by_offset[i]->begin,
+                       ", ", by_offset[i]->end, ") overlap tensor '", by_offset[i - 1]->name, "' [",
+                       by_offset[i - 1]->begin, ", ", by_offset[i - 1]->end, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every tensor's end fits a file offset and, if the options ask, lies inside the file.
+absl::Status CheckInsideFile(const SafetensorsHeader& header,
+                             const SafetensorsReadOptions& options) {
+  const std::string& path = header.path;
+  const uint64_t file_size = header.file_size;
+  const uint64_t data_bytes = file_size - header.data_start;
+  for (const auto& [name, t] : header.tensors) {
+    if (t.end > std::numeric_limits<uint64_t>::max() - header.data_start) {
+      return Corrupt(path, absl::StrCat("tensor '", name, "' data_offsets end ", t.end,
+                                        " overflows a 64-bit file offset"));
+    }
+    if (options.require_complete_file && t.end > data_bytes) {
+      return Corrupt(path, absl::StrCat("tensor '", name, "' data_offsets [", t.begin, ", ", t.end,
+                                        ") lie outside the file: it holds ", data_bytes,
+                                        " data bytes after the header, the header says at least ",
+                                        t.end, " (file is ", file_size, " bytes, needs ",
+                                        header.data_start + t.end, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 uint32_t SafetensorsDtypeBytes(const std::string& dtype) {
@@ -103,82 +198,16 @@ absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path,
   SafetensorsHeader header;
   header.path = path;
   header.file_size = file_size;
-  if (file_size < 8) {
-    return Corrupt(path,
-                   absl::StrCat("file is ", file_size,
-                                " bytes, too short for the 8-byte safetensors header length"));
-  }
-  uint8_t length_bytes[8];
-  if (absl::Status s = PreadFull(fd, path, length_bytes, 8, 0); !s.ok()) return s;
-  uint64_t length = 0;
-  for (int i = 7; i >= 0; --i) length = (length << 8) | length_bytes[i];  // little-endian
-  if (length == 0) return Corrupt(path, "safetensors header length is 0");
-  if (length > kMaxSafetensorsHeaderBytes) {
-    return Corrupt(path, absl::StrCat("safetensors header length ", length, " exceeds the ",
-                                      kMaxSafetensorsHeaderBytes, "-byte limit (corrupt length?)"));
-  }
-  if (length > file_size - 8) {
-    return Corrupt(path,
-                   absl::StrCat("safetensors header length ", length, " runs past the end of the ",
-                                file_size, "-byte file (truncated?)"));
-  }
-  header.header_bytes = length;
-  header.data_start = 8 + length;
+  absl::StatusOr<uint64_t> length = ReadHeaderLength(path, fd, file_size);
+  if (!length.ok()) return length.status();
+  header.header_bytes = *length;
+  header.data_start = 8 + *length;
 
-  std::string text(length, '\0');
-  if (absl::Status s = PreadFull(fd, path, text.data(), length, 8); !s.ok()) return s;
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return Corrupt(path, absl::StrCat("safetensors header (", length, " bytes) is not valid JSON"));
-  }
-  if (!doc.is_object()) return Corrupt(path, "safetensors header is not a JSON object");
-
-  for (const auto& [name, entry] : doc.items()) {
-    if (name == "__metadata__") {
-      if (!entry.is_object()) return Corrupt(path, "'__metadata__' is not a JSON object");
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) {
-          return Corrupt(path, absl::StrCat("'__metadata__' entry '", key, "' is not a string"));
-        }
-        header.metadata[key] = value.get<std::string>();
-      }
-      continue;
-    }
-    SafetensorsTensor tensor;
-    if (absl::Status s = ParseTensor(path, name, entry, &tensor); !s.ok()) return s;
-    header.tensors.emplace(name, std::move(tensor));
-  }
-
-  // Overlaps: sort by start and compare neighbours; empty tensors cannot overlap anything.
-  std::vector<const SafetensorsTensor*> by_offset;
-  for (const auto& [name, t] : header.tensors) {
-    if (t.bytes() > 0) by_offset.push_back(&t);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const auto* a, const auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      return Corrupt(path, absl::StrCat("tensor '", by_offset[i]->name, "' data_offsets [",
-                                        by_offset[i]->begin, ", ", by_offset[i]->end,
-                                        ") overlap tensor '", by_offset[i - 1]->name, "' [",
-                                        by_offset[i - 1]->begin, ", ", by_offset[i - 1]->end, ")"));
-    }
-  }
-
-  const uint64_t data_bytes = file_size - header.data_start;
-  for (const auto& [name, t] : header.tensors) {
-    if (t.end > std::numeric_limits<uint64_t>::max() - header.data_start) {
-      return Corrupt(path, absl::StrCat("tensor '", name, "' data_offsets end ", t.end,
-                                        " overflows a 64-bit file offset"));
-    }
-    if (options.require_complete_file && t.end > data_bytes) {
-      return Corrupt(path, absl::StrCat("tensor '", name, "' data_offsets [", t.begin, ", ", t.end,
-                                        ") lie outside the file: it holds ", data_bytes,
-                                        " data bytes after the header, the header says at least ",
-                                        t.end, " (file is ", file_size, " bytes, needs ",
-                                        header.data_start + t.end, ")"));
-    }
-  }
+  std::string text(*length, '\0');
+  if (absl::Status s = PreadFull(fd, path, text.data(), *length, 8); !s.ok()) return s;
+  if (absl::Status s = ParseHeaderJson(path, text, header); !s.ok()) return s;
+  if (absl::Status s = CheckNoOverlaps(header); !s.ok()) return s;
+  if (absl::Status s = CheckInsideFile(header, options); !s.ok()) return s;
   return header;
 }
 
