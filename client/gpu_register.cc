@@ -138,6 +138,128 @@ bool HostPageTablesShared(void* library, int runtime) {
          get_attribute(&value, kCudaAttrPageableUsesHostPageTables, device) == 0 && value == 1;
 }
 
+// A runtime library opened for registration, with the calls it is used through.
+struct Runtime {
+  using RegisterFn = int (*)(void*, size_t, unsigned);
+  using DevicePointerFn = int (*)(void**, void*, unsigned);
+  using UnregisterFn = int (*)(void*);
+  using ErrorStringFn = const char* (*)(int);
+  using DeviceCountFn = int (*)(int*);
+
+  const RuntimeApi* api = nullptr;
+  void* library = nullptr;
+  RegisterFn do_register = nullptr;
+  DevicePointerFn device_pointer = nullptr;
+  UnregisterFn unregister = nullptr;
+  ErrorStringFn error_string = nullptr;
+  DeviceCountFn device_count = nullptr;
+};
+
+// Opens the runtime the process already uses first, so registration lands in its context, and
+// looks up its calls. 0, or -errno with the message set.
+int OpenRuntime(std::span<const char* const> cuda_names, std::span<const char* const> hip_names,
+                Runtime* ret) {
+  Runtime rt;
+  for (int flags : {RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL}) {
+    if ((rt.library = OpenFirst(cuda_names, flags)) != nullptr) {
+      rt.api = &kCuda;
+      break;
+    }
+    if ((rt.library = OpenFirst(hip_names, flags)) != nullptr) {
+      rt.api = &kHip;
+      break;
+    }
+  }
+  if (rt.library == nullptr) {
+    return Fail(ENOSYS, Format("engram_gpu_register: no GPU runtime found (tried %s, %s); GPU "
+                               "registration needs the CUDA or HIP runtime",
+                               JoinNames(cuda_names).c_str(), JoinNames(hip_names).c_str()));
+  }
+  const auto symbol = [&](const char* name) { return dlsym(rt.library, name); };
+  rt.do_register = reinterpret_cast<Runtime::RegisterFn>(symbol(rt.api->register_symbol));
+  rt.device_pointer =
+      reinterpret_cast<Runtime::DevicePointerFn>(symbol(rt.api->device_pointer_symbol));
+  rt.unregister = reinterpret_cast<Runtime::UnregisterFn>(symbol(rt.api->unregister_symbol));
+  rt.error_string = reinterpret_cast<Runtime::ErrorStringFn>(symbol(rt.api->error_string_symbol));
+  rt.device_count = reinterpret_cast<Runtime::DeviceCountFn>(symbol(rt.api->device_count_symbol));
+  if (!rt.do_register || !rt.device_pointer || !rt.unregister || !rt.error_string ||
+      !rt.device_count) {
+    dlclose(rt.library);
+    return Fail(ENOSYS, Format("engram_gpu_register: the %s runtime lacks %s or its peers",
+                               rt.api->name, rt.api->register_symbol));
+  }
+  *ret = rt;
+  return 0;
+}
+
+// 0 when the runtime sees a GPU; otherwise closes the library and fails with ENODEV.
+int RequireDevice(const Runtime& rt) {
+  int devices = 0;
+  // Messages are formatted before dlclose: error_string lives in the library.
+  if (int status = rt.device_count(&devices); status != 0 || devices == 0) {
+    std::string message =
+        status == 0
+            ? Format("engram_gpu_register: the %s runtime sees no GPU", rt.api->name)
+            : Format("engram_gpu_register: %s failed: %s (%s error %d): no usable GPU",
+                     rt.api->device_count_symbol, rt.error_string(status), rt.api->name, status);
+    dlclose(rt.library);
+    return Fail(ENODEV, std::move(message));
+  }
+  return 0;
+}
+
+std::string RuntimeError(const Runtime& rt, const char* call, void* addr, size_t len, int status) {
+  return Format("engram_gpu_register: %s of [%p, +%zu) failed: %s (%s error %d)", call, addr, len,
+                rt.error_string(status), rt.api->name, status);
+}
+
+// Pins [addr, +len) and maps it for the device; on failure closes the library.
+int PinAndMap(const Runtime& rt, void* addr, size_t len, void** ret_device) {
+  const RuntimeApi& api = *rt.api;
+  int status = rt.do_register(addr, len, kRegisterPortable | kRegisterMapped);
+  if (status != 0 && status != api.already_registered &&
+      rt.do_register(addr, len, kRegisterPortable | kRegisterMapped | kRegisterReadOnly) == 0) {
+    // A read-only mapping (a resident table's, engram_map_table) pins only as read-only memory;
+    // a failure of both attempts reports the first. The refused first attempt stays the
+    // runtime's last error, which the next launch check of any library would take for its
+    // own: clear it.
+    using GetLastErrorFn = int (*)();
+    if (auto clear =
+            reinterpret_cast<GetLastErrorFn>(dlsym(rt.library, api.get_last_error_symbol))) {
+      clear();
+    }
+    status = 0;
+  }
+  if (status != 0) {
+    std::string message = RuntimeError(rt, api.register_symbol, addr, len, status);
+    dlclose(rt.library);
+    return Fail(ErrnoFor(status, api.already_registered), std::move(message));
+  }
+  void* device = nullptr;
+  if (int status = rt.device_pointer(&device, addr, 0); status != 0 || device == nullptr) {
+    const std::string message = RuntimeError(rt, api.device_pointer_symbol, addr, len, status);
+    rt.unregister(addr);
+    dlclose(rt.library);
+    return Fail(EIO, message);
+  }
+  *ret_device = device;
+  return 0;
+}
+
+engram_gpu_registration* NewRegistration(const Runtime& rt, void* addr, size_t len, void* device,
+                                         bool pinned) {
+  auto* reg = new engram_gpu_registration;
+  reg->library = rt.library;
+  reg->runtime = rt.api->runtime;
+  reg->host = static_cast<char*>(addr);
+  reg->len = len;
+  reg->device = static_cast<char*>(device);
+  reg->pinned = pinned;
+  reg->unregister = rt.unregister;
+  reg->error_string = rt.error_string;
+  return reg;
+}
+
 }  // namespace
 
 std::span<const char* const> DefaultCudaRuntimeNames() { return kCudaNames; }
@@ -150,102 +272,18 @@ int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_na
                                "all be set",
                                addr, len, static_cast<void*>(ret_reg)));
   }
-  // The runtime the process already uses first, so registration lands in its context.
-  const RuntimeApi* api = nullptr;
-  void* library = nullptr;
-  for (int flags : {RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL}) {
-    if ((library = OpenFirst(cuda_names, flags)) != nullptr) {
-      api = &kCuda;
-      break;
-    }
-    if ((library = OpenFirst(hip_names, flags)) != nullptr) {
-      api = &kHip;
-      break;
-    }
-  }
-  if (library == nullptr) {
-    return Fail(ENOSYS, Format("engram_gpu_register: no GPU runtime found (tried %s, %s); GPU "
-                               "registration needs the CUDA or HIP runtime",
-                               JoinNames(cuda_names).c_str(), JoinNames(hip_names).c_str()));
-  }
-  using RegisterFn = int (*)(void*, size_t, unsigned);
-  using DevicePointerFn = int (*)(void**, void*, unsigned);
-  using UnregisterFn = int (*)(void*);
-  using ErrorStringFn = const char* (*)(int);
-  using DeviceCountFn = int (*)(int*);
-  auto do_register = reinterpret_cast<RegisterFn>(dlsym(library, api->register_symbol));
-  auto device_pointer =
-      reinterpret_cast<DevicePointerFn>(dlsym(library, api->device_pointer_symbol));
-  auto unregister = reinterpret_cast<UnregisterFn>(dlsym(library, api->unregister_symbol));
-  auto error_string = reinterpret_cast<ErrorStringFn>(dlsym(library, api->error_string_symbol));
-  auto device_count = reinterpret_cast<DeviceCountFn>(dlsym(library, api->device_count_symbol));
-  if (!do_register || !device_pointer || !unregister || !error_string || !device_count) {
-    dlclose(library);
-    return Fail(ENOSYS, Format("engram_gpu_register: the %s runtime lacks %s or its peers",
-                               api->name, api->register_symbol));
-  }
-  auto runtime_error = [&](const char* call, int status) {
-    return Format("engram_gpu_register: %s of [%p, +%zu) failed: %s (%s error %d)", call, addr, len,
-                  error_string(status), api->name, status);
-  };
-  int devices = 0;
-  // Messages are formatted before dlclose: error_string lives in the library.
-  if (int status = device_count(&devices); status != 0 || devices == 0) {
-    std::string message =
-        status == 0 ? Format("engram_gpu_register: the %s runtime sees no GPU", api->name)
-                    : Format("engram_gpu_register: %s failed: %s (%s error %d): no usable GPU",
-                             api->device_count_symbol, error_string(status), api->name, status);
-    dlclose(library);
-    return Fail(ENODEV, std::move(message));
-  }
-  if (HostPageTablesShared(library, api->runtime)) {
+  Runtime rt;
+  if (int r = OpenRuntime(cuda_names, hip_names, &rt); r != 0) return r;
+  if (int r = RequireDevice(rt); r != 0) return r;
+  if (HostPageTablesShared(rt.library, rt.api->runtime)) {
     // Unified memory: the host address is the device address and nothing needs pinning (which
     // would only take the pages from the memory the GPU and the page cache share).
-    auto* reg = new engram_gpu_registration;
-    reg->library = library;
-    reg->runtime = api->runtime;
-    reg->host = reg->device = static_cast<char*>(addr);
-    reg->len = len;
-    reg->pinned = false;
-    reg->unregister = unregister;
-    reg->error_string = error_string;
-    *ret_reg = reg;
+    *ret_reg = NewRegistration(rt, addr, len, addr, /*pinned=*/false);
     return 0;
   }
-  int status = do_register(addr, len, kRegisterPortable | kRegisterMapped);
-  if (status != 0 && status != api->already_registered &&
-      do_register(addr, len, kRegisterPortable | kRegisterMapped | kRegisterReadOnly) == 0) {
-    // A read-only mapping (a resident table's, engram_map_table) pins only as read-only memory;
-    // a failure of both attempts reports the first. The refused first attempt stays the
-    // runtime's last error, which the next launch check of any library would take for its
-    // own: clear it.
-    using GetLastErrorFn = int (*)();
-    if (auto clear = reinterpret_cast<GetLastErrorFn>(dlsym(library, api->get_last_error_symbol))) {
-      clear();
-    }
-    status = 0;
-  }
-  if (status != 0) {
-    std::string message = runtime_error(api->register_symbol, status);
-    dlclose(library);
-    return Fail(ErrnoFor(status, api->already_registered), std::move(message));
-  }
   void* device = nullptr;
-  if (int status = device_pointer(&device, addr, 0); status != 0 || device == nullptr) {
-    const std::string message = runtime_error(api->device_pointer_symbol, status);
-    unregister(addr);
-    dlclose(library);
-    return Fail(EIO, message);
-  }
-  auto* reg = new engram_gpu_registration;
-  reg->library = library;
-  reg->runtime = api->runtime;
-  reg->host = static_cast<char*>(addr);
-  reg->len = len;
-  reg->device = static_cast<char*>(device);
-  reg->unregister = unregister;
-  reg->error_string = error_string;
-  *ret_reg = reg;
+  if (int r = PinAndMap(rt, addr, len, &device); r != 0) return r;
+  *ret_reg = NewRegistration(rt, addr, len, device, /*pinned=*/true);
   return 0;
 }
 

@@ -236,59 +236,65 @@ T LoadAt(const std::string& data, size_t offset) {
   return v;
 }
 
-}  // namespace
+// A derived-tables file being loaded: its bytes, and the two kinds of error it can give.
+struct DerivedFile {
+  const std::string& path;
+  const std::string& model_dir;
+  std::string data;
 
-absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
-                                                const std::string& model_dir,
-                                                const HashConfig& config) {
-  static_assert(std::endian::native == std::endian::little, "the file format is little-endian");
-  auto data = ReadFile(path);
-  if (!data.ok()) return data.status();
-  const auto corrupt = [&](absl::string_view what) {
+  // The file is damaged.
+  absl::Status Corrupt(absl::string_view what) const {
     return absl::DataLossError(absl::StrCat("derived hash tables '", path, "': ", what));
-  };
-  const auto stale = [&](absl::string_view what) {
+  }
+  // The file is sound but was derived from other model files: derive it again.
+  absl::Status Stale(absl::string_view what) const {
     return absl::FailedPreconditionError(absl::StrCat(
         "derived hash tables '", path, "' do not match ", model_dir, ": ", what,
         "; re-derive them with tools/engram_vocab.py --model ", model_dir, " --out ", path));
-  };
-  if (data->size() < sizeof(DerivedHeader)) return corrupt("shorter than its header");
-  DerivedHeader h = LoadAt<DerivedHeader>(*data, 0);
+  }
+};
+
+// The header: magic, version, sizes and both checksums.
+absl::StatusOr<DerivedHeader> CheckDerivedHeader(const DerivedFile& f) {
+  if (f.data.size() < sizeof(DerivedHeader)) return f.Corrupt("shorter than its header");
+  DerivedHeader h = LoadAt<DerivedHeader>(f.data, 0);
   if (std::memcmp(h.magic, kDerivedMagic, sizeof(h.magic)) != 0) {
-    return corrupt("bad magic: not an engram derived-tables file");
+    return f.Corrupt("bad magic: not an engram derived-tables file");
   }
   if (h.version != kDerivedVersion) {
-    return stale(absl::StrFormat("file version %d, this build reads version %d", h.version,
-                                 kDerivedVersion));
+    return f.Stale(absl::StrFormat("file version %d, this build reads version %d", h.version,
+                                   kDerivedVersion));
   }
   if (h.header_bytes != sizeof(DerivedHeader)) {
-    return corrupt(
+    return f.Corrupt(
         absl::StrFormat("header_bytes %d, expected %d", h.header_bytes, sizeof(DerivedHeader)));
   }
-  if (h.file_bytes != data->size()) {
-    return corrupt(absl::StrFormat("header says %d bytes, file has %d (truncated?)", h.file_bytes,
-                                   data->size()));
+  if (h.file_bytes != f.data.size()) {
+    return f.Corrupt(absl::StrFormat("header says %d bytes, file has %d (truncated?)", h.file_bytes,
+                                     f.data.size()));
   }
-  {
-    DerivedHeader zeroed = h;
-    zeroed.header_crc32 = 0;
-    const uint32_t crc = Crc32({reinterpret_cast<const uint8_t*>(&zeroed), sizeof(zeroed)});
-    if (crc != h.header_crc32) return corrupt("header checksum mismatch");
-    const uint32_t body = Crc32(Bytes(*data).subspan(sizeof(DerivedHeader)));
-    if (body != h.body_crc32) return corrupt("body checksum mismatch");
-  }
+  DerivedHeader zeroed = h;
+  zeroed.header_crc32 = 0;
+  const uint32_t crc = Crc32({reinterpret_cast<const uint8_t*>(&zeroed), sizeof(zeroed)});
+  if (crc != h.header_crc32) return f.Corrupt("header checksum mismatch");
+  const uint32_t body = Crc32(Bytes(f.data).subspan(sizeof(DerivedHeader)));
+  if (body != h.body_crc32) return f.Corrupt("body checksum mismatch");
+  return h;
+}
 
-  // Fingerprints: the file must have been derived from these very files.
-  auto config_text = ReadFile(model_dir + "/config.json");
+// The file must have been derived from these very files, with this config's hash parameters.
+absl::Status CheckFingerprints(const DerivedFile& f, const DerivedHeader& h,
+                               const HashConfig& config) {
+  auto config_text = ReadFile(f.model_dir + "/config.json");
   if (!config_text.ok()) return config_text.status();
   if (config_text->size() != h.config_bytes || Crc32(Bytes(*config_text)) != h.config_crc32) {
-    return stale("config.json changed since the tables were derived");
+    return f.Stale("config.json changed since the tables were derived");
   }
-  auto tokenizer_text = ReadFile(model_dir + "/tokenizer.json");
+  auto tokenizer_text = ReadFile(f.model_dir + "/tokenizer.json");
   if (tokenizer_text.ok()) {
     if (tokenizer_text->size() != h.tokenizer_bytes ||
         Crc32(Bytes(*tokenizer_text)) != h.tokenizer_crc32) {
-      return stale("tokenizer.json changed since the tables were derived");
+      return f.Stale("tokenizer.json changed since the tables were derived");
     }
   } else if (!absl::IsNotFound(tokenizer_text.status())) {
     return tokenizer_text.status();
@@ -298,61 +304,70 @@ absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
       h.num_layers != config.layer_ids.size() || h.seed != config.seed ||
       h.pad_token_id != config.pad_token_id ||
       h.compressed_vocab_size != config.compressed_vocab_size) {
-    return stale(absl::StrFormat(
+    return f.Stale(absl::StrFormat(
         "file has max_ngram_size %d, n_heads %d, %d layers, seed %d, pad %d, compressed vocab "
         "%d; config.json has %d, %d, %d, %d, %d, %d",
         h.max_ngram_size, h.n_heads, h.num_layers, h.seed, h.pad_token_id, h.compressed_vocab_size,
         config.max_ngram_size, config.n_heads, config.layer_ids.size(), config.seed,
         config.pad_token_id, config.compressed_vocab_size));
   }
-  auto derived = DeriveLayerTables(config);
-  if (!derived.ok()) return derived.status();
+  return absl::OkStatus();
+}
 
+// Each layer's record must hold what the derivation gives; returns where the vocabulary lookup
+// starts.
+absl::StatusOr<size_t> CheckLayerRecords(const DerivedFile& f, const DerivedHeader& h,
+                                         const HashConfig& config,
+                                         const std::vector<LayerTables>& derived) {
   const uint32_t heads = config.heads_per_layer();
   const size_t layer_bytes =
       sizeof(DerivedLayerRecord) + 8ULL * config.max_ngram_size + 8ULL * heads;
   const size_t lookup_offset = sizeof(DerivedHeader) + layer_bytes * h.num_layers;
-  if (lookup_offset + 4ULL * h.vocab_size != data->size()) {
-    return corrupt(absl::StrFormat("size %d does not fit %d layers and %d lookup entries",
-                                   data->size(), h.num_layers, h.vocab_size));
+  if (lookup_offset + 4ULL * h.vocab_size != f.data.size()) {
+    return f.Corrupt(absl::StrFormat("size %d does not fit %d layers and %d lookup entries",
+                                     f.data.size(), h.num_layers, h.vocab_size));
   }
   size_t off = sizeof(DerivedHeader);
-  for (const LayerTables& want : *derived) {
-    const auto rec = LoadAt<DerivedLayerRecord>(*data, off);
+  for (const LayerTables& want : derived) {
+    const auto rec = LoadAt<DerivedLayerRecord>(f.data, off);
     off += sizeof(rec);
     if (rec.layer_id != want.layer_id || rec.num_rows != want.num_rows()) {
-      return stale(
+      return f.Stale(
           absl::StrFormat("file has layer %d with %d rows where config has layer %d "
                           "with %d rows",
                           rec.layer_id, rec.num_rows, want.layer_id, want.num_rows()));
     }
     for (uint32_t k = 0; k < config.max_ngram_size; ++k, off += 8) {
-      if (LoadAt<int64_t>(*data, off) != want.multipliers[k]) {
-        return stale(absl::StrFormat("layer %d multiplier %d is %d, derivation gives %d",
-                                     want.layer_id, k, LoadAt<int64_t>(*data, off),
-                                     want.multipliers[k]));
+      if (LoadAt<int64_t>(f.data, off) != want.multipliers[k]) {
+        return f.Stale(absl::StrFormat("layer %d multiplier %d is %d, derivation gives %d",
+                                       want.layer_id, k, LoadAt<int64_t>(f.data, off),
+                                       want.multipliers[k]));
       }
     }
     for (uint32_t j = 0; j < heads; ++j, off += 8) {
-      if (LoadAt<uint64_t>(*data, off) != want.primes[j]) {
-        return stale(absl::StrFormat("layer %d head %d prime is %d, derivation gives %d",
-                                     want.layer_id, j, LoadAt<uint64_t>(*data, off),
-                                     want.primes[j]));
+      if (LoadAt<uint64_t>(f.data, off) != want.primes[j]) {
+        return f.Stale(absl::StrFormat("layer %d head %d prime is %d, derivation gives %d",
+                                       want.layer_id, j, LoadAt<uint64_t>(f.data, off),
+                                       want.primes[j]));
       }
     }
   }
+  return lookup_offset;
+}
 
-  DerivedTables out;
-  out.layers = *std::move(derived);
-  out.vocab.lookup.resize(h.vocab_size);
-  std::memcpy(out.vocab.lookup.data(), data->data() + lookup_offset, 4ULL * h.vocab_size);
+// The tokenizer id -> compressed id lookup at `lookup_offset`, checked.
+absl::StatusOr<CompressedVocab> LoadVocab(const DerivedFile& f, const DerivedHeader& h,
+                                          const HashConfig& config, size_t lookup_offset) {
+  CompressedVocab vocab;
+  vocab.lookup.resize(h.vocab_size);
+  std::memcpy(vocab.lookup.data(), f.data.data() + lookup_offset, 4ULL * h.vocab_size);
   // Compressed ids are numbered in order of first appearance: each id is at most one more than
   // the largest before it, and the largest must reach compressed_vocab_size - 1.
   uint64_t next_new = 0;
   for (uint32_t i = 0; i < h.vocab_size; ++i) {
-    const uint32_t id = out.vocab.lookup[i];
+    const uint32_t id = vocab.lookup[i];
     if (id > next_new) {
-      return corrupt(
+      return f.Corrupt(
           absl::StrFormat("tokenizer id %d maps to compressed id %d before id %d "
                           "has appeared",
                           i, id, next_new));
@@ -360,19 +375,43 @@ absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
     if (id == next_new) ++next_new;
   }
   if (next_new != config.compressed_vocab_size) {
-    return stale(absl::StrFormat(
+    return f.Stale(absl::StrFormat(
         "tokenizer.json compresses to %d ids but engram_compressed_vocab_size is %d", next_new,
         config.compressed_vocab_size));
   }
   if (config.pad_token_id >= h.vocab_size) {
-    return stale(absl::StrFormat("engram_pad_token_id %d is not a tokenizer id (vocab %d)",
-                                 config.pad_token_id, h.vocab_size));
+    return f.Stale(absl::StrFormat("engram_pad_token_id %d is not a tokenizer id (vocab %d)",
+                                   config.pad_token_id, h.vocab_size));
   }
-  out.vocab.compressed_pad_id = out.vocab.lookup[config.pad_token_id];
-  if (out.vocab.compressed_pad_id != h.compressed_pad_id) {
-    return corrupt(absl::StrFormat("compressed pad id %d, lookup table gives %d",
-                                   h.compressed_pad_id, out.vocab.compressed_pad_id));
+  vocab.compressed_pad_id = vocab.lookup[config.pad_token_id];
+  if (vocab.compressed_pad_id != h.compressed_pad_id) {
+    return f.Corrupt(absl::StrFormat("compressed pad id %d, lookup table gives %d",
+                                     h.compressed_pad_id, vocab.compressed_pad_id));
   }
+  return vocab;
+}
+
+}  // namespace
+
+absl::StatusOr<DerivedTables> LoadDerivedTables(const std::string& path,
+                                                const std::string& model_dir,
+                                                const HashConfig& config) {
+  static_assert(std::endian::native == std::endian::little, "the file format is little-endian");
+  auto data = ReadFile(path);
+  if (!data.ok()) return data.status();
+  const DerivedFile f{path, model_dir, *std::move(data)};
+  absl::StatusOr<DerivedHeader> h = CheckDerivedHeader(f);
+  if (!h.ok()) return h.status();
+  if (absl::Status s = CheckFingerprints(f, *h, config); !s.ok()) return s;
+  auto derived = DeriveLayerTables(config);
+  if (!derived.ok()) return derived.status();
+  absl::StatusOr<size_t> lookup_offset = CheckLayerRecords(f, *h, config, *derived);
+  if (!lookup_offset.ok()) return lookup_offset.status();
+  absl::StatusOr<CompressedVocab> vocab = LoadVocab(f, *h, config, *lookup_offset);
+  if (!vocab.ok()) return vocab.status();
+  DerivedTables out;
+  out.layers = *std::move(derived);
+  out.vocab = *std::move(vocab);
   return out;
 }
 
