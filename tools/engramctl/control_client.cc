@@ -42,6 +42,40 @@ bool Receive(int fd, std::vector<uint8_t>* ret_bytes, int* ret_fd, std::string* 
   return true;
 }
 
+// A reply that did not fit in a message: its text is in the memfd the daemon passed.
+std::string ReadPassedReply(int memfd) {
+  std::string body;
+  struct stat st;
+  if (fstat(memfd, &st) == 0 && st.st_size > 0) {
+    body.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (done < body.size()) {
+      const ssize_t n =
+          pread(memfd, body.data() + done, body.size() - done, static_cast<off_t>(done));
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    body.resize(done);
+  }
+  return body;
+}
+
+// What an ERROR reply to `command` means for engramctl's caller.
+ControlError DaemonRefusal(const std::vector<uint8_t>& bytes, const std::string& command,
+                           const std::string& socket_path) {
+  engram::protocol::CodecError error;
+  engram::protocol::DecodeError(bytes.data(), bytes.size(), &error);
+  const bool old = error.code == ENGRAM_STATUS_UNIMPLEMENTED;
+  if (error.code == ENGRAM_STATUS_PERMISSION_DENIED) {
+    return {kExitNotPermitted,
+            absl::StrFormat("engramd on %s: permission denied: %s", socket_path, error.message)};
+  }
+  return {kExitFailed, old ? absl::StrFormat("engramd on %s does not serve '%s' (an older daemon? "
+                                             "upgrade it): %s",
+                                             socket_path, command, error.message)
+                           : absl::StrFormat("engramd on %s: %s", socket_path, error.message)};
+}
+
 }  // namespace
 
 std::string DefaultSocket() {
@@ -175,18 +209,7 @@ bool ControlClient::Call(const std::string& command, const nlohmann::json& args,
       continue;
     }
     if (reply.type == ENGRAM_MSG_ERROR) {
-      engram::protocol::DecodeError(bytes.data(), bytes.size(), &error);
-      const bool old = error.code == ENGRAM_STATUS_UNIMPLEMENTED;
-      if (error.code == ENGRAM_STATUS_PERMISSION_DENIED) {
-        *ret_error = {kExitNotPermitted, absl::StrFormat("engramd on %s: permission denied: %s",
-                                                         socket_path_, error.message)};
-        return false;
-      }
-      *ret_error = {kExitFailed,
-                    old ? absl::StrFormat("engramd on %s does not serve '%s' (an older daemon? "
-                                          "upgrade it): %s",
-                                          socket_path_, command, error.message)
-                        : absl::StrFormat("engramd on %s: %s", socket_path_, error.message)};
+      *ret_error = DaemonRefusal(bytes, command, socket_path_);
       return false;
     }
     if (reply.type != ENGRAM_MSG_CONTROL_REPLY) {
@@ -198,19 +221,7 @@ bool ControlClient::Call(const std::string& command, const nlohmann::json& args,
     std::string body(reinterpret_cast<const char*>(bytes.data()) + sizeof(reply),
                      bytes.size() - sizeof(reply));
     if (passed >= 0) {  // the reply did not fit in a message: it is in the memfd
-      struct stat st;
-      body.clear();
-      if (fstat(passed, &st) == 0 && st.st_size > 0) {
-        body.resize(static_cast<size_t>(st.st_size));
-        size_t done = 0;
-        while (done < body.size()) {
-          const ssize_t n =
-              pread(passed, body.data() + done, body.size() - done, static_cast<off_t>(done));
-          if (n <= 0) break;
-          done += static_cast<size_t>(n);
-        }
-        body.resize(done);
-      }
+      body = ReadPassedReply(passed);
       close(passed);
     }
     *ret_reply = nlohmann::json::parse(body, nullptr, false);

@@ -243,6 +243,45 @@ int Run(const CommonOptions& common, const WatchOptions& watch, const std::strin
   }
 }
 
+// engramctl tables: one line per table, then its files and row store lines.
+void PrintTables(const json& r, const json*, double) {
+  printf("%-6s %-11s %-23s %-10s %-18s %-10s %s\n", "LAYER", "ROWS", "COVERED", "LAYOUT", "SIZE",
+         "RESIDENT", "FILES");
+  for (const json& t : r["tables"]) {
+    const std::string resident =
+        t.contains("resident_fraction")
+            ? absl::StrFormat("%.1f%%", 100 * t["resident_fraction"].get<double>())
+            : "-";
+    printf("%-6lu %-11lu %-23s %-10s %-18s %-10s %zu\n", U(t, "layer"), U(t, "rows"),
+           absl::StrFormat("[%u, %u)", U(t, "covered_begin"), U(t, "covered_end")).c_str(),
+           t.value("layout", "?").c_str(),
+           absl::StrFormat("%s (%u B rows)", Bytes(double(U(t, "data_bytes"))), U(t, "row_bytes"))
+               .c_str(),
+           resident.c_str(), t["files"].size());
+    for (const json& f : t["files"]) {
+      printf("         %s\n", Printable(f.get<std::string>()).c_str());
+    }
+    PrintStoreTable(t);
+    // Pages that left recently and would be read again: the table is thrashing.
+    if (U(t, "recently_evicted_bytes") != 0) {
+      printf("         %s recently evicted (refaults when read again)\n",
+             Bytes(double(U(t, "recently_evicted_bytes"))).c_str());
+    }
+  }
+}
+
+// engramctl clients: one line per session.
+void PrintClients(const json& r, const json*, double) {
+  printf("%-8s %-8s %-6s %-20s %-6s %-10s %-9s %-10s %s\n", "SESSION", "PID", "UID", "NAME",
+         "SLOTS", "ARENA", "INFLIGHT", "REQUESTS", "ROWS");
+  for (const json& s : r["clients"]) {
+    printf("%-8lu %-8lu %-6lu %-20s %-6lu %-10s %-9lu %-10lu %lu\n", U(s, "session"), U(s, "pid"),
+           U(s, "uid"), Printable(s.value("name", "")).c_str(), U(s, "slots"),
+           Bytes(double(U(s, "arena_bytes"))).c_str(), U(s, "inflight"), U(s, "requests_submitted"),
+           U(s, "rows"));
+  }
+}
+
 }  // namespace
 
 void AddDaemonCommands(CLI::App& app, int* exit_code) {
@@ -275,35 +314,8 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
     AddCommonOptions(c, options.get());
     c->add_flag("--no-residency", *no_residency, "Skip the page-cache residency scan");
     c->callback([=] {
-      *exit_code = Run(
-          *options, WatchOptions{}, "tables", json{{"residency", !*no_residency}},
-          [](const json& r, const json*, double) {
-            printf("%-6s %-11s %-23s %-10s %-18s %-10s %s\n", "LAYER", "ROWS", "COVERED", "LAYOUT",
-                   "SIZE", "RESIDENT", "FILES");
-            for (const json& t : r["tables"]) {
-              const std::string resident =
-                  t.contains("resident_fraction")
-                      ? absl::StrFormat("%.1f%%", 100 * t["resident_fraction"].get<double>())
-                      : "-";
-              printf(
-                  "%-6lu %-11lu %-23s %-10s %-18s %-10s %zu\n", U(t, "layer"), U(t, "rows"),
-                  absl::StrFormat("[%u, %u)", U(t, "covered_begin"), U(t, "covered_end")).c_str(),
-                  t.value("layout", "?").c_str(),
-                  absl::StrFormat("%s (%u B rows)", Bytes(double(U(t, "data_bytes"))),
-                                  U(t, "row_bytes"))
-                      .c_str(),
-                  resident.c_str(), t["files"].size());
-              for (const json& f : t["files"]) {
-                printf("         %s\n", Printable(f.get<std::string>()).c_str());
-              }
-              PrintStoreTable(t);
-              // Pages that left recently and would be read again: the table is thrashing.
-              if (U(t, "recently_evicted_bytes") != 0) {
-                printf("         %s recently evicted (refaults when read again)\n",
-                       Bytes(double(U(t, "recently_evicted_bytes"))).c_str());
-              }
-            }
-          });
+      *exit_code =
+          Run(*options, WatchOptions{}, "tables", json{{"residency", !*no_residency}}, PrintTables);
     });
   }
   {
@@ -312,18 +324,7 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
         "clients", "Connected sessions: pid, uid, arena size, requests in flight, rows served");
     AddCommonOptions(c, options.get());
     c->callback([=] {
-      *exit_code =
-          Run(*options, WatchOptions{}, "clients", json::object(),
-              [](const json& r, const json*, double) {
-                printf("%-8s %-8s %-6s %-20s %-6s %-10s %-9s %-10s %s\n", "SESSION", "PID", "UID",
-                       "NAME", "SLOTS", "ARENA", "INFLIGHT", "REQUESTS", "ROWS");
-                for (const json& s : r["clients"]) {
-                  printf("%-8lu %-8lu %-6lu %-20s %-6lu %-10s %-9lu %-10lu %lu\n", U(s, "session"),
-                         U(s, "pid"), U(s, "uid"), Printable(s.value("name", "")).c_str(), U(s, "slots"),
-                         Bytes(double(U(s, "arena_bytes"))).c_str(), U(s, "inflight"),
-                         U(s, "requests_submitted"), U(s, "rows"));
-                }
-              });
+      *exit_code = Run(*options, WatchOptions{}, "clients", json::object(), PrintClients);
     });
   }
   {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "client/hash/ngram_hasher.h"
 #include "nlohmann/json.hpp"
@@ -57,25 +58,27 @@ absl::Status ReadTokensFile(const std::string& path, std::vector<int32_t>& token
   return absl::OkStatus();
 }
 
-int RunHash(HashArgs& args) {
-  if (!args.tokens_file.empty()) {
-    if (absl::Status st = ReadTokensFile(args.tokens_file, args.tokens); !st.ok()) return Fail(st);
-  }
-  if (args.tokens.empty()) {
-    return Fail(absl::InvalidArgumentError("no tokens: give TOKEN... or --tokens-file"));
-  }
-  engram::HasherOptions options;
-  options.derived_path = args.derived;
-  options.compressed_only = args.compressed;
-  options.compressed_pad_id = args.compressed_pad_id;
-  auto hasher = engram::NgramHasher::Open(args.model, options);
-  if (!hasher.ok()) return Fail(hasher.status());
-  auto layer_index = hasher->LayerIndex(args.layer);
-  if (!layer_index.ok()) return Fail(layer_index.status());
-  auto heads = hasher->RankHeads(args.tp_size, args.tp_rank);
-  if (!heads.ok()) return Fail(heads.status());
-  auto row_range = hasher->HeadRows(*layer_index, *heads);
-  if (!row_range.ok()) return Fail(row_range.status());
+// What `engramctl hash` prints: each token's rows, one per head of the rank, and where they lie.
+struct HashedRows {
+  uint32_t layer_index = 0;
+  engram::HeadRange heads;
+  std::pair<uint64_t, uint64_t> row_range;
+  std::vector<uint64_t> rows;       // tokens x heads
+  std::vector<int32_t> compressed;  // each token's compressed id
+};
+
+// Hashes args.tokens (after args.history, in chunks of args.chunk) with the opened hasher.
+absl::StatusOr<HashedRows> HashTokens(const HashArgs& args, const engram::NgramHasher& hasher) {
+  HashedRows out;
+  auto layer_index = hasher.LayerIndex(args.layer);
+  if (!layer_index.ok()) return layer_index.status();
+  out.layer_index = *layer_index;
+  auto heads = hasher.RankHeads(args.tp_size, args.tp_rank);
+  if (!heads.ok()) return heads.status();
+  out.heads = *heads;
+  auto row_range = hasher.HeadRows(*layer_index, *heads);
+  if (!row_range.ok()) return row_range.status();
+  out.row_range = *row_range;
 
   // History and tokens in one buffer, so each chunk's history is simply what precedes it.
   std::vector<int32_t> ids = args.history;
@@ -90,55 +93,80 @@ int RunHash(HashArgs& args) {
   }
   const auto space =
       args.compressed ? engram::TokenSpace::kCompressed : engram::TokenSpace::kTokenizer;
-  std::vector<uint64_t> rows(args.tokens.size() * heads->size());
-  if (absl::Status st = hasher->Hash(*layer_index, sequences, space, *heads, rows); !st.ok()) {
-    return Fail(st);
+  out.rows.resize(args.tokens.size() * heads->size());
+  if (absl::Status st = hasher.Hash(*layer_index, sequences, space, *heads, out.rows); !st.ok()) {
+    return st;
   }
-  std::vector<int32_t> compressed = args.tokens;
+  out.compressed = args.tokens;
   if (!args.compressed) {
-    if (absl::Status st = hasher->Compress(args.tokens, compressed); !st.ok()) return Fail(st);
+    if (absl::Status st = hasher.Compress(args.tokens, out.compressed); !st.ok()) return st;
   }
+  return out;
+}
 
-  const engram::LayerTables& tables = hasher->layer(*layer_index);
-  if (args.json) {
-    nlohmann::json out;
-    out["schema_version"] = kHashJsonSchemaVersion;
-    out["model"] = args.model;
-    out["layer"] = args.layer;
-    out["id_space"] = args.compressed ? "compressed" : "tokenizer";
-    out["tp_size"] = args.tp_size;
-    out["tp_rank"] = args.tp_rank;
-    out["heads"] = {heads->begin, heads->end};
-    out["row_range"] = {row_range->first, row_range->second};
-    out["history"] = args.history;
-    out["chunk"] = args.chunk;
-    out["compressed_pad_id"] = hasher->compressed_pad_id();
-    out["layer_tables"] = {{"multipliers", tables.multipliers},
-                           {"primes", tables.primes},
-                           {"head_offsets", tables.head_offsets}};
-    nlohmann::json positions = nlohmann::json::array();
-    for (size_t t = 0; t < args.tokens.size(); ++t) {
-      positions.push_back(
-          {{"token", args.tokens[t]},
-           {"compressed", compressed[t]},
-           {"rows", std::vector<uint64_t>(rows.begin() + t * heads->size(),
-                                          rows.begin() + (t + 1) * heads->size())}});
-    }
-    out["positions"] = std::move(positions);
-    std::cout << out.dump() << "\n";
-    return 0;
+void PrintHashJson(const HashArgs& args, const engram::NgramHasher& hasher, const HashedRows& h) {
+  const engram::LayerTables& tables = hasher.layer(h.layer_index);
+  const size_t heads = h.heads.size();
+  nlohmann::json out;
+  out["schema_version"] = kHashJsonSchemaVersion;
+  out["model"] = args.model;
+  out["layer"] = args.layer;
+  out["id_space"] = args.compressed ? "compressed" : "tokenizer";
+  out["tp_size"] = args.tp_size;
+  out["tp_rank"] = args.tp_rank;
+  out["heads"] = {h.heads.begin, h.heads.end};
+  out["row_range"] = {h.row_range.first, h.row_range.second};
+  out["history"] = args.history;
+  out["chunk"] = args.chunk;
+  out["compressed_pad_id"] = hasher.compressed_pad_id();
+  out["layer_tables"] = {{"multipliers", tables.multipliers},
+                         {"primes", tables.primes},
+                         {"head_offsets", tables.head_offsets}};
+  nlohmann::json positions = nlohmann::json::array();
+  for (size_t t = 0; t < args.tokens.size(); ++t) {
+    positions.push_back({{"token", args.tokens[t]},
+                         {"compressed", h.compressed[t]},
+                         {"rows", std::vector<uint64_t>(h.rows.begin() + t * heads,
+                                                        h.rows.begin() + (t + 1) * heads)}});
   }
-  std::printf("# layer %u, heads [%u, %u), rows [%llu, %llu), %s ids\n", args.layer, heads->begin,
-              heads->end, static_cast<unsigned long long>(row_range->first),
-              static_cast<unsigned long long>(row_range->second),
+  out["positions"] = std::move(positions);
+  std::cout << out.dump() << "\n";
+}
+
+void PrintHashText(const HashArgs& args, const HashedRows& h) {
+  std::printf("# layer %u, heads [%u, %u), rows [%llu, %llu), %s ids\n", args.layer, h.heads.begin,
+              h.heads.end, static_cast<unsigned long long>(h.row_range.first),
+              static_cast<unsigned long long>(h.row_range.second),
               args.compressed ? "compressed" : "tokenizer");
   std::printf("# position token compressed: row per head\n");
   for (size_t t = 0; t < args.tokens.size(); ++t) {
-    std::printf("%zu %d %d:", t, args.tokens[t], compressed[t]);
-    for (uint32_t h = 0; h < heads->size(); ++h) {
-      std::printf(" %llu", static_cast<unsigned long long>(rows[t * heads->size() + h]));
+    std::printf("%zu %d %d:", t, args.tokens[t], h.compressed[t]);
+    for (uint32_t k = 0; k < h.heads.size(); ++k) {
+      std::printf(" %llu", static_cast<unsigned long long>(h.rows[t * h.heads.size() + k]));
     }
     std::printf("\n");
+  }
+}
+
+int RunHash(HashArgs& args) {
+  if (!args.tokens_file.empty()) {
+    if (absl::Status st = ReadTokensFile(args.tokens_file, args.tokens); !st.ok()) return Fail(st);
+  }
+  if (args.tokens.empty()) {
+    return Fail(absl::InvalidArgumentError("no tokens: give TOKEN... or --tokens-file"));
+  }
+  engram::HasherOptions options;
+  options.derived_path = args.derived;
+  options.compressed_only = args.compressed;
+  options.compressed_pad_id = args.compressed_pad_id;
+  auto hasher = engram::NgramHasher::Open(args.model, options);
+  if (!hasher.ok()) return Fail(hasher.status());
+  absl::StatusOr<HashedRows> hashed = HashTokens(args, *hasher);
+  if (!hashed.ok()) return Fail(hashed.status());
+  if (args.json) {
+    PrintHashJson(args, *hasher, *hashed);
+  } else {
+    PrintHashText(args, *hashed);
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "engram/engram.h"
@@ -24,7 +25,10 @@ struct RowsOptions {
   bool dequant = false;
 };
 
-int RunRows(const RowsOptions& o) {
+// Opens a session and gathers o.rows into its arena. On success *ret_session is open and
+// *ret_bytes holds the rows; otherwise the error is reported and its exit code returned.
+std::optional<int> GatherRows(const RowsOptions& o, engram_session** ret_session,
+                              const uint8_t** ret_bytes) {
   engram_connect_options options;
   engram_connect_options_init(&options, sizeof(options));
   options.socket_path = o.common.socket.c_str();
@@ -61,66 +65,93 @@ int RunRows(const RowsOptions& o) {
                                                 o.common.socket, why)},
                   o.common.json);
   }
-  const auto* bytes = static_cast<const uint8_t*>(dest);
-  int result = kExitRunning;
-  if (!o.out.empty()) {
-    FILE* f = fopen(o.out.c_str(), "wb");
-    if (f == nullptr || fwrite(bytes, 1, row_bytes, f) != row_bytes || fclose(f) != 0) {
-      result = Report({kExitFailed, absl::StrFormat("cannot write %s: %s", o.out, strerror(errno))},
-                      o.common.json);
-    } else if (o.common.json) {
-      printf("%s\n", json{{"schema_version", 1},
-                          {"layer", o.table},
-                          {"rows", o.rows},
-                          {"file", o.out},
-                          {"bytes", row_bytes}}
-                         .dump(2)
-                         .c_str());
-    } else {
-      printf("wrote %zu row(s) of layer %u, %lu bytes, to %s\n", o.rows.size(), o.table, row_bytes,
-             o.out.c_str());
+  *ret_session = session;
+  *ret_bytes = static_cast<const uint8_t*>(dest);
+  return std::nullopt;
+}
+
+// --out: the raw rows into a file, and a line (or JSON) saying so.
+int WriteRows(const RowsOptions& o, const uint8_t* bytes) {
+  const uint64_t row_bytes = o.rows.size() * ENGRAM_ROW_BYTES;
+  FILE* f = fopen(o.out.c_str(), "wb");
+  if (f == nullptr || fwrite(bytes, 1, row_bytes, f) != row_bytes || fclose(f) != 0) {
+    return Report({kExitFailed, absl::StrFormat("cannot write %s: %s", o.out, strerror(errno))},
+                  o.common.json);
+  }
+  if (o.common.json) {
+    printf("%s\n", json{{"schema_version", 1},
+                        {"layer", o.table},
+                        {"rows", o.rows},
+                        {"file", o.out},
+                        {"bytes", row_bytes}}
+                       .dump(2)
+                       .c_str());
+  } else {
+    printf("wrote %zu row(s) of layer %u, %lu bytes, to %s\n", o.rows.size(), o.table, row_bytes,
+           o.out.c_str());
+  }
+  return kExitRunning;
+}
+
+// One row as text: 256 dequantised values, 8 a line, or its bytes in hex, 32 a line.
+void PrintRowText(const RowsOptions& o, uint64_t row_id, const std::vector<double>& values,
+                  const std::string& hex) {
+  printf("layer %u row %lu:\n", o.table, row_id);
+  if (o.dequant) {
+    for (int v = 0; v < 256; ++v) {
+      printf("%s%g", v % 8 == 0 ? "  " : " ", values[v]);
+      if (v % 8 == 7) printf("\n");
     }
   } else {
-    json list = json::array();
-    for (size_t i = 0; i < o.rows.size(); ++i) {
-      const uint8_t* row = bytes + i * ENGRAM_ROW_BYTES;
-      std::string hex;
-      std::vector<double> values;
-      if (o.dequant) {
-        for (int v = 0; v < 256; ++v) {
-          values.push_back(engram::E4M3ToDouble(row[v]) * engram::E8M0ToDouble(row[256 + v / 32]));
-        }
-      } else {
-        for (uint32_t b = 0; b < ENGRAM_ROW_BYTES; ++b) hex += absl::StrFormat("%02x", row[b]);
+    for (size_t b = 0; b < hex.size(); b += 64) printf("  %s\n", hex.substr(b, 64).c_str());
+  }
+}
+
+// The rows as hex or dequantised values, as text or JSON.
+void PrintRows(const RowsOptions& o, const uint8_t* bytes) {
+  json list = json::array();
+  for (size_t i = 0; i < o.rows.size(); ++i) {
+    const uint8_t* row = bytes + i * ENGRAM_ROW_BYTES;
+    std::string hex;
+    std::vector<double> values;
+    if (o.dequant) {
+      for (int v = 0; v < 256; ++v) {
+        values.push_back(engram::E4M3ToDouble(row[v]) * engram::E8M0ToDouble(row[256 + v / 32]));
       }
-      if (o.common.json) {
-        json e = {{"row", o.rows[i]}};
-        if (o.dequant) {
-          e["values"] = values;
-        } else {
-          e["hex"] = hex;
-        }
-        list.push_back(e);
-        continue;
-      }
-      printf("layer %u row %lu:\n", o.table, o.rows[i]);
-      if (o.dequant) {
-        for (int v = 0; v < 256; ++v) {
-          printf("%s%g", v % 8 == 0 ? "  " : " ", values[v]);
-          if (v % 8 == 7) printf("\n");
-        }
-      } else {
-        for (size_t b = 0; b < hex.size(); b += 64) printf("  %s\n", hex.substr(b, 64).c_str());
-      }
+    } else {
+      for (uint32_t b = 0; b < ENGRAM_ROW_BYTES; ++b) hex += absl::StrFormat("%02x", row[b]);
     }
-    if (o.common.json) {
-      printf("%s\n", json{{"schema_version", 1},
-                          {"layer", o.table},
-                          {"format", o.dequant ? "dequantised" : "hex"},
-                          {"rows", list}}
-                         .dump(2)
-                         .c_str());
+    if (!o.common.json) {
+      PrintRowText(o, o.rows[i], values, hex);
+      continue;
     }
+    json e = {{"row", o.rows[i]}};
+    if (o.dequant) {
+      e["values"] = values;
+    } else {
+      e["hex"] = hex;
+    }
+    list.push_back(e);
+  }
+  if (o.common.json) {
+    printf("%s\n", json{{"schema_version", 1},
+                        {"layer", o.table},
+                        {"format", o.dequant ? "dequantised" : "hex"},
+                        {"rows", list}}
+                       .dump(2)
+                       .c_str());
+  }
+}
+
+int RunRows(const RowsOptions& o) {
+  engram_session* session = nullptr;
+  const uint8_t* bytes = nullptr;
+  if (std::optional<int> failed = GatherRows(o, &session, &bytes)) return *failed;
+  int result = kExitRunning;
+  if (!o.out.empty()) {
+    result = WriteRows(o, bytes);
+  } else {
+    PrintRows(o, bytes);
   }
   engram_close(session);
   return result;

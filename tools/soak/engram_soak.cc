@@ -184,11 +184,24 @@ Sample SampleOf(pid_t pid) {
   return s;
 }
 
-}  // namespace
+// The daemon's memory and fds: at the start of its current run, now, and their highest.
+struct DaemonSamples {
+  Sample first, last, high;
+  pid_t daemon = -1;
 
-int main(int argc, char** argv) {
-  Options o;
-  CLI::App app{"Replays decode- and prefill-like gathers against engramd, checking every byte"};
+  void Take(const std::string& socket) {
+    const pid_t now = DaemonPid(socket);
+    if (now <= 0) return;
+    const Sample s = SampleOf(now);
+    if (now != daemon) first = s;  // a restarted daemon starts a new baseline
+    daemon = now;
+    last = s;
+    high.rss_kb = std::max(high.rss_kb, s.rss_kb);
+    high.fds = std::max(high.fds, s.fds);
+  }
+};
+
+void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--socket", o.socket, "engramd's socket");
   app.add_option("--seed", o.seed, "seed of the synthetic checkpoint engramd serves")->required();
   app.add_option("--rows", o.rows, "rows per table of that checkpoint")->required();
@@ -204,11 +217,10 @@ int main(int argc, char** argv) {
                  "print a progress line (rows, errors, daemon RSS and fds) every S seconds; 0: none")
       ->check(CLI::Range(0, 86400));
   app.add_flag("--json", o.json, "print the report as JSON");
-  CLI11_PARSE(app, argc, argv);
+}
 
-  auto* shared = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
-                                           MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  new (shared) Shared{};
+// Forks the client processes; they run until shared->stop.
+std::vector<pid_t> StartClients(const Options& o, Shared* shared) {
   std::vector<pid_t> children;
   for (int i = 0; i < o.clients; ++i) {
     const pid_t pid = fork();
@@ -218,23 +230,20 @@ int main(int argc, char** argv) {
     }
     children.push_back(pid);
   }
-  const auto start = std::chrono::steady_clock::now();
-  Sample first{}, last{}, high{};
-  pid_t daemon = -1;
+  return children;
+}
+
+// Samples the daemon twice a second until the time or the row target is reached, with a
+// progress line every --report-every seconds.
+DaemonSamples WatchDaemon(const Options& o, const Shared* shared,
+                          std::chrono::steady_clock::time_point start) {
+  DaemonSamples samples;
   double next_report = o.report_every;
   while (true) {
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (elapsed >= o.seconds || (o.target_rows != 0 && shared->rows.load() >= o.target_rows)) break;
-    const pid_t now = DaemonPid(o.socket);
-    if (now > 0) {
-      const Sample s = SampleOf(now);
-      if (now != daemon) first = s;  // a restarted daemon starts a new baseline
-      daemon = now;
-      last = s;
-      high.rss_kb = std::max(high.rss_kb, s.rss_kb);
-      high.fds = std::max(high.fds, s.fds);
-    }
+    samples.Take(o.socket);
     if (o.report_every > 0 && elapsed >= next_report) {
       // One line per period on stderr, so that a long run shows whether memory and fds stay
       // flat, not only where they ended.
@@ -244,17 +253,16 @@ int main(int argc, char** argv) {
               elapsed, (unsigned long long)shared->rows.load(),
               (unsigned long long)shared->errors.load(),
               (unsigned long long)shared->wrong_rows.load(),
-              (unsigned long long)shared->reconnects.load(), (unsigned long long)last.rss_kb,
-              (unsigned long long)last.fds);
+              (unsigned long long)shared->reconnects.load(),
+              (unsigned long long)samples.last.rss_kb, (unsigned long long)samples.last.fds);
       next_report += o.report_every;
     }
     usleep(500'000);
   }
-  shared->stop.store(true);
-  for (pid_t c : children) waitpid(c, nullptr, 0);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const bool clean = shared->errors.load() == 0 && shared->wrong_rows.load() == 0;
+  return samples;
+}
+
+void PrintReport(const Options& o, const Shared* shared, double seconds, const DaemonSamples& d) {
   const char* fmt = o.json
       ? "{\"seconds\": %.1f, \"clients\": %d, \"rows\": %llu, \"requests\": %llu, "
         "\"rows_per_second\": %.0f, \"errors\": %llu, \"wrong_rows\": %llu, "
@@ -266,10 +274,32 @@ int main(int argc, char** argv) {
   printf(fmt, seconds, o.clients, (unsigned long long)shared->rows.load(),
          (unsigned long long)shared->requests.load(), double(shared->rows.load()) / seconds,
          (unsigned long long)shared->errors.load(), (unsigned long long)shared->wrong_rows.load(),
-         (unsigned long long)shared->reconnects.load(), (unsigned long long)first.rss_kb,
-         (unsigned long long)last.rss_kb, (unsigned long long)high.rss_kb,
-         (unsigned long long)first.fds, (unsigned long long)last.fds,
-         (unsigned long long)high.fds);
+         (unsigned long long)shared->reconnects.load(), (unsigned long long)d.first.rss_kb,
+         (unsigned long long)d.last.rss_kb, (unsigned long long)d.high.rss_kb,
+         (unsigned long long)d.first.fds, (unsigned long long)d.last.fds,
+         (unsigned long long)d.high.fds);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Replays decode- and prefill-like gathers against engramd, checking every byte"};
+  AddOptions(app, o);
+  CLI11_PARSE(app, argc, argv);
+
+  auto* shared = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  new (shared) Shared{};
+  const std::vector<pid_t> children = StartClients(o, shared);
+  const auto start = std::chrono::steady_clock::now();
+  const DaemonSamples samples = WatchDaemon(o, shared, start);
+  shared->stop.store(true);
+  for (pid_t c : children) waitpid(c, nullptr, 0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const bool clean = shared->errors.load() == 0 && shared->wrong_rows.load() == 0;
+  PrintReport(o, shared, seconds, samples);
   if (shared->error_recorded.load()) fprintf(stderr, "first error: %s\n", shared->first_error);
   return clean ? 0 : 1;
 }

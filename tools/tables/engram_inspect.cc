@@ -1,13 +1,15 @@
 // engram-inspect: opens a checkpoint directory or packed file exactly as engramd would, prints
 // each Engram table's geometry, and optionally checks rows against the synthetic generator.
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
-#include "tables/table.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
+#include "tables/table.h"
 #include "tools/tables/pack.h"
 #include "tools/tables/progress.h"
 #include "tools/tables/synthetic.h"
@@ -26,6 +28,124 @@ std::optional<uint64_t> RecordedSeed(const std::string& path) {
   return seed.get<uint64_t>();
 }
 
+struct Options {
+  std::string path, rows_text;
+  std::vector<uint32_t> layers;
+  bool no_check_holes = false, json_out = false;
+  std::optional<uint64_t> seed;
+  bool verify = false;
+  uint64_t sample = 4096;
+};
+
+void AddOptions(CLI::App& app, Options& o) {
+  app.add_option("PATH", o.path, "Checkpoint directory or packed table file")->required();
+  app.add_option("--layer", o.layers, "Only these layers")->delimiter(',');
+  app.add_option("--rows", o.rows_text, "Declared row range BEGIN:END of a sparse per-rank copy");
+  app.add_flag("--no-check-holes", o.no_check_holes, "Skip the SEEK_HOLE check of covered rows");
+  app.add_flag("--verify-synthetic", o.verify,
+               "Compare rows with engram-synth's generator (seed from config.json or --seed)");
+  app.add_option("--seed", o.seed, "Seed for --verify-synthetic (implies it)");
+  app.add_option("--sample", o.sample,
+                 "Rows to compare per table for --verify-synthetic (spread evenly, always "
+                 "including the first and last; 0 = every row)")
+      ->capture_default_str();
+  app.add_flag("--json", o.json_out, "Print the geometry as JSON");
+}
+
+// The table's geometry as JSON (the --json report's entry).
+nlohmann::json Describe(const engram::Table& t) {
+  nlohmann::json entry;
+  entry["layer"] = t.layer_id();
+  entry["layout"] = engram::TableLayoutName(t.layout());
+  entry["num_rows"] = t.num_rows();
+  entry["covered"] = {t.covered().begin, t.covered().end};
+  entry["data_bytes"] = t.data_bytes();
+  for (const engram::RowPart& p : t.parts()) {
+    entry["parts"].push_back({{"file", t.files()[p.file].path},
+                              {"row_bytes", p.bytes},
+                              {"dest_offset", p.dest_offset},
+                              {"base", p.base},
+                              {"base_row", p.base_row},
+                              {"base_aligned_4k", p.base % 4096 == 0}});
+  }
+  return entry;
+}
+
+// The table's geometry as text.
+void PrintGeometry(const engram::Table& t) {
+  std::printf("layer %u: %s, %llu rows, covers [%llu, %llu) = %s\n", t.layer_id(),
+              engram::TableLayoutName(t.layout()), static_cast<unsigned long long>(t.num_rows()),
+              static_cast<unsigned long long>(t.covered().begin),
+              static_cast<unsigned long long>(t.covered().end),
+              engram::HumanBytes(t.data_bytes()).c_str());
+  for (const engram::RowPart& p : t.parts()) {
+    std::printf("  bytes [%u, %u) of each row: %s, row r at %llu + (r - %llu) * %u%s\n",
+                p.dest_offset, p.dest_offset + p.bytes, t.files()[p.file].path.c_str(),
+                static_cast<unsigned long long>(p.base),
+                static_cast<unsigned long long>(p.base_row), p.bytes,
+                p.base % 4096 == 0 ? "" : " (not 4 KiB aligned)");
+  }
+}
+
+// Compares `sample` rows of t (spread evenly) with engram-synth's generator and records the
+// counts in entry. False when the rows differ; a row that cannot be read is a status.
+absl::StatusOr<bool> VerifySynthetic(const engram::Table& t, const Options& o,
+                                     nlohmann::json& entry) {
+  const engram::RowRange c = t.covered();
+  const uint64_t count =
+      o.sample == 0 || o.sample >= c.size() ? c.size() : std::max<uint64_t>(2, o.sample);
+  uint64_t mismatched = 0, first_bad = 0;
+  uint8_t got[engram::kRowBytes], want[engram::kRowBytes];
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t row =
+        count == c.size() ? c.begin + i : c.begin + (c.size() - 1) * i / (count - 1);
+    if (absl::Status s = engram::ReadRowBlocking(t, row, got); !s.ok()) return s;
+    engram::SyntheticRow(*o.seed, t.layer_id(), row, want);
+    if (std::memcmp(got, want, sizeof(got)) != 0 && mismatched++ == 0) first_bad = row;
+  }
+  entry["verified_rows"] = count;
+  entry["mismatched_rows"] = mismatched;
+  if (mismatched) {
+    std::fprintf(stderr,
+                 "engram-inspect: layer %u: %llu of %llu rows differ from engram-synth seed "
+                 "%llu (first: row %llu)\n",
+                 t.layer_id(), static_cast<unsigned long long>(mismatched),
+                 static_cast<unsigned long long>(count), static_cast<unsigned long long>(*o.seed),
+                 static_cast<unsigned long long>(first_bad));
+    return false;
+  }
+  if (!o.json_out) {
+    std::printf("  %llu rows match engram-synth seed %llu\n",
+                static_cast<unsigned long long>(count), static_cast<unsigned long long>(*o.seed));
+  }
+  return true;
+}
+
+// Opens the tables as engramd would; on failure says why and sets *ret_exit.
+std::optional<std::vector<std::unique_ptr<engram::Table>>> Open(const Options& o, int* ret_exit) {
+  engram::OpenOptions options;
+  options.layers = o.layers;
+  options.check_holes = !o.no_check_holes;
+  if (!o.rows_text.empty()) {
+    auto rows = engram::ParseRowRange(o.rows_text);
+    if (!rows.ok()) {
+      std::fprintf(stderr, "engram-inspect: --rows: %s\n",
+                   std::string(rows.status().message()).c_str());
+      *ret_exit = 2;
+      return std::nullopt;
+    }
+    options.rows = *rows;
+  }
+  auto tables = engram::OpenTables(o.path, options);
+  if (!tables.ok()) {
+    std::fprintf(stderr, "engram-inspect: %s is not servable: %s\n", o.path.c_str(),
+                 tables.status().ToString().c_str());
+    *ret_exit = 1;
+    return std::nullopt;
+  }
+  return *std::move(tables);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -33,120 +153,38 @@ int main(int argc, char** argv) {
       "Open Engram tables as engramd does (validating every header, shape and offset) and print "
       "their geometry.",
       "engram-inspect"};
-  std::string path, rows_text;
-  std::vector<uint32_t> layers;
-  bool no_check_holes = false, json_out = false;
-  std::optional<uint64_t> seed;
-  bool verify = false;
-  uint64_t sample = 4096;
-  app.add_option("PATH", path, "Checkpoint directory or packed table file")->required();
-  app.add_option("--layer", layers, "Only these layers")->delimiter(',');
-  app.add_option("--rows", rows_text, "Declared row range BEGIN:END of a sparse per-rank copy");
-  app.add_flag("--no-check-holes", no_check_holes, "Skip the SEEK_HOLE check of covered rows");
-  app.add_flag("--verify-synthetic", verify,
-               "Compare rows with engram-synth's generator (seed from config.json or --seed)");
-  app.add_option("--seed", seed, "Seed for --verify-synthetic (implies it)");
-  app.add_option("--sample", sample,
-                 "Rows to compare per table for --verify-synthetic (spread evenly, always "
-                 "including the first and last; 0 = every row)")
-      ->capture_default_str();
-  app.add_flag("--json", json_out, "Print the geometry as JSON");
+  Options o;
+  AddOptions(app, o);
   CLI11_PARSE(app, argc, argv);
 
-  engram::OpenOptions options;
-  options.layers = layers;
-  options.check_holes = !no_check_holes;
-  if (!rows_text.empty()) {
-    auto rows = engram::ParseRowRange(rows_text);
-    if (!rows.ok()) {
-      std::fprintf(stderr, "engram-inspect: --rows: %s\n",
-                   std::string(rows.status().message()).c_str());
-      return 2;
-    }
-    options.rows = *rows;
-  }
-  auto tables = engram::OpenTables(path, options);
-  if (!tables.ok()) {
-    std::fprintf(stderr, "engram-inspect: %s is not servable: %s\n", path.c_str(),
-                 tables.status().ToString().c_str());
-    return 1;
-  }
-  if (seed) verify = true;
-  if (verify && !seed) seed = RecordedSeed(path);
-  if (verify && !seed) {
+  int exit_code = 0;
+  auto tables = Open(o, &exit_code);
+  if (!tables) return exit_code;
+  if (o.seed) o.verify = true;
+  if (o.verify && !o.seed) o.seed = RecordedSeed(o.path);
+  if (o.verify && !o.seed) {
     std::fprintf(stderr,
                  "engram-inspect: --verify-synthetic: %s records no engram-synth seed; pass "
                  "--seed\n",
-                 path.c_str());
+                 o.path.c_str());
     return 2;
   }
 
   nlohmann::json report = nlohmann::json::array();
   int failures = 0;
   for (const auto& t : *tables) {
-    nlohmann::json entry;
-    entry["layer"] = t->layer_id();
-    entry["layout"] = engram::TableLayoutName(t->layout());
-    entry["num_rows"] = t->num_rows();
-    entry["covered"] = {t->covered().begin, t->covered().end};
-    entry["data_bytes"] = t->data_bytes();
-    for (const engram::RowPart& p : t->parts()) {
-      entry["parts"].push_back({{"file", t->files()[p.file].path},
-                                {"row_bytes", p.bytes},
-                                {"dest_offset", p.dest_offset},
-                                {"base", p.base},
-                                {"base_row", p.base_row},
-                                {"base_aligned_4k", p.base % 4096 == 0}});
-    }
-    if (!json_out) {
-      std::printf("layer %u: %s, %llu rows, covers [%llu, %llu) = %s\n", t->layer_id(),
-                  engram::TableLayoutName(t->layout()),
-                  static_cast<unsigned long long>(t->num_rows()),
-                  static_cast<unsigned long long>(t->covered().begin),
-                  static_cast<unsigned long long>(t->covered().end),
-                  engram::HumanBytes(t->data_bytes()).c_str());
-      for (const engram::RowPart& p : t->parts()) {
-        std::printf("  bytes [%u, %u) of each row: %s, row r at %llu + (r - %llu) * %u%s\n",
-                    p.dest_offset, p.dest_offset + p.bytes, t->files()[p.file].path.c_str(),
-                    static_cast<unsigned long long>(p.base),
-                    static_cast<unsigned long long>(p.base_row), p.bytes,
-                    p.base % 4096 == 0 ? "" : " (not 4 KiB aligned)");
+    nlohmann::json entry = Describe(*t);
+    if (!o.json_out) PrintGeometry(*t);
+    if (o.verify) {
+      absl::StatusOr<bool> matched = VerifySynthetic(*t, o, entry);
+      if (!matched.ok()) {
+        std::fprintf(stderr, "engram-inspect: %s\n", matched.status().ToString().c_str());
+        return 1;
       }
-    }
-    if (verify) {
-      const engram::RowRange c = t->covered();
-      const uint64_t count =
-          sample == 0 || sample >= c.size() ? c.size() : std::max<uint64_t>(2, sample);
-      uint64_t mismatched = 0, first_bad = 0;
-      uint8_t got[engram::kRowBytes], want[engram::kRowBytes];
-      for (uint64_t i = 0; i < count; ++i) {
-        const uint64_t row =
-            count == c.size() ? c.begin + i : c.begin + (c.size() - 1) * i / (count - 1);
-        absl::Status s = engram::ReadRowBlocking(*t, row, got);
-        if (!s.ok()) {
-          std::fprintf(stderr, "engram-inspect: %s\n", s.ToString().c_str());
-          return 1;
-        }
-        engram::SyntheticRow(*seed, t->layer_id(), row, want);
-        if (std::memcmp(got, want, sizeof(got)) != 0 && mismatched++ == 0) first_bad = row;
-      }
-      entry["verified_rows"] = count;
-      entry["mismatched_rows"] = mismatched;
-      if (mismatched) {
-        ++failures;
-        std::fprintf(stderr,
-                     "engram-inspect: layer %u: %llu of %llu rows differ from engram-synth seed "
-                     "%llu (first: row %llu)\n",
-                     t->layer_id(), static_cast<unsigned long long>(mismatched),
-                     static_cast<unsigned long long>(count), static_cast<unsigned long long>(*seed),
-                     static_cast<unsigned long long>(first_bad));
-      } else if (!json_out) {
-        std::printf("  %llu rows match engram-synth seed %llu\n",
-                    static_cast<unsigned long long>(count), static_cast<unsigned long long>(*seed));
-      }
+      if (!*matched) ++failures;
     }
     report.push_back(entry);
   }
-  if (json_out) std::printf("%s\n", report.dump(2).c_str());
+  if (o.json_out) std::printf("%s\n", report.dump(2).c_str());
   return failures ? 1 : 0;
 }

@@ -57,6 +57,91 @@ class TempOutput {
   bool committed_ = false;
 };
 
+// Written output is pushed to disk and dropped from the page cache a window behind, so that
+// converting a table larger than memory neither piles up dirty pages nor evicts everything else
+// on the machine.
+class WriteBehind {
+ public:
+  WriteBehind(int fd, uint64_t start) : fd_(fd), flushed_to_(start), started_to_(start) {}
+
+  // Bytes up to `written_to` have been written.
+  void Wrote(uint64_t written_to) {
+    if (written_to - started_to_ < kWindow) return;
+    (void)::sync_file_range(fd_, static_cast<off_t>(started_to_),
+                            static_cast<off_t>(written_to - started_to_), SYNC_FILE_RANGE_WRITE);
+    if (started_to_ > flushed_to_) {
+      (void)::sync_file_range(
+          fd_, static_cast<off_t>(flushed_to_), static_cast<off_t>(started_to_ - flushed_to_),
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
+      (void)::posix_fadvise(fd_, static_cast<off_t>(flushed_to_),
+                            static_cast<off_t>(started_to_ - flushed_to_), POSIX_FADV_DONTNEED);
+      flushed_to_ = started_to_;
+    }
+    started_to_ = written_to;
+  }
+
+ private:
+  static constexpr uint64_t kWindow = 64ull << 20;
+  int fd_;
+  uint64_t flushed_to_;  // written back and dropped up to here
+  uint64_t started_to_;  // write-back started up to here
+};
+
+// Sizes the output and writes its header page. Sizing the file first makes a sparse copy's
+// leading rows a hole rather than written zeros.
+absl::Status WriteHeaderPage(const TempOutput& out, const PackedHeader& header) {
+  if (::ftruncate(out.fd(), static_cast<off_t>(header.data_end)) != 0) {
+    return ErrnoStatus("cannot size", out.path());
+  }
+  std::vector<uint8_t> page(kPackedDataOffset, 0);
+  std::memcpy(page.data(), &header, sizeof(header));
+  return WriteAllAt(out.fd(), out.path(), page.data(), page.size(), 0);
+}
+
+// Reads rows [first, first + n) of table into row_buf as whole rows, assembling them from the
+// table's parts through part_buf when there is more than one.
+absl::Status ReadRows(const Table& table, uint64_t first, uint64_t n, std::vector<uint8_t>& row_buf,
+                      std::vector<uint8_t>& part_buf) {
+  const bool one_part = table.parts().size() == 1;
+  for (const RowPart& p : table.parts()) {
+    const TableFile& f = table.files()[p.file];
+    uint8_t* dst = one_part ? row_buf.data() : part_buf.data();
+    if (absl::Status s = PreadFull(f.fd, f.path, dst, n * p.bytes, p.FileOffset(first)); !s.ok()) {
+      return s;
+    }
+    if (!one_part) {
+      for (uint64_t i = 0; i < n; ++i) {
+        std::memcpy(row_buf.data() + i * kRowBytes + p.dest_offset, dst + i * p.bytes, p.bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Copies the table's covered rows into out, a buffer's worth at a time.
+absl::Status CopyRows(const Table& table, const PackedHeader& header, const TempOutput& out,
+                      const PackOptions& options) {
+  const RowRange rows = table.covered();
+  const uint64_t chunk_rows = std::max<uint64_t>(1, options.buffer_bytes / kRowBytes);
+  std::vector<uint8_t> row_buf(chunk_rows * kRowBytes);
+  std::vector<uint8_t> part_buf;
+  if (table.parts().size() != 1) part_buf.resize(chunk_rows * kValueBytes);
+  const uint64_t total_bytes = rows.size() * kRowBytes;
+  WriteBehind write_behind(out.fd(), PackedRowOffset(header, rows.begin));
+  for (uint64_t first = rows.begin; first < rows.end; first += chunk_rows) {
+    const uint64_t n = std::min(chunk_rows, rows.end - first);
+    if (absl::Status s = ReadRows(table, first, n, row_buf, part_buf); !s.ok()) return s;
+    const uint64_t off = PackedRowOffset(header, first);
+    if (absl::Status s = WriteAllAt(out.fd(), out.path(), row_buf.data(), n * kRowBytes, off);
+        !s.ok()) {
+      return s;
+    }
+    write_behind.Wrote(off + n * kRowBytes);
+    if (options.progress) options.progress((first + n - rows.begin) * kRowBytes, total_bytes);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status PackTable(const PackOptions& options) {
@@ -72,71 +157,14 @@ absl::Status PackTable(const PackOptions& options) {
         absl::StrCat("layer ", options.layer, " is not an Engram table of ", options.input));
   }
   const Table& table = *(*tables)[0];
-  const RowRange rows = table.covered();
-  PackedHeader header = MakePackedHeader(table.layer_id(), table.num_rows(), rows, options.sparse);
+  PackedHeader header =
+      MakePackedHeader(table.layer_id(), table.num_rows(), table.covered(), options.sparse);
   SealPackedHeader(&header);
 
   TempOutput out;
   if (absl::Status s = out.Create(options.out); !s.ok()) return s;
-  // Sizing the file first makes a sparse copy's leading rows a hole rather than written zeros.
-  if (::ftruncate(out.fd(), static_cast<off_t>(header.data_end)) != 0) {
-    return ErrnoStatus("cannot size", out.path());
-  }
-  std::vector<uint8_t> page(kPackedDataOffset, 0);
-  std::memcpy(page.data(), &header, sizeof(header));
-  if (absl::Status s = WriteAllAt(out.fd(), out.path(), page.data(), page.size(), 0); !s.ok()) {
-    return s;
-  }
-
-  const uint64_t chunk_rows = std::max<uint64_t>(1, options.buffer_bytes / kRowBytes);
-  std::vector<uint8_t> row_buf(chunk_rows * kRowBytes);
-  std::vector<uint8_t> part_buf;
-  const bool one_part = table.parts().size() == 1;
-  if (!one_part) part_buf.resize(chunk_rows * kValueBytes);
-  const uint64_t total_bytes = rows.size() * kRowBytes;
-  // Written output is pushed to disk and dropped from the page cache a window behind, so that
-  // converting a table larger than memory neither piles up dirty pages nor evicts everything
-  // else on the machine.
-  constexpr uint64_t kWindow = 64ull << 20;
-  uint64_t flushed_to = PackedRowOffset(header, rows.begin);
-  uint64_t started_to = flushed_to;
-
-  for (uint64_t first = rows.begin; first < rows.end; first += chunk_rows) {
-    const uint64_t n = std::min(chunk_rows, rows.end - first);
-    for (const RowPart& p : table.parts()) {
-      const TableFile& f = table.files()[p.file];
-      uint8_t* dst = one_part ? row_buf.data() : part_buf.data();
-      if (absl::Status s = PreadFull(f.fd, f.path, dst, n * p.bytes, p.FileOffset(first));
-          !s.ok()) {
-        return s;
-      }
-      if (!one_part) {
-        for (uint64_t i = 0; i < n; ++i) {
-          std::memcpy(row_buf.data() + i * kRowBytes + p.dest_offset, dst + i * p.bytes, p.bytes);
-        }
-      }
-    }
-    const uint64_t off = PackedRowOffset(header, first);
-    if (absl::Status s = WriteAllAt(out.fd(), out.path(), row_buf.data(), n * kRowBytes, off);
-        !s.ok()) {
-      return s;
-    }
-    const uint64_t written_to = off + n * kRowBytes;
-    if (written_to - started_to >= kWindow) {
-      (void)::sync_file_range(out.fd(), static_cast<off_t>(started_to),
-                              static_cast<off_t>(written_to - started_to), SYNC_FILE_RANGE_WRITE);
-      if (started_to > flushed_to) {
-        (void)::sync_file_range(
-            out.fd(), static_cast<off_t>(flushed_to), static_cast<off_t>(started_to - flushed_to),
-            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-        (void)::posix_fadvise(out.fd(), static_cast<off_t>(flushed_to),
-                              static_cast<off_t>(started_to - flushed_to), POSIX_FADV_DONTNEED);
-        flushed_to = started_to;
-      }
-      started_to = written_to;
-    }
-    if (options.progress) options.progress((first + n - rows.begin) * kRowBytes, total_bytes);
-  }
+  if (absl::Status s = WriteHeaderPage(out, header); !s.ok()) return s;
+  if (absl::Status s = CopyRows(table, header, out, options); !s.ok()) return s;
   if (absl::Status s = out.Commit(); !s.ok()) return s;
 
   // What was written must open as what was asked for.

@@ -80,8 +80,9 @@ function normalise(id) {
   return s;
 }
 
-function main() {
-  const args = parseArgs(process.argv);
+// Maps tokenizer ids to compressed ids: ids whose normalised text is equal share one, numbered
+// in order of first appearance. Returns the mapping function and the table of texts seen.
+function makeCompressor() {
   const lookup = new Map();  // tokenizer id -> compressed id
   const byText = new Map();  // normalised text -> compressed id
   const compress = (id) => {
@@ -97,8 +98,13 @@ function main() {
     }
     return c;
   };
-  // Tokenizer ids are compressed in id order, as the reference numbers them: walk the whole
-  // vocabulary first so that compressed ids do not depend on the text.
+  return { compress, byText };
+}
+
+// Tokenizer ids are compressed in id order, as the reference numbers them: walk the whole
+// vocabulary first so that compressed ids do not depend on the text. Returns the tokenizer's
+// vocabulary size.
+function compressVocabulary(compress) {
   let vocab = 0;
   for (let id = 0; id < 200_000; ++id) {
     try {
@@ -109,7 +115,12 @@ function main() {
     compress(id);
     vocab = id + 1;
   }
-  const pad = compress(2);  // DeepSeek-V4.1's engram_pad_token_id is 2; its compressed id here
+  return vocab;
+}
+
+// Each readable file under args.docs with at least args.minTokens tokens, as compressed ids, until
+// args.maxTokens tokens in all.
+function readDocs(args, compress) {
   const docs = [];
   let total = 0, files = 0;
   for (const file of listFiles(args.docs)) {
@@ -125,16 +136,20 @@ function main() {
     docs.push(out);
     total += n;
   }
-  // File: "ENGTRC01", u32 version 1, u32 documents, u32 compressed vocabulary size, u32
-  // compressed pad id, u64 tokens; then per document u32 n and n u32 compressed ids (LE).
+  return { docs, total, files };
+}
+
+// File: "ENGTRC01", u32 version 1, u32 documents, u32 compressed vocabulary size, u32
+// compressed pad id, u64 tokens; then per document u32 n and n u32 compressed ids (LE).
+function writeTrace(file, docs, compressedVocab, pad, total) {
   const header = Buffer.alloc(32);
   header.write('ENGTRC01', 0, 'latin1');
   header.writeUInt32LE(1, 8);
   header.writeUInt32LE(docs.length, 12);
-  header.writeUInt32LE(byText.size, 16);
+  header.writeUInt32LE(compressedVocab, 16);
   header.writeUInt32LE(pad, 20);
   header.writeBigUInt64LE(BigInt(total), 24);
-  const fd = fs.openSync(args.out, 'w');
+  const fd = fs.openSync(file, 'w');
   fs.writeSync(fd, header);
   for (const d of docs) {
     const n = Buffer.alloc(4);
@@ -143,6 +158,15 @@ function main() {
     fs.writeSync(fd, Buffer.from(d.buffer, d.byteOffset, d.byteLength));
   }
   fs.closeSync(fd);
+}
+
+function main() {
+  const args = parseArgs(process.argv);
+  const { compress, byText } = makeCompressor();
+  const vocab = compressVocabulary(compress);
+  const pad = compress(2);  // DeepSeek-V4.1's engram_pad_token_id is 2; its compressed id here
+  const { docs, total, files } = readDocs(args, compress);
+  writeTrace(args.out, docs, byText.size, pad, total);
   const info = {
     tokenizer: 'gpt-tokenizer 4.0.0, cl100k_base (MIT)',
     tokenizer_vocab: vocab,
