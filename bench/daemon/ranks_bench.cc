@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -848,25 +849,33 @@ absl::Status WaitResident(const std::string& sock) {
   return status;
 }
 
-int Run(Config& cfg) {
+// Fills in engramd's path and a temporary work directory when the options left them out;
+// false (after saying why) when the directory cannot be made.
+bool ResolveDefaults(Config& cfg, bool* temp_dir) {
   if (cfg.engramd.empty()) {
     cfg.engramd = EngramdPath(
         (std::filesystem::canonical("/proc/self/exe").parent_path() / "../../daemon/engramd")
             .string());
   }
-  const bool temp_dir = cfg.dir.empty();
-  if (temp_dir) {
+  *temp_dir = cfg.dir.empty();
+  if (*temp_dir) {
     char tmpl[] = "/var/tmp/engram-ranks-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       perror("mkdtemp");
-      return 1;
+      return false;
     }
     cfg.dir = tmpl;
   }
   std::filesystem::create_directories(cfg.dir);
+  return true;
+}
+
+// The methods to run, checked against the tier and the other options; nullopt after saying
+// what is wrong.
+std::optional<std::vector<std::string>> CheckedMethods(Config& cfg) {
   if (cfg.tier != "storage" && cfg.tier != "resident" && cfg.tier != "cache") {
     fprintf(stderr, "--tier: '%s' is not storage, resident or cache\n", cfg.tier.c_str());
-    return 2;
+    return std::nullopt;
   }
   if (cfg.methods_arg.empty()) {
     cfg.methods_arg =
@@ -878,26 +887,79 @@ int Run(Config& cfg) {
       fprintf(stderr,
               "--methods: unknown method '%s' (daemon, inplace, pieces, mapped, engine, uring)\n",
               m.c_str());
-      return 2;
+      return std::nullopt;
     }
     if (m == "pieces" && cfg.piece_rows == 0) {
       fprintf(stderr, "--piece-rows must be positive for the pieces method\n");
-      return 2;
+      return std::nullopt;
     }
     if (m == "mapped" && cfg.tier != "resident") {
       fprintf(stderr,
               "--methods: 'mapped' reads the daemon's resident tables: add --tier resident\n");
-      return 2;
+      return std::nullopt;
     }
   }
-  const std::string reference =
-      std::find(methods.begin(), methods.end(), "mapped") != methods.end() ? "mapped" : "engine";
   for (int n : cfg.ranks) {
     if (n < 1 || n > kMaxRanks) {
       fprintf(stderr, "--ranks: %d is not in [1, %d]\n", n, kMaxRanks);
-      return 2;
+      return std::nullopt;
     }
   }
+  return methods;
+}
+
+// Starts engramd serving the tables (args holds the table arguments already) and waits for the
+// resident tier to load; -1 after saying why.
+pid_t StartDaemon(const Config& cfg, const std::string& sock, std::vector<std::string> args) {
+  args.insert(args.end(), {"--socket", sock, "--log-level", "warning", "--max-clients", "256",
+                           "--default-tier", cfg.tier});
+  args.insert(args.end(), cfg.daemon_args.begin(), cfg.daemon_args.end());
+  PrintHeader(cfg, args);
+  const pid_t daemon = StartEngramd(args, sock);
+  if (daemon < 0) return -1;
+  if (cfg.tier == "resident") {
+    if (absl::Status s = WaitResident(sock); !s.ok()) {
+      fprintf(stderr, "%s\n", s.ToString().c_str());
+      kill(daemon, SIGTERM);
+      waitpid(daemon, nullptr, 0);
+      return -1;
+    }
+  }
+  return daemon;
+}
+
+// Runs every case of the matrix with every method and prints the table; returns the failures.
+int RunMatrix(Env& env, const std::vector<std::string>& methods, pid_t daemon) {
+  const std::string reference =
+      std::find(methods.begin(), methods.end(), "mapped") != methods.end() ? "mapped" : "engine";
+  printf(
+      "| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "
+      "vs %s | rows/s | server CPU µs/row | client CPU µs/row |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      reference.c_str());
+  int failures = 0;
+  for (const Case& c : Matrix(*env.cfg)) {
+    std::vector<std::pair<std::string, CaseResult>> results;
+    double ref_p99 = 0;
+    env.seed = 17 + c.ranks;  // every method of a case gathers the same ids
+    for (const std::string& m : methods) {
+      CaseResult r = RunCase(env, c, m, ThroughDaemon(m) ? daemon : -1);
+      failures += !r.ok;
+      if (m == reference && !r.p99.empty()) {
+        ref_p99 = *std::max_element(r.p99.begin(), r.p99.end());
+      }
+      results.emplace_back(m, std::move(r));
+    }
+    for (const auto& [m, r] : results) PrintCase(c, m, r, ref_p99);
+  }
+  return failures;
+}
+
+int Run(Config& cfg) {
+  bool temp_dir = false;
+  if (!ResolveDefaults(cfg, &temp_dir)) return 1;
+  const std::optional<std::vector<std::string>> methods = CheckedMethods(cfg);
+  if (!methods) return 2;
   std::vector<std::unique_ptr<Table>> owned;
   std::vector<std::string> args = {cfg.engramd};
   if (absl::Status s = PrepareTables(cfg, &owned, &args); !s.ok()) {
@@ -916,41 +978,10 @@ int Run(Config& cfg) {
     env.trace = &trace;
   }
   env.sock = cfg.dir + "/engramd.sock";
-  args.insert(args.end(), {"--socket", env.sock, "--log-level", "warning", "--max-clients", "256",
-                           "--default-tier", cfg.tier});
-  args.insert(args.end(), cfg.daemon_args.begin(), cfg.daemon_args.end());
-  PrintHeader(cfg, args);
-  const pid_t daemon = StartEngramd(args, env.sock);
+  const pid_t daemon = StartDaemon(cfg, env.sock, args);
   if (daemon < 0) return 1;
-  if (cfg.tier == "resident") {
-    if (absl::Status s = WaitResident(env.sock); !s.ok()) {
-      fprintf(stderr, "%s\n", s.ToString().c_str());
-      kill(daemon, SIGTERM);
-      waitpid(daemon, nullptr, 0);
-      return 1;
-    }
-  }
-  printf(
-      "| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "
-      "vs %s | rows/s | server CPU µs/row | client CPU µs/row |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-      reference.c_str());
-  int failures = 0;
   const uint64_t t0 = NowNs();
-  for (const Case& c : Matrix(cfg)) {
-    std::vector<std::pair<std::string, CaseResult>> results;
-    double ref_p99 = 0;
-    env.seed = 17 + c.ranks;  // every method of a case gathers the same ids
-    for (const std::string& m : methods) {
-      CaseResult r = RunCase(env, c, m, ThroughDaemon(m) ? daemon : -1);
-      failures += !r.ok;
-      if (m == reference && !r.p99.empty()) {
-        ref_p99 = *std::max_element(r.p99.begin(), r.p99.end());
-      }
-      results.emplace_back(m, std::move(r));
-    }
-    for (const auto& [m, r] : results) PrintCase(c, m, r, ref_p99);
-  }
+  const int failures = RunMatrix(env, *methods, daemon);
   kill(daemon, SIGTERM);
   int status = 0;
   waitpid(daemon, &status, 0);
@@ -961,12 +992,7 @@ int Run(Config& cfg) {
   return failures == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }
 
-}  // namespace
-}  // namespace engram::bench
-
-int main(int argc, char** argv) {
-  engram::bench::Config cfg;
-  CLI::App app{"engram-ranks: per-rank decode latency with many client processes"};
+void AddOptions(CLI::App& app, Config& cfg) {
   app.add_option("--engramd", cfg.engramd, "engramd binary (default: $ENGRAMD or the build's)");
   app.add_option("--dir", cfg.dir, "where the tables are written and reused (default: temporary)");
   app.add_option("--rows", cfg.rows, "rows per table")->capture_default_str();
@@ -1006,6 +1032,15 @@ int main(int argc, char** argv) {
                  "run only one decode rank alone and beside this many processes that prefetch "
                  "as fast as engramd answers (0: the usual matrix)")
       ->check(CLI::Range(0, 64));
+}
+
+}  // namespace
+}  // namespace engram::bench
+
+int main(int argc, char** argv) {
+  engram::bench::Config cfg;
+  CLI::App app{"engram-ranks: per-rank decode latency with many client processes"};
+  engram::bench::AddOptions(app, cfg);
   CLI11_PARSE(app, argc, argv);
   if (cfg.smoke) {
     cfg.rows = 20000;

@@ -15,8 +15,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -177,50 +179,223 @@ double Percentile(std::vector<double> v, double q) {
   return v[i];
 }
 
+// The gather methods engram-bench knows, by the name --methods gives them.
+std::unique_ptr<GatherMethod> MakeMethod(const Config& c, const std::string& m) {
+  auto eo = [&](GatherEngineOptions o) {
+    if (c.split_reads > 0) o.split_reads = c.split_reads;
+    return o;
+  };
+  // O_DIRECT page runs into each thread's bounce area, registered with its ring (fixed
+  // buffers) or not.
+  auto direct = [&](bool fixed) {
+    GatherEngineOptions o = eo({});
+    o.register_direct_buffers = fixed;
+    return MakeEngineMethod(fixed ? "engine O_DIRECT (fixed buffers)" : "engine O_DIRECT (plain)",
+                            o, {.mode = ReadMode::kDirect});
+  };
+  const std::pair<const char*, std::function<std::unique_ptr<GatherMethod>()>> kMethods[] = {
+      {"mmap", [] { return MakeMmapMethod(); }},
+      {"pool", [] { return MakeRecipePoolMethod(); }},
+      {"nowait", [] { return MakeNowaitPoolMethod(); }},
+      {"uring", [] { return MakeUringOnlyMethod(); }},
+      {"engine", [&] { return MakeEngineMethod("gather engine", eo({})); }},
+      {"engine-serial",
+       [&] {
+         return MakeEngineMethod("engine (serial NOWAIT)",
+                                 eo({.nowait_pass = NowaitPass::kSerial}));
+       }},
+      {"engine-nonowait",
+       [&] {
+         return MakeEngineMethod("engine (no NOWAIT)", eo({.nowait_pass = NowaitPass::kOff}));
+       }},
+      {"engine-1w", [&] { return MakeEngineMethod("engine (1 worker)", eo({.workers = 1})); }},
+      {"engine-direct", [&] { return direct(true); }},
+      {"engine-direct-plain", [&] { return direct(false); }},
+  };
+  for (const auto& [name, make] : kMethods) {
+    if (m == name) return make();
+  }
+  std::fprintf(stderr,
+               "unknown method '%s' (mmap, pool, nowait, uring, engine, "
+               "engine-serial, engine-nonowait, engine-1w, engine-direct, "
+               "engine-direct-plain)\n",
+               m.c_str());
+  return nullptr;
+}
+
+// One table of the report: a layout, batch size, row-id distribution and page-cache state.
+struct Case {
+  const Table& t;
+  std::string layout, dist, state;
+  uint64_t batch;
+  std::vector<uint64_t> rows;    // the batch's row ids
+  std::vector<uint64_t> unique;  // the same, sorted and without repeats
+  std::vector<uint64_t> half;    // every other unique row: what a half case reads back
+  std::vector<uint8_t> dest;     // where the rows go; one buffer for every state and method
+};
+
+// Every method starts a cold or half case from the same measured residency: all methods let
+// go of their mappings (a mapped page survives POSIX_FADV_DONTNEED), the files are evicted until
+// none of the batch's pages is resident, half the rows are read back, and what is resident then
+// is measured and recorded in r. False when the case cannot be made cold or m cannot attach.
+bool PrepareCold(const Case& k, std::vector<std::unique_ptr<GatherMethod>>& methods,
+                 GatherMethod& m, Result& r) {
+  if (k.state == "warm") return true;
+  for (auto& other : methods) other->Detach();
+  BatchResidency before;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    testing::Evict(k.t);
+    before = MeasureBatchResidency(k.t, k.unique);
+    if (before.resident == 0) break;
+  }
+  if (before.resident != 0) {
+    std::fprintf(stderr,
+                 "%s: %lu of the batch's %lu pages stayed resident after eviction; "
+                 "this case is not cold\n",
+                 m.name().c_str(), static_cast<unsigned long>(before.resident),
+                 static_cast<unsigned long>(before.pages));
+    return false;
+  }
+  if (k.state == "half") TouchRows(k.t, k.half);
+  const BatchResidency start = MeasureBatchResidency(k.t, k.unique);
+  r.resident_min = std::min(r.resident_min, start.fraction());
+  r.resident_max = std::max(r.resident_max, start.fraction());
+  return m.Attach(k.t).ok();
+}
+
+// Times method m on the case; nullopt when it produced no timing. Failures are counted.
+std::optional<Result> TimeMethod(const Config& c, Case& k,
+                                 std::vector<std::unique_ptr<GatherMethod>>& methods,
+                                 GatherMethod& m, int* failures) {
+  Result r{k.layout, k.state, k.dist, m.name(), k.batch};
+  r.resident = k.state == "warm" ? 1.0 : k.state == "half" ? 0.5 : 0.0;
+  if (k.state == "warm") r.resident_min = r.resident_max = 1.0;
+  std::vector<uint8_t>& dest = k.dest;
+  if (absl::Status s = m.Attach(k.t); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", m.name().c_str(), s.ToString().c_str());
+    ++*failures;
+    return std::nullopt;
+  }
+  if (k.state == "warm") {
+    TouchRows(k.t, k.unique);
+    (void)m.Gather(k.t, k.rows, dest.data());  // maps the pages for mmap, primes stats
+  }
+  const int iters_cap = k.state == "warm" ? c.max_iters
+                        : k.batch <= 8192 ? c.cold_iters
+                                          : c.big_cold_iters;
+  std::vector<double> lat_ms;
+  uint64_t wall = 0, cpu = 0, calls = 0, faults = 0;
+  for (int it = 0; it < iters_cap; ++it) {
+    if (!PrepareCold(k, methods, m, r)) {
+      ++*failures;
+      break;
+    }
+    const uint64_t sys0 = m.syscalls(), f0 = Faults(), c0 = CpuNs(), t0 = NowNs();
+    absl::Status s = m.Gather(k.t, k.rows, dest.data());
+    const uint64_t t1 = NowNs(), c1 = CpuNs(), f1 = Faults(), sys1 = m.syscalls();
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s failed: %s\n", m.name().c_str(), s.ToString().c_str());
+      ++*failures;
+      break;
+    }
+    wall += t1 - t0;
+    cpu += c1 - c0;
+    calls += sys1 - sys0;
+    faults += f1 - f0;
+    lat_ms.push_back((t1 - t0) / 1e6);
+    if (k.state == "warm" && wall > c.budget_s * 1e9 && it >= 2) break;
+  }
+  if (lat_ms.empty()) return std::nullopt;
+  if (int64_t bad = testing::FirstMismatch(c.seed, k.t, k.rows, dest.data()); bad >= 0) {
+    std::fprintf(stderr, "%s returned wrong bytes for row %lu (batch index %ld)\n",
+                 m.name().c_str(), static_cast<unsigned long>(k.rows[bad]), static_cast<long>(bad));
+    ++*failures;
+  }
+  const double n = static_cast<double>(lat_ms.size()) * k.batch;
+  r.iters = lat_ms.size();
+  r.us_per_row = wall / 1e3 / n;
+  r.cpu_us_per_row = cpu / 1e3 / n;
+  r.syscalls_per_row = calls / n;
+  r.faults_per_row = faults / n;
+  r.p50_ms = Percentile(lat_ms, 0.5);
+  r.p99_ms = Percentile(lat_ms, 0.99);
+  r.rows_per_s = 1e6 / r.us_per_row;
+  return r;
+}
+
+// Prints one case's table, each method against mmap+memcpy, and appends it to results.
+void ReportCase(const Case& k, std::vector<Result>& group, std::vector<Result>& results) {
+  double base = 0;
+  for (auto& r : group) {
+    if (r.method == "mmap+memcpy") base = r.us_per_row;
+  }
+  std::printf("## %s, %lu rows, %s ids, %s\n", k.layout.c_str(),
+              static_cast<unsigned long>(k.batch), k.dist.c_str(), k.state.c_str());
+  std::printf(
+      "| method | rows/s | us/row | CPU-us/row | syscalls/row | faults/row | "
+      "p50 ms | p99 ms | vs mmap | iters | resident at start |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (auto& r : group) {
+    r.ratio = base > 0 ? r.us_per_row / base : 0;
+    std::printf(
+        "| %s | %.3g | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f | %.2fx | %d | "
+        "%.1f-%.1f %% |\n",
+        r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row, r.syscalls_per_row,
+        r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio, r.iters, 100 * r.resident_min,
+        100 * r.resident_max);
+    results.push_back(r);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// Every batch size, distribution and state of one table; returns the failed method runs.
+int RunTable(const Config& c, const Table& t, const std::string& layout,
+             std::vector<std::unique_ptr<GatherMethod>>& methods, std::vector<Result>& results) {
+  int failures = 0;
+  for (uint64_t batch : c.batches) {
+    for (const std::string& dist : c.dists) {
+      Case k{t, layout, dist, "", batch, MakeRows(dist, batch, c.rows, c.zipf_s, c.seed ^ batch)};
+      k.unique = k.rows;
+      std::sort(k.unique.begin(), k.unique.end());
+      k.unique.erase(std::unique(k.unique.begin(), k.unique.end()), k.unique.end());
+      for (size_t i = 0; i < k.unique.size(); i += 2) k.half.push_back(k.unique[i]);
+      k.dest.resize(batch * kRowBytes);
+      for (const std::string& state : c.states) {
+        k.state = state;
+        std::vector<Result> group;
+        for (auto& m : methods) {
+          if (auto r = TimeMethod(c, k, methods, *m, &failures)) group.push_back(*r);
+        }
+        ReportCase(k, group, results);
+      }
+    }
+  }
+  return failures;
+}
+
+void WriteCsv(const std::string& path, const std::vector<Result>& results) {
+  std::ofstream out(path);
+  out << "layout,batch,dist,state,resident,method,us_per_row,cpu_us_per_row,syscalls_per_row,"
+         "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters,resident_min,resident_"
+         "max\n";
+  for (const auto& r : results) {
+    out << absl::StrFormat(
+        "%s,%d,%s,%s,%.2f,\"%s\",%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d,%.4f,%.4f\n", r.layout,
+        r.batch, r.dist, r.state, r.resident, r.method, r.us_per_row, r.cpu_us_per_row,
+        r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.rows_per_s, r.ratio, r.iters,
+        r.resident_min, r.resident_max);
+  }
+}
+
 int Run(const Config& c) {
   std::error_code ec;
   std::filesystem::create_directories(c.dir, ec);
   PrintMachine(c);
   std::vector<std::unique_ptr<GatherMethod>> methods;
-  auto eo = [&](GatherEngineOptions o) {
-    if (c.split_reads > 0) o.split_reads = c.split_reads;
-    return o;
-  };
   for (const std::string& m : c.methods) {
-    if (m == "mmap")
-      methods.push_back(MakeMmapMethod());
-    else if (m == "pool")
-      methods.push_back(MakeRecipePoolMethod());
-    else if (m == "nowait")
-      methods.push_back(MakeNowaitPoolMethod());
-    else if (m == "uring")
-      methods.push_back(MakeUringOnlyMethod());
-    else if (m == "engine")
-      methods.push_back(MakeEngineMethod("gather engine", eo({})));
-    else if (m == "engine-serial")
-      methods.push_back(
-          MakeEngineMethod("engine (serial NOWAIT)", eo({.nowait_pass = NowaitPass::kSerial})));
-    else if (m == "engine-nonowait")
-      methods.push_back(
-          MakeEngineMethod("engine (no NOWAIT)", eo({.nowait_pass = NowaitPass::kOff})));
-    else if (m == "engine-1w")
-      methods.push_back(MakeEngineMethod("engine (1 worker)", eo({.workers = 1})));
-    else if (m == "engine-direct" || m == "engine-direct-plain") {
-      // O_DIRECT page runs into each thread's bounce area, registered with its ring (fixed
-      // buffers) or not.
-      GatherEngineOptions o = eo({});
-      o.register_direct_buffers = m == "engine-direct";
-      methods.push_back(MakeEngineMethod(
-          m == "engine-direct" ? "engine O_DIRECT (fixed buffers)" : "engine O_DIRECT (plain)", o,
-          {.mode = ReadMode::kDirect}));
-    } else {
-      std::fprintf(stderr,
-                   "unknown method '%s' (mmap, pool, nowait, uring, engine, "
-                   "engine-serial, engine-nonowait, engine-1w, engine-direct, "
-                   "engine-direct-plain)\n",
-                   m.c_str());
-      return 2;
-    }
+    methods.push_back(MakeMethod(c, m));
+    if (methods.back() == nullptr) return 2;
   }
   std::vector<Result> results;
   std::vector<std::unique_ptr<Table>> tables;
@@ -234,141 +409,10 @@ int Run(const Config& c) {
     }
     // Tables stay open for the whole run: the engine keeps every table it was given.
     tables.push_back(std::move(*table));
-    const Table& t = *tables.back();
-    for (uint64_t batch : c.batches) {
-      for (const std::string& dist : c.dists) {
-        const auto rows = MakeRows(dist, batch, c.rows, c.zipf_s, c.seed ^ batch);
-        std::vector<uint64_t> unique = rows;
-        std::sort(unique.begin(), unique.end());
-        unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
-        std::vector<uint64_t> half;
-        for (size_t i = 0; i < unique.size(); i += 2) half.push_back(unique[i]);
-        std::vector<uint8_t> dest(batch * kRowBytes);
-        for (const std::string& state : c.states) {
-          std::vector<Result> group;
-          for (auto& m : methods) {
-            Result r{layout, state, dist, m->name(), batch};
-            r.resident = state == "warm" ? 1.0 : state == "half" ? 0.5 : 0.0;
-            if (state == "warm") r.resident_min = r.resident_max = 1.0;
-            // Every method starts a cold or half case from the same measured residency: all
-            // methods let go of their mappings (a mapped page survives POSIX_FADV_DONTNEED),
-            // the files are evicted until none of the batch's pages is resident, half the rows
-            // are read back, and what is resident then is measured and recorded.
-            auto prepare = [&]() -> bool {
-              if (state == "warm") return true;
-              for (auto& other : methods) other->Detach();
-              BatchResidency before;
-              for (int attempt = 0; attempt < 5; ++attempt) {
-                testing::Evict(t);
-                before = MeasureBatchResidency(t, unique);
-                if (before.resident == 0) break;
-              }
-              if (before.resident != 0) {
-                std::fprintf(stderr,
-                             "%s: %lu of the batch's %lu pages stayed resident after eviction; "
-                             "this case is not cold\n",
-                             m->name().c_str(), static_cast<unsigned long>(before.resident),
-                             static_cast<unsigned long>(before.pages));
-                return false;
-              }
-              if (state == "half") TouchRows(t, half);
-              const BatchResidency start = MeasureBatchResidency(t, unique);
-              r.resident_min = std::min(r.resident_min, start.fraction());
-              r.resident_max = std::max(r.resident_max, start.fraction());
-              return m->Attach(t).ok();
-            };
-            if (absl::Status s = m->Attach(t); !s.ok()) {
-              std::fprintf(stderr, "%s: %s\n", m->name().c_str(), s.ToString().c_str());
-              ++failures;
-              continue;
-            }
-            if (state == "warm") {
-              TouchRows(t, unique);
-              (void)m->Gather(t, rows, dest.data());  // maps the pages for mmap, primes stats
-            }
-            const int iters_cap = state == "warm" ? c.max_iters
-                                  : batch <= 8192 ? c.cold_iters
-                                                  : c.big_cold_iters;
-            std::vector<double> lat_ms;
-            uint64_t wall = 0, cpu = 0, calls = 0, faults = 0;
-            for (int it = 0; it < iters_cap; ++it) {
-              if (!prepare()) {
-                ++failures;
-                break;
-              }
-              const uint64_t sys0 = m->syscalls(), f0 = Faults(), c0 = CpuNs(), t0 = NowNs();
-              absl::Status s = m->Gather(t, rows, dest.data());
-              const uint64_t t1 = NowNs(), c1 = CpuNs(), f1 = Faults(), sys1 = m->syscalls();
-              if (!s.ok()) {
-                std::fprintf(stderr, "%s failed: %s\n", m->name().c_str(), s.ToString().c_str());
-                ++failures;
-                break;
-              }
-              wall += t1 - t0;
-              cpu += c1 - c0;
-              calls += sys1 - sys0;
-              faults += f1 - f0;
-              lat_ms.push_back((t1 - t0) / 1e6);
-              if (state == "warm" && wall > c.budget_s * 1e9 && it >= 2) break;
-            }
-            if (lat_ms.empty()) continue;
-            if (int64_t bad = testing::FirstMismatch(c.seed, t, rows, dest.data()); bad >= 0) {
-              std::fprintf(stderr, "%s returned wrong bytes for row %lu (batch index %ld)\n",
-                           m->name().c_str(), static_cast<unsigned long>(rows[bad]),
-                           static_cast<long>(bad));
-              ++failures;
-            }
-            const double n = static_cast<double>(lat_ms.size()) * batch;
-            r.iters = lat_ms.size();
-            r.us_per_row = wall / 1e3 / n;
-            r.cpu_us_per_row = cpu / 1e3 / n;
-            r.syscalls_per_row = calls / n;
-            r.faults_per_row = faults / n;
-            r.p50_ms = Percentile(lat_ms, 0.5);
-            r.p99_ms = Percentile(lat_ms, 0.99);
-            r.rows_per_s = 1e6 / r.us_per_row;
-            group.push_back(r);
-          }
-          double base = 0;
-          for (auto& r : group) {
-            if (r.method == "mmap+memcpy") base = r.us_per_row;
-          }
-          std::printf("## %s, %lu rows, %s ids, %s\n", layout.c_str(),
-                      static_cast<unsigned long>(batch), dist.c_str(), state.c_str());
-          std::printf(
-              "| method | rows/s | us/row | CPU-us/row | syscalls/row | faults/row | "
-              "p50 ms | p99 ms | vs mmap | iters | resident at start |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|\n");
-          for (auto& r : group) {
-            r.ratio = base > 0 ? r.us_per_row / base : 0;
-            std::printf(
-                "| %s | %.3g | %.3f | %.3f | %.2f | %.2f | %.3f | %.3f | %.2fx | %d | "
-                "%.1f-%.1f %% |\n",
-                r.method.c_str(), r.rows_per_s, r.us_per_row, r.cpu_us_per_row, r.syscalls_per_row,
-                r.faults_per_row, r.p50_ms, r.p99_ms, r.ratio, r.iters, 100 * r.resident_min,
-                100 * r.resident_max);
-            results.push_back(r);
-          }
-          std::printf("\n");
-          std::fflush(stdout);
-        }
-      }
-    }
+    failures += RunTable(c, *tables.back(), layout, methods, results);
     for (auto& m : methods) m->Detach();
   }
-  if (!c.csv.empty()) {
-    std::ofstream out(c.csv);
-    out << "layout,batch,dist,state,resident,method,us_per_row,cpu_us_per_row,syscalls_per_row,"
-           "faults_per_row,p50_ms,p99_ms,rows_per_s,ratio_to_mmap,iters,resident_min,resident_"
-           "max\n";
-    for (const auto& r : results) {
-      out << absl::StrFormat(
-          "%s,%d,%s,%s,%.2f,\"%s\",%.4f,%.4f,%.3f,%.3f,%.4f,%.4f,%.0f,%.3f,%d,%.4f,%.4f\n",
-          r.layout, r.batch, r.dist, r.state, r.resident, r.method, r.us_per_row, r.cpu_us_per_row,
-          r.syscalls_per_row, r.faults_per_row, r.p50_ms, r.p99_ms, r.rows_per_s, r.ratio, r.iters,
-          r.resident_min, r.resident_max);
-    }
-  }
+  if (!c.csv.empty()) WriteCsv(c.csv, results);
   if (failures > 0) {
     std::fprintf(stderr, "%d method runs failed\n", failures);
     return 1;
@@ -376,12 +420,7 @@ int Run(const Config& c) {
   return 0;
 }
 
-}  // namespace
-}  // namespace engram::bench
-
-int main(int argc, char** argv) {
-  engram::bench::Config c;
-  CLI::App app{"engram-bench: gather methods compared side by side on one set of files and ids"};
+void AddOptions(CLI::App& app, Config& c) {
   app.add_option("--dir", c.dir, "where the synthetic tables are written (and reused)");
   app.add_option("--rows", c.rows, "rows per table");
   app.add_option("--seed", c.seed, "synthetic table and row-id seed");
@@ -400,6 +439,15 @@ int main(int argc, char** argv) {
   app.add_option("--csv", c.csv, "also write the results as CSV here");
   app.add_option("--split-reads", c.split_reads, "engine option split_reads (0: default)");
   app.add_flag("--smoke", c.smoke, "tiny tables and batches: checks that every method runs");
+}
+
+}  // namespace
+}  // namespace engram::bench
+
+int main(int argc, char** argv) {
+  engram::bench::Config c;
+  CLI::App app{"engram-bench: gather methods compared side by side on one set of files and ids"};
+  engram::bench::AddOptions(app, c);
   CLI11_PARSE(app, argc, argv);
   if (c.smoke) {
     c.rows = 20000;

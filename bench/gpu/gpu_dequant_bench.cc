@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -272,23 +273,25 @@ void RunEngramdSteps(const StepSetup& setup, const char* socket_path, uint32_t t
   engram_close(session);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   bool quick = false;
   const char* socket_path = nullptr;
   uint32_t table = 14;
   uint64_t table_rows = 0;
+};
+
+// Reads the command line into o; an exit status when it is wrong (said on stderr).
+std::optional<int> ParseArgs(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
-      quick = true;
+      o.quick = true;
     } else if (arg == "--socket" && i + 1 < argc) {
-      socket_path = argv[++i];
+      o.socket_path = argv[++i];
     } else if (arg == "--table" && i + 1 < argc) {
-      table = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+      o.table = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else if (arg == "--table-rows" && i + 1 < argc) {
-      table_rows = std::strtoull(argv[++i], nullptr, 10);
+      o.table_rows = std::strtoull(argv[++i], nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: gpu_dequant_bench [--quick] [--socket PATH --table LAYER "
@@ -297,15 +300,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (socket_path != nullptr && table_rows == 0) {
+  if (o.socket_path != nullptr && o.table_rows == 0) {
     std::fprintf(stderr, "gpu_dequant_bench: --socket needs --table-rows (rows of the table)\n");
     return 2;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA GPU on this machine\n");
-    return 77;
-  }
+  return std::nullopt;
+}
+
+void PrintMachine() {
   cudaDeviceProp prop{};
   Check(cudaGetDeviceProperties(&prop, 0), "properties");
   int driver = 0, runtime = 0;
@@ -322,55 +324,69 @@ int main(int argc, char** argv) {
       "rows: 264 B (256 e4m3 + 8 e8m0) -> 512 B bf16 each; one slot per row, slots in a "
       "random permutation; ceilings: H2D %.0f GB/s, zero-copy %.0f GB/s\n\n",
       kH2dCeilingGBs, kZeroCopyCeilingGBs);
+}
 
-  const uint32_t max_rows = 98304;
-  // The arena stand-in: a memfd mapping, like the client's shared-memory arena, registered once.
-  const size_t rows_bytes = max_rows * kRow;
-  const size_t arena_bytes = 4096 + rows_bytes;
-  const int fd = memfd_create("engram-bench-arena", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(arena_bytes)) != 0) {
-    std::perror("memfd");
-    return 1;
-  }
-  auto* arena =
-      static_cast<uint8_t*>(mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  if (arena == MAP_FAILED) {
-    std::perror("mmap");
-    return 1;
-  }
-  std::mt19937_64 rng(42);
-  for (size_t i = 0; i < rows_bytes; ++i) arena[4096 + i] = uint8_t(rng() & 0x77);  // finite
+constexpr uint32_t kMaxRows = 98304;
+
+// The arena stand-in: a memfd mapping, like the client's shared-memory arena, registered once.
+// A completion counter in its first page, then kMaxRows random (finite) rows.
+struct Arena {
+  uint8_t* base = nullptr;
+  size_t rows_bytes = kMaxRows * kRow;
+  size_t bytes = 4096 + rows_bytes;
   engram_gpu_registration* reg = nullptr;
+  const void* counter_d = nullptr;    // the counter, as the GPU sees it
+  const void* rows_mapped = nullptr;  // the rows, as the GPU sees them
+
+  uint8_t* rows() const { return base + 4096; }
+  uint64_t* counter() const { return reinterpret_cast<uint64_t*>(base); }
+};
+
+// Maps, fills and registers the arena, printing how long registering took; false after saying
+// why.
+bool SetUpArena(std::mt19937_64& rng, Arena& a) {
+  const int fd = memfd_create("engram-bench-arena", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(a.bytes)) != 0) {
+    std::perror("memfd");
+    return false;
+  }
+  a.base = static_cast<uint8_t*>(mmap(nullptr, a.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  if (a.base == MAP_FAILED) {
+    std::perror("mmap");
+    return false;
+  }
+  for (size_t i = 0; i < a.rows_bytes; ++i) a.rows()[i] = uint8_t(rng() & 0x77);  // finite
   const auto t_reg = std::chrono::steady_clock::now();
-  if (engram_gpu_register(arena, arena_bytes, &reg) != 0) {
+  if (engram_gpu_register(a.base, a.bytes, &a.reg) != 0) {
     std::fprintf(stderr, "register: %s\n", engram_gpu_last_error());
-    return 1;
+    return false;
   }
   const double reg_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_reg).count();
-  std::printf("engram_gpu_register of %.1f MB: %.2f ms\n\n", arena_bytes / 1e6, reg_ms);
-  auto* counter = reinterpret_cast<uint64_t*>(arena);
-  const void* counter_d = engram_gpu_device_ptr(reg, arena);
-  const void* rows_mapped = engram_gpu_device_ptr(reg, arena + 4096);
+  std::printf("engram_gpu_register of %.1f MB: %.2f ms\n\n", a.bytes / 1e6, reg_ms);
+  a.counter_d = engram_gpu_device_ptr(a.reg, a.base);
+  a.rows_mapped = engram_gpu_device_ptr(a.reg, a.rows());
+  return true;
+}
 
-  cudaStream_t stream;
-  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  const auto s = reinterpret_cast<uintptr_t>(stream);
+// Device memory: the rows copied to HBM, an H2D staging area, the slot map and the output.
+struct DeviceBuffers {
   void *rows_dev, *staging, *map_d, *out_d;
-  Check(cudaMalloc(&rows_dev, rows_bytes), "malloc");
-  Check(cudaMalloc(&staging, rows_bytes), "malloc");
-  Check(cudaMalloc(&map_d, max_rows * 4), "malloc");
-  Check(cudaMalloc(&out_d, size_t{max_rows} * 512), "malloc");
-  Check(cudaMemcpy(rows_dev, arena + 4096, rows_bytes, cudaMemcpyHostToDevice), "copy");
+};
 
+// Dequantise-scatter of a decode step and a prefill chunk: zero-copy, after an H2D copy, the
+// copy alone and from HBM.
+void RunDequantBaselines(cudaStream_t stream, const Arena& a, const DeviceBuffers& d,
+                         std::mt19937_64& rng, int trials) {
+  const auto s = reinterpret_cast<uintptr_t>(stream);
+  auto* map_d = static_cast<int32_t*>(d.map_d);
   std::printf("%-8s %-26s %10s %10s %12s %10s\n", "rows", "path", "us/step", "Mrows/s",
               "GB/s (264B)", "of ceiling");
-  const int trials = quick ? 3 : 9;
   for (uint32_t n : {1152u, 98304u}) {
     std::vector<int32_t> map(n);
     std::iota(map.begin(), map.end(), 0);
     std::shuffle(map.begin(), map.end(), rng);
-    Check(cudaMemcpy(map_d, map.data(), n * 4, cudaMemcpyHostToDevice), "copy");
+    Check(cudaMemcpy(d.map_d, map.data(), n * 4, cudaMemcpyHostToDevice), "copy");
     const uint32_t heads = 12, tokens = n / heads;
     const int reps = n < 10000 ? 200 : 20;
     auto report = [&](const char* path, double us, double ceiling) {
@@ -380,22 +396,21 @@ int main(int argc, char** argv) {
       std::printf("%-8u %-26s %10.2f %10.1f %12.1f %10s\n", n, path, us, n / us, gbs, of);
     };
     const double zero_copy = TimeUs(stream, reps, trials, [&] {
-      CheckEngram(engram_dequant_scatter(rows_mapped, n, static_cast<int32_t*>(map_d), tokens,
-                                         heads, out_d, nullptr, 0, nullptr, s),
+      CheckEngram(engram_dequant_scatter(a.rows_mapped, n, map_d, tokens, heads, d.out_d, nullptr,
+                                         0, nullptr, s),
                   "zero-copy");
     });
     const double staged = TimeUs(stream, reps, trials, [&] {
-      CheckEngram(engram_dequant_scatter(rows_mapped, n, static_cast<int32_t*>(map_d), tokens,
-                                         heads, out_d, staging, rows_bytes, nullptr, s),
+      CheckEngram(engram_dequant_scatter(a.rows_mapped, n, map_d, tokens, heads, d.out_d, d.staging,
+                                         a.rows_bytes, nullptr, s),
                   "staged");
     });
     const double copy_only = TimeUs(stream, reps, trials, [&] {
-      Check(cudaMemcpyAsync(staging, arena + 4096, n * kRow, cudaMemcpyHostToDevice, stream),
-            "copy");
+      Check(cudaMemcpyAsync(d.staging, a.rows(), n * kRow, cudaMemcpyHostToDevice, stream), "copy");
     });
     const double resident = TimeUs(stream, reps, trials, [&] {
-      CheckEngram(engram_dequant_scatter(rows_dev, n, static_cast<int32_t*>(map_d), tokens, heads,
-                                         out_d, nullptr, 0, nullptr, s),
+      CheckEngram(engram_dequant_scatter(d.rows_dev, n, map_d, tokens, heads, d.out_d, nullptr, 0,
+                                         nullptr, s),
                   "resident");
     });
     report("zero-copy kernel", zero_copy, kZeroCopyCeilingGBs);
@@ -403,20 +418,12 @@ int main(int argc, char** argv) {
     report("  H2D copy alone", copy_only, kH2dCeilingGBs);
     report("  kernel, rows in HBM", resident, 0);
   }
+}
 
-  // ---- token step: GPU-side wait against host-side wait ------------------------------------
-  // Stand-in for the layers around the Engram layer: a device-resident dequantise of 98,304
-  // rows, repeated. The Engram layer itself: 1,152 rows read zero-copy from registered memory.
-  std::vector<int32_t> big_map(max_rows);
-  std::iota(big_map.begin(), big_map.end(), 0);
-  Check(cudaMemcpy(map_d, big_map.data(), max_rows * 4, cudaMemcpyHostToDevice), "copy");
-  void* busy_out;
-  Check(cudaMalloc(&busy_out, size_t{max_rows} * 512), "malloc");
-  StepSetup setup{stream, rows_dev,        static_cast<int32_t*>(map_d), max_rows, busy_out,
-                  out_d,  quick ? 50 : 300};
-
-  // Producer 1: a host thread publishing the arena's counter D µs after the step is launched.
-  std::atomic_ref<uint64_t> published(*counter);
+// Producer 1: a host thread publishing the arena's counter D µs after the step is launched;
+// the token step with the GPU waiting against the host waiting, for several D.
+void RunHostProducerSteps(const StepSetup& setup, const Arena& a) {
+  std::atomic_ref<uint64_t> published(*a.counter());
   published.store(0);
   std::atomic<uint64_t> go{0};
   std::atomic<bool> stop{false};
@@ -431,7 +438,7 @@ int main(int argc, char** argv) {
       published.store(step, std::memory_order_release);
     }
   });
-  TokenStep synthetic(setup, counter_d, rows_mapped);
+  TokenStep synthetic(setup, a.counter_d, a.rows_mapped);
   std::printf(
       "\ntoken step: 4 x 98,304-row resident dequant (before) + Engram layer (1,152 "
       "rows zero-copy) + the same after; GPU busy %.1f us/step\n",
@@ -464,11 +471,49 @@ int main(int argc, char** argv) {
   }
   stop = true;
   producer.join();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (std::optional<int> bad_usage = ParseArgs(argc, argv, o)) return *bad_usage;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA GPU on this machine\n");
+    return 77;
+  }
+  PrintMachine();
+
+  std::mt19937_64 rng(42);
+  Arena arena;
+  if (!SetUpArena(rng, arena)) return 1;
+  cudaStream_t stream;
+  Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  DeviceBuffers d;
+  Check(cudaMalloc(&d.rows_dev, arena.rows_bytes), "malloc");
+  Check(cudaMalloc(&d.staging, arena.rows_bytes), "malloc");
+  Check(cudaMalloc(&d.map_d, kMaxRows * 4), "malloc");
+  Check(cudaMalloc(&d.out_d, size_t{kMaxRows} * 512), "malloc");
+  Check(cudaMemcpy(d.rows_dev, arena.rows(), arena.rows_bytes, cudaMemcpyHostToDevice), "copy");
+  RunDequantBaselines(stream, arena, d, rng, o.quick ? 3 : 9);
+
+  // ---- token step: GPU-side wait against host-side wait ------------------------------------
+  // Stand-in for the layers around the Engram layer: a device-resident dequantise of 98,304
+  // rows, repeated. The Engram layer itself: 1,152 rows read zero-copy from registered memory.
+  std::vector<int32_t> big_map(kMaxRows);
+  std::iota(big_map.begin(), big_map.end(), 0);
+  Check(cudaMemcpy(d.map_d, big_map.data(), kMaxRows * 4, cudaMemcpyHostToDevice), "copy");
+  void* busy_out;
+  Check(cudaMalloc(&busy_out, size_t{kMaxRows} * 512), "malloc");
+  StepSetup setup{stream,  d.rows_dev,        static_cast<int32_t*>(d.map_d), kMaxRows, busy_out,
+                  d.out_d, o.quick ? 50 : 300};
+  RunHostProducerSteps(setup, arena);
 
   // Producer 2: engramd gathering the step's rows into the session's registered arena.
-  if (socket_path != nullptr) {
-    RunEngramdSteps(setup, socket_path, table, table_rows);
+  if (o.socket_path != nullptr) {
+    RunEngramdSteps(setup, o.socket_path, o.table, o.table_rows);
   }
-  engram_gpu_unregister(reg);
+  engram_gpu_unregister(arena.reg);
   return 0;
 }

@@ -135,156 +135,252 @@ struct HostSession {
   }
 };
 
-}  // namespace
+// A GPU step watched from the host: launch to the requests published, published to all
+// completed, completed to the stream done, and the daemon's service time of the slowest request.
+struct Watched {
+  Stats publish, daemon, tail, service;
+};
 
-TEST_CASE("decode step: host-driven against GPU-driven") {
-  Daemon daemon({}, "gpu-step-bench", testing::HashModel());
-  REQUIRE(daemon.alive());
-  Hashers h;
-  StepInputs in;
-  const uint32_t n = kTokens * h.heads();
-  const int steps = Steps();
-  std::mt19937_64 rng(2026);
-  HostSession host(daemon, n);
-  cudaStream_t stream;
-  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  DeviceBuffer map(n * 4), out[2] = {DeviceBuffer(n * 512), DeviceBuffer(n * 512)};
-  std::vector<int32_t> identity(n);
-  for (uint32_t i = 0; i < n; ++i) identity[i] = static_cast<int32_t>(i);
-  CUDA_REQUIRE(cudaMemcpy(map.get(), identity.data(), n * 4, cudaMemcpyHostToDevice));
+// One captured GPU step's results: wall time, time on the GPU's clock, and watched.
+struct GpuResult {
+  Stats wall, span;
+  Watched watched;
+};
 
-  // Host gather: the rows' round trip through engramd (the host hash timed on its own), one
-  // request per layer, and in the fused step's default pieces.
-  std::vector<double> wall, hash_us;
-  auto host_gather = [&](uint32_t piece_rows) {
-    wall.clear();
-    hash_us.clear();
-    for (int i = 0; i < steps + 200; ++i) {
-      in.Randomise(rng);
+// Rounds of host hash + gather of the default pieces, the pipelined step and its serial twin.
+struct Paired {
+  Stats host, fused, serial, fused_minus_host, serial_minus_host;
+};
+
+// The piece sizes the fused step is run with: the default, 48, 96, 288 and a whole layer.
+constexpr int kPieceSizes = 5;
+
+// Everything the bench measures, in the order it is measured.
+struct Results {
+  Stats gather, hash, gather_pieces, host_step, watched_rows, watched_gpu;
+  GpuResult gpu_step;
+  uint32_t piece_sizes[kPieceSizes];
+  GpuResult fused[kPieceSizes];
+  GpuResult per_layer, unhashed, serial, serial_gpu;
+  Paired paired;
+  Stats in_place;
+  uint64_t resident_rows[2] = {};  // rows of each layer's resident table
+};
+
+// The state every method shares: the daemon's host session, the step's inputs and outputs, the
+// stream, and the gate that holds a stream so a graph can be timed on the GPU's clock.
+class StepBench {
+ public:
+  explicit StepBench(const Daemon& daemon)
+      : n_(kTokens * h_.heads()),
+        host_(daemon, n_),
+        map_(n_ * 4),
+        out_{DeviceBuffer(n_ * 512), DeviceBuffer(n_ * 512)} {
+    CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    std::vector<int32_t> identity(n_);
+    for (uint32_t i = 0; i < n_; ++i) identity[i] = static_cast<int32_t>(i);
+    CUDA_REQUIRE(cudaMemcpy(map_.get(), identity.data(), n_ * 4, cudaMemcpyHostToDevice));
+    counter_d_ = engram_gpu_device_ptr(host_.reg, const_cast<const uint64_t*>(host_.counter));
+  }
+  ~StepBench() {
+    if (gate_ != nullptr) {
+      cudaEventDestroy(span_begin_);
+      cudaEventDestroy(span_end_);
+      cudaFreeHost(gate_);
+    }
+    cudaStreamDestroy(stream_);
+  }
+
+  uint32_t n() const { return n_; }
+  int steps() const { return steps_; }
+  uint32_t heads() const { return h_.heads(); }
+
+  // Host gather: the rows' round trip through engramd in requests of piece_rows rows; the host
+  // hash, timed on its own, goes to *hash.
+  Stats HostGather(uint32_t piece_rows, Stats* hash) {
+    std::vector<double> wall, hash_us;
+    for (int i = 0; i < steps_ + 200; ++i) {
+      in_.Randomise(rng_);
       const auto th = Clock::now();
-      host.Hash(h, in);
+      host_.Hash(h_, in_);
       const auto t0 = Clock::now();
       if (i >= 200) hash_us.push_back(Us(th, t0));
-      for (uint64_t t : host.Submit(n, piece_rows)) REQUIRE(engram_wait(host.s, t, -1) == 0);
+      for (uint64_t t : host_.Submit(n_, piece_rows)) REQUIRE(engram_wait(host_.s, t, -1) == 0);
       if (i >= 200) wall.push_back(Us(t0, Clock::now()));
     }
+    if (hash != nullptr) *hash = Summarise(hash_us, 0);
     return Summarise(wall, 0);
-  };
-  const Stats gather = host_gather(n);
-  const Stats hash = Summarise(hash_us, 0);
-  const Stats gather_pieces = host_gather(ENGRAM_GPU_PIECE_ROWS_DEFAULT);
+  }
 
   // Host step: hash on the host, submit, the stream waits on the counter, dequantise.
-  wall.clear();
-  double host_busy = 0;
-  uint64_t expected = *host.counter;
-  const void* counter_d =
-      engram_gpu_device_ptr(host.reg, const_cast<const uint64_t*>(host.counter));
-  // Hash on the host, submit both layers, and queue the stream's wait and the dequantisation.
-  auto launch_host_step = [&](std::vector<uint64_t>* tickets) {
-    host.Hash(h, in);
-    *tickets = host.Submit(n, n);
-    expected += tickets->size();
-    ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream), counter_d,
-                                              expected, nullptr));
-    for (int l = 0; l < 2; ++l) {
-      ENGRAM_REQUIRE(engram_dequant_scatter(
-          engram_gpu_device_ptr(host.reg, host.rows[l]), n, map.get<int32_t>(), kTokens, h.heads(),
-          out[l].get(), nullptr, 0, nullptr, reinterpret_cast<uintptr_t>(stream)));
+  Stats HostStep() {
+    expected_ = *host_.counter;
+    std::vector<double> wall;
+    double host_busy = 0;
+    for (int i = 0; i < steps_ + 200; ++i) {
+      in_.Randomise(rng_);
+      const auto t0 = Clock::now();
+      std::vector<uint64_t> tickets;
+      LaunchHostStep(&tickets);
+      const auto t1 = Clock::now();
+      CUDA_REQUIRE(cudaStreamSynchronize(stream_));
+      for (uint64_t t : tickets) REQUIRE(engram_wait(host_.s, t, -1) == 0);  // frees the slots
+      if (i >= 200) {
+        wall.push_back(Us(t0, Clock::now()));
+        host_busy += Us(t0, t1);
+      }
     }
-  };
-  for (int i = 0; i < steps + 200; ++i) {
-    in.Randomise(rng);
-    const auto t0 = Clock::now();
-    std::vector<uint64_t> tickets;
-    launch_host_step(&tickets);
-    const auto t1 = Clock::now();
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);  // frees the slots
-    if (i >= 200) {
-      wall.push_back(Us(t0, Clock::now()));
-      host_busy += Us(t0, t1);
-    }
+    return Summarise(wall, host_busy);
   }
-  const Stats host_step = Summarise(wall, host_busy);
 
   // The host step again, its host thread watching the counter after the launch: when the rows
-  // are in the arena (the daemon's part) and how long the stream takes after that (the GPU's).
-  std::vector<double> until_rows, after_rows;
-  for (int i = 0; i < steps + 200; ++i) {
-    in.Randomise(rng);
-    const auto t0 = Clock::now();
-    std::vector<uint64_t> tickets;
-    launch_host_step(&tickets);
-    while (__atomic_load_n(host.counter, __ATOMIC_ACQUIRE) < expected) {
+  // are in the arena (the daemon's part, *rows) and how long the stream takes after that (the
+  // GPU's, *gpu). Its last output is what every GPU step must reproduce.
+  void WatchedHostStep(Stats* rows, Stats* gpu) {
+    std::vector<double> until_rows, after_rows;
+    for (int i = 0; i < steps_ + 200; ++i) {
+      in_.Randomise(rng_);
+      const auto t0 = Clock::now();
+      std::vector<uint64_t> tickets;
+      LaunchHostStep(&tickets);
+      while (__atomic_load_n(host_.counter, __ATOMIC_ACQUIRE) < expected_) {
+      }
+      const auto t1 = Clock::now();
+      CUDA_REQUIRE(cudaStreamSynchronize(stream_));
+      const auto t2 = Clock::now();
+      for (uint64_t t : tickets) REQUIRE(engram_wait(host_.s, t, -1) == 0);
+      if (i >= 200) {
+        until_rows.push_back(Us(t0, t1));
+        after_rows.push_back(Us(t1, t2));
+      }
     }
-    const auto t1 = Clock::now();
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    const auto t2 = Clock::now();
-    for (uint64_t t : tickets) REQUIRE(engram_wait(host.s, t, -1) == 0);
-    if (i >= 200) {
-      until_rows.push_back(Us(t0, t1));
-      after_rows.push_back(Us(t1, t2));
-    }
+    *rows = Summarise(until_rows, 0);
+    *gpu = Summarise(after_rows, 0);
+    host_out_ = Download(out_[1]);
+    last_tokens_ = in_.tokens;
+    last_history_ = in_.history;
   }
-  const Stats watched_rows = Summarise(until_rows, 0), watched_gpu = Summarise(after_rows, 0);
-  const std::vector<uint16_t> host_out = Download(out[1]);
-  const std::vector<int32_t> last_tokens = in.tokens, last_history = in.history;
 
-  // GPU steps: the captured graphs; the host writes the step's tokens (as a sampler kernel
-  // would) and launches them. Every graph's output for the host step's last tokens must agree
-  // with the host step's bit for bit.
-  DeviceSession ds(daemon, n, 2'000'000'000);
-  // The same steps with the queue's kernels launched one after the other, each once the kernel
-  // ahead of it has finished: what the overlapped launches save.
-  DeviceSession serial_ds(daemon, n, 2'000'000'000, ENGRAM_GPU_QUEUE_NO_OVERLAP);
-  struct Watched {
-    Stats publish, daemon, tail, service;
-  };
-  // The step's time on the GPU: the stream waits on a host word (`gate`), records an event,
-  // runs the graph and records another; the host opens the gate once all of it is queued, so
-  // the first event is taken just before the graph starts, without the host's launch call, and
-  // the second when its last node is done, without the host's wait for the stream.
-  uint64_t* gate = nullptr;
-  CUDA_REQUIRE(
-      cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(uint64_t), cudaHostAllocMapped));
-  *gate = 0;
-  void* gate_d = nullptr;
-  CUDA_REQUIRE(cudaHostGetDevicePointer(&gate_d, gate, 0));
-  cudaEvent_t span_begin, span_end;
-  CUDA_REQUIRE(cudaEventCreate(&span_begin));
-  CUDA_REQUIRE(cudaEventCreate(&span_end));
-  // One replay of `step` timed on the GPU's clock, in µs.
-  auto replay_on_gpu_clock = [&](CapturedStep& step) {
-    const uint64_t open = __atomic_load_n(gate, __ATOMIC_RELAXED) + 1;
-    {
-      // Opened however this block is left: a failed check must not leave the stream held.
-      struct OpenGate {
-        uint64_t* word;
-        uint64_t value;
-        ~OpenGate() { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
-      } opens{gate, open};
-      ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(step.stream), gate_d,
-                                                open, nullptr));
-      CUDA_REQUIRE(cudaEventRecord(span_begin, step.stream));
-      step.Replay();
-      CUDA_REQUIRE(cudaEventRecord(span_end, step.stream));
-    }
-    step.Sync();
-    float ms = 0;
-    CUDA_REQUIRE(cudaEventElapsedTime(&ms, span_begin, span_end));
-    return ms * 1000.0;
-  };
-  auto run_gpu_step = [&](const testing::StepOptions& options, Watched* watched, Stats* span,
-                          const DeviceSession& session) {
+  // GPU steps: a captured graph; the host writes the step's tokens (as a sampler kernel would)
+  // and launches it. Its output for the host step's last tokens must agree with the host
+  // step's bit for bit.
+  GpuResult GpuStep(const testing::StepOptions& options, const DeviceSession& session) {
     struct engram_device_ring ring {};
     ring.size = sizeof(ring);
     REQUIRE(engram_device_ring(session.session, &ring) == 0);
-    CapturedStep step(h, in, session, options);
-    wall.clear();
+    CapturedStep step(h_, in_, session, options);
+    GpuResult r;
+    r.wall = TimeReplays(step);
+    std::vector<double> gpu_us;
+    for (int i = 0; i < steps_ / 2 + 100; ++i) {
+      in_.Randomise(rng_);
+      const double us = ReplayOnGpuClock(step);
+      if (i >= 100) gpu_us.push_back(us);
+    }
+    r.span = Summarise(gpu_us, 0);
+    const uint32_t per_layer =
+        options.fused
+            ? (options.piece_rows == 0 ? ENGRAM_GPU_PIECE_ROWS_DEFAULT : options.piece_rows)
+            : n_;
+    r.watched = Watch(step, ring, 2 * ((n_ + per_layer - 1) / per_layer));
+    REQUIRE(*engram_gpu_queue_error(session.queue) == 0);
+    RestoreLastTokens();
+    step.Replay();
+    step.Sync();
+    if (options.hash != testing::StepHash::kNone) REQUIRE(Download(step.out[1]) == host_out_);
+    return r;
+  }
+
+  // The +15 us comparison with the daemon's drift taken out: each round runs the host's hash
+  // and gather of the default pieces, the default pipelined step and the same without
+  // overlapped launches (both on the GPU's clock), one right after the other, with the same
+  // tokens; the differences are taken round by round.
+  Paired PairedRounds(const DeviceSession& ds, const DeviceSession& serial_ds) {
+    std::vector<double> host, fused, serial, fused_minus_host, serial_minus_host;
+    const testing::StepOptions pipelined{.fused = true};
+    CapturedStep fused_step(h_, in_, ds, pipelined), serial_step(h_, in_, serial_ds, pipelined);
+    for (int i = 0; i < steps_ + 100; ++i) {
+      in_.Randomise(rng_);
+      const auto t0 = Clock::now();
+      host_.Hash(h_, in_);
+      for (uint64_t t : host_.Submit(n_, ENGRAM_GPU_PIECE_ROWS_DEFAULT)) {
+        REQUIRE(engram_wait(host_.s, t, -1) == 0);
+      }
+      const double host_us = Us(t0, Clock::now());
+      // Alternate which GPU step goes first, so that neither always follows the host's gather.
+      double fused_us, serial_us;
+      if (i % 2 == 0) {
+        fused_us = ReplayOnGpuClock(fused_step);
+        serial_us = ReplayOnGpuClock(serial_step);
+      } else {
+        serial_us = ReplayOnGpuClock(serial_step);
+        fused_us = ReplayOnGpuClock(fused_step);
+      }
+      if (i >= 100) {
+        host.push_back(host_us);
+        fused.push_back(fused_us);
+        serial.push_back(serial_us);
+        fused_minus_host.push_back(fused_us - host_us);
+        serial_minus_host.push_back(serial_us - host_us);
+      }
+    }
+    REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
+    REQUIRE(*engram_gpu_queue_error(serial_ds.queue) == 0);
+    // Differences can be negative: Summarise sorts them like any sample.
+    return {Summarise(host, 0), Summarise(fused, 0), Summarise(serial, 0),
+            Summarise(fused_minus_host, 0), Summarise(serial_minus_host, 0)};
+  }
+
+  // In place: both layers' resident tables, mapped read-only from engramd and registered; the
+  // graph is GPU hash + dequant-gather from the mappings, with no request. The tables' rows go
+  // to resident_rows.
+  Stats InPlace(uint64_t (&resident_rows)[2]) {
+    Daemon resident_daemon({"--tier", "1=resident", "--tier", "14=resident"},
+                           "gpu-step-bench-resident", testing::HashModel());
+    REQUIRE(resident_daemon.alive());
+    engram_connect_options ro = resident_daemon.Options(1 << 20);
+    engram_session* resident_session = nullptr;
+    REQUIRE(engram_connect(&ro, &resident_session) == 0);
+    Stats in_place;
+    {
+      testing::ResidentTables resident(resident_session);
+      for (int l = 0; l < 2; ++l) {
+        resident_rows[l] = resident.info[l].covered_end - resident.info[l].covered_begin;
+      }
+      DeviceBuffer ids_d[2] = {DeviceBuffer(n_ * 8), DeviceBuffer(n_ * 8)};
+      cudaGraphExec_t inplace_exec = resident.Capture(h_, in_, ids_d, out_, stream_);
+      in_place = TimeGraph(inplace_exec);
+      RestoreLastTokens();
+      CUDA_REQUIRE(cudaGraphLaunch(inplace_exec, stream_));
+      CUDA_REQUIRE(cudaStreamSynchronize(stream_));
+      REQUIRE(Download(out_[1]) == host_out_);
+      cudaGraphExecDestroy(inplace_exec);
+    }
+    engram_close(resident_session);
+    return in_place;
+  }
+
+ private:
+  // Hash on the host, submit both layers, and queue the stream's wait and the dequantisation.
+  void LaunchHostStep(std::vector<uint64_t>* tickets) {
+    host_.Hash(h_, in_);
+    *tickets = host_.Submit(n_, n_);
+    expected_ += tickets->size();
+    ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(stream_), counter_d_,
+                                              expected_, nullptr));
+    for (int l = 0; l < 2; ++l) {
+      ENGRAM_REQUIRE(engram_dequant_scatter(
+          engram_gpu_device_ptr(host_.reg, host_.rows[l]), n_, map_.get<int32_t>(), kTokens,
+          h_.heads(), out_[l].get(), nullptr, 0, nullptr, reinterpret_cast<uintptr_t>(stream_)));
+    }
+  }
+
+  // Wall time of replays of step, and the host's time launching them.
+  Stats TimeReplays(CapturedStep& step) {
+    std::vector<double> wall;
     double busy = 0;
-    for (int i = 0; i < steps + 200; ++i) {
-      in.Randomise(rng);  // new tokens in the device buffers, as the sampler leaves them
+    for (int i = 0; i < steps_ + 200; ++i) {
+      in_.Randomise(rng_);  // new tokens in the device buffers, as the sampler leaves them
       const auto t0 = Clock::now();
       step.Replay();
       const auto t1 = Clock::now();
@@ -294,24 +390,34 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
         busy += Us(t0, t1);
       }
     }
-    std::vector<double> gpu_us;
-    for (int i = 0; i < steps / 2 + 100; ++i) {
-      in.Randomise(rng);
-      const double us = replay_on_gpu_clock(step);
-      if (i >= 100) gpu_us.push_back(us);
+    return Summarise(wall, busy);
+  }
+
+  // Wall time of launches of a graph on the bench's stream, and the host's time launching them.
+  Stats TimeGraph(cudaGraphExec_t exec) {
+    std::vector<double> wall;
+    double host_busy = 0;
+    for (int i = 0; i < steps_ + 200; ++i) {
+      in_.Randomise(rng_);
+      const auto t0 = Clock::now();
+      CUDA_REQUIRE(cudaGraphLaunch(exec, stream_));
+      const auto t1 = Clock::now();
+      CUDA_REQUIRE(cudaStreamSynchronize(stream_));
+      if (i >= 200) {
+        wall.push_back(Us(t0, Clock::now()));
+        host_busy += Us(t0, t1);
+      }
     }
-    *span = Summarise(gpu_us, 0);
-    // Watched from the host: when the GPU publishes the step's requests (the ring's tail
-    // moves), when the daemon has completed them all, and when the stream is done; with the
-    // daemon's own service time of the slowest request (its status slot).
-    const uint32_t per_layer =
-        options.fused
-            ? (options.piece_rows == 0 ? ENGRAM_GPU_PIECE_ROWS_DEFAULT : options.piece_rows)
-            : n;
-    const uint32_t requests = 2 * ((n + per_layer - 1) / per_layer);
+    return Summarise(wall, host_busy);
+  }
+
+  // Watched from the host: when the GPU publishes the step's requests (the ring's tail moves),
+  // when the daemon has completed them all, and when the stream is done; with the daemon's own
+  // service time of the slowest request (its status slot).
+  Watched Watch(CapturedStep& step, const struct engram_device_ring& ring, uint32_t requests) {
     std::vector<double> publish, daemon_us, tail, service;
-    for (int i = 0; i < steps / 2 + 100; ++i) {
-      in.Randomise(rng);
+    for (int i = 0; i < steps_ / 2 + 100; ++i) {
+      in_.Randomise(rng_);
       const uint32_t tail_before = __atomic_load_n(&ring.header->sq_tail, __ATOMIC_ACQUIRE);
       const uint64_t done_before = __atomic_load_n(&ring.header->completions, __ATOMIC_ACQUIRE);
       const auto t0 = Clock::now();
@@ -336,149 +442,138 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
         service.push_back(slowest / 1000.0);
       }
     }
-    *watched = {Summarise(publish, 0), Summarise(daemon_us, 0), Summarise(tail, 0),
-                Summarise(service, 0)};
-    REQUIRE(*engram_gpu_queue_error(session.queue) == 0);
-    in.tokens = last_tokens;
-    in.history = last_history;
-    in.Upload();
-    step.Replay();
+    return {Summarise(publish, 0), Summarise(daemon_us, 0), Summarise(tail, 0),
+            Summarise(service, 0)};
+  }
+
+  // One replay of `step` timed on the GPU's clock, in µs. The stream waits on a host word (the
+  // gate), records an event, runs the graph and records another; the host opens the gate once
+  // all of it is queued, so the first event is taken just before the graph starts, without the
+  // host's launch call, and the second when its last node is done, without the host's wait for
+  // the stream.
+  double ReplayOnGpuClock(CapturedStep& step) {
+    if (gate_ == nullptr) CreateGate();
+    const uint64_t open = __atomic_load_n(gate_, __ATOMIC_RELAXED) + 1;
+    {
+      // Opened however this block is left: a failed check must not leave the stream held.
+      struct OpenGate {
+        uint64_t* word;
+        uint64_t value;
+        ~OpenGate() { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+      } opens{gate_, open};
+      ENGRAM_REQUIRE(engram_stream_wait_value64(reinterpret_cast<uintptr_t>(step.stream), gate_d_,
+                                                open, nullptr));
+      CUDA_REQUIRE(cudaEventRecord(span_begin_, step.stream));
+      step.Replay();
+      CUDA_REQUIRE(cudaEventRecord(span_end_, step.stream));
+    }
     step.Sync();
-    if (options.hash != testing::StepHash::kNone) REQUIRE(Download(step.out[1]) == host_out);
-    return Summarise(wall, busy);
-  };
-  Watched gpu_watched;
-  Stats gpu_span;
-  const Stats gpu_step = run_gpu_step({}, &gpu_watched, &gpu_span, ds);
-  const uint32_t piece_sizes[] = {ENGRAM_GPU_PIECE_ROWS_DEFAULT, 48, 96, 288, n};
-  constexpr int kPieceSizes = std::size(piece_sizes);
-  Stats fused[kPieceSizes];
-  Watched fused_watched[kPieceSizes];
-  Stats fused_span[kPieceSizes];
+    float ms = 0;
+    CUDA_REQUIRE(cudaEventElapsedTime(&ms, span_begin_, span_end_));
+    return ms * 1000.0;
+  }
+
+  void CreateGate() {
+    CUDA_REQUIRE(
+        cudaHostAlloc(reinterpret_cast<void**>(&gate_), sizeof(uint64_t), cudaHostAllocMapped));
+    *gate_ = 0;
+    CUDA_REQUIRE(cudaHostGetDevicePointer(&gate_d_, gate_, 0));
+    CUDA_REQUIRE(cudaEventCreate(&span_begin_));
+    CUDA_REQUIRE(cudaEventCreate(&span_end_));
+  }
+
+  // The device buffers hold the watched host step's last tokens again.
+  void RestoreLastTokens() {
+    in_.tokens = last_tokens_;
+    in_.history = last_history_;
+    in_.Upload();
+  }
+
+  Hashers h_;
+  StepInputs in_;
+  const uint32_t n_;
+  const int steps_ = Steps();
+  std::mt19937_64 rng_{2026};
+  HostSession host_;
+  cudaStream_t stream_;
+  DeviceBuffer map_, out_[2];
+  const void* counter_d_ = nullptr;
+  uint64_t expected_ = 0;           // the counter value the host step waits for
+  std::vector<uint16_t> host_out_;  // the watched host step's last output
+  std::vector<int32_t> last_tokens_, last_history_;
+  uint64_t* gate_ = nullptr;
+  void* gate_d_ = nullptr;
+  cudaEvent_t span_begin_, span_end_;
+};
+
+// Every method in turn, on the same daemon and the same stream of random tokens.
+void Measure(const Daemon& daemon, StepBench& b, Results& r) {
+  r.gather = b.HostGather(b.n(), &r.hash);
+  r.gather_pieces = b.HostGather(ENGRAM_GPU_PIECE_ROWS_DEFAULT, nullptr);
+  r.host_step = b.HostStep();
+  b.WatchedHostStep(&r.watched_rows, &r.watched_gpu);
+
+  DeviceSession ds(daemon, b.n(), 2'000'000'000);
+  // The same steps with the queue's kernels launched one after the other, each once the kernel
+  // ahead of it has finished: what the overlapped launches save.
+  DeviceSession serial_ds(daemon, b.n(), 2'000'000'000, ENGRAM_GPU_QUEUE_NO_OVERLAP);
+  r.gpu_step = b.GpuStep({}, ds);
+  const uint32_t piece_sizes[kPieceSizes] = {ENGRAM_GPU_PIECE_ROWS_DEFAULT, 48, 96, 288, b.n()};
   for (int i = 0; i < kPieceSizes; ++i) {
-    fused[i] = run_gpu_step({.fused = true, .piece_rows = piece_sizes[i]}, &fused_watched[i],
-                            &fused_span[i], ds);
+    r.piece_sizes[i] = piece_sizes[i];
+    r.fused[i] = b.GpuStep({.fused = true, .piece_rows = piece_sizes[i]}, ds);
   }
   // The default pipelined step with each layer hashed by a launch of its own, and without the
   // GPU hash (the ids the arena holds are gathered again): what hashing adds before the requests
   // go out, and what hashing both layers in one launch saves.
-  Watched per_layer_watched, unhashed_watched, serial_watched, serial_gpu_watched;
-  Stats per_layer_span, unhashed_span, serial_span, serial_gpu_span;
-  const Stats per_layer = run_gpu_step({.fused = true, .hash = testing::StepHash::kPerLayer},
-                                       &per_layer_watched, &per_layer_span, ds);
-  const Stats unhashed = run_gpu_step({.fused = true, .hash = testing::StepHash::kNone},
-                                      &unhashed_watched, &unhashed_span, ds);
-  const Stats serial = run_gpu_step({.fused = true}, &serial_watched, &serial_span, serial_ds);
-  const Stats serial_gpu = run_gpu_step({}, &serial_gpu_watched, &serial_gpu_span, serial_ds);
+  r.per_layer = b.GpuStep({.fused = true, .hash = testing::StepHash::kPerLayer}, ds);
+  r.unhashed = b.GpuStep({.fused = true, .hash = testing::StepHash::kNone}, ds);
+  r.serial = b.GpuStep({.fused = true}, serial_ds);
+  r.serial_gpu = b.GpuStep({}, serial_ds);
+  r.paired = b.PairedRounds(ds, serial_ds);
+  r.in_place = b.InPlace(r.resident_rows);
+}
 
-  // The +15 us comparison with the daemon's drift taken out: each round runs the host's hash
-  // and gather of the default pieces, the default pipelined step and the same without
-  // overlapped launches (both on the GPU's clock), one right after the other, with the same
-  // tokens; the differences are taken round by round.
-  std::vector<double> paired_host, paired_fused, paired_serial, fused_minus_host, serial_minus_host;
-  {
-    const testing::StepOptions pipelined{.fused = true};
-    CapturedStep fused_step(h, in, ds, pipelined), serial_step(h, in, serial_ds, pipelined);
-    for (int i = 0; i < steps + 100; ++i) {
-      in.Randomise(rng);
-      const auto t0 = Clock::now();
-      host.Hash(h, in);
-      for (uint64_t t : host.Submit(n, ENGRAM_GPU_PIECE_ROWS_DEFAULT)) {
-        REQUIRE(engram_wait(host.s, t, -1) == 0);
-      }
-      const double host_us = Us(t0, Clock::now());
-      // Alternate which GPU step goes first, so that neither always follows the host's gather.
-      double fused_us, serial_us;
-      if (i % 2 == 0) {
-        fused_us = replay_on_gpu_clock(fused_step);
-        serial_us = replay_on_gpu_clock(serial_step);
-      } else {
-        serial_us = replay_on_gpu_clock(serial_step);
-        fused_us = replay_on_gpu_clock(fused_step);
-      }
-      if (i >= 100) {
-        paired_host.push_back(host_us);
-        paired_fused.push_back(fused_us);
-        paired_serial.push_back(serial_us);
-        fused_minus_host.push_back(fused_us - host_us);
-        serial_minus_host.push_back(serial_us - host_us);
-      }
-    }
-    REQUIRE(*engram_gpu_queue_error(ds.queue) == 0);
-    REQUIRE(*engram_gpu_queue_error(serial_ds.queue) == 0);
-  }
-
-  // In place: both layers' resident tables, mapped read-only from engramd and registered; the
-  // graph is GPU hash + dequant-gather from the mappings, with no request.
-  Daemon resident_daemon({"--tier", "1=resident", "--tier", "14=resident"},
-                         "gpu-step-bench-resident", testing::HashModel());
-  REQUIRE(resident_daemon.alive());
-  engram_connect_options ro = resident_daemon.Options(1 << 20);
-  engram_session* resident_session = nullptr;
-  REQUIRE(engram_connect(&ro, &resident_session) == 0);
-  testing::ResidentTables resident(resident_session);
-  DeviceBuffer ids_d[2] = {DeviceBuffer(n * 8), DeviceBuffer(n * 8)};
-  cudaGraphExec_t inplace_exec = resident.Capture(h, in, ids_d, out, stream);
-  wall.clear();
-  host_busy = 0;
-  for (int i = 0; i < steps + 200; ++i) {
-    in.Randomise(rng);
-    const auto t0 = Clock::now();
-    CUDA_REQUIRE(cudaGraphLaunch(inplace_exec, stream));
-    const auto t1 = Clock::now();
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    if (i >= 200) {
-      wall.push_back(Us(t0, Clock::now()));
-      host_busy += Us(t0, t1);
-    }
-  }
-  const Stats in_place = Summarise(wall, host_busy);
-  in.tokens = last_tokens;
-  in.history = last_history;
-  in.Upload();
-  CUDA_REQUIRE(cudaGraphLaunch(inplace_exec, stream));
-  CUDA_REQUIRE(cudaStreamSynchronize(stream));
-  REQUIRE(Download(out[1]) == host_out);
-  cudaGraphExecDestroy(inplace_exec);
-
+void PrintWallTimes(const StepBench& b, const Results& r) {
   std::printf(
       "\ndecode step, TP4 rank 1: %u sequences x %u tokens, %u heads, 2 layers = %u rows; "
       "%d steps each, back to back\n",
-      kSeqs, kPerSeq, h.heads(), 2 * n, steps);
+      kSeqs, kPerSeq, b.heads(), 2 * b.n(), b.steps());
   std::printf("%-13s %10s %10s %16s\n", "method", "p50 us", "p99 us", "host us/step");
-  std::printf("%-13s %10.1f %10.1f %16s\n", "host gather", gather.p50, gather.p99, "(all)");
-  std::printf("%-13s %10.1f %10.1f %16.1f\n", "host step", host_step.p50, host_step.p99,
-              host_step.host_us);
-  std::printf("%-13s %10.1f %10.1f %16.1f\n", "GPU step", gpu_step.p50, gpu_step.p99,
-              gpu_step.host_us);
+  std::printf("%-13s %10.1f %10.1f %16s\n", "host gather", r.gather.p50, r.gather.p99, "(all)");
+  std::printf("%-13s %10.1f %10.1f %16.1f\n", "host step", r.host_step.p50, r.host_step.p99,
+              r.host_step.host_us);
+  std::printf("%-13s %10.1f %10.1f %16.1f\n", "GPU step", r.gpu_step.wall.p50, r.gpu_step.wall.p99,
+              r.gpu_step.wall.host_us);
   for (int i = 0; i < kPieceSizes; ++i) {
     char name[32];
-    std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
-    std::printf("%-13s %10.1f %10.1f %16.1f   (pieces of %u rows)\n", name, fused[i].p50,
-                fused[i].p99, fused[i].host_us, piece_sizes[i]);
+    std::snprintf(name, sizeof(name), "fused/%u", r.piece_sizes[i]);
+    std::printf("%-13s %10.1f %10.1f %16.1f   (pieces of %u rows)\n", name, r.fused[i].wall.p50,
+                r.fused[i].wall.p99, r.fused[i].wall.host_us, r.piece_sizes[i]);
   }
   std::printf("%-13s %10.1f %10.1f %16s   (requests of %u rows)\n", "host gather/p",
-              gather_pieces.p50, gather_pieces.p99, "(all)", ENGRAM_GPU_PIECE_ROWS_DEFAULT);
+              r.gather_pieces.p50, r.gather_pieces.p99, "(all)", ENGRAM_GPU_PIECE_ROWS_DEFAULT);
   std::printf("%-13s %10.1f %10.1f %16.1f   (resident tables of %llu + %llu rows, mapped)\n",
-              "in place", in_place.p50, in_place.p99, in_place.host_us,
-              static_cast<unsigned long long>(resident.info[0].covered_end -
-                                              resident.info[0].covered_begin),
-              static_cast<unsigned long long>(resident.info[1].covered_end -
-                                              resident.info[1].covered_begin));
+              "in place", r.in_place.p50, r.in_place.p99, r.in_place.host_us,
+              static_cast<unsigned long long>(r.resident_rows[0]),
+              static_cast<unsigned long long>(r.resident_rows[1]));
+  const Stats& gpu = r.gpu_step.wall;
   std::printf("GPU step / host step: p50 %.2fx, p99 %.2fx; GPU step - host gather: p50 %+.1f us\n",
-              gpu_step.p50 / host_step.p50, gpu_step.p99 / host_step.p99,
-              gpu_step.p50 - gather.p50);
+              gpu.p50 / r.host_step.p50, gpu.p99 / r.host_step.p99, gpu.p50 - r.gather.p50);
   std::printf(
       "fused step - host gather of the same requests: p50 %+.1f us (pieces of %u), %+.1f us "
       "(one request a layer); fused step (default pieces) / host step: p50 %.2fx, p99 %.2fx\n",
-      fused[0].p50 - gather_pieces.p50, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
-      fused[kPieceSizes - 1].p50 - gather.p50, fused[0].p50 / host_step.p50,
-      fused[0].p99 / host_step.p99);
+      r.fused[0].wall.p50 - r.gather_pieces.p50, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+      r.fused[kPieceSizes - 1].wall.p50 - r.gather.p50, r.fused[0].wall.p50 / r.host_step.p50,
+      r.fused[0].wall.p99 / r.host_step.p99);
   std::printf(
       "host hash alone: p50 %.1f us; host step watched from the host: hash, submit and launch to "
       "the rows in the arena p50 %.1f us (p99 %.1f), from there to the stream done p50 %.1f us "
       "(p99 %.1f)\n",
-      hash.p50, watched_rows.p50, watched_rows.p99, watched_gpu.p50, watched_gpu.p99);
+      r.hash.p50, r.watched_rows.p50, r.watched_rows.p99, r.watched_gpu.p50, r.watched_gpu.p99);
+}
+
+void PrintWatched(const Results& r) {
   std::printf(
       "GPU steps watched from the host, p50 (p99) us: launch to the requests published | "
       "published to all completed | completed to the stream done | the daemon's service time "
@@ -488,60 +583,71 @@ TEST_CASE("decode step: host-driven against GPU-driven") {
                 w.publish.p50, w.publish.p99, w.daemon.p50, w.daemon.p99, w.tail.p50, w.tail.p99,
                 w.service.p50, w.service.p99);
   };
-  print_watched("GPU step", gpu_watched);
+  print_watched("GPU step", r.gpu_step.watched);
   for (int i = 0; i < kPieceSizes; ++i) {
     char name[32];
-    std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
-    print_watched(name, fused_watched[i]);
+    std::snprintf(name, sizeof(name), "fused/%u", r.piece_sizes[i]);
+    print_watched(name, r.fused[i].watched);
   }
-  print_watched("hash/layer", per_layer_watched);
-  print_watched("no hash", unhashed_watched);
-  print_watched("serial", serial_watched);
-  print_watched("serial GPU", serial_gpu_watched);
+  print_watched("hash/layer", r.per_layer.watched);
+  print_watched("no hash", r.unhashed.watched);
+  print_watched("serial", r.serial.watched);
+  print_watched("serial GPU", r.serial_gpu.watched);
+}
+
+void PrintGpuSpans(const StepBench& b, const Results& r) {
   std::printf(
       "GPU steps' time on the GPU (CUDA events just before and after the graph, the stream "
       "held until both were queued), p50 (p99) us:\n");
-  std::printf("  %-11s %6.1f (%6.1f)\n", "GPU step", gpu_span.p50, gpu_span.p99);
+  std::printf("  %-11s %6.1f (%6.1f)\n", "GPU step", r.gpu_step.span.p50, r.gpu_step.span.p99);
   for (int i = 0; i < kPieceSizes; ++i) {
     char name[32];
-    std::snprintf(name, sizeof(name), "fused/%u", piece_sizes[i]);
-    std::printf("  %-11s %6.1f (%6.1f)\n", name, fused_span[i].p50, fused_span[i].p99);
+    std::snprintf(name, sizeof(name), "fused/%u", r.piece_sizes[i]);
+    std::printf("  %-11s %6.1f (%6.1f)\n", name, r.fused[i].span.p50, r.fused[i].span.p99);
   }
   std::printf(
       "  %-11s %6.1f (%6.1f)   (fused/%u, a hash launch per layer; wall p50 %.1f, p99 %.1f)\n",
-      "hash/layer", per_layer_span.p50, per_layer_span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
-      per_layer.p50, per_layer.p99);
+      "hash/layer", r.per_layer.span.p50, r.per_layer.span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+      r.per_layer.wall.p50, r.per_layer.wall.p99);
   std::printf("  %-11s %6.1f (%6.1f)   (fused/%u without the GPU hash; wall p50 %.1f, p99 %.1f)\n",
-              "no hash", unhashed_span.p50, unhashed_span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
-              unhashed.p50, unhashed.p99);
+              "no hash", r.unhashed.span.p50, r.unhashed.span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+              r.unhashed.wall.p50, r.unhashed.wall.p99);
   std::printf(
       "  %-11s %6.1f (%6.1f)   (fused/%u, the queue's kernels not overlapped; wall p50 %.1f, p99 "
       "%.1f)\n",
-      "serial", serial_span.p50, serial_span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT, serial.p50,
-      serial.p99);
+      "serial", r.serial.span.p50, r.serial.span.p99, ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+      r.serial.wall.p50, r.serial.wall.p99);
   std::printf(
       "  %-11s %6.1f (%6.1f)   (GPU step, the queue's kernels not overlapped; wall p50 %.1f, p99 "
       "%.1f)\n",
-      "serial GPU", serial_gpu_span.p50, serial_gpu_span.p99, serial_gpu.p50, serial_gpu.p99);
+      "serial GPU", r.serial_gpu.span.p50, r.serial_gpu.span.p99, r.serial_gpu.wall.p50,
+      r.serial_gpu.wall.p99);
   std::printf(
       "fused step (default pieces) on the GPU - host hash and gather of the same requests: p50 "
       "%+.1f us (%.1f - %.1f - %.1f)\n",
-      fused_span[0].p50 - hash.p50 - gather_pieces.p50, fused_span[0].p50, hash.p50,
-      gather_pieces.p50);
-  // Differences can be negative: Summarise sorts them like any sample.
-  const Stats ph = Summarise(paired_host, 0), pf = Summarise(paired_fused, 0),
-              ps = Summarise(paired_serial, 0), dfh = Summarise(fused_minus_host, 0),
-              dsh = Summarise(serial_minus_host, 0);
+      r.fused[0].span.p50 - r.hash.p50 - r.gather_pieces.p50, r.fused[0].span.p50, r.hash.p50,
+      r.gather_pieces.p50);
+  const Paired& p = r.paired;
   std::printf(
       "paired rounds (%d): host hash + gather of the same pieces p50 %.1f (p99 %.1f) us; on the "
       "GPU: pipelined step %.1f (%.1f), not overlapped %.1f (%.1f); pipelined - host, round by "
       "round: p50 %+.1f us (p99 %+.1f); not overlapped - host: p50 %+.1f us (p99 %+.1f)\n",
-      steps, ph.p50, ph.p99, pf.p50, pf.p99, ps.p50, ps.p99, dfh.p50, dfh.p99, dsh.p50, dsh.p99);
-  cudaEventDestroy(span_begin);
-  cudaEventDestroy(span_end);
-  cudaFreeHost(gate);
-  cudaStreamDestroy(stream);
-  engram_close(resident_session);
+      b.steps(), p.host.p50, p.host.p99, p.fused.p50, p.fused.p99, p.serial.p50, p.serial.p99,
+      p.fused_minus_host.p50, p.fused_minus_host.p99, p.serial_minus_host.p50,
+      p.serial_minus_host.p99);
+}
+
+}  // namespace
+
+TEST_CASE("decode step: host-driven against GPU-driven") {
+  Daemon daemon({}, "gpu-step-bench", testing::HashModel());
+  REQUIRE(daemon.alive());
+  StepBench bench(daemon);
+  Results results;
+  Measure(daemon, bench, results);
+  PrintWallTimes(bench, results);
+  PrintWatched(results);
+  PrintGpuSpans(bench, results);
 }
 
 }  // namespace engram

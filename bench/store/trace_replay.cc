@@ -29,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -343,46 +344,62 @@ void PrintPhase(const char* name, const Phase& p) {
          store["all_hit_fraction"].get<double>(), CacheMisses(p));
 }
 
-int Run(const Options& o) {
+// The steps to replay, made from the trace's documents with the DeepSeek-V4.1 hash.
+struct Workload {
+  Trace trace;
+  std::optional<NgramHasher> hasher;
+  std::vector<Step> steps;
+  uint64_t lookups = 0;   // row lookups of all steps
+  uint64_t max_rows = 0;  // the most rows a layer's gather (or its drafts' prefetch) holds
+};
+
+// Reads the trace and hashes it into steps; 0, or an exit status after saying why.
+int MakeWorkload(const Options& o, Workload& w) {
   auto trace = ReadTrace(o.trace);
   if (!trace.ok()) return fprintf(stderr, "%s\n", trace.status().ToString().c_str()), 1;
   if (o.prefetch_drafts != 0 && o.mode != "decode") {
     return fprintf(stderr, "--prefetch-drafts replays decode steps (--mode decode)\n"), 1;
   }
+  w.trace = *std::move(trace);
   const HashConfig config = Dsv41HashConfig();
   auto layers = DeriveLayerTables(config);
-  auto hasher = NgramHasher::Create(config, *layers, std::nullopt, trace->pad);
+  auto hasher = NgramHasher::Create(config, *layers, std::nullopt, w.trace.pad);
   if (!hasher.ok()) return fprintf(stderr, "%s\n", hasher.status().ToString().c_str()), 1;
-  const uint32_t heads = hasher->heads_per_layer();
-  std::vector<std::vector<uint64_t>> rows[2] = {HashDocs(*hasher, *trace, 0),
-                                                HashDocs(*hasher, *trace, 1)};
-  std::vector<Step> steps = BuildSteps(o, rows, heads);
-  if (o.max_steps != 0 && steps.size() > o.max_steps) steps.resize(o.max_steps);
-  uint64_t lookups = 0, max_rows = 0;
-  for (const Step& s : steps) {
-    lookups += s.rows[0].size() + s.rows[1].size();
-    max_rows = std::max<uint64_t>(max_rows, s.rows[0].size());
+  w.hasher.emplace(*std::move(hasher));
+  const uint32_t heads = w.hasher->heads_per_layer();
+  std::vector<std::vector<uint64_t>> rows[2] = {HashDocs(*w.hasher, w.trace, 0),
+                                                HashDocs(*w.hasher, w.trace, 1)};
+  w.steps = BuildSteps(o, rows, heads);
+  if (o.max_steps != 0 && w.steps.size() > o.max_steps) w.steps.resize(o.max_steps);
+  for (const Step& s : w.steps) {
+    w.lookups += s.rows[0].size() + s.rows[1].size();
+    w.max_rows = std::max<uint64_t>(w.max_rows, s.rows[0].size());
   }
   // Drafts of all sequences of a step, per layer.
-  max_rows = std::max<uint64_t>(max_rows, uint64_t{o.sequences} * o.prefetch_drafts * heads);
+  w.max_rows = std::max<uint64_t>(w.max_rows, uint64_t{o.sequences} * o.prefetch_drafts * heads);
+  return 0;
+}
 
+// The synthetic checkpoint engramd serves, written unless it is there; empty after saying why.
+std::string EnsureModel(const Options& o) {
   std::filesystem::create_directories(o.dir);
   const std::string model = o.dir + "/model-" + std::to_string(o.table_rows);
   if (!std::filesystem::exists(model + "/config.json")) {
     SynthOptions so{.out_dir = model, .rows = o.table_rows, .seed = 7};
     if (absl::Status s = WriteSyntheticCheckpoint(so); !s.ok()) {
-      return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+      fprintf(stderr, "%s\n", s.ToString().c_str());
+      return "";
     }
   }
-  Phase plain, prefetched;
-  if (int rc = Replay(o, steps, model, max_rows, nullptr, &plain); rc != 0) return rc;
-  if (o.prefetch_drafts != 0) {
-    Drafter drafter{.o = o, .hasher = *hasher, .trace = *trace, .state = o.seed * 2654435761u + 1};
-    if (int rc = Replay(o, steps, model, max_rows, &drafter, &prefetched); rc != 0) return rc;
-  }
+  return model;
+}
 
-  const json& store = plain.status["store"];
-  const uint64_t capacity = store["cache"]["capacity_rows"].get<uint64_t>();
+// The same lookups through offline LRU and S3-FIFO caches of engramd's capacity.
+struct Simulated {
+  double lru_hit_rate = 0, s3_hit_rate = 0, s3_all_hit = 0;
+};
+
+Simulated Simulate(const std::vector<Step>& steps, uint64_t capacity) {
   LruSim lru(capacity);
   S3FifoSim s3(capacity);
   uint64_t s3_all_hit = 0, requests = 0;
@@ -396,6 +413,37 @@ int Run(const Options& o) {
       ++requests;
     }
   }
+  return {lru.counts.hit_rate(), s3.counts.hit_rate(), double(s3_all_hit) / double(requests)};
+}
+
+// The replay with prefetched drafts against the one without.
+void PrintPrefetch(const Options& o, const Phase& plain, const Phase& prefetched) {
+  PrintPhase(absl::StrCat("engramd + prefetch k=", o.prefetch_drafts).c_str(), prefetched);
+  const json& p = prefetched.status["prefetch"];
+  const double without = double(CacheMisses(plain)), with = double(CacheMisses(prefetched));
+  printf(
+      "  drafts: k=%u a sequence, each right with p=%.2f while the draft holds, random after; "
+      "%lu µs between steps\n",
+      o.prefetch_drafts, o.draft_accept, o.step_gap_us);
+  printf("  fraction of later misses avoided by prefetch: %.4f (%.0f -> %.0f row misses)\n",
+         without == 0 ? 0.0 : (without - with) / without, without, with);
+  printf(
+      "  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu dropped, %lu used by "
+      "gathers (%.1f%% of those fetched); engram_prefetch p50 %.1f us, p99 %.1f us a step\n",
+      p["requested_rows"].get<uint64_t>(), p["fetched_rows"].get<uint64_t>(),
+      p["held_rows"].get<uint64_t>(), p["dropped_rows"].get<uint64_t>(),
+      p["used_rows"].get<uint64_t>(),
+      100.0 * double(p["used_rows"].get<uint64_t>()) /
+          double(std::max<uint64_t>(1, p["fetched_rows"].get<uint64_t>())),
+      Percentile(prefetched.prefetch_ns, 0.5) / 1e3,
+      Percentile(prefetched.prefetch_ns, 0.99) / 1e3);
+  printf("  step latency with prefetch p50 %.1f us, p99 %.1f us\n",
+         Percentile(prefetched.latency, 0.5) / 1e3, Percentile(prefetched.latency, 0.99) / 1e3);
+}
+
+void PrintReport(const Options& o, const Workload& w, const Phase& plain, const Phase& prefetched,
+                 const Simulated& sim) {
+  const json& store = plain.status["store"];
   utsname u;
   uname(&u);
   printf("engram-trace-replay on %s %s, %ld CPUs\n", u.nodename, u.release,
@@ -404,39 +452,16 @@ int Run(const Options& o) {
       "trace %s: %zu documents, compressed vocabulary %u; mode %s (%s), %zu steps, %lu row "
       "lookups; tables of %lu rows (rows folded mod that), both in one cache of %lu rows "
       "(%.1f MiB)\n",
-      o.trace.c_str(), trace->docs.size(), trace->compressed_vocab, o.mode.c_str(),
+      o.trace.c_str(), w.trace.docs.size(), w.trace.compressed_vocab, o.mode.c_str(),
       o.mode == "decode" ? absl::StrCat(o.sequences, " sequences, one token a step").c_str()
                          : absl::StrCat(o.chunk_tokens, "-token chunks").c_str(),
-      steps.size(), lookups, o.table_rows, capacity,
+      w.steps.size(), w.lookups, o.table_rows, store["cache"]["capacity_rows"].get<uint64_t>(),
       double(store["cache"]["bytes"].get<uint64_t>()) / (1 << 20));
   printf("  %-22s %10s %14s %12s\n", "", "hit rate", "all-hit reqs", "row misses");
   PrintPhase("engramd (S3-FIFO)", plain);
-  printf("  %-22s %10.4f %14.4f\n", "simulated S3-FIFO", s3.counts.hit_rate(),
-         double(s3_all_hit) / double(requests));
-  printf("  %-22s %10.4f %14s\n", "simulated LRU", lru.counts.hit_rate(), "");
-  if (o.prefetch_drafts != 0) {
-    PrintPhase(absl::StrCat("engramd + prefetch k=", o.prefetch_drafts).c_str(), prefetched);
-    const json& p = prefetched.status["prefetch"];
-    const double without = double(CacheMisses(plain)), with = double(CacheMisses(prefetched));
-    printf(
-        "  drafts: k=%u a sequence, each right with p=%.2f while the draft holds, random after; "
-        "%lu µs between steps\n",
-        o.prefetch_drafts, o.draft_accept, o.step_gap_us);
-    printf("  fraction of later misses avoided by prefetch: %.4f (%.0f -> %.0f row misses)\n",
-           without == 0 ? 0.0 : (without - with) / without, without, with);
-    printf(
-        "  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu dropped, %lu used by "
-        "gathers (%.1f%% of those fetched); engram_prefetch p50 %.1f us, p99 %.1f us a step\n",
-        p["requested_rows"].get<uint64_t>(), p["fetched_rows"].get<uint64_t>(),
-        p["held_rows"].get<uint64_t>(), p["dropped_rows"].get<uint64_t>(),
-        p["used_rows"].get<uint64_t>(),
-        100.0 * double(p["used_rows"].get<uint64_t>()) /
-            double(std::max<uint64_t>(1, p["fetched_rows"].get<uint64_t>())),
-        Percentile(prefetched.prefetch_ns, 0.5) / 1e3,
-        Percentile(prefetched.prefetch_ns, 0.99) / 1e3);
-    printf("  step latency with prefetch p50 %.1f us, p99 %.1f us\n",
-           Percentile(prefetched.latency, 0.5) / 1e3, Percentile(prefetched.latency, 0.99) / 1e3);
-  }
+  printf("  %-22s %10.4f %14.4f\n", "simulated S3-FIFO", sim.s3_hit_rate, sim.s3_all_hit);
+  printf("  %-22s %10.4f %14s\n", "simulated LRU", sim.lru_hit_rate, "");
+  if (o.prefetch_drafts != 0) PrintPrefetch(o, plain, prefetched);
   printf("  step latency p50 %.1f us, p99 %.1f us (both layers' gathers, submitted together)\n",
          Percentile(plain.latency, 0.5) / 1e3, Percentile(plain.latency, 0.99) / 1e3);
   printf(
@@ -444,17 +469,26 @@ int Run(const Options& o) {
       "wrong %lu\n",
       plain.hwm_kb / 1024.0, double(store["store_bytes"].get<uint64_t>()) / (1 << 20),
       store["cache"]["evictions"].get<uint64_t>(), plain.wrong + prefetched.wrong);
+}
+
+int Run(const Options& o) {
+  Workload w;
+  if (int rc = MakeWorkload(o, w); rc != 0) return rc;
+  const std::string model = EnsureModel(o);
+  if (model.empty()) return 1;
+  Phase plain, prefetched;
+  if (int rc = Replay(o, w.steps, model, w.max_rows, nullptr, &plain); rc != 0) return rc;
+  if (o.prefetch_drafts != 0) {
+    Drafter drafter{
+        .o = o, .hasher = *w.hasher, .trace = w.trace, .state = o.seed * 2654435761u + 1};
+    if (int rc = Replay(o, w.steps, model, w.max_rows, &drafter, &prefetched); rc != 0) return rc;
+  }
+  const uint64_t capacity = plain.status["store"]["cache"]["capacity_rows"].get<uint64_t>();
+  PrintReport(o, w, plain, prefetched, Simulate(w.steps, capacity));
   return plain.wrong + prefetched.wrong == 0 ? 0 : 2;
 }
 
-}  // namespace
-}  // namespace engram::bench
-
-int main(int argc, char** argv) {
-  engram::bench::Options o;
-  CLI::App app{
-      "Replays an Engram token trace through engramd's row cache beside LRU and S3-FIFO "
-      "simulations"};
+void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--trace", o.trace, "Trace from tools/trace/engram_trace.mjs")->required();
   app.add_option("--dir", o.dir, "Where the synthetic tables and the socket go")
       ->capture_default_str();
@@ -479,6 +513,17 @@ int main(int argc, char** argv) {
                  "Microseconds from a step's start to the next (the forward pass), both runs")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the simulated draft model")->capture_default_str();
+}
+
+}  // namespace
+}  // namespace engram::bench
+
+int main(int argc, char** argv) {
+  engram::bench::Options o;
+  CLI::App app{
+      "Replays an Engram token trace through engramd's row cache beside LRU and S3-FIFO "
+      "simulations"};
+  engram::bench::AddOptions(app, o);
   CLI11_PARSE(app, argc, argv);
   return engram::bench::Run(o);
 }
