@@ -431,10 +431,14 @@ const std::vector<Setting>& Settings() {
        .field = [](S* s) -> void* { return &s->tiers; },
        .check = CheckTierEntry,
        .example = "14=resident"},
-      {"memory.budget", "--memory-budget",
-       "Bytes the row store may hold, resident tables and cache (0: unbounded); the service's "
-       "memory limits derive from it",
-       Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.budget_bytes; }},
+      {.key = "memory.budget",
+       .flag = "--memory-budget",
+       .help = "Bytes engramd may hold in all: its process, buffers, client arenas, page cache and "
+               "the row store (0: unbounded); the service's memory limits derive from it",
+       .kind = Kind::kBytesOrZero,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->store.budget_bytes; },
+       .example = "1G"},
       {"memory.cache", "--cache-bytes", "Size of the row cache (0: what the budget leaves)",
        Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.cache_bytes; }},
       {"memory.pressure", "--no-memory-pressure",

@@ -81,8 +81,9 @@ struct Setting {
   // kString: a path, which the file must give absolute; a flag's relative path is taken from
   // the working directory.
   bool path = false;
-  // kString, kStrings: a valid value other than the default (for kStrings, one element). The
-  // reload test sets it to change the setting alone.
+  // kString, kStrings: a valid value other than the default (for kStrings, one element); kBytes,
+  // kBytesOrZero: a size that passes the setting's own checks, where a step up from the default
+  // would not. The reload test sets it to change the setting alone.
   const char* example = "";
 
   bool live() const { return reload == Reload::kLive; }

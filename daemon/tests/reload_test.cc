@@ -34,8 +34,8 @@ T& Value(const Setting& row, DaemonSettings* s) {
 }
 
 // Sets `row` of *s to a valid value other than the one it holds, derived from the row: a number
-// one step inside its bounds, a larger byte size, the other truth value, one more id, or the
-// row's example (one more element, for a list).
+// one step inside its bounds, a larger byte size (or the row's example), the other truth value,
+// one more id, or the row's example (one more element, for a list).
 void ChangeSetting(const Setting& row, DaemonSettings* s) {
   INFO(row.key);
   std::string text;
@@ -49,7 +49,9 @@ void ChangeSetting(const Setting& row, DaemonSettings* s) {
     }
     case Kind::kBytes:
     case Kind::kBytesOrZero:
-      text = std::to_string(Value<uint64_t>(row, s) + (uint64_t{1} << 20));
+      // A size with checks of its own (the budget must hold engramd) names one that passes them.
+      text = row.example[0] != '\0' ? row.example
+                                    : std::to_string(Value<uint64_t>(row, s) + (uint64_t{1} << 20));
       break;
     case Kind::kBool:
       text = Value<bool>(row, s) ? "false" : "true";
