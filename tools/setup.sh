@@ -26,8 +26,9 @@ packages=(
   python3 python3-numpy python3-torch python3-pytest python3-matplotlib
   python3-venv python3-pip python3-mesonpy patchelf
   systemd
-  # Man pages of engramd, engramctl and the table tools (man/), made from their --help.
-  help2man
+  # Man pages of engramd, engramctl and the table tools (man/), made from their --help; the kit
+  # suite's checks of the Prometheus rules (PyYAML) and of the zsh completion (zsh -n).
+  help2man python3-yaml zsh
   # Debian packages (debian/): dpkg-buildpackage, debhelper, lintian.
   dpkg-dev debhelper lintian
 )

@@ -84,7 +84,7 @@ def daemon(hashable_model, tmp_path_factory):
     under a budget, so that every family of metrics has series."""
     d = Daemon(tmp_path_factory.mktemp("engramd"),
                ["--model", hashable_model, "--tier", "14=resident", "--tier", "1=cache",
-                "--memory-budget", "64M"])
+                "--memory-budget", "2G", "--max-rows-per-request", "8192"])
     yield d
     d.stop()
 

@@ -37,8 +37,10 @@ def compile_and_run(lang, code, folder, env):
     source.write_text(code)
     std = "-std=c11" if lang == "c" else "-std=c++20"
     lib = client_lib_dir()
-    build = subprocess.run([compiler, std, "-Wall", "-Wextra", "-Werror", "-I",
-                            str(REPO / "include"), str(source), "-o", str(folder / "snippet"),
+    # engram/version.h is generated into the build tree's include/.
+    generated = build_dir() / "include"
+    build = subprocess.run([compiler, std, "-Wall", "-Wextra", "-Werror", "-I", str(generated),
+                            "-I", str(REPO / "include"), str(source), "-o", str(folder / "snippet"),
                             "-L", str(lib), f"-Wl,-rpath,{lib}", "-lengram_client"],
                            capture_output=True, text=True, timeout=180)
     assert build.returncode == 0, f"{lang} snippet does not compile:\n{build.stderr}\n{code}"
