@@ -575,6 +575,21 @@ void WarmTables(const std::vector<const Table*>& tables) {
   }
 }
 
+// Each decoding rank's step latencies and all of them together, from the shared results.
+void TakeLatencies(const SharedResults& out, int decoders, uint64_t steps, CaseResult* r) {
+  std::vector<uint64_t> all;
+  for (int i = 0; i < decoders; ++i) {
+    std::vector<uint64_t> v(out.lat + i * steps, out.lat + (i + 1) * steps);
+    r->p50.push_back(Quantile(v, 0.5));
+    r->p99.push_back(Quantile(v, 0.99));
+    r->p999.push_back(Quantile(v, 0.999));
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  r->all_p50 = Quantile(all, 0.5);
+  r->all_p99 = Quantile(all, 0.99);
+  r->all_p999 = Quantile(all, 0.999);
+}
+
 CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid_t daemon) {
   const Config& cfg = *env.cfg;
   const int decoders = c.prefill ? c.ranks - 1 : c.ranks;
@@ -621,17 +636,7 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
     r.ok = false;
     r.error = out->error;
   }
-  std::vector<uint64_t> all;
-  for (int i = 0; i < decoders; ++i) {
-    std::vector<uint64_t> v(out->lat + i * cfg.steps, out->lat + (i + 1) * cfg.steps);
-    r.p50.push_back(Quantile(v, 0.5));
-    r.p99.push_back(Quantile(v, 0.99));
-    r.p999.push_back(Quantile(v, 0.999));
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  r.all_p50 = Quantile(all, 0.5);
-  r.all_p99 = Quantile(all, 0.99);
-  r.all_p999 = Quantile(all, 0.999);
+  TakeLatencies(*out, decoders, cfg.steps, &r);
   const double decode_rows = static_cast<double>(decoders) * cfg.steps * cfg.step_rows * 2;
   const double rows = decode_rows + static_cast<double>(out->prefill_batches) * kPrefillRows;
   r.rows_per_s = rows / (r.wall_ns / 1e9);

@@ -42,6 +42,40 @@ void EvictFiles(const std::string& dir) {
   }
 }
 
+struct ReadTotals {
+  uint64_t highest = 0;  // the cgroup's charge, sampled after each batch
+  uint64_t bad_batches = 0;
+  uint64_t rows_read = 0;
+};
+
+// Reads every row of both tables through `daemon` in batches of kBatchRows, checking every byte.
+ReadTotals ReadEveryRow(const Daemon& daemon, TestCgroup& cg) {
+  // A data region for one batch and its ids: the arenas get a quarter of the budget.
+  engram_connect_options opts = daemon.Options(3ull << 20, 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&opts, &s) == 0);
+  uint64_t* rows = nullptr;
+  uint8_t* out = nullptr;
+  REQUIRE(engram_alloc(s, kBatchRows * sizeof(uint64_t), reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, kBatchRows * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  ReadTotals t;
+  for (uint32_t layer : {1u, 14u}) {
+    for (uint64_t first = 0; first < kBigRows; first += kBatchRows) {
+      const uint64_t n = std::min(kBatchRows, kBigRows - first);
+      for (uint64_t i = 0; i < n; ++i) rows[i] = first + i;
+      engram_gather_request req{.size = sizeof req, .table = layer, .rows = rows, .num_rows = n,
+                                .dest = out};
+      INFO("layer " << layer << " rows from " << first << ": " << engram_last_error());
+      REQUIRE(engram_gather(s, &req, 30'000'000'000) == 0);
+      t.bad_batches += FirstBadRow(layer, rows, n, out) >= 0;
+      t.rows_read += n;
+      t.highest = std::max(t.highest, cg.Current());
+    }
+  }
+  engram_close(s);
+  return t;
+}
+
 TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit") {
   SkipWithoutCgroups();
   // Requests of at most kBatchRows rows: a budget this small cannot hold the bookkeeping of
@@ -75,29 +109,8 @@ TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit
   REQUIRE(ReadText(cg.dir + "/cgroup.procs").find(std::to_string(daemon.pid())) !=
           std::string::npos);
 
-  // A data region for one batch and its ids: the arenas get a quarter of the budget.
-  engram_connect_options opts = daemon.Options(3ull << 20, 4);
-  engram_session* s = nullptr;
-  REQUIRE(engram_connect(&opts, &s) == 0);
-  uint64_t* rows = nullptr;
-  uint8_t* out = nullptr;
-  REQUIRE(engram_alloc(s, kBatchRows * sizeof(uint64_t), reinterpret_cast<void**>(&rows)) == 0);
-  REQUIRE(engram_alloc(s, kBatchRows * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
-  uint64_t highest = 0, bad_batches = 0, rows_read = 0;
-  for (uint32_t layer : {1u, 14u}) {
-    for (uint64_t first = 0; first < kBigRows; first += kBatchRows) {
-      const uint64_t n = std::min(kBatchRows, kBigRows - first);
-      for (uint64_t i = 0; i < n; ++i) rows[i] = first + i;
-      engram_gather_request req{.size = sizeof req, .table = layer, .rows = rows, .num_rows = n,
-                                .dest = out};
-      INFO("layer " << layer << " rows from " << first << ": " << engram_last_error());
-      REQUIRE(engram_gather(s, &req, 30'000'000'000) == 0);
-      bad_batches += FirstBadRow(layer, rows, n, out) >= 0;
-      rows_read += n;
-      highest = std::max(highest, cg.Current());
-    }
-  }
-  engram_close(s);
+  const ReadTotals t = ReadEveryRow(daemon, cg);
+  const uint64_t highest = t.highest, bad_batches = t.bad_batches, rows_read = t.rows_read;
   const uint64_t table_bytes = 2 * kBigRows * kRowBytes;
   std::fprintf(stderr,
                "read %lu rows (%lu bytes of table data) through a %lu-byte cgroup; charged at "
