@@ -183,9 +183,11 @@ TEST_CASE("engram_gpu_queue_gather_dequant refuses what it cannot pipeline, nami
   engram_gpu_dequant no_out = d;
   no_out.out = nullptr;
   refused(r, no_out, 0, "dequant 0: index_map");
+  // An older struct of only its size field takes the defaults (zeros) for the rest: refused for
+  // what the defaults leave unset, not for its size (engram.h's size policy).
   engram_gpu_dequant small = d;
   small.size = 8;
-  refused(r, small, 0, "dequant 0 has size 8");
+  refused(r, small, 0, "dequant 0: index_map");
   engram_gpu_request outside = r;
   outside.num_rows = 1ull << 40;
   refused(outside, d, 0, "must lie inside the session's data region");
