@@ -1026,14 +1026,19 @@ void Server::Finish(Session& session, uint64_t ticket, uint32_t slot, absl::Stat
   }
 }
 
+// What a session's entries are decoded against: its arena and the daemon's limits and tables.
+protocol::RequestContext Server::RequestContextOf(Session& session) const {
+  Arena& arena = session.arena();
+  return {.slots = arena.layout().slots,
+          .max_rows = config_.limits.max_rows_per_request,
+          .data = arena.data(),
+          .data_bytes = arena.data_bytes(),
+          .tables = bounds_};
+}
+
 void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
                      uint64_t start, uint64_t admitted_rows) {
-  Arena& arena = session->arena();
-  protocol::RequestContext context{.slots = arena.layout().slots,
-                                   .max_rows = config_.limits.max_rows_per_request,
-                                   .data = arena.data(),
-                                   .data_bytes = arena.data_bytes(),
-                                   .tables = bounds_};
+  const protocol::RequestContext context = RequestContextOf(*session);
   protocol::DecodedRequest request;
   bool slot_valid = false;
   protocol::CodecError error;
@@ -1069,7 +1074,7 @@ void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& 
   if (status.ok()) {
     status = Gather(GatherBatch{.table = tables_[request.table_index].get(),
                                 .rows = request.rows,
-                                .dest = arena.data() + request.dest_offset,
+                                .dest = session->arena().data() + request.dest_offset,
                                 .dest_offsets = request.dest_offsets});
   }
   if (status.ok()) status = watch_->Check(request.table_index);
@@ -1109,12 +1114,7 @@ void Server::PostPrefetch(const std::shared_ptr<Session>& session, const engram_
 // queued, and it completes with how many were.
 void Server::CheckPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
                            uint64_t start, uint64_t claimed) {
-  Arena& arena = session->arena();
-  protocol::RequestContext context{.slots = arena.layout().slots,
-                                   .max_rows = config_.limits.max_rows_per_request,
-                                   .data = arena.data(),
-                                   .data_bytes = arena.data_bytes(),
-                                   .tables = bounds_};
+  const protocol::RequestContext context = RequestContextOf(*session);
   protocol::DecodedRequest request;
   bool slot_valid = false;
   protocol::CodecError error;

@@ -102,6 +102,7 @@ class Server : public ServerView {
   // PREFETCH: the poller checks the session's bound and hands the entry over (PostPrefetch);
   // the prefetcher's intake thread decodes it, queues its rows and completes it (CheckPrefetch).
   void PostPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start);
+  protocol::RequestContext RequestContextOf(Session& session) const;
   void CheckPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
                      uint64_t claimed);
   // Decodes and runs one submission on the calling thread. `admitted_rows` != 0: Admit() ran
