@@ -122,6 +122,13 @@ bool RowCache::Lookup(uint32_t layer, uint64_t row, uint8_t* dst, bool* ret_pref
 }
 
 uint64_t RowCache::BytesForSlots(uint64_t slots) { return slots * kSlotBytes; }
+
+uint64_t RowCache::BookkeepingBytes(uint64_t max_slots) {
+  // Per slot: the policy's state, a free-list entry and room for two FIFO entries (a slot's
+  // current one and a stale one not yet popped); and the ghost's ring and index.
+  return max_slots * (sizeof(SlotMeta) + sizeof(uint32_t) + 2 * sizeof(QueueEntry)) +
+         GhostQueue::BytesFor(max_slots);
+}
 uint64_t RowCache::SlotsForBytes(uint64_t bytes) { return bytes / kSlotBytes; }
 
 absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions& options,
@@ -131,7 +138,9 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions
   const uint64_t max_bytes =
       budget != nullptr ? std::min(options.max_bytes, budget->available()) : options.max_bytes;
   uint64_t slots = std::min<uint64_t>(max_bytes / (kSlotBytes + 8), UINT32_MAX / 4);
-  while (slots > 0 && GeometryFor(slots).region_bytes > max_bytes) slots -= slots / 64 + 1;
+  while (slots > 0 && GeometryFor(slots).region_bytes + BookkeepingBytes(slots) > max_bytes) {
+    slots -= slots / 64 + 1;
+  }
   if (slots == 0) {
     return absl::InvalidArgumentError(absl::StrCat("row cache: ", max_bytes,
                                                    " bytes (the smaller of its size and what the "
@@ -143,8 +152,11 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions
   const Geometry g = GeometryFor(slots);
   std::unique_ptr<RowCache> cache(new RowCache(options, budget));
   if (budget != nullptr) {
-    if (absl::Status s = budget->Reserve(g.slots_offset, "row cache index"); !s.ok()) return s;
-    cache->reserved_bytes_ = g.slots_offset;
+    const uint64_t fixed = g.slots_offset + BookkeepingBytes(g.max_slots);
+    if (absl::Status s = budget->Reserve(fixed, "row cache index and bookkeeping"); !s.ok()) {
+      return s;
+    }
+    cache->reserved_bytes_ = fixed;
   }
   auto region = SharedRegion::Create("engram-row-cache", g.region_bytes, {});
   if (!region.ok()) return region.status();
@@ -167,6 +179,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions
   cache->bucket_mask_ = g.bucket_count - 1;
   cache->max_slots_ = g.max_slots;
   cache->meta_.resize(g.max_slots);
+  cache->ghost_ = GhostQueue(g.max_slots);
   auto reader = RowCacheReader::Attach(base, cache->region_.size());
   if (!reader.ok()) return reader.status();
   cache->reader_ = *reader;
@@ -280,16 +293,8 @@ bool RowCache::PopLive(std::deque<QueueEntry>& queue, Queue which, uint32_t* ret
 }
 
 void RowCache::AddGhost(uint64_t key) {
-  ghost_.emplace_back(key, ++ghost_sequence_);
-  ghost_index_[key] = ghost_sequence_;
   // The ghost remembers as many keys as the main FIFO holds rows.
-  const uint64_t limit = std::max<uint64_t>(1, capacity_slots() - SmallTarget());
-  while (ghost_.size() > limit) {
-    auto [k, seq] = ghost_.front();
-    ghost_.pop_front();
-    auto it = ghost_index_.find(k);
-    if (it != ghost_index_.end() && it->second == seq) ghost_index_.erase(it);
-  }
+  ghost_.Push(key, std::max<uint64_t>(1, capacity_slots() - SmallTarget()));
 }
 
 void RowCache::RemoveSlot(uint32_t s, bool to_ghost) {
@@ -377,9 +382,7 @@ absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* d
   InsertBucket(key, s);
   ++inserts_;
   if (ret_inserted != nullptr) *ret_inserted = true;
-  auto ghost = ghost_index_.find(key);
-  if (ghost != ghost_index_.end()) {
-    ghost_index_.erase(ghost);
+  if (ghost_.Take(key)) {
     ++ghost_hits_;
     Push(kMain, s);
   } else {

@@ -18,10 +18,10 @@
 #include <mutex>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "protocol/store_counters.h"
+#include "store/ghost_queue.h"
 #include "store/memory_budget.h"
 #include "store/row_cache_layout.h"
 #include "store/shared_region.h"
@@ -130,6 +130,9 @@ class RowCache {
   // Bytes accounted for `slots` slots, and the inverse.
   static uint64_t BytesForSlots(uint64_t slots);
   static uint64_t SlotsForBytes(uint64_t bytes);
+  // The daemon's private memory for a cache of `max_slots` slots (policy state, free list, FIFO
+  // entries, ghost), sized at creation and taken from the budget with the index.
+  static uint64_t BookkeepingBytes(uint64_t max_slots);
 
   RowCacheStats Stats() const;
   const RowCacheReader& reader() const { return reader_; }
@@ -205,9 +208,7 @@ class RowCache {
   std::deque<QueueEntry> main_;
   uint64_t small_count_ = 0;
   uint64_t main_count_ = 0;
-  std::deque<std::pair<uint64_t, uint64_t>> ghost_;  // (key, sequence)
-  absl::flat_hash_map<uint64_t, uint64_t> ghost_index_;
-  uint64_t ghost_sequence_ = 0;
+  GhostQueue ghost_;  // sized for max_slots_ keys at creation
   uint64_t inserts_ = 0;
   uint64_t evictions_ = 0;
   uint64_t ghost_hits_ = 0;

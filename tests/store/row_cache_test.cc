@@ -7,13 +7,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <thread>
 
 #include "protocol/clock.h"
+#include "store/ghost_queue.h"
 #include "tools/tables/synthetic.h"
 
 namespace engram {
@@ -141,7 +144,7 @@ TEST_CASE("shrinking keeps rows byte-exact, gives pages and budget back; growing
 TEST_CASE("a large shrink stalls inserts for one chunk at most, not the whole shrink",
           "[cache][shrink]") {
   MemoryBudget budget(0);
-  auto created = RowCache::Create({.max_bytes = 128 << 20}, &budget);
+  auto created = RowCache::Create({.max_bytes = 160 << 20}, &budget);
   REQUIRE(created.ok());
   RowCache& cache = **created;
   const uint64_t full = cache.capacity_slots();
@@ -217,10 +220,13 @@ TEST_CASE("a budget smaller than the cache caps its capacity", "[cache][budget]"
   auto cache = RowCache::Create({.max_bytes = 64 << 20}, &budget);
   REQUIRE(cache.ok());
   REQUIRE(budget.used() <= budget.budget());
-  // The index is sized for what the budget can give, and the slots take the rest of it.
+  // The index and the bookkeeping are sized for what the budget can give, and the slots take
+  // the rest of it.
   REQUIRE((*cache)->capacity_slots() == (*cache)->max_slots());
   REQUIRE(budget.available() < 16 * 1024);
-  REQUIRE((*cache)->capacity_slots() > 3000);
+  REQUIRE((*cache)->capacity_slots() > (1 << 20) / (288 + 8 + 80));
+  REQUIRE(budget.used() > RowCache::BytesForSlots((*cache)->capacity_slots()) +
+                              RowCache::BookkeepingBytes((*cache)->max_slots()));
   REQUIRE((*cache)->capacity_slots() < (1 << 20) / 288);
   REQUIRE((*cache)->SetCapacitySlots((*cache)->max_slots()) == (*cache)->capacity_slots());
   REQUIRE(RowCache::Create({.max_bytes = 4096}, nullptr).status().code() ==
@@ -327,6 +333,72 @@ TEST_CASE("readers in other processes never see a torn or wrong row", "[cache][c
     REQUIRE(WEXITSTATUS(status) == 0);
   }
   ::munmap(stop, 4096);
+}
+
+// The ghost queue against a plain model (the last `limit` keys pushed, oldest first, each marked
+// once taken): the same keys are found after every step of a random mix of pushes (new and
+// repeated keys), takes and limit changes, with keys that collide in the index and a ring that
+// wraps many times.
+TEST_CASE("the ghost queue keeps the last keys pushed up to its limit, less those taken",
+          "[cache][ghost]") {
+  constexpr uint64_t kMaxKeys = 500;
+  GhostQueue ghost(kMaxKeys);
+  std::deque<std::pair<uint64_t, bool>> model;  // (key, still in the queue)
+  std::mt19937_64 rng(kSeed);
+  uint64_t limit = kMaxKeys;
+  auto model_take = [&](uint64_t key) {
+    for (auto& [k, live] : model) {
+      if (k == key && live) return !(live = false);
+    }
+    return false;
+  };
+  auto model_size = [&] {
+    return static_cast<uint64_t>(std::count_if(model.begin(), model.end(),
+                                               [](const auto& e) { return e.second; }));
+  };
+  for (int step = 0; step < 200000; ++step) {
+    const uint64_t key = rng() % 2000 + 1;  // few keys: repeats and takes are common
+    if (rng() % 8 == 0) {
+      REQUIRE(ghost.Take(key) == model_take(key));
+    } else {
+      if (step % 97 == 0) limit = rng() % (kMaxKeys + 10);  // 0 and above max: clamped
+      ghost.Push(key, limit);
+      model_take(key);
+      const uint64_t bound = std::clamp<uint64_t>(limit, 1, kMaxKeys);
+      while (model.size() >= bound) model.pop_front();
+      model.emplace_back(key, true);
+    }
+    REQUIRE(ghost.size() == model_size());
+    if (step % 1000 == 0) {
+      for (uint64_t k = 1; k <= 2000; ++k) {
+        const bool in_model =
+            std::find(model.begin(), model.end(), std::make_pair(k, true)) != model.end();
+        REQUIRE(ghost.Contains(k) == in_model);
+      }
+    }
+  }
+}
+
+// A cache whose ghost fills while it shrinks: the ghost is sized at creation, so it takes no
+// memory beyond that as it fills, and re-admission still goes by it after the shrink.
+TEST_CASE("evictions fill the ghost without growing it; a key seen again goes to main",
+          "[cache][ghost]") {
+  auto created = RowCache::Create({.max_bytes = 16 << 20}, nullptr);
+  REQUIRE(created.ok());
+  RowCache& cache = **created;
+  const uint64_t full = cache.capacity_slots();
+  for (uint64_t r = 0; r < full; ++r) InsertSynthetic(cache, 14, r);
+  cache.SetCapacitySlots(full / 2);  // evicts half the rows from the small FIFO to the ghost
+  RowCacheStats before = cache.Stats();
+  uint64_t evicted = 0;
+  for (uint64_t r = full; r-- > 0 && evicted < 100;) {  // the newest evictions first
+    if (cache.Contains(14, r)) continue;
+    ++evicted;
+    InsertSynthetic(cache, 14, r);
+  }
+  REQUIRE(evicted == 100);
+  // Rows whose keys were still in the ghost are admitted to the main FIFO.
+  CHECK(cache.Stats().ghost_hits - before.ghost_hits == 100);
 }
 
 }  // namespace
