@@ -258,18 +258,19 @@ void AppendMemoryMetrics(metrics::Exposition& e, const MemoryReport& r, const Me
     e.Counter("engram_memory_cgroup_oom_kills_total", "OOM kills inside the cgroup", {},
               double(c.oom_kills));
     if (c.pressure) {
-      e.Gauge("engram_memory_cgroup_pressure_some_avg10",
-              "Percent of the last 10 s some of the cgroup's tasks stalled on memory", {},
-              c.pressure->some.avg10);
+      // PSI gives a percent; metrics give ratios (0-1).
+      e.Gauge("engram_memory_cgroup_pressure_some_ratio",
+              "Share (0-1) of the last 10 s some of the cgroup's tasks stalled on memory", {},
+              c.pressure->some.avg10 / 100);
       e.Counter("engram_memory_cgroup_pressure_some_seconds_total",
                 "Time some of the cgroup's tasks stalled on memory", {},
                 double(c.pressure->some.total_us) / 1e6);
     }
   }
   if (r.system) {
-    e.Gauge("engram_memory_system_pressure_some_avg10",
-            "Percent of the last 10 s some tasks of the system stalled on memory", {},
-            r.system->some.avg10);
+    e.Gauge("engram_memory_system_pressure_some_ratio",
+            "Share (0-1) of the last 10 s some tasks of the system stalled on memory", {},
+            r.system->some.avg10 / 100);
     e.Counter("engram_memory_system_pressure_some_seconds_total",
               "Time some tasks of the system stalled on memory", {},
               double(r.system->some.total_us) / 1e6);

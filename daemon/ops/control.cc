@@ -68,8 +68,9 @@ Control::Control(ServerView* server)
 Control::~Control() = default;
 
 void Control::Configure(const MetricsOptions& metrics, const std::string& log_level,
-                        const std::string& version) {
+                        const std::string& version, std::unique_ptr<metrics::HttpListener> http) {
   metrics_ = metrics;
+  http_ = std::move(http);
   log_level_ = log_level;
   version_ = version;
   watchdog_.set_textfile(metrics.textfile_dir, metrics.textfile_interval_s);
@@ -221,20 +222,30 @@ absl::StatusOr<std::optional<std::string>> Control::Run(const std::shared_ptr<Se
         } else {
           Answer(*session, request_id, finish(*result));
         }
-      }};
+      },
+      .metrics_text = [this] { return MetricsText(); }};
   CommandResult result = spec->run(context);
   if (!result.ok()) return result.status();
   if (!result->has_value()) return std::optional<std::string>();
   return std::optional<std::string>(finish(**result));
 }
 
-std::string Control::MetricsText() const { return RenderMetrics(*server_, version_); }
+std::string Control::MetricsText() const { return RenderMetrics(*server_, version_, clients_); }
+
+metrics::Health Control::Health() const {
+  if (stopping_.load() || server_->draining()) {
+    return {.ok = false, .reason = "stopping: finishing requests in flight"};
+  }
+  return {.ok = true};
+}
 
 void Control::Start() {
-  if (metrics_.http_port != 0) {
-    auto l = metrics::HttpListener::Start(metrics_.http_address,
-                                          static_cast<uint16_t>(metrics_.http_port),
-                                          [this] { return MetricsText(); });
+  if (http_ != nullptr) {
+    http_->SetHandlers([this] { return MetricsText(); }, [this] { return Health(); });
+  } else if (metrics_.http_port != 0) {
+    auto l = metrics::HttpListener::Start(
+        metrics_.http_address, static_cast<uint16_t>(metrics_.http_port),
+        [this] { return MetricsText(); }, [this] { return Health(); });
     if (l.ok()) {
       http_ = std::move(*l);
       log::Info("metrics on http://{}:{}/metrics", metrics_.http_address, http_->port());

@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/log.h"
 #include "daemon/ops/metrics.h"
+#include "daemon/ops/metrics_text.h"
 #include "daemon/ops/page_cache.h"
 #include "daemon/ops/reload.h"
 #include "daemon/ops/server_view.h"
@@ -45,12 +47,20 @@ class Control {
   // The whole Prometheus exposition. Thread-safe.
   std::string MetricsText() const;
 
-  // The metrics options and log level in force; called before Server::Run.
+  // The metrics options and log level in force; called before Server::Run. `http`: the metrics
+  // listener the start already opened (it answered /healthz with 503 while the tables opened),
+  // or null to open one in Start() if the options ask for it.
   void Configure(const MetricsOptions& metrics, const std::string& log_level,
-                 const std::string& version);
+                 const std::string& version,
+                 std::unique_ptr<metrics::HttpListener> http = nullptr);
   // Starts what the metrics options ask for (HTTP listener) and tells systemd the daemon is
   // ready. Called once from Server::Run before serving.
   void Start();
+  // What GET /healthz answers: ok while serving, the reason while stopping. Thread-safe.
+  metrics::Health Health() const;
+  // A session ends (before it leaves the server's list): its counts stay in its client name's
+  // series.
+  void SessionClosed(const Session& session) { clients_.Retire(session); }
   // Control loop: how long it may sleep (ms, -1 forever) and the periodic work.
   int WaitMs() const { return watchdog_.WaitMs(); }
   void Tick() { watchdog_.Tick(); }
@@ -59,8 +69,14 @@ class Control {
   void SetReloader(std::function<absl::StatusOr<ReloadedConfig>()> reloader) {
     reloader_ = std::move(reloader);
   }
-  // Stopping: tells systemd.
-  void Stopping() { watchdog_.Stopping(); }
+  // Stopping: tells systemd; /healthz answers 503 from here on.
+  void Stopping() {
+    stopping_.store(true);
+    watchdog_.Stopping();
+  }
+  // Requests drained, sessions about to close: the metrics textfile, if configured, is written a
+  // last time (with engram_up 0), so that node-exporter does not go on showing a serving daemon.
+  void Stopped() { watchdog_.WriteTextfile(); }
 
  private:
   absl::StatusOr<std::optional<std::string>> Run(const std::shared_ptr<Session>& session,
@@ -81,6 +97,8 @@ class Control {
   MetricsOptions metrics_;
   std::string log_level_ = "info";
   std::string version_ = "unknown";
+  mutable ClientSeries clients_;  // before http_: the listener's thread renders them
+  std::atomic<bool> stopping_{false};
   std::unique_ptr<metrics::HttpListener> http_;
   Watchdog watchdog_;
   struct Refusals {

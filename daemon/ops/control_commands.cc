@@ -166,7 +166,7 @@ CommandResult Clients(CommandContext& c) {
 }
 
 CommandResult Metrics(CommandContext& c) {
-  return json{{"text", RenderMetrics(c.server, c.version)}};
+  return json{{"text", c.metrics_text()}};
 }
 
 absl::StatusOr<const Table*> FindTable(CommandContext& c) {

@@ -28,6 +28,8 @@ struct CommandContext {
   PageCacheWorker& worker;
   // For a command that answers later (from the worker): sends the reply of this request.
   std::function<void(absl::StatusOr<nlohmann::json>)> reply_later;
+  // The whole Prometheus exposition (Control::MetricsText).
+  std::function<std::string()> metrics_text;
 };
 
 // A command's answer: the reply object, or nullopt when reply_later will send it.

@@ -1,12 +1,15 @@
-// Prometheus exposition, loopback HTTP listener and textfile writer (metrics.h).
+// Prometheus exposition, process_* metrics, loopback HTTP listener and textfile writer
+// (metrics.h).
 #include "daemon/ops/metrics.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,8 +17,15 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace engram::metrics {
 namespace {
@@ -78,15 +88,14 @@ void Exposition::Counter(const std::string& name, const std::string& help, const
 
 void Exposition::Log2Histogram(const std::string& name, const std::string& help,
                                const Labels& labels, const uint64_t* buckets, size_t num_buckets,
-                               uint64_t sum_ns) {
+                               uint64_t sum_ns, const Log2Edges& edges) {
   Family& f = Get(name, help, "histogram");
-  // Buckets below 1 µs fold into the first edge; above ~17 s into +Inf.
-  constexpr size_t kFirst = 9, kLast = 34;
+  // Edge 2^k ns holds every bucket below it: buckets i < k (bucket i ends at 2^(i+1) ns).
   uint64_t cumulative = 0;
   size_t i = 0;
-  for (size_t edge = kFirst; edge <= kLast; ++edge) {
-    for (; i < num_buckets && i <= edge; ++i) cumulative += buckets[i];
-    const double le = std::ldexp(1.0, int(edge) + 1) / 1e9;
+  for (int edge = edges.first_log2; edge <= edges.last_log2; edge += edges.step) {
+    for (; i < num_buckets && int(i) < edge; ++i) cumulative += buckets[i];
+    const double le = std::ldexp(1.0, edge) / 1e9;
     f.samples.push_back(name + "_bucket" + RenderLabels(labels, "le", absl::StrFormat("%.9g", le)) +
                         " " + Number(double(cumulative)));
   }
@@ -108,13 +117,79 @@ std::string Exposition::Text() const {
 }
 
 namespace {
+
+// The whole of a small /proc file, or nullopt.
+std::optional<std::string> ReadProcFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// /proc/stat's btime: when the machine booted, in seconds since the epoch.
+std::optional<uint64_t> BootTime(const std::string& proc) {
+  std::optional<std::string> stat = ReadProcFile(proc + "/stat");
+  if (!stat) return std::nullopt;
+  for (absl::string_view line : absl::StrSplit(*stat, '\n')) {
+    uint64_t v;
+    if (absl::ConsumePrefix(&line, "btime ") && absl::SimpleAtoi(line, &v)) return v;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void AppendProcessMetrics(Exposition& e, const std::string& proc) {
+  const double ticks = double(sysconf(_SC_CLK_TCK));
+  const double page = double(sysconf(_SC_PAGESIZE));
+  // /proc/self/stat: the fields after the command's closing parenthesis (which the command
+  // itself may contain) start with field 3, the state.
+  std::optional<std::string> stat = ReadProcFile(proc + "/self/stat");
+  const size_t paren = stat ? stat->rfind(')') : std::string::npos;
+  if (paren != std::string::npos) {
+    const std::vector<std::string> f = absl::StrSplit(stat->substr(paren + 2), ' ');
+    // Field n of proc(5) is f[n - 3]: utime 14, stime 15, starttime 22, vsize 23, rss 24.
+    uint64_t utime, stime, start, vsize;
+    int64_t rss;
+    if (f.size() > 21 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime) &&
+        absl::SimpleAtoi(f[19], &start) && absl::SimpleAtoi(f[20], &vsize) &&
+        absl::SimpleAtoi(f[21], &rss)) {
+      e.Counter("process_cpu_seconds_total", "User and system CPU time spent in seconds", {},
+                double(utime + stime) / ticks);
+      e.Gauge("process_resident_memory_bytes", "Resident memory size in bytes", {},
+              double(std::max<int64_t>(rss, 0)) * page);
+      e.Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes", {}, double(vsize));
+      if (std::optional<uint64_t> boot = BootTime(proc)) {
+        e.Gauge("process_start_time_seconds",
+                "Start time of the process since the epoch, in seconds", {},
+                double(*boot) + double(start) / ticks);
+      }
+    }
+  }
+  if (DIR* d = opendir((proc + "/self/fd").c_str()); d != nullptr) {
+    uint64_t open = 0;
+    while (const dirent* entry = readdir(d)) open += entry->d_name[0] != '.' ? 1 : 0;
+    closedir(d);
+    e.Gauge("process_open_fds", "Open file descriptors", {}, double(open - 1));  // the DIR's own
+  }
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    e.Gauge("process_max_fds", "Most file descriptors the process may open", {},
+            nofile.rlim_cur == RLIM_INFINITY ? std::numeric_limits<double>::infinity()
+                                             : double(nofile.rlim_cur));
+  }
+}
+
+namespace {
 // Connections the kernel holds for accept: a flood fills this instead of making a scraper's
 // SYN wait for a retransmission.
 constexpr int kListenBacklog = 1024;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
-    const std::string& address, uint16_t port, std::function<std::string()> render) {
+    const std::string& address, uint16_t port, std::function<std::string()> render,
+    std::function<Health()> health) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
@@ -126,6 +201,7 @@ absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
   }
   std::unique_ptr<HttpListener> l(new HttpListener());
   l->render_ = std::move(render);
+  l->health_ = std::move(health);
   l->fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   const int one = 1;
   if (l->fd_ >= 0) setsockopt(l->fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -145,6 +221,13 @@ absl::StatusOr<std::unique_ptr<HttpListener>> HttpListener::Start(
   l->stop_fd_ = eventfd(0, EFD_CLOEXEC);
   l->thread_ = std::thread([p = l.get()] { p->Loop(); });
   return l;
+}
+
+void HttpListener::SetHandlers(std::function<std::string()> render,
+                               std::function<Health()> health) {
+  std::lock_guard lock(handlers_mu_);
+  render_ = std::move(render);
+  health_ = std::move(health);
 }
 
 HttpListener::~HttpListener() {
@@ -180,21 +263,32 @@ uint64_t MonotonicNs() {
   return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
 }
 
-std::string HttpAnswer(const std::string& request, const std::function<std::string()>& render) {
+bool IsGet(const std::string& request, const char* path) {
+  const std::string prefix = std::string("GET ") + path;
+  return request.rfind(prefix + " ", 0) == 0 || request.rfind(prefix + "?", 0) == 0;
+}
+
+std::string HttpAnswer(const std::string& request, const std::function<std::string()>& render,
+                       const std::function<Health()>& health) {
   std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-  if (request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0) {
-    try {
+  try {  // the listener's thread must not end the daemon
+    if (IsGet(request, "/metrics")) {
       body = render();
-    } catch (const std::exception& e) {  // the listener's thread must not end the daemon
-      status = "500 Internal Server Error";
-      body = absl::StrFormat("cannot render the metrics: %s\n", e.what());
+    } else if (IsGet(request, "/healthz")) {
+      type = "text/plain; charset=utf-8";
+      const Health h = health();
+      if (!h.ok) status = "503 Service Unavailable";
+      body = (h.ok ? std::string("ok") : h.reason) + "\n";
+    } else if (request.rfind("GET ", 0) == 0) {
+      status = "404 Not Found";
+      body = "engramd serves only /metrics and /healthz here\n";
+    } else {
+      status = "405 Method Not Allowed";
+      body = "only GET /metrics and GET /healthz\n";
     }
-  } else if (request.rfind("GET ", 0) == 0) {
-    status = "404 Not Found";
-    body = "engramd serves only /metrics here\n";
-  } else {
-    status = "405 Method Not Allowed";
-    body = "only GET /metrics\n";
+  } catch (const std::exception& e) {
+    status = "500 Internal Server Error";
+    body = absl::StrFormat("cannot answer: %s\n", e.what());
   }
   return absl::StrFormat(
              "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %u\r\nConnection: close\r\n\r\n",
@@ -278,7 +372,14 @@ void HttpListener::Serve(Connection& c) {
     if (n > 0 && c.in.find("\r\n\r\n") == std::string::npos && c.in.size() < kMaxRequestBytes) {
       return;
     }
-    c.out = HttpAnswer(c.in, render_);
+    std::function<std::string()> render;
+    std::function<Health()> health;
+    {
+      std::lock_guard lock(handlers_mu_);
+      render = render_;
+      health = health_;
+    }
+    c.out = HttpAnswer(c.in, render, health);
   }
   const ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;

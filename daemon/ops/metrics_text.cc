@@ -1,6 +1,7 @@
 // The engram_* metrics families (metrics_text.h).
 #include "daemon/ops/metrics_text.h"
 
+#include <algorithm>
 #include <string_view>
 
 #include "absl/strings/str_format.h"
@@ -59,26 +60,97 @@ void AddCounterSample(const SessionCounterInfo& c, metrics::Labels labels, doubl
   }
 }
 
-void AddSession(const Session& session, metrics::Exposition& e) {
-  // The client chose its name: EscapeLabel escapes it once, as it writes the label; bytes that
-  // are not UTF-8 (which a label cannot hold) are also given exactly in client_hex.
-  metrics::Labels l = {{"client", session.name().empty() ? "-" : Utf8Text(session.name())},
-                       {"session", std::to_string(session.id())}};
-  if (!IsValidUtf8(session.name())) l.emplace_back("client_hex", HexBytes(session.name()));
-  session.ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) {
-    if (*c.metric != '\0') AddCounterSample(c, l, double(v), e);
-  });
-  const Session::Counters& c = session.counters;
-  uint64_t buckets[64];
-  for (size_t i = 0; i < 64; ++i) buckets[i] = c.latency_log2[i].load();
-  e.Log2Histogram("engram_client_request_duration_seconds",
-                  "Service time of a client's requests in the daemon", l, buckets, 64,
-                  c.latency_sum_ns.load());
+// The labels of a client name's series: the name escaped once (EscapeLabel, as it writes the
+// label); bytes that are not UTF-8, which a label cannot hold, are also given in client_hex.
+metrics::Labels ClientLabels(const std::string& name) {
+  metrics::Labels l = {{"client", name.empty() ? "-" : Utf8Text(name)}};
+  if (!IsValidUtf8(name)) l.emplace_back("client_hex", HexBytes(name));
+  return l;
 }
 
 }  // namespace
 
-std::string RenderMetrics(const ServerView& server, const std::string& version) {
+ClientSeries::Totals& ClientSeries::SeriesOf(const std::string& name) {
+  if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
+  if (by_name_.size() < max_names_) {
+    Totals& t = by_name_[name];
+    t.labels = ClientLabels(name);
+    return t;
+  }
+  if (other_ == nullptr) {
+    other_ = std::make_unique<Totals>();
+    other_->labels = {{"client", "other"}};
+  }
+  return *other_;
+}
+
+void ClientSeries::Add(const Session& session, Totals* totals) {
+  const bool first = infos_.empty();
+  size_t i = 0;
+  session.ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) {
+    if (first) infos_.push_back(c);  // the same entries, in the same order, for every session
+    if (totals->counters.size() <= i) totals->counters.resize(i + 1);
+    if (c.grows) totals->counters[i] += v;
+    ++i;
+  });
+  for (size_t b = 0; b < 64; ++b) totals->latency[b] += session.counters.latency_log2[b].load();
+  totals->latency_sum_ns += session.counters.latency_sum_ns.load();
+}
+
+void ClientSeries::Retire(const Session& session) {
+  std::lock_guard lock(mu_);
+  Add(session, &SeriesOf(session.name()));
+  if (retired_ids_.size() >= 4096) retired_ids_.clear();
+  retired_ids_.insert(session.id());
+}
+
+void ClientSeries::Append(const ServerView& server, metrics::Exposition& e) {
+  std::lock_guard lock(mu_);
+  std::vector<std::shared_ptr<Session>> live = server.Sessions();
+  // In the order they connected: a name new to the series gets one of its own while fewer than
+  // max_names_ have one, so the names that came first keep theirs.
+  std::sort(live.begin(), live.end(),
+            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  // Every name's ended sessions, plus its live ones; the live ones' gauges (requests in flight).
+  std::map<const Totals*, Totals> now;
+  std::map<const Totals*, std::vector<uint64_t>> gauges;
+  std::unordered_set<uint64_t> seen;
+  for (const auto& session : live) {
+    seen.insert(session->id());
+    Totals& series = SeriesOf(session->name());
+    const auto it = now.try_emplace(&series, series).first;
+    std::vector<uint64_t>& g = gauges[&series];
+    size_t i = 0;
+    session->ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) {
+      if (g.size() <= i) g.resize(i + 1);
+      if (!c.grows) g[i] += v;
+      ++i;
+    });
+    if (retired_ids_.count(session->id()) == 0) Add(*session, &it->second);
+  }
+  std::erase_if(retired_ids_, [&](uint64_t id) { return seen.count(id) == 0; });
+  std::vector<const Totals*> all;
+  for (const auto& [name, t] : by_name_) all.push_back(&t);
+  if (other_ != nullptr) all.push_back(other_.get());
+  for (const Totals* series : all) {
+    const auto at = now.find(series);
+    const Totals& t = at != now.end() ? at->second : *series;
+    const std::vector<uint64_t>* g = gauges.count(series) != 0 ? &gauges[series] : nullptr;
+    size_t i = 0;
+    for (const SessionCounterInfo& c : infos_) {
+      const uint64_t v = c.grows ? (i < t.counters.size() ? t.counters[i] : 0)
+                                 : (g != nullptr && i < g->size() ? (*g)[i] : 0);
+      if (*c.metric != '\0') AddCounterSample(c, t.labels, double(v), e);
+      ++i;
+    }
+    e.Log2Histogram("engram_client_request_duration_seconds",
+                    "Service time of the requests of a client name's sessions in the daemon",
+                    t.labels, t.latency, 64, t.latency_sum_ns, metrics::kClientEdges);
+  }
+}
+
+std::string RenderMetrics(const ServerView& server, const std::string& version,
+                          ClientSeries& clients) {
   metrics::Exposition e;
   e.Gauge("engram_up", "1 while engramd serves", {}, server.draining() ? 0 : 1);
   e.Gauge("engram_build_info", "engramd version and protocol",
@@ -99,9 +171,10 @@ std::string RenderMetrics(const ServerView& server, const std::string& version) 
   e.Counter("engram_poller_pace_windows_caught_total",
             "Pace windows the expected burst of requests came in", {},
             double(server.pace_windows_caught()));
-  for (const auto& session : sessions) AddSession(*session, e);
+  clients.Append(server, e);
   server.AddStoreMetrics(&e);
   AppendMemoryMetrics(e, ReadMemoryReport(), server.config().memory_plan);
+  metrics::AppendProcessMetrics(e);
   return e.Text();
 }
 

@@ -64,10 +64,15 @@ void Watchdog::Tick() {
   }
   if (!textfile_dir_.empty() &&
       now - last_textfile_ns_ >= uint64_t{textfile_interval_s_} * 1'000'000'000) {
-    last_textfile_ns_ = now;
-    if (absl::Status st = metrics::WriteTextfile(textfile_dir_, render_metrics_()); !st.ok()) {
-      log::Warning("{}", std::string(st.message()));
-    }
+    WriteTextfile();
+  }
+}
+
+void Watchdog::WriteTextfile() {
+  if (textfile_dir_.empty()) return;
+  last_textfile_ns_ = NowNs();
+  if (absl::Status st = metrics::WriteTextfile(textfile_dir_, render_metrics_()); !st.ok()) {
+    log::Warning("{}", std::string(st.message()));
   }
 }
 

@@ -27,6 +27,8 @@ class Watchdog {
   void Reloading();
   void Reloaded();
   void Stopping();
+  // Writes the metrics textfile now, if one is configured (Tick writes it every interval).
+  void WriteTextfile();
   uint64_t interval_ns() const { return watchdog_ns_; }
   // The textfile settings (SIGHUP may change them).
   void set_textfile(const std::string& dir, uint32_t interval_s) {

@@ -129,8 +129,7 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
 }
 
 void RowStore::AddMetrics(metrics::Exposition* e) const {
-  e->Gauge("engram_store_budget_bytes", "The row store's share of memory.budget (0: unbounded)", {},
-           double(budget_.budget()));
+  // The row store's share of the budget is engram_memory_budget_split_bytes{piece="store"}.
   e->Gauge("engram_store_bytes", "Bytes the row store holds (resident tables and cache)", {},
            double(budget_.used()));
   for (const TableStoreStats& s : Stats()) {

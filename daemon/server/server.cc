@@ -420,6 +420,7 @@ absl::Status Server::Shutdown() {
                           inflight_total_.load(), config_.drain_timeout_ns / 1'000'000'000));
     }
   }
+  control_->Stopped();  // the last metrics textfile, with engram_up 0
   // Clients reading in place stop with the sessions: every table withdrawn, then the
   // liveness word marked as the thread holding it ends.
   table_states_.reset();
@@ -678,6 +679,7 @@ void Server::Disconnect(const std::shared_ptr<Session>& session, const char* why
   log::Info("{} {}; {} request(s) in flight finish first", session->Describe(), why,
             session->inflight.load());
   session->set_closing();
+  control_->SessionClosed(*session);  // before it leaves the list: the metrics keep its counts
   epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, session->socket_fd(), nullptr);
   epoll_ctl(poller_epoll_.get(), EPOLL_CTL_DEL, session->doorbell_fd(), nullptr);
   total_arena_bytes_ -= session->arena().bytes();

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "daemon/ops/config_file.h"
 
 namespace engram {
@@ -94,6 +95,13 @@ TEST_CASE("a cgroup v2 memory controller is read with its limits, events and pre
   CHECK(text.find("engram_memory_cgroup_current_bytes 1048576\n") != std::string::npos);
   CHECK(text.find("engram_memory_cgroup_high_bytes +Inf\n") != std::string::npos);
   CHECK(text.find("engram_memory_cgroup_high_events_total 7\n") != std::string::npos);
+  // PSI's percent becomes a ratio: 1.50 % is 0.015.
+  CHECK(text.find("engram_memory_cgroup_pressure_some_ratio 0.015\n") != std::string::npos);
+  CHECK(text.find("avg10") == std::string::npos);
+  // The budget comes once: the whole, and its split (the row store's share is piece="store").
+  CHECK(text.find("engram_memory_budget_bytes 25769803776\n") != std::string::npos);
+  CHECK(text.find(absl::StrFormat("engram_memory_budget_split_bytes{piece=\"store\"} %u\n",
+                                  plan.store)) != std::string::npos);
 }
 
 TEST_CASE("the legacy v1 memory controller is read where the unified hierarchy has none") {

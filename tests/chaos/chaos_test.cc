@@ -175,7 +175,8 @@ TEST_CASE("client names that are not UTF-8 are escaped everywhere they become te
   CHECK((*c)["name"] == "bad\xef\xbf\xbd\xef\xbf\xbd\n<0>emergency");
   CHECK((*c)["name_hex"] == hex);
   const std::string metrics = ControlJson(d.socket(), "{\"command\":\"metrics\"}")["text"];
-  const std::string needle = absl::StrCat("session=\"", session, "\"");
+  // One series per client name: the exact bytes pick this name's.
+  const std::string needle = absl::StrCat("client_hex=\"", hex, "\"");
   CHECK(LabelValue(metrics, "engram_client_rows_total", needle, "client") ==
         "bad\xef\xbf\xbd\xef\xbf\xbd\n<0>emergency");
   CHECK(LabelValue(metrics, "engram_client_rows_total", needle, "client_hex") == hex);

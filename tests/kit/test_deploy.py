@@ -165,3 +165,13 @@ def test_operations_md_lists_the_kit():
         if path.is_file() and path.name != "meson.build":
             installed = "/usr/share/engramd/" + str(path.relative_to(DEPLOY))
             assert installed in text, installed
+
+
+def test_no_per_session_labels_or_retired_names():
+    """Per-client series are keyed by the client name only (a session label would multiply them
+    on every reconnect); shares are ratios; the row store's budget is the split's piece."""
+    exprs = [e for _, e in dashboard_exprs()[1]] + [r["expr"] for r in alert_rules()]
+    for expr in exprs:
+        assert "session" not in expr, expr
+        assert "avg10" not in expr, expr
+        assert "engram_store_budget_bytes" not in expr, expr

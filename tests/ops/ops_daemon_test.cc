@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <thread>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -318,10 +319,10 @@ TEST_CASE("engramctl rows prints and writes rows as served") {
   CHECK(oob.err.find("20000") != std::string::npos);
 }
 
-// Gathers `n` rows of layer 14 (each twice) through a session named "ops-test", left open.
-engram_session* GatherSome(uint64_t n) {
+// Gathers `n` rows of layer 14 (each twice) through a session named `name`, left open.
+engram_session* GatherSome(uint64_t n, const char* name = "ops-test") {
   engram_connect_options o = F().daemon->Options();
-  o.client_name = "ops-test";
+  o.client_name = name;
   engram_session* s = nullptr;
   REQUIRE(engram_connect(&o, &s) == 0);
   void* ids;
@@ -467,7 +468,7 @@ TEST_CASE("every session counter of the list shows in stats, clients, metrics an
   const size_t at = text.find("session " + id.dump() + " '");
   REQUIRE(at != std::string::npos);
   const std::string block = text.substr(at, text.find("\nsession ", at + 1) - at);
-  const std::string labels = absl::StrFormat("client=\"ops-test\",session=\"%u\"", st.session_id);
+  const std::string labels = "client=\"ops-test\"";
   for (const ListedCounter& c : DaemonSessionCounters()) {
     INFO(c.field);
     CHECK(stats.contains(c.field));
@@ -561,7 +562,7 @@ std::string HttpGet(uint16_t port, const std::string& path) {
 }
 
 TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
-  engram_session* s = GatherSome(100);
+  engram_session* s = GatherSome(100, "ops-scrape");
   const std::string http = HttpGet(F().port, "/metrics");
   REQUIRE(http.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
   CHECK(http.find("Content-Type: text/plain; version=0.0.4") != std::string::npos);
@@ -574,7 +575,7 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
   CHECK(m.types.at("engram_gather_fixed_reads_total") == "counter");
   for (const auto& [name, type] : m.types) {
     INFO(name << " " << type);
-    CHECK(name.rfind("engram_", 0) == 0);
+    CHECK((name.rfind("engram_", 0) == 0 || name.rfind("process_", 0) == 0));
     if (type == "counter") CHECK(name.size() > 6);
     if (type == "counter") CHECK(name.compare(name.size() - 6, 6, "_total") == 0);
     if (type == "histogram") CHECK(name.compare(name.size() - 8, 8, "_seconds") == 0);
@@ -591,7 +592,7 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
   CHECK(last == m.samples.at("engram_gather_batch_duration_seconds_count{table=\"14\"}"));
   bool client_rows = false;
   for (const auto& [key, value] : m.samples) {
-    if (key.rfind("engram_client_rows_total{client=\"ops-test\"", 0) == 0 && value == 200) {
+    if (key == "engram_client_rows_total{client=\"ops-scrape\"}" && value == 200) {
       client_rows = true;
     }
   }
@@ -609,8 +610,7 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
     if (status[i].rows == 200) service_ns = status[i].service_ns;
   }
   REQUIRE(service_ns > 0);
-  const std::string labels =
-      absl::StrFormat("{client=\"ops-test\",session=\"%u\"}", header->session_id);
+  const std::string labels = "{client=\"ops-scrape\"}";
   CHECK(m.samples.at("engram_client_request_duration_seconds_count" + labels) == 1);
   CHECK(m.samples.at("engram_client_request_duration_seconds_sum" + labels) ==
         Approx(double(service_ns) / 1e9).epsilon(1e-6));
@@ -624,12 +624,140 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
   engram_close(s);
 }
 
+// The sample of `family` with exactly `labels` ("" for none), or -1 when absent.
+double Sample(const Scrape& m, const std::string& family, const std::string& labels) {
+  const auto it = m.samples.find(family + (labels.empty() ? "" : "{" + labels + "}"));
+  return it == m.samples.end() ? -1 : it->second;
+}
+
+Scrape ScrapeOf(const std::string& socket) {
+  Result r = Sh(Engramctl() + " metrics --socket " + socket);
+  REQUIRE(r.code == 0);
+  return Parse(r.out);
+}
+
+TEST_CASE("per-client series are one set per client name, kept across sessions and reconnects") {
+  const std::string agg = "client=\"ops-agg\"";
+  engram_session* a = GatherSome(10, "ops-agg");
+  engram_session* b = GatherSome(10, "ops-agg");
+  Scrape m = ScrapeOf(F().daemon->socket());
+  CHECK(Sample(m, "engram_client_rows_total", agg) == 40);
+  CHECK(Sample(m, "engram_client_requests_in_flight", agg) == 0);
+  CHECK(Sample(m, "engram_client_request_duration_seconds_count", agg) == 2);
+  // 10 edges a factor of 4 apart, 4.096 µs to 1.07 s, then +Inf.
+  int buckets = 0;
+  for (const auto& [key, value] : m.samples) {
+    buckets += key.rfind("engram_client_request_duration_seconds_bucket{" + agg + ",le=", 0) == 0;
+  }
+  CHECK(buckets == 11);
+  CHECK(Sample(m, "engram_client_request_duration_seconds_bucket", agg + ",le=\"4.096e-06\"") >= 0);
+  CHECK(Sample(m, "engram_client_request_duration_seconds_bucket", agg + ",le=\"1.07374182\"") ==
+        2);
+  // A session that ends leaves its counts in its name's series; a reconnect adds to them.
+  engram_close(a);
+  engram_close(b);
+  engram_session* c = GatherSome(10, "ops-agg");
+  m = ScrapeOf(F().daemon->socket());
+  CHECK(Sample(m, "engram_client_rows_total", agg) == 60);
+  CHECK(Sample(m, "engram_client_requests_total", agg + ",result=\"ok\"") == 3);
+  CHECK(Sample(m, "engram_client_request_duration_seconds_count", agg) == 3);
+  // No per-session label: the sessions are in engramctl clients.
+  const std::string text = Json("metrics")["text"];
+  CHECK(text.find("session=") == std::string::npos);
+  int sessions = 0;
+  const json clients = Json("clients");  // kept alive for the loop
+  for (const json& e : clients["clients"]) sessions += e["name"] == "ops-agg" ? 1 : 0;
+  CHECK(sessions == 1);
+  engram_close(c);
+}
+
+TEST_CASE("client names past the cap are added up under client=\"other\"") {
+  Daemon d({}, "names");
+  REQUIRE(d.alive());
+  std::vector<engram_session*> sessions;
+  for (int i = 0; i < 40; ++i) {
+    engram_connect_options o = d.Options();
+    const std::string name = absl::StrFormat("name-%02d", i);
+    o.client_name = name.c_str();
+    engram_session* s = nullptr;
+    REQUIRE(engram_connect(&o, &s) == 0);
+    sessions.push_back(s);
+  }
+  Scrape m = ScrapeOf(d.socket());
+  std::set<std::string> clients;
+  for (const auto& [key, value] : m.samples) {
+    if (key.rfind("engram_client_requests_in_flight{", 0) == 0) clients.insert(key);
+  }
+  // 32 names of their own (those of the sessions that connected first), and the rest,
+  // engramctl's included, as one.
+  CHECK(clients.size() == 33);
+  CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"name-00\"") == 0);
+  CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"name-31\"") == 0);
+  CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"name-32\"") == -1);
+  CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"other\"") == 0);
+  for (engram_session* s : sessions) engram_close(s);
+}
+
+TEST_CASE("process_* metrics describe engramd's own process") {
+  Scrape m = Parse(Json("metrics")["text"]);
+  CHECK(m.types.at("process_cpu_seconds_total") == "counter");
+  CHECK(m.samples.at("process_cpu_seconds_total") >= 0);
+  CHECK(m.samples.at("process_resident_memory_bytes") > 1 << 20);
+  CHECK(m.samples.at("process_virtual_memory_bytes") >= m.samples.at("process_resident_memory_bytes"));
+  // engramd holds its sockets, epoll and event fds, table files: more than a handful.
+  CHECK(m.samples.at("process_open_fds") > 5);
+  CHECK(m.samples.at("process_max_fds") > m.samples.at("process_open_fds"));
+  const double now = double(std::chrono::duration_cast<std::chrono::seconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count());
+  const double started = m.samples.at("process_start_time_seconds");
+  CHECK(started <= now + 1);
+  CHECK(started > now - 3600);
+  // Ratios are 0-1, the budget comes once.
+  for (const auto& [name, type] : m.types) {
+    INFO(name);
+    CHECK(name.find("avg10") == std::string::npos);
+    CHECK(name.find("percent") == std::string::npos);
+    CHECK(name != "engram_store_budget_bytes");
+  }
+}
+
+TEST_CASE("/healthz on the metrics port says ok while engramd serves") {
+  const std::string http = HttpGet(F().port, "/healthz");
+  CHECK(http.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(http.substr(http.find("\r\n\r\n") + 4) == "ok\n");
+  CHECK(HttpGet(F().port, "/healthz?verbose=1").rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+}
+
+TEST_CASE("the metrics textfile says engram_up 0 once engramd stops") {
+  const std::string dir = TestDir() + "/textfile";
+  std::filesystem::create_directories(dir);
+  Daemon d({"--metrics-textfile-dir", dir}, "textfile");
+  REQUIRE(d.alive());
+  const std::string prom = dir + "/engramd.prom";
+  auto read = [&] {
+    std::ifstream f(prom);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  for (int i = 0; i < 300 && read().find("engram_up 1\n") == std::string::npos; ++i) usleep(10000);
+  CHECK(read().find("engram_up 1\n") != std::string::npos);
+  const int status = d.Stop(SIGTERM);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const std::string last = read();
+  CHECK(last.find("engram_up 0\n") != std::string::npos);
+  CHECK(last.find("engram_up 1\n") == std::string::npos);
+}
+
 TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
-  // 24 sessions' histograms and counters make the exposition longer than one message.
+  // 24 client names' histograms and counters, with long names, make the exposition longer than
+  // one message.
   std::vector<engram_session*> sessions;
   for (int i = 0; i < 24; ++i) {
     engram_connect_options o = F().daemon->Options();
-    const std::string name = absl::StrFormat("bulk-%02d", i);
+    const std::string name = absl::StrFormat("bulk-%02d-%s", i, std::string(22, 'x'));
     o.client_name = name.c_str();
     engram_session* s = nullptr;
     REQUIRE(engram_connect(&o, &s) == 0);
@@ -642,8 +770,8 @@ TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
   for (int i = 0; i < 24; ++i) {
     bool seen = false;
     for (const auto& [key, value] : m.samples) {
-      const std::string family =
-          absl::StrFormat("engram_client_rows_total{client=\"bulk-%02d\"", i);
+      const std::string family = absl::StrFormat("engram_client_rows_total{client=\"bulk-%02d-%s\"",
+                                                  i, std::string(22, 'x'));
       seen |= key.rfind(family, 0) == 0;
     }
     CHECK(seen);

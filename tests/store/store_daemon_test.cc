@@ -216,7 +216,7 @@ TEST_CASE("the metrics show tiers, store bytes, hits and evictions", "[store]") 
   const Daemon& d = StoreDaemon();
   const std::string text = Ctl(d, "metrics")["text"];
   for (const char* want :
-       {"engram_store_budget_bytes", "engram_store_bytes",
+       {"engram_memory_budget_bytes 0\n", "engram_store_bytes",
         "engram_store_table_info{table=\"1\",tier=\"cache\"}",
         "engram_store_table_info{table=\"14\",tier=\"resident\"}",
         "engram_store_hit_rows_total{table=\"1\"}", "engram_store_all_hit_requests_total",
