@@ -61,7 +61,8 @@ budget=$(((resident_bytes + 32 * 1048576 + others) * 20 / 13 + 1048576))
 daemon_pid=$!
 trap '[[ -n "${daemon_pid:-}" ]] && kill -9 "$daemon_pid" 2>/dev/null || true' EXIT
 for _ in $(seq 400); do
-  [[ -S "$work/engramd.sock" ]] && break
+  # The socket answers "starting" until the tables are open: wait until it serves.
+  "$builddir/tools/engramctl/engramctl" status --socket "$work/engramd.sock" >/dev/null 2>&1 && break
   kill -0 "$daemon_pid" 2>/dev/null || { echo "engramd failed to start"; exit 1; }
   sleep 0.05
 done

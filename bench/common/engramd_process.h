@@ -3,6 +3,7 @@
 // answers.
 #pragma once
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -17,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "engram/protocol.h"
+
 namespace engram::bench {
 
 // $ENGRAMD, else `fallback` (the binary's place in the build tree).
@@ -25,15 +28,29 @@ inline std::string EngramdPath(const std::string& fallback) {
   return env != nullptr && env[0] != '\0' ? env : fallback;
 }
 
-// Whether something accepts connections on the Unix socket `path`.
+// Whether engramd serves on the Unix socket `path`: a starting engramd accepts already and
+// answers every HELLO with UNAVAILABLE. A HELLO of a protocol version no daemon speaks is refused
+// at once either way, without making a session; only a serving one refuses it for the version.
 inline bool SocketAnswers(const std::string& path) {
   const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  engram_msg_hello hello{};
+  hello.header.magic = ENGRAM_MSG_MAGIC;
+  hello.header.type = ENGRAM_MSG_HELLO;
+  hello.header.bytes = sizeof(hello);
+  hello.version_major = 0xffff;
+  ok = ok && send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) == sizeof(hello);
+  pollfd p{.fd = fd, .events = POLLIN};
+  uint8_t reply[512];
+  const ssize_t n = ok && poll(&p, 1, 5000) == 1 ? recv(fd, reply, sizeof(reply), 0) : -1;
   close(fd);
-  return ok;
+  engram_msg_error error{};
+  if (n < static_cast<ssize_t>(sizeof(error))) return false;
+  memcpy(&error, reply, sizeof(error));
+  return error.header.type == ENGRAM_MSG_ERROR && error.code != ENGRAM_STATUS_UNAVAILABLE;
 }
 
 // Starts args[0] with `args` and waits up to `timeout_ms` for `socket` to answer. The child is

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -21,6 +22,7 @@
 #include "daemon/ops/log.h"
 #include "daemon/ops/notify.h"
 #include "daemon/ops/reload.h"
+#include "daemon/ops/starting_gate.h"
 #include "daemon/server/row_store.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_config.h"
@@ -90,6 +92,31 @@ absl::Status WithPlan(const absl::Status& s, const MemoryPlan& plan) {
       s.code(), absl::StrFormat("%s ([memory] budget: %s)", s.message(), DescribeMemoryPlan(plan)));
 }
 
+// Without a budget nothing bounds the row store but [memory] cache and the resident tables'
+// sizes: refuses a store larger than the machine's memory (MemTotal), which would fill it and be
+// OOM-killed, with the numbers. (A budget above MemTotal is refused by PlanMemory.)
+absl::Status CheckStoreFitsMachine(const StoreConfig& store,
+                                   const std::vector<std::unique_ptr<Table>>& tables,
+                                   uint64_t mem_total) {
+  if (store.budget_bytes != 0 || mem_total == 0) return absl::OkStatus();
+  uint64_t resident = 0;
+  bool any_cache = false;
+  for (const auto& t : tables) {
+    const Tier tier = store.TierOf(t->layer_id());
+    if (tier == Tier::kResident) resident += t->data_bytes();
+    any_cache |= tier == Tier::kCache;
+  }
+  const uint64_t cache = any_cache ? store.cache_bytes : 0;
+  if (cache + resident <= mem_total) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "the row store would hold %.2f GiB (%u bytes: row cache [memory] cache %.2f GiB + resident "
+      "tables %.2f GiB) but this machine's memory is MemTotal %.2f GiB (%u bytes): it would be "
+      "OOM-killed before the store is full; lower [memory] cache, move tables to the cache or "
+      "storage tier, or set [memory] budget",
+      double(cache + resident) / (1 << 30), cache + resident, double(cache) / (1 << 30),
+      double(resident) / (1 << 30), double(mem_total) / (1 << 30), mem_total));
+}
+
 // Opens the tables and checks the row store's settings against them: what --check-config and a
 // start both run, so that a configuration one refuses the other refuses too, with the same words.
 absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenChecked(const DaemonSettings& settings) {
@@ -97,6 +124,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenChecked(const DaemonSett
   if (!opened.ok()) return opened.status();
   if (absl::Status s = RowStore::Validate(settings.store, *opened); !s.ok()) {
     return WithPlan(s, settings.server.memory_plan);
+  }
+  if (absl::Status s = CheckStoreFitsMachine(settings.store, *opened, ReadMemTotal().value_or(0));
+      !s.ok()) {
+    return s;
   }
   return opened;
 }
@@ -290,9 +321,73 @@ absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* set
   return ReloadedConfig{.settings = std::move(next), .report = CompareSettings(running, fresh)};
 }
 
-// Starts the gather engine and the server on the opened tables and serves until a signal.
+std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", double(bytes) / (1 << 30)); }
+
+// What the row store is about to build, for the start's progress: "building the row store: row
+// cache up to 48.00 GiB, 1 resident table(s) of 7.50 GiB".
+std::string StoreStep(const StoreConfig& store, const std::vector<std::unique_ptr<Table>>& tables) {
+  uint64_t resident = 0, resident_bytes = 0;
+  bool any_cache = false;
+  for (const auto& t : tables) {
+    const Tier tier = store.TierOf(t->layer_id());
+    resident += tier == Tier::kResident ? 1 : 0;
+    resident_bytes += tier == Tier::kResident ? t->data_bytes() : 0;
+    any_cache |= tier == Tier::kCache;
+  }
+  std::string step = "building the row store:";
+  if (any_cache) {
+    step += store.cache_bytes != 0 ? " row cache up to " + Gib(store.cache_bytes)
+                                   : std::string(" row cache of what the budget leaves");
+  }
+  if (resident != 0) {
+    absl::StrAppendFormat(&step, "%s%u resident table(s) of %s", any_cache ? ", " : " ", resident,
+                          Gib(resident_bytes));
+  }
+  return step;
+}
+
+// The one block an operator reads when engramd starts serving: what it is, what it serves from
+// where, and how much memory and how many threads it took.
+std::string ServingSummary(const ServerConfig& config, const StoreConfig& store_config,
+                           const Server& server, double start_seconds, uint16_t metrics_port) {
+  std::vector<std::string> tables;
+  bool huge = false;
+  for (const auto& t : server.tables()) {
+    const Tier tier = store_config.TierOf(t->layer_id());
+    std::string line = absl::StrFormat("layer %u %s", t->layer_id(), TierName(tier));
+    const RowStore* store = server.row_store();
+    if (const ResidentTable* r = store != nullptr ? store->resident(t->layer_id()) : nullptr) {
+      absl::StrAppendFormat(&line, " (%s, %s pages)", Gib(t->data_bytes()),
+                            r->huge_pages() ? "2 MiB" : "4 KiB");
+      huge |= r->huge_pages();
+    }
+    tables.push_back(line);
+  }
+  const RowStore* store = server.row_store();
+  const std::string cache =
+      store != nullptr && store->cache() != nullptr
+          ? absl::StrFormat("%s (%u rows)", Gib(store->cache()->region_bytes()),
+                            store->cache()->capacity_slots())
+          : "none";
+  const uint32_t cpus = std::thread::hardware_concurrency();
+  return absl::StrFormat(
+      "engramd %s (protocol %u.%u) serving, pid %d, %.1f s after start, on %s: %u table(s): %s; "
+      "row cache %s; memory budget %s; %u gather worker(s), %u request thread(s); huge pages "
+      "%s; metrics %s",
+      ENGRAMD_VERSION, ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR, getpid(), start_seconds,
+      config.socket_path, tables.size(), absl::StrJoin(tables, ", "), cache,
+      config.memory_plan.bounded() ? DescribeMemoryPlan(config.memory_plan)
+                                   : std::string("unbounded"),
+      config.workers != 0 ? config.workers : cpus,
+      config.request_threads != 0 ? config.request_threads : DefaultRequestThreads(cpus),
+      huge ? "in use" : (store_config.huge_pages ? "asked for, none in use" : "off"),
+      metrics_port != 0 ? absl::StrFormat("on port %u", metrics_port) : std::string("off"));
+}
+
+// Starts the gather engine, the row store and the server on the opened tables, takes the socket
+// over from the gate and serves until a signal.
 int Serve(const CommandLine& cl, DaemonSettings* settings,
-          std::vector<std::unique_ptr<Table>> tables) {
+          std::vector<std::unique_ptr<Table>> tables, StartingGate& gate) {
   ServerConfig& config = settings->server;
   if (std::optional<std::string> mismatch =
           BudgetMismatch(ReadMemoryReport().cgroup, config.memory_budget)) {
@@ -301,10 +396,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   if (config.memory_plan.bounded()) {
     log::Info("memory.budget split: {}", DescribeMemoryPlan(config.memory_plan));
   }
-  if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
-    config.listen_fd = fds[0];
-    log::Info("using the socket passed by systemd for {}", config.socket_path);
-  }
+  gate.Step("starting the gather engine");
   absl::StatusOr<std::unique_ptr<GatherEngine>> engine = GatherEngine::Create(
       {.workers = config.workers,
        .direct_bounce_bytes = DirectBounceBytes(config.memory_budget),
@@ -324,11 +416,14 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   }
   std::unique_ptr<RowStore> store;
   if (use_store) {
+    gate.Step(StoreStep(store_config, tables));
     auto created = RowStore::Create(store_config, tables, engine->get(),
                                     [](const std::string& line) { log::Notice("{}", line); });
     if (!created.ok()) return Fail(WithPlan(created.status(), config.memory_plan));
     store = std::move(*created);
   }
+  gate.Step("starting the server");
+  config.listen_fd = gate.TakeSocket();
   absl::StatusOr<std::unique_ptr<Server>> server =
       Server::Create(config, std::move(tables), std::move(*engine));
   if (!server.ok()) return Fail(server.status());
@@ -336,10 +431,34 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
     store->StartLoading(store_config.load_at_start);
     (*server)->SetRowStore(std::move(store));
   }
-  (*server)->control().Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION);
+  std::unique_ptr<metrics::HttpListener> http = gate.TakeHttp();
+  const uint16_t metrics_port = http != nullptr ? http->port() : 0;
+  (*server)->control().Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION,
+                                 std::move(http));
   (*server)->control().SetReloader([&cl, settings] { return Reload(cl, settings); });
+  log::Notice("{}", ServingSummary(config, store_config, **server, gate.Elapsed(), metrics_port));
   if (absl::Status s = (*server)->Run(); !s.ok()) return Fail(s);
   return 0;
+}
+
+// The start: the socket answers "starting" from here on (StartingGate) while the tables open
+// and the row store is built, then Serve hands it to the server.
+int Start(const CommandLine& cl, DaemonSettings* settings) {
+  log::Info("engramd {} (protocol {}.{}) starting, pid {}", ENGRAMD_VERSION, ENGRAM_PROTOCOL_MAJOR,
+            ENGRAM_PROTOCOL_MINOR, getpid());
+  ServerConfig& config = settings->server;
+  if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
+    config.listen_fd = fds[0];
+    log::Info("using the socket passed by systemd for {}", config.socket_path);
+  }
+  absl::StatusOr<std::unique_ptr<StartingGate>> gate =
+      StartingGate::Open(config, settings->metrics, ENGRAMD_VERSION);
+  if (!gate.ok()) return Fail(gate.status());
+  (*gate)->Step(
+      absl::StrFormat("opening and validating %u table source(s)", config.sources.size()));
+  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(*settings);
+  if (!opened.ok()) return Fail(opened.status());
+  return Serve(cl, settings, std::move(*opened), **gate);
 }
 
 int Main(int argc, char** argv) {
@@ -381,13 +500,13 @@ int Main(int argc, char** argv) {
     log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
   }
   BlockSignals();
-  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(settings);
-  if (!opened.ok()) return Fail(opened.status());
   if (check_config) {
+    absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(settings);
+    if (!opened.ok()) return Fail(opened.status());
     PrintCheckedConfig(settings.server, settings.store, config_files, *opened);
     return 0;
   }
-  return Serve(cl, &settings, std::move(*opened));
+  return Start(cl, &settings);
 }
 
 }  // namespace

@@ -199,36 +199,42 @@ absl::Status SetSocketAccess(const std::string& path, mode_t mode, const std::st
 
 }  // namespace
 
+absl::StatusOr<UniqueFd> BindClientSocket(const ServerConfig& config) {
+  const std::string& path = config.socket_path;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket path '%s' is empty or longer than %d bytes", path, sizeof(addr.sun_path) - 1));
+  }
+  memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (absl::Status s = PrepareSocketPath(path, addr); !s.ok()) return s;
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) {
+    return absl::InternalError(absl::StrFormat("socket(AF_UNIX): %s", strerror(errno)));
+  }
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
+  }
+  if (absl::Status s = SetSocketAccess(path, config.socket_mode, config.socket_group); !s.ok()) {
+    return s;
+  }
+  if (listen(fd.get(), 128) < 0) {
+    return absl::InternalError(absl::StrFormat("listen on '%s': %s", path, strerror(errno)));
+  }
+  return fd;
+}
+
 absl::Status Server::Bind() {
-  const std::string& path = config_.socket_path;
   if (config_.listen_fd >= 0) {
     if (absl::Status s = CheckActivatedSocket(config_.listen_fd); !s.ok()) return s;
     listen_fd_.Reset(config_.listen_fd);
     fcntl(listen_fd_.get(), F_SETFL, fcntl(listen_fd_.get(), F_GETFL) | O_NONBLOCK);
   } else {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "socket path '%s' is empty or longer than %d bytes", path, sizeof(addr.sun_path) - 1));
-    }
-    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    if (absl::Status s = PrepareSocketPath(path, addr); !s.ok()) return s;
-    listen_fd_.Reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!listen_fd_.valid()) {
-      return absl::InternalError(absl::StrFormat("socket(AF_UNIX): %s", strerror(errno)));
-    }
-    if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
-    }
-    if (absl::Status s = SetSocketAccess(path, config_.socket_mode, config_.socket_group);
-        !s.ok()) {
-      return s;
-    }
-    if (listen(listen_fd_.get(), 128) < 0) {
-      return absl::InternalError(absl::StrFormat("listen on '%s': %s", path, strerror(errno)));
-    }
+    absl::StatusOr<UniqueFd> fd = BindClientSocket(config_);
+    if (!fd.ok()) return fd.status();
+    listen_fd_ = std::move(*fd);
   }
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagListen}};
   epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);

@@ -39,6 +39,12 @@ namespace engram {
 
 class Control;
 
+// Binds and listens on config.socket_path (socket.mode, socket.group), clearing a stale socket a
+// dead daemon left; refuses a path that is not a socket or where another engramd answers. What
+// Server::Create does without socket activation; engramd's start calls it first, so that the
+// socket answers while the tables open (daemon/ops/starting_gate.h), then hands it over.
+absl::StatusOr<UniqueFd> BindClientSocket(const ServerConfig& config);
+
 class Server : public ServerView {
  public:
   // Binds the socket (refusing to take over one that a live engramd answers on). The tables

@@ -128,8 +128,9 @@ ldd "$work/gather" | grep -Eq "libengram_client.so.0 => (/usr)?/lib/" ||
   fail "the program does not load the installed libengram_client.so.0"
 /usr/sbin/engramd --config "$work/engramd.toml" --log-level warning &
 pid=$!
-for _ in $(seq 200); do [[ -S $work/engramd.sock ]] && break; sleep 0.05; done
-[[ -S $work/engramd.sock ]] || fail "the installed engramd did not start"
+# The socket answers "starting" (exit 3) until the tables are open: wait until it serves.
+for _ in $(seq 200); do engramctl --socket "$work/engramd.sock" status >/dev/null 2>&1 && break; sleep 0.05; done
+engramctl --socket "$work/engramd.sock" status >/dev/null || fail "the installed engramd did not start"
 rows=(0 1 17 4095 19999)
 "$work/gather" "$work/engramd.sock" "${rows[@]}" >"$work/rows.c.bin" || fail "the C program failed"
 engramctl rows 14 "${rows[@]}" --socket "$work/engramd.sock" --out "$work/rows.ctl.bin" \

@@ -42,7 +42,8 @@ start() {
   setpriv "${args[@]}" "$engramd" --model "$work/model" --socket "$sock" --log-level info \
     2>"$work/$3.log" &
   pid=$!
-  for _ in $(seq 600); do [[ -S $sock ]] && return 0; sleep 0.05; done
+  # The socket answers "starting" before the tables are watched: wait until it serves.
+  for _ in $(seq 600); do grep -q "engramd serving " "$work/$3.log" && return 0; sleep 0.05; done
   fail "engramd ($3) did not start"
 }
 stop() {

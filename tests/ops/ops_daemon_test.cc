@@ -751,6 +751,65 @@ TEST_CASE("the metrics textfile says engram_up 0 once engramd stops") {
   CHECK(last.find("engram_up 1\n") == std::string::npos);
 }
 
+// This machine's MemTotal in bytes.
+uint64_t MemTotal() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  while (f >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    f.ignore(1 << 10, '\n');
+  }
+  FAIL("no MemTotal in /proc/meminfo");
+  return 0;
+}
+
+TEST_CASE("a budget or a row cache larger than the machine is refused with the numbers") {
+  const uint64_t twice = 2 * MemTotal();
+  const std::string base = " --model " + Checkpoint() + " --socket " + TestDir() + "/big.sock";
+  Result budget = Sh(EngramdPath() + base + " --memory-budget " + std::to_string(twice) +
+                     " --check-config");
+  CHECK(budget.code == 1);
+  CHECK(budget.err.find(std::to_string(twice) + " bytes") != std::string::npos);
+  CHECK(budget.err.find(std::to_string(MemTotal()) + " bytes") != std::string::npos);
+  // No budget: the row cache's size alone is checked against the machine.
+  Result cache = Sh(EngramdPath() + base + " --tier 1=cache --cache-bytes " +
+                    std::to_string(twice) + " --check-config");
+  CHECK(cache.code == 1);
+  CHECK(cache.err.find("row cache [memory] cache") != std::string::npos);
+  CHECK(cache.err.find(std::to_string(twice) + " bytes") != std::string::npos);
+  CHECK(cache.err.find("MemTotal") != std::string::npos);
+  Result started = Sh("timeout 20 " + EngramdPath() + base + " --tier 1=cache --cache-bytes " +
+                      std::to_string(twice));
+  CHECK(started.code == 1);
+  CHECK(started.err.find("row cache [memory] cache") != std::string::npos);
+}
+
+TEST_CASE("the start log names the version, pid, steps and one summary when serving starts") {
+  const uint16_t port = FreePort();
+  const std::string args = " --model " + Checkpoint() + " --socket " + TestDir() +
+                           "/summary.sock --workers 2 --tier 14=resident --tier 1=cache "
+                           "--cache-bytes 1M --log-level info --metrics-port " +
+                           std::to_string(port);
+  // Serves for a few seconds, then `timeout` stops it with SIGTERM.
+  Result r = Sh("timeout 5 " + EngramdPath() + args);
+  INFO(r.err);
+  CHECK(r.err.find(absl::StrFormat("starting, pid ")) != std::string::npos);
+  CHECK(r.err.find("opening and validating 1 table source(s)") != std::string::npos);
+  CHECK(r.err.find("building the row store: row cache up to 0.00 GiB, 1 resident table(s)") !=
+        std::string::npos);
+  const size_t at = r.err.find(" serving, pid ");
+  REQUIRE(at != std::string::npos);
+  const std::string summary = r.err.substr(at, r.err.find('\n', at) - at);
+  for (const char* part : {"s after start", "2 table(s): layer 1 cache, layer 14 resident (",
+                           "row cache ", "memory budget unbounded", "2 gather worker(s)",
+                           "request thread(s)", "huge pages ", "metrics on port"}) {
+    INFO(part);
+    CHECK(summary.find(part) != std::string::npos);
+  }
+  CHECK(r.err.find("engramd stopped") != std::string::npos);
+}
+
 TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
   // 24 client names' histograms and counters, with long names, make the exposition longer than
   // one message.

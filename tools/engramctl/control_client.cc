@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -93,6 +94,10 @@ int Report(const ControlError& error, bool json) {
   if (json) {
     nlohmann::json j = {
         {"schema_version", 1}, {"error", error.message}, {"exit_code", error.exit_code}};
+    if (!error.starting.empty()) {
+      j["state"] = "starting";
+      j["starting"] = error.starting;
+    }
     printf("%s\n", j.dump(2).c_str());
   } else {
     fprintf(stderr, "engramctl: %s\n", error.message.c_str());
@@ -156,6 +161,17 @@ std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_
   engram_msg_welcome welcome;
   engram::protocol::CodecError error;
   if (!engram::protocol::DecodeWelcome(bytes.data(), bytes.size(), &welcome, &error)) {
+    // engramd answers "engramd is starting: STEP; retry when it serves" until it serves.
+    constexpr std::string_view kStarting = "engramd is starting: ";
+    if (error.code == ENGRAM_STATUS_UNAVAILABLE && error.message.rfind(kStarting, 0) == 0) {
+      std::string step = error.message.substr(kStarting.size());
+      step = step.substr(0, step.find("; retry"));
+      *ret_error = {kExitNotRunning,
+                    absl::StrFormat("engramd on %s is starting, not serving yet: %s", socket_path,
+                                    step),
+                    step};
+      return nullptr;
+    }
     // A peer the daemon does not admit at all stays "cannot tell" (4), as when the socket's
     // file mode keeps it out.
     *ret_error = {kExitUnknown, absl::StrFormat("engramd on %s refused engramctl: %s", socket_path,

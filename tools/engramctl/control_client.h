@@ -14,7 +14,7 @@ namespace engramctl {
 // Exit codes, as systemctl status uses them; and one for a request only administrators may make.
 inline constexpr int kExitRunning = 0;
 inline constexpr int kExitFailed = 1;      // the daemon answered with an error
-inline constexpr int kExitNotRunning = 3;  // no daemon on the socket
+inline constexpr int kExitNotRunning = 3;  // no daemon on the socket, or one still starting
 inline constexpr int kExitUnknown = 4;     // cannot tell: no permission, protocol trouble
 // The daemon refused the request: the caller is not one of its administrators (warm, evict).
 // sysexits.h's EX_NOPERM, so scripts can tell it from a failed request.
@@ -23,6 +23,9 @@ inline constexpr int kExitNotPermitted = 77;
 struct ControlError {
   int exit_code = kExitFailed;
   std::string message;
+  // The daemon is starting and serves nothing yet: the step it is at ("building the row cache
+  // (12 s)"); empty otherwise.
+  std::string starting;
 };
 
 class ControlClient {

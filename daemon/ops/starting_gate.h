@@ -1,0 +1,78 @@
+// engramd between its start and serving: the client socket is bound from the first second and
+// answers every HELLO with a retryable UNAVAILABLE error that names the step in progress
+// ("engramd is starting: building the row cache (12 s); retry when it serves"), so that
+// `engramctl status` says "starting" instead of "not running" and no client is served before
+// the tables are ready. The step is logged when it begins and every 10 s while it lasts, and
+// sent to systemd as STATUS=. The metrics port, if configured, answers /healthz with 503 and the
+// step, and /metrics with engram_up 0. Serve takes the socket and the listener over: a client
+// that connects in between waits in the socket's backlog instead of being refused. Under socket
+// activation the gate does not answer: clients wait in the backlog, as systemd means them to.
+//
+//   auto gate = engram::StartingGate::Open(config, metrics_options, version);
+//   (*gate)->Step("opening the tables");
+//   ...
+//   config.listen_fd = (*gate)->TakeSocket();
+//   control.Configure(metrics_options, level, version, (*gate)->TakeHttp());
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "daemon/ops/config_file.h"
+#include "daemon/ops/metrics.h"
+#include "daemon/server/server_config.h"
+#include "protocol/unique_fd.h"
+
+namespace engram {
+
+class StartingGate {
+ public:
+  // Binds config.socket_path (BindClientSocket), or takes config.listen_fd (socket activation),
+  // and starts answering on its own thread. A metrics port that cannot be opened is logged; the
+  // daemon starts without it, as it would later.
+  static absl::StatusOr<std::unique_ptr<StartingGate>> Open(const ServerConfig& config,
+                                                            const MetricsOptions& metrics,
+                                                            const std::string& version);
+  // Stops answering; unlinks the socket path if the gate bound it (the server does not unlink
+  // a socket it was handed).
+  ~StartingGate();
+
+  // The step in progress ("building the row cache (48.0 GiB)"): logged now and every 10 s while
+  // it lasts, and what a client, engramctl, /healthz and systemd are told.
+  void Step(const std::string& what);
+  // "engramd is starting: <step> (<seconds> s); retry when it serves": what a HELLO is answered.
+  std::string Message() const;
+  // Seconds since Open.
+  double Elapsed() const;
+  // Stops answering and hands over the listening socket (for ServerConfig::listen_fd) and the
+  // metrics listener (null when none). Connections not accepted yet stay queued on the socket.
+  int TakeSocket();
+  std::unique_ptr<metrics::HttpListener> TakeHttp() { return std::move(http_); }
+
+ private:
+  StartingGate() = default;
+  void Loop();
+  void Answer(int fd);
+  void LogProgress(uint64_t now);
+  std::string StartingMetrics() const;
+
+  UniqueFd listen_fd_;
+  UniqueFd stop_fd_;
+  std::string unlink_path_;  // the path the gate bound; empty under socket activation
+  bool answer_ = true;       // false under socket activation
+  std::string version_;
+  uint64_t start_ns_ = 0;
+  mutable std::mutex mu_;  // guards step_ and its times
+  std::string step_ = "opening the tables";
+  uint64_t step_ns_ = 0;
+  uint64_t logged_ns_ = 0;
+  std::unique_ptr<metrics::HttpListener> http_;
+  std::thread thread_;
+};
+
+}  // namespace engram

@@ -1,0 +1,108 @@
+// engramd's start as clients see it (daemon/ops/starting_gate.h): the socket and the metrics port
+// answer from the first second with the step in progress, through the client library, engramctl
+// and /healthz, and the socket is handed over with the connections waiting on it.
+#include "daemon/ops/starting_gate.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tests/common/daemon_test_util.h"
+
+namespace engram::testing {
+namespace {
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+std::string HttpGet(uint16_t port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  REQUIRE(send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+TEST_CASE("while engramd starts, clients, engramctl and /healthz hear the step", "[ops]") {
+  ServerConfig config;
+  config.socket_path = TestDir() + "/gate.sock";
+  MetricsOptions metrics;
+  metrics.http_port = FreePort();
+  auto gate = StartingGate::Open(config, metrics, "9.9.9");
+  REQUIRE(gate.ok());
+  const std::string step = "building the row store: row cache up to 48.00 GiB";
+  (*gate)->Step(step);
+
+  engram_connect_options o;
+  engram_connect_options_init(&o, sizeof(o));
+  o.socket_path = config.socket_path.c_str();
+  engram_session* s = nullptr;
+  CHECK(engram_connect(&o, &s) == -ENOTCONN);
+  const std::string error = engram_last_error();
+  CHECK(error.find("engramd is starting: " + step + " (") != std::string::npos);
+  CHECK(error.find("retry when it serves") != std::string::npos);
+  CHECK_FALSE(SocketAnswers(config.socket_path));
+
+  auto [code, out] = RunCommand(Engramctl() + " status --json --socket " + config.socket_path);
+  CHECK(code == 3);
+  const nlohmann::json j = nlohmann::json::parse(out);
+  CHECK(j["state"] == "starting");
+  CHECK(j["starting"].get<std::string>().rfind(step + " (", 0) == 0);
+  CHECK(j["exit_code"] == 3);
+  auto [text_code, text] =
+      RunCommand(Engramctl() + " status --socket " + config.socket_path + " 2>&1");
+  CHECK(text_code == 3);
+  CHECK(text.find("is starting, not serving yet: " + step) != std::string::npos);
+
+  const std::string health = HttpGet(static_cast<uint16_t>(metrics.http_port), "/healthz");
+  CHECK(health.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0) == 0);
+  CHECK(health.find("engramd is starting: " + step) != std::string::npos);
+  const std::string scrape = HttpGet(static_cast<uint16_t>(metrics.http_port), "/metrics");
+  CHECK(scrape.find("\nengram_up 0\n") != std::string::npos);
+  CHECK(scrape.find("engram_build_info{version=\"9.9.9\"") != std::string::npos);
+  CHECK(scrape.find("\nprocess_open_fds ") != std::string::npos);
+
+  // Handed over: a client that connects now waits in the backlog for the server, unanswered.
+  const int listen_fd = (*gate)->TakeSocket();
+  REQUIRE(listen_fd >= 0);
+  int client = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", config.socket_path.c_str());
+  CHECK(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  pollfd p{.fd = client, .events = POLLIN};
+  CHECK(poll(&p, 1, 300) == 0);
+  const int accepted = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  CHECK(accepted >= 0);
+  close(accepted);
+  close(client);
+  close(listen_fd);
+  // The gate bound the path: it unlinks it when it goes.
+  gate->reset();
+  CHECK_FALSE(std::filesystem::exists(config.socket_path));
+}
+
+}  // namespace
+}  // namespace engram::testing
