@@ -2,7 +2,9 @@
 #include "daemon/ops/starting_gate.h"
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,6 +49,11 @@ absl::StatusOr<std::unique_ptr<StartingGate>> StartingGate::Open(const ServerCon
     gate->unlink_path_ = config.socket_path;
   }
   gate->stop_fd_.Reset(eventfd(0, EFD_CLOEXEC));
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  gate->signal_fd_.Reset(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!gate->listen_fd_.valid() || !gate->stop_fd_.valid()) {
     return absl::InternalError(absl::StrFormat("starting: %s", strerror(errno)));
   }
@@ -80,6 +87,7 @@ int StartingGate::TakeSocket() {
     (void)ignored;
     thread_.join();
   }
+  signal_fd_.Reset();  // from here on the server's signalfd reads them
   return listen_fd_.Release();
 }
 
@@ -129,10 +137,18 @@ void StartingGate::LogProgress(uint64_t now) {
 
 void StartingGate::Loop() {
   while (true) {
-    pollfd fds[2] = {{.fd = answer_ ? listen_fd_.get() : -1, .events = POLLIN},
-                     {.fd = stop_fd_.get(), .events = POLLIN}};
-    if (poll(fds, 2, 1000) < 0 && errno != EINTR) return;
+    pollfd fds[3] = {{.fd = answer_ ? listen_fd_.get() : -1, .events = POLLIN},
+                     {.fd = stop_fd_.get(), .events = POLLIN},
+                     {.fd = signal_fd_.get(), .events = POLLIN}};
+    if (poll(fds, 3, 1000) < 0 && errno != EINTR) return;
     if (fds[1].revents != 0) return;
+    if (signalfd_siginfo info{};
+        fds[2].revents != 0 && read(signal_fd_.get(), &info, sizeof(info)) == sizeof(info)) {
+      std::lock_guard lock(mu_);
+      log::Notice("received {} while starting; stopping once '{}' ends", strsignal(info.ssi_signo),
+                  step_);
+      stop_signal_.store(static_cast<int>(info.ssi_signo));
+    }
     LogProgress(NowNs());
     if (fds[0].revents == 0) continue;
     const int fd = accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);

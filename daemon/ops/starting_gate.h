@@ -3,10 +3,11 @@
 // ("engramd is starting: building the row cache (12 s); retry when it serves"), so that
 // `engramctl status` says "starting" instead of "not running" and no client is served before
 // the tables are ready. The step is logged when it begins and every 10 s while it lasts, and
-// sent to systemd as STATUS=. The metrics port, if configured, answers /healthz with 503 and the
-// step, and /metrics with engram_up 0. Serve takes the socket and the listener over: a client
-// that connects in between waits in the socket's backlog instead of being refused. Under socket
-// activation the gate does not answer: clients wait in the backlog, as systemd means them to.
+// sent to systemd as STATUS=. A SIGTERM while starting stops engramd once the step ends. The
+// metrics port, if configured, answers /healthz with 503 and the step, and /metrics with engram_up
+// 0. Serve takes the socket and the listener over: a client that connects in between waits in the
+// socket's backlog instead of being refused. Under socket activation the gate does not answer:
+// clients wait in the backlog, as systemd means them to.
 //
 //   auto gate = engram::StartingGate::Open(config, metrics_options, version);
 //   (*gate)->Step("opening the tables");
@@ -49,6 +50,10 @@ class StartingGate {
   std::string Message() const;
   // Seconds since Open.
   double Elapsed() const;
+  // SIGTERM or SIGINT came while starting (they must be blocked in every thread, as engramd
+  // does before it opens the gate): the caller stops before serving, at the end of the step in
+  // progress. Once the socket is taken over, they are left to the server's signalfd.
+  bool stop_requested() const { return stop_signal_.load() != 0; }
   // Stops answering and hands over the listening socket (for ServerConfig::listen_fd) and the
   // metrics listener (null when none). Connections not accepted yet stay queued on the socket.
   int TakeSocket();
@@ -63,6 +68,8 @@ class StartingGate {
 
   UniqueFd listen_fd_;
   UniqueFd stop_fd_;
+  UniqueFd signal_fd_;  // SIGTERM and SIGINT while starting
+  std::atomic<int> stop_signal_{0};
   std::string unlink_path_;  // the path the gate bound; empty under socket activation
   bool answer_ = true;       // false under socket activation
   std::string version_;

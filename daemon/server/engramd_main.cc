@@ -321,6 +321,13 @@ absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* set
   return ReloadedConfig{.settings = std::move(next), .report = CompareSettings(running, fresh)};
 }
 
+// A SIGTERM or SIGINT came while starting: engramd stops, as it would once serving.
+int StoppedWhileStarting() {
+  notify::Send("STOPPING=1\nSTATUS=Stopped before serving");
+  log::Notice("engramd stopped before serving");
+  return 0;
+}
+
 std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", double(bytes) / (1 << 30)); }
 
 // What the row store is about to build, for the start's progress: "building the row store: row
@@ -404,6 +411,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
        // missing or failing, unregistrable O_DIRECT buffers.
        .notice = [](const std::string& notice) { log::Notice("gather engine: {}", notice); }});
   if (!engine.ok()) return Fail(engine.status());
+  if (gate.stop_requested()) return StoppedWhileStarting();
   const StoreConfig store_config = settings->store;  // a SIGHUP replaces *settings
   bool use_store = false;
   for (const auto& t : tables) {
@@ -415,7 +423,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
     if (absl::Status s = (*engine)->AddTable(t.get(), table_options); !s.ok()) return Fail(s);
   }
   std::unique_ptr<RowStore> store;
-  if (use_store) {
+  if (use_store && !gate.stop_requested()) {
     gate.Step(StoreStep(store_config, tables));
     auto created = RowStore::Create(store_config, tables, engine->get(),
                                     [](const std::string& line) { log::Notice("{}", line); });
@@ -424,6 +432,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   }
   gate.Step("starting the server");
   config.listen_fd = gate.TakeSocket();
+  if (gate.stop_requested()) return StoppedWhileStarting();
   absl::StatusOr<std::unique_ptr<Server>> server =
       Server::Create(config, std::move(tables), std::move(*engine));
   if (!server.ok()) return Fail(server.status());
@@ -458,6 +467,7 @@ int Start(const CommandLine& cl, DaemonSettings* settings) {
       absl::StrFormat("opening and validating %u table source(s)", config.sources.size()));
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(*settings);
   if (!opened.ok()) return Fail(opened.status());
+  if ((*gate)->stop_requested()) return StoppedWhileStarting();
   return Serve(cl, settings, std::move(*opened), **gate);
 }
 

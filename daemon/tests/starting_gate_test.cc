@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -102,6 +103,31 @@ TEST_CASE("while engramd starts, clients, engramctl and /healthz hear the step",
   // The gate bound the path: it unlinks it when it goes.
   gate->reset();
   CHECK_FALSE(std::filesystem::exists(config.socket_path));
+}
+
+TEST_CASE("a SIGTERM while engramd starts is kept for the end of the step", "[ops]") {
+  // As engramd does before it opens the gate: the signals are read through signalfds.
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  REQUIRE(pthread_sigmask(SIG_BLOCK, &mask, nullptr) == 0);
+  ServerConfig config;
+  config.socket_path = TestDir() + "/gate-term.sock";
+  auto gate = StartingGate::Open(config, MetricsOptions{}, "9.9.9");
+  REQUIRE(gate.ok());
+  CHECK_FALSE((*gate)->stop_requested());
+  REQUIRE(kill(getpid(), SIGTERM) == 0);
+  for (int i = 0; i < 300 && !(*gate)->stop_requested(); ++i) usleep(10'000);
+  CHECK((*gate)->stop_requested());
+  // Taken over, the gate reads no more signals: a later one stays pending for the server.
+  close((*gate)->TakeSocket());
+  REQUIRE(kill(getpid(), SIGINT) == 0);
+  sigset_t pending;
+  sigpending(&pending);
+  CHECK(sigismember(&pending, SIGINT) == 1);
+  timespec none{};
+  CHECK(sigtimedwait(&mask, nullptr, &none) == SIGINT);  // taken, so that it does not linger
 }
 
 }  // namespace
