@@ -172,6 +172,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions
   h->buckets_offset = kBucketsOffset;
   h->slots_offset = g.slots_offset;
   h->capacity_slots.store(0, std::memory_order_relaxed);
+  h->tables_identity = options.tables_identity;
   // The region is zero-filled: every bucket is empty, every slot has seq 0 and key 0.
   cache->header_ = h;
   cache->buckets_ = reinterpret_cast<RowCacheBucket*>(base + kBucketsOffset);

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "store/memory_budget.h"
 #include "store/row_cache_layout.h"
 #include "store/shared_region.h"
+#include "protocol/unique_fd.h"
 
 namespace engram {
 
@@ -73,6 +75,18 @@ struct RowCacheOptions {
   // Slots a shrink evicts, checks or moves per hold of the writer's lock; inserts (a gather's
   // misses) wait at most one such chunk (about 1 µs a slot, so ~1 ms) however large the shrink.
   uint32_t shrink_chunk_slots = 1024;
+  // Written into the region's header (tables_identity): what the rows are rows of. Adopt()
+  // refuses a region that names another.
+  uint64_t tables_identity = 0;
+};
+
+// What RowCache::Adopt kept of a region handed over and what it dropped.
+struct RowCacheAdoption {
+  uint64_t kept = 0;          // rows adopted (before any shrink to the budget)
+  uint64_t torn = 0;          // slots a writer was changing when the region was let go (odd seq)
+  uint64_t not_served = 0;    // rows of a layer not served or outside its rows (keep() false)
+  uint64_t duplicates = 0;    // a second slot holding a key already kept
+  uint64_t evicted_to_fit = 0;  // rows the shrink to what the budget allows now evicted
 };
 
 // One field per entry of ENGRAM_ROW_CACHE_COUNTERS (protocol/store_counters.h): capacity_slots,
@@ -91,7 +105,28 @@ class RowCache {
   // when max_bytes holds no slot.
   static absl::StatusOr<std::unique_ptr<RowCache>> Create(const RowCacheOptions& options,
                                                           MemoryBudget* budget);
+  // Takes over a row cache region an earlier engramd created (its memfd, handed over through
+  // systemd's file-descriptor store): validates the header (magic, version, sizes, the region
+  // big enough for its slots) and options.tables_identity against the one recorded, then
+  // rebuilds the policy state from the slots. A slot is kept when its seq is even, its key is
+  // not 0, and keep(layer, row) says the row is served; every other slot is cleared and the
+  // bucket index is rebuilt from the kept ones. The rows start in the main FIFO if they were hit
+  // since admission, else in the small one; the ghost starts empty. If the budget now allows
+  // fewer slots than the region holds, the cache shrinks to that by the normal path (evicting
+  // by policy). The region keeps its own size (options.max_bytes only bounds the capacity).
+  // InvalidArgument naming what was wrong (a garbage or foreign region),
+  // FailedPrecondition when the tables changed, ResourceExhausted when the budget cannot hold
+  // the index; the caller then creates a fresh cache.
+  using KeepRow = std::function<bool(uint32_t layer, uint64_t row)>;
+  static absl::StatusOr<std::unique_ptr<RowCache>> Adopt(UniqueFd fd,
+                                                         const RowCacheOptions& options,
+                                                         MemoryBudget* budget, const KeepRow& keep,
+                                                         RowCacheAdoption* ret_adoption);
   ~RowCache();
+  uint64_t tables_identity() const { return header_->tables_identity; }
+  // The keys of the rows held now (RowCacheKey), at most max_keys: rows hit since admission
+  // first. Lock-free (a slot being written is left out); for the hot-set snapshot.
+  std::vector<uint64_t> HotKeys(uint64_t max_keys) const;
 
   // Lock-free lookup (see RowCacheReader::Lookup); marks the row as used for the policy. Not
   // counted here: a shared counter bumped per row would bounce one cache line between every
@@ -181,6 +216,8 @@ class RowCache {
   void ReleaseSlots(uint64_t slots, uint64_t old);
   // Between a shrink's chunks, with mu_ released: lets the inserts that wait for mu_ have it.
   void LetWritersIn();
+  // Adopt's second half (row_cache_adopt.cc): the policy state from the slots.
+  void RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowCacheAdoption* ret);
 
   const RowCacheOptions options_;
   MemoryBudget* budget_;

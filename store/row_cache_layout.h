@@ -14,7 +14,9 @@
 namespace engram {
 
 inline constexpr uint64_t kRowCacheMagic = 0x314843524d524745ull;  // "EGRMRCH1"
-inline constexpr uint32_t kRowCacheVersion = 1;
+// 2: the header carries tables_identity (a region handed to a later engramd is adopted only by
+// one serving the same tables).
+inline constexpr uint32_t kRowCacheVersion = 2;
 
 // Identifies a row across tables: (layer + 1) << 40 | row. 0 is never a key (empty slot).
 inline constexpr uint32_t kRowCacheRowBits = 40;
@@ -42,8 +44,13 @@ struct RowCacheHeader {
   uint64_t slots_offset;
   std::atomic<uint32_t> capacity_slots;  // slots in use by the policy now (shrinks and grows)
   uint32_t reserved1;
+  // What the rows were read from: a hash of the served tables' identities (the daemon's
+  // TablesIdentity, daemon/server/cache_handoff.h); 0 when not set. A region handed to a later
+  // engramd is adopted only if this equals its own.
+  uint64_t tables_identity;
 };
-static_assert(sizeof(RowCacheHeader) == 56);
+static_assert(sizeof(RowCacheHeader) == 64);
+static_assert(offsetof(RowCacheHeader, tables_identity) == 56);
 static_assert(offsetof(RowCacheHeader, buckets_offset) == 32);
 static_assert(offsetof(RowCacheHeader, capacity_slots) == 48);
 

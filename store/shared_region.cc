@@ -81,6 +81,43 @@ absl::StatusOr<SharedRegion> SharedRegion::Create(const std::string& name, uint6
   return region;
 }
 
+absl::StatusOr<SharedRegion> SharedRegion::Adopt(const std::string& name, UniqueFd fd) {
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": the descriptor handed over is not a memfd (F_GET_SEALS: ", std::strerror(errno),
+        ")"));
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the memfd handed over is write-sealed"));
+  }
+  struct stat st{};
+  if (::fstat(fd.get(), &st) != 0) {
+    return absl::InternalError(absl::StrCat(name, ": fstat: ", std::strerror(errno)));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  // st_blksize is the page size of a hugetlbfs file, PAGE_SIZE for shmem.
+  const uint64_t page = st.st_blksize >= 4096 ? static_cast<uint64_t>(st.st_blksize) : 4096;
+  if (bytes == 0 || bytes % page != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": the memfd handed over has ", bytes, " bytes, not a whole number of ", page,
+        "-byte pages"));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) {
+    return absl::InternalError(
+        absl::StrCat(name, ": cannot map the memfd handed over: ", std::strerror(errno)));
+  }
+  SharedRegion region;
+  region.name_ = name;
+  region.fd_ = std::move(fd);
+  region.data_ = static_cast<uint8_t*>(p);
+  region.size_ = bytes;
+  region.page_bytes_ = page;
+  region.huge_pages_ = page > 4096;
+  return region;
+}
+
 SharedRegion::SharedRegion(SharedRegion&& other) noexcept { *this = std::move(other); }
 
 SharedRegion& SharedRegion::operator=(SharedRegion&& other) noexcept {

@@ -31,6 +31,11 @@ class SharedRegion {
   // kernel refuses the memory, naming `name`.
   static absl::StatusOr<SharedRegion> Create(const std::string& name, uint64_t bytes,
                                              const SharedRegionOptions& options);
+  // Maps an existing memfd read-write, shared, whole (its size from fstat): a region another
+  // process (an earlier engramd) created and handed over. InvalidArgument naming `name` when the
+  // fd is not a memfd (no seals to read), is write-sealed, is empty, or its size is not a
+  // multiple of its page size; Internal when the mapping fails.
+  static absl::StatusOr<SharedRegion> Adopt(const std::string& name, UniqueFd fd);
 
   SharedRegion() = default;
   SharedRegion(SharedRegion&& other) noexcept;

@@ -1,0 +1,167 @@
+// The row cache across restarts: RowCache::Adopt takes over the region of an earlier engramd and
+// rebuilds the policy state (the S3-FIFO queues, the free list, each slot's seq as last written)
+// from its slots; RowCache::HotKeys lists the rows held, for the hot-set snapshot.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "store/row_cache.h"
+
+namespace engram {
+
+absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
+                                                          const RowCacheOptions& options,
+                                                          MemoryBudget* budget,
+                                                          const KeepRow& keep,
+                                                          RowCacheAdoption* ret_adoption) {
+  *ret_adoption = RowCacheAdoption{};
+  if (options.small_fraction <= 0 || options.small_fraction >= 1) {
+    return absl::InvalidArgumentError("row cache: small_fraction must lie in (0, 1)");
+  }
+  auto region = SharedRegion::Adopt("engram-row-cache", std::move(fd));
+  if (!region.ok()) return region.status();
+  uint8_t* base = region->data();
+  auto reader = RowCacheReader::Attach(base, region->size());
+  if (!reader.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row cache region handed over (", region->size(), " bytes): ", reader.status().message(),
+        "; it was not written by this version of engramd"));
+  }
+  auto* h = reinterpret_cast<RowCacheHeader*>(base);
+  // Attach checks what a reader relies on; a writer also needs the index at most half full
+  // (inserts probe until an empty bucket) and the index after the header.
+  if (h->buckets_offset < sizeof(RowCacheHeader) || h->buckets_offset % sizeof(RowCacheBucket) ||
+      h->max_slots == 0 || h->max_slots > UINT32_MAX / 4 ||
+      uint64_t{h->bucket_count} < 2 * uint64_t{h->max_slots}) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "row cache region handed over: bad geometry (%u slots, %u buckets at offset %u)",
+        h->max_slots, h->bucket_count, h->buckets_offset));
+  }
+  if (h->tables_identity != options.tables_identity) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "row cache region handed over holds rows of other tables (identity %016x, the tables "
+        "served now are %016x): a table file was replaced, repacked or moved, or the served "
+        "layers or row ranges changed",
+        h->tables_identity, options.tables_identity));
+  }
+  std::unique_ptr<RowCache> cache(new RowCache(options, budget));
+  const uint64_t max_slots = h->max_slots;
+  // What the budget allows now: the index first (it cannot shrink), then as many slots as fit
+  // under options.max_bytes and what the budget has left.
+  const uint64_t index_bytes = h->slots_offset;
+  if (budget != nullptr) {
+    if (absl::Status s = budget->Reserve(index_bytes, "row cache index"); !s.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("row cache region handed over: its index (", index_bytes,
+                       " bytes) does not fit the memory budget: ", s.message()));
+    }
+    cache->reserved_bytes_ = index_bytes;
+  }
+  uint64_t allowed = max_slots;
+  if (options.max_bytes != 0) {
+    allowed = std::min(allowed, options.max_bytes > index_bytes
+                                    ? SlotsForBytes(options.max_bytes - index_bytes)
+                                    : uint64_t{0});
+  }
+  if (budget != nullptr) allowed = std::min(allowed, SlotsForBytes(budget->available()));
+
+  cache->region_ = std::move(*region);
+  cache->header_ = h;
+  cache->buckets_ = reinterpret_cast<RowCacheBucket*>(base + h->buckets_offset);
+  cache->slots_ = reinterpret_cast<RowCacheSlot*>(base + h->slots_offset);
+  cache->bucket_mask_ = h->bucket_count - 1;
+  cache->max_slots_ = h->max_slots;
+  cache->meta_.resize(max_slots);
+  cache->reader_ = *reader;
+  cache->reader_.mark_use_ = true;
+  // Slots at or above the capacity the earlier daemon had were given back (they read as zeros)
+  // or, after a crash in the middle of a shrink, hold rows it was moving down: both are looked
+  // at, a row's key and seq say whether it is whole.
+  cache->RebuildFromSlots(max_slots, keep, ret_adoption);
+  // The rows sit in up to max_slots slots; shrink by the normal path to what is allowed. The
+  // budget is not charged for slots above `allowed` (the shrink gives them back to the kernel),
+  // so it is detached while the shrink runs and charged for `allowed` slots after.
+  const uint64_t evictions_before = cache->evictions_;
+  if (allowed < max_slots) {
+    MemoryBudget* saved = cache->budget_;
+    cache->budget_ = nullptr;
+    cache->SetCapacitySlots(allowed);
+    cache->budget_ = saved;
+  }
+  ret_adoption->evicted_to_fit = cache->evictions_ - evictions_before;
+  if (budget != nullptr && allowed > 0) {
+    if (absl::Status s = budget->Reserve(BytesForSlots(allowed), "row cache"); !s.ok()) {
+      return s;  // available() said it fits; only a racing owner of the budget gets here
+    }
+    cache->reserved_bytes_ += BytesForSlots(allowed);
+  }
+  return cache;
+}
+
+void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep,
+                                RowCacheAdoption* ret) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The index is rebuilt from scratch: whatever the earlier daemon left in it (a probe run cut
+  // by a crash in the middle of a deletion) is never trusted.
+  for (uint64_t b = 0; b <= bucket_mask_; ++b) buckets_[b].store(0, std::memory_order_relaxed);
+  header_->capacity_slots.store(static_cast<uint32_t>(usable_slots), std::memory_order_relaxed);
+  std::vector<uint32_t> kept_small;
+  std::vector<uint32_t> kept_main;
+  for (uint64_t i = usable_slots; i-- > 0;) {
+    RowCacheSlot& s = slot(static_cast<uint32_t>(i));
+    const uint32_t seq = s.seq.load(std::memory_order_relaxed);
+    const uint64_t key = s.key.load(std::memory_order_relaxed);
+    // Writes go on from an even seq past the one found, so that seq keeps growing.
+    meta_[i].seq = (seq & 1) != 0 ? seq + 1 : seq;
+    meta_[i].key = key;
+    meta_[i].queue = kFree;
+    bool good = key != 0 && (seq & 1) == 0;
+    if (key != 0 && (seq & 1) != 0) ++ret->torn;
+    if (good) {
+      const uint64_t layer = (key >> kRowCacheRowBits) - 1;
+      const uint64_t row = key & ((uint64_t{1} << kRowCacheRowBits) - 1);
+      if (layer >= (1u << 23) || !keep(static_cast<uint32_t>(layer), row)) {
+        ++ret->not_served;
+        good = false;
+      } else if (FindBucket(key) >= 0) {
+        ++ret->duplicates;
+        good = false;
+      }
+    }
+    if (!good) {
+      if (key != 0 || (seq & 1) != 0) ClearSlot(static_cast<uint32_t>(i));
+      free_.push_back(static_cast<uint32_t>(i));
+      continue;
+    }
+    s.prefetched.store(0, std::memory_order_relaxed);
+    InsertBucket(key, static_cast<uint32_t>(i));
+    (s.freq.load(std::memory_order_relaxed) > 0 ? kept_main : kept_small)
+        .push_back(static_cast<uint32_t>(i));
+    ++ret->kept;
+  }
+  // free_ pops from the back: the lowest free slots are used first (they were pushed last).
+  for (uint32_t i : kept_main) Push(kMain, i);
+  for (uint32_t i : kept_small) Push(kSmall, i);
+}
+
+std::vector<uint64_t> RowCache::HotKeys(uint64_t max_keys) const {
+  std::vector<uint64_t> keys;
+  const uint64_t capacity = capacity_slots();
+  // Lock-free, as a reader: a slot being written (odd or changed seq) is skipped. Rows hit since
+  // admission first, then the others.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint64_t i = 0; i < capacity && keys.size() < max_keys; ++i) {
+      const RowCacheSlot& s = slots_[i];
+      const uint32_t before = s.seq.load(std::memory_order_acquire);
+      const uint64_t key = s.key.load(std::memory_order_relaxed);
+      const bool used = s.freq.load(std::memory_order_relaxed) > 0;
+      if ((before & 1) != 0 || key == 0 || used != (pass == 0)) continue;
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (s.seq.load(std::memory_order_relaxed) != before) continue;
+      keys.push_back(key);
+    }
+  }
+  return keys;
+}
+
+}  // namespace engram

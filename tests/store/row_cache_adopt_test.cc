@@ -1,0 +1,213 @@
+// Tests of RowCache::Adopt: a region handed over keeps its rows byte-exact and hits at once; a
+// slot being written when the earlier writer stopped, a row of a layer no longer served, a
+// duplicate key and a garbage bucket index never serve a wrong row; garbage headers, another
+// version and other tables' identities are refused; an adopted region larger than the budget
+// allows is shrunk by policy.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "store/row_cache.h"
+#include "tools/tables/synthetic.h"
+
+namespace engram {
+namespace {
+
+constexpr uint64_t kSeed = 23;
+constexpr uint64_t kIdentity = 0x5eed0000cafe0001ull;
+
+std::unique_ptr<RowCache> MakeCache(uint64_t slots, uint64_t identity = kIdentity) {
+  auto cache = RowCache::Create(
+      {.max_bytes = 64 * 1024 + RowCache::BytesForSlots(slots) * 2, .tables_identity = identity},
+      nullptr);
+  REQUIRE(cache.ok());
+  (*cache)->SetCapacitySlots(slots);
+  return std::move(*cache);
+}
+
+void Fill(RowCache& cache, uint32_t layer, uint64_t rows) {
+  uint8_t data[kRowBytes];
+  for (uint64_t r = 0; r < rows; ++r) {
+    SyntheticRow(kSeed, layer, r * 3, data);
+    REQUIRE(cache.Insert(layer, r * 3, data).ok());
+  }
+}
+
+// A hit must carry exactly the synthetic bytes of that row.
+bool Hit(RowCache& cache, uint32_t layer, uint64_t row) {
+  uint8_t got[kRowBytes], want[kRowBytes];
+  if (!cache.Lookup(layer, row, got)) return false;
+  SyntheticRow(kSeed, layer, row, want);
+  if (std::memcmp(got, want, kRowBytes) != 0) FAIL("wrong bytes: layer " << layer << " row " << row);
+  return true;
+}
+
+UniqueFd Dup(const RowCache& cache) { return UniqueFd(fcntl(cache.fd(), F_DUPFD_CLOEXEC, 3)); }
+
+bool KeepAll(uint32_t, uint64_t) { return true; }
+
+RowCacheHeader* HeaderOf(int fd, void** ret_map, uint64_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(p != MAP_FAILED);
+  *ret_map = p;
+  return static_cast<RowCacheHeader*>(p);
+}
+
+TEST_CASE("an adopted region serves every row it held, byte-exact, at once", "[adopt]") {
+  UniqueFd fd;
+  uint64_t used = 0;
+  {
+    auto cache = MakeCache(2000);
+    Fill(*cache, 1, 800);
+    Fill(*cache, 14, 800);
+    for (uint64_t r = 0; r < 100; ++r) REQUIRE(Hit(*cache, 14, r * 3));  // some in the main FIFO
+    used = cache->Stats().used_slots;
+    fd = Dup(*cache);
+  }  // the earlier daemon is gone; the memfd lives on in `fd`
+  RowCacheAdoption a;
+  auto adopted = RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, nullptr, KeepAll, &a);
+  REQUIRE(adopted.ok());
+  RowCache& cache = **adopted;
+  REQUIRE(a.kept == used);
+  REQUIRE(a.torn == 0);
+  REQUIRE(cache.Stats().used_slots == used);
+  uint64_t hits = 0;
+  for (uint32_t layer : {1u, 14u}) {
+    for (uint64_t r = 0; r < 800; ++r) hits += Hit(cache, layer, r * 3);
+    REQUIRE_FALSE(Hit(cache, layer, 1));
+  }
+  REQUIRE(hits == used);
+  // The policy goes on: new rows are admitted and evict adopted ones, still byte-exact.
+  Fill(cache, 2, 3000);
+  REQUIRE(cache.Stats().used_slots <= cache.capacity_slots());
+  for (uint64_t r = 2990; r < 3000; ++r) REQUIRE(Hit(cache, 2, r * 3));
+  for (uint64_t r = 0; r < 800; ++r) (void)Hit(cache, 14, r * 3);
+}
+
+TEST_CASE("adoption drops torn slots, unserved rows and duplicates and rebuilds the index",
+          "[adopt]") {
+  auto cache = MakeCache(500);
+  Fill(*cache, 1, 300);
+  Fill(*cache, 7, 100);
+  void* map = nullptr;
+  const uint64_t bytes = cache->region_bytes();
+  auto* h = HeaderOf(cache->fd(), &map, bytes);
+  auto* buckets = reinterpret_cast<RowCacheBucket*>(static_cast<uint8_t*>(map) + h->buckets_offset);
+  auto* slots = reinterpret_cast<RowCacheSlot*>(static_cast<uint8_t*>(map) + h->slots_offset);
+  // Find the slots of two rows of layer 1: one left torn (a writer stopped in the middle), and
+  // one whose key another slot holds too (a move between slots cut short).
+  auto slot_of = [&](uint64_t key) -> RowCacheSlot* {
+    for (uint32_t i = 0; i < h->max_slots; ++i) {
+      if (slots[i].key.load() == key) return &slots[i];
+    }
+    return nullptr;
+  };
+  RowCacheSlot* torn = slot_of(RowCacheKey(1, 0));
+  REQUIRE(torn != nullptr);
+  torn->seq.store(torn->seq.load() + 1);
+  RowCacheSlot* dup_src = slot_of(RowCacheKey(1, 3));
+  RowCacheSlot* dup_dst = slot_of(RowCacheKey(1, 6));
+  // A move cut short: the row and its key written into the second slot, the first not cleared.
+  for (size_t w = 0; w < kRowCacheRowWords; ++w) dup_dst->row[w].store(dup_src->row[w].load());
+  dup_dst->key.store(RowCacheKey(1, 3));
+  // Garbage in the index: every bucket points at slot 1.
+  for (uint32_t b = 0; b < h->bucket_count; ++b) buckets[b].store(1);
+  UniqueFd fd = Dup(*cache);
+  cache.reset();
+  RowCacheAdoption a;
+  auto adopted = RowCache::Adopt(
+      std::move(fd), {.tables_identity = kIdentity}, nullptr,
+      [](uint32_t layer, uint64_t row) { return layer == 1 && row < 600; }, &a);
+  REQUIRE(adopted.ok());
+  REQUIRE(a.torn == 1);
+  REQUIRE(a.duplicates == 1);
+  REQUIRE(a.not_served == 100 + 100);  // layer 7, and layer 1's rows from 600 on
+  REQUIRE(a.kept == 300 - 100 - 2);
+  uint64_t hits = 0;
+  for (uint64_t r = 0; r < 300; ++r) hits += Hit(**adopted, 1, r * 3);  // FAILs on wrong bytes
+  REQUIRE(hits == a.kept);
+  REQUIRE_FALSE(Hit(**adopted, 1, 0));
+  for (uint64_t r = 0; r < 100; ++r) REQUIRE_FALSE(Hit(**adopted, 7, r * 3));
+  munmap(map, bytes);
+}
+
+TEST_CASE("a garbage, foreign or other tables' region is refused", "[adopt]") {
+  auto cache = MakeCache(200);
+  Fill(*cache, 1, 100);
+  const uint64_t bytes = cache->region_bytes();
+  void* map = nullptr;
+  auto* h = HeaderOf(cache->fd(), &map, bytes);
+  auto adopt = [&](uint64_t identity) {
+    RowCacheAdoption a;
+    return RowCache::Adopt(Dup(*cache), {.tables_identity = identity}, nullptr, KeepAll, &a)
+        .status();
+  };
+  SECTION("other tables") {
+    absl::Status s = adopt(kIdentity + 1);
+    REQUIRE(s.code() == absl::StatusCode::kFailedPrecondition);
+    REQUIRE_THAT(std::string(s.message()), Catch::Contains("other tables"));
+  }
+  SECTION("an earlier version of the layout") {
+    h->version = 1;
+    REQUIRE(adopt(kIdentity).code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("garbage header") {
+    std::mt19937_64 rng(5);
+    for (int round = 0; round < 200; ++round) {
+      uint64_t words[8];
+      for (auto& w : words) w = rng();
+      if (round % 2 == 0) words[0] = kRowCacheMagic;  // a right magic, wrong rest
+      std::memcpy(map, words, sizeof(words));
+      REQUIRE_FALSE(adopt(kIdentity).ok());
+    }
+  }
+  SECTION("more slots than the region holds") {
+    h->max_slots += 1000;
+    REQUIRE(adopt(kIdentity).code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("an index that could fill up") {
+    h->bucket_count = 64;
+    h->max_slots = 100;
+    REQUIRE(adopt(kIdentity).code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("not a memfd") {
+    RowCacheAdoption a;
+    UniqueFd file(open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
+    absl::Status s = RowCache::Adopt(std::move(file), {.tables_identity = kIdentity}, nullptr,
+                                     KeepAll, &a).status();
+    REQUIRE_THAT(std::string(s.message()), Catch::Contains("not a memfd"));
+  }
+  munmap(map, bytes);
+}
+
+TEST_CASE("an adopted region larger than the budget allows is shrunk by policy", "[adopt]") {
+  auto cache = MakeCache(4000);
+  Fill(*cache, 3, 4000);
+  for (uint64_t r = 0; r < 500; ++r) REQUIRE(Hit(*cache, 3, r * 3));  // the hot rows
+  void* map = nullptr;
+  const uint64_t index = HeaderOf(cache->fd(), &map, 4096)->slots_offset;
+  munmap(map, 4096);
+  UniqueFd fd = Dup(*cache);
+  cache.reset();
+  MemoryBudget budget(index + RowCache::BytesForSlots(1000));
+  RowCacheAdoption a;
+  auto adopted = RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, &budget, KeepAll, &a);
+  REQUIRE(adopted.ok());
+  REQUIRE(a.kept == 4000);
+  REQUIRE((*adopted)->capacity_slots() == 1000);
+  REQUIRE((*adopted)->Stats().used_slots <= 1000);
+  REQUIRE(a.evicted_to_fit >= 3000);
+  REQUIRE(budget.available() < RowCache::BytesForSlots(1));
+  uint64_t hot = 0;
+  for (uint64_t r = 0; r < 500; ++r) hot += Hit(**adopted, 3, r * 3);
+  REQUIRE(hot == 500);  // hit since admission: in the main FIFO, kept by the shrink
+  adopted->reset();
+  REQUIRE(budget.available() == budget.budget());
+}
+
+}  // namespace
+}  // namespace engram
