@@ -8,11 +8,34 @@
 #include "store/row_cache.h"
 
 namespace engram {
+namespace {
+
+// What a writer needs of a header that RowCacheReader::Attach accepted (it checks what a reader
+// relies on): the index after the header and at most half full (inserts probe until an empty
+// bucket), and the rows of the tables served now.
+absl::Status CheckWritable(const RowCacheHeader& h, uint64_t tables_identity) {
+  if (h.buckets_offset < sizeof(RowCacheHeader) || h.buckets_offset % sizeof(RowCacheBucket) ||
+      h.max_slots == 0 || h.max_slots > UINT32_MAX / 4 ||
+      uint64_t{h.bucket_count} < 2 * uint64_t{h.max_slots}) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "row cache region handed over: bad geometry (%u slots, %u buckets at offset %u)",
+        h.max_slots, h.bucket_count, h.buckets_offset));
+  }
+  if (h.tables_identity != tables_identity) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "row cache region handed over holds rows of other tables (identity %016x, the tables "
+        "served now are %016x): a table file was replaced, repacked or moved, or the served "
+        "layers or row ranges changed",
+        h.tables_identity, tables_identity));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
                                                           const RowCacheOptions& options,
-                                                          MemoryBudget* budget,
-                                                          const KeepRow& keep,
+                                                          MemoryBudget* budget, const KeepRow& keep,
                                                           RowCacheAdoption* ret_adoption) {
   *ret_adoption = RowCacheAdoption{};
   if (options.small_fraction <= 0 || options.small_fraction >= 1) {
@@ -28,22 +51,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
         "; it was not written by this version of engramd"));
   }
   auto* h = reinterpret_cast<RowCacheHeader*>(base);
-  // Attach checks what a reader relies on; a writer also needs the index at most half full
-  // (inserts probe until an empty bucket) and the index after the header.
-  if (h->buckets_offset < sizeof(RowCacheHeader) || h->buckets_offset % sizeof(RowCacheBucket) ||
-      h->max_slots == 0 || h->max_slots > UINT32_MAX / 4 ||
-      uint64_t{h->bucket_count} < 2 * uint64_t{h->max_slots}) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "row cache region handed over: bad geometry (%u slots, %u buckets at offset %u)",
-        h->max_slots, h->bucket_count, h->buckets_offset));
-  }
-  if (h->tables_identity != options.tables_identity) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "row cache region handed over holds rows of other tables (identity %016x, the tables "
-        "served now are %016x): a table file was replaced, repacked or moved, or the served "
-        "layers or row ranges changed",
-        h->tables_identity, options.tables_identity));
-  }
+  if (absl::Status s = CheckWritable(*h, options.tables_identity); !s.ok()) return s;
   std::unique_ptr<RowCache> cache(new RowCache(options, budget));
   const uint64_t max_slots = h->max_slots;
   // What the budget allows now: the index first (it cannot shrink), then as many slots as fit
@@ -98,8 +106,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   return cache;
 }
 
-void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep,
-                                RowCacheAdoption* ret) {
+void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowCacheAdoption* ret) {
   std::lock_guard<std::mutex> lock(mu_);
   // The index is rebuilt from scratch: whatever the earlier daemon left in it (a probe run cut
   // by a crash in the middle of a deletion) is never trusted.

@@ -89,7 +89,8 @@ absl::StatusOr<SharedRegion> SharedRegion::Adopt(const std::string& name, Unique
         ")"));
   }
   if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": the memfd handed over is write-sealed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": the memfd handed over is write-sealed"));
   }
   struct stat st{};
   if (::fstat(fd.get(), &st) != 0) {

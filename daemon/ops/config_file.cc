@@ -454,6 +454,21 @@ const std::vector<Setting>& Settings() {
        "Bytes per second a resident table's load may read (0: no limit), so that loading beside "
        "serving leaves the disk to the misses",
        Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.load_rate_bytes_per_s; }},
+      {.key = "memory.hot_set_path",
+       .flag = "--hot-set-path",
+       .help = "File the row cache's hot set (row ids) is written to, periodically and at stop, "
+               "and warmed from in the background after a start that did not keep the cache "
+               "(empty: none)",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->server.hot_set_path; },
+       .path = true,
+       .example = "/var/lib/engramd/hot-set"},
+      {"memory.hot_set_interval_seconds", "--hot-set-interval",
+       "Seconds between writes of the hot set (0: only at stop)", Kind::kUint32, kRestart,
+       [](S* s) -> void* { return &s->server.hot_set_interval_s; }, 0, 86400},
+      {"memory.hot_set_rows", "", "Rows the hot set keeps at most (8 bytes each)", Kind::kUint64,
+       kRestart, [](S* s) -> void* { return &s->server.hot_set_rows; }, 1, uint64_t{1} << 30},
       {.key = "socket.path",
        .flag = "--socket",
        .help = "Unix socket to listen on",

@@ -23,6 +23,8 @@
 #include "daemon/ops/notify.h"
 #include "daemon/ops/reload.h"
 #include "daemon/ops/starting_gate.h"
+#include "daemon/server/cache_handoff.h"
+#include "daemon/server/hot_set.h"
 #include "daemon/server/row_store.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_config.h"
@@ -321,6 +323,28 @@ absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* set
   return ReloadedConfig{.settings = std::move(next), .report = CompareSettings(running, fresh)};
 }
 
+// The warmer of a start whose row cache was not kept: the hot set written by the last run, if
+// there is one to read (null otherwise, with the reason logged).
+std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopted) {
+  if (adopted) {
+    log::Info("hot set not warmed: the row cache was kept across the restart");
+    return nullptr;
+  }
+  absl::StatusOr<std::vector<uint64_t>> keys = ReadHotSet(config.hot_set_path, config.hot_set_rows);
+  if (!keys.ok()) {
+    if (absl::IsNotFound(keys.status())) {
+      log::Info("hot set not warmed: {}", std::string(keys.status().message()));
+    } else {
+      log::Warning("hot set not warmed: {}", std::string(keys.status().message()));
+    }
+    return nullptr;
+  }
+  log::Notice("row cache: warming {} rows of the hot set in {} in the background", keys->size(),
+              config.hot_set_path);
+  return std::make_unique<HotSetWarmer>(std::move(*keys));
+}
+
+
 // A SIGTERM or SIGINT came while starting: engramd stops, as it would once serving.
 int StoppedWhileStarting() {
   notify::Send("STOPPING=1\nSTATUS=Stopped before serving");
@@ -394,7 +418,7 @@ std::string ServingSummary(const ServerConfig& config, const StoreConfig& store_
 // Starts the gather engine, the row store and the server on the opened tables, takes the socket
 // over from the gate and serves until a signal.
 int Serve(const CommandLine& cl, DaemonSettings* settings,
-          std::vector<std::unique_ptr<Table>> tables, StartingGate& gate) {
+          std::vector<std::unique_ptr<Table>> tables, StartingGate& gate, UniqueFd kept_cache) {
   ServerConfig& config = settings->server;
   if (std::optional<std::string> mismatch =
           BudgetMismatch(ReadMemoryReport().cgroup, config.memory_budget)) {
@@ -404,6 +428,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
     log::Info("memory.budget split: {}", DescribeMemoryPlan(config.memory_plan));
   }
   gate.Step("starting the gather engine");
+  CacheHandoff handoff{.fd = std::move(kept_cache), .tables_identity = TablesIdentity(tables)};
   absl::StatusOr<std::unique_ptr<GatherEngine>> engine = GatherEngine::Create(
       {.workers = config.workers,
        .direct_bounce_bytes = DirectBounceBytes(config.memory_budget),
@@ -426,9 +451,21 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   if (use_store && !gate.stop_requested()) {
     gate.Step(StoreStep(store_config, tables));
     auto created = RowStore::Create(store_config, tables, engine->get(),
-                                    [](const std::string& line) { log::Notice("{}", line); });
+                                    [](const std::string& line) { log::Notice("{}", line); },
+                                    &handoff);
     if (!created.ok()) return Fail(WithPlan(created.status(), config.memory_plan));
     store = std::move(*created);
+  }
+  if (store != nullptr && store->cache() != nullptr) {
+    if (StoreRowCacheFd(store->cache()->fd(), handoff.adopted)) {
+      log::Info("row cache handed to systemd's file-descriptor store as {} (kept across restarts)",
+                kRowCacheFdName);
+    }
+  } else if (handoff.fd.valid()) {
+    log::Notice("row cache: discarded the region handed over by the previous engramd: no table "
+                "uses the cache tier now");
+    handoff.fd.Reset();
+    notify::Send(absl::StrFormat("FDSTOREREMOVE=1\nFDNAME=%s", kRowCacheFdName));
   }
   gate.Step("starting the server");
   config.listen_fd = gate.TakeSocket();
@@ -438,7 +475,16 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   if (!server.ok()) return Fail(server.status());
   if (store != nullptr) {
     store->StartLoading(store_config.load_at_start);
+    std::unique_ptr<HotSetKeeper> keeper;
+    std::unique_ptr<HotSetWarmer> warmer;
+    if (store->cache() != nullptr && !config.hot_set_path.empty()) {
+      keeper = std::make_unique<HotSetKeeper>(config.hot_set_path,
+                                              uint64_t{config.hot_set_interval_s} * 1'000'000'000,
+                                              config.hot_set_rows, store->cache());
+      warmer = MakeWarmer(config, handoff.adopted);
+    }
     (*server)->SetRowStore(std::move(store));
+    (*server)->SetHotSet(std::move(keeper), std::move(warmer));
   }
   std::unique_ptr<metrics::HttpListener> http = gate.TakeHttp();
   const uint16_t metrics_port = http != nullptr ? http->port() : 0;
@@ -456,8 +502,12 @@ int Start(const CommandLine& cl, DaemonSettings* settings) {
   log::Info("engramd {} (protocol {}.{}) starting, pid {}", ENGRAMD_VERSION, ENGRAM_PROTOCOL_MAJOR,
             ENGRAM_PROTOCOL_MINOR, getpid());
   ServerConfig& config = settings->server;
-  if (std::vector<int> fds = notify::ListenFds(); !fds.empty()) {
-    config.listen_fd = fds[0];
+  // Socket activation's listening socket and the row cache kept in the file-descriptor store
+  // come in together, told apart by name (cache_handoff.h).
+  PassedFds passed = TakePassedFds();
+  for (const std::string& note : passed.notes) log::Notice("{}", note);
+  if (passed.socket_fd >= 0) {
+    config.listen_fd = passed.socket_fd;
     log::Info("using the socket passed by systemd for {}", config.socket_path);
   }
   absl::StatusOr<std::unique_ptr<StartingGate>> gate =
@@ -468,7 +518,7 @@ int Start(const CommandLine& cl, DaemonSettings* settings) {
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(*settings);
   if (!opened.ok()) return Fail(opened.status());
   if ((*gate)->stop_requested()) return StoppedWhileStarting();
-  return Serve(cl, settings, std::move(*opened), **gate);
+  return Serve(cl, settings, std::move(*opened), **gate, std::move(passed.row_cache));
 }
 
 int Main(int argc, char** argv) {

@@ -71,7 +71,7 @@ absl::Status RowStore::Validate(const StoreConfig& config,
 
 absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
     const StoreConfig& config, const std::vector<std::unique_ptr<Table>>& tables,
-    GatherEngine* engine, Notice notice) {
+    GatherEngine* engine, Notice notice, CacheHandoff* handoff) {
   if (absl::Status s = Validate(config, tables); !s.ok()) return s;
   std::unique_ptr<RowStore> store(new RowStore(config, engine, std::move(notice)));
   bool any_cache = false;
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
   }
   if (any_cache) {
     uint64_t bytes = config.cache_bytes != 0 ? config.cache_bytes : store->budget_.available();
-    auto cache = RowCache::Create({.max_bytes = bytes}, &store->budget_);
+    auto cache = store->MakeCache(bytes, handoff);
     if (!cache.ok()) return cache.status();
     store->cache_ = std::move(*cache);
     store->cache_target_slots_ = store->cache_->capacity_slots();

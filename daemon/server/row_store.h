@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/ops/metrics.h"
+#include "daemon/server/cache_handoff.h"
 #include "gather/gather_engine.h"
 #include "nlohmann/json.hpp"
 #include "protocol/store_counters.h"
@@ -82,9 +83,13 @@ class RowStore {
   // Reserves the resident tables' memory and the cache from the budget (ResourceExhausted
   // naming the table when it does not fit) and creates them empty. `tables` and `engine` must
   // outlive the store. `notice` receives operator messages (huge pages, loading, pressure).
+  // With `handoff` (cache_handoff.h) the row cache records handoff->tables_identity, and a
+  // region handed over (handoff->fd) is adopted instead of creating an empty cache when it is
+  // valid, holds rows of these tables and a sample of its rows matches the table files; else it
+  // is discarded, with the reason in handoff->outcome and a notice.
   static absl::StatusOr<std::unique_ptr<RowStore>> Create(
       const StoreConfig& config, const std::vector<std::unique_ptr<Table>>& tables,
-      GatherEngine* engine, Notice notice);
+      GatherEngine* engine, Notice notice, CacheHandoff* handoff = nullptr);
   ~RowStore();  // cancels a load in progress and stops the pressure monitor
 
   // Starts the loader thread and the pressure monitor; with `load_now` every resident table is
@@ -124,6 +129,9 @@ class RowStore {
   absl::Status Prefetch(const Table* table, std::span<const uint64_t> rows,
                         PrefetchOutcome* ret_outcome);
 
+  // The tier `table` is served from (storage for a table the store does not know).
+  Tier TierOf(const Table* table) const;
+
   std::vector<TableStoreStats> Stats() const;
   // Adds the store's fields to a control reply: "status" gets "store", "tables" and "stats" get
   // per-table fields in their "tables" entries (matched by "layer").
@@ -159,6 +167,12 @@ class RowStore {
         notice_(std::move(notice)),
         budget_(config.store_budget_bytes()) {}
   TableState* StateOf(const Table* table);
+  // The row cache of `bytes`: adopted from handoff->fd where it can be, else created empty
+  // (row_store_handoff.cc).
+  absl::StatusOr<std::unique_ptr<RowCache>> MakeCache(uint64_t bytes, CacheHandoff* handoff);
+  // Compares up to `samples` rows of an adopted cache with the table files; the first row that
+  // differs, as a reason, or "" when all match.
+  std::string CheckAdoptedRows(RowCache& cache, std::span<const uint64_t> keys);
   absl::Status GatherMisses(TableState& ts, const GatherBatch& batch,
                             const std::vector<uint64_t>& rows,
                             const std::vector<uint64_t>& offsets);

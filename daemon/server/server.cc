@@ -329,6 +329,8 @@ absl::Status Server::Run() {
       [this] { return inflight_total_.load(std::memory_order_relaxed) != 0; },
       [this](size_t index) { return watch_->Check(index); });
   prefetcher_->Start();
+  if (hot_set_keeper_ != nullptr) hot_set_keeper_->Start();
+  if (hot_set_warmer_ != nullptr) hot_set_warmer_->Start(prefetcher_.get(), tables_, store_.get());
   std::vector<std::string> layers;
   for (const auto& t : tables_) layers.push_back(t->Describe());
   log::Notice("engramd serving {} table(s) on {}: {}", tables_.size(), config_.socket_path,
@@ -415,6 +417,7 @@ absl::Status Server::Shutdown() {
   draining_.store(true);
   Kick();
   poller_.join();
+  hot_set_warmer_.reset();  // queues no more
   prefetcher_->StopIntake();  // the entries the poller handed over are answered first
   absl::Status result = absl::OkStatus();
   {
@@ -436,6 +439,7 @@ absl::Status Server::Shutdown() {
   }
   by_fd_.clear();
   PublishSessions();
+  hot_set_keeper_.reset();  // the hot set written a last time, while the cache is there
   log::Notice("engramd stopped");
   return result;
 }

@@ -23,6 +23,7 @@
 #include "daemon/ops/server_view.h"
 #include "gather/gather_engine.h"
 #include "protocol/codec.h"
+#include "daemon/server/hot_set.h"
 #include "daemon/server/pending_handshakes.h"
 #include "daemon/server/prefetcher.h"
 #include "daemon/server/request_pool.h"
@@ -64,6 +65,13 @@ class Server : public ServerView {
   Control& control() { return *control_; }
   // Serves the tables through a row store (resident and cached tiers); before Run().
   void SetRowStore(std::unique_ptr<RowStore> store) { store_ = std::move(store); }
+  // The row cache's hot set (hot_set.h): the keeper writes it while serving and once more at
+  // stop (before the store goes); the warmer (null: none) queues its rows for the prefetcher
+  // once it runs. After SetRowStore, before Run.
+  void SetHotSet(std::unique_ptr<HotSetKeeper> keeper, std::unique_ptr<HotSetWarmer> warmer) {
+    hot_set_keeper_ = std::move(keeper);
+    hot_set_warmer_ = std::move(warmer);
+  }
   const RowStore* row_store() const { return store_.get(); }
 
   // ServerView: what the operator side sees.
@@ -172,6 +180,8 @@ class Server : public ServerView {
   std::unique_ptr<GatherEngine> engine_;
   std::unique_ptr<RowStore> store_;        // null: every table from storage
   std::unique_ptr<Prefetcher> prefetcher_;  // after store_ and watch_: stops before them
+  std::unique_ptr<HotSetKeeper> hot_set_keeper_;  // after store_: writes before it goes
+  std::unique_ptr<HotSetWarmer> hot_set_warmer_;  // after prefetcher_: stops before it
   std::unique_ptr<RequestPool> requests_;  // after engine_ and store_: its threads stop first
   std::unique_ptr<RequestPool> large_requests_;  // requests larger than a decode step
 

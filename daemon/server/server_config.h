@@ -94,6 +94,11 @@ struct ServerConfig {
   // Tables served from storage are read with O_DIRECT (engine.read_mode = direct): there is no
   // page cache for a prefetch to warm. Set from engine.read_mode.
   bool storage_read_direct = false;
+  // The row cache's hot set on disk (daemon/server/hot_set.h): where ("" none), how often it is
+  // written (seconds; 0: only at stop) and how many rows it keeps at most.
+  std::string hot_set_path;
+  uint32_t hot_set_interval_s = 300;
+  uint64_t hot_set_rows = uint64_t{1} << 20;
   // A SIGHUP checks that the server took every live setting (reload.h).
   bool operator==(const ServerConfig&) const = default;
 };

@@ -88,8 +88,9 @@ TEST_CASE("the shipped engramd.toml shows the defaults, or says which it changes
               << ", so its comment must say '# default " << setting.DefaultText() << "'");
     CHECK(line.find("# default " + setting.DefaultText()) != std::string::npos);
   }
-  // The packaged file lets the engram group in (socket.group, access.allow_groups).
-  CHECK(changed == 2);
+  // The packaged file lets the engram group in (socket.group, access.allow_groups) and keeps the
+  // row cache's hot set in the unit's state directory (memory.hot_set_path).
+  CHECK(changed == 3);
 }
 
 }  // namespace

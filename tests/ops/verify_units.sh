@@ -11,7 +11,7 @@ sed -E "s|^ExecStart=[^ ]+/engramd |ExecStart=$engramd |" "$service" > "$dir/eng
 cp "$socket" "$dir/engramd.socket"
 grep -q "^ExecStart=$engramd " "$dir/engramd.service" || { echo "ExecStart not substituted"; exit 1; }
 fail=0
-for want in 'Type=notify' 'LimitMEMLOCK=infinity' 'WatchdogSec=' 'User=engram' 'ExecReload='; do
+for want in 'Type=notify' 'LimitMEMLOCK=infinity' 'WatchdogSec=' 'User=engram' 'ExecReload=' 'FileDescriptorStoreMax='; do
   grep -q "^$want" "$dir/engramd.service" || { echo "engramd.service lacks $want"; fail=1; }
 done
 for want in 'ListenSequentialPacket=/run/engramd/engramd.sock' 'SocketGroup=engram' 'SocketMode=0660'; do

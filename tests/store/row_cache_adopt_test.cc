@@ -42,7 +42,8 @@ bool Hit(RowCache& cache, uint32_t layer, uint64_t row) {
   uint8_t got[kRowBytes], want[kRowBytes];
   if (!cache.Lookup(layer, row, got)) return false;
   SyntheticRow(kSeed, layer, row, want);
-  if (std::memcmp(got, want, kRowBytes) != 0) FAIL("wrong bytes: layer " << layer << " row " << row);
+  if (std::memcmp(got, want, kRowBytes) != 0)
+    FAIL("wrong bytes: layer " << layer << " row " << row);
   return true;
 }
 
@@ -69,7 +70,8 @@ TEST_CASE("an adopted region serves every row it held, byte-exact, at once", "[a
     fd = Dup(*cache);
   }  // the earlier daemon is gone; the memfd lives on in `fd`
   RowCacheAdoption a;
-  auto adopted = RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, nullptr, KeepAll, &a);
+  auto adopted =
+      RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, nullptr, KeepAll, &a);
   REQUIRE(adopted.ok());
   RowCache& cache = **adopted;
   REQUIRE(a.kept == used);
@@ -177,8 +179,9 @@ TEST_CASE("a garbage, foreign or other tables' region is refused", "[adopt]") {
   SECTION("not a memfd") {
     RowCacheAdoption a;
     UniqueFd file(open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
-    absl::Status s = RowCache::Adopt(std::move(file), {.tables_identity = kIdentity}, nullptr,
-                                     KeepAll, &a).status();
+    absl::Status s =
+        RowCache::Adopt(std::move(file), {.tables_identity = kIdentity}, nullptr, KeepAll, &a)
+            .status();
     REQUIRE_THAT(std::string(s.message()), Catch::Contains("not a memfd"));
   }
   munmap(map, bytes);
@@ -195,7 +198,8 @@ TEST_CASE("an adopted region larger than the budget allows is shrunk by policy",
   cache.reset();
   MemoryBudget budget(index + RowCache::BytesForSlots(1000));
   RowCacheAdoption a;
-  auto adopted = RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, &budget, KeepAll, &a);
+  auto adopted =
+      RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, &budget, KeepAll, &a);
   REQUIRE(adopted.ok());
   REQUIRE(a.kept == 4000);
   REQUIRE((*adopted)->capacity_slots() == 1000);
