@@ -1,6 +1,12 @@
 // The row cache across restarts: RowCache::Adopt takes over the region of an earlier engramd and
 // rebuilds the policy state (the S3-FIFO queues, the free list, each slot's seq as last written)
 // from its slots; RowCache::HotKeys lists the rows held, for the hot-set snapshot.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +36,37 @@ absl::Status CheckWritable(const RowCacheHeader& h, uint64_t tables_identity) {
   }
   return absl::OkStatus();
 }
+
+// Which slots lie wholly in a hole of the memfd (never written, or given back by a shrink):
+// reading one would make the kernel allocate its page. Asked in ascending slot order.
+class SlotHoles {
+ public:
+  SlotHoles(int fd, uint64_t slots_offset) : fd_(fd), slots_offset_(slots_offset) {}
+  bool InHole(uint64_t slot) {
+    const int64_t at = static_cast<int64_t>(slots_offset_ + slot * sizeof(RowCacheSlot));
+    if (at >= data_end_) Next(at);
+    return at + static_cast<int64_t>(sizeof(RowCacheSlot)) <= data_begin_;
+  }
+
+ private:
+  // The next extent of data at or after `at` (SEEK_DATA, SEEK_HOLE).
+  void Next(int64_t at) {
+    const off_t data = lseek(fd_, at, SEEK_DATA);
+    if (data < 0) {
+      // ENXIO: no data after `at`. Anything else: holes cannot be told, so every slot is read.
+      data_begin_ = errno == ENXIO ? INT64_MAX : 0;
+      data_end_ = INT64_MAX;
+      return;
+    }
+    data_begin_ = data;
+    const off_t hole = lseek(fd_, data, SEEK_HOLE);
+    data_end_ = hole < 0 ? INT64_MAX : hole;
+  }
+  const int fd_;
+  const uint64_t slots_offset_;
+  int64_t data_begin_ = -1;
+  int64_t data_end_ = -1;
+};
 
 }  // namespace
 
@@ -82,27 +119,30 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   cache->meta_.resize(max_slots);
   cache->reader_ = *reader;
   cache->reader_.mark_use_ = true;
-  // Slots at or above the capacity the earlier daemon had were given back (they read as zeros)
-  // or, after a crash in the middle of a shrink, hold rows it was moving down: both are looked
-  // at, a row's key and seq say whether it is whole.
-  cache->RebuildFromSlots(max_slots, keep, ret_adoption);
-  // The rows sit in up to max_slots slots; shrink by the normal path to what is allowed. The
-  // budget is not charged for slots above `allowed` (the shrink gives them back to the kernel),
-  // so it is detached while the shrink runs and charged for `allowed` slots after.
+  // Slots at or above the capacity the earlier daemon had were given back (or, after a crash in
+  // the middle of a shrink, hold rows it had not moved down yet: those are lost); they are not
+  // read, which would allocate their pages again.
+  const uint64_t usable = std::min<uint64_t>(max_slots, h->capacity_slots.load());
+  cache->RebuildFromSlots(usable, keep, ret_adoption);
+  // Shrink by the normal path to what is allowed, or grow to it. The budget is not charged for
+  // slots above `allowed` (the shrink gives them back to the kernel), so it is detached while
+  // the shrink runs and charged for what is left after.
   const uint64_t evictions_before = cache->evictions_;
-  if (allowed < max_slots) {
+  if (allowed < usable) {
     MemoryBudget* saved = cache->budget_;
     cache->budget_ = nullptr;
     cache->SetCapacitySlots(allowed);
     cache->budget_ = saved;
   }
   ret_adoption->evicted_to_fit = cache->evictions_ - evictions_before;
-  if (budget != nullptr && allowed > 0) {
-    if (absl::Status s = budget->Reserve(BytesForSlots(allowed), "row cache"); !s.ok()) {
+  const uint64_t held = cache->capacity_slots();
+  if (budget != nullptr && held > 0) {
+    if (absl::Status s = budget->Reserve(BytesForSlots(held), "row cache"); !s.ok()) {
       return s;  // available() said it fits; only a racing owner of the budget gets here
     }
-    cache->reserved_bytes_ += BytesForSlots(allowed);
+    cache->reserved_bytes_ += BytesForSlots(held);
   }
+  if (allowed > held) cache->SetCapacitySlots(allowed);  // grows, charging the budget
   return cache;
 }
 
@@ -114,7 +154,12 @@ void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowC
   header_->capacity_slots.store(static_cast<uint32_t>(usable_slots), std::memory_order_relaxed);
   std::vector<uint32_t> kept_small;
   std::vector<uint32_t> kept_main;
-  for (uint64_t i = usable_slots; i-- > 0;) {
+  SlotHoles holes(region_.fd(), reinterpret_cast<uint8_t*>(slots_) - region_.data());
+  for (uint64_t i = 0; i < usable_slots; ++i) {
+    if (holes.InHole(i)) {  // never written or given back: free, and left untouched
+      free_.push_back(static_cast<uint32_t>(i));
+      continue;
+    }
     RowCacheSlot& s = slot(static_cast<uint32_t>(i));
     const uint32_t seq = s.seq.load(std::memory_order_relaxed);
     const uint64_t key = s.key.load(std::memory_order_relaxed);
@@ -146,7 +191,8 @@ void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowC
         .push_back(static_cast<uint32_t>(i));
     ++ret->kept;
   }
-  // free_ pops from the back: the lowest free slots are used first (they were pushed last).
+  // free_ pops from the back: the lowest free slots are used first.
+  std::reverse(free_.begin(), free_.end());
   for (uint32_t i : kept_main) Push(kMain, i);
   for (uint32_t i : kept_small) Push(kSmall, i);
 }
@@ -154,10 +200,13 @@ void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowC
 std::vector<uint64_t> RowCache::HotKeys(uint64_t max_keys) const {
   std::vector<uint64_t> keys;
   const uint64_t capacity = capacity_slots();
-  // Lock-free, as a reader: a slot being written (odd or changed seq) is skipped. Rows hit since
-  // admission first, then the others.
+  // Lock-free, as a reader: a slot being written (odd or changed seq) is skipped, and so is one
+  // in a hole of the memfd (reading it would allocate its page). Rows hit since admission
+  // first, then the others.
   for (int pass = 0; pass < 2; ++pass) {
+    SlotHoles holes(region_.fd(), reinterpret_cast<const uint8_t*>(slots_) - region_.data());
     for (uint64_t i = 0; i < capacity && keys.size() < max_keys; ++i) {
+      if (holes.InHole(i)) continue;
       const RowCacheSlot& s = slots_[i];
       const uint32_t before = s.seq.load(std::memory_order_acquire);
       const uint64_t key = s.key.load(std::memory_order_relaxed);

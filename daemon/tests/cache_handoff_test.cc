@@ -83,16 +83,15 @@ TEST_CASE("a damaged or missing hot set is refused, naming the file and what is 
 }
 
 TEST_CASE("passed descriptors: the row cache by name, the socket as the first other one") {
-  const int a = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const int b = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const int c = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  // systemd passes them from fd 3 on.
-  REQUIRE(dup2(a, 3) == 3);
-  REQUIRE(dup2(b, 4) == 4);
-  REQUIRE(dup2(c, 5) == 5);
-  close(a);
-  close(b);
-  close(c);
+  // systemd passes them from fd 3 on (opened above 100 first: open() may return 3 itself).
+  for (int fd = 3; fd <= 5; ++fd) {
+    const int n = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(n >= 0);
+    const int high = fcntl(n, F_DUPFD_CLOEXEC, 100);
+    close(n);
+    REQUIRE(dup2(high, fd) == fd);
+    close(high);
+  }
   setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
   setenv("LISTEN_FDS", "3", 1);
   setenv("LISTEN_FDNAMES", "engramd.socket:row-cache:row-cache", 1);
