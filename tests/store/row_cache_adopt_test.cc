@@ -187,6 +187,27 @@ TEST_CASE("a garbage, foreign or other tables' region is refused", "[adopt]") {
   munmap(map, bytes);
 }
 
+TEST_CASE("adopting a mostly empty region leaves its unwritten pages unallocated", "[adopt]") {
+  auto cache = MakeCache(20000);
+  Fill(*cache, 5, 100);
+  const uint64_t slots_bytes = RowCache::BytesForSlots(cache->capacity_slots());
+  const uint64_t before = cache->Stats().resident_bytes;
+  UniqueFd fd = Dup(*cache);
+  cache.reset();
+  RowCacheAdoption a;
+  auto adopted =
+      RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, nullptr, KeepAll, &a);
+  REQUIRE(adopted.ok());
+  REQUIRE(a.kept == 100);
+  for (uint64_t r = 0; r < 100; ++r) REQUIRE(Hit(**adopted, 5, r * 3));
+  // The index is rewritten whole; of the slots only the pages that held rows are there.
+  const uint64_t after = (*adopted)->Stats().resident_bytes;
+  INFO("resident before " << before << ", after " << after << ", slots " << slots_bytes);
+  REQUIRE(after < slots_bytes / 4);
+  REQUIRE((*adopted)->HotKeys(1000).size() == 100);
+  REQUIRE((*adopted)->Stats().resident_bytes == after);  // listing the rows allocated nothing
+}
+
 TEST_CASE("an adopted region larger than the budget allows is shrunk by policy", "[adopt]") {
   auto cache = MakeCache(4000);
   Fill(*cache, 3, 4000);
