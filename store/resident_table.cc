@@ -183,9 +183,11 @@ absl::Status ResidentTable::refusal() const {
 
 absl::Status ResidentTable::OpenReaders() {
   if (readers_open_) return absl::OkStatus();
-  uint32_t max_part = 0;
-  for (const RowPart& p : table_.parts()) max_part = std::max(max_part, p.bytes);
-  buffer_bytes_ = AlignUp(options_.chunk_rows * max_part) + 2 * kAlign;
+  uint64_t max_span = 0;
+  for (const RowPart& p : table_.parts()) {
+    max_span = std::max(max_span, p.MaxSpanBytes(options_.chunk_rows));
+  }
+  buffer_bytes_ = AlignUp(max_span) + 2 * kAlign;
   buffer_ = static_cast<uint8_t*>(std::aligned_alloc(kAlign, buffer_bytes_));
   if (buffer_ == nullptr) {
     return absl::ResourceExhaustedError(
@@ -263,15 +265,17 @@ absl::Status ResidentTable::LoadChunk(uint64_t first, uint64_t count) {
   for (const RowPart& p : table_.parts()) {
     uint8_t* src = nullptr;
     const uint64_t begin = p.FileOffset(first);
-    if (absl::Status s = ReadRange(p.file, begin, begin + count * p.bytes, &src); !s.ok()) {
+    if (absl::Status s = ReadRange(p.file, begin, begin + p.SpanBytes(first, count), &src);
+        !s.ok()) {
       return s;
     }
-    if (p.bytes == kRowBytes) {
+    if (p.bytes == kRowBytes && !p.paged()) {
       std::memcpy(dst, src, count * kRowBytes);
       continue;
     }
     for (uint64_t i = 0; i < count; ++i) {
-      std::memcpy(dst + i * kRowBytes + p.dest_offset, src + i * p.bytes, p.bytes);
+      std::memcpy(dst + i * kRowBytes + p.dest_offset, src + (p.FileOffset(first + i) - begin),
+                  p.bytes);
     }
   }
   return absl::OkStatus();

@@ -8,11 +8,12 @@
 
 namespace engram {
 
-PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange covered, bool sparse) {
+PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange covered, bool sparse,
+                              bool paged) {
   PackedHeader h;
   std::memset(&h, 0, sizeof(h));
   std::memcpy(h.magic, kPackedMagic, sizeof(h.magic));
-  h.version_major = kPackedVersionMajor;
+  h.version_major = paged ? kPackedVersionPaged : kPackedVersionMajor;
   h.version_minor = kPackedVersionMinor;
   h.header_bytes = sizeof(PackedHeader);
   h.layer_id = layer_id;
@@ -27,9 +28,19 @@ PackedHeader MakePackedHeader(uint32_t layer_id, uint64_t num_rows, RowRange cov
   h.value_dtype = kDtypeF8E4M3;
   h.scale_dtype = kDtypeF8E8M0;
   h.scale_block = kScaleBlock;
+  if (paged) {
+    h.page_bytes = kPackedPageBytes;
+    h.rows_per_page = kPackedRowsPerPage;
+  }
   const uint64_t first_slot = sparse ? 0 : covered.begin;
-  h.data_end = h.data_offset + (covered.end - first_slot) * uint64_t{kRowBytes};
+  h.data_end = PackedDataEnd(h, covered.end - first_slot);
   return h;
+}
+
+uint64_t PackedDataEnd(const PackedHeader& header, uint64_t slots) {
+  if (!PackedPaged(header)) return header.data_offset + slots * uint64_t{header.row_bytes};
+  const uint64_t pages = (slots + header.rows_per_page - 1) / header.rows_per_page;
+  return header.data_offset + pages * uint64_t{header.page_bytes};
 }
 
 uint64_t PackedHeaderChecksum(const PackedHeader& header) {
@@ -42,7 +53,10 @@ void SealPackedHeader(PackedHeader* header) {
 
 uint64_t PackedRowOffset(const PackedHeader& header, uint64_t row) {
   const uint64_t first_slot = (header.flags & kPackedFlagSparse) ? 0 : header.covered_begin;
-  return header.data_offset + (row - first_slot) * uint64_t{header.row_bytes};
+  const uint64_t slot = row - first_slot;
+  if (!PackedPaged(header)) return header.data_offset + slot * uint64_t{header.row_bytes};
+  return header.data_offset + slot / header.rows_per_page * uint64_t{header.page_bytes} +
+         slot % header.rows_per_page * uint64_t{header.row_bytes};
 }
 
 absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path) {
@@ -50,14 +64,15 @@ absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": not a packed Engram table (bad magic; expected \"ENGRAMTB\")"));
   }
-  if (h.version_major != kPackedVersionMajor) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path, ": packed table format version ", h.version_major, ".", h.version_minor,
-        " is not supported (this build reads major version ", kPackedVersionMajor, ")"));
+  if (h.version_major != kPackedVersionMajor && h.version_major != kPackedVersionPaged) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": packed table format version ", h.version_major, ".", h.version_minor,
+                     " is not supported (this build reads major versions ", kPackedVersionMajor,
+                     " and ", kPackedVersionPaged, ")"));
   }
   if (h.header_bytes != sizeof(PackedHeader)) {
     return absl::DataLossError(absl::StrCat(path, ": packed header says it is ", h.header_bytes,
-                                            " bytes; version 1 headers are ",
+                                            " bytes; version ", h.version_major, " headers are ",
                                             sizeof(PackedHeader)));
   }
   const uint64_t checksum = PackedHeaderChecksum(h);
@@ -84,6 +99,16 @@ absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path
   if ((h.flags & ~kPackedKnownFlags) != 0) {
     return geometry(absl::StrCat("unknown flags 0x", absl::Hex(h.flags & ~kPackedKnownFlags)));
   }
+  if (PackedPaged(h)) {
+    if (h.page_bytes != kPackedPageBytes || h.rows_per_page != kPackedRowsPerPage) {
+      return geometry(absl::StrCat("page_bytes ", h.page_bytes, " and rows_per_page ",
+                                   h.rows_per_page, " of a version 2 (paged) file, expected ",
+                                   kPackedPageBytes, " and ", kPackedRowsPerPage));
+    }
+  } else if (h.page_bytes != 0 || h.rows_per_page != 0) {
+    return geometry(absl::StrCat("page_bytes ", h.page_bytes, " and rows_per_page ",
+                                 h.rows_per_page, " in a version 1 file, where both are 0"));
+  }
   if (h.num_rows == 0) return geometry("table of 0 rows");
   if (h.covered_begin >= h.covered_end || h.covered_end > h.num_rows) {
     return geometry(absl::StrCat("covered rows [", h.covered_begin, ", ", h.covered_end,
@@ -94,19 +119,23 @@ absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path
         absl::StrCat("data offset ", h.data_offset, " is not a multiple of 4096 past the header"));
   }
   for (size_t i = 0; i < sizeof(h.reserved); ++i) {
-    if (h.reserved[i] != 0) return geometry(absl::StrCat("reserved byte ", 80 + i, " is not zero"));
+    if (h.reserved[i] != 0) {
+      return geometry(
+          absl::StrCat("reserved byte ", offsetof(PackedHeader, reserved) + i, " is not zero"));
+    }
   }
   const uint64_t first_slot = (h.flags & kPackedFlagSparse) ? 0 : h.covered_begin;
   // num_rows * 264 < 2^64 for any table that fits on a disk; refuse headers that would overflow.
   if (h.covered_end > (UINT64_MAX - h.data_offset) / kRowBytes) {
     return geometry(absl::StrCat("covered end ", h.covered_end, " overflows a file offset"));
   }
-  const uint64_t data_end = h.data_offset + (h.covered_end - first_slot) * uint64_t{kRowBytes};
+  const uint64_t data_end = PackedDataEnd(h, h.covered_end - first_slot);
   if (h.data_end != data_end) {
     return geometry(absl::StrCat("data end ", h.data_end, " does not match ",
-                                 (h.flags & kPackedFlagSparse) ? "sparse" : "compacted", " rows [",
-                                 h.covered_begin, ", ", h.covered_end, ") at data offset ",
-                                 h.data_offset, " (expected ", data_end, ")"));
+                                 (h.flags & kPackedFlagSparse) ? "sparse" : "compacted",
+                                 PackedPaged(h) ? " paged" : "", " rows [", h.covered_begin, ", ",
+                                 h.covered_end, ") at data offset ", h.data_offset, " (expected ",
+                                 data_end, ")"));
   }
   return absl::OkStatus();
 }

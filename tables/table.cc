@@ -31,6 +31,15 @@ Table::~Table() {
   }
 }
 
+uint32_t Table::max_pages_per_row() const {
+  uint32_t pages = 0;
+  for (const RowPart& p : parts_) {
+    // A part inside one page costs one page; one that may start anywhere can straddle two.
+    pages += p.paged() || p.bytes == 0 ? 1 : (p.bytes + 4095) / 4096 + 1;
+  }
+  return pages;
+}
+
 absl::Status Table::CheckRow(uint64_t row) const {
   if (covered_.contains(row)) return absl::OkStatus();
   if (row >= num_rows_) {
@@ -194,6 +203,24 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenTables(const std::string
   std::vector<std::unique_ptr<Table>> tables;
   tables.push_back(*std::move(table));
   return tables;
+}
+
+std::string PagedLayoutAdvice(const Table& table) {
+  if (table.max_pages_per_row() <= 1) return "";
+  const std::string rows =
+      table.covered() == RowRange{0, table.num_rows()}
+          ? ""
+          : absl::StrCat(" --rows ", table.covered().begin, ":", table.covered().end);
+  const std::string cost =
+      table.layout() == TableLayout::kCheckpoint
+          ? "the checkpoint layout: each missed row is two device reads (its values and scales "
+            "lie in distant regions of the shards)"
+          : "a packed file of format version 1, in which about one row in 16 straddles a 4 KiB "
+            "page boundary: such a missed row is two page reads";
+  return absl::StrCat("cache-tier ", table.Describe(), " is served from ", cost, "; `engram-pack ",
+                      table.source(), " --layer ", table.layer_id(), rows,
+                      " --paged --out FILE` writes a copy (format version 2) in which each missed "
+                      "row is one 4 KiB page read; serve FILE instead");
 }
 
 absl::Status ReadRowBlocking(const Table& table, uint64_t row, uint8_t* ret_row) {

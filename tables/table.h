@@ -65,6 +65,9 @@ struct TableFile {
 // Where one part of every row lives. Row r's part occupies bytes
 // [FileOffset(r), FileOffset(r) + bytes) of files()[file] and lands at dest_offset in the
 // 264-byte row. Packed tables have one part; checkpoint tables have two (values, then scales).
+// Parts are back to back (rows_per_page 0), or `rows_per_page` to a page of `page_bytes` with
+// the rest of each page padding (a paged packed file: no row straddles a page). Either way
+// offsets grow with the row.
 struct RowPart {
   uint32_t file = 0;          // index into Table::files()
   uint32_t dest_offset = 0;   // where the bytes go inside the 264-byte row
@@ -72,7 +75,24 @@ struct RowPart {
   uint64_t base = 0;          // file offset of row `base_row`
   uint64_t base_row = 0;      // row whose part starts at `base` (0, or the first row of a
                               // compacted per-rank copy)
-  uint64_t FileOffset(uint64_t row) const { return base + (row - base_row) * uint64_t{bytes}; }
+  uint32_t rows_per_page = 0;  // 0: back to back; else rows in each page of page_bytes
+  uint32_t page_bytes = 0;
+  uint64_t FileOffset(uint64_t row) const {
+    const uint64_t slot = row - base_row;
+    if (rows_per_page == 0) return base + slot * uint64_t{bytes};
+    return base + slot / rows_per_page * uint64_t{page_bytes} +
+           slot % rows_per_page * uint64_t{bytes};
+  }
+  // Bytes from the start of row `first`'s part to the end of row `first + count - 1`'s.
+  uint64_t SpanBytes(uint64_t first, uint64_t count) const {
+    return FileOffset(first + count - 1) + bytes - FileOffset(first);
+  }
+  // The most SpanBytes() can be for `count` rows, wherever they start.
+  uint64_t MaxSpanBytes(uint64_t count) const {
+    if (rows_per_page == 0) return count * uint64_t{bytes};
+    return (count / rows_per_page + 1) * uint64_t{page_bytes} + bytes;
+  }
+  bool paged() const { return rows_per_page != 0; }
 };
 
 // How a table may be opened.
@@ -108,6 +128,10 @@ class Table {
   std::span<const RowPart> parts() const { return parts_; }
   // Bytes of row data this table holds (covered rows × 264).
   uint64_t data_bytes() const { return covered_.size() * uint64_t{kRowBytes}; }
+  // Device page reads an O_DIRECT read of one row takes: 1 for a paged packed file (no row
+  // straddles a page), up to 2 for an unpaged packed file (14 of 15 rows sit in one page), 2 for
+  // a checkpoint (values and scales in distant regions; more when a part straddles a page).
+  uint32_t max_pages_per_row() const;
 
   // OK if `row` can be served; OutOfRange naming the table, the row and the covered range if not.
   absl::Status CheckRow(uint64_t row) const;
@@ -140,6 +164,12 @@ absl::StatusOr<std::unique_ptr<Table>> OpenPacked(const std::string& path,
 // Opens `path` as a checkpoint directory or a packed file, whichever it is.
 absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenTables(const std::string& path,
                                                                const OpenOptions& options);
+
+// For a table whose O_DIRECT misses take more than one page read a row (a checkpoint, or a
+// packed file of version 1): what a miss costs and the engram-pack command that writes a paged
+// copy (one page read a row). Empty for a paged packed file. engramd logs it at start for
+// cache-tier tables.
+std::string PagedLayoutAdvice(const Table& table);
 
 // Reads row `row` of `table` with plain blocking preads into `ret_row` (264 bytes). For tools
 // and tests; the daemon uses the gather engine.

@@ -53,6 +53,10 @@ absl::StatusOr<std::unique_ptr<Table>> OpenPacked(const std::string& path,
   // from their first row.
   part.base_row = (h.flags & kPackedFlagSparse) ? 0 : h.covered_begin;
   part.base = PackedRowOffset(h, part.base_row);
+  if (PackedPaged(h)) {  // version 2: 15 rows to a 4 KiB page
+    part.rows_per_page = h.rows_per_page;
+    part.page_bytes = h.page_bytes;
+  }
   builder.AddPart(part);
   return builder.Finish(options.check_holes);
 }

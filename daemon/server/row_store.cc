@@ -88,6 +88,10 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
       ts->resident = std::move(*rt);
     }
     any_cache |= ts->tier == Tier::kCache;
+    if (ts->tier == Tier::kCache) {
+      // Misses are device reads: say when the layout makes each one more than one page.
+      if (std::string advice = PagedLayoutAdvice(*t); !advice.empty()) store->notice_(advice);
+    }
     store->states_.push_back(std::move(ts));
   }
   if (any_cache) {

@@ -45,7 +45,7 @@ constexpr uint32_t kLayer = 14;
 
 struct Fixture {
   TempDir dir;
-  std::string ckpt, packed;
+  std::string ckpt, packed, paged;
   Fixture() {
     REQUIRE(dir.ok());
     ckpt = dir.path() + "/ckpt";
@@ -54,6 +54,8 @@ struct Fixture {
                 {.out_dir = ckpt, .rows = kRows, .seed = kSeed, .layers = {kLayer}})
                 .ok());
     REQUIRE(testing::WriteSyntheticPacked(packed, kLayer, kRows, kSeed).ok());
+    paged = dir.path() + "/layer14-paged.engram";
+    REQUIRE(testing::WriteSyntheticPacked(paged, kLayer, kRows, kSeed, /*paged=*/true).ok());
   }
 };
 
@@ -513,6 +515,53 @@ TEST_CASE("O_DIRECT tables read aligned page runs, byte-exact in both layouts", 
       CHECK(s.direct_reads > 0);
       CHECK(s.nowait_hits == 0);
       CHECK(s.mode == ReadMode::kDirect);
+    }
+  }
+}
+
+TEST_CASE("O_DIRECT reads of a paged table are one page a row, same-page rows one read",
+          "[gather]") {
+  auto table = Open(Files().paged);
+  REQUIRE(table->parts()[0].paged());
+  auto unpaged = Open(Files().packed);
+  auto ckpt = Open(Files().ckpt);
+  for (bool uring : {true, false}) {
+    DYNAMIC_SECTION((uring ? "io_uring" : "pool")) {
+      // Rows on pages at least two apart (so no page run joins them), plus second and third
+      // rows of some of those pages: one 4 KiB read for each page, whatever row of it.
+      std::vector<uint64_t> rows;
+      for (uint64_t page = 0; page < 400; page += 3) rows.push_back(page * 15 + page % 15);
+      const size_t pages = rows.size();
+      for (uint64_t page = 0; page < 400; page += 9) {
+        rows.push_back(page * 15 + 14);
+        rows.push_back(page * 15 + 7);
+      }
+      rows.push_back(kRows - 1);  // the last page, partly filled
+      auto engine = RequireEngine({.workers = 1, .use_io_uring = uring});
+      REQUIRE(engine->AddTable(table.get(), {.mode = ReadMode::kDirect}).ok());
+      std::vector<uint8_t> out;
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+      const auto s = StatsOf(*engine);
+      CHECK(s.direct_reads == pages + 1);
+      CHECK(s.bytes_read == (pages + 1) * 4096);
+
+      // The same rows of the unpaged layout: a row straddling two pages reads both; the
+      // checkpoint reads values and scales apart, two reads a row.
+      for (const Table* other : {unpaged.get(), ckpt.get()}) {
+        auto e2 = RequireEngine({.workers = 1, .use_io_uring = uring});
+        REQUIRE(e2->AddTable(other, {.mode = ReadMode::kDirect}).ok());
+        std::vector<uint64_t> spread;
+        for (uint64_t i = 0; i < 100; ++i) spread.push_back(i * 150 + 15);  // 39 KB apart
+        REQUIRE(GatherInto(*e2, *other, spread, out).ok());
+        CHECK(FirstMismatch(kSeed, *other, spread, out.data()) == -1);
+        const auto o = StatsOf(*e2);
+        if (other->layout() == TableLayout::kCheckpoint) {
+          CHECK(o.direct_reads > spread.size());  // values apart from their scales
+        } else {
+          CHECK(o.bytes_read > spread.size() * 4096);  // some rows straddle a page
+        }
+      }
     }
   }
 }

@@ -101,6 +101,30 @@ TEST_CASE("a packed per-rank copy loads its covered range", "[resident]") {
   CheckEveryRow(**rt);
 }
 
+TEST_CASE("a paged packed copy loads byte-exact, O_DIRECT and buffered", "[resident]") {
+  TempDir dir;
+  Synth(dir.path());
+  for (bool sparse : {false, true}) {
+    PackOptions pack{.input = dir.path(), .layer = 1, .out = dir / "l1.paged.engram"};
+    pack.rows = RowRange{4097, 15013};  // starts and ends mid-page
+    pack.sparse = sparse;
+    pack.paged = true;
+    REQUIRE(PackTable(pack).ok());
+    auto table = OpenPacked(pack.out, {});
+    REQUIRE(table.ok());
+    REQUIRE((*table)->parts()[0].paged());
+    for (bool direct : {true, false}) {
+      INFO((sparse ? "sparse" : "compacted") << (direct ? " O_DIRECT" : " buffered"));
+      // 1,000-row chunks: neither a whole number of pages nor page-aligned.
+      auto rt = ResidentTable::Create(**table, nullptr, {.direct_io = direct, .chunk_rows = 1000});
+      REQUIRE(rt.ok());
+      REQUIRE((*rt)->Load(nullptr, nullptr).ok());
+      REQUIRE((*rt)->rows_loaded() == 15013 - 4097);
+      CheckEveryRow(**rt);
+    }
+  }
+}
+
 TEST_CASE("a buffered load (direct_io off) is byte-exact too", "[resident]") {
   TempDir dir;
   auto tables = Synth(dir.path());

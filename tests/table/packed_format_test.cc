@@ -65,8 +65,8 @@ TEST_CASE("damaged or foreign headers are refused", "[packed_format]") {
   }
   SECTION("unknown major version") {
     PackedHeader b = h;
-    b.version_major = 2;
-    expect(b, absl::StatusCode::kFailedPrecondition, "version 2.0", true);
+    b.version_major = 3;
+    expect(b, absl::StatusCode::kFailedPrecondition, "version 3.0", true);
   }
   SECTION("a newer minor version is accepted") {
     PackedHeader b = h;
@@ -128,7 +128,84 @@ TEST_CASE("damaged or foreign headers are refused", "[packed_format]") {
   SECTION("reserved bytes set") {
     PackedHeader b = h;
     b.reserved[3] = 1;
-    expect(b, absl::StatusCode::kDataLoss, "reserved byte 83", true);
+    expect(b, absl::StatusCode::kDataLoss, "reserved byte 91", true);
+  }
+  SECTION("page fields in a version 1 header") {
+    PackedHeader b = h;
+    b.rows_per_page = 15;
+    expect(b, absl::StatusCode::kDataLoss, "rows_per_page 15 in a version 1 file", true);
+  }
+}
+
+TEST_CASE("a paged header puts 15 rows in each 4 KiB page", "[packed_format]") {
+  PackedHeader full = MakePackedHeader(14, 1000, {0, 1000}, false, /*paged=*/true);
+  SealPackedHeader(&full);
+  REQUIRE(ValidatePackedHeader(full, "f").ok());
+  CHECK(PackedPaged(full));
+  CHECK(full.version_major == 2);
+  CHECK(full.page_bytes == 4096);
+  CHECK(full.rows_per_page == 15);
+  // 1000 rows: 66 full pages and one holding 10 rows.
+  CHECK(full.data_end == 4096 + 67 * 4096);
+  CHECK(PackedRowOffset(full, 0) == 4096);
+  CHECK(PackedRowOffset(full, 14) == 4096 + 14 * 264);
+  CHECK(PackedRowOffset(full, 15) == 2 * 4096);
+  CHECK(PackedRowOffset(full, 999) == 4096 + 66 * 4096 + 9 * 264);
+  // No row straddles a page.
+  for (uint64_t r = 0; r < 1000; ++r) {
+    const uint64_t off = PackedRowOffset(full, r);
+    CHECK(off / 4096 == (off + 263) / 4096);
+  }
+  uint8_t bytes[sizeof(PackedHeader)];
+  std::memcpy(bytes, &full, sizeof(full));
+  CHECK(bytes[8] == 2);      // version_major
+  CHECK(bytes[81] == 0x10);  // page_bytes = 4096
+  CHECK(bytes[84] == 15);    // rows_per_page
+
+  PackedHeader compact = MakePackedHeader(1, 1000, {250, 500}, false, true);
+  SealPackedHeader(&compact);
+  CHECK(ValidatePackedHeader(compact, "f").ok());
+  CHECK(PackedRowOffset(compact, 250) == 4096);
+  CHECK(PackedRowOffset(compact, 265) == 2 * 4096);
+  CHECK(compact.data_end == 4096 + 17 * 4096);  // 250 rows: 16 full pages and one of 10
+
+  PackedHeader sparse = MakePackedHeader(1, 1000, {250, 500}, true, true);
+  SealPackedHeader(&sparse);
+  CHECK(ValidatePackedHeader(sparse, "f").ok());
+  CHECK(PackedRowOffset(sparse, 250) == 4096 + 16 * 4096 + 10 * 264);
+  CHECK(sparse.data_end == 4096 + 34 * 4096);  // slots [0, 500): 33 full pages and one of 5
+}
+
+TEST_CASE("damaged paged headers are refused naming the field", "[packed_format]") {
+  PackedHeader h = MakePackedHeader(14, 1000, {100, 900}, false, true);
+  SealPackedHeader(&h);
+  auto refused = [](PackedHeader bad, const char* text) {
+    SealPackedHeader(&bad);
+    absl::Status s = ValidatePackedHeader(bad, "/t/p.etbl");
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(s.message()), Contains("/t/p.etbl"));
+    CHECK_THAT(std::string(s.message()), Contains(text));
+  };
+  SECTION("rows per page") {
+    PackedHeader b = h;
+    b.rows_per_page = 16;
+    refused(b, "rows_per_page 16 of a version 2 (paged) file");
+  }
+  SECTION("page size") {
+    PackedHeader b = h;
+    b.page_bytes = 8192;
+    refused(b, "page_bytes 8192");
+  }
+  SECTION("data end of the unpaged layout") {
+    PackedHeader b = h;
+    b.data_end = 4096 + 800 * 264;
+    refused(b, "compacted paged rows [100, 900)");
+  }
+  SECTION("a version 1 header read as paged") {
+    PackedHeader b = h;
+    b.version_major = 1;
+    refused(b, "in a version 1 file");
   }
 }
 

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "tables/packed_format.h"
 #include "tables/table.h"
@@ -36,8 +37,9 @@ void WriteSynth(const std::string& dir) {
 
 absl::Status Pack(const std::string& in, uint32_t layer, const std::string& out,
                   std::optional<RowRange> rows = std::nullopt, bool sparse = false,
-                  uint64_t buffer_bytes = 64 << 10) {
+                  uint64_t buffer_bytes = 64 << 10, bool paged = false) {
   PackOptions o;
+  o.paged = paged;
   o.input = in;
   o.layer = layer;
   o.out = out;
@@ -186,6 +188,114 @@ TEST_CASE("sparse copies hold holes, and a header claiming a hole is refused", "
   auto declared = OpenPacked(dir / "s.etbl", {.rows = rank});
   REQUIRE(declared.ok());
   CheckRowsMatch(**declared, rank.begin, rank.begin + 10);
+}
+
+TEST_CASE("paged copies put 15 rows in each page and keep every byte", "[packed]") {
+  TempDir dir;
+  WriteSynth(dir / "model");
+  // Whole, compacted and sparse per-rank copies whose ranges start and end mid-page, packed in
+  // steps of 20 rows (not a page's 15), from the checkpoint and again from a paged copy.
+  struct Case {
+    std::optional<RowRange> rows;
+    bool sparse;
+  };
+  for (const Case& c : {Case{std::nullopt, false}, Case{RowRange{1007, 3998}, false},
+                        Case{RowRange{1007, 3998}, true}}) {
+    for (const std::string& input : std::vector<std::string>{"model", "full.etbl"}) {
+      if (input == "full.etbl") {
+        REQUIRE(
+            Pack(dir / "model", 1, dir / "full.etbl", std::nullopt, false, 64 << 10, true).ok());
+      }
+      const std::string out = dir / "p.etbl";
+      INFO("from " << input << (c.sparse ? " sparse" : "") << (c.rows ? " per rank" : ""));
+      REQUIRE(Pack(dir / input, 1, out, c.rows, c.sparse, 20 * kRowBytes, true).ok());
+      auto t = OpenPacked(out, {});
+      REQUIRE(t.ok());
+      const RowRange covered = c.rows.value_or(RowRange{0, kRows});
+      CHECK((*t)->covered() == covered);
+      REQUIRE((*t)->parts().size() == 1);
+      const RowPart& p = (*t)->parts()[0];
+      CHECK(p.paged());
+      CHECK(p.rows_per_page == 15);
+      CHECK((*t)->max_pages_per_row() == 1);
+      const uint64_t first_slot = c.sparse ? 0 : covered.begin;
+      const uint64_t pages = (covered.end - first_slot + 14) / 15;
+      CHECK(std::filesystem::file_size(out) == 4096 + pages * 4096);
+      for (uint64_t r = covered.begin; r < covered.end; ++r) {
+        const uint64_t off = p.FileOffset(r);
+        REQUIRE(off / 4096 == (off + kRowBytes - 1) / 4096);
+      }
+      CheckRowsMatch(**t, covered.begin, covered.end);
+      // The padding after each page's 15 rows is zero.
+      const std::string bytes = ReadFile(out);
+      for (uint64_t page = 1 + first_slot / 15 + 1; page < 1 + pages; page += 37) {
+        for (uint64_t b = page * 4096 + 15 * kRowBytes; b < (page + 1) * 4096; ++b) {
+          REQUIRE(bytes[b] == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("tables that are not paged say what a miss costs and how to pack them", "[packed]") {
+  TempDir dir;
+  WriteSynth(dir / "model");
+  OpenOptions one;
+  one.layers = {1};
+  auto ckpt = OpenCheckpoint(dir / "model", one);
+  REQUIRE(ckpt.ok());
+  CHECK((*ckpt)[0]->max_pages_per_row() >= 2);
+  const std::string a = PagedLayoutAdvice(*(*ckpt)[0]);
+  CHECK_THAT(a, Contains("checkpoint layout: each missed row is two device reads"));
+  CHECK_THAT(a, Contains("`engram-pack " + (dir / "model") + " --layer 1 --paged --out FILE`"));
+
+  REQUIRE(Pack(dir / "model", 1, dir / "v1.etbl", RowRange{10, 4000}).ok());
+  auto v1 = OpenPacked(dir / "v1.etbl", {});
+  REQUIRE(v1.ok());
+  CHECK((*v1)->max_pages_per_row() == 2);
+  const std::string b = PagedLayoutAdvice(**v1);
+  CHECK_THAT(b, Contains("format version 1"));
+  CHECK_THAT(b, Contains("--layer 1 --rows 10:4000 --paged --out FILE"));
+
+  REQUIRE(Pack(dir / "v1.etbl", 1, dir / "v2.etbl", std::nullopt, false, 64 << 10, true).ok());
+  auto v2 = OpenPacked(dir / "v2.etbl", {});
+  REQUIRE(v2.ok());
+  CHECK((*v2)->max_pages_per_row() == 1);
+  CHECK(PagedLayoutAdvice(**v2).empty());
+}
+
+TEST_CASE("damaged paged files are refused at open naming the field", "[packed]") {
+  TempDir dir;
+  WriteSynth(dir / "model");
+  const std::string path = dir / "p.etbl";
+  REQUIRE(Pack(dir / "model", 14, path, std::nullopt, false, 64 << 10, true).ok());
+  std::string bytes = ReadFile(path);
+  PackedHeader h;
+  std::memcpy(&h, bytes.data(), sizeof(h));
+  auto refused = [&](const std::string& text) {
+    auto t = OpenPacked(path, {});
+    REQUIRE_FALSE(t.ok());
+    INFO(t.status().ToString());
+    CHECK(t.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(t.status().message()), Contains(path));
+    CHECK_THAT(std::string(t.status().message()), Contains(text));
+  };
+  SECTION("rows per page") {
+    h.rows_per_page = 14;
+    SealPackedHeader(&h);
+    std::memcpy(bytes.data(), &h, sizeof(h));
+    WriteFile(path, bytes);
+    refused("rows_per_page 14");
+  }
+  SECTION("checksum") {
+    bytes[84] = 16;  // rows_per_page, not resealed
+    WriteFile(path, bytes);
+    refused("checksum mismatch");
+  }
+  SECTION("last page cut short") {
+    std::filesystem::resize_file(path, bytes.size() - 100);
+    refused("truncated");
+  }
 }
 
 TEST_CASE("damaged packed files are refused at open", "[packed]") {

@@ -66,7 +66,8 @@ nlohmann::json Describe(const engram::Table& t) {
                               {"dest_offset", p.dest_offset},
                               {"base", p.base},
                               {"base_row", p.base_row},
-                              {"base_aligned_4k", p.base % 4096 == 0}});
+                              {"base_aligned_4k", p.base % 4096 == 0},
+                              {"rows_per_page", p.rows_per_page}});
   }
   return entry;
 }
@@ -79,6 +80,15 @@ void PrintGeometry(const engram::Table& t) {
               static_cast<unsigned long long>(t.covered().end),
               engram::HumanBytes(t.data_bytes()).c_str());
   for (const engram::RowPart& p : t.parts()) {
+    if (p.paged()) {
+      std::printf(
+          "  bytes [%u, %u) of each row: %s, paged: row r in slot s = r - %llu at %llu + (s / %u) "
+          "* %u + (s %% %u) * %u (one page read a row)\n",
+          p.dest_offset, p.dest_offset + p.bytes, t.files()[p.file].path.c_str(),
+          static_cast<unsigned long long>(p.base_row), static_cast<unsigned long long>(p.base),
+          p.rows_per_page, p.page_bytes, p.rows_per_page, p.bytes);
+      continue;
+    }
     std::printf("  bytes [%u, %u) of each row: %s, row r at %llu + (r - %llu) * %u%s\n",
                 p.dest_offset, p.dest_offset + p.bytes, t.files()[p.file].path.c_str(),
                 static_cast<unsigned long long>(p.base),

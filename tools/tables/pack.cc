@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -98,45 +99,75 @@ absl::Status WriteHeaderPage(const TempOutput& out, const PackedHeader& header) 
   return WriteAllAt(out.fd(), out.path(), page.data(), page.size(), 0);
 }
 
-// Reads rows [first, first + n) of table into row_buf as whole rows, assembling them from the
-// table's parts through part_buf when there is more than one.
+// Reads rows [first, first + n) of table into row_buf as whole rows, through part_buf (sized
+// for the parts' widest span) when a part is not a run of whole rows.
 absl::Status ReadRows(const Table& table, uint64_t first, uint64_t n, std::vector<uint8_t>& row_buf,
                       std::vector<uint8_t>& part_buf) {
-  const bool one_part = table.parts().size() == 1;
   for (const RowPart& p : table.parts()) {
     const TableFile& f = table.files()[p.file];
-    uint8_t* dst = one_part ? row_buf.data() : part_buf.data();
-    if (absl::Status s = PreadFull(f.fd, f.path, dst, n * p.bytes, p.FileOffset(first)); !s.ok()) {
+    const bool direct = p.bytes == kRowBytes && !p.paged();
+    uint8_t* dst = direct ? row_buf.data() : part_buf.data();
+    const uint64_t begin = p.FileOffset(first);
+    if (absl::Status s = PreadFull(f.fd, f.path, dst, p.SpanBytes(first, n), begin); !s.ok()) {
       return s;
     }
-    if (!one_part) {
+    if (!direct) {
       for (uint64_t i = 0; i < n; ++i) {
-        std::memcpy(row_buf.data() + i * kRowBytes + p.dest_offset, dst + i * p.bytes, p.bytes);
+        std::memcpy(row_buf.data() + i * kRowBytes + p.dest_offset,
+                    dst + (p.FileOffset(first + i) - begin), p.bytes);
       }
     }
   }
   return absl::OkStatus();
 }
 
-// Copies the table's covered rows into out, a buffer's worth at a time.
+// Copies the table's covered rows into out, a buffer's worth at a time. A paged output gets
+// whole pages (rows, then zero padding) assembled in page_buf.
 absl::Status CopyRows(const Table& table, const PackedHeader& header, const TempOutput& out,
                       const PackOptions& options) {
   const RowRange rows = table.covered();
-  const uint64_t chunk_rows = std::max<uint64_t>(1, options.buffer_bytes / kRowBytes);
+  const bool paged = PackedPaged(header);
+  uint64_t chunk_rows = std::max<uint64_t>(1, options.buffer_bytes / kRowBytes);
+  if (paged)
+    chunk_rows = std::max<uint64_t>(1, chunk_rows / kPackedRowsPerPage) * kPackedRowsPerPage;
   std::vector<uint8_t> row_buf(chunk_rows * kRowBytes);
   std::vector<uint8_t> part_buf;
-  if (table.parts().size() != 1) part_buf.resize(chunk_rows * kValueBytes);
+  uint64_t max_span = 0;
+  for (const RowPart& p : table.parts()) max_span = std::max(max_span, p.MaxSpanBytes(chunk_rows));
+  if (table.parts().size() != 1 || table.parts()[0].paged()) part_buf.resize(max_span);
+  std::vector<uint8_t> page_buf;
+  if (paged) page_buf.resize((chunk_rows / kPackedRowsPerPage + 1) * kPackedPageBytes);
   const uint64_t total_bytes = rows.size() * kRowBytes;
   WriteBehind write_behind(out.fd(), PackedRowOffset(header, rows.begin));
-  for (uint64_t first = rows.begin; first < rows.end; first += chunk_rows) {
-    const uint64_t n = std::min(chunk_rows, rows.end - first);
+  const uint64_t first_slot = (header.flags & kPackedFlagSparse) ? 0 : rows.begin;
+  for (uint64_t first = rows.begin, n = 0; first < rows.end; first += n) {
+    n = std::min(chunk_rows, rows.end - first);
+    // A paged chunk ends at a page's end, so that the next chunk's first page is its own.
+    if (paged) n = std::min(n, chunk_rows - (first - first_slot) % kPackedRowsPerPage);
     if (absl::Status s = ReadRows(table, first, n, row_buf, part_buf); !s.ok()) return s;
     const uint64_t off = PackedRowOffset(header, first);
-    if (absl::Status s = WriteAllAt(out.fd(), out.path(), row_buf.data(), n * kRowBytes, off);
-        !s.ok()) {
-      return s;
+    const uint8_t* data = row_buf.data();
+    uint64_t bytes = n * kRowBytes;
+    if (paged) {
+      // Every page this chunk touches is written whole: its rows, then zeros to the page's end
+      // (a sparse copy's first page also gets zeros before its first row).
+      const uint64_t page0 = off / kPackedPageBytes * kPackedPageBytes;
+      const uint64_t end = PackedRowOffset(header, first + n - 1) + kRowBytes;
+      bytes = (end - page0 + kPackedPageBytes - 1) / kPackedPageBytes * kPackedPageBytes;
+      std::memset(page_buf.data(), 0, bytes);
+      for (uint64_t i = 0; i < n; ++i) {
+        std::memcpy(page_buf.data() + (PackedRowOffset(header, first + i) - page0),
+                    row_buf.data() + i * kRowBytes, kRowBytes);
+      }
+      if (absl::Status s = WriteAllAt(out.fd(), out.path(), page_buf.data(), bytes, page0);
+          !s.ok()) {
+        return s;
+      }
+      write_behind.Wrote(page0 + bytes);
+    } else {
+      if (absl::Status s = WriteAllAt(out.fd(), out.path(), data, bytes, off); !s.ok()) return s;
+      write_behind.Wrote(off + bytes);
     }
-    write_behind.Wrote(off + n * kRowBytes);
     if (options.progress) options.progress((first + n - rows.begin) * kRowBytes, total_bytes);
   }
   return absl::OkStatus();
@@ -144,8 +175,9 @@ absl::Status CopyRows(const Table& table, const PackedHeader& header, const Temp
 
 }  // namespace
 
-absl::Status PackTable(const PackOptions& options) {
+absl::Status PackTable(const PackOptions& options, PackStats* ret_stats) {
   if (options.out.empty()) return absl::InvalidArgumentError("no output file given");
+  const auto start = std::chrono::steady_clock::now();
   OpenOptions open_options;
   open_options.layers = {options.layer};
   open_options.rows = options.rows;
@@ -157,8 +189,8 @@ absl::Status PackTable(const PackOptions& options) {
         absl::StrCat("layer ", options.layer, " is not an Engram table of ", options.input));
   }
   const Table& table = *(*tables)[0];
-  PackedHeader header =
-      MakePackedHeader(table.layer_id(), table.num_rows(), table.covered(), options.sparse);
+  PackedHeader header = MakePackedHeader(table.layer_id(), table.num_rows(), table.covered(),
+                                         options.sparse, options.paged);
   SealPackedHeader(&header);
 
   TempOutput out;
@@ -172,6 +204,16 @@ absl::Status PackTable(const PackOptions& options) {
   if (!check.ok()) {
     return absl::InternalError(absl::StrCat("the packed file written to ", options.out,
                                             " does not open: ", check.status().message()));
+  }
+  if (ret_stats != nullptr) {
+    struct stat st;
+    if (::stat(options.out.c_str(), &st) != 0) return ErrnoStatus("cannot stat", options.out);
+    ret_stats->rows = table.covered().size();
+    ret_stats->row_bytes = ret_stats->rows * kRowBytes;
+    ret_stats->file_bytes = static_cast<uint64_t>(st.st_size);
+    ret_stats->disk_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    ret_stats->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return absl::OkStatus();
 }

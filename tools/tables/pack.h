@@ -25,6 +25,9 @@ struct PackOptions {
   std::optional<RowRange> rows;
   // Keep rows at their original offsets (a sparse file) instead of compacting them.
   bool sparse = false;
+  // Write format version 2: 15 rows to each 4 KiB page, none straddling one, so that an
+  // O_DIRECT read of a row is one page (the cache tier's misses).
+  bool paged = false;
   // Bytes of row data moved per step; memory use is about twice this.
   uint64_t buffer_bytes = 4ull << 20;
   // Check the input for holes in the rows it is asked for (OpenOptions::check_holes).
@@ -33,9 +36,18 @@ struct PackOptions {
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
 };
 
-// Writes layer `options.layer` of `options.input` to `options.out` in the packed layout and
-// checks the result opens. On failure nothing is left at `out` (an existing file there is kept).
-absl::Status PackTable(const PackOptions& options);
+// What a pack wrote and how long it took (engram-pack reports it).
+struct PackStats {
+  uint64_t rows = 0;        // rows written
+  uint64_t row_bytes = 0;   // rows x 264
+  uint64_t file_bytes = 0;  // the output's size (header page, rows, page padding)
+  uint64_t disk_bytes = 0;  // what it takes on disk (st_blocks; less for a sparse copy)
+  double seconds = 0;       // from opening the input to the checked, renamed output
+};
 
+// Writes layer `options.layer` of `options.input` to `options.out` in the packed layout and
+// checks the result opens; fills `ret_stats` when given. On failure nothing is left at `out`
+// (an existing file there is kept).
+absl::Status PackTable(const PackOptions& options, PackStats* ret_stats = nullptr);
 
 }  // namespace engram
