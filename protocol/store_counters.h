@@ -62,6 +62,26 @@
   X(resident_bytes, "resident_memory_bytes", RESIDENT, GAUGE, "engram_store_resident_bytes",   \
     "Memory of a resident table")
 
+// The miss queue of cache-tier misses (gather/miss_queue.h), per class (decode, prefill,
+// prefetch): in status's "store"."misses"."classes"."CLASS" and as metrics labelled by class.
+#define ENGRAM_MISS_CLASS_COUNTERS(X)                                                  \
+  X(waiting_reads, "waiting_reads", GAUGE, "engram_miss_queue_waiting_reads",          \
+    "Missed rows queued for the device, not yet started")                              \
+  X(in_flight_reads, "in_flight_reads", GAUGE, "engram_miss_queue_in_flight_reads",    \
+    "Missed rows being read from the device")                                          \
+  X(pieces, "pieces", COUNTER, "engram_miss_queue_pieces_total",                       \
+    "Pieces of misses the queue let go to the device")                                 \
+  X(reads, "reads", COUNTER, "engram_miss_queue_reads_total",                          \
+    "Missed rows the queue let go to the device")                                      \
+  X(dropped_reads, "dropped_reads", COUNTER, "engram_miss_queue_dropped_reads_total",  \
+    "Prefetched rows dropped because the queue was full")                              \
+  X(wait_ns, "wait_ns", COUNTER, "engram_miss_queue_wait_nanoseconds_total",           \
+    "Time pieces waited in the queue, added up")                                       \
+  X(max_wait_ns, "max_wait_ns", GAUGE, "engram_miss_queue_max_wait_nanoseconds",       \
+    "The longest one piece waited in the queue")                                       \
+  X(max_reads_waited, "max_reads_waited", GAUGE, "engram_miss_queue_max_reads_waited", \
+    "The most device reads that completed while one piece waited")
+
 // Selector on an entry's type: ENGRAM_STORE_IF_COUNTER_##type(...) expands to its arguments for
 // a COUNTER and to nothing for a GAUGE.
 #define ENGRAM_STORE_IF_COUNTER_COUNTER(...) __VA_ARGS__

@@ -52,6 +52,10 @@ struct StoreConfig {
   bool huge_pages = true;              // [memory] huge_pages: resident tables on hugetlb pages
   bool load_at_start = true;           // [memory] load_at_start: else `engramctl load` starts it
   uint64_t load_rate_bytes_per_s = 0;  // [memory] load_rate: bytes/s a load reads; 0 = no limit
+  // [memory] miss_depth: device reads of cache-tier misses in flight past which prefill and
+  // prefetch misses wait (the miss queue, gather/miss_queue.h); about the queue depth at which
+  // the device reaches its read rate.
+  uint32_t miss_depth = 64;
 
   // The row store's cap: resident tables + cache (0 = unbounded).
   uint64_t store_budget_bytes() const {

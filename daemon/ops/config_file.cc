@@ -469,6 +469,16 @@ const std::vector<Setting>& Settings() {
        [](S* s) -> void* { return &s->server.hot_set_interval_s; }, 0, 86400},
       {"memory.hot_set_rows", "", "Rows the hot set keeps at most (8 bytes each)", Kind::kUint64,
        kRestart, [](S* s) -> void* { return &s->server.hot_set_rows; }, 1, uint64_t{1} << 30},
+      {.key = "memory.miss_depth",
+       .flag = "--miss-depth",
+       .help = "Device reads of cache-tier misses in flight past which prefill and prefetch "
+               "misses wait (decode steps' go at once, first); about the queue depth at which "
+               "the device reaches its read rate",
+       .kind = Kind::kUint32,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->store.miss_depth; },
+       .min = 1,
+       .max = 4096},
       {.key = "socket.path",
        .flag = "--socket",
        .help = "Unix socket to listen on",

@@ -240,6 +240,8 @@ void Prefetcher::Process(uint32_t table_index, std::span<const uint64_t> rows) {
     }
     fetched = outcome.fetched;
     held = outcome.held;
+    // The miss queue was full (decode steps and prefills ahead of it).
+    c.dropped.fetch_add(outcome.dropped, std::memory_order_relaxed);
   } else if (options_.storage_readahead) {
     ReadAhead(table, rows, &fetched, &held);
   } else {

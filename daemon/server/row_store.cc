@@ -99,6 +99,7 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
     auto cache = store->MakeCache(bytes, handoff);
     if (!cache.ok()) return cache.status();
     store->cache_ = std::move(*cache);
+    store->misses_ = std::make_unique<MissQueue>(MissQueueOptions{.depth = config.miss_depth});
     store->cache_target_slots_ = store->cache_->capacity_slots();
     if (store->cache_->capacity_slots() < store->cache_->max_slots()) {
       store->notice_(absl::StrCat("row cache: the memory budget allows ",
@@ -376,24 +377,17 @@ absl::Status RowStore::GatherMisses(TableState& ts, const GatherBatch& batch,
     return engine_->Gather(
         {.table = batch.table, .rows = rows, .dest = batch.dest, .dest_offsets = offsets});
   }
-  // In pieces of kMissChunkRows: the buffer a request thread keeps stays small, whatever the
-  // request's size (MemoryPlan counts it per thread).
-  std::vector<uint8_t>& bounce = t_scratch.bounce;
+  // In pieces the miss queue grants (decode steps before prefills, at most miss_depth reads in
+  // flight): the buffer a request thread keeps stays small, whatever the request's size
+  // (MemoryPlan counts it per thread).
   const uint32_t layer = batch.table->layer_id();
-  for (size_t begin = 0; begin < rows.size(); begin += kMissChunkRows) {
-    const size_t n = std::min<size_t>(kMissChunkRows, rows.size() - begin);
-    if (bounce.size() < n * kRowBytes) bounce.resize(n * kRowBytes);
-    absl::Status s = engine_->Gather(
-        {.table = batch.table, .rows = {rows.data() + begin, n}, .dest = bounce.data()});
-    if (!s.ok()) return s;
-    for (size_t i = 0; i < n; ++i) {
-      const uint8_t* row = bounce.data() + i * kRowBytes;
-      std::memcpy(batch.dest + offsets[begin + i], row, kRowBytes);
-      // Rows and layers were validated above; an insert cannot fail.
-      (void)cache_->Insert(layer, rows[begin + i], row);
-    }
-  }
-  return absl::OkStatus();
+  auto admit = [&](size_t i, const uint8_t* row) {
+    std::memcpy(batch.dest + offsets[i], row, kRowBytes);
+    // Rows and layers were validated above; an insert cannot fail.
+    (void)cache_->Insert(layer, rows[i], row);
+  };
+  return ReadMisses(engine_, misses_.get(), MissClassOfGather(batch.rows.size()), batch.table, rows,
+                    t_scratch.bounce, admit);
 }
 
 bool RowStore::Handles(const Table* table) {
@@ -425,27 +419,26 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
     }
   }
   if (miss.rows.empty()) return absl::OkStatus();
-  std::vector<uint8_t>& bounce = miss.bounce;
-  for (size_t begin = 0; begin < miss.rows.size(); begin += kMissChunkRows) {
-    const size_t n = std::min<size_t>(kMissChunkRows, miss.rows.size() - begin);
-    if (bounce.size() < n * kRowBytes) bounce.resize(n * kRowBytes);
-    absl::Status s = engine_->Gather(
-        {.table = table, .rows = {miss.rows.data() + begin, n}, .dest = bounce.data()});
-    if (!s.ok()) return s;
-    for (size_t i = 0; i < n; ++i) {
-      bool inserted = false;
-      // Rows were checked against the table when the prefetch was queued.
-      (void)cache_->InsertPrefetched(layer, miss.rows[begin + i], bounce.data() + i * kRowBytes,
-                                     &inserted);
-      // A row a gather admitted meanwhile (or a duplicate in `rows`) was held, not fetched.
-      if (inserted) {
-        ++ret_outcome->fetched;
-      } else {
-        ++ret_outcome->held;
-      }
+  // Behind every gather's misses in the miss queue; pieces past its bound are dropped.
+  const uint64_t held_before = ret_outcome->held;
+  auto admit = [&](size_t i, const uint8_t* row) {
+    bool inserted = false;
+    // Rows were checked against the table when the prefetch was queued.
+    (void)cache_->InsertPrefetched(layer, miss.rows[i], row, &inserted);
+    // A row a gather admitted meanwhile (or a duplicate in `rows`) was held, not fetched.
+    if (inserted) {
+      ++ret_outcome->fetched;
+    } else {
+      ++ret_outcome->held;
     }
+  };
+  absl::Status s = ReadMisses(engine_, misses_.get(), MissClass::kPrefetch, table, miss.rows,
+                              miss.bounce, admit);
+  if (s.ok()) {
+    ret_outcome->dropped =
+        miss.rows.size() - ret_outcome->fetched - (ret_outcome->held - held_before);
   }
-  return absl::OkStatus();
+  return s;
 }
 
 std::vector<TableStoreStats> RowStore::Stats() const {

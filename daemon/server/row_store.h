@@ -26,6 +26,7 @@
 #include "daemon/ops/metrics.h"
 #include "daemon/server/cache_handoff.h"
 #include "gather/gather_engine.h"
+#include "gather/miss_queue.h"
 #include "nlohmann/json.hpp"
 #include "protocol/store_counters.h"
 #include "store/load_status.h"
@@ -53,6 +54,7 @@ struct TableStoreStats {
 struct PrefetchOutcome {
   uint64_t fetched = 0;  // rows read and admitted to the cache
   uint64_t held = 0;     // rows the store held already (cached, or a resident table)
+  uint64_t dropped = 0;  // rows the miss queue dropped, being full (gather/miss_queue.h)
 };
 
 // The entry of `layer` in the "tables" array of a control reply, or null.
@@ -140,6 +142,8 @@ class RowStore {
 
   const MemoryBudget& budget() const { return budget_; }
   const RowCache* cache() const { return cache_.get(); }
+  // The queue cache-tier misses are read through (null without a cached table).
+  const MissQueue* miss_queue() const { return misses_.get(); }
   // Resident table of `layer`, or null.
   const ResidentTable* resident(uint32_t layer) const;
 
@@ -187,6 +191,7 @@ class RowStore {
   MemoryBudget budget_;
   std::vector<std::unique_ptr<TableState>> states_;
   std::unique_ptr<RowCache> cache_;
+  std::unique_ptr<MissQueue> misses_;  // cache-tier misses, by class (gather/miss_queue.h)
   uint64_t cache_target_slots_ = 0;
   std::unique_ptr<PressureMonitor> pressure_;
   // The loader: one thread, a queue of resident tables to load.

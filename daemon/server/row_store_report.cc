@@ -47,6 +47,23 @@ void AddSample(const StoreCounterInfo& c, const metrics::Labels& labels, double 
   }
 }
 
+// The miss queue in status: its depth, the device's measured read rate and each class.
+json MissQueueJson(const MissQueueStats& q) {
+  json classes = json::object();
+  for (int c = 0; c < kMissClasses; ++c) {
+    const MissClassStats& s = q.classes[c];
+    json one;
+#define ENGRAM_MISS_JSON_(field, json_key, type, metric, help) one[json_key] = s.field;
+    ENGRAM_MISS_CLASS_COUNTERS(ENGRAM_MISS_JSON_)
+#undef ENGRAM_MISS_JSON_
+    classes[MissClassName(static_cast<MissClass>(c))] = one;
+  }
+  return {{"depth", q.depth},
+          {"completed_reads", q.completed_reads},
+          {"read_rate_per_s", q.read_rate_per_s},
+          {"classes", classes}};
+}
+
 }  // namespace
 
 json* ControlTableEntry(json* tables, uint32_t layer) {
@@ -84,6 +101,7 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
 #undef ENGRAM_ROW_CACHE_JSON_
       store["cache"] = cache;
     }
+    if (misses_ != nullptr) store["misses"] = MissQueueJson(misses_->Stats());
     (*out)["store"] = store;
     // "rows_served" and "batches" count what clients asked for. For tables of the store's tiers
     // the engine sees only the misses, so their engine counts give way to the store's.
@@ -140,6 +158,22 @@ void RowStore::AddMetrics(metrics::Exposition* e) const {
     ForEachStoreTableCounter(s, [&](const StoreCounterInfo& c, uint64_t v) {
       AddSample(c, t, double(v), e);
     });
+  }
+  if (misses_ != nullptr) {
+    const MissQueueStats q = misses_->Stats();
+    e->Gauge("engram_miss_queue_depth", "Device reads of cache-tier misses in flight at most", {},
+             double(q.depth));
+    e->Gauge("engram_miss_queue_read_rate",
+             "Missed rows read per second while reads were in flight (the device's rate)", {},
+             q.read_rate_per_s);
+    for (int c = 0; c < kMissClasses; ++c) {
+      const MissClassStats& s = q.classes[c];
+      const metrics::Labels l = {{"class", MissClassName(static_cast<MissClass>(c))}};
+#define ENGRAM_MISS_METRIC_(field, json_key, type, metric, help) \
+  AddSample({json_key, metric, help, ENGRAM_STORE_GROWS_##type, false}, l, double(s.field), e);
+      ENGRAM_MISS_CLASS_COUNTERS(ENGRAM_MISS_METRIC_)
+#undef ENGRAM_MISS_METRIC_
+    }
   }
   if (cache_ == nullptr) return;
   const RowCacheStats c = cache_->Stats();

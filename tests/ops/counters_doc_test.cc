@@ -48,6 +48,9 @@ TEST_CASE("docs/operations.md names the metric of every counter in the lists") {
 #define TABLE_(field, json_key, tiers, type, metric, help) metrics.push_back(metric);
   ENGRAM_STORE_TABLE_COUNTERS(TABLE_)
 #undef TABLE_
+#define MISS_(field, json_key, type, metric, help) metrics.push_back(metric);
+  ENGRAM_MISS_CLASS_COUNTERS(MISS_)
+#undef MISS_
   const std::string section = MetricsSection();
   size_t named = 0;
   for (const std::string& m : metrics) {

@@ -40,6 +40,12 @@ constexpr CounterText kStoreTableCounters[] = {
 #undef ENGRAMCTL_TABLE_
 };
 
+constexpr CounterText kMissClassCounters[] = {
+#define ENGRAMCTL_MISS_(field, json_key, type, metric, help) {json_key, ENGRAMCTL_GROWS_##type},
+    ENGRAM_MISS_CLASS_COUNTERS(ENGRAMCTL_MISS_)
+#undef ENGRAMCTL_MISS_
+};
+
 bool EndsWith(std::string_view s, std::string_view end) {
   return s.size() >= end.size() && s.substr(s.size() - end.size()) == end;
 }
@@ -70,6 +76,7 @@ std::string CounterText1(const CounterText& c, const json& now, const json* befo
 
 std::span<const CounterText> SessionCounters() { return kSessionCounters; }
 std::span<const CounterText> RowCacheCounters() { return kRowCacheCounters; }
+std::span<const CounterText> MissClassCounters() { return kMissClassCounters; }
 std::span<const CounterText> StoreTableCounters() { return kStoreTableCounters; }
 
 std::string CounterLines(std::span<const CounterText> counters, const json& now, const json* before,

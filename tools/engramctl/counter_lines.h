@@ -22,6 +22,8 @@ std::span<const CounterText> SessionCounters();
 // ENGRAM_ROW_CACHE_COUNTERS and ENGRAM_STORE_TABLE_COUNTERS.
 std::span<const CounterText> RowCacheCounters();
 std::span<const CounterText> StoreTableCounters();
+// ENGRAM_MISS_CLASS_COUNTERS (the miss queue, one class).
+std::span<const CounterText> MissClassCounters();
 
 // "label value" of each counter of `counters` that `now` holds, comma-separated and wrapped at
 // 100 columns, each line starting with `indent` and ending in a newline; with `before`, counters

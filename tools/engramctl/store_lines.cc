@@ -50,6 +50,19 @@ void PrintStoreStatus(const json& reply) {
                : "");
     fputs(CounterLines(RowCacheCounters(), c, nullptr, 0, "    ").c_str(), stdout);
   }
+  if (s.contains("misses") && s["misses"].is_object()) {
+    const json& m = s["misses"];
+    printf("  miss queue, depth %lu, device read rate %.0f rows/s, %lu rows read:\n",
+           Num(m, "depth"), Frac(m, "read_rate_per_s"), Num(m, "completed_reads"));
+    if (m.contains("classes") && m["classes"].is_object()) {
+      for (const char* name : {"decode", "prefill", "prefetch"}) {
+        if (!m["classes"].contains(name)) continue;
+        printf("    %s:\n", name);
+        fputs(CounterLines(MissClassCounters(), m["classes"][name], nullptr, 0, "      ").c_str(),
+              stdout);
+      }
+    }
+  }
 }
 
 void PrintStoreTableStats(const json& t) {
