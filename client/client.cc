@@ -149,6 +149,8 @@ struct engram_session {
   // the session is closed.
   std::mutex in_place_mutex;
   std::map<uint32_t, engram::client::InPlaceTable> in_place;
+  // The touch page's ring has one producer: the gathers of every thread take turns.
+  std::mutex touch_mutex;
 };
 
 namespace {
@@ -416,7 +418,8 @@ int Handshake(engram_session* s, const engram_connect_options& o, int64_t timeou
   hello.version_minor = ENGRAM_PROTOCOL_MINOR;
   // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
   hello.slots = o.slots;
-  hello.features = ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_PREFETCH | ENGRAM_FEATURE_TABLE_STATE;
+  hello.features = ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_PREFETCH | ENGRAM_FEATURE_TABLE_STATE |
+                   ENGRAM_FEATURE_ROW_CACHE_MAP;
   if (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) hello.features |= ENGRAM_FEATURE_DEVICE_SUBMIT;
   hello.data_bytes = o.data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());
@@ -716,6 +719,7 @@ int GatherSqe(engram_session* s, const struct engram_gather_request* theirs, eng
 }
 
 int FetchTables(engram_session* s, std::vector<engram_wire_table>* ret_tables);
+int OpenTableMap(engram_session* s, uint32_t layer, bool row_cache, engram_table_map** ret_map);
 
 // How often a table that could not be mapped yet (still loading) is asked for again.
 constexpr int64_t kInPlaceRetryNs = 100'000'000;
@@ -739,7 +743,7 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
     }
   }
   engram_table_map* map = nullptr;
-  const int rc = wire != nullptr ? engram_table_map_open(s, layer, &map) : -ENOENT;
+  const int rc = wire != nullptr ? OpenTableMap(s, layer, /*row_cache=*/true, &map) : -ENOENT;
   if (rc == 0) {
     t.map = map;
     t.bounds = {.layer_id = layer,
@@ -779,6 +783,64 @@ int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, 
   }
   s->counters.rows_in_place.fetch_add(request.rows.size(), std::memory_order_relaxed);
   return 0;
+}
+
+// GatherInPlace for a table of the cache tier: the hits are copied here, the misses go to the
+// daemon as one request into the same destination slots (it reads them and admits them to the
+// cache as it would have). -ESTALE as GatherInPlace's (nothing was sent).
+int GatherCachedInPlace(engram_session* s, const engram::client::InPlaceTable& table,
+                        engram_sqe sqe, int64_t timeout_ns) {
+  const engram_sqe original = sqe;
+  sqe.ticket = uint64_t{1} << 16;
+  const proto::RequestContext context{.slots = 1,
+                                      .max_rows = s->welcome.max_rows_per_request,
+                                      .data = s->data,
+                                      .data_bytes = s->data_bytes,
+                                      .tables = {&table.bounds, 1}};
+  proto::DecodedRequest request;
+  bool slot_valid = false;
+  proto::CodecError error;
+  if (!proto::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
+    return SetError(ErrnoForCode(error.code), "engramd (table %u read in place): %s: %s", sqe.table,
+                    proto::StatusCodeName(error.code), error.message.c_str());
+  }
+  thread_local engram::client::CachedCopy copy;
+  if (int rc = engram::client::CopyCached(table, request, s->data, &copy); rc < 0) {
+    if (rc == -ENOTCONN) s->lost.store(true);
+    return rc == -ENOTCONN ? LostError(s) : rc;
+  }
+  const uint64_t misses = copy.miss_rows.size();
+  // The misses' ids and offsets go into the data region, where the daemon reads requests.
+  uint8_t* scratch = nullptr;
+  if (misses != 0 &&
+      engram_alloc(s, misses * 16, reinterpret_cast<void**>(&scratch)) < 0) {
+    // No room for them: the daemon gathers the whole request (the hits again too).
+    uint64_t ticket;
+    if (int rc = Push(s, original, &ticket); rc < 0) return rc;
+    return engram_wait(s, ticket, timeout_ns);
+  }
+  {
+    std::lock_guard<std::mutex> lock(s->touch_mutex);
+    engram::client::ReportCached(*table.map, copy, /*all_hit=*/misses == 0);
+  }
+  s->counters.rows_in_place.fetch_add(copy.hits, std::memory_order_relaxed);
+  if (misses == 0) return 0;
+  memcpy(scratch, copy.miss_rows.data(), misses * 8);
+  memcpy(scratch + misses * 8, copy.miss_offsets.data(), misses * 8);
+  engram_sqe miss{};
+  miss.opcode = ENGRAM_OP_GATHER;
+  miss.table = original.table;
+  miss.num_rows = misses;
+  miss.flags = ENGRAM_SQE_DEST_OFFSETS;
+  miss.rows_offset = static_cast<uint64_t>(scratch - s->data);
+  miss.dest_offset = request.dest_offset;
+  miss.dest_offsets_offset = miss.rows_offset + misses * 8;
+  uint64_t ticket;
+  int rc = Push(s, miss, &ticket);
+  if (rc == 0) rc = engram_wait(s, ticket, timeout_ns);
+  // A request still in flight (timed out, or the session lost) keeps its ids until the end.
+  if (rc != -ETIMEDOUT && rc != -ENOTCONN) engram_free(s, scratch);
+  return rc;
 }
 
 }  // namespace
@@ -981,7 +1043,9 @@ int engram_gather(engram_session* s, const struct engram_gather_request* request
   if ((flags & ENGRAM_GATHER_IN_PLACE) != 0) {
     if (CheckLostCheap(s)) return LostError(s);
     if (const engram::client::InPlaceTable* t = InPlaceFor(s, sqe.table); t != nullptr) {
-      if (int rc = GatherInPlace(s, *t, sqe); rc != -ESTALE) return rc;
+      const int rc =
+          t->map->row_cache ? GatherCachedInPlace(s, *t, sqe, timeout_ns) : GatherInPlace(s, *t, sqe);
+      if (rc != -ESTALE) return rc;
     }
   }
   uint64_t ticket;
@@ -1262,6 +1326,16 @@ int engram_table_map_open(engram_session* s, uint32_t layer, engram_table_map** 
   if (s == nullptr || ret_map == nullptr) {
     return SetError(-EINVAL, "engram_table_map_open needs a session and ret_map");
   }
+  return OpenTableMap(s, layer, /*row_cache=*/false, ret_map);
+}
+
+}  // extern "C"
+
+namespace {
+
+// engram_table_map_open; `row_cache`: a cache-tier table's row cache mapping is wanted too
+// (engram_gather's in-place path), else such a table is refused as not resident.
+int OpenTableMap(engram_session* s, uint32_t layer, bool row_cache, engram_table_map** ret_map) {
   if (s->lost.load()) return LostError(s);
   if (!(s->welcome.features & ENGRAM_FEATURE_TABLE_STATE)) {
     return SetError(-EOPNOTSUPP,
@@ -1279,10 +1353,10 @@ int engram_table_map_open(engram_session* s, uint32_t layer, engram_table_map** 
     return LostError(s);
   }
   std::vector<uint8_t> reply(ENGRAM_MSG_MAX_BYTES);
-  int fds[2] = {-1, -1};
+  int fds[3] = {-1, -1, -1};
   int nfds = 0;
   const ssize_t n =
-      proto::ReceiveMessage(s->socket.get(), reply.data(), reply.size(), fds, 2, &nfds);
+      proto::ReceiveMessage(s->socket.get(), reply.data(), reply.size(), fds, 3, &nfds);
   const auto close_fds = [&] {
     for (int i = 0; i < nfds; ++i) close(fds[i]);
   };
@@ -1309,20 +1383,38 @@ int engram_table_map_open(engram_session* s, uint32_t layer, engram_table_map** 
     return SetError(rc, "engramd: %s", error.message.c_str());
   }
   engram_msg_table_mapped m;
-  if (static_cast<size_t>(n) != sizeof(m) || nfds != 2) {
+  if (static_cast<size_t>(n) != sizeof(m)) {
     close_fds();
     return SetError(-EPROTO, "TABLE_MAPPED reply of %zd bytes with %d descriptors", n, nfds);
   }
   memcpy(&m, reply.data(), sizeof(m));
-  return engram::client::MapSealedTable(fds[0], fds[1],
-                                        {.layer = m.layer_id,
-                                         .row_bytes = m.row_bytes,
-                                         .covered_begin = m.covered_begin,
-                                         .covered_end = m.covered_end,
-                                         .map_bytes = m.map_bytes,
-                                         .state_index = m.state_index},
-                                        ret_map);
+  const engram::client::MappedTable table{.layer = m.layer_id,
+                                          .row_bytes = m.row_bytes,
+                                          .covered_begin = m.covered_begin,
+                                          .covered_end = m.covered_end,
+                                          .map_bytes = m.map_bytes,
+                                          .state_index = m.state_index};
+  if (m.kind == ENGRAM_TABLE_MAPPED_ROW_CACHE && nfds == 3) {
+    if (!row_cache) {
+      close_fds();
+      return SetError(-EOPNOTSUPP,
+                      "layer %u is served from engramd's row cache (the cache tier), not "
+                      "resident: only engram_gather with ENGRAM_GATHER_IN_PLACE reads its rows in "
+                      "place (the hits; the misses through engramd)",
+                      layer);
+    }
+    return engram::client::MapRowCache(fds[0], fds[1], fds[2], table, ret_map);
+  }
+  if (m.kind != ENGRAM_TABLE_MAPPED_RESIDENT || nfds != 2) {
+    close_fds();
+    return SetError(-EPROTO, "TABLE_MAPPED reply of kind %u with %d descriptors", m.kind, nfds);
+  }
+  return engram::client::MapSealedTable(fds[0], fds[1], table, ret_map);
 }
+
+}  // namespace
+
+extern "C" {
 
 int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_map) {
   return engram_table_map_open(s, layer, ret_map);

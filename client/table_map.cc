@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <algorithm>
 #include <new>
+#include <string>
 
 #include "client/abi_struct.h"
 #include "client/last_error.h"
@@ -118,6 +120,99 @@ int MapSealedTable(int fd, int state_fd, const MappedTable& t, engram_table_map*
   return 0;
 }
 
+int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
+                engram_table_map** ret_map) {
+  UniqueFd cache_file(cache_fd), page_fd(state_fd), touch_file(touch_fd);
+  struct stat st;
+  const uint64_t bytes =
+      fstat(cache_fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  if (bytes == 0 || bytes != t.map_bytes || t.row_bytes != ENGRAM_ROW_BYTES ||
+      t.covered_end < t.covered_begin) {
+    return SetError(-EPROTO,
+                    "engramd sent layer %u's row cache as a memfd of %llu bytes, not the %llu it "
+                    "claims",
+                    t.layer, static_cast<unsigned long long>(bytes),
+                    static_cast<unsigned long long>(t.map_bytes));
+  }
+  const uint64_t touch_bytes =
+      fstat(touch_fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  if (touch_bytes < sizeof(engram_cache_touch_page)) {
+    return SetError(-EPROTO, "engramd sent layer %u's cache touch page of %llu bytes", t.layer,
+                    static_cast<unsigned long long>(touch_bytes));
+  }
+  const engram_table_state_page* page = nullptr;
+  uint64_t page_bytes = 0;
+  if (int rc = MapStatePage(state_fd, t, &page, &page_bytes); rc < 0) return rc;
+  const auto unmap_page = [&] { munmap(const_cast<engram_table_state_page*>(page), page_bytes); };
+  // Read-only, and the descriptor allows nothing else: no write, no mprotect to write.
+  void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, cache_fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    unmap_page();
+    return SetError(-err, "cannot map engramd's row cache (%llu bytes) for layer %u: %s",
+                    static_cast<unsigned long long>(bytes), t.layer, strerror(err));
+  }
+  auto reader = RowCacheReader::Attach(static_cast<const uint8_t*>(p), bytes);
+  void* q = reader.ok() ? mmap(nullptr, touch_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, touch_fd, 0)
+                        : MAP_FAILED;
+  const int map_errno = errno;
+  auto* touch = static_cast<engram_cache_touch_page*>(q == MAP_FAILED ? nullptr : q);
+  const auto fail = [&](int rc) {
+    munmap(p, bytes);
+    if (touch != nullptr) munmap(touch, touch_bytes);
+    unmap_page();
+    return rc;
+  };
+  if (!reader.ok()) {
+    return fail(SetError(-EPROTO, "engramd's row cache for layer %u: %s", t.layer,
+                         std::string(reader.status().message()).c_str()));
+  }
+  if (touch == nullptr) {
+    return fail(SetError(-map_errno, "cannot map engramd's cache touch page: %s",
+                         strerror(map_errno)));
+  }
+  // The layout is the daemon's; read once here, before anything of it is trusted.
+  const uint64_t counters_end =
+      touch->counters_offset + uint64_t{touch->tables} * sizeof(engram_cache_touch_counters);
+  if (touch->magic != ENGRAM_CACHE_TOUCH_MAGIC || touch->entries != ENGRAM_CACHE_TOUCH_ENTRIES ||
+      touch->page_bytes != touch_bytes || touch->counters_offset < sizeof(engram_cache_touch_page) ||
+      touch->counters_offset % 8 != 0 || counters_end > touch->ring_offset ||
+      touch->ring_offset % 8 != 0 ||
+      touch->ring_offset + uint64_t{touch->entries} * sizeof(engram_cache_touch_entry) >
+          touch_bytes ||
+      t.state_index >= touch->tables) {
+    return fail(SetError(-EPROTO,
+                         "engramd's cache touch page does not describe table entry %u (magic "
+                         "0x%x, %u tables, %llu bytes)",
+                         t.state_index, touch->magic, touch->tables,
+                         static_cast<unsigned long long>(touch_bytes)));
+  }
+  auto* map = new (std::nothrow) engram_table_map;
+  if (map == nullptr) return fail(SetError(-ENOMEM, "no memory for a table map"));
+  map->base = static_cast<const uint8_t*>(p);
+  map->map_bytes = bytes;
+  map->layer_id = t.layer;
+  map->row_bytes = t.row_bytes;
+  map->covered_begin = t.covered_begin;
+  map->covered_end = t.covered_end;
+  map->state_page = page;
+  map->state_bytes = page_bytes;
+  const auto* entries = reinterpret_cast<const engram_table_state_entry*>(
+      reinterpret_cast<const uint8_t*>(page) + page->header_bytes);
+  map->table_state = &entries[t.state_index].state;
+  map->row_cache = true;
+  map->cache = *reader;
+  map->touch = touch;
+  map->touch_bytes = touch_bytes;
+  auto* touch_base = reinterpret_cast<uint8_t*>(touch);
+  map->touch_counters = reinterpret_cast<engram_cache_touch_counters*>(
+                            touch_base + touch->counters_offset) +
+                        t.state_index;
+  map->touch_ring = reinterpret_cast<engram_cache_touch_entry*>(touch_base + touch->ring_offset);
+  *ret_map = map;
+  return 0;
+}
+
 int MapError(const engram_table_map& map) {
   if (MapUsable(map)) return 0;
   const uint32_t alive = std::atomic_ref<uint32_t>(
@@ -127,6 +222,13 @@ int MapError(const engram_table_map& map) {
                     "engramd, which served layer %u's resident table, is gone (it stopped or "
                     "died): its rows are not read in place any more; map the table again from a "
                     "new session",
+                    map.layer_id);
+  }
+  if (map.row_cache) {
+    return SetError(-ESTALE,
+                    "engramd withdrew layer %u's table (a file it is read from changed, or "
+                    "engramd is stopping): its rows are not read from the row cache in place any "
+                    "more; a gather through engramd names the file",
                     map.layer_id);
   }
   return SetError(-ESTALE,
@@ -163,6 +265,70 @@ int CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& reque
            request.dest_offsets.empty() ? nullptr : request.dest_offsets.data());
   if (!MapUsableAfterRead(*table.map)) return MapError(*table.map);
   return 0;
+}
+
+int CopyCached(const InPlaceTable& table, const protocol::DecodedRequest& request, uint8_t* data,
+               CachedCopy* ret_copy) {
+  const engram_table_map& map = *table.map;
+  ret_copy->miss_rows.clear();
+  ret_copy->miss_offsets.clear();
+  ret_copy->touches.clear();
+  ret_copy->hits = 0;
+  if (!MapUsable(map)) return MapError(map);
+  const uint64_t n = request.rows.size();
+  const uint64_t* rows = request.rows.data();
+  const bool offsets = !request.dest_offsets.empty();
+  uint8_t* dest = data + request.dest_offset;
+  const uint32_t layer = map.layer_id;
+  for (uint64_t i = 0; i < n; ++i) {
+    // Two stages ahead, as the daemon's own gather: the bucket's line, then the slot it names.
+    if (i + kPrefetchRowsAhead < n) map.cache.PrefetchBucket(layer, rows[i + kPrefetchRowsAhead]);
+    if (i + kPrefetchRowsAhead / 2 < n) {
+      map.cache.PrefetchSlot(layer, rows[i + kPrefetchRowsAhead / 2]);
+    }
+    const uint64_t at = offsets ? request.dest_offsets[i] : i * ENGRAM_ROW_BYTES;
+    uint8_t freq = 0;
+    const int64_t slot = map.cache.LookupSlot(layer, rows[i], dest + at, &freq);
+    if (slot < 0) {
+      ret_copy->miss_rows.push_back(rows[i]);
+      ret_copy->miss_offsets.push_back(at);
+      continue;
+    }
+    ++ret_copy->hits;
+    if (freq < 3) {
+      ret_copy->touches.push_back({.key = RowCacheKey(layer, rows[i]),
+                                   .slot = static_cast<uint32_t>(slot),
+                                   .reserved = 0});
+    }
+  }
+  // Rows read while the table was withdrawn or the daemon died are not handed over as good.
+  if (!MapUsableAfterRead(map)) return MapError(map);
+  return 0;
+}
+
+void ReportCached(const engram_table_map& map, const CachedCopy& copy, bool all_hit) {
+  const auto add = [](uint64_t& word, uint64_t n) {
+    if (n != 0) std::atomic_ref<uint64_t>(word).fetch_add(n, std::memory_order_relaxed);
+  };
+  add(map.touch_counters->rows, copy.hits);
+  add(map.touch_counters->requests, all_hit ? 1 : 0);
+  if (copy.touches.empty()) return;
+  engram_cache_touch_page& page = *map.touch;
+  // One producer (the caller serialises): head is ours; the daemon's tail says which entries
+  // it has read (acquire: its reads of them are done before we write them again).
+  const uint64_t head = std::atomic_ref<uint64_t>(page.head).load(std::memory_order_relaxed);
+  const uint64_t tail = std::atomic_ref<uint64_t>(page.tail).load(std::memory_order_acquire);
+  const uint64_t used = head - tail;
+  const uint64_t room = used < ENGRAM_CACHE_TOUCH_ENTRIES ? ENGRAM_CACHE_TOUCH_ENTRIES - used : 0;
+  const uint64_t n = std::min<uint64_t>(room, copy.touches.size());
+  for (uint64_t i = 0; i < n; ++i) {
+    engram_cache_touch_entry& e = map.touch_ring[(head + i) % ENGRAM_CACHE_TOUCH_ENTRIES];
+    std::atomic_ref<uint64_t>(e.key).store(copy.touches[i].key, std::memory_order_relaxed);
+    std::atomic_ref<uint32_t>(e.slot).store(copy.touches[i].slot, std::memory_order_relaxed);
+  }
+  // The entries are written before the daemon can see them under head.
+  if (n != 0) std::atomic_ref<uint64_t>(page.head).store(head + n, std::memory_order_release);
+  add(page.dropped, copy.touches.size() - n);
 }
 
 }  // namespace engram::client
@@ -216,6 +382,7 @@ void engram_table_map_close(engram_table_map* map) {
   if (map == nullptr) return;
   munmap(const_cast<uint8_t*>(map->base), map->map_bytes);
   munmap(const_cast<engram_table_state_page*>(map->state_page), map->state_bytes);
+  if (map->touch != nullptr) munmap(map->touch, map->touch_bytes);
   delete map;
 }
 

@@ -4,10 +4,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "engram/engram.h"
 #include "engram/protocol.h"
 #include "protocol/codec.h"
+#include "store/row_cache.h"
 
 struct engram_table_map {
   const uint8_t* base = nullptr;  // PROT_READ, MAP_SHARED of the sealed memfd
@@ -20,6 +22,15 @@ struct engram_table_map {
   const engram_table_state_page* state_page = nullptr;
   uint64_t state_bytes = 0;
   const uint32_t* table_state = nullptr;  // this table's entry's `state`
+  // A table of the cache tier: base/map_bytes are the daemon's row cache (PROT_READ of a
+  // read-only descriptor), looked up with `cache`; `touch` is the session's touch page
+  // (read-write), where its entry `state_index` counts the rows read in place.
+  bool row_cache = false;
+  engram::RowCacheReader cache;
+  engram_cache_touch_page* touch = nullptr;
+  uint64_t touch_bytes = 0;
+  engram_cache_touch_counters* touch_counters = nullptr;  // this table's
+  engram_cache_touch_entry* touch_ring = nullptr;
 };
 
 namespace engram::client {
@@ -38,6 +49,11 @@ struct MappedTable {
 // (seals, magic, the table's entry), maps both read-only and returns the map (or -errno with
 // engram_last_error() set). Takes ownership of `fd` and `state_fd`.
 int MapSealedTable(int fd, int state_fd, const MappedTable& table, engram_table_map** ret_map);
+// The same for TABLE_MAPPED of kind ENGRAM_TABLE_MAPPED_ROW_CACHE: maps the row cache read-only
+// (its header checked by RowCacheReader::Attach), the table state page and the touch page
+// (checked against the protocol's layout). Takes ownership of the three fds.
+int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& table,
+                engram_table_map** ret_map);
 
 // Whether the map may be read now: the daemon lives (the kernel has not marked its liveness
 // word) and the table is SERVING. Two acquire loads, no syscall; the loads of the rows a caller
@@ -78,5 +94,22 @@ struct InPlaceTable {
 // the data region at `data`, as the daemon would. 0, or MapError's when the map could not be
 // read before the copy or stopped being readable while it ran (the rows are then not to be used).
 int CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request, uint8_t* data);
+
+// A cache-tier table's rows read in place: what CopyCached found.
+struct CachedCopy {
+  std::vector<uint64_t> miss_rows;     // the rows not in the cache (or moved during the copy)
+  std::vector<uint64_t> miss_offsets;  // where each goes, from the request's destination
+  std::vector<engram_cache_touch_entry> touches;  // hits whose use count had not saturated
+  uint64_t hits = 0;
+};
+// Copies the rows of `request` that the row cache holds into the data region at `data`, each
+// validated by its slot's sequence (a row evicted, moved or rewritten during its copy is a
+// miss), and lists the others. 0, or MapError's as CopyInPlace (then nothing is to be used).
+int CopyCached(const InPlaceTable& table, const protocol::DecodedRequest& request, uint8_t* data,
+               CachedCopy* ret_copy);
+// Adds a gather's hits to the touch page: the table's counters (`all_hit`: no request went to
+// the daemon) and as many touches as the ring has room for (the rest counted as dropped). The
+// caller serialises calls per session (the ring has one producer).
+void ReportCached(const engram_table_map& map, const CachedCopy& copy, bool all_hit);
 
 }  // namespace engram::client

@@ -89,6 +89,13 @@ bool RowCacheReader::Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const {
   return true;
 }
 
+int64_t RowCacheReader::LookupSlot(uint32_t layer, uint64_t row, uint8_t* dst,
+                                   uint8_t* ret_freq) const {
+  const int64_t b = Find(RowCacheKey(layer, row), dst);
+  *ret_freq = b >= 0 ? slots_[b].freq.load(std::memory_order_relaxed) : 0;
+  return b;
+}
+
 bool RowCacheReader::Contains(uint32_t layer, uint64_t row) const {
   return Find(RowCacheKey(layer, row), nullptr) >= 0;
 }
@@ -119,6 +126,16 @@ bool RowCache::Lookup(uint32_t layer, uint64_t row, uint8_t* dst, bool* ret_pref
   *ret_prefetch_used = s.prefetched.load(std::memory_order_relaxed) != 0 &&
                        s.prefetched.exchange(0, std::memory_order_relaxed) != 0;
   return true;
+}
+
+void RowCache::Touch(uint32_t slot, uint64_t key) {
+  // Below the capacity only: a slot above it may be a released page, which a read would bring
+  // back. A slot rewritten since the client's hit holds another key and is left alone.
+  if (key == 0 || slot >= capacity_slots()) return;
+  RowCacheSlot& s = slots_[slot];
+  if (s.key.load(std::memory_order_relaxed) != key) return;
+  const uint8_t f = s.freq.load(std::memory_order_relaxed);
+  if (f < kMaxFreq) s.freq.store(f + 1, std::memory_order_relaxed);
 }
 
 uint64_t RowCache::BytesForSlots(uint64_t slots) { return slots * kSlotBytes; }

@@ -45,6 +45,9 @@ class RowCacheReader {
   bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst) const;
   // Whether row (layer, row) is cached now, without copying it or marking it used.
   bool Contains(uint32_t layer, uint64_t row) const;
+  // Lookup that returns the slot the row was copied from (-1: a miss) and, in *ret_freq, the
+  // slot's use count as it was read (for a reader that reports its hits, docs/row-store.md).
+  int64_t LookupSlot(uint32_t layer, uint64_t row, uint8_t* dst, uint8_t* ret_freq) const;
   // Hints for a gather that looks up many rows at random: ask the CPU for the line of the
   // bucket a row's probe starts at some rows ahead (PrefetchBucket), and, a few rows later when
   // that line has arrived, for the row's slot if the bucket names one (PrefetchSlot). They read
@@ -138,6 +141,10 @@ class RowCache {
   // (*ret_prefetch_used; each such row is reported once, by the hit that clears its mark).
   bool Lookup(uint32_t layer, uint64_t row, uint8_t* dst, bool* ret_prefetch_used);
   bool Contains(uint32_t layer, uint64_t row) const { return reader_.Contains(layer, row); }
+  // A hit another process read in place and reported (a session's cache touch page): a use of
+  // the row for the policy, as Lookup's, if `slot` lies below the capacity and still holds
+  // `key`; otherwise nothing. Lock-free; nothing it is given is trusted.
+  void Touch(uint32_t slot, uint64_t key);
   void CountLookups(uint64_t hits, uint64_t misses) {
     hits_.fetch_add(hits, std::memory_order_relaxed);
     misses_.fetch_add(misses, std::memory_order_relaxed);

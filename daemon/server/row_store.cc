@@ -2,6 +2,10 @@
 // reporting the store to engramctl and the metrics.
 #include "daemon/server/row_store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -377,6 +381,8 @@ absl::Status RowStore::GatherMisses(TableState& ts, const GatherBatch& batch,
     return engine_->Gather(
         {.table = batch.table, .rows = rows, .dest = batch.dest, .dest_offsets = offsets});
   }
+  // Hits read in place count as uses before these rows are admitted (and others evicted).
+  FoldTouches(/*wait=*/false);
   // In pieces the miss queue grants (decode steps before prefills, at most miss_depth reads in
   // flight): the buffer a request thread keeps stays small, whatever the request's size
   // (MemoryPlan counts it per thread).
@@ -419,6 +425,7 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
     }
   }
   if (miss.rows.empty()) return absl::OkStatus();
+  FoldTouches(/*wait=*/false);  // as before a gather's misses are admitted
   // Behind every gather's misses in the miss queue; pieces past its bound are dropped.
   const uint64_t held_before = ret_outcome->held;
   auto admit = [&](size_t i, const uint8_t* row) {
@@ -441,7 +448,67 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
   return s;
 }
 
+absl::StatusOr<int> RowStore::CacheReadOnlyFd() {
+  if (cache_ == nullptr) {
+    return absl::FailedPreconditionError("engramd has no row cache (no table of the cache tier)");
+  }
+  std::lock_guard<std::mutex> lock(cache_fd_mu_);
+  if (cache_read_only_fd_.valid()) return cache_read_only_fd_.get();
+  // A memfd's mode starts as 0777, and any holder of a descriptor can open it again through
+  // /proc/<pid>/fd with the access its mode allows: owner-read-only leaves a client (without
+  // CAP_DAC_OVERRIDE) only reads. The daemon's own descriptor and mapping stay writable.
+  const int fd = cache_->fd();
+  if (fchmod(fd, S_IRUSR) != 0) {
+    return absl::InternalError(
+        absl::StrCat("row cache: cannot make its memfd read-only for others: ", strerror(errno)));
+  }
+  UniqueFd ro(open(absl::StrCat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ro.valid()) {
+    return absl::InternalError(absl::StrCat(
+        "row cache: cannot open its memfd read-only through /proc/self/fd: ", strerror(errno)));
+  }
+  cache_read_only_fd_ = std::move(ro);
+  return cache_read_only_fd_.get();
+}
+
+void RowStore::AddTouchPage(std::shared_ptr<CacheTouchPage> page) {
+  std::lock_guard<std::mutex> lock(touch_mu_);
+  touch_pages_.push_back(std::move(page));
+}
+
+void RowStore::FoldTouches(bool wait) const {
+  if (cache_ == nullptr) return;
+  std::unique_lock<std::mutex> lock(touch_mu_, std::defer_lock);
+  if (wait) {
+    lock.lock();
+  } else if (!lock.try_lock()) {
+    return;
+  }
+  if (touch_pages_.empty()) return;
+  const auto touch = [&](uint64_t key, uint32_t slot) { cache_->Touch(slot, key); };
+  const auto count = [&](size_t table, uint64_t requests, uint64_t rows) {
+    // Counters of a table that is not read from the cache are a client's invention: ignored.
+    if (table >= states_.size() || states_[table]->tier != Tier::kCache) return;
+    TableState& ts = *states_[table];
+    ts.requests.fetch_add(requests, std::memory_order_relaxed);
+    ts.all_hit_requests.fetch_add(requests, std::memory_order_relaxed);
+    ts.rows.fetch_add(rows, std::memory_order_relaxed);
+    ts.hit_rows.fetch_add(rows, std::memory_order_relaxed);
+    cache_->CountLookups(rows, 0);
+  };
+  for (size_t i = 0; i < touch_pages_.size();) {
+    touch_pages_[i]->Fold(touch, count);
+    if (touch_pages_[i].use_count() == 1) {  // its session ended: this was the last fold
+      touch_pages_[i] = std::move(touch_pages_.back());
+      touch_pages_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
 std::vector<TableStoreStats> RowStore::Stats() const {
+  FoldTouches();
   std::vector<TableStoreStats> out;
   for (const auto& ts : states_) {
     TableStoreStats s;

@@ -25,9 +25,11 @@
 #include "absl/status/statusor.h"
 #include "daemon/ops/metrics.h"
 #include "daemon/server/cache_handoff.h"
+#include "daemon/server/cache_touch.h"
 #include "gather/gather_engine.h"
 #include "gather/miss_queue.h"
 #include "nlohmann/json.hpp"
+#include "protocol/unique_fd.h"
 #include "protocol/store_counters.h"
 #include "store/load_status.h"
 #include "store/memory_budget.h"
@@ -140,6 +142,27 @@ class RowStore {
   void AddControlFields(const std::string& command, nlohmann::json* out) const;
   void AddMetrics(metrics::Exposition* e) const;
 
+  // Reading the row cache in place (docs/row-store.md). A read-only descriptor of the cache's
+  // memfd, made once (reopened O_RDONLY through /proc/self/fd after the memfd's mode was made
+  // owner-read-only, so that a client can neither map it writable nor reopen it for writing),
+  // to send with TABLE_MAPPED; FailedPrecondition without a cache, Internal when the kernel
+  // refuses. Thread-safe.
+  absl::StatusOr<int> CacheReadOnlyFd();
+  uint64_t cache_region_bytes() const { return cache_ != nullptr ? cache_->region_bytes() : 0; }
+  // Whether `table` is served from the row cache.
+  bool Cached(const Table* table) {
+    const TableState* ts = StateOf(table);
+    return ts != nullptr && ts->tier == Tier::kCache;
+  }
+  // A session's touch page: its counters and touches are folded in from now on, and one last
+  // time once only the store holds it (the session ended).
+  void AddTouchPage(std::shared_ptr<CacheTouchPage> page);
+  // Folds every touch page: the rows clients read in place count in the tables' statistics and
+  // the cache's hits, and their hits count as uses of the rows before anything is evicted. Runs
+  // before misses are admitted and before statistics are read. `wait`: false skips it when
+  // another thread is folding already (that one's fold is as good).
+  void FoldTouches(bool wait = true) const;
+
   const MemoryBudget& budget() const { return budget_; }
   const RowCache* cache() const { return cache_.get(); }
   // The queue cache-tier misses are read through (null without a cached table).
@@ -192,6 +215,10 @@ class RowStore {
   std::vector<std::unique_ptr<TableState>> states_;
   std::unique_ptr<RowCache> cache_;
   std::unique_ptr<MissQueue> misses_;  // cache-tier misses, by class (gather/miss_queue.h)
+  std::mutex cache_fd_mu_;
+  UniqueFd cache_read_only_fd_;
+  mutable std::mutex touch_mu_;
+  mutable std::vector<std::shared_ptr<CacheTouchPage>> touch_pages_;
   uint64_t cache_target_slots_ = 0;
   std::unique_ptr<PressureMonitor> pressure_;
   // The loader: one thread, a queue of resident tables to load.

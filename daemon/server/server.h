@@ -147,6 +147,8 @@ class Server : public ServerView {
   void SendTables(Session& session, uint32_t request_id);
   void SendStats(Session& session, uint32_t request_id);
   // MAP_TABLE (table_map.cc): a resident table's sealed memfd, or an error naming why not.
+  void SendRowCacheMap(Session& session, const engram_msg_header& header, const Table& table,
+                       size_t index);
   void SendTableMap(Session& session, const engram_msg_header& header, const uint8_t* message);
   void SendError(Session& session, int32_t code, const std::string& message, uint32_t request_id);
   absl::Status Gather(const GatherBatch& batch) {

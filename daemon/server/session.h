@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/server/arena.h"
+#include "daemon/server/cache_touch.h"
 #include "engram/protocol.h"
 #include "protocol/unique_fd.h"
 
@@ -83,6 +84,13 @@ class Session {
   // client is sent a resident table to read in place. Set once, before the session is published.
   bool table_state() const { return table_state_; }
   void set_table_state(bool on) { table_state_ = on; }
+  // Whether a cache-tier table's MAP_TABLE gets the row cache (ENGRAM_FEATURE_ROW_CACHE_MAP).
+  // Set once, before the session is published.
+  bool row_cache_map() const { return row_cache_map_; }
+  void set_row_cache_map(bool on) { row_cache_map_ = on; }
+  // The session's cache touch page, made by its first row cache MAP_TABLE (control thread only);
+  // the row store holds it too, and folds it one last time after the session ends.
+  std::shared_ptr<CacheTouchPage> touch_page;
   void set_closing() { closing_.store(true, std::memory_order_release); }
 
   std::atomic<uint32_t> inflight{0};
@@ -121,6 +129,7 @@ class Session {
   std::atomic<bool> closing_{false};
   bool device_submit_ = false;
   bool table_state_ = false;
+  bool row_cache_map_ = false;
   // Only its address is used: ThreadSanitizer is told of the order the client keeps between a
   // completion and the submissions that reuse its memory (session.cc, ClientOrder*).
   const char client_order_ = 0;

@@ -4,6 +4,9 @@
 // not changed since can be mapped: their memfd never changes or shrinks again (F_SEAL_FUTURE_WRITE,
 // SHRINK, GROW, SEAL), and the daemon withdraws the table in the state page when a file changes
 // or it stops; the kernel marks the page's liveness word when the daemon dies.
+// A cache-tier table is answered with the row cache instead (protocol 1.4, a session with
+// ENGRAM_FEATURE_ROW_CACHE_MAP): a read-only descriptor of the cache's memfd, the table state
+// page and the session's touch page (docs/protocol.md, "Reading the row cache in place").
 #include "absl/strings/str_format.h"
 #include "daemon/server/server.h"
 
@@ -42,6 +45,11 @@ void Server::SendTableMap(Session& session, const engram_msg_header& header,
     return;
   }
   const ResidentTable* resident = store_ != nullptr ? store_->resident(layer) : nullptr;
+  if (resident == nullptr && store_ != nullptr && store_->Cached(table) &&
+      session.row_cache_map() && session.table_state()) {
+    SendRowCacheMap(session, header, *table, index);
+    return;
+  }
   if (resident == nullptr) {
     refuse(ENGRAM_STATUS_FAILED_PRECONDITION,
            absl::StrFormat("%s is not resident, so it cannot be mapped (only tables of the "
@@ -95,6 +103,55 @@ void Server::SendTableMap(Session& session, const engram_msg_header& header,
   reply.state_index = static_cast<uint32_t>(index);
   const int fds[2] = {resident->fd(), table_states_->fd()};
   (void)protocol::SendMessage(session.socket_fd(), &reply, sizeof(reply), fds, 2);
+}
+
+// A cache-tier table: the row cache, read-only, with the table state page and the session's
+// touch page (made by its first such request).
+void Server::SendRowCacheMap(Session& session, const engram_msg_header& header, const Table& table,
+                             size_t index) {
+  const auto refuse = [&](int32_t code, const std::string& why) {
+    SendError(session, code, why, header.request_id);
+  };
+  if (table_states_ == nullptr) {
+    refuse(ENGRAM_STATUS_UNAVAILABLE, absl::StrFormat("%s cannot be read in place: %s",
+                                                      table.Describe(), table_states_error_));
+    return;
+  }
+  if (absl::Status s = watch_->Check(index); !s.ok()) {
+    table_states_->Withdraw(index);
+    refuse(ENGRAM_STATUS_DATA_LOSS,
+           absl::StrFormat("%s cannot be mapped: %s", table.Describe(), s.message()));
+    return;
+  }
+  absl::StatusOr<int> cache_fd = store_->CacheReadOnlyFd();
+  if (!cache_fd.ok()) {
+    refuse(ENGRAM_STATUS_UNAVAILABLE,
+           absl::StrFormat("%s: its row cache cannot be read in place: %s", table.Describe(),
+                           cache_fd.status().message()));
+    return;
+  }
+  if (session.touch_page == nullptr) {
+    auto page = CacheTouchPage::Create(tables_.size());
+    if (!page.ok()) {
+      refuse(ENGRAM_STATUS_UNAVAILABLE,
+             absl::StrFormat("%s: its row cache cannot be read in place: %s", table.Describe(),
+                             page.status().message()));
+      return;
+    }
+    session.touch_page = *page;
+    store_->AddTouchPage(*page);
+  }
+  engram_msg_table_mapped reply{};
+  protocol::FillHeader(&reply.header, ENGRAM_MSG_TABLE_MAPPED, sizeof(reply), header.request_id);
+  reply.layer_id = table.layer_id();
+  reply.row_bytes = kRowBytes;
+  reply.covered_begin = table.covered().begin;
+  reply.covered_end = table.covered().end;
+  reply.map_bytes = store_->cache_region_bytes();
+  reply.state_index = static_cast<uint32_t>(index);
+  reply.kind = ENGRAM_TABLE_MAPPED_ROW_CACHE;
+  const int fds[3] = {*cache_fd, table_states_->fd(), session.touch_page->fd()};
+  (void)protocol::SendMessage(session.socket_fd(), &reply, sizeof(reply), fds, 3);
 }
 
 }  // namespace engram

@@ -226,7 +226,15 @@ ENGRAM_ASSERT_SIZE(struct engram_gather_request, 48);
  * errors and messages. Rows read in place are counted in engram_session_stats.rows_in_place, not by
  * the daemon's statistics. engram_submit accepts the flag and leaves the request to the daemon (its
  * completion belongs to the daemon). An older library refuses the flag (-EINVAL, "unknown request
- * flags"). */
+ * flags").
+ * A table of the cache tier (protocol 1.4 on both sides): the first call maps the daemon's row
+ * cache read-only (no page tables filled); each call copies the rows the cache holds on the
+ * calling thread, each checked against its slot's version (a row evicted or rewritten during the
+ * copy is not taken), and sends the others to the daemon as one request into the same
+ * destinations, waited for up to `timeout_ns`. A call whose rows are all cached makes no request.
+ * The rows copied here are counted in rows_in_place and, through the session's touch page, in the
+ * daemon's table and cache statistics as if it had served them (docs/row-store.md, "Reading the
+ * row cache in place"). */
 #define ENGRAM_GATHER_IN_PLACE 0x1u
 
 /* Submits a gather; on success *ret_ticket identifies it. The row ids and offsets are read by

@@ -27,7 +27,7 @@ extern "C" {
 
 /* A different major version cannot talk to this one; a newer minor only adds features. */
 #define ENGRAM_PROTOCOL_MAJOR 1
-#define ENGRAM_PROTOCOL_MINOR 3
+#define ENGRAM_PROTOCOL_MINOR 4
 
 /* Feature bits, offered by the client in HELLO and granted by the daemon in WELCOME. */
 #define ENGRAM_FEATURE_GATHER (1ull << 0)        /* GATHER submissions in the arena */
@@ -51,12 +51,19 @@ extern "C" {
  * client reading a resident table in place sees the table withdrawn and the daemon gone
  * (docs/protocol.md, "Reading in place"). A daemon refuses MAP_TABLE to a session without it. */
 #define ENGRAM_FEATURE_TABLE_STATE (1ull << 10)
+/* 1.4: MAP_TABLE of a table of the cache tier answers with the row cache: TABLE_MAPPED of kind
+ * ENGRAM_TABLE_MAPPED_ROW_CACHE carries a read-only descriptor of the daemon's row cache memfd,
+ * so that the client copies the rows it holds itself and asks the daemon only for the others
+ * (docs/protocol.md, "Reading the row cache in place"). Without it such a MAP_TABLE is refused,
+ * as before. */
+#define ENGRAM_FEATURE_ROW_CACHE_MAP (1ull << 11)
 #define ENGRAM_FEATURES_V1_0                                                        \
   (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
    ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
 #define ENGRAM_FEATURES_V1_1 (ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_DEVICE_SUBMIT)
 #define ENGRAM_FEATURES_V1_2 (ENGRAM_FEATURES_V1_1 | ENGRAM_FEATURE_PREFETCH)
 #define ENGRAM_FEATURES_V1_3 (ENGRAM_FEATURES_V1_2 | ENGRAM_FEATURE_TABLE_STATE)
+#define ENGRAM_FEATURES_V1_4 (ENGRAM_FEATURES_V1_3 | ENGRAM_FEATURE_ROW_CACHE_MAP)
 
 /* ---- status codes ---------------------------------------------------------------------- */
 
@@ -198,7 +205,12 @@ ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_stats) == 144, "msg stats size");
  * ENGRAM_FEATURE_TABLE_STATE. TABLE_MAPPED comes with two fds: the table's memfd (row r of the
  * table is at (r - covered_begin) * row_bytes of it, for covered_begin <= r < covered_end), then
  * the daemon's table state page (struct engram_table_state_page), whose entry `state_index`
- * says whether the table may still be read. */
+ * says whether the table may still be read.
+ * 1.4: for a table of the cache tier, a session granted ENGRAM_FEATURE_ROW_CACHE_MAP gets
+ * TABLE_MAPPED of kind ENGRAM_TABLE_MAPPED_ROW_CACHE instead: its first fd is a read-only
+ * descriptor of the row cache memfd (map_bytes long, laid out as store/row_cache_layout.h and
+ * docs/row-store.md describe; shared by every cache-tier table), then the table state page, then
+ * this session's touch page (struct engram_cache_touch_page, read-write). */
 struct engram_msg_map_table {
   struct engram_msg_header header;
   uint32_t layer_id;
@@ -213,7 +225,11 @@ struct engram_msg_table_mapped {
   uint64_t covered_end;
   uint64_t map_bytes;   /* size of the memfd, a multiple of its page size */
   uint32_t state_index; /* the table's entry in the table state page */
-  uint32_t reserved;    /* 0 */
+  uint32_t kind;        /* enum engram_table_mapped_kind (0 before 1.4) */
+};
+enum engram_table_mapped_kind {
+  ENGRAM_TABLE_MAPPED_RESIDENT = 0,  /* the table's own sealed memfd */
+  ENGRAM_TABLE_MAPPED_ROW_CACHE = 1, /* the row cache, read-only (1.4) */
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_table_mapped) == 56, "table mapped size");
 ENGRAM_STATIC_ASSERT(offsetof(struct engram_msg_table_mapped, state_index) == 48, "state_index");
@@ -261,6 +277,55 @@ struct engram_table_state_page {
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_table_state_page) == 128, "table state page size");
 ENGRAM_STATIC_ASSERT(offsetof(struct engram_table_state_page, daemon_alive) == 64, "alive");
+
+/* ---- the cache touch page (1.4) -------------------------------------------------------- */
+
+/* One memfd per session that maps the row cache, sent as TABLE_MAPPED's third fd (kind
+ * ENGRAM_TABLE_MAPPED_ROW_CACHE) and mapped read-write by both sides. Its size is fixed by the
+ * daemon, so nothing a client writes grows anything. The client reports there what it read from
+ * the row cache itself: per table counters (so that the daemon's statistics count those rows as
+ * if it had served them) and a ring of the slots it hit whose use count had not saturated (the
+ * daemon folds them into the slots' use counts before it evicts). docs/protocol.md, "Reading the
+ * row cache in place", gives the orderings; the daemon checks every entry it reads. */
+#define ENGRAM_CACHE_TOUCH_MAGIC 0x48435445u /* "ETCH" */
+#define ENGRAM_CACHE_TOUCH_ENTRIES 4096u     /* ring entries, a power of two */
+
+struct engram_cache_touch_entry {
+  uint64_t key;  /* the row's cache key: (layer + 1) << 40 | row */
+  uint32_t slot; /* the slot the client found it in */
+  uint32_t reserved;
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_cache_touch_entry) == 16, "touch entry size");
+
+/* Per table (entry i is the table of table state page entry i); the client adds, relaxed. */
+struct engram_cache_touch_counters {
+  uint64_t requests;         /* gathers answered wholly in place (no request to the daemon) */
+  uint64_t rows;             /* rows copied in place */
+  uint64_t reserved[2];
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_cache_touch_counters) == 32, "touch counters size");
+
+struct engram_cache_touch_page {
+  /* line 0: written by the daemon before the memfd is sent, immutable afterwards */
+  uint32_t magic;           /* ENGRAM_CACHE_TOUCH_MAGIC */
+  uint32_t entries;         /* ring entries (ENGRAM_CACHE_TOUCH_ENTRIES) */
+  uint64_t page_bytes;      /* size of the memfd */
+  uint32_t tables;          /* counters entries */
+  uint32_t reserved0;
+  uint64_t counters_offset; /* struct engram_cache_touch_counters[tables] */
+  uint64_t ring_offset;     /* struct engram_cache_touch_entry[entries] */
+  uint8_t pad0[24];
+  /* line 1 (offset 64): client. Ring entries written; entry i is at i % entries. Release. */
+  uint64_t head;
+  uint64_t dropped; /* touches the client left out because the ring was full */
+  uint8_t pad1[48];
+  /* line 2 (offset 128): daemon. Ring entries folded. Release; the client acquires it. */
+  uint64_t tail;
+  uint8_t pad2[56];
+};
+ENGRAM_STATIC_ASSERT(sizeof(struct engram_cache_touch_page) == 192, "touch page size");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_cache_touch_page, head) == 64, "touch head");
+ENGRAM_STATIC_ASSERT(offsetof(struct engram_cache_touch_page, tail) == 128, "touch tail");
 
 /* ---- the arena ------------------------------------------------------------------------- */
 

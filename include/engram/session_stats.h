@@ -50,7 +50,7 @@
   X(client_sleeps, LIBRARY, COUNTER, "",                                                       \
     "Times engram_wait went to sleep on the futex (this process)")                              \
   X(rows_in_place, LIBRARY, COUNTER, "",                                                       \
-    "Rows this process's engram_gather copied from resident tables itself "                     \
+    "Rows this process's engram_gather copied from resident tables or the row cache itself "    \
     "(ENGRAM_GATHER_IN_PLACE), not counted in rows")
 
 /* Counters of a session that only engramd reports (control replies, metrics), in the same shape

@@ -480,7 +480,9 @@ class Client:
 
         in_place: where the table is resident in engramd's memory, this process copies the
         rows itself from a read-only mapping of the table (ENGRAM_GATHER_IN_PLACE: no round
-        trip; the first such call maps the table); other tables are gathered by the daemon."""
+        trip; the first such call maps the table); for a table of the cache tier it copies
+        the rows the row cache holds from a read-only mapping of it and asks the daemon for
+        the others only; storage-tier tables are gathered by the daemon."""
         if in_place:
             return self._gather_in_place(table, row_ids, timeout, array, typed)
         ticket = self.submit(table, row_ids, array=array, typed=typed)

@@ -87,8 +87,10 @@ class EngramLookup:
             completion counter must count only its requests).
         in_place: prepare() copies the rows of tables resident in engramd's memory itself, from
             read-only mappings of them (ENGRAM_GATHER_IN_PLACE), before it returns: no request,
-            no wait on the daemon's threads, and a bad row raises from prepare() itself. Tables
-            of other tiers are gathered by the daemon, also before prepare() returns. The
+            no wait on the daemon's threads, and a bad row raises from prepare() itself. A
+            cache-tier table's cached rows are copied from a read-only mapping of the row
+            cache, the rest asked of the daemon in one request; storage-tier tables are
+            gathered by the daemon, also before prepare() returns. The
             host thread spends the copy's time (about 0.1 ms for a 2,304-row step); without
             it, prepare() only submits.
     """
