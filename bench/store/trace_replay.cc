@@ -17,6 +17,11 @@
 // drafted token is the trace's true next token with probability --draft-accept as long as every
 // earlier draft of the step was right, and a random token from then on (a wrong draft makes the
 // rest of the draft diverge, as it would).
+//
+// --in-place replays the trace again through a fresh engramd with every gather flagged
+// ENGRAM_GATHER_IN_PLACE (the client copies the row cache's hits itself and reports them in its
+// touch page; only misses reach engramd) and sets its hit rate beside the first run's: the
+// policy must see the hits read in place as it sees those it serves.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/utsname.h>
@@ -113,6 +118,7 @@ struct Options {
   double draft_accept = 0.7;     // chance a draft token is the true one (while the draft holds)
   uint64_t step_gap_us = 0;      // host time between steps (the GPU's forward pass), both runs
   uint64_t seed = 1;
+  bool in_place = false;  // replay again with ENGRAM_GATHER_IN_PLACE and compare the hit rates
 };
 
 // Row ids of each document per layer, token-major (24 per token).
@@ -262,10 +268,11 @@ struct Phase {
   std::vector<uint64_t> prefetch_ns;  // engram_prefetch calls (both layers' of a step)
   uint64_t prefetch_refused = 0;      // rows refused at the session's bound (-ENOSPC)
   uint64_t wrong = 0, hwm_kb = 0, requests = 0, all_hit = 0;
+  uint64_t rows_in_place = 0;  // rows the client copied from the mapped row cache
 };
 
 int Replay(const Options& o, const std::vector<Step>& steps, const std::string& model,
-           uint64_t max_rows, Drafter* drafter, Phase* ret) {
+           uint64_t max_rows, Drafter* drafter, bool in_place, Phase* ret) {
   const std::string socket = o.dir + "/replay.sock";
   const pid_t daemon = StartDaemon(o, model, socket);
   if (daemon < 0) return 1;
@@ -294,14 +301,21 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
       std::memcpy(ids[l], s.rows[l].data(), s.rows[l].size() * 8);
       engram_gather_request r{.size = sizeof(r),
                               .table = layer_ids[l],
+                              .flags = in_place ? ENGRAM_GATHER_IN_PLACE : 0u,
                               .rows = ids[l],
                               .num_rows = s.rows[l].size(),
                               .dest = out[l]};
-      if (engram_submit(session, &r, &tickets[l]) != 0) {
+      // In place: each layer's hits copied here and its misses waited for, one layer after
+      // the other (engram_gather); otherwise both submitted, then both waited for.
+      if (in_place) {
+        if (engram_gather(session, &r, -1) != 0) {
+          return fprintf(stderr, "gather: %s\n", engram_last_error()), 1;
+        }
+      } else if (engram_submit(session, &r, &tickets[l]) != 0) {
         return fprintf(stderr, "submit: %s\n", engram_last_error()), 1;
       }
     }
-    for (int l = 0; l < 2; ++l) {
+    for (int l = 0; l < 2 && !in_place; ++l) {
       if (engram_wait(session, tickets[l], -1) != 0) {
         return fprintf(stderr, "gather: %s\n", engram_last_error()), 1;
       }
@@ -336,6 +350,8 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
   }
   ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon, "VmHWM:"));
   ret->status = Control(socket, "status");
+  engram_session_stats stats{.size = sizeof(stats)};
+  if (engram_get_session_stats(session, &stats) == 0) ret->rows_in_place = stats.rows_in_place;
   engram_close(session);
   kill(daemon, SIGTERM);
   waitpid(daemon, nullptr, 0);
@@ -449,7 +465,7 @@ void PrintPrefetch(const Options& o, const Phase& plain, const Phase& prefetched
 }
 
 void PrintReport(const Options& o, const Workload& w, const Phase& plain, const Phase& prefetched,
-                 const Simulated& sim) {
+                 const Phase& in_place, const Simulated& sim) {
   const json& store = plain.status["store"];
   utsname u;
   uname(&u);
@@ -469,13 +485,24 @@ void PrintReport(const Options& o, const Workload& w, const Phase& plain, const 
   printf("  %-22s %10.4f %14.4f\n", "simulated S3-FIFO", sim.s3_hit_rate, sim.s3_all_hit);
   printf("  %-22s %10.4f %14s\n", "simulated LRU", sim.lru_hit_rate, "");
   if (o.prefetch_drafts != 0) PrintPrefetch(o, plain, prefetched);
+  if (o.in_place) {
+    PrintPhase("engramd, read in place", in_place);
+    const double points = 100.0 * (in_place.status["store"]["hit_rate"].get<double>() -
+                                   store["hit_rate"].get<double>());
+    printf("  read in place: %lu rows copied by the client; hit rate %+.2f points against "
+           "through engramd; step latency p50 %.1f us, p99 %.1f us (layers one after the "
+           "other)\n",
+           in_place.rows_in_place, points, Percentile(in_place.latency, 0.5) / 1e3,
+           Percentile(in_place.latency, 0.99) / 1e3);
+  }
   printf("  step latency p50 %.1f us, p99 %.1f us (both layers' gathers, submitted together)\n",
          Percentile(plain.latency, 0.5) / 1e3, Percentile(plain.latency, 0.99) / 1e3);
   printf(
       "  engramd memory high-water %.1f MiB RSS; row store %.1f MiB (%lu evictions); rows "
       "wrong %lu\n",
       plain.hwm_kb / 1024.0, double(store["store_bytes"].get<uint64_t>()) / (1 << 20),
-      store["cache"]["evictions"].get<uint64_t>(), plain.wrong + prefetched.wrong);
+      store["cache"]["evictions"].get<uint64_t>(),
+      plain.wrong + prefetched.wrong + in_place.wrong);
 }
 
 int Run(const Options& o) {
@@ -483,16 +510,23 @@ int Run(const Options& o) {
   if (int rc = MakeWorkload(o, w); rc != 0) return rc;
   const std::string model = EnsureModel(o);
   if (model.empty()) return 1;
-  Phase plain, prefetched;
-  if (int rc = Replay(o, w.steps, model, w.max_rows, nullptr, &plain); rc != 0) return rc;
+  Phase plain, prefetched, in_place;
+  if (int rc = Replay(o, w.steps, model, w.max_rows, nullptr, false, &plain); rc != 0) return rc;
   if (o.prefetch_drafts != 0) {
     Drafter drafter{
         .o = o, .hasher = *w.hasher, .trace = w.trace, .state = o.seed * 2654435761u + 1};
-    if (int rc = Replay(o, w.steps, model, w.max_rows, &drafter, &prefetched); rc != 0) return rc;
+    if (int rc = Replay(o, w.steps, model, w.max_rows, &drafter, false, &prefetched); rc != 0) {
+      return rc;
+    }
+  }
+  if (o.in_place) {
+    if (int rc = Replay(o, w.steps, model, w.max_rows, nullptr, true, &in_place); rc != 0) {
+      return rc;
+    }
   }
   const uint64_t capacity = plain.status["store"]["cache"]["capacity_rows"].get<uint64_t>();
-  PrintReport(o, w, plain, prefetched, Simulate(w.steps, capacity));
-  return plain.wrong + prefetched.wrong == 0 ? 0 : 2;
+  PrintReport(o, w, plain, prefetched, in_place, Simulate(w.steps, capacity));
+  return plain.wrong + prefetched.wrong + in_place.wrong == 0 ? 0 : 2;
 }
 
 void AddOptions(CLI::App& app, Options& o) {
@@ -520,6 +554,9 @@ void AddOptions(CLI::App& app, Options& o) {
                  "Microseconds from a step's start to the next (the forward pass), both runs")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the simulated draft model")->capture_default_str();
+  app.add_flag("--in-place", o.in_place,
+               "Replay again with ENGRAM_GATHER_IN_PLACE (hits copied by the client) and compare "
+               "the hit rates");
 }
 
 }  // namespace

@@ -31,6 +31,16 @@ out=$("$replay" --trace "$work/zipf.trace" --dir "$work" --mode decode --table-r
 echo "$out"
 grep -q "fraction of later misses avoided by prefetch" <<<"$out"
 grep -q "rows wrong 0" <<<"$out"
+# Decode again with the row cache read in place: every row checked, and the hit rate within a
+# point of the replay through engramd (the hits copied by the client still reach the policy).
+out=$("$replay" --trace "$work/zipf.trace" --dir "$work" --mode decode --table-rows 20000 \
+      --cache-mib 1 --max-steps 60 --in-place)
+echo "$out"
+grep -q "rows wrong 0" <<<"$out"
+points=$(sed -n 's/.*hit rate \([-+][0-9.]*\) points against.*/\1/p' <<<"$out")
+rows_in_place=$(sed -n 's/.*read in place: \([0-9]*\) rows copied.*/\1/p' <<<"$out")
+[[ -n "$points" && "$rows_in_place" -gt 0 ]]
+awk -v p="$points" 'BEGIN { exit (p < -1 || p > 1) }'
 # A file that is not a trace is refused, naming it.
 echo "not a trace" >"$work/bad.trace"
 if "$replay" --trace "$work/bad.trace" --dir "$work" 2>"$work/err"; then exit 1; fi
