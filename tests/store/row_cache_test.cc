@@ -3,6 +3,7 @@
 // other processes racing a writer that churns a tiny cache: a hit is never torn or wrong.
 #include "store/row_cache.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "protocol/clock.h"
@@ -399,6 +401,94 @@ TEST_CASE("evictions fill the ghost without growing it; a key seen again goes to
   REQUIRE(evicted == 100);
   // Rows whose keys were still in the ghost are admitted to the main FIFO.
   CHECK(cache.Stats().ghost_hits - before.ghost_hits == 100);
+
+TEST_CASE("a hit reported by a client (Touch) counts as a use; a stale report does not",
+          "[cache]") {
+  auto cache = MakeCache(100);
+  InsertSynthetic(*cache, 1, 1000);  // A: the client hits it
+  InsertSynthetic(*cache, 1, 1001);  // B: only bogus reports name it
+  void* p = ::mmap(nullptr, cache->region_bytes(), PROT_READ, MAP_SHARED, cache->fd(), 0);
+  REQUIRE(p != MAP_FAILED);
+  auto client = RowCacheReader::Attach(static_cast<uint8_t*>(p), cache->region_bytes());
+  REQUIRE(client.ok());
+  uint8_t got[kRowBytes], want[kRowBytes];
+  uint8_t freq = 9;
+  const int64_t a = client->LookupSlot(1, 1000, got, &freq);
+  REQUIRE(a >= 0);
+  CHECK(freq == 0);  // the client's own lookup marks nothing
+  SyntheticRow(kSeed, 1, 1000, want);
+  REQUIRE(std::memcmp(got, want, kRowBytes) == 0);
+  const int64_t b = client->LookupSlot(1, 1001, got, &freq);
+  REQUIRE(b >= 0);
+  CHECK(client->LookupSlot(1, 5, got, &freq) == -1);
+  cache->Touch(static_cast<uint32_t>(a), RowCacheKey(1, 1000));
+  cache->Touch(static_cast<uint32_t>(b), RowCacheKey(1, 1000));       // another row's key
+  cache->Touch(static_cast<uint32_t>(b), 0);                          // no key
+  cache->Touch(cache->max_slots() + 5, RowCacheKey(1, 1001));         // no such slot
+  cache->Touch(static_cast<uint32_t>(cache->capacity_slots()), RowCacheKey(1, 1001));
+  REQUIRE(client->LookupSlot(1, 1000, got, &freq) == a);
+  CHECK(freq == 1);
+  REQUIRE(client->LookupSlot(1, 1001, got, &freq) == b);
+  CHECK(freq == 0);
+  // A one-pass scan of the whole cache: the used row is promoted and stays, the other leaves.
+  for (uint64_t r = 0; r < 150; ++r) InsertSynthetic(*cache, 14, r);
+  CHECK(cache->Contains(1, 1000));
+  CHECK_FALSE(cache->Contains(1, 1001));
+  ::munmap(p, cache->region_bytes());
+}
+
+TEST_CASE("readers of a read-only descriptor get misses, never zeros, through shrink storms",
+          "[cache][concurrency]") {
+  auto cache = MakeCache(64);
+  auto* stop = static_cast<std::atomic<bool>*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(stop != MAP_FAILED);
+  new (stop) std::atomic<bool>(false);
+  std::vector<pid_t> children;
+  for (int c = 0; c < 2; ++c) {
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // As engramd hands it to clients: the memfd opened again, read-only.
+      const int fd = ::open(("/proc/self/fd/" + std::to_string(cache->fd())).c_str(), O_RDONLY);
+      if (fd < 0) ::_exit(5);
+      void* p = ::mmap(nullptr, cache->region_bytes(), PROT_READ, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) ::_exit(3);
+      if (::mprotect(p, cache->region_bytes(), PROT_READ | PROT_WRITE) == 0) ::_exit(6);
+      auto reader = RowCacheReader::Attach(static_cast<uint8_t*>(p), cache->region_bytes());
+      if (!reader.ok()) ::_exit(4);
+      int64_t hits = ReadUntil(*reader, 160, *stop, 200 + c);
+      ::_exit(hits < 0 ? 1 : hits < 100 ? 2 : 0);
+    }
+    children.push_back(pid);
+  }
+  // Inserts, and a shrink to 2 slots and back every 500 (the slots above are punched out).
+  std::mt19937_64 rng(7);
+  uint8_t data[kRowBytes];
+  const uint64_t end = NowNs() + 1'500'000'000;
+  uint64_t shrinks = 0;
+  for (uint64_t i = 0; NowNs() < end; ++i) {
+    const uint32_t layer = rng() & 1 ? 14 : 1;
+    const uint64_t row = rng() % 160;
+    SyntheticRow(kSeed, layer, row, data);
+    REQUIRE(cache->Insert(layer, row, data).ok());
+    if (i % 500 == 499) {
+      cache->SetCapacitySlots(2);
+      cache->SetCapacitySlots(64);
+      ++shrinks;
+    }
+  }
+  stop->store(true);
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    INFO("child exit status " << WEXITSTATUS(status)
+                              << " (1: wrong row, 2: too few hits, 6: made writable)");
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+  }
+  CHECK(shrinks > 10);
+  ::munmap(stop, 4096);
 }
 
 }  // namespace
