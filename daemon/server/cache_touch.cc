@@ -74,6 +74,7 @@ uint64_t CacheTouchPage::Fold(const TouchFn& touch, const CountFn& count) {
     seen.requests = requests;
     seen.rows = rows;
     if (more_requests != 0 || more_rows != 0) count(t, more_requests, more_rows);
+    if (rows_counter_ != nullptr) rows_counter_->fetch_add(more_rows, std::memory_order_relaxed);
   }
   // The entries below head were written before it was published (its release store).
   const uint64_t head = Shared(h->head).load(std::memory_order_acquire);

@@ -12,6 +12,7 @@
 //              [&](size_t table, uint64_t requests, uint64_t rows) { /* count */ });
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -47,6 +48,11 @@ class CacheTouchPage {
   uint64_t Fold(const TouchFn& touch, const CountFn& count);
   // Entries the client reported it left out because the ring was full.
   uint64_t dropped() const;
+  // Where Fold adds the rows the client read in place (its session's counter), or null.
+  void AttachCounter(std::atomic<uint64_t>* rows) {
+    std::lock_guard<std::mutex> lock(mu_);
+    rows_counter_ = rows;
+  }
 
  private:
   CacheTouchPage() = default;
@@ -58,6 +64,7 @@ class CacheTouchPage {
   UniqueMapping map_;
   size_t tables_ = 0;
   std::mutex mu_;
+  std::atomic<uint64_t>* rows_counter_ = nullptr;
   uint64_t tail_ = 0;  // entries folded (the daemon's own copy; the page's is for the client)
   std::vector<engram_cache_touch_counters> seen_;  // the counters as of the last fold
 };

@@ -290,6 +290,8 @@ absl::StatusOr<ResidentLoadStatus> Server::ResidentLoad(uint32_t layer,
 }
 
 std::vector<std::shared_ptr<Session>> Server::Sessions() const {
+  // Rows read in place count in each session's counters once their touch pages are folded.
+  if (store_ != nullptr) store_->FoldTouches();
   std::lock_guard<std::mutex> lock(sessions_mutex_);
   return sessions_;
 }

@@ -48,7 +48,11 @@ class Session {
   Session& operator=(const Session&) = delete;
   // Closes the socket and the doorbell, unmaps the arena. Runs when the last reference (the
   // server's, or a request's still in flight) goes.
-  ~Session() = default;  // closes the socket and the doorbell
+  // Closes the socket and the doorbell; the touch page (which the row store folds once more)
+  // stops counting into this session.
+  ~Session() {
+    if (touch_page != nullptr) touch_page->AttachCounter(nullptr);
+  }
 
   uint64_t id() const { return id_; }
   int socket_fd() const { return socket_fd_.get(); }

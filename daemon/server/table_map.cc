@@ -139,6 +139,7 @@ void Server::SendRowCacheMap(Session& session, const engram_msg_header& header, 
       return;
     }
     session.touch_page = *page;
+    session.touch_page->AttachCounter(&session.counters.cache_rows_in_place);
     store_->AddTouchPage(*page);
   }
   engram_msg_table_mapped reply{};

@@ -57,7 +57,10 @@
  * (origin COUNTED): not in engram_session_stats, not on the wire. */
 #define ENGRAM_SESSION_DAEMON_COUNTERS(X)                                                      \
   X(garbage, COUNTED, COUNTER, "engram_client_unreadable_submissions_total",                   \
-    "Submissions the daemon could not read (a corrupt ring or entry), counted as failed too")
+    "Submissions the daemon could not read (a corrupt ring or entry), counted as failed too")   \
+  X(cache_rows_in_place, COUNTED, COUNTER, "engram_client_cache_rows_in_place_total",          \
+    "Rows of cache-tier tables the client copied from the row cache itself "                   \
+    "(ENGRAM_GATHER_IN_PLACE), as its touch page reported them")
 /* clang-format on */
 
 /* Selectors on an entry's origin: ENGRAM_SESSION_<WHICH>_##origin(...) expands to its

@@ -142,6 +142,14 @@ TEST_CASE("in-place gathers of a cached table copy hits in the client, send only
   CHECK(after.rows == middle.rows);
   CHECK(after.requests_submitted == middle.requests_submitted);
   CHECK(after.rows_in_place - middle.rows_in_place == c.n);
+  // engramctl counts them for the session, from its touch page.
+  uint64_t session_in_place = 0;
+  const json clients = Ctl(d, "stats")["clients"];
+  for (const json& e : clients) {
+    if (e["pid"] == getpid()) session_in_place += e["cache_rows_in_place"].get<uint64_t>();
+  }
+  INFO(clients.dump());
+  CHECK(session_in_place == after.rows_in_place);
 
   // Rows from the whole table: mostly misses, sent as one request into the same slots.
   FillRows(c.rows, c.n, kRows, 42);
