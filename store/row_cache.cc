@@ -576,6 +576,16 @@ void RowCache::ReleaseSlots(uint64_t slots, uint64_t old) {
   }
 }
 
+uint64_t RowCache::ReleaseAboveCapacity() {
+  std::unique_lock<std::mutex> resize(resize_mu_, std::try_to_lock);  // the capacity holds still
+  if (!resize.owns_lock()) return 0;
+  const uint64_t before = region_.ResidentBytes();
+  const uint64_t capacity = capacity_slots();
+  if (capacity < max_slots_) ReleaseSlots(capacity, max_slots_);
+  const uint64_t after = region_.ResidentBytes();
+  return before > after ? before - after : 0;
+}
+
 RowCacheStats RowCache::Stats() const {
   RowCacheStats st;
   std::lock_guard<std::mutex> lock(mu_);

@@ -169,6 +169,11 @@ class RowCache {
   uint64_t SetCapacityBytes(uint64_t bytes) { return SetCapacitySlots(SlotsForBytes(bytes)); }
   uint64_t capacity_slots() const;
   uint64_t max_slots() const { return max_slots_; }
+  // Gives back the pages of the slots at and above the capacity again: a reader in another
+  // process that followed a bucket just before a shrink moved its row may have faulted such a
+  // page back in (it reads zeros: a miss). Does nothing (returns 0) while a resize runs, so a
+  // caller never waits for one. Returns the bytes the region held before minus after.
+  uint64_t ReleaseAboveCapacity();
   // Bytes accounted for `slots` slots, and the inverse.
   static uint64_t BytesForSlots(uint64_t slots);
   static uint64_t SlotsForBytes(uint64_t bytes);

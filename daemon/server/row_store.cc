@@ -496,6 +496,13 @@ void RowStore::FoldTouches(bool wait) const {
     ts.hit_rows.fetch_add(rows, std::memory_order_relaxed);
     cache_->CountLookups(rows, 0);
   };
+  // Pages a client's read faulted back in above the capacity go back, at most once a second.
+  const int64_t now = NowNs();
+  if (cache_->capacity_slots() < cache_->max_slots() &&
+      now - last_release_ns_ > 1'000'000'000) {
+    last_release_ns_ = now;
+    cache_->ReleaseAboveCapacity();
+  }
   for (size_t i = 0; i < touch_pages_.size();) {
     touch_pages_[i]->Fold(touch, count);
     if (touch_pages_[i].use_count() == 1) {  // its session ended: this was the last fold

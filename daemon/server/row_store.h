@@ -219,6 +219,7 @@ class RowStore {
   UniqueFd cache_read_only_fd_;
   mutable std::mutex touch_mu_;
   mutable std::vector<std::shared_ptr<CacheTouchPage>> touch_pages_;
+  mutable int64_t last_release_ns_ = 0;  // ReleaseAboveCapacity's last run (touch_mu_)
   uint64_t cache_target_slots_ = 0;
   std::unique_ptr<PressureMonitor> pressure_;
   // The loader: one thread, a queue of resident tables to load.

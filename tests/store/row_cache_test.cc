@@ -437,6 +437,33 @@ TEST_CASE("a hit reported by a client (Touch) counts as a use; a stale report do
   ::munmap(p, cache->region_bytes());
 }
 
+TEST_CASE("pages a reader faults back in above the capacity are given back again", "[cache]") {
+  auto cache = MakeCache(4096);
+  for (uint64_t r = 0; r < 4096; ++r) InsertSynthetic(*cache, 1, r);
+  cache->SetCapacitySlots(64);
+  const uint64_t shrunk = cache->Stats().resident_bytes;
+  // A reader touching every slot above the capacity, as one that followed stale buckets would.
+  void* p = ::mmap(nullptr, cache->region_bytes(), PROT_READ, MAP_SHARED, cache->fd(), 0);
+  REQUIRE(p != MAP_FAILED);
+  const auto* base = static_cast<const volatile uint8_t*>(p);
+  uint64_t sum = 0;
+  for (uint64_t at = cache->region_bytes() / 2; at < cache->region_bytes(); at += 4096) {
+    sum += base[at];
+  }
+  CHECK(sum == 0);  // given back: zeros
+  const uint64_t faulted = cache->Stats().resident_bytes;
+  INFO("resident after the shrink " << shrunk << ", after the reads " << faulted);
+  REQUIRE(faulted > shrunk + (1 << 20));  // the reads brought the pages back
+  const uint64_t released = cache->ReleaseAboveCapacity();
+  CHECK(cache->Stats().resident_bytes <= shrunk + 4096);
+  CHECK(released == faulted - cache->Stats().resident_bytes);
+  // The rows below the capacity are untouched.
+  uint64_t hits = 0;
+  for (uint64_t r = 0; r < 4096; ++r) hits += LookupChecked(*cache, 1, r);
+  CHECK(hits == 64);
+  ::munmap(p, cache->region_bytes());
+}
+
 TEST_CASE("readers of a read-only descriptor get misses, never zeros, through shrink storms",
           "[cache][concurrency]") {
   auto cache = MakeCache(64);
