@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cli/command_line.h"
 #include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/control.h"
@@ -189,11 +190,16 @@ void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
           },
           help);
       o->type_name(metavar);
+      if (setting.kind == Kind::kIds) o->check(cli::Integer(setting.min, setting.max));
       if (setting.flag_separator[0] != '\0') o->delimiter(setting.flag_separator[0]);
       if (shown != "[]") o->default_str(shown);
     } else {
       CLI::Option* o = app.add_option_function<std::string>(setting.flag, apply, help);
       o->type_name(metavar);
+      // Checked on the text, so that a negative or misspelt number is named with its bounds.
+      if (setting.kind == Kind::kUint32 || setting.kind == Kind::kUint64) {
+        o->check(cli::Integer(setting.min, setting.max));
+      }
       if (!shown.empty()) o->default_str(shown);
     }
   }
@@ -546,7 +552,7 @@ int Main(int argc, char** argv) {
   app.footer(
       "Settings marked [SIGHUP: live] change on SIGHUP (systemctl reload engramd); a change to "
       "any other is logged as needing a restart.");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = cli::Parse(app, argc, argv)) return *done;  // usage errors: 2
   if (!config_status.ok()) return Fail(config_status);
   if (memory_dropin) {
     absl::StatusOr<MemoryPlan> plan = PlanFor(settings);

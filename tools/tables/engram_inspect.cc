@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "cli/command_line.h"
+#include "engram/version.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "tables/table.h"
@@ -39,16 +41,22 @@ struct Options {
 
 void AddOptions(CLI::App& app, Options& o) {
   app.add_option("PATH", o.path, "Checkpoint directory or packed table file")->required();
-  app.add_option("--layer", o.layers, "Only these layers")->delimiter(',');
-  app.add_option("--rows", o.rows_text, "Declared row range BEGIN:END of a sparse per-rank copy");
+  app.add_option("--layer", o.layers, "Only these layers")
+      ->delimiter(',')
+      ->check(engram::cli::Integer(0, UINT32_MAX));
+  app.add_option("--rows", o.rows_text, "Declared row range BEGIN:END of a sparse per-rank copy")
+      ->check(engram::cli::Checked(
+          [](const std::string& text) { return engram::ParseRowRange(text).status(); }));
   app.add_flag("--no-check-holes", o.no_check_holes, "Skip the SEEK_HOLE check of covered rows");
   app.add_flag("--verify-synthetic", o.verify,
                "Compare rows with engram-synth's generator (seed from config.json or --seed)");
-  app.add_option("--seed", o.seed, "Seed for --verify-synthetic (implies it)");
+  app.add_option("--seed", o.seed, "Seed for --verify-synthetic (implies it)")
+      ->check(engram::cli::Integer(0, UINT64_MAX));
   app.add_option("--sample", o.sample,
                  "Rows to compare per table for --verify-synthetic (spread evenly, always "
                  "including the first and last; 0 = every row)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(engram::cli::Integer(0, UINT64_MAX));
   app.add_flag("--json", o.json_out, "Print the geometry as JSON");
 }
 
@@ -136,16 +144,7 @@ std::optional<std::vector<std::unique_ptr<engram::Table>>> Open(const Options& o
   engram::OpenOptions options;
   options.layers = o.layers;
   options.check_holes = !o.no_check_holes;
-  if (!o.rows_text.empty()) {
-    auto rows = engram::ParseRowRange(o.rows_text);
-    if (!rows.ok()) {
-      std::fprintf(stderr, "engram-inspect: --rows: %s\n",
-                   std::string(rows.status().message()).c_str());
-      *ret_exit = 2;
-      return std::nullopt;
-    }
-    options.rows = *rows;
-  }
+  if (!o.rows_text.empty()) options.rows = *engram::ParseRowRange(o.rows_text);  // checked by Parse
   auto tables = engram::OpenTables(o.path, options);
   if (!tables.ok()) {
     std::fprintf(stderr, "engram-inspect: %s is not servable: %s\n", o.path.c_str(),
@@ -163,9 +162,10 @@ int main(int argc, char** argv) {
       "Open Engram tables as engramd does (validating every header, shape and offset) and print "
       "their geometry.",
       "engram-inspect"};
+  app.set_version_flag("--version", std::string("engram-inspect ") + ENGRAM_VERSION);
   Options o;
   AddOptions(app, o);
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = engram::cli::Parse(app, argc, argv)) return *done;
 
   int exit_code = 0;
   auto tables = Open(o, &exit_code);

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "cli/command_line.h"
+#include "engram/version.h"
 #include "tools/tables/pack.h"
 #include "tools/tables/progress.h"
 
@@ -16,28 +19,33 @@ int main(int argc, char** argv) {
       "a 4 KiB header, optionally 15 to a 4 KiB page (--paged) and only a row range (a "
       "tensor-parallel rank's copy).",
       "engram-pack"};
+  app.set_version_flag("--version", std::string("engram-pack ") + ENGRAM_VERSION);
   std::string input, out, rows_text;
   uint32_t layer = 0;
   bool sparse = false, paged = false, progress = false, quiet = false, no_check_holes = false;
   uint64_t buffer_mib = 4;
   app.add_option("MODEL_DIR", input, "Checkpoint directory (or a packed table file)")->required();
-  app.add_option("--layer", layer, "Engram layer to pack (1 or 14 for DeepSeek-V4.1)")->required();
+  app.add_option("--layer", layer, "Engram layer to pack (1 or 14 for DeepSeek-V4.1)")
+      ->required()
+      ->check(engram::cli::Integer(0, UINT32_MAX));
   app.add_option("--out", out, "Packed file to write (via a temporary file and rename)")
       ->required();
-  app.add_option("--rows", rows_text, "Only rows BEGIN:END (half-open), e.g. a TP rank's range");
+  app.add_option("--rows", rows_text, "Only rows BEGIN:END (half-open), e.g. a TP rank's range")
+      ->check(engram::cli::Checked(
+          [](const std::string& text) { return engram::ParseRowRange(text).status(); }));
   app.add_flag("--sparse", sparse,
                "Keep rows at their original offsets (a sparse file) instead of compacting them");
   app.add_flag("--paged", paged,
                "Format version 2: 15 rows to each 4 KiB page, none straddling one (3.4% larger), "
                "so that a cache-tier miss is one page read");
-  app.add_option("--buffer-mib", buffer_mib, "Row data moved per step, in MiB")
+    app.add_option("--buffer-mib", buffer_mib, "Row data moved per step, in MiB (1 to 1024)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(engram::cli::Integer(1, 1024));
   app.add_flag("--no-check-holes", no_check_holes,
                "Do not refuse input rows that lie in holes of a sparse input");
   app.add_flag("--progress", progress, "Show progress even when stderr is not a terminal");
   app.add_flag("-q,--quiet", quiet, "Print nothing on success");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = engram::cli::Parse(app, argc, argv)) return *done;
 
   engram::PackOptions options;
   options.input = input;
@@ -47,15 +55,7 @@ int main(int argc, char** argv) {
   options.paged = paged;
   options.buffer_bytes = buffer_mib << 20;
   options.check_input_holes = !no_check_holes;
-  if (!rows_text.empty()) {
-    auto rows = engram::ParseRowRange(rows_text);
-    if (!rows.ok()) {
-      std::fprintf(stderr, "engram-pack: --rows: %s\n",
-                   std::string(rows.status().message()).c_str());
-      return 2;
-    }
-    options.rows = *rows;
-  }
+  if (!rows_text.empty()) options.rows = *engram::ParseRowRange(rows_text);  // checked by Parse
   engram::ProgressLine line("engram-pack layer " + std::to_string(layer),
                             progress || isatty(STDERR_FILENO));
   options.progress = [&](uint64_t done, uint64_t total) { line.Update(done, total); };

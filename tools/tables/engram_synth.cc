@@ -3,10 +3,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "cli/command_line.h"
+#include "engram/version.h"
 #include "tools/tables/progress.h"
 #include "tools/tables/synthetic.h"
 
@@ -37,6 +41,7 @@ int main(int argc, char** argv) {
       "Write a synthetic DeepSeek-V4.1 checkpoint (config.json, index, safetensors shards with "
       "the Engram tables of layers 1 and 14 and decoy tensors).",
       "engram-synth"};
+  app.set_version_flag("--version", std::string("engram-synth ") + ENGRAM_VERSION);
   std::string out_dir;
   std::string rows_text = std::to_string(engram::kDefaultSyntheticRows);
   uint64_t seed = 0;
@@ -59,13 +64,27 @@ int main(int argc, char** argv) {
                  "With --hashable: config.json's engram_vocab_size, where the search for each "
                  "layer's 24 head primes starts; a table has about 24 times this many rows")
       ->capture_default_str()
-      ->check(CLI::Range(uint64_t{2}, engram::kMaxHashPrimeStart))
+      ->check(engram::cli::Integer(2, engram::kMaxHashPrimeStart))
       ->needs(hashable_flag);
-  app.add_option("--seed", seed, "Seed of the row contents")->capture_default_str();
-  app.add_option("--layers", layers, "Engram layer ids")->capture_default_str()->delimiter(',');
+  app.add_option("--seed", seed, "Seed of the row contents")
+      ->capture_default_str()
+      ->check(engram::cli::Integer(0, UINT64_MAX));
+  app.add_option("--layers", layers, "Engram layer ids")
+      ->capture_default_str()
+      ->delimiter(',')
+      ->check(engram::cli::Integer(0, UINT32_MAX));
+  rows_option->check(engram::cli::Checked([](const std::string& text) {
+    uint64_t rows = 0;
+    if (text == "full" || (text.find_first_not_of("0123456789") == std::string::npos &&
+                           absl::SimpleAtoi(text, &rows) && rows > 0)) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(
+        absl::StrFormat("must be a positive row count or 'full', got '%s'", text));
+  }));
   app.add_flag("--progress", progress, "Show progress even when stderr is not a terminal");
   app.add_flag("-q,--quiet", quiet, "Print nothing on success");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = engram::cli::Parse(app, argc, argv)) return *done;
 
   engram::SynthOptions options;
   options.out_dir = out_dir;
@@ -77,10 +96,8 @@ int main(int argc, char** argv) {
     options.rows = 0;  // set from the primes
   } else if (rows_text == "full") {
     options.rows = 0;
-  } else if (!absl::SimpleAtoi(rows_text, &options.rows) || options.rows == 0) {
-    std::fprintf(stderr, "engram-synth: --rows must be a positive row count or 'full', got '%s'\n",
-                 rows_text.c_str());
-    return 2;
+  } else {
+    absl::SimpleAtoi(rows_text, &options.rows);  // checked by Parse
   }
   engram::ProgressLine line("engram-synth " + out_dir, progress || isatty(STDERR_FILENO));
   options.progress = [&](uint64_t done, uint64_t total) { line.Update(done, total); };
