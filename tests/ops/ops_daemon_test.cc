@@ -424,6 +424,92 @@ TEST_CASE("engramctl stats and clients show a client's gathers") {
   engram_close(s);
 }
 
+// Characters (UTF-8 code points) of each line of `text` that is wider than `columns`.
+std::vector<std::string> WiderThan(const std::string& text, size_t columns) {
+  std::vector<std::string> wide;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const auto chars = std::count_if(line.begin(), line.end(), [](char c) {
+      return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+    });
+    if (static_cast<size_t>(chars) > columns) wide.push_back(line);
+  }
+  return wide;
+}
+
+// A session named `name` (at most 31 bytes), left open.
+engram_session* Open(const std::string& name) {
+  engram_connect_options o = F().daemon->Options();
+  o.client_name = name.c_str();
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  return s;
+}
+
+TEST_CASE("engramctl tables and clients fit 80 columns; -o wide shows every column in full") {
+  const std::string name(31, 'w');
+  engram_session* s = Open(name);
+  for (const char* command : {"tables", "clients"}) {
+    INFO(command);
+    Result r = Sh(Ctl(command));
+    REQUIRE(r.code == 0);
+    CHECK(WiderThan(r.out, 80).empty());
+  }
+  Result tables = Sh(Ctl("tables"));
+  CHECK(tables.out.find("LAYER") != std::string::npos);
+  CHECK(tables.out.find(" MiB") != std::string::npos);     // the size, human-formatted
+  CHECK(tables.out.find("B rows)") == std::string::npos);  // the row size is wide's
+  Result wide_tables = Sh(Ctl("tables -o wide"));
+  REQUIRE(wide_tables.code == 0);
+  CHECK(wide_tables.out.find("(264 B rows)") != std::string::npos);
+  Result clients = Sh(Ctl("clients"));
+  CHECK(clients.out.find("SLOTS") == std::string::npos);
+  CHECK(clients.out.find(name) == std::string::npos);  // cut to fit, in the middle
+  CHECK(clients.out.find(name.substr(0, 8) + "~") != std::string::npos);
+  Result wide_clients = Sh(Ctl("clients --output=wide"));
+  REQUIRE(wide_clients.code == 0);
+  CHECK(wide_clients.out.find("SLOTS") != std::string::npos);
+  CHECK(wide_clients.out.find(name) != std::string::npos);
+  engram_close(s);
+}
+
+TEST_CASE("engramctl stats --watch fits a 24-row terminal, busiest sessions first") {
+  std::vector<engram_session*> idle;
+  for (int i = 0; i < 24; ++i) idle.push_back(Open(absl::StrFormat("idle-%02d", i)));
+  engram_session* busy = GatherSome(300);
+  Result r = Sh("timeout --preserve-status -s INT 1.5 " + Ctl("stats -i 0.3"));
+  CHECK(r.code == 0);
+  CHECK(WiderThan(r.out, 80).empty());
+  // Frames follow one another (stdout is no terminal): each starts with the title.
+  std::vector<std::vector<std::string>> frames;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("engramd stats: ", 0) == 0) frames.emplace_back();
+    REQUIRE_FALSE(frames.empty());
+    frames.back().push_back(line);
+  }
+  REQUIRE(frames.size() >= 3);
+  for (const auto& frame : frames) {
+    INFO(r.out);
+    CHECK(frame.size() <= 24);
+    CHECK(frame[1].find("ROWS/S") != std::string::npos);
+    CHECK(frame.back().find("more sessions (engramctl clients)") != std::string::npos);
+  }
+  // Sessions at the same rate (here none gathers while watched) rank by rows served: the one
+  // that gathered comes first, before the idle ones the daemon lists before it.
+  for (const auto& frame : frames) {
+    REQUIRE(frame.size() > 6);
+    const auto header = std::find_if(frame.begin(), frame.end(), [](const std::string& l) {
+      return l.rfind("SESSION", 0) == 0 || l.rfind(" SESSION", 0) == 0;
+    });
+    REQUIRE(header + 1 < frame.end());
+    CHECK((header + 1)->find("ops-test") != std::string::npos);
+  }
+  CHECK(frames[0][2].find(" - ") != std::string::npos);  // no rates before a second reply
+  engram_close(busy);
+  for (engram_session* s : idle) engram_close(s);
+}
+
 // The counters of engram/session_stats.h as the daemon reports them: every entry but those the
 // client library counts, then the daemon's own.
 struct ListedCounter {

@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace engramctl {
 
@@ -21,9 +22,10 @@ void AddLoadCommand(CLI::App& app, int* exit_code);
 // engramctl rows (rows_command.cc).
 void AddRowsCommand(CLI::App& app, int* exit_code);
 
-// The row store's lines in status, stats (per table) and tables (per table) (store_lines.cc).
+// The row store's lines in status, stats (per table) and tables (per table, each line ending in
+// a newline) (store_lines.cc).
 void PrintStoreStatus(const nlohmann::json& reply);
 void PrintStoreTableStats(const nlohmann::json& table);
-void PrintStoreTable(const nlohmann::json& table);
+std::string StoreTableLines(const nlohmann::json& table);
 
 }  // namespace engramctl

@@ -5,29 +5,36 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "protocol/codec.h"
+#include "cli/command_line.h"
 #include "engram/engram.h"
+#include "protocol/codec.h"
 
 namespace engramctl {
 namespace {
 
-constexpr int kReplyTimeoutMs = 30'000;
-
-// Receives one message and at most one passed descriptor.
-bool Receive(int fd, std::vector<uint8_t>* ret_bytes, int* ret_fd, std::string* ret_why) {
+// Receives one message and at most one passed descriptor, waiting at most timeout_ms.
+bool Receive(int fd, int timeout_ms, std::vector<uint8_t>* ret_bytes, int* ret_fd,
+             std::string* ret_why) {
   pollfd p{.fd = fd, .events = POLLIN};
-  if (poll(&p, 1, kReplyTimeoutMs) <= 0) {
-    *ret_why = "no reply within 30 s";
+  int ready;
+  do {
+    ready = poll(&p, 1, timeout_ms);
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0) {
+    *ret_why = ready == 0 ? absl::StrFormat("no reply within %g s (--timeout)", timeout_ms / 1e3)
+                          : strerror(errno);
     return false;
   }
   ret_bytes->resize(ENGRAM_MSG_MAX_BYTES);
@@ -87,6 +94,13 @@ std::string DefaultSocket() {
 void AddCommonOptions(CLI::App* command, CommonOptions* options) {
   command->add_option("--socket", options->socket, "engramd's socket ($ENGRAM_SOCKET)")
       ->capture_default_str();
+  command
+      ->add_option("--timeout", options->timeout_s,
+                   absl::StrFormat("Give up waiting on the socket after SECONDS (%g to %g)",
+                                   kMinTimeoutSeconds, kMaxTimeoutSeconds))
+      ->type_name("SECONDS")
+      ->capture_default_str()
+      ->check(engram::cli::Seconds(kMinTimeoutSeconds, kMaxTimeoutSeconds));
   command->add_flag("--json", options->json, "Machine-readable output (with schema_version)");
 }
 
@@ -106,9 +120,10 @@ int Report(const ControlError& error, bool json) {
 }
 
 std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_path,
-                                                      ControlError* ret_error) {
+                                                      double timeout_s, ControlError* ret_error) {
   std::unique_ptr<ControlClient> c(new ControlClient());
   c->socket_path_ = socket_path;
+  c->timeout_ms_ = static_cast<int>(std::ceil(timeout_s * 1e3));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
@@ -117,9 +132,21 @@ std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_
   }
   memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   c->fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  // A Unix socket's connect (when the listener's backlog is full) and send wait at most
+  // SO_SNDTIMEO; they then fail with EAGAIN.
+  const timeval send_timeout{.tv_sec = c->timeout_ms_ / 1000,
+                             .tv_usec = c->timeout_ms_ % 1000 * 1000};
+  if (c->fd_ >= 0) {
+    setsockopt(c->fd_, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+  }
   if (c->fd_ < 0 || connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
     const int err = errno;
-    if (err == ENOENT || err == ECONNREFUSED) {
+    if (err == EAGAIN || err == EWOULDBLOCK) {
+      *ret_error = {kExitUnknown,
+                    absl::StrFormat("connecting to %s: no answer within %g s (--timeout); engramd "
+                                    "may be overloaded or stopped",
+                                    socket_path, timeout_s)};
+    } else if (err == ENOENT || err == ECONNREFUSED) {
       *ret_error = {kExitNotRunning,
                     absl::StrFormat("engramd is not running on %s (%s); check `systemctl status "
                                     "engramd` and `journalctl -u engramd`, or pass --socket",
@@ -153,7 +180,7 @@ std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_
   std::vector<uint8_t> bytes;
   int passed = -1;
   std::string why;
-  if (!Receive(c->fd_, &bytes, &passed, &why)) {
+  if (!Receive(c->fd_, c->timeout_ms_, &bytes, &passed, &why)) {
     *ret_error = {kExitUnknown, absl::StrFormat("handshake with %s: %s", socket_path, why)};
     return nullptr;
   }
@@ -205,7 +232,7 @@ bool ControlClient::Call(const std::string& command, const nlohmann::json& args,
     std::vector<uint8_t> bytes;
     int passed = -1;
     std::string why;
-    if (!Receive(fd_, &bytes, &passed, &why)) {
+    if (!Receive(fd_, timeout_ms_, &bytes, &passed, &why)) {
       *ret_error = {kExitUnknown, absl::StrFormat("waiting for the reply to '%s' from %s: %s",
                                                   command, socket_path_, why)};
       return false;

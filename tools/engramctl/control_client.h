@@ -30,8 +30,10 @@ struct ControlError {
 
 class ControlClient {
  public:
-  // Connects and runs the handshake. nullptr with *ret_error on failure.
-  static std::unique_ptr<ControlClient> Connect(const std::string& socket_path,
+  // Connects and runs the handshake. Connecting, each send and each wait for a reply give up
+  // after timeout_s (kExitUnknown: a socket that accepts but never answers). nullptr with
+  // *ret_error on failure.
+  static std::unique_ptr<ControlClient> Connect(const std::string& socket_path, double timeout_s,
                                                 ControlError* ret_error);
   ~ControlClient();
   // Sends {"command": command, ...args} and returns the reply object, or false with *ret_error
@@ -44,15 +46,23 @@ class ControlClient {
   ControlClient() = default;
   int fd_ = -1;
   uint32_t next_request_ = 1;
+  int timeout_ms_ = 30'000;
   std::string socket_path_;
 };
 
 // The socket engramctl talks to: --socket, else $ENGRAM_SOCKET, else the daemon's default.
 std::string DefaultSocket();
 
+// --timeout: how long engramctl waits on the socket (connect, each send, each reply), and its
+// bounds.
+inline constexpr double kDefaultTimeoutSeconds = 30;
+inline constexpr double kMinTimeoutSeconds = 0.1;
+inline constexpr double kMaxTimeoutSeconds = 86400;
+
 // Options every daemon command takes.
 struct CommonOptions {
   std::string socket = DefaultSocket();
+  double timeout_s = kDefaultTimeoutSeconds;
   bool json = false;
 };
 void AddCommonOptions(CLI::App* command, CommonOptions* options);

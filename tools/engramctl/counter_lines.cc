@@ -81,7 +81,7 @@ std::span<const CounterText> StoreTableCounters() { return kStoreTableCounters; 
 
 std::string CounterLines(std::span<const CounterText> counters, const json& now, const json* before,
                          double seconds, const std::string& indent) {
-  constexpr size_t kColumns = 100;
+  constexpr size_t kColumns = 80;  // a terminal's width
   std::string out, line;
   for (const CounterText& c : counters) {
     if (!now.contains(c.key) || !now[c.key].is_number_unsigned()) continue;

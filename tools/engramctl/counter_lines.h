@@ -26,7 +26,7 @@ std::span<const CounterText> StoreTableCounters();
 std::span<const CounterText> MissClassCounters();
 
 // "label value" of each counter of `counters` that `now` holds, comma-separated and wrapped at
-// 100 columns, each line starting with `indent` and ending in a newline; with `before`, counters
+// 80 columns, each line starting with `indent` and ending in a newline; with `before`, counters
 // that grow add their rate over `seconds`. Empty when `now` holds none.
 std::string CounterLines(std::span<const CounterText> counters, const nlohmann::json& now,
                          const nlohmann::json* before, double seconds, const std::string& indent);

@@ -1,18 +1,24 @@
 // engramctl status, tables, stats, clients and metrics: what a running engramd reports about
 // itself, human-readable or as JSON; status and stats can be watched with rates.
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "cli/command_line.h"
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
 #include "tools/engramctl/counter_lines.h"
+#include "tools/engramctl/text_table.h"
 
 namespace engramctl {
 namespace {
@@ -20,6 +26,10 @@ namespace {
 using nlohmann::json;
 
 std::atomic<bool> g_interrupted{false};
+
+// -i: how often --watch repeats, and its bounds.
+constexpr double kMinIntervalSeconds = 0.1;
+constexpr double kMaxIntervalSeconds = 3600;
 
 struct WatchOptions {
   bool watch = false;
@@ -29,9 +39,33 @@ struct WatchOptions {
 void AddWatchOptions(CLI::App* command, WatchOptions* options) {
   command->add_flag("-w,--watch", options->watch, "Repeat every 2 s (or -i) with rates");
   command
-      ->add_option("-i,--interval", options->interval_s, "Repeat every SECONDS (implies --watch)")
+      ->add_option("-i,--interval", options->interval_s,
+                   absl::StrFormat("Repeat every SECONDS, %g to %g (implies --watch)",
+                                   kMinIntervalSeconds, kMaxIntervalSeconds))
       ->type_name("SECONDS")
-      ->check(CLI::PositiveNumber);
+      ->check(engram::cli::Seconds(kMinIntervalSeconds, kMaxIntervalSeconds));
+}
+
+// -o wide: listings with every column at full width; by default they fit 80 columns.
+struct ListOptions {
+  std::string output;
+  size_t width() const { return output == "wide" ? 0 : kTerminalColumns; }
+};
+
+void AddListOptions(CLI::App* command, ListOptions* options) {
+  command
+      ->add_option("-o,--output", options->output,
+                   "wide: every column in full (default: fit 80 columns)")
+      ->type_name("FORMAT")
+      ->check(CLI::IsMember({"wide"}));
+}
+
+// The terminal's size when stdout is one, else 80 columns by 24 rows.
+void TerminalSize(size_t* ret_columns, size_t* ret_rows) {
+  winsize ws{};
+  const bool tty = isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0;
+  *ret_columns = tty && ws.ws_col >= 40 ? ws.ws_col : kTerminalColumns;
+  *ret_rows = tty && ws.ws_row >= 10 ? ws.ws_row : kTerminalRows;
 }
 
 std::string Uptime(double s) {
@@ -202,11 +236,102 @@ void PrintStats(const json& r, const json* before, double dt) {
   }
 }
 
-// Runs `command` once, or repeatedly with --watch, printing each reply.
+// A rate as a short count, "-" before there are two replies.
+std::string RateCell(double rate) { return rate < 0 ? "-" : Count(rate); }
+
+// How many of `n` entries fit in `lines`: all, or lines - 1 and a line saying how many more.
+size_t Shown(size_t n, size_t lines) { return n <= lines ? n : (lines == 0 ? 0 : lines - 1); }
+
+// engramctl stats --watch, as top shows processes: a title, one line per table and one per
+// session, busiest first, all within a terminal of `columns` by `rows` (24 by 80 unless stdout
+// is a larger or smaller terminal). Entries that do not fit are counted on a last line.
+void PrintStatsTop(const json& r, const json* before, double dt, double interval, size_t columns,
+                   size_t rows) {
+  const json* before_tables = before != nullptr ? &(*before)["tables"] : nullptr;
+  const json* before_clients = before != nullptr ? &(*before)["clients"] : nullptr;
+  std::vector<json> clients(r["clients"].begin(), r["clients"].end());
+  auto rate = [&](const json& c) {
+    return Rate(c, Match(before_clients, c, "session"), "rows", dt);
+  };
+  // Busiest first: by rows per second, then by rows served.
+  std::stable_sort(clients.begin(), clients.end(), [&](const json& a, const json& b) {
+    const double ra = rate(a), rb = rate(b);
+    return ra != rb ? ra > rb : U(a, "rows") > U(b, "rows");
+  });
+  // The title, two headers and the blank line between the lists take 4 rows.
+  const size_t lines = rows > 6 ? rows - 4 : 2;
+  const size_t ntables = r["tables"].size();
+  const size_t client_lines = std::min(std::max<size_t>(clients.size(), 1), lines / 2);
+  const size_t table_lines = std::min(ntables, lines - client_lines);
+  const size_t tables_shown = Shown(ntables, table_lines);
+  const size_t clients_shown = Shown(clients.size(), lines - table_lines);
+  printf("%s\n", FitText(absl::StrFormat("engramd stats: %zu tables, %zu sessions; every %.1f s, "
+                                         "Ctrl-C to stop",
+                                         ntables, clients.size(), interval),
+                         columns)
+                     .c_str());
+  TextTable tables({{"LAYER", true},
+                    {"BATCHES/S", true},
+                    {"ROWS/S", true},
+                    {"DE-DUP", true},
+                    {"NOWAIT-HIT", true},
+                    {"READ/S", true},
+                    {"P50", true},
+                    {"P99", true},
+                    {"ERRORS", true}});
+  for (size_t i = 0; i < tables_shown; ++i) {
+    const json& t = r["tables"][i];
+    const json* b = Match(before_tables, t, "layer");
+    const uint64_t req = U(t, "rows_requested"), uniq = U(t, "rows_unique");
+    const uint64_t hits = U(t, "nowait_hits"), miss = U(t, "nowait_eagain");
+    const double read = Rate(t, b, "bytes_read", dt);
+    tables.AddRow(
+        {std::to_string(U(t, "layer")), RateCell(Rate(t, b, "batches", dt)),
+         RateCell(Rate(t, b, "rows_requested", dt)),
+         absl::StrFormat("%.1f%%",
+                         req == 0 ? 0.0 : 100.0 * double(req - std::min(req, uniq)) / double(req)),
+         absl::StrFormat("%.1f%%",
+                         hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss)),
+         read < 0 ? "-" : Bytes(read), Duration(U(t, "latency_p50_ns")),
+         Duration(U(t, "latency_p99_ns")), Count(double(U(t, "errors")))});
+  }
+  fputs(tables.Render(columns).c_str(), stdout);
+  if (tables_shown < ntables)
+    printf("... %zu more tables (engramctl stats)\n", ntables - tables_shown);
+  printf("\n");
+  TextTable sessions({{"SESSION", true},
+                      {"PID", true},
+                      {"NAME", false, true},
+                      {"ROWS/S", true},
+                      {"ROWS", true},
+                      {"REQUESTS", true},
+                      {"INFLIGHT", true},
+                      {"P50", true},
+                      {"P99", true}});
+  for (size_t i = 0; i < clients_shown; ++i) {
+    const json& c = clients[i];
+    sessions.AddRow({std::to_string(U(c, "session")), std::to_string(U(c, "pid")),
+                     Printable(c.value("name", "")), RateCell(rate(c)), Count(double(U(c, "rows"))),
+                     Count(double(U(c, "requests_ok"))), std::to_string(U(c, "inflight")),
+                     Duration(U(c, "latency_p50_ns")), Duration(U(c, "latency_p99_ns"))});
+  }
+  fputs(sessions.Render(columns).c_str(), stdout);
+  if (clients.empty()) printf("  (none connected)\n");
+  if (clients_shown < clients.size()) {
+    printf("... %zu more sessions (engramctl clients)\n", clients.size() - clients_shown);
+  }
+}
+
+// Prints a reply, with the one before it (nullptr for the first) and the seconds between them.
+using Printer = std::function<void(const json&, const json*, double)>;
+
+// Runs `command` once, or repeatedly with --watch, printing each reply; a printer that titles
+// its own frames (`titled`) gets no "(every ...)" line under them.
 int Run(const CommonOptions& common, const WatchOptions& watch, const std::string& command,
-        const json& args, void (*print)(const json&, const json*, double)) {
+        const json& args, const Printer& print, bool titled = false) {
   ControlError error;
-  std::unique_ptr<ControlClient> client = ControlClient::Connect(common.socket, &error);
+  std::unique_ptr<ControlClient> client =
+      ControlClient::Connect(common.socket, common.timeout_s, &error);
   if (client == nullptr) return Report(error, common.json);
   const bool repeat = watch.watch || watch.interval_s > 0;
   const double interval = watch.interval_s > 0 ? watch.interval_s : 2.0;
@@ -229,7 +354,7 @@ int Run(const CommonOptions& common, const WatchOptions& watch, const std::strin
     } else {
       if (repeat && isatty(STDOUT_FILENO)) printf("\033[H\033[2J");
       print(reply, have_before ? &before : nullptr, dt);
-      if (repeat) printf("\n(every %.1f s; Ctrl-C to stop)\n", interval);
+      if (repeat && !titled) printf("\n(every %.1f s; Ctrl-C to stop)\n", interval);
     }
     fflush(stdout);
     if (!repeat) return kExitRunning;
@@ -243,43 +368,63 @@ int Run(const CommonOptions& common, const WatchOptions& watch, const std::strin
   }
 }
 
-// engramctl tables: one line per table, then its files and row store lines.
-void PrintTables(const json& r, const json*, double) {
-  printf("%-6s %-11s %-23s %-10s %-18s %-10s %s\n", "LAYER", "ROWS", "COVERED", "LAYOUT", "SIZE",
-         "RESIDENT", "FILES");
+// engramctl tables: one line per table, then its files and row store lines. Within `width`
+// columns (0: no limit, -o wide) the size is the table's alone and long file names are cut in
+// the middle; wide adds the row size to it.
+void PrintTables(const json& r, size_t width) {
+  TextTable table({{"LAYER", true},
+                   {"ROWS", true},
+                   {"COVERED"},
+                   {"LAYOUT", false, true},
+                   {"SIZE", true},
+                   {"RESIDENT", true},
+                   {"FILES", true}});
   for (const json& t : r["tables"]) {
     const std::string resident =
         t.contains("resident_fraction")
             ? absl::StrFormat("%.1f%%", 100 * t["resident_fraction"].get<double>())
             : "-";
-    printf("%-6lu %-11lu %-23s %-10s %-18s %-10s %zu\n", U(t, "layer"), U(t, "rows"),
-           absl::StrFormat("[%u, %u)", U(t, "covered_begin"), U(t, "covered_end")).c_str(),
-           t.value("layout", "?").c_str(),
-           absl::StrFormat("%s (%u B rows)", Bytes(double(U(t, "data_bytes"))), U(t, "row_bytes"))
-               .c_str(),
-           resident.c_str(), t["files"].size());
+    std::string size = Bytes(double(U(t, "data_bytes")));
+    if (width == 0) size += absl::StrFormat(" (%u B rows)", U(t, "row_bytes"));
+    table.AddRow({std::to_string(U(t, "layer")), std::to_string(U(t, "rows")),
+                  absl::StrFormat("[%u, %u)", U(t, "covered_begin"), U(t, "covered_end")),
+                  t.value("layout", "?"), size, resident, std::to_string(t["files"].size())});
     for (const json& f : t["files"]) {
-      printf("         %s\n", Printable(f.get<std::string>()).c_str());
+      table.AddLineUnder("         " + Printable(f.get<std::string>()));
     }
-    PrintStoreTable(t);
+    for (absl::string_view line : absl::StrSplit(StoreTableLines(t), '\n', absl::SkipEmpty())) {
+      table.AddLineUnder(std::string(line));
+    }
     // Pages that left recently and would be read again: the table is thrashing.
     if (U(t, "recently_evicted_bytes") != 0) {
-      printf("         %s recently evicted (refaults when read again)\n",
-             Bytes(double(U(t, "recently_evicted_bytes"))).c_str());
+      table.AddLineUnder(absl::StrFormat("         %s recently evicted (refaults when read again)",
+                                         Bytes(double(U(t, "recently_evicted_bytes")))));
     }
   }
+  fputs(table.Render(width).c_str(), stdout);
 }
 
-// engramctl clients: one line per session.
-void PrintClients(const json& r, const json*, double) {
-  printf("%-8s %-8s %-6s %-20s %-6s %-10s %-9s %-10s %s\n", "SESSION", "PID", "UID", "NAME",
-         "SLOTS", "ARENA", "INFLIGHT", "REQUESTS", "ROWS");
+// engramctl clients: one line per session. Within `width` columns the counts are shortened
+// (12.3k) and the slots left out; wide shows them as they are.
+void PrintClients(const json& r, size_t width) {
+  const bool wide = width == 0;
+  std::vector<TextColumn> columns = {
+      {"SESSION", true}, {"PID", true}, {"UID", true}, {"NAME", false, true}};
+  if (wide) columns.push_back({"SLOTS", true});
+  for (const char* h : {"ARENA", "INFLIGHT", "REQUESTS", "ROWS"}) columns.push_back({h, true});
+  TextTable table(std::move(columns));
+  auto count = [wide](uint64_t n) { return wide ? std::to_string(n) : Count(double(n)); };
   for (const json& s : r["clients"]) {
-    printf("%-8lu %-8lu %-6lu %-20s %-6lu %-10s %-9lu %-10lu %lu\n", U(s, "session"), U(s, "pid"),
-           U(s, "uid"), Printable(s.value("name", "")).c_str(), U(s, "slots"),
-           Bytes(double(U(s, "arena_bytes"))).c_str(), U(s, "inflight"), U(s, "requests_submitted"),
-           U(s, "rows"));
+    std::vector<std::string> cells = {std::to_string(U(s, "session")), std::to_string(U(s, "pid")),
+                                      std::to_string(U(s, "uid")), Printable(s.value("name", ""))};
+    if (wide) cells.push_back(std::to_string(U(s, "slots")));
+    cells.push_back(Bytes(double(U(s, "arena_bytes"))));
+    cells.push_back(std::to_string(U(s, "inflight")));
+    cells.push_back(count(U(s, "requests_submitted")));
+    cells.push_back(count(U(s, "rows")));
+    table.AddRow(std::move(cells));
   }
+  fputs(table.Render(width).c_str(), stdout);
 }
 
 }  // namespace
@@ -300,31 +445,52 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
     auto options = std::make_shared<CommonOptions>();
     auto watch = std::make_shared<WatchOptions>();
     CLI::App* c = app.add_subcommand(
-        "stats", "Per table and per client counters: rows, de-dup, NOWAIT, reads, latency");
+        "stats",
+        "Per table and per client counters: rows, de-dup, NOWAIT, reads, latency (--watch: one "
+        "line each, busiest first, fitting the terminal)");
     AddCommonOptions(c, options.get());
     AddWatchOptions(c, watch.get());
-    c->callback([=] { *exit_code = Run(*options, *watch, "stats", json::object(), PrintStats); });
+    c->callback([=] {
+      if (!watch->watch && watch->interval_s == 0) {
+        *exit_code = Run(*options, *watch, "stats", json::object(), PrintStats);
+        return;
+      }
+      const double interval = watch->interval_s > 0 ? watch->interval_s : 2.0;
+      size_t columns = 0, rows = 0;
+      TerminalSize(&columns, &rows);
+      *exit_code = Run(
+          *options, *watch, "stats", json::object(),
+          [=](const json& r, const json* before, double dt) {
+            PrintStatsTop(r, before, dt, interval, columns, rows);
+          },
+          /*titled=*/true);
+    });
   }
   {
     auto options = std::make_shared<CommonOptions>();
+    auto list = std::make_shared<ListOptions>();
     auto no_residency = std::make_shared<bool>(false);
     CLI::App* c = app.add_subcommand(
         "tables",
         "Tables served: layer, rows, layout, files, covered rows, size, page-cache residency");
     AddCommonOptions(c, options.get());
+    AddListOptions(c, list.get());
     c->add_flag("--no-residency", *no_residency, "Skip the page-cache residency scan");
     c->callback([=] {
-      *exit_code =
-          Run(*options, WatchOptions{}, "tables", json{{"residency", !*no_residency}}, PrintTables);
+      *exit_code = Run(*options, WatchOptions{}, "tables", json{{"residency", !*no_residency}},
+                       [=](const json& r, const json*, double) { PrintTables(r, list->width()); });
     });
   }
   {
     auto options = std::make_shared<CommonOptions>();
+    auto list = std::make_shared<ListOptions>();
     CLI::App* c = app.add_subcommand(
         "clients", "Connected sessions: pid, uid, arena size, requests in flight, rows served");
     AddCommonOptions(c, options.get());
+    AddListOptions(c, list.get());
     c->callback([=] {
-      *exit_code = Run(*options, WatchOptions{}, "clients", json::object(), PrintClients);
+      *exit_code = Run(*options, WatchOptions{}, "clients", json::object(),
+                       [=](const json& r, const json*, double) { PrintClients(r, list->width()); });
     });
   }
   {

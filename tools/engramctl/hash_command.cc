@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "cli/command_line.h"
 #include "client/hash/ngram_hasher.h"
 #include "nlohmann/json.hpp"
 #include "tools/engramctl/commands.h"
@@ -19,6 +20,8 @@ namespace engramctl {
 namespace {
 
 constexpr int kHashJsonSchemaVersion = 1;
+// --tp-size: at most as many ranks as a node could hold GPUs many times over.
+constexpr uint64_t kMaxTpSize = 1024;
 
 struct HashArgs {
   std::string model;
@@ -181,22 +184,27 @@ void AddHashCommand(CLI::App& app, int* exit_code) {
                   "Model directory (config.json, tokenizer.json, "
                   "engram-hash.bin)")
       ->required();
-  cmd->add_option("--layer", args->layer, "Engram layer id (e.g. 1 or 14)")->required();
+  cmd->add_option("--layer", args->layer, "Engram layer id (e.g. 1 or 14)")
+      ->required()
+      ->check(engram::cli::Integer(0, UINT32_MAX));
   cmd->add_flag("--compressed", args->compressed,
                 "TOKENs are compressed ids (no derived tables needed with "
                 "--compressed-pad-id)");
   cmd->add_option("--tp-size", args->tp_size, "Tensor-parallel size (heads split evenly)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--tp-rank", args->tp_rank, "Tensor-parallel rank: print only its heads");
+      ->check(engram::cli::Integer(1, kMaxTpSize));
+  cmd->add_option("--tp-rank", args->tp_rank, "Tensor-parallel rank: print only its heads")
+      ->check(engram::cli::Integer(0, kMaxTpSize - 1));
   cmd->add_option("--history", args->history,
                   "Ids before the first TOKEN, oldest first (default: sequence start)")
       ->delimiter(',');
   cmd->add_option("--chunk", args->chunk,
-                  "Hash in chunks of N tokens, each with its preceding ids as history");
+                  "Hash in chunks of N tokens, each with its preceding ids as history")
+      ->check(engram::cli::Integer(0, UINT32_MAX));
   cmd->add_option("--derived", args->derived,
                   "Derived-tables file (default MODEL/engram-hash.bin)");
   cmd->add_option("--compressed-pad-id", args->compressed_pad_id,
-                  "Compressed id of the pad token, when there are no derived tables");
+                  "Compressed id of the pad token, when there are no derived tables")
+      ->check(engram::cli::Integer(0, UINT32_MAX));
   cmd->add_option("--tokens-file", args->tokens_file,
                   "Read whitespace-separated token ids from FILE (after TOKENs)");
   cmd->add_flag("--json", args->json, "Print JSON (schema_version 1)");

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/command_line.h"
 #include "engram/row.h"
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
@@ -51,7 +52,8 @@ void PrintState(const LoadOptions& o, const json& s, double seconds) {
 
 int RunLoad(const LoadOptions& o) {
   ControlError error;
-  std::unique_ptr<ControlClient> client = ControlClient::Connect(o.common.socket, &error);
+  std::unique_ptr<ControlClient> client =
+      ControlClient::Connect(o.common.socket, o.common.timeout_s, &error);
   if (client == nullptr) return Report(error, o.common.json);
   json state;
   const auto call = [&](const char* action) {
@@ -112,7 +114,9 @@ void AddLoadCommand(CLI::App& app, int* exit_code) {
       "Load a resident table into the row store's memory, or resume its load; Ctrl-C cancels "
       "(rows loaded stay; administrators only: exit 77 otherwise)");
   AddCommonOptions(c, &o->common);
-  c->add_option("LAYER", o->table, "Layer id of a table of the resident tier")->required();
+  c->add_option("LAYER", o->table, "Layer id of a table of the resident tier")
+      ->required()
+      ->check(engram::cli::Integer(0, UINT32_MAX));
   c->add_flag("--cancel", o->cancel, "Stop the table's load after the chunk in progress");
   c->add_flag("--no-wait", o->no_wait, "Start the load and return at once");
   c->add_flag("-q,--quiet", o->quiet, "No progress bar or summary");

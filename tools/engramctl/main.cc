@@ -1,9 +1,11 @@
 // engramctl: the operator's command line for engramd (hashing, and the daemon's status and
 // tables as their subcommands are added). Each subcommand is registered from commands.h.
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli/command_line.h"
 #include "engram/version.h"
 #include "tools/engramctl/commands.h"
 
@@ -15,7 +17,8 @@ struct GlobalOption {
   const char* name;
   bool takes_value;
 };
-constexpr GlobalOption kGlobalOptions[] = {{"--socket", true}, {"--json", false}};
+constexpr GlobalOption kGlobalOptions[] = {
+    {"--socket", true}, {"--timeout", true}, {"--json", false}};
 
 // How many arguments starting at args[i] form one global option (0: not one).
 size_t GlobalOptionLength(const std::vector<std::string>& args, size_t i) {
@@ -58,22 +61,6 @@ std::vector<std::string> HoistGlobalOptions(CLI::App& app, int argc, char** argv
   return args;
 }
 
-// CLI11 checks required options before it reports arguments it did not expect, and lists those
-// backwards: report the unexpected ones first, in the order they were typed.
-int ReportParseError(CLI::App& app, const CLI::ParseError& e) {
-  const std::vector<std::string> extras = app.remaining(true);
-  if (extras.empty() || e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
-    return app.exit(e);
-  }
-  std::string list;
-  for (const std::string& a : extras) list += (list.empty() ? "" : " ") + a;
-  return app.exit(CLI::ExtrasError(
-      (extras.size() == 1 ? "The following argument was not expected: "
-                          : "The following arguments were not expected: ") +
-          list,
-      CLI::ExitCodes::ExtrasError));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,20 +70,17 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("engramctl ") + ENGRAM_VERSION +
                                         " (libengram_client " + engram_version() + ")");
   app.require_subcommand(1);
-  app.footer("--socket PATH and --json may come before or after the subcommand.");
+  app.footer(
+      "--socket PATH, --timeout SECONDS and --json may come before or after the subcommand.");
   int exit_code = 0;
   engramctl::AddHashCommand(app, &exit_code);
   engramctl::AddDaemonCommands(app, &exit_code);
   engramctl::AddWarmCommands(app, &exit_code);
   engramctl::AddLoadCommand(app, &exit_code);
   engramctl::AddRowsCommand(app, &exit_code);
-  std::vector<std::string> args = HoistGlobalOptions(app, argc, argv);
-  // CLI11 takes a vector in reverse order.
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::ParseError& e) {
-    return ReportParseError(app, e);
+  // Usage errors exit 2 naming what was wrong; engramctl alone prints its help, as one (exit 2).
+  if (std::optional<int> done = engram::cli::Parse(app, HoistGlobalOptions(app, argc, argv))) {
+    return *done;
   }
   return exit_code;
 }

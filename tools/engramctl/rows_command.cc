@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "absl/strings/str_format.h"
+#include "cli/command_line.h"
 #include "engram/engram.h"
 #include "kernels/dequant_ref.h"
 #include "tools/engramctl/commands.h"
@@ -33,6 +34,7 @@ std::optional<int> GatherRows(const RowsOptions& o, engram_session** ret_session
   engram_connect_options_init(&options, sizeof(options));
   options.socket_path = o.common.socket.c_str();
   options.client_name = "engramctl rows";
+  options.timeout_ns = static_cast<int64_t>(o.common.timeout_s * 1e9);
   const uint64_t row_bytes = o.rows.size() * ENGRAM_ROW_BYTES;
   options.data_bytes = ((row_bytes + o.rows.size() * 8 + 8191) / 4096 + 1) * 4096;
   options.slots = 1;
@@ -56,7 +58,7 @@ std::optional<int> GatherRows(const RowsOptions& o, engram_session** ret_session
     request.rows = static_cast<const uint64_t*>(ids);
     request.num_rows = o.rows.size();
     request.dest = dest;
-    rc = engram_gather(session, &request, 30'000'000'000);
+    rc = engram_gather(session, &request, static_cast<int64_t>(o.common.timeout_s * 1e9));
   }
   if (rc != 0) {
     const std::string why = engram_last_error();
@@ -164,8 +166,10 @@ void AddRowsCommand(CLI::App& app, int* exit_code) {
   CLI::App* c = app.add_subcommand(
       "rows", "Print rows as engramd serves them (raw hex, --dequant values) or --out FILE");
   AddCommonOptions(c, &o->common);
-  c->add_option("LAYER", o->table, "Layer id of the table")->required();
-  c->add_option("ROW", o->rows, "Row ids")->required();
+  c->add_option("LAYER", o->table, "Layer id of the table")
+      ->required()
+      ->check(engram::cli::Integer(0, UINT32_MAX));
+  c->add_option("ROW", o->rows, "Row ids")->required()->check(engram::cli::Integer(0, UINT64_MAX));
   c->add_option("--out", o->out, "Write the raw 264-byte rows to FILE instead")->type_name("FILE");
   c->add_flag("--dequant", o->dequant, "Print the 256 values of each row, dequantised");
   c->callback([=] { *exit_code = RunRows(*o); });

@@ -80,20 +80,22 @@ void PrintStoreTableStats(const json& t) {
   fputs(CounterLines(StoreTableCounters(), t, nullptr, 0, "    ").c_str(), stdout);
 }
 
-void PrintStoreTable(const json& t) {
-  if (!t.contains("tier")) return;
-  if (t["tier"] == "resident") {
-    const std::string state = t.value("resident_load_state", std::string());
-    printf("         tier resident (%s%s%s):\n",
-           t.value("resident_huge_pages", false) ? "2 MiB pages" : "4 KiB pages",
-           state.empty() ? "" : ", ", state.c_str());
-    fputs(CounterLines(StoreTableCounters(), t, nullptr, 0, "           ").c_str(), stdout);
-    if (t.contains("resident_load_error")) {
-      printf("         load failed: %s\n", t["resident_load_error"].get<std::string>().c_str());
-    }
-  } else {
-    printf("         tier %s\n", t["tier"].get<std::string>().c_str());
+std::string StoreTableLines(const json& t) {
+  if (!t.contains("tier")) return "";
+  if (t["tier"] != "resident") {
+    return absl::StrFormat("         tier %s\n", t["tier"].get<std::string>());
   }
+  const std::string state = t.value("resident_load_state", std::string());
+  std::string out =
+      absl::StrFormat("         tier resident (%s%s%s):\n",
+                      t.value("resident_huge_pages", false) ? "2 MiB pages" : "4 KiB pages",
+                      state.empty() ? "" : ", ", state);
+  out += CounterLines(StoreTableCounters(), t, nullptr, 0, "           ");
+  if (t.contains("resident_load_error")) {
+    out +=
+        absl::StrFormat("         load failed: %s\n", t["resident_load_error"].get<std::string>());
+  }
+  return out;
 }
 
 }  // namespace engramctl

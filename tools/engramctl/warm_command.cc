@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "absl/strings/str_format.h"
+#include "cli/command_line.h"
 #include "tables/table.h"
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
@@ -31,7 +32,8 @@ struct WarmOptions {
 
 int RunWarm(const WarmOptions& o, const std::string& command) {
   ControlError error;
-  std::unique_ptr<ControlClient> client = ControlClient::Connect(o.common.socket, &error);
+  std::unique_ptr<ControlClient> client =
+      ControlClient::Connect(o.common.socket, o.common.timeout_s, &error);
   if (client == nullptr) return Report(error, o.common.json);
   // The range: --rows, else what the daemon serves of the table.
   json tables;
@@ -114,8 +116,13 @@ void AddWarmCommands(CLI::App& app, int* exit_code) {
                   : "Drop a table (or --rows A:B of it) from the page cache (administrators "
                     "only: exit 77 otherwise)");
     AddCommonOptions(c, &o->common);
-    c->add_option("LAYER", o->table, "Layer id of the table")->required();
-    c->add_option("--rows", o->rows, "Only rows A:B")->type_name("A:B");
+    c->add_option("LAYER", o->table, "Layer id of the table")
+        ->required()
+        ->check(engram::cli::Integer(0, UINT32_MAX));
+    c->add_option("--rows", o->rows, "Only rows A:B")
+        ->type_name("A:B")
+        ->check(engram::cli::Checked(
+            [](const std::string& text) { return engram::ParseRowRange(text).status(); }));
     c->add_flag("-q,--quiet", o->quiet, "No progress bar or summary");
     c->callback([=] { *exit_code = RunWarm(*o, command); });
   }

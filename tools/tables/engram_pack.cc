@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   app.add_flag("--paged", paged,
                "Format version 2: 15 rows to each 4 KiB page, none straddling one (3.4% larger), "
                "so that a cache-tier miss is one page read");
-    app.add_option("--buffer-mib", buffer_mib, "Row data moved per step, in MiB (1 to 1024)")
+  app.add_option("--buffer-mib", buffer_mib, "Row data moved per step, in MiB (1 to 1024)")
       ->capture_default_str()
       ->check(engram::cli::Integer(1, 1024));
   app.add_flag("--no-check-holes", no_check_holes,

@@ -1,0 +1,51 @@
+// Columns of text under their headers, for engramctl's listings (tables, clients, stats -w):
+// each column as wide as its widest cell, and one column that gives way, cutting its cells in
+// the middle, when the lines would not fit the width asked for. Widths count characters (UTF-8
+// code points), not bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace engramctl {
+
+// The width tables fit by default, as a terminal's; -o wide lifts it.
+inline constexpr size_t kTerminalColumns = 80;
+inline constexpr size_t kTerminalRows = 24;
+
+struct TextColumn {
+  std::string header;
+  bool right = false;      // numbers: aligned right
+  bool gives_way = false;  // at most one column: cut to fit the width
+};
+
+class TextTable {
+ public:
+  explicit TextTable(std::vector<TextColumn> columns) : columns_(std::move(columns)) {}
+  // One row (as many cells as columns), and lines printed under it as they are (a table's
+  // files), cut to the width.
+  void AddRow(std::vector<std::string> cells);
+  void AddLineUnder(std::string line);
+  // The header and the rows, each line at most `width` characters (0: no limit) and ending in
+  // a newline; the column that gives way keeps at least its header's width.
+  std::string Render(size_t width) const;
+
+ private:
+  struct Row {
+    std::vector<std::string> cells;
+    std::vector<std::string> under;
+  };
+  std::vector<TextColumn> columns_;
+  std::vector<Row> rows_;
+};
+
+// Characters (UTF-8 code points) of `text`.
+size_t TextWidth(const std::string& text);
+// `text` cut to `width` characters, its middle replaced by "~" when it is longer.
+std::string FitText(const std::string& text, size_t width);
+// A count in at most 6 characters: "9999", "12.3k", "4.5M", "1.2G".
+std::string Count(double n);
+
+}  // namespace engramctl
