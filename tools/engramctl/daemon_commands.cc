@@ -242,6 +242,59 @@ std::string RateCell(double rate) { return rate < 0 ? "-" : Count(rate); }
 // How many of `n` entries fit in `lines`: all, or lines - 1 and a line saying how many more.
 size_t Shown(size_t n, size_t lines) { return n <= lines ? n : (lines == 0 ? 0 : lines - 1); }
 
+// stats --watch: one line per table, the first `shown` of the reply, with rates against the
+// reply before (`before_tables`: its "tables"; nullptr for the first).
+TextTable TableRates(const json& r, const json* before_tables, double dt, size_t shown) {
+  TextTable tables({{"LAYER", true},
+                    {"BATCHES/S", true},
+                    {"ROWS/S", true},
+                    {"DE-DUP", true},
+                    {"NOWAIT-HIT", true},
+                    {"READ/S", true},
+                    {"P50", true},
+                    {"P99", true},
+                    {"ERRORS", true}});
+  for (size_t i = 0; i < shown; ++i) {
+    const json& t = r["tables"][i];
+    const json* b = Match(before_tables, t, "layer");
+    const uint64_t req = U(t, "rows_requested"), uniq = U(t, "rows_unique");
+    const uint64_t hits = U(t, "nowait_hits"), miss = U(t, "nowait_eagain");
+    const double read = Rate(t, b, "bytes_read", dt);
+    tables.AddRow(
+        {std::to_string(U(t, "layer")), RateCell(Rate(t, b, "batches", dt)),
+         RateCell(Rate(t, b, "rows_requested", dt)),
+         absl::StrFormat("%.1f%%",
+                         req == 0 ? 0.0 : 100.0 * double(req - std::min(req, uniq)) / double(req)),
+         absl::StrFormat("%.1f%%",
+                         hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss)),
+         read < 0 ? "-" : Bytes(read), Duration(U(t, "latency_p50_ns")),
+         Duration(U(t, "latency_p99_ns")), Count(double(U(t, "errors")))});
+  }
+  return tables;
+}
+
+// stats --watch: one line per session of `clients` (busiest first), the first `shown`.
+TextTable SessionRates(const std::vector<json>& clients, size_t shown,
+                       const std::function<double(const json&)>& rate) {
+  TextTable sessions({{"SESSION", true},
+                      {"PID", true},
+                      {"NAME", false, true},
+                      {"ROWS/S", true},
+                      {"ROWS", true},
+                      {"REQUESTS", true},
+                      {"INFLIGHT", true},
+                      {"P50", true},
+                      {"P99", true}});
+  for (size_t i = 0; i < shown; ++i) {
+    const json& c = clients[i];
+    sessions.AddRow({std::to_string(U(c, "session")), std::to_string(U(c, "pid")),
+                     Printable(c.value("name", "")), RateCell(rate(c)), Count(double(U(c, "rows"))),
+                     Count(double(U(c, "requests_ok"))), std::to_string(U(c, "inflight")),
+                     Duration(U(c, "latency_p50_ns")), Duration(U(c, "latency_p99_ns"))});
+  }
+  return sessions;
+}
+
 // engramctl stats --watch, as top shows processes: a title, one line per table and one per
 // session, busiest first, all within a terminal of `columns` by `rows` (24 by 80 unless stdout
 // is a larger or smaller terminal). Entries that do not fit are counted on a last line.
@@ -270,52 +323,11 @@ void PrintStatsTop(const json& r, const json* before, double dt, double interval
                                          ntables, clients.size(), interval),
                          columns)
                      .c_str());
-  TextTable tables({{"LAYER", true},
-                    {"BATCHES/S", true},
-                    {"ROWS/S", true},
-                    {"DE-DUP", true},
-                    {"NOWAIT-HIT", true},
-                    {"READ/S", true},
-                    {"P50", true},
-                    {"P99", true},
-                    {"ERRORS", true}});
-  for (size_t i = 0; i < tables_shown; ++i) {
-    const json& t = r["tables"][i];
-    const json* b = Match(before_tables, t, "layer");
-    const uint64_t req = U(t, "rows_requested"), uniq = U(t, "rows_unique");
-    const uint64_t hits = U(t, "nowait_hits"), miss = U(t, "nowait_eagain");
-    const double read = Rate(t, b, "bytes_read", dt);
-    tables.AddRow(
-        {std::to_string(U(t, "layer")), RateCell(Rate(t, b, "batches", dt)),
-         RateCell(Rate(t, b, "rows_requested", dt)),
-         absl::StrFormat("%.1f%%",
-                         req == 0 ? 0.0 : 100.0 * double(req - std::min(req, uniq)) / double(req)),
-         absl::StrFormat("%.1f%%",
-                         hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss)),
-         read < 0 ? "-" : Bytes(read), Duration(U(t, "latency_p50_ns")),
-         Duration(U(t, "latency_p99_ns")), Count(double(U(t, "errors")))});
-  }
-  fputs(tables.Render(columns).c_str(), stdout);
+  fputs(TableRates(r, before_tables, dt, tables_shown).Render(columns).c_str(), stdout);
   if (tables_shown < ntables)
     printf("... %zu more tables (engramctl stats)\n", ntables - tables_shown);
   printf("\n");
-  TextTable sessions({{"SESSION", true},
-                      {"PID", true},
-                      {"NAME", false, true},
-                      {"ROWS/S", true},
-                      {"ROWS", true},
-                      {"REQUESTS", true},
-                      {"INFLIGHT", true},
-                      {"P50", true},
-                      {"P99", true}});
-  for (size_t i = 0; i < clients_shown; ++i) {
-    const json& c = clients[i];
-    sessions.AddRow({std::to_string(U(c, "session")), std::to_string(U(c, "pid")),
-                     Printable(c.value("name", "")), RateCell(rate(c)), Count(double(U(c, "rows"))),
-                     Count(double(U(c, "requests_ok"))), std::to_string(U(c, "inflight")),
-                     Duration(U(c, "latency_p50_ns")), Duration(U(c, "latency_p99_ns"))});
-  }
-  fputs(sessions.Render(columns).c_str(), stdout);
+  fputs(SessionRates(clients, clients_shown, rate).Render(columns).c_str(), stdout);
   if (clients.empty()) printf("  (none connected)\n");
   if (clients_shown < clients.size()) {
     printf("... %zu more sessions (engramctl clients)\n", clients.size() - clients_shown);
