@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "bench/common/engramd_process.h"
+#include "bench/common/token_trace.h"
 #include "bench/store/cache_sim.h"
 #include "client/hash/ngram_hasher.h"
 #include "engram/engram.h"
@@ -50,45 +51,6 @@ namespace engram::bench {
 namespace {
 
 using nlohmann::json;
-
-struct Trace {
-  std::vector<std::vector<int32_t>> docs;
-  uint32_t compressed_vocab = 0;
-  uint32_t pad = 0;
-};
-
-absl::StatusOr<Trace> ReadTrace(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[8];
-  uint32_t head[4];
-  uint64_t tokens = 0;
-  if (!in.read(magic, 8) || std::memcmp(magic, "ENGTRC01", 8) != 0 ||
-      !in.read(reinterpret_cast<char*>(head), sizeof(head)) ||
-      !in.read(reinterpret_cast<char*>(&tokens), 8) || head[0] != 1) {
-    return absl::InvalidArgumentError(path + ": not an Engram token trace (ENGTRC01, version 1)");
-  }
-  Trace t;
-  t.compressed_vocab = head[2];
-  t.pad = head[3];
-  for (uint32_t d = 0; d < head[1]; ++d) {
-    uint32_t n = 0;
-    if (!in.read(reinterpret_cast<char*>(&n), 4) || n > (1u << 28)) {
-      return absl::DataLossError(absl::StrCat(path, ": document ", d, " is cut short"));
-    }
-    std::vector<int32_t> ids(n);
-    if (!in.read(reinterpret_cast<char*>(ids.data()), 4ull * n)) {
-      return absl::DataLossError(absl::StrCat(path, ": document ", d, " is cut short"));
-    }
-    for (int32_t id : ids) {
-      if (id < 0 || static_cast<uint32_t>(id) >= t.compressed_vocab) {
-        return absl::DataLossError(absl::StrCat(path, ": document ", d, " holds id ", id,
-                                                " outside its vocabulary of ", t.compressed_vocab));
-      }
-    }
-    t.docs.push_back(std::move(ids));
-  }
-  return t;
-}
 
 // DeepSeek-V4.1-Flash's Engram hash parameters (config.json, text_config).
 HashConfig Dsv41HashConfig() {
