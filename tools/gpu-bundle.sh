@@ -4,6 +4,9 @@
 # .gpu-bundle/ (git-ignored) so that a GPU machine without our -dev libraries can run them:
 #   tools/gpu-bundle.sh            # here: build and gather
 #   bash .gpu-bundle/run.sh        # there: run the GPU tests (add --bench for the benchmark)
+#   bash .gpu-bundle/run.sh --model-step [ARGS]   # there: only engram-model-step (bench/model)
+# A token trace from tools/trace (ENGRAM_TRACE, default /var/tmp/debian-doc.trace) goes into the
+# bundle when it exists, as trace.bin, for engram-model-step --trace.
 # glibc, libstdc++/libgcc_s (the target's are newer) and the NVIDIA driver (libcuda) are left to
 # the target machine; everything else ldd lists (Abseil, fmt, libcudart, ...) is copied.
 set -euo pipefail
@@ -17,7 +20,8 @@ targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gp
          tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test tests/gpu/gpu_step_test
          tests/gpu/gpu_engramd_test daemon/engramd
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench
-         bench/daemon/engram-ranks bench/store/engram-resident-bench)
+         bench/daemon/engram-ranks bench/store/engram-resident-bench
+         bench/model/engram-model-step)
 ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}" tests/gpu/libfake_cudart.so
 
 rm -rf "$bundle"
@@ -49,6 +53,9 @@ d.mkdir(parents=True, exist_ok=True)
 test_hash.build_tokenizer_model(d)
 PY
 
+trace=${ENGRAM_TRACE:-/var/tmp/debian-doc.trace}
+if [[ -f "$trace" ]]; then cp "$trace" "$bundle/trace.bin"; fi
+
 cat > "$bundle/run.sh" <<'RUNNER'
 #!/usr/bin/env bash
 # Runs the bundled GPU tests (and with --bench the GPU benchmark). Exit status: 0 if every test
@@ -62,6 +69,17 @@ export FAKE_CUDART="$here/lib/libfake_cudart.so"  # gpu_register_test's stand-in
 logs=${OUT:-$here/logs}
 mkdir -p "$logs"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+if [[ "${1:-}" == "--model-step" ]]; then
+  # Only the DeepSeek-V4.1-shaped step (it starts its own engramd daemons); the bundled trace
+  # when there is one, unless the arguments name another.
+  shift
+  args=("$@")
+  if [[ -f "$here/trace.bin" && " ${args[*]} " != *" --trace "* ]]; then
+    args=(--trace "$here/trace.bin" "${args[@]}")
+  fi
+  echo "engram-model-step ${args[*]}"
+  exec "$here/bin/engram-model-step" "${args[@]}"
+fi
 failed=0
 for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_hash_test \
          gpu_step_test gpu_engramd_test; do
