@@ -22,7 +22,14 @@ targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gp
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench
          bench/daemon/engram-ranks bench/store/engram-resident-bench
          bench/model/engram-model-step)
-ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}" tests/gpu/libfake_cudart.so
+# ENGRAM_BUNDLE_MODEL_STEP_ONLY=1: only engramd and engram-model-step (a bundle for
+# `run.sh --model-step`, built in a fraction of the time; the GPU tests are not in it).
+if [[ -n "${ENGRAM_BUNDLE_MODEL_STEP_ONLY:-}" ]]; then
+  targets=(daemon/engramd bench/model/engram-model-step)
+  ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
+else
+  ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}" tests/gpu/libfake_cudart.so
+fi
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
@@ -39,7 +46,9 @@ done | sort -u | while read -r name path; do
   cp -L "$path" "$bundle/lib/$name"
 done
 # The stand-in CUDA runtime gpu_register_test checks the pin-or-unified-memory choice with.
-cp "$builddir/tests/gpu/libfake_cudart.so" "$bundle/lib/"
+if [[ -z "${ENGRAM_BUNDLE_MODEL_STEP_ONLY:-}" ]]; then
+  cp "$builddir/tests/gpu/libfake_cudart.so" "$bundle/lib/"
+fi
 for lib in "$bundle"/lib/*; do strip --strip-debug "$lib" 2>/dev/null || true; done
 
 # A model directory with a tokenizer fixture and its derived tables, for the GPU hasher's

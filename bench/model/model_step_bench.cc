@@ -712,20 +712,29 @@ int Run(const Options& o) {
 
   // Weights; the stand-in sized per shape from a calibration GEMM.
   Weights w;
-  const uint32_t cal_n = 16384;
+  const uint32_t cal_n = 65536;
   {
     Dev cal(size_t{kHidden} * cal_n * 2);
     CUDA_CHECK(FillBf16(cal.get<uint16_t>(), size_t{kHidden} * cal_n, 1, 0.02f, st.main));
     uint32_t max_n = 128;
     for (auto& s : shapes) {
       CUDA_CHECK(FillBf16(s->x_d.get<uint16_t>(), size_t{s->tokens} * kHidden, 2, 1.0f, st.main));
+      s->y_d = Dev(size_t{s->tokens} * cal_n * 2);
       const double us = TimeGemm(*s, cal, cal_n, st.main);
       s->stand_n = std::max<uint32_t>(128, static_cast<uint32_t>(s->target_us / us * cal_n / 128) * 128);
       max_n = std::max(max_n, s->stand_n);
     }
+    // Room for a second, finer sizing at the real width (several waves of blocks run faster
+    // per column than the calibration's).
+    max_n = (max_n + max_n / 2 + 127) / 128 * 128;
     for (auto& s : shapes) s->y_d = Dev(size_t{s->tokens} * max_n * 2);
     w.stand = Dev(size_t{kHidden} * max_n * 2);
     CUDA_CHECK(FillBf16(w.stand.get<uint16_t>(), size_t{kHidden} * max_n, 3, 0.02f, st.main));
+    for (auto& s : shapes) {
+      const double us = TimeGemm(*s, w.stand, s->stand_n, st.main);
+      const double n = s->stand_n * s->target_us / us;
+      s->stand_n = std::clamp<uint32_t>(static_cast<uint32_t>(n / 128) * 128, 128, max_n);
+    }
   }
   const uint32_t mem_width = h.heads() * kRowValues;
   for (int l = 0; l < 2; ++l) {
@@ -873,9 +882,19 @@ int Run(const Options& o) {
         s.name.c_str(), s.tokens, s.seqs, s.per_seq, s.tokens * h.heads(), s.tokens, kHidden,
         s.stand_n, s.layer_us, s.target_us);
     std::vector<std::unique_ptr<Graph>> graphs;
-    for (auto& m : methods) {
+    std::vector<std::string> broken(methods.size());  // why a method stopped, if it did
+    for (size_t mi = 0; mi < methods.size(); ++mi) {
       graphs.push_back(std::make_unique<Graph>());
-      Capture(m, h, s, w, *graphs.back(), st);
+      try {
+        Capture(methods[mi], h, s, w, *graphs.back(), st);
+      } catch (const Failure& e) {
+        if (mi <= 1) throw;  // the baselines every ratio needs
+        broken[mi] = std::string("capture: ") + e.what();
+        cudaGraph_t partial = nullptr;
+        cudaStreamEndCapture(st.main, &partial);
+        if (partial != nullptr) cudaGraphDestroy(partial);
+        cudaGetLastError();
+      }
     }
     const uint32_t steps = s.name == "decode" ? o.decode_steps : o.prefill_steps;
     std::vector<Sample> samples(methods.size());
@@ -888,6 +907,7 @@ int Run(const Options& o) {
         const size_t mi = (i + k) % methods.size();  // rotate which method goes first
         Method& m = methods[mi];
         Graph& g = *graphs[mi];
+        if (!broken[mi].empty()) continue;
         const uint64_t d0 = m.daemon != nullptr ? m.daemon->CpuNs() : 0;
         const double c0 = ThreadCpuUs();
         const auto t0 = Clock::now();
@@ -897,9 +917,11 @@ int Run(const Options& o) {
         const auto t1 = Clock::now();
         const uint64_t d1 = m.daemon != nullptr ? m.daemon->CpuNs() : 0;
         if (m.queue != nullptr && *engram_gpu_queue_error(m.queue) != 0) {
-          throw Failure(m.name + ": the GPU queue reported error " +
-                        std::to_string(*engram_gpu_queue_error(m.queue)) + " at step " +
-                        std::to_string(i));
+          // Reported and left out from here on; the other methods go on.
+          broken[mi] = "the GPU queue reported error " +
+                       std::to_string(*engram_gpu_queue_error(m.queue)) + " at step " +
+                       std::to_string(i);
+          continue;
         }
         if (i < o.warmup) continue;
         uint64_t stamps[kStamps];
@@ -922,6 +944,11 @@ int Run(const Options& o) {
                             cudaMemcpyDeviceToHost));
     }
     for (size_t mi = 2; mi < methods.size(); ++mi) {
+      if (!broken[mi].empty()) {
+        std::printf("FAILED: %s: %s\n", methods[mi].name.c_str(), broken[mi].c_str());
+        failed = 1;
+        continue;
+      }
       uint32_t bad = 0;
       CUDA_CHECK(cudaMemcpy(&bad, graphs[mi]->bad.p, 4, cudaMemcpyDeviceToHost));
       for (int l = 0; l < 2; ++l) {
@@ -944,6 +971,7 @@ int Run(const Options& o) {
     json jm = json::array();
     for (size_t mi = 0; mi < methods.size(); ++mi) {
       const Sample& sm = samples[mi];
+      if (sm.wall_us.empty()) continue;  // failed: said above
       const double p50 = Pct(sm.wall_us, 0.5), p99 = Pct(sm.wall_us, 0.99);
       const double share = mi == 0 ? 0 : (p50 - none) / p50;
       const double vs = p50 / base;
@@ -965,6 +993,7 @@ int Run(const Options& o) {
                 "layer 1 end, layer 2 end | step end\n");
     for (size_t mi = 0; mi < methods.size(); ++mi) {
       const Sample& sm = samples[mi];
+      if (sm.wall_us.empty()) continue;
       auto p = [&](StampAt k) { return mi == 0 && k <= kMix1Start ? NAN : Pct(sm.stamps_us[k], 0.5); };
       std::printf("  %-17s %7.1f..%7.1f..%7.1f | %8.1f %8.1f %8.1f %8.1f | %9.1f   stall %+.1f\n",
                   methods[mi].name.c_str(), p(kLookupStart), p(kLookup1End), p(kLookup14End),
@@ -975,11 +1004,11 @@ int Run(const Options& o) {
                              {"per_seq", s.per_seq}, {"rows_per_layer", s.tokens * h.heads()},
                              {"stand_in_n", s.stand_n}, {"stand_in_us", s.layer_us},
                              {"layer_floor_us", s.target_us}, {"methods", jm}});
-  }
-  if (!o.json_out.empty()) {
-    std::ofstream f(o.json_out);
-    f << out.dump(1) << "\n";
-    if (!f) throw Failure("cannot write " + o.json_out);
+    if (!o.json_out.empty()) {  // after each shape: a run cut short keeps what it measured
+      std::ofstream f(o.json_out, std::ios::trunc);
+      f << out.dump(1) << "\n";
+      if (!f) throw Failure("cannot write " + o.json_out);
+    }
   }
   for (auto& m : methods) {
     if (m.queue != nullptr) engram_gpu_queue_destroy(m.queue);
@@ -1000,6 +1029,7 @@ int Run(const Options& o) {
 }  // namespace engram::bench
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut short keeps what it printed
   engram::bench::Options o;
   CLI::App app{"engram-model-step: a DeepSeek-V4.1-shaped step on the GPU with Engram's rows "
                "from GPU memory, a pinned host copy and engramd's tiers"};

@@ -35,7 +35,9 @@ def overhead_panel(ax, shape):
             ax.hlines(3.0, i - 0.45, i + 0.45, colors="red", linestyles="dashed")
     ax.set_xticks(list(x))
     ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("step time vs tables in GPU memory (%)")
+    ax.set_yscale("symlog", linthresh=5)  # a slow tier must not flatten the others to zero
+    ax.set_ylim(bottom=-1)
+    ax.set_ylabel("step time vs tables in GPU memory (%, log above 5)")
     gpu = next(m for m in shape["methods"] if m["name"] == "gpu memory")
     ax.set_title(f"{shape['name']}: {shape['tokens']} tokens, GPU-memory step "
                  f"{gpu['p50_us'] / 1000:.2f} ms p50 (red: target)", fontsize=9)
@@ -57,6 +59,20 @@ def timeline_panel(ax, shape):
         ax.barh(row - 0.18, t["layer-14 rows ready"] - t["layer-1 rows ready"],
                 left=t["layer-1 rows ready"], height=0.3, color="#ffbb99")
         ax.plot([t["layer-1 Engram starts"]] * 2, [row + 0.03, row + 0.33], color="black")
+    # The axis ends past the second-latest layer 2: a much slower method runs off the edge,
+    # its end written beside it.
+    ends = sorted(max(m["timeline_us"]["layer 2 end"], m["timeline_us"]["layer-14 rows ready"])
+                  for m in methods)
+    limit = 1.15 * (ends[-2] if len(ends) > 1 else ends[-1])
+    ax.set_xlim(0, limit)
+    for row, m in enumerate(methods):
+        t = m["timeline_us"]
+        end = max(t["layer 2 end"], t["layer-14 rows ready"])
+        if end > limit:
+            ax.annotate(f"layer-1 rows at {t['layer-1 rows ready'] / 1000:.1f} ms, layer 2 ends "
+                        f"at {t['layer 2 end'] / 1000:.1f} ms", (0.02 * limit, row),
+                        fontsize=7, va="center", color="black",
+                        bbox=dict(facecolor="white", alpha=0.8, linewidth=0))
     ax.set_yticks(range(len(methods)))
     ax.set_yticklabels([m["name"] for m in methods], fontsize=8)
     ax.set_xlabel("us after the step starts (GPU clock, median)")
