@@ -656,6 +656,7 @@ double ThreadCpuUs() {
 }  // namespace
 
 int Run(const Options& o) {
+  TokenSource source(o);  // a bad trace is refused on any machine, before the GPU is looked for
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("SKIP: no CUDA device\n");
@@ -851,7 +852,6 @@ int Run(const Options& o) {
     ENGRAM_CHECK(engram_gpu_queue_create(m.session, m.reg, &qo, &m.queue));
   }
 
-  TokenSource source(o);
   json out;
   out["device"] = prop.name;
   out["tokens"] = source.source();
