@@ -356,8 +356,8 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo, float hi) {
 
 // ---- Self-check of the model kernels against the host -----------------------------------
 
-void SelfCheck(cudaStream_t stream) {
-  // GEMM: a row count that is not a tile multiple.
+void CheckGemm(cudaStream_t stream) {
+  // A row count that is not a tile multiple.
   const uint32_t m = 100, n = 256, k = 96;
   std::vector<uint16_t> a(m * k), b(k * n), c(m * n);
   std::mt19937 rng(3);
@@ -380,69 +380,85 @@ void SelfCheck(cudaStream_t stream) {
       }
     }
   }
-  // Mixer: 2 sequences of 12 tokens, hidden 256, 4 branches.
-  const uint32_t t = 24, h = 256, hc = 4, seq = 12;
-  std::vector<uint16_t> proj(t * (1 + hc) * h), hid(t * hc * h);
-  for (auto& x : proj) x = FloatToBf16(u(rng));
-  for (auto& x : hid) x = FloatToBf16(u(rng));
-  auto kn = RandomFloats(hc * h, 5, 0.5, 1.5), qn = RandomFloats(hc * h, 6, 0.5, 1.5);
-  auto cn = RandomFloats(h, 7, 0.5, 1.5), cw = RandomFloats(h * 4, 8, -0.5, 0.5);
-  Dev pd(proj.size() * 2), hd(hid.size() * 2), knd(kn.size() * 4), qnd(qn.size() * 4),
-      cnd(cn.size() * 4), cwd(cw.size() * 4), gd(hid.size() * 2), nd(hid.size() * 2);
-  Upload(pd, proj), Upload(hd, hid), Upload(knd, kn), Upload(qnd, qn), Upload(cnd, cn),
-      Upload(cwd, cw);
-  MixerArgs ma{t, h, hc, seq, pd.get<uint16_t>(), hd.get<uint16_t>(), knd.get<float>(),
+}
+
+// The mixer's inputs for the self-check, on the host.
+struct MixerCase {
+  static constexpr uint32_t t = 24, h = 256, hc = 4, seq = 12;  // 2 sequences of 12 tokens
+  std::vector<uint16_t> proj, hid;
+  std::vector<float> kn, qn, cn, cw;
+  MixerCase() : proj(t * (1 + hc) * h), hid(t * hc * h) {
+    std::mt19937 rng(4);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (auto& x : proj) x = FloatToBf16(u(rng));
+    for (auto& x : hid) x = FloatToBf16(u(rng));
+    kn = RandomFloats(hc * h, 5, 0.5, 1.5), qn = RandomFloats(hc * h, 6, 0.5, 1.5);
+    cn = RandomFloats(h, 7, 0.5, 1.5), cw = RandomFloats(h * 4, 8, -0.5, 0.5);
+  }
+  double F(uint16_t v) const { return Bf16ToFloat(v); }
+  // gated and normed of one (token, branch), as EngramMixer computes them.
+  void Gate(uint32_t i, uint32_t br, std::vector<double>& gated,
+            std::vector<double>& normed) const {
+    const uint16_t* key = &proj[(i * (1 + hc) + 1 + br) * h];
+    const uint16_t* query = &hid[(i * hc + br) * h];
+    double sk = 0, sq = 0, sv = 0, score = 0;
+    for (uint32_t j = 0; j < h; ++j) sk += F(key[j]) * F(key[j]), sq += F(query[j]) * F(query[j]);
+    const double rk = 1 / std::sqrt(sk / h + 1e-6), rq = 1 / std::sqrt(sq / h + 1e-6);
+    for (uint32_t j = 0; j < h; ++j) {
+      score += F(key[j]) * rk * kn[br * h + j] * F(query[j]) * rq * qn[br * h + j];
+    }
+    score /= std::sqrt(double(h));
+    const double root = std::sqrt(std::max(std::fabs(score), 1e-6));
+    const double gate = 1 / (1 + std::exp(score < 0 ? root : -root));
+    const size_t at = (i * hc + br) * h;
+    for (uint32_t j = 0; j < h; ++j) {
+      gated[at + j] = gate * F(proj[i * (1 + hc) * h + j]);
+      sv += gated[at + j] * gated[at + j];
+    }
+    for (uint32_t j = 0; j < h; ++j) normed[at + j] = gated[at + j] / std::sqrt(sv / h + 1e-6) * cn[j];
+  }
+  // The layer's output: hidden + gated + SiLU(causal depthwise convolution of normed).
+  std::vector<double> Want() const {
+    std::vector<double> gated(t * hc * h), normed(t * hc * h), want(t * hc * h);
+    for (uint32_t i = 0; i < t; ++i) {
+      for (uint32_t br = 0; br < hc; ++br) Gate(i, br, gated, normed);
+    }
+    for (uint32_t i = 0; i < t; ++i) {
+      for (uint32_t br = 0; br < hc; ++br) {
+        for (uint32_t j = 0; j < h; ++j) {
+          double acc = 0;
+          for (uint32_t tap = 0; tap < 4; ++tap) {
+            const uint32_t back = (3 - tap) * 3;
+            if (i % seq >= back) acc += cw[j * 4 + tap] * normed[((i - back) * hc + br) * h + j];
+          }
+          const size_t at = (i * hc + br) * h + j;
+          want[at] = F(hid[at]) + gated[at] + acc / (1 + std::exp(-acc));
+        }
+      }
+    }
+    return want;
+  }
+};
+
+void CheckMixer(cudaStream_t stream) {
+  const MixerCase c;
+  Dev pd(c.proj.size() * 2), hd(c.hid.size() * 2), knd(c.kn.size() * 4), qnd(c.qn.size() * 4),
+      cnd(c.cn.size() * 4), cwd(c.cw.size() * 4), gd(c.hid.size() * 2), nd(c.hid.size() * 2);
+  Upload(pd, c.proj), Upload(hd, c.hid), Upload(knd, c.kn), Upload(qnd, c.qn), Upload(cnd, c.cn),
+      Upload(cwd, c.cw);
+  MixerArgs ma{c.t, c.h, c.hc, c.seq, pd.get<uint16_t>(), hd.get<uint16_t>(), knd.get<float>(),
                qnd.get<float>(), cnd.get<float>(), cwd.get<float>(), gd.get<uint16_t>(),
                nd.get<uint16_t>()};
   CUDA_CHECK(EngramMix(ma, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<uint16_t> got(hid.size());
+  std::vector<uint16_t> got(c.hid.size());
   CUDA_CHECK(cudaMemcpy(got.data(), hd.p, got.size() * 2, cudaMemcpyDeviceToHost));
-  auto f = [](uint16_t v) { return double(Bf16ToFloat(v)); };
-  std::vector<double> gated(t * hc * h), normed(t * hc * h);
-  for (uint32_t i = 0; i < t; ++i) {
-    for (uint32_t br = 0; br < hc; ++br) {
-      double sk = 0, sq = 0, sv = 0;
-      for (uint32_t j = 0; j < h; ++j) {
-        sk += f(proj[(i * (1 + hc) + 1 + br) * h + j]) * f(proj[(i * (1 + hc) + 1 + br) * h + j]);
-        sq += f(hid[(i * hc + br) * h + j]) * f(hid[(i * hc + br) * h + j]);
-      }
-      const double rk = 1 / std::sqrt(sk / h + 1e-6), rq = 1 / std::sqrt(sq / h + 1e-6);
-      double score = 0;
-      for (uint32_t j = 0; j < h; ++j) {
-        score += f(proj[(i * (1 + hc) + 1 + br) * h + j]) * rk * kn[br * h + j] *
-                 f(hid[(i * hc + br) * h + j]) * rq * qn[br * h + j];
-      }
-      score /= std::sqrt(double(h));
-      const double root = std::sqrt(std::max(std::fabs(score), 1e-6));
-      const double gate = 1 / (1 + std::exp(score < 0 ? root : -root));
-      for (uint32_t j = 0; j < h; ++j) {
-        const double g = gate * f(proj[i * (1 + hc) * h + j]);
-        gated[(i * hc + br) * h + j] = g;
-        sv += g * g;
-      }
-      for (uint32_t j = 0; j < h; ++j) {
-        normed[(i * hc + br) * h + j] =
-            gated[(i * hc + br) * h + j] / std::sqrt(sv / h + 1e-6) * cn[j];
-      }
-    }
-  }
-  for (uint32_t i = 0; i < t; ++i) {
-    for (uint32_t br = 0; br < hc; ++br) {
-      for (uint32_t j = 0; j < h; ++j) {
-        double acc = 0;
-        for (uint32_t tap = 0; tap < 4; ++tap) {
-          const uint32_t back = (3 - tap) * 3;
-          if (i % seq >= back) acc += cw[j * 4 + tap] * normed[((i - back) * hc + br) * h + j];
-        }
-        const size_t at = (i * hc + br) * h + j;
-        const double want = f(hid[at]) + gated[at] + acc / (1 + std::exp(-acc));
-        if (std::fabs(f(got[at]) - want) > 0.03 * std::fabs(want) + 0.03) {
-          throw Failure("self-check: Engram mixer output [" + std::to_string(i) + "][" +
-                        std::to_string(br) + "][" + std::to_string(j) + "] = " +
-                        std::to_string(f(got[at])) + ", want " + std::to_string(want));
-        }
-      }
+  const std::vector<double> want = c.Want();
+  for (size_t at = 0; at < want.size(); ++at) {
+    if (std::fabs(c.F(got[at]) - want[at]) > 0.03 * std::fabs(want[at]) + 0.03) {
+      throw Failure("self-check: Engram mixer output " + std::to_string(at) + " (token " +
+                    std::to_string(at / (c.hc * c.h)) + ") = " + std::to_string(c.F(got[at])) +
+                    ", want " + std::to_string(want[at]));
     }
   }
 }
@@ -653,95 +669,97 @@ double ThreadCpuUs() {
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-}  // namespace
+// ---- Setting up ---------------------------------------------------------------------------
 
-int Run(const Options& o) {
-  TokenSource source(o);  // a bad trace is refused on any machine, before the GPU is looked for
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device\n");
-    return 77;
-  }
-  cudaDeviceProp prop;
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+Streams MakeStreams() {
   Streams st;
   int least = 0, greatest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   CUDA_CHECK(cudaStreamCreateWithPriority(&st.main, cudaStreamNonBlocking, least));
+  // The lookup's stream goes first: its kernels are small and must not queue behind a layer's.
   CUDA_CHECK(cudaStreamCreateWithPriority(&st.side, cudaStreamNonBlocking, greatest));
   CUDA_CHECK(cudaEventCreateWithFlags(&st.fork, cudaEventDisableTiming));
   for (auto& e : st.ready) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  SelfCheck(st.main);
-  std::printf("self-check of the GEMM and the Engram mixer against the host: ok\n");
+  return st;
+}
 
-  std::filesystem::create_directories(o.dir);
-  const auto primes = HeadPrimes(o.engram_vocab_size);
-  const auto t_model = Clock::now();
-  const std::string model = MakeModel(o, primes);
-  std::printf("synthetic checkpoint %s (%.1f s)\n", model.c_str(),
-              std::chrono::duration<double>(Clock::now() - t_model).count());
-
+// The hashers, and the rank's row range of each table (its heads' sub-tables).
+struct Hashing {
   HashCtx h;
-  engram_hasher_opts ho;
-  engram_hasher_opts_init(&ho, sizeof(ho));
-  ho.flags = ENGRAM_HASHER_COMPRESSED_ONLY;
-  ho.compressed_pad_id = kPadId;
-  ENGRAM_CHECK(engram_hasher_open(model.c_str(), &ho, &h.host));
-  ENGRAM_CHECK(engram_gpu_hasher_create(h.host, &h.gpu));
-  ENGRAM_CHECK(engram_hasher_rank_heads(h.host, kTp, kRank, &h.head_begin, &h.head_end));
-  // The rank's row range of each table: its heads' sub-tables.
-  uint64_t rank_begin[2], rank_rows[2];
-  for (int l = 0; l < 2; ++l) {
-    rank_begin[l] = 0, rank_rows[l] = 0;
-    for (uint32_t hd = 0; hd < kHeadsPerTable; ++hd) {
-      if (hd < h.head_begin) rank_begin[l] += primes[l][hd];
-      else if (hd < h.head_end) rank_rows[l] += primes[l][hd];
+  uint64_t rank_begin[2] = {}, rank_rows[2] = {};
+  Hashing(const std::string& model, const std::vector<std::vector<uint64_t>>& primes) {
+    engram_hasher_opts ho;
+    engram_hasher_opts_init(&ho, sizeof(ho));
+    ho.flags = ENGRAM_HASHER_COMPRESSED_ONLY;
+    ho.compressed_pad_id = kPadId;
+    ENGRAM_CHECK(engram_hasher_open(model.c_str(), &ho, &h.host));
+    ENGRAM_CHECK(engram_gpu_hasher_create(h.host, &h.gpu));
+    ENGRAM_CHECK(engram_hasher_rank_heads(h.host, kTp, kRank, &h.head_begin, &h.head_end));
+    for (int l = 0; l < 2; ++l) {
+      for (uint32_t hd = 0; hd < kHeadsPerTable; ++hd) {
+        if (hd < h.head_begin) rank_begin[l] += primes[l][hd];
+        else if (hd < h.head_end) rank_rows[l] += primes[l][hd];
+      }
     }
   }
+  ~Hashing() {
+    engram_gpu_hasher_destroy(h.gpu);
+    engram_hasher_close(h.host);
+  }
+};
 
-  // Shapes.
+std::vector<std::unique_ptr<Shape>> MakeShapes(const Options& o) {
   std::vector<std::unique_ptr<Shape>> shapes;
   if (o.shapes.find("decode") != std::string::npos) {
     shapes.push_back(std::make_unique<Shape>("decode", 16, 6));
+    // A decode layer reads its weights once: bytes at HBM peak.
     shapes.back()->target_us = o.layer_weight_gb * 1e9 / (o.hbm_tbs * 1e12) * 1e6;
   }
   if (o.shapes.find("prefill") != std::string::npos) {
     shapes.push_back(std::make_unique<Shape>("prefill", 1, 8192));
-    shapes.back()->target_us = 2 * o.layer_active_mparams * 1e6 * 8192 / (o.fp8_tflops * 1e12) * 1e6;
+    // A prefill layer is bound by its FLOPs: 2 x active parameters x tokens at FP8 peak.
+    shapes.back()->target_us =
+        2 * o.layer_active_mparams * 1e6 * 8192 / (o.fp8_tflops * 1e12) * 1e6;
   }
   if (shapes.empty()) throw Failure("--shapes: name decode, prefill or both");
+  return shapes;
+}
 
-  // Weights; the stand-in sized per shape from a calibration GEMM.
-  Weights w;
+// Sizes each shape's stand-in GEMM to its target time: a calibration GEMM first, then once
+// more at the chosen width (several waves of blocks run faster per column than one).
+void SizeStandIns(std::vector<std::unique_ptr<Shape>>& shapes, Weights& w, cudaStream_t stream) {
   const uint32_t cal_n = 65536;
-  {
-    Dev cal(size_t{kHidden} * cal_n * 2);
-    CUDA_CHECK(FillBf16(cal.get<uint16_t>(), size_t{kHidden} * cal_n, 1, 0.02f, st.main));
-    uint32_t max_n = 128;
-    for (auto& s : shapes) {
-      CUDA_CHECK(FillBf16(s->x_d.get<uint16_t>(), size_t{s->tokens} * kHidden, 2, 1.0f, st.main));
-      s->y_d = Dev(size_t{s->tokens} * cal_n * 2);
-      const double us = TimeGemm(*s, cal, cal_n, st.main);
-      s->stand_n = std::max<uint32_t>(128, static_cast<uint32_t>(s->target_us / us * cal_n / 128) * 128);
-      max_n = std::max(max_n, s->stand_n);
-    }
-    // Room for a second, finer sizing at the real width (several waves of blocks run faster
-    // per column than the calibration's).
-    max_n = (max_n + max_n / 2 + 127) / 128 * 128;
-    for (auto& s : shapes) s->y_d = Dev(size_t{s->tokens} * max_n * 2);
-    w.stand = Dev(size_t{kHidden} * max_n * 2);
-    CUDA_CHECK(FillBf16(w.stand.get<uint16_t>(), size_t{kHidden} * max_n, 3, 0.02f, st.main));
-    for (auto& s : shapes) {
-      const double us = TimeGemm(*s, w.stand, s->stand_n, st.main);
-      const double n = s->stand_n * s->target_us / us;
-      s->stand_n = std::clamp<uint32_t>(static_cast<uint32_t>(n / 128) * 128, 128, max_n);
-    }
+  Dev cal(size_t{kHidden} * cal_n * 2);
+  CUDA_CHECK(FillBf16(cal.get<uint16_t>(), size_t{kHidden} * cal_n, 1, 0.02f, stream));
+  uint32_t max_n = 128;
+  for (auto& s : shapes) {
+    CUDA_CHECK(FillBf16(s->x_d.get<uint16_t>(), size_t{s->tokens} * kHidden, 2, 1.0f, stream));
+    s->y_d = Dev(size_t{s->tokens} * cal_n * 2);
+    const double us = TimeGemm(*s, cal, cal_n, stream);
+    s->stand_n =
+        std::max<uint32_t>(128, static_cast<uint32_t>(s->target_us / us * cal_n / 128) * 128);
+    max_n = std::max(max_n, s->stand_n);
   }
-  const uint32_t mem_width = h.heads() * kRowValues;
+  max_n = (max_n + max_n / 2 + 127) / 128 * 128;  // room for the second sizing
+  for (auto& s : shapes) s->y_d = Dev(size_t{s->tokens} * max_n * 2);
+  w.stand = Dev(size_t{kHidden} * max_n * 2);
+  CUDA_CHECK(FillBf16(w.stand.get<uint16_t>(), size_t{kHidden} * max_n, 3, 0.02f, stream));
+  for (auto& s : shapes) {
+    const double us = TimeGemm(*s, w.stand, s->stand_n, stream);
+    const double n = s->stand_n * s->target_us / us;
+    s->stand_n = std::clamp<uint32_t>(static_cast<uint32_t>(n / 128) * 128, 128, max_n);
+    s->layer_us = TimeGemm(*s, w.stand, s->stand_n, stream);
+  }
+}
+
+// The Engram layers' weights, and each shape's fixed inputs (sequence starts, slot map, hidden).
+void MakeEngramInputs(std::vector<std::unique_ptr<Shape>>& shapes, Weights& w, uint32_t heads,
+                      cudaStream_t stream) {
+  const uint32_t mem_width = heads * kRowValues;
   for (int l = 0; l < 2; ++l) {
     w.kv[l] = Dev(size_t{mem_width} * kProjCols * 2);
     CUDA_CHECK(FillBf16(w.kv[l].get<uint16_t>(), size_t{mem_width} * kProjCols, 10 + l,
-                        1.0f / std::sqrt(float(mem_width)), st.main));
+                        1.0f / std::sqrt(float(mem_width)), stream));
   }
   w.key_norm = Dev(kHc * kHidden * 4);
   w.query_norm = Dev(kHc * kHidden * 4);
@@ -752,279 +770,389 @@ int Run(const Options& o) {
   Upload(w.conv_norm, RandomFloats(kHidden, 23, 0.8, 1.2));
   Upload(w.conv_w, RandomFloats(kHidden * 4, 24, -0.25, 0.25));
   for (auto& s : shapes) {
-    std::vector<int32_t> starts(s->seqs + 1), map(s->tokens * h.heads());
+    std::vector<int32_t> starts(s->seqs + 1), map(s->tokens * heads);
     for (uint32_t q = 0; q <= s->seqs; ++q) starts[q] = static_cast<int32_t>(q * s->per_seq);
     for (size_t i = 0; i < map.size(); ++i) map[i] = static_cast<int32_t>(i);
     Upload(s->starts_d, starts);
     Upload(s->map_d, map);
     CUDA_CHECK(FillBf16(s->hidden_d.get<uint16_t>(), size_t{s->tokens} * kHc * kHidden, 4, 1.0f,
-                        st.main));
-    s->layer_us = TimeGemm(*s, w.stand, s->stand_n, st.main);
+                        stream));
   }
-  CUDA_CHECK(cudaStreamSynchronize(st.main));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
-  // engramd: the resident tier (in place and through the arena), the cache tier at half the
-  // rank's rows, the storage tier.
-  const uint64_t cache_bytes = (rank_rows[0] + rank_rows[1]) / 2 * kRowBytes;
-  const auto t_daemons = Clock::now();
-  Engramd resident(model, o.dir, "resident", 0), cache(model, o.dir, "cache", cache_bytes),
-      storage(model, o.dir, "storage", 0);
-  engram_session* resident_session = resident.Connect(1 << 20, false);
+// Both resident tables mapped read-only from engramd (waiting while it loads them).
+struct ResidentMaps {
+  engram_session* session = nullptr;
   engram_table_map* maps[2] = {};
   engram_table_map_info info[2] = {};
-  for (int l = 0; l < 2; ++l) {
-    int rc = -EAGAIN;
-    for (int tries = 0; rc == -EAGAIN && tries < 12000; ++tries) {  // loading at start-up
-      rc = engram_map_table(resident_session, kEngramLayers[l], &maps[l]);
-      if (rc == -EAGAIN) usleep(10'000);
-    }
-    EngramCheck(rc, ("engram_map_table(layer " + std::to_string(kEngramLayers[l]) + ")").c_str());
-    info[l].size = sizeof(info[l]);
-    ENGRAM_CHECK(engram_get_table_map_info(maps[l], &info[l]));
-    if (info[l].covered_begin > rank_begin[l] ||
-        info[l].covered_end < rank_begin[l] + rank_rows[l]) {
-      throw Failure("the resident table of layer " + std::to_string(kEngramLayers[l]) +
-                    " does not cover the rank's rows");
-    }
-  }
-  std::printf("engramd x3 started, resident tables mapped (%.1f s)\n",
-              std::chrono::duration<double>(Clock::now() - t_daemons).count());
-
-  // The methods' tables: the rank's row range of each, in GPU memory, pinned host memory, and
-  // engramd's mapping registered.
-  Dev gpu_table[2];
-  void* pinned[2] = {};
-  engram_gpu_registration* map_reg[2] = {};
-  std::vector<Method> methods(7);
-  methods[0].name = "no engram";
-  methods[1].name = "gpu memory";
-  methods[2].name = "pinned host";
-  methods[3].name = "resident inplace";
-  methods[4].name = "resident arena";
-  methods[5].name = "cache half";
-  methods[6].name = "storage";
-  for (int l = 0; l < 2; ++l) {
-    const uint8_t* src = static_cast<const uint8_t*>(info[l].base) +
-                         (rank_begin[l] - info[l].covered_begin) * kRowBytes;
-    const size_t bytes = rank_rows[l] * kRowBytes;
-    gpu_table[l] = Dev(bytes);
-    CUDA_CHECK(cudaMemcpy(gpu_table[l].p, src, bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaHostAlloc(&pinned[l], bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memcpy(pinned[l], src, bytes);
-    ENGRAM_CHECK(engram_gpu_register(const_cast<void*>(info[l].base), info[l].map_bytes,
-                                     &map_reg[l]));
-    void* pinned_dev = nullptr;
-    CUDA_CHECK(cudaHostGetDevicePointer(&pinned_dev, pinned[l], 0));
-    const void* tables[3] = {gpu_table[l].p, pinned_dev,
-                             engram_gpu_device_ptr(map_reg[l], info[l].base)};
-    const uint64_t begins[3] = {rank_begin[l], rank_begin[l], info[l].covered_begin};
-    const uint64_t rows[3] = {rank_rows[l], rank_rows[l],
-                              info[l].covered_end - info[l].covered_begin};
-    for (int m = 1; m <= 3; ++m) {
-      methods[m].lookup = Lookup::kTable;
-      methods[m].table[l] = tables[m - 1];
-      methods[m].row_begin[l] = begins[m - 1];
-      methods[m].rows[l] = rows[m - 1];
-    }
-  }
-  methods[3].daemon = &resident;
-  const Engramd* arena_daemons[3] = {&resident, &cache, &storage};
-  uint32_t max_rows = 0;
-  for (auto& s : shapes) max_rows = std::max(max_rows, s->tokens * h.heads());
-  for (int i = 0; i < 3; ++i) {
-    Method& m = methods[4 + i];
-    m.lookup = Lookup::kArena;
-    m.daemon = arena_daemons[i];
-    const uint64_t data = 2 * (uint64_t{max_rows} * (8 + kRowBytes) + 4096) + (4 << 20);
-    m.session = m.daemon->Connect(data, true);
-    void* arena = nullptr;
-    uint64_t arena_bytes = 0;
-    ENGRAM_CHECK(engram_arena(m.session, &arena, &arena_bytes));
-    ENGRAM_CHECK(engram_gpu_register(arena, arena_bytes, &m.reg));
+  ResidentMaps(const Engramd& d, const Hashing& hs) : session(d.Connect(1 << 20, false)) {
     for (int l = 0; l < 2; ++l) {
-      ENGRAM_CHECK(engram_alloc(m.session, max_rows * 8, reinterpret_cast<void**>(&m.ids[l])));
-      ENGRAM_CHECK(
-          engram_alloc(m.session, max_rows * kRowBytes, reinterpret_cast<void**>(&m.arena_rows[l])));
+      int rc = -EAGAIN;
+      for (int tries = 0; rc == -EAGAIN && tries < 12000; ++tries) {  // loading at start-up
+        rc = engram_map_table(session, kEngramLayers[l], &maps[l]);
+        if (rc == -EAGAIN) usleep(10'000);
+      }
+      EngramCheck(rc, ("engram_map_table(layer " + std::to_string(kEngramLayers[l]) + ")").c_str());
+      info[l].size = sizeof(info[l]);
+      ENGRAM_CHECK(engram_get_table_map_info(maps[l], &info[l]));
+      if (info[l].covered_begin > hs.rank_begin[l] ||
+          info[l].covered_end < hs.rank_begin[l] + hs.rank_rows[l]) {
+        throw Failure("the resident table of layer " + std::to_string(kEngramLayers[l]) +
+                      " does not cover the rank's rows");
+      }
     }
-    engram_gpu_queue_options qo;
-    engram_gpu_queue_options_init(&qo, sizeof(qo));
-    qo.timeout_ns = 10'000'000'000;
-    ENGRAM_CHECK(engram_gpu_queue_create(m.session, m.reg, &qo, &m.queue));
   }
+  ~ResidentMaps() {
+    for (auto* m : maps) {
+      if (m != nullptr) engram_unmap_table(m);
+    }
+    engram_close(session);
+  }
+  uint64_t Rows(int l) const { return info[l].covered_end - info[l].covered_begin; }
+};
 
+// The table methods' memory: the rank's rows in GPU memory and in pinned host memory, and
+// engramd's mappings registered; methods[1..3] read them.
+struct TableCopies {
+  Dev gpu[2];
+  void* pinned[2] = {};
+  engram_gpu_registration* reg[2] = {};
+  TableCopies(const ResidentMaps& rm, const Hashing& hs, std::vector<Method>& methods) {
+    for (int l = 0; l < 2; ++l) {
+      const uint8_t* src = static_cast<const uint8_t*>(rm.info[l].base) +
+                           (hs.rank_begin[l] - rm.info[l].covered_begin) * kRowBytes;
+      const size_t bytes = hs.rank_rows[l] * kRowBytes;
+      gpu[l] = Dev(bytes);
+      CUDA_CHECK(cudaMemcpy(gpu[l].p, src, bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaHostAlloc(&pinned[l], bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      std::memcpy(pinned[l], src, bytes);
+      ENGRAM_CHECK(engram_gpu_register(const_cast<void*>(rm.info[l].base), rm.info[l].map_bytes,
+                                       &reg[l]));
+      void* pinned_dev = nullptr;
+      CUDA_CHECK(cudaHostGetDevicePointer(&pinned_dev, pinned[l], 0));
+      const void* tables[3] = {gpu[l].p, pinned_dev,
+                               engram_gpu_device_ptr(reg[l], rm.info[l].base)};
+      const uint64_t begins[3] = {hs.rank_begin[l], hs.rank_begin[l], rm.info[l].covered_begin};
+      const uint64_t rows[3] = {hs.rank_rows[l], hs.rank_rows[l], rm.Rows(l)};
+      for (int m = 1; m <= 3; ++m) {
+        methods[m].lookup = Lookup::kTable;
+        methods[m].table[l] = tables[m - 1];
+        methods[m].row_begin[l] = begins[m - 1];
+        methods[m].rows[l] = rows[m - 1];
+      }
+    }
+  }
+  ~TableCopies() {
+    for (int l = 0; l < 2; ++l) {
+      if (reg[l] != nullptr) engram_gpu_unregister(reg[l]);
+      if (pinned[l] != nullptr) cudaFreeHost(pinned[l]);
+    }
+  }
+};
+
+// An arena method: a device-submit session of `d`, its arena registered, row ids and rows of
+// max_rows per layer, a GPU queue.
+void SetUpArena(Method& m, const Engramd* d, uint32_t max_rows) {
+  m.lookup = Lookup::kArena;
+  m.daemon = d;
+  const uint64_t data = 2 * (uint64_t{max_rows} * (8 + kRowBytes) + 4096) + (4 << 20);
+  m.session = d->Connect(data, true);
+  void* arena = nullptr;
+  uint64_t arena_bytes = 0;
+  ENGRAM_CHECK(engram_arena(m.session, &arena, &arena_bytes));
+  ENGRAM_CHECK(engram_gpu_register(arena, arena_bytes, &m.reg));
+  for (int l = 0; l < 2; ++l) {
+    ENGRAM_CHECK(engram_alloc(m.session, max_rows * 8, reinterpret_cast<void**>(&m.ids[l])));
+    ENGRAM_CHECK(engram_alloc(m.session, uint64_t{max_rows} * kRowBytes,
+                              reinterpret_cast<void**>(&m.arena_rows[l])));
+  }
+  engram_gpu_queue_options qo;
+  engram_gpu_queue_options_init(&qo, sizeof(qo));
+  qo.timeout_ns = 10'000'000'000;
+  ENGRAM_CHECK(engram_gpu_queue_create(m.session, m.reg, &qo, &m.queue));
+}
+
+void TearDownArena(Method& m) {
+  if (m.queue != nullptr) engram_gpu_queue_destroy(m.queue);
+  if (m.reg != nullptr) engram_gpu_unregister(m.reg);
+  if (m.session != nullptr) engram_close(m.session);
+  m.queue = nullptr, m.reg = nullptr, m.session = nullptr;
+}
+
+std::vector<Method> NamedMethods() {
+  std::vector<Method> methods(7);
+  const char* names[7] = {"no engram",      "gpu memory", "pinned host", "resident inplace",
+                          "resident arena", "cache half", "storage"};
+  for (int i = 0; i < 7; ++i) methods[i].name = names[i];
+  return methods;
+}
+
+// ---- One shape: capture, measure, check, report -------------------------------------------
+
+struct ShapeRun {
+  std::vector<std::unique_ptr<Graph>> graphs;
+  std::vector<std::string> broken;  // why a method stopped, if it did
+  std::vector<Sample> samples;
+};
+
+void CaptureAll(const std::vector<Method>& methods, const HashCtx& h, const Shape& s,
+                const Weights& w, const Streams& st, ShapeRun& run) {
+  run.broken.assign(methods.size(), "");
+  run.samples.assign(methods.size(), Sample());
+  for (size_t mi = 0; mi < methods.size(); ++mi) {
+    run.graphs.push_back(std::make_unique<Graph>());
+    try {
+      Capture(methods[mi], h, s, w, *run.graphs.back(), st);
+    } catch (const Failure& e) {
+      if (mi <= 1) throw;  // the baselines every ratio needs
+      run.broken[mi] = std::string("capture: ") + e.what();
+      cudaGraph_t partial = nullptr;
+      cudaStreamEndCapture(st.main, &partial);
+      if (partial != nullptr) cudaGraphDestroy(partial);
+      cudaGetLastError();
+    }
+  }
+}
+
+// One replay of a method's step: wall time, the launch's CPU, engramd's CPU, the stamps.
+void TimeStep(const Method& m, const Graph& g, const Streams& st, bool keep, uint32_t step,
+              Sample& sm, std::string& broken) {
+  const uint64_t d0 = m.daemon != nullptr ? m.daemon->CpuNs() : 0;
+  const double c0 = ThreadCpuUs();
+  const auto t0 = Clock::now();
+  CUDA_CHECK(cudaGraphLaunch(g.exec, st.main));
+  const double c1 = ThreadCpuUs();
+  CUDA_CHECK(cudaStreamSynchronize(st.main));
+  const auto t1 = Clock::now();
+  const uint64_t d1 = m.daemon != nullptr ? m.daemon->CpuNs() : 0;
+  if (m.queue != nullptr && *engram_gpu_queue_error(m.queue) != 0) {
+    // Reported and left out from here on; the other methods go on.
+    broken = "the GPU queue reported error " + std::to_string(*engram_gpu_queue_error(m.queue)) +
+             " at step " + std::to_string(step);
+    return;
+  }
+  if (!keep) return;
+  uint64_t stamps[kStamps];
+  CUDA_CHECK(cudaMemcpy(stamps, g.stamps.p, sizeof(stamps), cudaMemcpyDeviceToHost));
+  sm.wall_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  sm.span_us.push_back((stamps[kStepEnd] - stamps[kStepStart]) / 1e3);
+  sm.launch_cpu_us.push_back(c1 - c0);
+  sm.daemon_cpu_us.push_back((d1 - d0) / 1e3);
+  for (int k = 0; k < kStamps; ++k) {
+    sm.stamps_us[k].push_back((double(stamps[k]) - double(stamps[kStepStart])) / 1e3);
+  }
+}
+
+// Every step's tokens once, then each method's replay of them in turn (which goes first rotates).
+void MeasureShape(const Options& o, TokenSource& source, Shape& s,
+                  const std::vector<Method>& methods, const Streams& st, ShapeRun& run) {
+  const uint32_t steps = s.name == "decode" ? o.decode_steps : o.prefill_steps;
+  for (uint32_t i = 0; i < steps + o.warmup; ++i) {
+    const StepTokens t =
+        s.name == "decode" ? source.Decode(s.seqs, s.per_seq) : source.Prefill(s.tokens);
+    Upload(s.tokens_d, t.tokens);
+    Upload(s.history_d, t.history);
+    for (size_t k = 0; k < methods.size(); ++k) {
+      const size_t mi = (i + k) % methods.size();
+      if (!run.broken[mi].empty()) continue;
+      TimeStep(methods[mi], *run.graphs[mi], st, i >= o.warmup, i, run.samples[mi],
+               run.broken[mi]);
+    }
+  }
+}
+
+// Every method's rows of the last step equal the GPU-memory copy's, bit for bit; 1 if not, or
+// if a method failed.
+int CheckRows(const std::vector<Method>& methods, const ShapeRun& run) {
+  int failed = 0;
+  std::vector<uint8_t> want[2];
+  for (int l = 0; l < 2; ++l) {
+    want[l].resize(run.graphs[1]->mem[l].bytes);
+    CUDA_CHECK(cudaMemcpy(want[l].data(), run.graphs[1]->mem[l].p, want[l].size(),
+                          cudaMemcpyDeviceToHost));
+  }
+  for (size_t mi = 2; mi < methods.size(); ++mi) {
+    if (!run.broken[mi].empty()) {
+      std::printf("FAILED: %s: %s\n", methods[mi].name.c_str(), run.broken[mi].c_str());
+      failed = 1;
+      continue;
+    }
+    uint32_t bad = 0;
+    CUDA_CHECK(cudaMemcpy(&bad, run.graphs[mi]->bad.p, 4, cudaMemcpyDeviceToHost));
+    for (int l = 0; l < 2; ++l) {
+      std::vector<uint8_t> got(want[l].size());
+      CUDA_CHECK(cudaMemcpy(got.data(), run.graphs[mi]->mem[l].p, got.size(),
+                            cudaMemcpyDeviceToHost));
+      if (got != want[l] || bad != 0) {
+        std::printf("CHECK FAILED: %s's layer-%u rows differ from the GPU-memory copy's (%u bad "
+                    "row ids)\n",
+                    methods[mi].name.c_str(), kEngramLayers[l], bad);
+        failed = 1;
+      }
+    }
+  }
+  return failed;
+}
+
+// The per-method table (printed) and its JSON.
+json ReportMethods(const std::vector<Method>& methods, const ShapeRun& run) {
+  const auto& samples = run.samples;
+  const double base = Pct(samples[1].wall_us, 0.5), none = Pct(samples[0].wall_us, 0.5);
+  std::printf("%-17s %9s %9s %9s %9s %8s %9s %10s %10s\n", "method", "p50 us", "p99 us",
+              "gpu p50", "engram", "vs gpu", "vs gpu", "launch", "engramd");
+  std::printf("%-17s %9s %9s %9s %9s %8s %9s %10s %10s\n", "", "(wall)", "(wall)", "(span)",
+              "share", "p50", "(us)", "cpu us", "cpu us");
+  json jm = json::array();
+  for (size_t mi = 0; mi < methods.size(); ++mi) {
+    const Sample& sm = samples[mi];
+    if (sm.wall_us.empty()) continue;  // failed: said above
+    const double p50 = Pct(sm.wall_us, 0.5), p99 = Pct(sm.wall_us, 0.99);
+    const double share = mi == 0 ? 0 : (p50 - none) / p50;
+    const double vs = p50 / base;
+    std::printf("%-17s %9.1f %9.1f %9.1f %8.1f%% %8.4f %+9.1f %10.1f %10.1f\n",
+                methods[mi].name.c_str(), p50, p99, Pct(sm.span_us, 0.5), 100 * share, vs,
+                p50 - base, Mean(sm.launch_cpu_us), Mean(sm.daemon_cpu_us));
+    json tl;
+    for (int k = 0; k < kStamps; ++k) tl[kStampNames[k]] = Pct(sm.stamps_us[k], 0.5);
+    jm.push_back({{"name", methods[mi].name}, {"p50_us", p50}, {"p99_us", p99},
+                  {"span_p50_us", Pct(sm.span_us, 0.5)}, {"span_p99_us", Pct(sm.span_us, 0.99)},
+                  {"engram_share", share}, {"vs_gpu_memory", vs},
+                  {"vs_gpu_memory_p99", p99 / Pct(samples[1].wall_us, 0.99)},
+                  {"launch_cpu_us", Mean(sm.launch_cpu_us)},
+                  {"engramd_cpu_us", Mean(sm.daemon_cpu_us)}, {"timeline_us", tl},
+                  {"steps", sm.wall_us.size()}});
+  }
+  return jm;
+}
+
+void PrintTimelines(const std::vector<Method>& methods, const ShapeRun& run) {
+  std::printf("timeline of a step (median us after the step starts, GPU clock): lookup "
+              "start..layer-1 rows..layer-14 rows | layer 0 end, layer-1 Engram starts, "
+              "layer 1 end, layer 2 end | step end\n");
+  for (size_t mi = 0; mi < methods.size(); ++mi) {
+    const Sample& sm = run.samples[mi];
+    if (sm.wall_us.empty()) continue;
+    auto p = [&](StampAt k) {
+      return mi == 0 && k <= kMix1Start ? NAN : Pct(sm.stamps_us[k], 0.5);
+    };
+    std::printf("  %-17s %7.1f..%7.1f..%7.1f | %8.1f %8.1f %8.1f %8.1f | %9.1f   stall %+.1f\n",
+                methods[mi].name.c_str(), p(kLookupStart), p(kLookup1End), p(kLookup14End),
+                p(kLayer0End), p(kMix1Start), p(kLayer1End), p(kLayer2End), p(kStepEnd),
+                mi == 0 ? 0.0 : p(kMix1Start) - p(kLayer0End));
+  }
+}
+
+// The run's header: device, tokens, the rank's rows, the cache budget (printed and as JSON).
+json Describe(const Options& o, const cudaDeviceProp& prop, const TokenSource& source,
+              const Hashing& hs, const ResidentMaps& rm, uint64_t cache_bytes) {
   json out;
   out["device"] = prop.name;
   out["tokens"] = source.source();
   out["model"] = {{"hidden", kHidden}, {"hc_mult", kHc}, {"layers", kLayers},
                   {"engram_layers", {1, 14}}, {"tp", kTp}, {"rank", kRank},
-                  {"rank_heads", {h.head_begin, h.head_end}},
-                  {"table_rows", {info[0].covered_end - info[0].covered_begin,
-                                  info[1].covered_end - info[1].covered_begin}},
-                  {"rank_rows", {rank_rows[0], rank_rows[1]}}, {"cache_bytes", cache_bytes}};
+                  {"rank_heads", {hs.h.head_begin, hs.h.head_end}},
+                  {"table_rows", {rm.Rows(0), rm.Rows(1)}},
+                  {"rank_rows", {hs.rank_rows[0], hs.rank_rows[1]}},
+                  {"cache_bytes", cache_bytes}};
   out["stand_in"] = {{"layer_weight_gb", o.layer_weight_gb},
                      {"layer_active_mparams", o.layer_active_mparams},
                      {"hbm_tbs", o.hbm_tbs}, {"fp8_tflops", o.fp8_tflops}};
   std::printf(
       "\n%s, %s; TP%u rank %u (heads [%u, %u) of each table: %llu + %llu rows of %llu + %llu); "
       "cache tier budget %.0f MiB (half the rank's rows)\n",
-      prop.name, source.source().c_str(), kTp, kRank, h.head_begin, h.head_end,
-      static_cast<unsigned long long>(rank_rows[0]), static_cast<unsigned long long>(rank_rows[1]),
-      static_cast<unsigned long long>(info[0].covered_end - info[0].covered_begin),
-      static_cast<unsigned long long>(info[1].covered_end - info[1].covered_begin),
+      prop.name, source.source().c_str(), kTp, kRank, hs.h.head_begin, hs.h.head_end,
+      static_cast<unsigned long long>(hs.rank_rows[0]),
+      static_cast<unsigned long long>(hs.rank_rows[1]),
+      static_cast<unsigned long long>(rm.Rows(0)), static_cast<unsigned long long>(rm.Rows(1)),
       cache_bytes / 1048576.0);
+  return out;
+}
 
-  int failed = 0;
-  for (auto& sp : shapes) {
-    Shape& s = *sp;
-    std::printf(
-        "\n== %s: %u tokens (%u x %u), %u rows per layer for the rank; stand-in layer: GEMM %u x "
-        "%u x %u, %.1f us measured (floor of a real layer: %.1f us)\n",
-        s.name.c_str(), s.tokens, s.seqs, s.per_seq, s.tokens * h.heads(), s.tokens, kHidden,
-        s.stand_n, s.layer_us, s.target_us);
-    std::vector<std::unique_ptr<Graph>> graphs;
-    std::vector<std::string> broken(methods.size());  // why a method stopped, if it did
-    for (size_t mi = 0; mi < methods.size(); ++mi) {
-      graphs.push_back(std::make_unique<Graph>());
-      try {
-        Capture(methods[mi], h, s, w, *graphs.back(), st);
-      } catch (const Failure& e) {
-        if (mi <= 1) throw;  // the baselines every ratio needs
-        broken[mi] = std::string("capture: ") + e.what();
-        cudaGraph_t partial = nullptr;
-        cudaStreamEndCapture(st.main, &partial);
-        if (partial != nullptr) cudaGraphDestroy(partial);
-        cudaGetLastError();
-      }
-    }
-    const uint32_t steps = s.name == "decode" ? o.decode_steps : o.prefill_steps;
-    std::vector<Sample> samples(methods.size());
-    for (uint32_t i = 0; i < steps + o.warmup; ++i) {
-      const StepTokens t = s.name == "decode" ? source.Decode(s.seqs, s.per_seq)
-                                              : source.Prefill(s.tokens);
-      Upload(s.tokens_d, t.tokens);
-      Upload(s.history_d, t.history);
-      for (size_t k = 0; k < methods.size(); ++k) {
-        const size_t mi = (i + k) % methods.size();  // rotate which method goes first
-        Method& m = methods[mi];
-        Graph& g = *graphs[mi];
-        if (!broken[mi].empty()) continue;
-        const uint64_t d0 = m.daemon != nullptr ? m.daemon->CpuNs() : 0;
-        const double c0 = ThreadCpuUs();
-        const auto t0 = Clock::now();
-        CUDA_CHECK(cudaGraphLaunch(g.exec, st.main));
-        const double c1 = ThreadCpuUs();
-        CUDA_CHECK(cudaStreamSynchronize(st.main));
-        const auto t1 = Clock::now();
-        const uint64_t d1 = m.daemon != nullptr ? m.daemon->CpuNs() : 0;
-        if (m.queue != nullptr && *engram_gpu_queue_error(m.queue) != 0) {
-          // Reported and left out from here on; the other methods go on.
-          broken[mi] = "the GPU queue reported error " +
-                       std::to_string(*engram_gpu_queue_error(m.queue)) + " at step " +
-                       std::to_string(i);
-          continue;
-        }
-        if (i < o.warmup) continue;
-        uint64_t stamps[kStamps];
-        CUDA_CHECK(cudaMemcpy(stamps, g.stamps.p, sizeof(stamps), cudaMemcpyDeviceToHost));
-        Sample& sm = samples[mi];
-        sm.wall_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-        sm.span_us.push_back((stamps[kStepEnd] - stamps[kStepStart]) / 1e3);
-        sm.launch_cpu_us.push_back(c1 - c0);
-        sm.daemon_cpu_us.push_back((d1 - d0) / 1e3);
-        for (int k2 = 0; k2 < kStamps; ++k2) {
-          sm.stamps_us[k2].push_back((double(stamps[k2]) - double(stamps[kStepStart])) / 1e3);
-        }
-      }
-    }
-    // Every method's rows of the last step equal the GPU-memory copy's, bit for bit.
-    std::vector<uint8_t> want[2];
-    for (int l = 0; l < 2; ++l) {
-      want[l].resize(graphs[1]->mem[l].bytes);
-      CUDA_CHECK(cudaMemcpy(want[l].data(), graphs[1]->mem[l].p, want[l].size(),
-                            cudaMemcpyDeviceToHost));
-    }
-    for (size_t mi = 2; mi < methods.size(); ++mi) {
-      if (!broken[mi].empty()) {
-        std::printf("FAILED: %s: %s\n", methods[mi].name.c_str(), broken[mi].c_str());
-        failed = 1;
-        continue;
-      }
-      uint32_t bad = 0;
-      CUDA_CHECK(cudaMemcpy(&bad, graphs[mi]->bad.p, 4, cudaMemcpyDeviceToHost));
-      for (int l = 0; l < 2; ++l) {
-        std::vector<uint8_t> got(want[l].size());
-        CUDA_CHECK(cudaMemcpy(got.data(), graphs[mi]->mem[l].p, got.size(), cudaMemcpyDeviceToHost));
-        if (got != want[l] || bad != 0) {
-          std::printf("CHECK FAILED: %s's layer-%u rows differ from the GPU-memory copy's (%u bad "
-                      "row ids)\n",
-                      methods[mi].name.c_str(), kEngramLayers[l], bad);
-          failed = 1;
-        }
-      }
-    }
-    // Report.
-    const double base = Pct(samples[1].wall_us, 0.5), none = Pct(samples[0].wall_us, 0.5);
-    std::printf("%-17s %9s %9s %9s %9s %8s %9s %10s %10s\n", "method", "p50 us", "p99 us",
-                "gpu p50", "engram", "vs gpu", "vs gpu", "launch", "engramd");
-    std::printf("%-17s %9s %9s %9s %9s %8s %9s %10s %10s\n", "", "(wall)", "(wall)", "(span)",
-                "share", "p50", "(us)", "cpu us", "cpu us");
-    json jm = json::array();
-    for (size_t mi = 0; mi < methods.size(); ++mi) {
-      const Sample& sm = samples[mi];
-      if (sm.wall_us.empty()) continue;  // failed: said above
-      const double p50 = Pct(sm.wall_us, 0.5), p99 = Pct(sm.wall_us, 0.99);
-      const double share = mi == 0 ? 0 : (p50 - none) / p50;
-      const double vs = p50 / base;
-      std::printf("%-17s %9.1f %9.1f %9.1f %8.1f%% %8.4f %+9.1f %10.1f %10.1f\n",
-                  methods[mi].name.c_str(), p50, p99, Pct(sm.span_us, 0.5), 100 * share, vs,
-                  p50 - base, Mean(sm.launch_cpu_us), Mean(sm.daemon_cpu_us));
-      json tl;
-      for (int k = 0; k < kStamps; ++k) tl[kStampNames[k]] = Pct(sm.stamps_us[k], 0.5);
-      jm.push_back({{"name", methods[mi].name}, {"p50_us", p50}, {"p99_us", p99},
-                    {"span_p50_us", Pct(sm.span_us, 0.5)}, {"span_p99_us", Pct(sm.span_us, 0.99)},
-                    {"engram_share", share}, {"vs_gpu_memory", vs},
-                    {"vs_gpu_memory_p99", p99 / Pct(samples[1].wall_us, 0.99)},
-                    {"launch_cpu_us", Mean(sm.launch_cpu_us)},
-                    {"engramd_cpu_us", Mean(sm.daemon_cpu_us)}, {"timeline_us", tl},
-                    {"steps", sm.wall_us.size()}});
-    }
-    std::printf("timeline of a step (median us after the step starts, GPU clock): lookup "
-                "start..layer-1 rows..layer-14 rows | layer 0 end, layer-1 Engram starts, "
-                "layer 1 end, layer 2 end | step end\n");
-    for (size_t mi = 0; mi < methods.size(); ++mi) {
-      const Sample& sm = samples[mi];
-      if (sm.wall_us.empty()) continue;
-      auto p = [&](StampAt k) { return mi == 0 && k <= kMix1Start ? NAN : Pct(sm.stamps_us[k], 0.5); };
-      std::printf("  %-17s %7.1f..%7.1f..%7.1f | %8.1f %8.1f %8.1f %8.1f | %9.1f   stall %+.1f\n",
-                  methods[mi].name.c_str(), p(kLookupStart), p(kLookup1End), p(kLookup14End),
-                  p(kLayer0End), p(kMix1Start), p(kLayer1End), p(kLayer2End), p(kStepEnd),
-                  mi == 0 ? 0.0 : p(kMix1Start) - p(kLayer0End));
-    }
-    out["shapes"].push_back({{"name", s.name}, {"tokens", s.tokens}, {"seqs", s.seqs},
-                             {"per_seq", s.per_seq}, {"rows_per_layer", s.tokens * h.heads()},
-                             {"stand_in_n", s.stand_n}, {"stand_in_us", s.layer_us},
-                             {"layer_floor_us", s.target_us}, {"methods", jm}});
-    if (!o.json_out.empty()) {  // after each shape: a run cut short keeps what it measured
-      std::ofstream f(o.json_out, std::ios::trunc);
-      f << out.dump(1) << "\n";
-      if (!f) throw Failure("cannot write " + o.json_out);
-    }
+// Captures, measures, checks and reports one shape; adds it to `out`. Returns 1 on a failure.
+int RunShape(const Options& o, TokenSource& source, Shape& s, const std::vector<Method>& methods,
+             const Hashing& hs, const Weights& w, const Streams& st, json& out) {
+  std::printf(
+      "\n== %s: %u tokens (%u x %u), %u rows per layer for the rank; stand-in layer: GEMM %u x "
+      "%u x %u, %.1f us measured (floor of a real layer: %.1f us)\n",
+      s.name.c_str(), s.tokens, s.seqs, s.per_seq, s.tokens * hs.h.heads(), s.tokens, kHidden,
+      s.stand_n, s.layer_us, s.target_us);
+  ShapeRun run;
+  CaptureAll(methods, hs.h, s, w, st, run);
+  MeasureShape(o, source, s, methods, st, run);
+  const int failed = CheckRows(methods, run);
+  json jm = ReportMethods(methods, run);
+  PrintTimelines(methods, run);
+  out["shapes"].push_back({{"name", s.name}, {"tokens", s.tokens}, {"seqs", s.seqs},
+                           {"per_seq", s.per_seq}, {"rows_per_layer", s.tokens * hs.h.heads()},
+                           {"stand_in_n", s.stand_n}, {"stand_in_us", s.layer_us},
+                           {"layer_floor_us", s.target_us}, {"methods", jm}});
+  if (!o.json_out.empty()) {  // after each shape: a run cut short keeps what it measured
+    std::ofstream f(o.json_out, std::ios::trunc);
+    f << out.dump(1) << "\n";
+    if (!f) throw Failure("cannot write " + o.json_out);
   }
-  for (auto& m : methods) {
-    if (m.queue != nullptr) engram_gpu_queue_destroy(m.queue);
-    if (m.reg != nullptr) engram_gpu_unregister(m.reg);
-    if (m.session != nullptr) engram_close(m.session);
-  }
-  for (int l = 0; l < 2; ++l) {
-    engram_gpu_unregister(map_reg[l]);
-    engram_unmap_table(maps[l]);
-    cudaFreeHost(pinned[l]);
-  }
-  engram_close(resident_session);
-  engram_gpu_hasher_destroy(h.gpu);
-  engram_hasher_close(h.host);
   return failed;
 }
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+int Run(const Options& o) {
+  TokenSource source(o);  // a bad trace is refused on any machine, before the GPU is looked for
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const Streams st = MakeStreams();
+  CheckGemm(st.main);
+  CheckMixer(st.main);
+  std::printf("self-check of the GEMM and the Engram mixer against the host: ok\n");
+
+  std::filesystem::create_directories(o.dir);
+  const auto primes = HeadPrimes(o.engram_vocab_size);
+  const auto t_model = Clock::now();
+  const std::string model = MakeModel(o, primes);
+  std::printf("synthetic checkpoint %s (%.1f s)\n", model.c_str(), Seconds(t_model));
+  const Hashing hs(model, primes);
+  auto shapes = MakeShapes(o);
+  Weights w;
+  SizeStandIns(shapes, w, st.main);
+  MakeEngramInputs(shapes, w, hs.h.heads(), st.main);
+
+  // engramd: the resident tier (in place and through the arena), the cache tier at half the
+  // rank's rows, the storage tier.
+  const uint64_t cache_bytes = (hs.rank_rows[0] + hs.rank_rows[1]) / 2 * kRowBytes;
+  const auto t_daemons = Clock::now();
+  Engramd resident(model, o.dir, "resident", 0), cache(model, o.dir, "cache", cache_bytes),
+      storage(model, o.dir, "storage", 0);
+  const ResidentMaps rm(resident, hs);
+  std::printf("engramd x3 started, resident tables mapped (%.1f s)\n", Seconds(t_daemons));
+  std::vector<Method> methods = NamedMethods();
+  const TableCopies copies(rm, hs, methods);
+  methods[3].daemon = &resident;
+  uint32_t max_rows = 0;
+  for (auto& s : shapes) max_rows = std::max(max_rows, s->tokens * hs.h.heads());
+  struct Arenas {  // the arena methods' sessions, closed however Run is left
+    std::vector<Method>& m;
+    ~Arenas() {
+      for (auto& x : m) TearDownArena(x);
+    }
+  } arenas{methods};
+  const Engramd* arena_daemons[3] = {&resident, &cache, &storage};
+  for (int i = 0; i < 3; ++i) SetUpArena(methods[4 + i], arena_daemons[i], max_rows);
+
+  json out = Describe(o, prop, source, hs, rm, cache_bytes);
+  int failed = 0;
+  for (auto& s : shapes) failed |= RunShape(o, source, *s, methods, hs, w, st, out);
+  return failed;
+}
+
+}  // namespace
 
 }  // namespace engram::bench
 
