@@ -43,9 +43,9 @@ __device__ inline void LoadStage(GemmSmem& sm, int st, const __nv_bfloat16* a,
   }
 }
 
-__global__ void __launch_bounds__(kThreads) GemmKernel(const __nv_bfloat16* a,
-                                                       const __nv_bfloat16* b, __nv_bfloat16* c,
-                                                       uint32_t m, uint32_t n, uint32_t k) {
+__global__ void __launch_bounds__(kThreads)
+    GemmKernel(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* c, uint32_t m,
+               uint32_t n, uint32_t k) {
   __shared__ __align__(128) GemmSmem sm;
   __shared__ __align__(32) float scratch[kThreads / 32][16 * 16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -128,8 +128,8 @@ constexpr float kEps = 1e-6f;
 // gated = gate * value and normed = RMSNorm(gated) * conv_norm.
 __global__ void GateKernel(MixerArgs a) {
   const uint32_t t = blockIdx.x / a.hc, br = blockIdx.x % a.hc, h = a.hidden;
-  const __nv_bfloat16* row = reinterpret_cast<const __nv_bfloat16*>(a.proj) +
-                             uint64_t{t} * (1 + a.hc) * h;
+  const __nv_bfloat16* row =
+      reinterpret_cast<const __nv_bfloat16*>(a.proj) + uint64_t{t} * (1 + a.hc) * h;
   const __nv_bfloat16* value = row;
   const __nv_bfloat16* key = row + uint64_t{1 + br} * h;
   const __nv_bfloat16* query =
@@ -175,8 +175,8 @@ __global__ void ConvKernel(MixerArgs a) {
       }
     }
     const float silu = acc / (1.0f + expf(-acc));
-    io[at + j] = __float2bfloat16(__bfloat162float(io[at + j]) + __bfloat162float(gated[at + j]) +
-                                  silu);
+    io[at + j] =
+        __float2bfloat16(__bfloat162float(io[at + j]) + __bfloat162float(gated[at + j]) + silu);
   }
 }
 

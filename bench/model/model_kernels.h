@@ -20,9 +20,9 @@ cudaError_t Gemm(const uint16_t* a, const uint16_t* b, uint16_t* c, uint32_t m, 
 // hc_mult branches, the memory of `mem_width` values per token (the rank's heads x 256).
 struct MixerArgs {
   uint32_t tokens, hidden, hc, seq_len;  // seq_len: tokens per sequence (the conv's causal span)
-  const uint16_t* proj;   // [tokens, (1 + hc) * hidden]: value, then hc keys (the GEMM's C)
-  uint16_t* hidden_io;    // [tokens, hc, hidden]: read, and the update added in place
-  const float* key_norm;  // [hc, hidden]
+  const uint16_t* proj;     // [tokens, (1 + hc) * hidden]: value, then hc keys (the GEMM's C)
+  uint16_t* hidden_io;      // [tokens, hc, hidden]: read, and the update added in place
+  const float* key_norm;    // [hc, hidden]
   const float* query_norm;  // [hc, hidden]
   const float* conv_norm;   // [hidden]
   const float* conv_w;      // [hidden, 4] (kernel 4, dilation 3)

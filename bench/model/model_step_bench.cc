@@ -168,7 +168,8 @@ class TokenSource {
   // Prefill: the next `n` tokens of the documents read one after the other as one stream.
   StepTokens Prefill(uint32_t n) {
     StepTokens st;
-    for (uint32_t k = 3; k > 0; --k) st.history.push_back(stream_.size() >= k ? stream_[stream_.size() - k] : kPadId);
+    for (uint32_t k = 3; k > 0; --k)
+      st.history.push_back(stream_.size() >= k ? stream_[stream_.size() - k] : kPadId);
     for (uint32_t i = 0; i < n; ++i) {
       if (pdoc_pos_ >= Length(pdoc_)) pdoc_ = (pdoc_ + 1) % Docs(), pdoc_pos_ = 0;
       st.tokens.push_back(Token(pdoc_, pdoc_pos_++));
@@ -268,10 +269,18 @@ class Engramd {
           uint64_t cache_bytes)
       : socket_(dir + "/" + tier + ".sock") {
     std::vector<std::string> args = {EngramdPath("build/daemon/engramd"),
-                                     "--model", model, "--socket", socket_,
-                                     "--tier", "1=" + tier, "--tier", "14=" + tier,
-                                     "--max-rows-per-request", "262144",
-                                     "--log-level", "warning"};
+                                     "--model",
+                                     model,
+                                     "--socket",
+                                     socket_,
+                                     "--tier",
+                                     "1=" + tier,
+                                     "--tier",
+                                     "14=" + tier,
+                                     "--max-rows-per-request",
+                                     "262144",
+                                     "--log-level",
+                                     "warning"};
     if (cache_bytes > 0) {
       args.push_back("--cache-bytes");
       args.push_back(std::to_string(cache_bytes));
@@ -372,7 +381,8 @@ void CheckGemm(cudaStream_t stream) {
   for (uint32_t i = 0; i < m; ++i) {
     for (uint32_t j = 0; j < n; ++j) {
       double want = 0;
-      for (uint32_t q = 0; q < k; ++q) want += Bf16ToFloat(a[i * k + q]) * Bf16ToFloat(b[q * n + j]);
+      for (uint32_t q = 0; q < k; ++q)
+        want += Bf16ToFloat(a[i * k + q]) * Bf16ToFloat(b[q * n + j]);
       const double got = Bf16ToFloat(c[i * n + j]);
       if (std::fabs(got - want) > 0.02 * std::fabs(want) + 0.05) {
         throw Failure("self-check: GEMM C[" + std::to_string(i) + "][" + std::to_string(j) +
@@ -415,7 +425,8 @@ struct MixerCase {
       gated[at + j] = gate * F(proj[i * (1 + hc) * h + j]);
       sv += gated[at + j] * gated[at + j];
     }
-    for (uint32_t j = 0; j < h; ++j) normed[at + j] = gated[at + j] / std::sqrt(sv / h + 1e-6) * cn[j];
+    for (uint32_t j = 0; j < h; ++j)
+      normed[at + j] = gated[at + j] / std::sqrt(sv / h + 1e-6) * cn[j];
   }
   // The layer's output: hidden + gated + SiLU(causal depthwise convolution of normed).
   std::vector<double> Want() const {
@@ -446,8 +457,17 @@ void CheckMixer(cudaStream_t stream) {
       cnd(c.cn.size() * 4), cwd(c.cw.size() * 4), gd(c.hid.size() * 2), nd(c.hid.size() * 2);
   Upload(pd, c.proj), Upload(hd, c.hid), Upload(knd, c.kn), Upload(qnd, c.qn), Upload(cnd, c.cn),
       Upload(cwd, c.cw);
-  MixerArgs ma{c.t, c.h, c.hc, c.seq, pd.get<uint16_t>(), hd.get<uint16_t>(), knd.get<float>(),
-               qnd.get<float>(), cnd.get<float>(), cwd.get<float>(), gd.get<uint16_t>(),
+  MixerArgs ma{c.t,
+               c.h,
+               c.hc,
+               c.seq,
+               pd.get<uint16_t>(),
+               hd.get<uint16_t>(),
+               knd.get<float>(),
+               qnd.get<float>(),
+               cnd.get<float>(),
+               cwd.get<float>(),
+               gd.get<uint16_t>(),
                nd.get<uint16_t>()};
   CUDA_CHECK(EngramMix(ma, stream));
   CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -471,7 +491,7 @@ struct Method {
   std::string name;
   Lookup lookup = Lookup::kNone;
   const Engramd* daemon = nullptr;  // whose CPU the method's steps cost
-  const void* table[2] = {};         // kTable: device-readable rank-range tables
+  const void* table[2] = {};        // kTable: device-readable rank-range tables
   uint64_t row_begin[2] = {}, rows[2] = {};
   // kArena: a device-submit session, its registered arena, queue, and ids/rows per layer.
   engram_session* session = nullptr;
@@ -483,12 +503,21 @@ struct Method {
 
 // The step's timestamps (globaltimer), slot by slot.
 enum StampAt : int {
-  kStepStart, kLookupStart, kLookup1End, kLookup14End, kMix1Start, kLayer0End, kLayer1End,
-  kLayer2End, kStepEnd, kStamps
+  kStepStart,
+  kLookupStart,
+  kLookup1End,
+  kLookup14End,
+  kMix1Start,
+  kLayer0End,
+  kLayer1End,
+  kLayer2End,
+  kStepEnd,
+  kStamps
 };
 const char* const kStampNames[kStamps] = {
-    "step start", "lookup start", "layer-1 rows ready", "layer-14 rows ready",
-    "layer-1 Engram starts", "layer 0 end", "layer 1 end", "layer 2 end", "step end"};
+    "step start",          "lookup start",          "layer-1 rows ready",
+    "layer-14 rows ready", "layer-1 Engram starts", "layer 0 end",
+    "layer 1 end",         "layer 2 end",           "step end"};
 
 // One shape's device state shared by its graphs.
 struct Shape {
@@ -498,10 +527,18 @@ struct Shape {
   uint32_t stand_n = 0;
   Dev tokens_d, starts_d, history_d, x_d, y_d, hidden_d, proj_d, gated_d, normed_d, map_d;
   Shape(std::string n, uint32_t s, uint32_t p)
-      : name(std::move(n)), seqs(s), per_seq(p), tokens(s * p), tokens_d(tokens * 4),
-        starts_d((s + 1) * 4), history_d(s * 3 * 4), x_d(size_t{tokens} * kHidden * 2),
-        hidden_d(size_t{tokens} * kHc * kHidden * 2), proj_d(size_t{tokens} * kProjCols * 2),
-        gated_d(size_t{tokens} * kHc * kHidden * 2), normed_d(size_t{tokens} * kHc * kHidden * 2),
+      : name(std::move(n)),
+        seqs(s),
+        per_seq(p),
+        tokens(s * p),
+        tokens_d(tokens * 4),
+        starts_d((s + 1) * 4),
+        history_d(s * 3 * 4),
+        x_d(size_t{tokens} * kHidden * 2),
+        hidden_d(size_t{tokens} * kHc * kHidden * 2),
+        proj_d(size_t{tokens} * kProjCols * 2),
+        gated_d(size_t{tokens} * kHc * kHidden * 2),
+        normed_d(size_t{tokens} * kHc * kHidden * 2),
         map_d(size_t{tokens} * 6 * 4) {}
 };
 
@@ -549,8 +586,7 @@ engram_gpu_hash_args HashArgs(const HashCtx& h, const Shape& s, uint32_t layer, 
 }
 
 // The lookup on the side stream: hash both layers, then each layer's rows into g.mem[l].
-void EnqueueLookup(const Method& m, const HashCtx& h, const Shape& s, Graph& g,
-                   const Streams& st) {
+void EnqueueLookup(const Method& m, const HashCtx& h, const Shape& s, Graph& g, const Streams& st) {
   const uint32_t n = s.tokens * h.heads();
   const auto side = reinterpret_cast<uintptr_t>(st.side);
   uint64_t* ids[2];
@@ -569,8 +605,8 @@ void EnqueueLookup(const Method& m, const HashCtx& h, const Shape& s, Graph& g,
                                          h.heads(), g.mem[l].p, g.bad.get<uint32_t>(), side));
     } else {
       engram_gpu_request r{sizeof(r), {kEngramLayers[l]}, 0, m.ids[l], n, m.arena_rows[l]};
-      engram_gpu_dequant d{sizeof(d), s.map_d.get<int32_t>(), s.tokens, h.heads(), g.mem[l].p,
-                           g.bad.get<uint32_t>()};
+      engram_gpu_dequant d{sizeof(d),  s.map_d.get<int32_t>(), s.tokens, h.heads(),
+                           g.mem[l].p, g.bad.get<uint32_t>()};
       ENGRAM_CHECK(engram_gpu_queue_gather_dequant(m.queue, &r, &d, 1, 0, side));
     }
     CUDA_CHECK(Stamp(g.stamps.get<uint64_t>() + (l == 0 ? kLookup1End : kLookup14End), st.side));
@@ -604,19 +640,28 @@ void Capture(const Method& m, const HashCtx& h, const Shape& s, const Weights& w
       if (e == 0) CUDA_CHECK(Stamp(stamps + kMix1Start, st.main));
       CUDA_CHECK(Gemm(g.mem[e].get<uint16_t>(), w.kv[e].get<uint16_t>(), s.proj_d.get<uint16_t>(),
                       s.tokens, kProjCols, heads * kRowValues, st.main));
-      MixerArgs ma{s.tokens, kHidden, kHc, s.per_seq, s.proj_d.get<uint16_t>(),
-                   s.hidden_d.get<uint16_t>(), w.key_norm.get<float>(), w.query_norm.get<float>(),
-                   w.conv_norm.get<float>(), w.conv_w.get<float>(), s.gated_d.get<uint16_t>(),
+      MixerArgs ma{s.tokens,
+                   kHidden,
+                   kHc,
+                   s.per_seq,
+                   s.proj_d.get<uint16_t>(),
+                   s.hidden_d.get<uint16_t>(),
+                   w.key_norm.get<float>(),
+                   w.query_norm.get<float>(),
+                   w.conv_norm.get<float>(),
+                   w.conv_w.get<float>(),
+                   s.gated_d.get<uint16_t>(),
                    s.normed_d.get<uint16_t>()};
       CUDA_CHECK(EngramMix(ma, st.main));
     }
-    CUDA_CHECK(Gemm(s.x_d.get<uint16_t>(), w.stand.get<uint16_t>(), s.y_d.get<uint16_t>(),
-                    s.tokens, s.stand_n, kHidden, st.main));
+    CUDA_CHECK(Gemm(s.x_d.get<uint16_t>(), w.stand.get<uint16_t>(), s.y_d.get<uint16_t>(), s.tokens,
+                    s.stand_n, kHidden, st.main));
     if (layer <= 2) CUDA_CHECK(Stamp(stamps + kLayer0End + layer, st.main));
   }
   CUDA_CHECK(Stamp(stamps + kStepEnd, st.main));
   CUDA_CHECK(cudaStreamEndCapture(st.main, &graph));
-  CUDA_CHECK(cudaGraphInstantiateWithFlags(&g.exec, graph, cudaGraphInstantiateFlagUseNodePriority));
+  CUDA_CHECK(
+      cudaGraphInstantiateWithFlags(&g.exec, graph, cudaGraphInstantiateFlagUseNodePriority));
   cudaGraphDestroy(graph);
 }
 
@@ -697,8 +742,10 @@ struct Hashing {
     ENGRAM_CHECK(engram_hasher_rank_heads(h.host, kTp, kRank, &h.head_begin, &h.head_end));
     for (int l = 0; l < 2; ++l) {
       for (uint32_t hd = 0; hd < kHeadsPerTable; ++hd) {
-        if (hd < h.head_begin) rank_begin[l] += primes[l][hd];
-        else if (hd < h.head_end) rank_rows[l] += primes[l][hd];
+        if (hd < h.head_begin)
+          rank_begin[l] += primes[l][hd];
+        else if (hd < h.head_end)
+          rank_rows[l] += primes[l][hd];
       }
     }
   }
@@ -775,8 +822,8 @@ void MakeEngramInputs(std::vector<std::unique_ptr<Shape>>& shapes, Weights& w, u
     for (size_t i = 0; i < map.size(); ++i) map[i] = static_cast<int32_t>(i);
     Upload(s->starts_d, starts);
     Upload(s->map_d, map);
-    CUDA_CHECK(FillBf16(s->hidden_d.get<uint16_t>(), size_t{s->tokens} * kHc * kHidden, 4, 1.0f,
-                        stream));
+    CUDA_CHECK(
+        FillBf16(s->hidden_d.get<uint16_t>(), size_t{s->tokens} * kHc * kHidden, 4, 1.0f, stream));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -827,8 +874,8 @@ struct TableCopies {
       CUDA_CHECK(cudaMemcpy(gpu[l].p, src, bytes, cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaHostAlloc(&pinned[l], bytes, cudaHostAllocMapped | cudaHostAllocPortable));
       std::memcpy(pinned[l], src, bytes);
-      ENGRAM_CHECK(engram_gpu_register(const_cast<void*>(rm.info[l].base), rm.info[l].map_bytes,
-                                       &reg[l]));
+      ENGRAM_CHECK(
+          engram_gpu_register(const_cast<void*>(rm.info[l].base), rm.info[l].map_bytes, &reg[l]));
       void* pinned_dev = nullptr;
       CUDA_CHECK(cudaHostGetDevicePointer(&pinned_dev, pinned[l], 0));
       const void* tables[3] = {gpu[l].p, pinned_dev,
@@ -956,8 +1003,7 @@ void MeasureShape(const Options& o, TokenSource& source, Shape& s,
     for (size_t k = 0; k < methods.size(); ++k) {
       const size_t mi = (i + k) % methods.size();
       if (!run.broken[mi].empty()) continue;
-      TimeStep(methods[mi], *run.graphs[mi], st, i >= o.warmup, i, run.samples[mi],
-               run.broken[mi]);
+      TimeStep(methods[mi], *run.graphs[mi], st, i >= o.warmup, i, run.samples[mi], run.broken[mi]);
     }
   }
 }
@@ -982,12 +1028,13 @@ int CheckRows(const std::vector<Method>& methods, const ShapeRun& run) {
     CUDA_CHECK(cudaMemcpy(&bad, run.graphs[mi]->bad.p, 4, cudaMemcpyDeviceToHost));
     for (int l = 0; l < 2; ++l) {
       std::vector<uint8_t> got(want[l].size());
-      CUDA_CHECK(cudaMemcpy(got.data(), run.graphs[mi]->mem[l].p, got.size(),
-                            cudaMemcpyDeviceToHost));
+      CUDA_CHECK(
+          cudaMemcpy(got.data(), run.graphs[mi]->mem[l].p, got.size(), cudaMemcpyDeviceToHost));
       if (got != want[l] || bad != 0) {
-        std::printf("CHECK FAILED: %s's layer-%u rows differ from the GPU-memory copy's (%u bad "
-                    "row ids)\n",
-                    methods[mi].name.c_str(), kEngramLayers[l], bad);
+        std::printf(
+            "CHECK FAILED: %s's layer-%u rows differ from the GPU-memory copy's (%u bad "
+            "row ids)\n",
+            methods[mi].name.c_str(), kEngramLayers[l], bad);
         failed = 1;
       }
     }
@@ -999,8 +1046,8 @@ int CheckRows(const std::vector<Method>& methods, const ShapeRun& run) {
 json ReportMethods(const std::vector<Method>& methods, const ShapeRun& run) {
   const auto& samples = run.samples;
   const double base = Pct(samples[1].wall_us, 0.5), none = Pct(samples[0].wall_us, 0.5);
-  std::printf("%-17s %9s %9s %9s %9s %8s %9s %10s %10s\n", "method", "p50 us", "p99 us",
-              "gpu p50", "engram", "vs gpu", "vs gpu", "launch", "engramd");
+  std::printf("%-17s %9s %9s %9s %9s %8s %9s %10s %10s\n", "method", "p50 us", "p99 us", "gpu p50",
+              "engram", "vs gpu", "vs gpu", "launch", "engramd");
   std::printf("%-17s %9s %9s %9s %9s %8s %9s %10s %10s\n", "", "(wall)", "(wall)", "(span)",
               "share", "p50", "(us)", "cpu us", "cpu us");
   json jm = json::array();
@@ -1015,21 +1062,27 @@ json ReportMethods(const std::vector<Method>& methods, const ShapeRun& run) {
                 p50 - base, Mean(sm.launch_cpu_us), Mean(sm.daemon_cpu_us));
     json tl;
     for (int k = 0; k < kStamps; ++k) tl[kStampNames[k]] = Pct(sm.stamps_us[k], 0.5);
-    jm.push_back({{"name", methods[mi].name}, {"p50_us", p50}, {"p99_us", p99},
-                  {"span_p50_us", Pct(sm.span_us, 0.5)}, {"span_p99_us", Pct(sm.span_us, 0.99)},
-                  {"engram_share", share}, {"vs_gpu_memory", vs},
+    jm.push_back({{"name", methods[mi].name},
+                  {"p50_us", p50},
+                  {"p99_us", p99},
+                  {"span_p50_us", Pct(sm.span_us, 0.5)},
+                  {"span_p99_us", Pct(sm.span_us, 0.99)},
+                  {"engram_share", share},
+                  {"vs_gpu_memory", vs},
                   {"vs_gpu_memory_p99", p99 / Pct(samples[1].wall_us, 0.99)},
                   {"launch_cpu_us", Mean(sm.launch_cpu_us)},
-                  {"engramd_cpu_us", Mean(sm.daemon_cpu_us)}, {"timeline_us", tl},
+                  {"engramd_cpu_us", Mean(sm.daemon_cpu_us)},
+                  {"timeline_us", tl},
                   {"steps", sm.wall_us.size()}});
   }
   return jm;
 }
 
 void PrintTimelines(const std::vector<Method>& methods, const ShapeRun& run) {
-  std::printf("timeline of a step (median us after the step starts, GPU clock): lookup "
-              "start..layer-1 rows..layer-14 rows | layer 0 end, layer-1 Engram starts, "
-              "layer 1 end, layer 2 end | step end\n");
+  std::printf(
+      "timeline of a step (median us after the step starts, GPU clock): lookup "
+      "start..layer-1 rows..layer-14 rows | layer 0 end, layer-1 Engram starts, "
+      "layer 1 end, layer 2 end | step end\n");
   for (size_t mi = 0; mi < methods.size(); ++mi) {
     const Sample& sm = run.samples[mi];
     if (sm.wall_us.empty()) continue;
@@ -1049,23 +1102,27 @@ json Describe(const Options& o, const cudaDeviceProp& prop, const TokenSource& s
   json out;
   out["device"] = prop.name;
   out["tokens"] = source.source();
-  out["model"] = {{"hidden", kHidden}, {"hc_mult", kHc}, {"layers", kLayers},
-                  {"engram_layers", {1, 14}}, {"tp", kTp}, {"rank", kRank},
+  out["model"] = {{"hidden", kHidden},
+                  {"hc_mult", kHc},
+                  {"layers", kLayers},
+                  {"engram_layers", {1, 14}},
+                  {"tp", kTp},
+                  {"rank", kRank},
                   {"rank_heads", {hs.h.head_begin, hs.h.head_end}},
                   {"table_rows", {rm.Rows(0), rm.Rows(1)}},
                   {"rank_rows", {hs.rank_rows[0], hs.rank_rows[1]}},
                   {"cache_bytes", cache_bytes}};
   out["stand_in"] = {{"layer_weight_gb", o.layer_weight_gb},
                      {"layer_active_mparams", o.layer_active_mparams},
-                     {"hbm_tbs", o.hbm_tbs}, {"fp8_tflops", o.fp8_tflops}};
+                     {"hbm_tbs", o.hbm_tbs},
+                     {"fp8_tflops", o.fp8_tflops}};
   std::printf(
       "\n%s, %s; TP%u rank %u (heads [%u, %u) of each table: %llu + %llu rows of %llu + %llu); "
       "cache tier budget %.0f MiB (half the rank's rows)\n",
       prop.name, source.source().c_str(), kTp, kRank, hs.h.head_begin, hs.h.head_end,
       static_cast<unsigned long long>(hs.rank_rows[0]),
-      static_cast<unsigned long long>(hs.rank_rows[1]),
-      static_cast<unsigned long long>(rm.Rows(0)), static_cast<unsigned long long>(rm.Rows(1)),
-      cache_bytes / 1048576.0);
+      static_cast<unsigned long long>(hs.rank_rows[1]), static_cast<unsigned long long>(rm.Rows(0)),
+      static_cast<unsigned long long>(rm.Rows(1)), cache_bytes / 1048576.0);
   return out;
 }
 
@@ -1083,10 +1140,15 @@ int RunShape(const Options& o, TokenSource& source, Shape& s, const std::vector<
   const int failed = CheckRows(methods, run);
   json jm = ReportMethods(methods, run);
   PrintTimelines(methods, run);
-  out["shapes"].push_back({{"name", s.name}, {"tokens", s.tokens}, {"seqs", s.seqs},
-                           {"per_seq", s.per_seq}, {"rows_per_layer", s.tokens * hs.h.heads()},
-                           {"stand_in_n", s.stand_n}, {"stand_in_us", s.layer_us},
-                           {"layer_floor_us", s.target_us}, {"methods", jm}});
+  out["shapes"].push_back({{"name", s.name},
+                           {"tokens", s.tokens},
+                           {"seqs", s.seqs},
+                           {"per_seq", s.per_seq},
+                           {"rows_per_layer", s.tokens * hs.h.heads()},
+                           {"stand_in_n", s.stand_n},
+                           {"stand_in_us", s.layer_us},
+                           {"layer_floor_us", s.target_us},
+                           {"methods", jm}});
   if (!o.json_out.empty()) {  // after each shape: a run cut short keeps what it measured
     std::ofstream f(o.json_out, std::ios::trunc);
     f << out.dump(1) << "\n";
@@ -1159,8 +1221,9 @@ int Run(const Options& o) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a run cut short keeps what it printed
   engram::bench::Options o;
-  CLI::App app{"engram-model-step: a DeepSeek-V4.1-shaped step on the GPU with Engram's rows "
-               "from GPU memory, a pinned host copy and engramd's tiers"};
+  CLI::App app{
+      "engram-model-step: a DeepSeek-V4.1-shaped step on the GPU with Engram's rows "
+      "from GPU memory, a pinned host copy and engramd's tiers"};
   app.add_option("--trace", o.trace, "Token trace (ENGTRC01, tools/trace); default: Zipf ids")
       ->check(CLI::ExistingFile);
   app.add_option("--dir", o.dir, "Where the synthetic checkpoint and the sockets go")
@@ -1168,16 +1231,20 @@ int main(int argc, char** argv) {
   app.add_option("--json", o.json_out, "Write the results as JSON here");
   app.add_option("--engram-vocab-size", o.engram_vocab_size,
                  "Start of the head-prime search: each table gets ~24x this many rows")
-      ->capture_default_str()->check(CLI::Range(uint64_t{1000}, uint64_t{16'000'000}));
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1000}, uint64_t{16'000'000}));
   app.add_option("--decode-steps", o.decode_steps, "Measured decode steps per method")
-      ->capture_default_str()->check(CLI::Range(10u, 100000u));
+      ->capture_default_str()
+      ->check(CLI::Range(10u, 100000u));
   app.add_option("--prefill-steps", o.prefill_steps, "Measured prefill chunks per method")
-      ->capture_default_str()->check(CLI::Range(5u, 100000u));
+      ->capture_default_str()
+      ->check(CLI::Range(5u, 100000u));
   app.add_option("--warmup", o.warmup, "Unmeasured steps first")->capture_default_str();
   app.add_option("--zipf", o.zipf_s, "Zipf exponent of the synthetic ids")->capture_default_str();
   app.add_option("--shapes", o.shapes, "decode, prefill or both")->capture_default_str();
   app.add_option("--layer-weight-gb", o.layer_weight_gb,
-                 "Decode stand-in: weight GB a layer reads per TP4 rank")->capture_default_str();
+                 "Decode stand-in: weight GB a layer reads per TP4 rank")
+      ->capture_default_str();
   app.add_option("--layer-active-mparams", o.layer_active_mparams,
                  "Prefill stand-in: active parameters (M) per token, layer and TP4 rank")
       ->capture_default_str();
