@@ -401,6 +401,7 @@ TEST_CASE("evictions fill the ghost without growing it; a key seen again goes to
   REQUIRE(evicted == 100);
   // Rows whose keys were still in the ghost are admitted to the main FIFO.
   CHECK(cache.Stats().ghost_hits - before.ghost_hits == 100);
+}
 
 TEST_CASE("a hit reported by a client (Touch) counts as a use; a stale report does not",
           "[cache]") {
