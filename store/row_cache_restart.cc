@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -45,7 +46,9 @@ class SlotHoles {
   bool InHole(uint64_t slot) {
     const int64_t at = static_cast<int64_t>(slots_offset_ + slot * sizeof(RowCacheSlot));
     if (at >= data_end_) Next(at);
-    return at + static_cast<int64_t>(sizeof(RowCacheSlot)) <= data_begin_;
+    // Only the slot's seq and key are read where its row is not wanted; a slot whose first
+    // bytes lie in a hole holds no row, even if its row's bytes reach a page with data.
+    return at + static_cast<int64_t>(offsetof(RowCacheSlot, row)) <= data_begin_;
   }
 
  private:
@@ -93,12 +96,13 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   const uint64_t max_slots = h->max_slots;
   // What the budget allows now: the index first (it cannot shrink), then as many slots as fit
   // under options.max_bytes and what the budget has left.
-  const uint64_t index_bytes = h->slots_offset;
+  const uint64_t index_bytes = h->slots_offset + BookkeepingBytes(max_slots);
   if (budget != nullptr) {
-    if (absl::Status s = budget->Reserve(index_bytes, "row cache index"); !s.ok()) {
+    if (absl::Status s = budget->Reserve(index_bytes, "row cache index and bookkeeping");
+        !s.ok()) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("row cache region handed over: its index (", index_bytes,
-                       " bytes) does not fit the memory budget: ", s.message()));
+          absl::StrCat("row cache region handed over: its index and bookkeeping (", index_bytes,
+                       " bytes) do not fit the memory budget: ", s.message()));
     }
     cache->reserved_bytes_ = index_bytes;
   }
@@ -117,6 +121,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   cache->bucket_mask_ = h->bucket_count - 1;
   cache->max_slots_ = h->max_slots;
   cache->meta_.resize(max_slots);
+  cache->ghost_ = GhostQueue(max_slots);
   cache->reader_ = *reader;
   cache->reader_.mark_use_ = true;
   // Slots at or above the capacity the earlier daemon had were given back (or, after a crash in

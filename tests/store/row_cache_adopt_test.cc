@@ -213,7 +213,8 @@ TEST_CASE("an adopted region larger than the budget allows is shrunk by policy",
   Fill(*cache, 3, 4000);
   for (uint64_t r = 0; r < 500; ++r) REQUIRE(Hit(*cache, 3, r * 3));  // the hot rows
   void* map = nullptr;
-  const uint64_t index = HeaderOf(cache->fd(), &map, 4096)->slots_offset;
+  const RowCacheHeader* h = HeaderOf(cache->fd(), &map, 4096);
+  const uint64_t index = h->slots_offset + RowCache::BookkeepingBytes(h->max_slots);
   munmap(map, 4096);
   UniqueFd fd = Dup(*cache);
   cache.reset();
