@@ -120,6 +120,27 @@ int MapSealedTable(int fd, int state_fd, const MappedTable& t, engram_table_map*
   return 0;
 }
 
+// The touch page's layout is the daemon's: checked once, before anything of it is trusted.
+int CheckTouchPage(const engram_cache_touch_page& touch, uint64_t touch_bytes,
+                   const MappedTable& t) {
+  const uint64_t counters_end =
+      touch.counters_offset + uint64_t{touch.tables} * sizeof(engram_cache_touch_counters);
+  if (touch.magic != ENGRAM_CACHE_TOUCH_MAGIC || touch.entries != ENGRAM_CACHE_TOUCH_ENTRIES ||
+      touch.page_bytes != touch_bytes || touch.counters_offset < sizeof(engram_cache_touch_page) ||
+      touch.counters_offset % 8 != 0 || counters_end > touch.ring_offset ||
+      touch.ring_offset % 8 != 0 ||
+      touch.ring_offset + uint64_t{touch.entries} * sizeof(engram_cache_touch_entry) >
+          touch_bytes ||
+      t.state_index >= touch.tables) {
+    return SetError(-EPROTO,
+                    "engramd's cache touch page does not describe table entry %u (magic 0x%x, %u "
+                    "tables, %llu bytes)",
+                    t.state_index, touch.magic, touch.tables,
+                    static_cast<unsigned long long>(touch_bytes));
+  }
+  return 0;
+}
+
 int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
                 engram_table_map** ret_map) {
   UniqueFd cache_file(cache_fd), page_fd(state_fd), touch_file(touch_fd);
@@ -171,22 +192,7 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
     return fail(SetError(-map_errno, "cannot map engramd's cache touch page: %s",
                          strerror(map_errno)));
   }
-  // The layout is the daemon's; read once here, before anything of it is trusted.
-  const uint64_t counters_end =
-      touch->counters_offset + uint64_t{touch->tables} * sizeof(engram_cache_touch_counters);
-  if (touch->magic != ENGRAM_CACHE_TOUCH_MAGIC || touch->entries != ENGRAM_CACHE_TOUCH_ENTRIES ||
-      touch->page_bytes != touch_bytes || touch->counters_offset < sizeof(engram_cache_touch_page) ||
-      touch->counters_offset % 8 != 0 || counters_end > touch->ring_offset ||
-      touch->ring_offset % 8 != 0 ||
-      touch->ring_offset + uint64_t{touch->entries} * sizeof(engram_cache_touch_entry) >
-          touch_bytes ||
-      t.state_index >= touch->tables) {
-    return fail(SetError(-EPROTO,
-                         "engramd's cache touch page does not describe table entry %u (magic "
-                         "0x%x, %u tables, %llu bytes)",
-                         t.state_index, touch->magic, touch->tables,
-                         static_cast<unsigned long long>(touch_bytes)));
-  }
+  if (int rc = CheckTouchPage(*touch, touch_bytes, t); rc < 0) return fail(rc);
   auto* map = new (std::nothrow) engram_table_map;
   if (map == nullptr) return fail(SetError(-ENOMEM, "no memory for a table map"));
   map->base = static_cast<const uint8_t*>(p);

@@ -42,24 +42,58 @@ struct Options {
   uint32_t iterations = 2000;
 };
 
-int Run(const Options& o) {
+// The synthetic model (written once per size) and engramd serving layer 14 resident and layer 1
+// from a cache with room for the working set; the daemon's pid, or -1.
+pid_t StartDaemon(const Options& o, const std::string& socket) {
   std::filesystem::create_directories(o.dir);
   const std::string model = o.dir + "/model-" + std::to_string(o.rows);
   if (!std::filesystem::exists(model + "/config.json")) {
     engram::SynthOptions so{.out_dir = model, .rows = o.rows, .seed = 7, .layers = {1, 14}};
     if (absl::Status s = engram::WriteSyntheticCheckpoint(so); !s.ok()) {
-      return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
+      return fprintf(stderr, "%s\n", s.ToString().c_str()), -1;
     }
   }
   // Room for the working set with the small FIFO's share and the index to spare.
   const uint64_t cache_mib = o.working_set * 2 * 320 / (1 << 20) + 2;
-  const std::string socket = o.dir + "/cache-in-place.sock";
   std::vector<std::string> args = {engram::bench::EngramdPath("build/daemon/engramd"),
                                    "--model", model, "--socket", socket,
                                    "--tier", "14=resident", "--tier", "1=cache",
                                    "--cache-bytes", std::to_string(cache_mib) + "M",
                                    "--log-level", "warning"};
-  const pid_t daemon = engram::bench::StartEngramd(args, socket);
+  return engram::bench::StartEngramd(args, socket);
+}
+
+struct Method {
+  const char* name;
+  uint32_t layer, flags;
+  std::vector<uint64_t> ns;
+};
+
+// The table of the methods' p50/p99 and their ratios to the first.
+void Report(const Options& o, const Method (&methods)[4], uint64_t cache_requests,
+            uint64_t rows_in_place) {
+  utsname u;
+  uname(&u);
+  printf(
+      "engram-cache-in-place-bench on %s %s, %ld CPUs: %lu-row batches drawn uniformly from a "
+      "working set of %lu rows (all cached) of %lu-row tables, %u batches a method, interleaved, "
+      "pace %lu us\n",
+      u.nodename, u.release, sysconf(_SC_NPROCESSORS_ONLN), o.batch, o.working_set, o.rows,
+      o.iterations, o.pace_us);
+  const double base50 = Percentile(methods[0].ns, 0.5), base99 = Percentile(methods[0].ns, 0.99);
+  printf("  %-36s %10s %10s %12s %12s\n", "method", "p50 us", "p99 us", "p50 ratio", "p99 ratio");
+  for (const Method& m : methods) {
+    const double p50 = Percentile(m.ns, 0.5), p99 = Percentile(m.ns, 0.99);
+    printf("  %-36s %10.1f %10.1f %12.2f %12.2f\n", m.name, p50 / 1e3, p99 / 1e3, p50 / base50,
+           p99 / base99);
+  }
+  printf("  cache in place: %lu requests sent to engramd, %lu rows copied in place (of %lu)\n",
+         cache_requests, rows_in_place, uint64_t{o.iterations} * o.batch);
+}
+
+int Run(const Options& o) {
+  const std::string socket = o.dir + "/cache-in-place.sock";
+  const pid_t daemon = StartDaemon(o, socket);
   if (daemon < 0) return 1;
   engram_connect_options co;
   engram_connect_options_init(&co, sizeof(co));
@@ -90,11 +124,6 @@ int Run(const Options& o) {
       if (gather(1, 0, out) != 0) return fprintf(stderr, "warm: %s\n", engram_last_error()), 1;
     }
   }
-  struct Method {
-    const char* name;
-    uint32_t layer, flags;
-    std::vector<uint64_t> ns;
-  };
   Method methods[4] = {{"resident, read in place", 14, ENGRAM_GATHER_IN_PLACE, {}},
                        {"cache (all hits), read in place", 1, ENGRAM_GATHER_IN_PLACE, {}},
                        {"resident, through engramd", 14, 0, {}},
@@ -123,23 +152,7 @@ int Run(const Options& o) {
       if (o.pace_us != 0) usleep(static_cast<useconds_t>(o.pace_us));
     }
   }
-  utsname u;
-  uname(&u);
-  printf(
-      "engram-cache-in-place-bench on %s %s, %ld CPUs: %lu-row batches drawn uniformly from a "
-      "working set of %lu rows (all cached) of %lu-row tables, %u batches a method, interleaved, "
-      "pace %lu us\n",
-      u.nodename, u.release, sysconf(_SC_NPROCESSORS_ONLN), o.batch, o.working_set, o.rows,
-      o.iterations, o.pace_us);
-  const double base50 = Percentile(methods[0].ns, 0.5), base99 = Percentile(methods[0].ns, 0.99);
-  printf("  %-36s %10s %10s %12s %12s\n", "method", "p50 us", "p99 us", "p50 ratio", "p99 ratio");
-  for (const Method& m : methods) {
-    const double p50 = Percentile(m.ns, 0.5), p99 = Percentile(m.ns, 0.99);
-    printf("  %-36s %10.1f %10.1f %12.2f %12.2f\n", m.name, p50 / 1e3, p99 / 1e3, p50 / base50,
-           p99 / base99);
-  }
-  printf("  cache in place: %lu requests sent to engramd, %lu rows copied in place (of %lu)\n",
-         cache_requests, rows_in_place, uint64_t{o.iterations} * o.batch);
+  Report(o, methods, cache_requests, rows_in_place);
   engram_close(s);
   kill(daemon, SIGTERM);
   waitpid(daemon, nullptr, 0);

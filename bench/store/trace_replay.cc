@@ -233,6 +233,27 @@ struct Phase {
   uint64_t rows_in_place = 0;  // rows the client copied from the mapped row cache
 };
 
+// A step's drafts are known once its tokens are: their rows are prefetched for the steps ahead.
+// A session past limits.prefetch_session_rows is refused its hints, as an engine's would be:
+// they are counted and the replay goes on. 1 on any other error.
+int PrefetchDrafts(engram_session* session, Drafter* drafter, const Step& s,
+                   std::vector<uint64_t> (&draft)[2], Phase* ret) {
+  const uint32_t layer_ids[2] = {1, 14};
+  drafter->Rows(s, draft);
+  const uint64_t p0 = NowNs();
+  for (int l = 0; l < 2; ++l) {
+    const int rc =
+        engram_prefetch(session, layer_ids[l], draft[l].data(), draft[l].size(), 0, nullptr);
+    if (rc == -ENOSPC) {
+      ret->prefetch_refused += draft[l].size();
+    } else if (rc != 0) {
+      return fprintf(stderr, "prefetch: %s\n", engram_last_error()), 1;
+    }
+  }
+  ret->prefetch_ns.push_back(NowNs() - p0);
+  return 0;
+}
+
 int Replay(const Options& o, const std::vector<Step>& steps, const std::string& model,
            uint64_t max_rows, Drafter* drafter, bool in_place, Phase* ret) {
   const std::string socket = o.dir + "/replay.sock";
@@ -284,22 +305,7 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
     }
     ret->latency.push_back(NowNs() - t0);
     // The step's drafts are known once its tokens are: prefetch their rows for the steps ahead.
-    if (drafter != nullptr) {
-      drafter->Rows(s, draft);
-      const uint64_t p0 = NowNs();
-      for (int l = 0; l < 2; ++l) {
-        const int rc = engram_prefetch(session, layer_ids[l], draft[l].data(), draft[l].size(),
-                                       0, nullptr);
-        // A session past limits.prefetch_session_rows is refused its hints, as an engine's
-        // would be: count them and go on.
-        if (rc == -ENOSPC) {
-          ret->prefetch_refused += draft[l].size();
-        } else if (rc != 0) {
-          return fprintf(stderr, "prefetch: %s\n", engram_last_error()), 1;
-        }
-      }
-      ret->prefetch_ns.push_back(NowNs() - p0);
-    }
+    if (drafter != nullptr && PrefetchDrafts(session, drafter, s, draft, ret) != 0) return 1;
     for (int l = 0; l < 2; ++l) {
       for (size_t k = 0; k < s.rows[l].size(); ++k) {
         SyntheticRow(7, layer_ids[l], s.rows[l][k], want);

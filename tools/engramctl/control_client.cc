@@ -119,6 +119,27 @@ int Report(const ControlError& error, bool json) {
   return error.exit_code;
 }
 
+// What a failed connect(2) (errno `err`) to engramd's socket means for the operator.
+ControlError ConnectError(int err, const std::string& socket_path, double timeout_s) {
+  if (err == EAGAIN || err == EWOULDBLOCK) {
+    return {kExitUnknown, absl::StrFormat("connecting to %s: no answer within %g s (--timeout); "
+                                          "engramd may be overloaded or stopped",
+                                          socket_path, timeout_s)};
+  }
+  if (err == ENOENT || err == ECONNREFUSED) {
+    return {kExitNotRunning,
+            absl::StrFormat("engramd is not running on %s (%s); check `systemctl status engramd` "
+                            "and `journalctl -u engramd`, or pass --socket",
+                            socket_path, strerror(err))};
+  }
+  if (err == EACCES || err == EPERM) {
+    return {kExitUnknown, absl::StrFormat("no permission to connect to %s; join the socket's "
+                                          "group (usually 'engram') or run as its owner",
+                                          socket_path)};
+  }
+  return {kExitUnknown, absl::StrFormat("cannot connect to %s: %s", socket_path, strerror(err))};
+}
+
 std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_path,
                                                       double timeout_s, ControlError* ret_error) {
   std::unique_ptr<ControlClient> c(new ControlClient());
@@ -140,26 +161,7 @@ std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_
     setsockopt(c->fd_, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   }
   if (c->fd_ < 0 || connect(c->fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
-    const int err = errno;
-    if (err == EAGAIN || err == EWOULDBLOCK) {
-      *ret_error = {kExitUnknown,
-                    absl::StrFormat("connecting to %s: no answer within %g s (--timeout); engramd "
-                                    "may be overloaded or stopped",
-                                    socket_path, timeout_s)};
-    } else if (err == ENOENT || err == ECONNREFUSED) {
-      *ret_error = {kExitNotRunning,
-                    absl::StrFormat("engramd is not running on %s (%s); check `systemctl status "
-                                    "engramd` and `journalctl -u engramd`, or pass --socket",
-                                    socket_path, strerror(err))};
-    } else if (err == EACCES || err == EPERM) {
-      *ret_error = {kExitUnknown,
-                    absl::StrFormat("no permission to connect to %s; join the socket's group "
-                                    "(usually 'engram') or run as its owner",
-                                    socket_path)};
-    } else {
-      *ret_error = {kExitUnknown,
-                    absl::StrFormat("cannot connect to %s: %s", socket_path, strerror(err))};
-    }
+    *ret_error = ConnectError(errno, socket_path, timeout_s);
     return nullptr;
   }
   // The smallest session: one slot and one page of data. Control requests need no arena.
