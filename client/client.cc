@@ -31,10 +31,10 @@
 #include "client/table_map.h"
 #include "engram/engram.h"
 #include "engram/protocol.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "protocol/codec.h"
-#include "protocol/unique_fd.h"
-#include "protocol/unique_mapping.h"
+#include "base/unique_fd.h"
+#include "base/unique_mapping.h"
 
 namespace {
 

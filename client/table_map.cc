@@ -15,8 +15,8 @@
 
 #include "client/abi_struct.h"
 #include "client/last_error.h"
-#include "protocol/prefetch.h"
-#include "protocol/unique_fd.h"
+#include "base/prefetch.h"
+#include "base/unique_fd.h"
 
 namespace engram::client {
 

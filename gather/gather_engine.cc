@@ -22,7 +22,7 @@
 #include "gather/gather_planner.h"
 #include "gather/gather_reader.h"
 #include "gather/thread_pool.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 

@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gather/gather_reader.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 namespace {

@@ -1,7 +1,7 @@
 // The gather engine's thread pool and ParallelFor (see thread_pool.h).
 #include "gather/thread_pool.h"
 
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 namespace {

@@ -30,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "protocol/prefetch.h"
+#include "base/prefetch.h"
 #include "store/memory_budget.h"
 #include "store/shared_region.h"
 #include "tables/table.h"

@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "protocol/clock.h"
-#include "protocol/prefetch.h"
+#include "base/clock.h"
+#include "base/prefetch.h"
 
 namespace engram {
 namespace {

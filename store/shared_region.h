@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "protocol/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace engram {
 

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "protocol/unique_fd.h"
+#include "base/unique_fd.h"
 #include "tables/table.h"
 
 namespace engram {

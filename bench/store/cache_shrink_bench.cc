@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "store/row_cache.h"
 
 namespace {

@@ -21,7 +21,7 @@
 
 #include "bench/common/engramd_process.h"
 #include "engram/engram.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "tools/tables/synthetic.h"
 
 namespace {

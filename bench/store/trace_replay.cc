@@ -44,7 +44,7 @@
 #include "client/hash/ngram_hasher.h"
 #include "engram/engram.h"
 #include "nlohmann/json.hpp"
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "tools/tables/synthetic.h"
 
 namespace engram::bench {

@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "daemon/ops/log.h"
+#include "base/log.h"
 #include "engram/protocol.h"
 
 namespace engram {

@@ -14,9 +14,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/ops/control_commands.h"
-#include "daemon/ops/escape.h"
+#include "base/escape.h"
 #include "daemon/ops/metrics_text.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "protocol/codec.h"
 
 namespace engram {

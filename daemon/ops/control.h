@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/ops/config_file.h"
-#include "daemon/ops/log.h"
+#include "base/log.h"
 #include "daemon/ops/metrics.h"
 #include "daemon/ops/metrics_text.h"
 #include "daemon/ops/page_cache.h"

@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/ops/escape.h"
+#include "base/escape.h"
 #include "daemon/ops/metrics_text.h"
 #include "daemon/ops/residency.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "store/store_config.h"
 
 namespace engram {

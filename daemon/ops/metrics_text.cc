@@ -6,10 +6,10 @@
 
 #include "absl/strings/str_format.h"
 #include "daemon/ops/cgroup_memory.h"
-#include "daemon/ops/escape.h"
+#include "base/escape.h"
 #include "daemon/ops/metrics.h"
 #include "engram/protocol.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 namespace {

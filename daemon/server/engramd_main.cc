@@ -20,7 +20,7 @@
 #include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/control.h"
-#include "daemon/ops/log.h"
+#include "base/log.h"
 #include "daemon/ops/notify.h"
 #include "daemon/ops/reload.h"
 #include "daemon/ops/starting_gate.h"

@@ -13,7 +13,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 namespace {

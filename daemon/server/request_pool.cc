@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 

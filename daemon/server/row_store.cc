@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "protocol/clock.h"
-#include "protocol/prefetch.h"
+#include "base/clock.h"
+#include "base/prefetch.h"
 
 namespace engram {
 namespace {

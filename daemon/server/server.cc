@@ -22,9 +22,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/ops/control.h"
-#include "daemon/ops/escape.h"
+#include "base/escape.h"
 #include "daemon/server/pace.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 namespace {

@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/ops/log.h"
+#include "base/log.h"
 #include "daemon/ops/server_view.h"
 #include "gather/gather_engine.h"
 #include "protocol/codec.h"
@@ -28,7 +28,7 @@
 #include "daemon/server/prefetcher.h"
 #include "daemon/server/request_pool.h"
 #include "daemon/server/row_store.h"
-#include "protocol/unique_fd.h"
+#include "base/unique_fd.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
 #include "daemon/server/table_state.h"

@@ -10,7 +10,7 @@
 
 #include "absl/base/config.h"
 #include "absl/strings/str_format.h"
-#include "daemon/ops/escape.h"
+#include "base/escape.h"
 
 #if defined(ABSL_HAVE_THREAD_SANITIZER)  // gcc's and clang's ways of saying so
 #include <sanitizer/tsan_interface.h>

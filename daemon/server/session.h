@@ -18,7 +18,7 @@
 #include "daemon/server/arena.h"
 #include "daemon/server/cache_touch.h"
 #include "engram/protocol.h"
-#include "protocol/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace engram {
 

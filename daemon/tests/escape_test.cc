@@ -1,6 +1,6 @@
 // Outside text escaped once per format: EscapeBytes for log lines, Utf8Text (+ HexBytes) for JSON
 // strings and metric labels, whose writers do their own escaping.
-#include "daemon/ops/escape.h"
+#include "base/escape.h"
 
 #include <catch2/catch.hpp>
 #include <string>

@@ -17,7 +17,7 @@
 #include <string>
 #include <thread>
 
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "store/ghost_queue.h"
 #include "tools/tables/synthetic.h"
 

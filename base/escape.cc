@@ -1,5 +1,5 @@
 // EscapeBytes: bytes from outside made into one printable line of UTF-8 (escape.h).
-#include "daemon/ops/escape.h"
+#include "base/escape.h"
 
 #include <cstdint>
 
