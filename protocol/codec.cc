@@ -249,6 +249,162 @@ std::vector<uint8_t> EncodeError(int32_t code, const std::string& message, uint3
   return out;
 }
 
+namespace {
+
+// DecodeRequest's steps, in the order it takes them; each fails naming what was wrong.
+
+// The entry's opcode, flags and reserved words. Sets *ret_nop for a valid NOP, which has nothing
+// more to check.
+bool CheckEntryKind(const engram_sqe& sqe, bool* ret_nop, CodecError* ret_error) {
+  *ret_nop = false;
+  for (int i = 0; i < 2; ++i) {
+    if (sqe.reserved[i] != 0) {
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                  "engram_sqe.reserved[%d] is %llu, not 0", i,
+                  static_cast<unsigned long long>(sqe.reserved[i]));
+    }
+  }
+  if (sqe.opcode == ENGRAM_OP_NOP) {
+    if (sqe.flags != 0 || sqe.num_rows != 0 || sqe.table != 0) {
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "NOP with flags, rows or a table set");
+    }
+    *ret_nop = true;
+    return true;
+  }
+  if (sqe.opcode != ENGRAM_OP_GATHER && sqe.opcode != ENGRAM_OP_PREFETCH) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown opcode %u", sqe.opcode);
+  }
+  if (sqe.opcode == ENGRAM_OP_PREFETCH &&
+      (sqe.flags != 0 || sqe.dest_offset != 0 || sqe.dest_offsets_offset != 0)) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "PREFETCH with flags 0x%x or a destination set (it has none)", sqe.flags);
+  }
+  if ((sqe.flags & ~ENGRAM_SQE_DEST_OFFSETS) != 0) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown flags 0x%x", sqe.flags);
+  }
+  return true;
+}
+
+// The served table the entry names, or nullptr (naming the layers served).
+const TableBounds* FindTable(const engram_sqe& sqe, const RequestContext& context,
+                             CodecError* ret_error) {
+  for (const TableBounds& t : context.tables) {
+    if (t.layer_id == sqe.table) return &t;
+  }
+  std::string served;
+  for (const TableBounds& t : context.tables) {
+    served += (served.empty() ? "" : ", ") + std::to_string(t.layer_id);
+  }
+  Fail(ret_error, ENGRAM_STATUS_NOT_FOUND, "no table for layer %u (served: %s)", sqe.table,
+       served.empty() ? "none" : served.c_str());
+  return nullptr;
+}
+
+// The number of rows against the session's limit and PREFETCH's.
+bool CheckRowCount(const engram_sqe& sqe, const RequestContext& context, CodecError* ret_error) {
+  if (sqe.num_rows > context.max_rows) {
+    return Fail(ret_error, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+                "%llu rows in one request, the limit is %llu (--max-rows-per-request)",
+                static_cast<unsigned long long>(sqe.num_rows),
+                static_cast<unsigned long long>(context.max_rows));
+  }
+  if (sqe.opcode == ENGRAM_OP_PREFETCH && sqe.num_rows > ENGRAM_PREFETCH_MAX_ROWS) {
+    return Fail(ret_error, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
+                "%llu rows in one PREFETCH entry, the limit is %u (ENGRAM_PREFETCH_MAX_ROWS)",
+                static_cast<unsigned long long>(sqe.num_rows), ENGRAM_PREFETCH_MAX_ROWS);
+  }
+  return true;
+}
+
+// The row ids, the destination offsets and the destination rows lie inside the data region.
+bool CheckRegions(const engram_sqe& sqe, const RequestContext& context, CodecError* ret_error) {
+  const uint64_t n = sqe.num_rows;
+  if (sqe.rows_offset % 8 != 0 || !RangeInside(sqe.rows_offset, n, 8, context.data_bytes)) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "row ids at data offset %llu (%llu × 8 bytes) are unaligned or outside the "
+                "%llu-byte data region",
+                static_cast<unsigned long long>(sqe.rows_offset),
+                static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(context.data_bytes));
+  }
+  if ((sqe.flags & ENGRAM_SQE_DEST_OFFSETS) != 0) {
+    if (sqe.dest_offsets_offset % 8 != 0 ||
+        !RangeInside(sqe.dest_offsets_offset, n, 8, context.data_bytes)) {
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                  "destination offsets at data offset %llu (%llu × 8 bytes) are unaligned or "
+                  "outside the %llu-byte data region",
+                  static_cast<unsigned long long>(sqe.dest_offsets_offset),
+                  static_cast<unsigned long long>(n),
+                  static_cast<unsigned long long>(context.data_bytes));
+    }
+    if (sqe.dest_offset > context.data_bytes) {
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                  "destination base %llu is outside the %llu-byte data region",
+                  static_cast<unsigned long long>(sqe.dest_offset),
+                  static_cast<unsigned long long>(context.data_bytes));
+    }
+  } else if (sqe.opcode != ENGRAM_OP_PREFETCH &&
+             !RangeInside(sqe.dest_offset, n, ENGRAM_ROW_BYTES, context.data_bytes)) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "%llu rows at data offset %llu run past the %llu-byte data region",
+                static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(sqe.dest_offset),
+                static_cast<unsigned long long>(context.data_bytes));
+  }
+  return true;
+}
+
+// Copies the row ids and (scattered) the destination offsets out of shared memory, then checks
+// the copies: the client may rewrite its arena at any moment.
+bool CopyRows(const engram_sqe& sqe, const RequestContext& context, DecodedRequest* request,
+              CodecError* ret_error) {
+  const uint64_t n = sqe.num_rows;
+  request->rows.resize(n);
+  if (n != 0) memcpy(request->rows.data(), context.data + sqe.rows_offset, n * 8);
+  if ((sqe.flags & ENGRAM_SQE_DEST_OFFSETS) == 0) return true;
+  request->dest_offsets.resize(n);
+  if (n != 0) memcpy(request->dest_offsets.data(), context.data + sqe.dest_offsets_offset, n * 8);
+  const uint64_t room = context.data_bytes - sqe.dest_offset;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t off = request->dest_offsets[i];
+    if (off > room || room - off < ENGRAM_ROW_BYTES) {
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                  "destination of row index %llu (base %llu + offset %llu) runs past the "
+                  "%llu-byte data region",
+                  static_cast<unsigned long long>(i),
+                  static_cast<unsigned long long>(sqe.dest_offset),
+                  static_cast<unsigned long long>(off),
+                  static_cast<unsigned long long>(context.data_bytes));
+    }
+  }
+  return true;
+}
+
+// Every copied row id is inside the table and inside the rows this copy of it holds.
+bool CheckRowIds(const std::vector<uint64_t>& rows, const TableBounds& table,
+                 CodecError* ret_error) {
+  for (uint64_t i = 0; i < rows.size(); ++i) {
+    const uint64_t row = rows[i];
+    if (row >= table.num_rows) {
+      return Fail(ret_error, ENGRAM_STATUS_OUT_OF_RANGE,
+                  "row %llu (index %llu) is past the end of layer %u (%llu rows)",
+                  static_cast<unsigned long long>(row), static_cast<unsigned long long>(i),
+                  table.layer_id, static_cast<unsigned long long>(table.num_rows));
+    }
+    if (row < table.covered_begin || row >= table.covered_end) {
+      return Fail(ret_error, ENGRAM_STATUS_OUT_OF_RANGE,
+                  "row %llu (index %llu) is outside the rows [%llu, %llu) this copy of layer %u "
+                  "holds",
+                  static_cast<unsigned long long>(row), static_cast<unsigned long long>(i),
+                  static_cast<unsigned long long>(table.covered_begin),
+                  static_cast<unsigned long long>(table.covered_end), table.layer_id);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
                    DecodedRequest* ret_request, bool* ret_slot_valid, CodecError* ret_error) {
   *ret_slot_valid = false;
@@ -265,130 +421,18 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
   request.opcode = sqe.opcode;
   request.rows.clear();
   request.dest_offsets.clear();
-  for (int i = 0; i < 2; ++i) {
-    if (sqe.reserved[i] != 0) {
-      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                  "engram_sqe.reserved[%d] is %llu, not 0", i,
-                  static_cast<unsigned long long>(sqe.reserved[i]));
-    }
-  }
-  if (sqe.opcode == ENGRAM_OP_NOP) {
-    if (sqe.flags != 0 || sqe.num_rows != 0 || sqe.table != 0) {
-      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "NOP with flags, rows or a table set");
-    }
-    return true;
-  }
-  if (sqe.opcode != ENGRAM_OP_GATHER && sqe.opcode != ENGRAM_OP_PREFETCH) {
-    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown opcode %u", sqe.opcode);
-  }
-  const bool prefetch = sqe.opcode == ENGRAM_OP_PREFETCH;
-  if (prefetch && (sqe.flags != 0 || sqe.dest_offset != 0 || sqe.dest_offsets_offset != 0)) {
-    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                "PREFETCH with flags 0x%x or a destination set (it has none)", sqe.flags);
-  }
-  if ((sqe.flags & ~ENGRAM_SQE_DEST_OFFSETS) != 0) {
-    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown flags 0x%x", sqe.flags);
-  }
-  const TableBounds* table = nullptr;
-  for (size_t i = 0; i < context.tables.size(); ++i) {
-    if (context.tables[i].layer_id == sqe.table) {
-      table = &context.tables[i];
-      request.table_index = static_cast<uint32_t>(i);
-      break;
-    }
-  }
-  if (table == nullptr) {
-    std::string served;
-    for (const TableBounds& t : context.tables) {
-      served += (served.empty() ? "" : ", ") + std::to_string(t.layer_id);
-    }
-    return Fail(ret_error, ENGRAM_STATUS_NOT_FOUND, "no table for layer %u (served: %s)", sqe.table,
-                served.empty() ? "none" : served.c_str());
-  }
-  if (sqe.num_rows > context.max_rows) {
-    return Fail(ret_error, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-                "%llu rows in one request, the limit is %llu (--max-rows-per-request)",
-                static_cast<unsigned long long>(sqe.num_rows),
-                static_cast<unsigned long long>(context.max_rows));
-  }
-  if (prefetch && sqe.num_rows > ENGRAM_PREFETCH_MAX_ROWS) {
-    return Fail(ret_error, ENGRAM_STATUS_RESOURCE_EXHAUSTED,
-                "%llu rows in one PREFETCH entry, the limit is %u (ENGRAM_PREFETCH_MAX_ROWS)",
-                static_cast<unsigned long long>(sqe.num_rows), ENGRAM_PREFETCH_MAX_ROWS);
-  }
-  const uint64_t n = sqe.num_rows;
-  if (sqe.rows_offset % 8 != 0 || !RangeInside(sqe.rows_offset, n, 8, context.data_bytes)) {
-    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                "row ids at data offset %llu (%llu × 8 bytes) are unaligned or outside the "
-                "%llu-byte data region",
-                static_cast<unsigned long long>(sqe.rows_offset),
-                static_cast<unsigned long long>(n),
-                static_cast<unsigned long long>(context.data_bytes));
-  }
-  const bool scattered = (sqe.flags & ENGRAM_SQE_DEST_OFFSETS) != 0;
-  if (scattered) {
-    if (sqe.dest_offsets_offset % 8 != 0 ||
-        !RangeInside(sqe.dest_offsets_offset, n, 8, context.data_bytes)) {
-      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                  "destination offsets at data offset %llu (%llu × 8 bytes) are unaligned or "
-                  "outside the %llu-byte data region",
-                  static_cast<unsigned long long>(sqe.dest_offsets_offset),
-                  static_cast<unsigned long long>(n),
-                  static_cast<unsigned long long>(context.data_bytes));
-    }
-    if (sqe.dest_offset > context.data_bytes) {
-      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                  "destination base %llu is outside the %llu-byte data region",
-                  static_cast<unsigned long long>(sqe.dest_offset),
-                  static_cast<unsigned long long>(context.data_bytes));
-    }
-  } else if (!prefetch && !RangeInside(sqe.dest_offset, n, ENGRAM_ROW_BYTES, context.data_bytes)) {
-    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                "%llu rows at data offset %llu run past the %llu-byte data region",
-                static_cast<unsigned long long>(n),
-                static_cast<unsigned long long>(sqe.dest_offset),
-                static_cast<unsigned long long>(context.data_bytes));
-  }
+  bool nop = false;
+  if (!CheckEntryKind(sqe, &nop, ret_error)) return false;
+  if (nop) return true;
+  const TableBounds* table = FindTable(sqe, context, ret_error);
+  if (table == nullptr) return false;
   request.table_index = static_cast<uint32_t>(table - context.tables.data());
+  if (!CheckRowCount(sqe, context, ret_error) || !CheckRegions(sqe, context, ret_error)) {
+    return false;
+  }
   request.dest_offset = sqe.dest_offset;
-  // Copy first, check the copies: the client may rewrite its arena at any moment.
-  request.rows.resize(n);
-  if (n != 0) memcpy(request.rows.data(), context.data + sqe.rows_offset, n * 8);
-  if (scattered) {
-    request.dest_offsets.resize(n);
-    if (n != 0) memcpy(request.dest_offsets.data(), context.data + sqe.dest_offsets_offset, n * 8);
-    const uint64_t room = context.data_bytes - sqe.dest_offset;
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t off = request.dest_offsets[i];
-      if (off > room || room - off < ENGRAM_ROW_BYTES) {
-        return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
-                    "destination of row index %llu (base %llu + offset %llu) runs past the "
-                    "%llu-byte data region",
-                    static_cast<unsigned long long>(i),
-                    static_cast<unsigned long long>(sqe.dest_offset),
-                    static_cast<unsigned long long>(off),
-                    static_cast<unsigned long long>(context.data_bytes));
-      }
-    }
-  }
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t row = request.rows[i];
-    if (row >= table->num_rows) {
-      return Fail(ret_error, ENGRAM_STATUS_OUT_OF_RANGE,
-                  "row %llu (index %llu) is past the end of layer %u (%llu rows)",
-                  static_cast<unsigned long long>(row), static_cast<unsigned long long>(i),
-                  table->layer_id, static_cast<unsigned long long>(table->num_rows));
-    }
-    if (row < table->covered_begin || row >= table->covered_end) {
-      return Fail(ret_error, ENGRAM_STATUS_OUT_OF_RANGE,
-                  "row %llu (index %llu) is outside the rows [%llu, %llu) this copy of layer %u "
-                  "holds",
-                  static_cast<unsigned long long>(row), static_cast<unsigned long long>(i),
-                  static_cast<unsigned long long>(table->covered_begin),
-                  static_cast<unsigned long long>(table->covered_end), table->layer_id);
-    }
-  }
-  return true;
+  return CopyRows(sqe, context, &request, ret_error) &&
+         CheckRowIds(request.rows, *table, ret_error);
 }
 
 const char* StatusCodeName(int32_t code) {

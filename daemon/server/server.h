@@ -110,7 +110,15 @@ class Server : public ServerView {
   // One event of the control loop; true when it asks the daemon to stop.
   bool HandleControlEvent(const epoll_event& event);
   absl::Status Shutdown();
+  // The poller (server.cc): PollerLoop takes these steps over the state of one poller thread.
+  struct PollerState;
   void PollerLoop();
+  void RefreshPollerSessions(PollerState& st);
+  uint32_t DrainAllSessions(PollerState& st);
+  void CountBurst(PollerState& st, uint64_t now, uint32_t work);
+  bool SpinThroughPaceWindow(PollerState& st, uint64_t now);
+  void SleepOnDoorbells(PollerState& st, uint64_t now);
+  bool ReadDoorbells(PollerState& st, int events);
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
   // PREFETCH: the poller checks the session's bound and hands the entry over (PostPrefetch);
