@@ -15,11 +15,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/metric_sink.h"
 
 namespace engram::metrics {
 
-// Label set, rendered in the order given.
-using Labels = std::vector<std::pair<std::string, std::string>>;
+using Labels = MetricLabels;
 
 // Which log2 nanosecond buckets a histogram exposes: `le` edges 2^first_log2 ns,
 // 2^(first_log2 + step) ns, ... up to 2^last_log2 ns, then +Inf. Observations below the first
@@ -35,17 +35,23 @@ inline constexpr Log2Edges kFineEdges{.first_log2 = 10, .last_log2 = 35, .step =
 // (4.1 µs) to 2^30 ns (1.07 s), so that many clients do not multiply into many series.
 inline constexpr Log2Edges kClientEdges{.first_log2 = 12, .last_log2 = 30, .step = 2};
 
-class Exposition {
+class Exposition final : public MetricSink {
  public:
   // Each sample names its family; the family's HELP and TYPE come once, before its samples.
-  void Gauge(const std::string& name, const std::string& help, const Labels& labels, double value);
+  void Gauge(const std::string& name, const std::string& help, const Labels& labels,
+             double value) override;
   void Counter(const std::string& name, const std::string& help, const Labels& labels,
-               double value);
+               double value) override;
   // A histogram from log2 nanosecond buckets (bucket i counts [2^i, 2^(i+1)) ns) and the exact
   // total of the observations (`sum_ns`), exposed in seconds with the `edges` given.
   void Log2Histogram(const std::string& name, const std::string& help, const Labels& labels,
                      const uint64_t* buckets, size_t num_buckets, uint64_t sum_ns,
-                     const Log2Edges& edges = kFineEdges);
+                     const Log2Edges& edges);
+  // The engine's edges (kFineEdges): what a library reporting through MetricSink gets.
+  void Log2Histogram(const std::string& name, const std::string& help, const Labels& labels,
+                     const uint64_t* buckets, size_t num_buckets, uint64_t sum_ns) override {
+    Log2Histogram(name, help, labels, buckets, num_buckets, sum_ns, kFineEdges);
+  }
   std::string Text() const;
 
  private:

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/metric_sink.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"
 #include "gather/gather_engine.h"
@@ -23,10 +24,6 @@
 #include "tables/table.h"
 
 namespace engram {
-
-namespace metrics {
-class Exposition;
-}  // namespace metrics
 
 class ServerView {
  public:
@@ -60,7 +57,7 @@ class ServerView {
   // The row store's fields in the reply to `command` and its metrics; nothing without a store
   // (docs/row-store.md).
   virtual void AddStoreControlFields(const std::string& command, nlohmann::json* out) const = 0;
-  virtual void AddStoreMetrics(metrics::Exposition* e) const = 0;
+  virtual void AddStoreMetrics(MetricSink* e) const = 0;
   // A resident table's load: start (or resume) it, cancel it, or only report it. The row store's
   // loader thread does the reading; this returns at once. FailedPrecondition without a row store
   // or for a table of another tier, NotFound for a layer not served.

@@ -342,11 +342,11 @@ void Prefetcher::AddControlFields(const std::string& command, json* out) const {
   }
 }
 
-void Prefetcher::AddMetrics(metrics::Exposition* e) const {
+void Prefetcher::AddMetrics(MetricSink* e) const {
   e->Gauge("engram_prefetch_queue_rows", "Rows waiting on the prefetch queue", {},
            double(pending_rows()));
   for (const TablePrefetchStats& s : Stats()) {
-    const metrics::Labels t = {{"table", std::to_string(s.layer_id)}};
+    const MetricLabels t = {{"table", std::to_string(s.layer_id)}};
     e->Counter("engram_prefetch_requested_rows_total", "Rows queued by prefetch requests", t,
                double(s.requested));
     e->Counter("engram_prefetch_fetched_rows_total",

@@ -29,7 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "daemon/ops/metrics.h"
+#include "base/metric_sink.h"
 #include "daemon/server/row_store.h"
 #include "nlohmann/json.hpp"
 #include "tables/table.h"
@@ -107,7 +107,7 @@ class Prefetcher {
   const PrefetcherOptions& options() const { return options_; }
   // "status" gets "prefetch" (totals); "stats" gets prefetch_* fields in its "tables" entries.
   void AddControlFields(const std::string& command, nlohmann::json* out) const;
-  void AddMetrics(metrics::Exposition* e) const;
+  void AddMetrics(MetricSink* e) const;
 
  private:
   struct Entry {

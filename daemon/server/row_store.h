@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/ops/metrics.h"
+#include "base/metric_sink.h"
 #include "daemon/server/cache_handoff.h"
 #include "daemon/server/cache_touch.h"
 #include "gather/gather_engine.h"
@@ -140,7 +140,7 @@ class RowStore {
   // Adds the store's fields to a control reply: "status" gets "store", "tables" and "stats" get
   // per-table fields in their "tables" entries (matched by "layer").
   void AddControlFields(const std::string& command, nlohmann::json* out) const;
-  void AddMetrics(metrics::Exposition* e) const;
+  void AddMetrics(MetricSink* e) const;
 
   // Reading the row cache in place (docs/row-store.md). A read-only descriptor of the cache's
   // memfd, made once (reopened O_RDONLY through /proc/self/fd after the memfd's mode was made

@@ -38,8 +38,8 @@ void ForEachStoreTableCounter(const TableStoreStats& s, Fn&& fn) {
 #undef ENGRAM_STORE_TABLE_EACH_
 }
 
-void AddSample(const StoreCounterInfo& c, const metrics::Labels& labels, double value,
-               metrics::Exposition* e) {
+void AddSample(const StoreCounterInfo& c, const MetricLabels& labels, double value,
+               MetricSink* e) {
   if (c.grows) {
     e->Counter(c.metric, c.help, labels, value);
   } else {
@@ -146,15 +146,15 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
   }
 }
 
-void RowStore::AddMetrics(metrics::Exposition* e) const {
+void RowStore::AddMetrics(MetricSink* e) const {
   // The row store's share of the budget is engram_memory_budget_split_bytes{piece="store"}.
   e->Gauge("engram_store_bytes", "Bytes the row store holds (resident tables and cache)", {},
            double(budget_.used()));
   for (const TableStoreStats& s : Stats()) {
-    const metrics::Labels l = {{"table", std::to_string(s.layer_id)}, {"tier", TierName(s.tier)}};
+    const MetricLabels l = {{"table", std::to_string(s.layer_id)}, {"tier", TierName(s.tier)}};
     e->Gauge("engram_store_table_info", "The tier each table is served from", l, 1);
     if (s.tier == Tier::kStorage) continue;
-    const metrics::Labels t = {{"table", std::to_string(s.layer_id)}};
+    const MetricLabels t = {{"table", std::to_string(s.layer_id)}};
     ForEachStoreTableCounter(s, [&](const StoreCounterInfo& c, uint64_t v) {
       AddSample(c, t, double(v), e);
     });
@@ -168,7 +168,7 @@ void RowStore::AddMetrics(metrics::Exposition* e) const {
              q.read_rate_per_s);
     for (int c = 0; c < kMissClasses; ++c) {
       const MissClassStats& s = q.classes[c];
-      const metrics::Labels l = {{"class", MissClassName(static_cast<MissClass>(c))}};
+      const MetricLabels l = {{"class", MissClassName(static_cast<MissClass>(c))}};
 #define ENGRAM_MISS_METRIC_(field, json_key, type, metric, help) \
   AddSample({json_key, metric, help, ENGRAM_STORE_GROWS_##type, false}, l, double(s.field), e);
       ENGRAM_MISS_CLASS_COUNTERS(ENGRAM_MISS_METRIC_)

@@ -94,7 +94,7 @@ class Server : public ServerView {
     if (store_ != nullptr) store_->AddControlFields(command, out);
     if (prefetcher_ != nullptr) prefetcher_->AddControlFields(command, out);
   }
-  void AddStoreMetrics(metrics::Exposition* e) const override {
+  void AddStoreMetrics(MetricSink* e) const override {
     if (store_ != nullptr) store_->AddMetrics(e);
     if (prefetcher_ != nullptr) prefetcher_->AddMetrics(e);
   }
