@@ -76,7 +76,7 @@ for kind in "${kinds[@]}"; do
   fi
   echo "== $kind: ${#tests[@]} tests: ${tests[*]}"
   # Leaks count; any report ends the process with exit status 66, which fails its test (for a
-  # daemon a test started: tests/common/daemon_test_util.h). TSan suppressions, if any, are
+  # daemon a test started: testkit/daemon_test_util.h). TSan suppressions, if any, are
   # narrow and say why (tools/tsan.supp).
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=66:strict_string_checks=1"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=66"

@@ -27,7 +27,7 @@
 #include "engram/engram.h"
 #include "gather/gather_engine.h"
 #include "tables/table.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace {
 

@@ -42,8 +42,8 @@
 #include "engram/protocol.h"
 #include "gather/gather_engine.h"
 #include "tables/table.h"
-#include "tests/common/gather_test_util.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/gather_test_util.h"
+#include "testkit/synthetic.h"
 
 namespace engram::bench {
 namespace {

@@ -32,7 +32,7 @@
 #include "bench/common/row_ids.h"
 #include "bench/gather/batch_residency.h"
 #include "bench/gather/gather_methods.h"
-#include "tests/common/gather_test_util.h"
+#include "testkit/gather_test_util.h"
 
 namespace engram::bench {
 namespace {

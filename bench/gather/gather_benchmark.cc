@@ -9,7 +9,7 @@
 
 #include "bench/gather/gather_methods.h"
 #include "gather/gather_planner.h"
-#include "tests/common/gather_test_util.h"
+#include "testkit/gather_test_util.h"
 
 namespace engram::bench {
 namespace {

@@ -3,7 +3,7 @@
 //   host gather  the rows' round trip alone: host-hashed ids, engram_submit x2, engram_wait x2;
 //   host step    what an engine does today: hash on the host, submit, make the stream wait on
 //                the completion counter, dequantise on the GPU, synchronise;
-//   GPU step     the captured graph of tests/gpu/gpu_step_util.h: GPU hash into the arena, GPU
+//   GPU step     the captured graph of testkit/gpu_step_util.h: GPU hash into the arena, GPU
 //                submit, GPU wait, dequantise; the host only launches it;
 //   fused step   the same with engram_gpu_queue_gather_dequant: each layer's request goes out in
 //                pieces of P rows and one kernel dequantises every piece as it lands (P = the
@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "engram/protocol.h"
-#include "tests/gpu/gpu_step_util.h"
+#include "testkit/gpu_step_util.h"
 
 namespace engram {
 namespace {

@@ -22,7 +22,7 @@
 #include "bench/common/engramd_process.h"
 #include "engram/engram.h"
 #include "base/clock.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace {
 

@@ -45,7 +45,7 @@
 #include "engram/engram.h"
 #include "nlohmann/json.hpp"
 #include "base/clock.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram::bench {
 namespace {

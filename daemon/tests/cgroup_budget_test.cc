@@ -24,7 +24,7 @@
 #include "absl/base/config.h"
 #include "daemon/tests/cgroup_test_util.h"
 #include "engram/engram.h"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 namespace engram::testing {
 namespace {

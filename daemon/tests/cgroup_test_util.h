@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 namespace engram::testing {
 

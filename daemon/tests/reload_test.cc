@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 namespace engram::testing {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/reload.h"
-#include "tests/common/table_test_util.h"
+#include "testkit/table_test_util.h"
 
 namespace engram {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "protocol/codec.h"
 #include "tests/common/skip.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

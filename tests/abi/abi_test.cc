@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engram/gpu.h"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 #if defined(ENGRAM_ABI_OLDER) == defined(ENGRAM_ABI_NEWER)
 #error "define one of ENGRAM_ABI_OLDER and ENGRAM_ABI_NEWER"

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "engram/protocol.h"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 namespace engram::testing {
 

@@ -21,7 +21,7 @@
 #include "engram/engram.h"
 #include "engram/engram.hpp"
 #include "engram/protocol.h"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 using engram::kRowBytes;
 using namespace engram::testing;

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gather/gather_engine.h"
-#include "tests/common/gather_test_util.h"
+#include "testkit/gather_test_util.h"
 
 namespace engram::testing {
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "gather/gather_engine.h"
-#include "tests/common/gather_test_util.h"
+#include "testkit/gather_test_util.h"
 
 namespace engram {
 namespace {

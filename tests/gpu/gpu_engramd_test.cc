@@ -14,8 +14,8 @@
 #include "engram/engram.h"
 #include "engram/gpu.h"
 #include "kernels/dequant_ref.h"
-#include "tests/common/daemon_test_util.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "testkit/daemon_test_util.h"
+#include "testkit/gpu_test_util.h"
 
 namespace engram {
 namespace {

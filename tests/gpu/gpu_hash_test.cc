@@ -21,7 +21,7 @@
 #include "engram/gpu.h"
 #include "engram/hash.h"
 #include "tests/common/skip.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "testkit/gpu_test_util.h"
 
 namespace {
 

@@ -13,9 +13,9 @@
 
 #include "engram/gpu.h"
 #include "kernels/dequant_ref.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "testkit/gpu_test_util.h"
 #ifdef ENGRAM_HAVE_SYNTH
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 #endif
 
 namespace engram {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engram/protocol.h"
-#include "tests/gpu/gpu_step_util.h"
+#include "testkit/gpu_step_util.h"
 
 namespace engram {
 namespace {

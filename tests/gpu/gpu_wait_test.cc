@@ -15,7 +15,7 @@
 
 #include "engram/gpu.h"
 #include "kernels/dequant_ref.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "testkit/gpu_test_util.h"
 
 namespace engram {
 namespace {

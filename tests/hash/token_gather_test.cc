@@ -17,8 +17,8 @@
 
 #include "engram/engram.h"
 #include "engram/engram.hpp"
-#include "tests/common/daemon_test_util.h"
-#include "tests/common/hash_model.h"
+#include "testkit/daemon_test_util.h"
+#include "testkit/hash_model.h"
 
 namespace {
 

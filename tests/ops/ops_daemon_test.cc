@@ -24,7 +24,7 @@
 
 #include "absl/strings/str_format.h"
 #include "engram/protocol.h"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 namespace engram::testing {
 namespace {

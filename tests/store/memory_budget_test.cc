@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "store/pressure_monitor.h"
-#include "tests/common/table_test_util.h"
+#include "testkit/table_test_util.h"
 
 namespace engram {
 namespace {

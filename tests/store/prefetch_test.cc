@@ -19,7 +19,7 @@
 #include "engram/protocol.h"  // ENGRAM_PREFETCH_MAX_ROWS
 #include "nlohmann/json.hpp"
 #include "tables/table.h"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 using engram::kRowBytes;
 using nlohmann::json;

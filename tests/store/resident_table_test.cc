@@ -18,9 +18,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "tests/common/table_test_util.h"
-#include "tools/tables/pack.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/table_test_util.h"
+#include "tables/pack.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

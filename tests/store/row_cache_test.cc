@@ -19,7 +19,7 @@
 
 #include "base/clock.h"
 #include "store/ghost_queue.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

@@ -21,7 +21,7 @@
 #include "engram/engram.h"
 #include "protocol/store_counters.h"
 #include "nlohmann/json.hpp"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 #include "tests/common/skip.h"
 
 using engram::kRowBytes;

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "tests/common/table_test_util.h"
+#include "testkit/table_test_util.h"
 
 namespace engram {
 namespace {

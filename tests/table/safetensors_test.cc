@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "tests/common/table_test_util.h"
+#include "testkit/table_test_util.h"
 
 namespace engram {
 namespace {

@@ -1,6 +1,6 @@
 // Tests of the synthetic row generator: pure, distinct per (seed, layer, row), finite values
 // and sane scales.
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 #include <array>
 #include <catch2/catch.hpp>

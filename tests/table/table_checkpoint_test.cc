@@ -10,8 +10,8 @@
 
 #include "tables/table.h"
 #include "tests/common/skip.h"
-#include "tests/common/table_test_util.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/table_test_util.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

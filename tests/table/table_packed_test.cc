@@ -12,9 +12,9 @@
 #include "tables/packed_format.h"
 #include "tables/table.h"
 #include "tests/common/skip.h"
-#include "tests/common/table_test_util.h"
-#include "tools/tables/pack.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/table_test_util.h"
+#include "tables/pack.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

@@ -19,7 +19,7 @@
 
 #include "engram/engram.h"
 #include "tables/table.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace {
 

@@ -12,9 +12,9 @@
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
 #include "tables/table.h"
-#include "tools/tables/pack.h"
+#include "tables/pack.h"
 #include "tools/tables/progress.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "cli/command_line.h"
 #include "engram/version.h"
-#include "tools/tables/pack.h"
+#include "tables/pack.h"
 #include "tools/tables/progress.h"
 
 int main(int argc, char** argv) {

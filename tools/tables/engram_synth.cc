@@ -1,5 +1,5 @@
 // engram-synth: writes a synthetic DeepSeek-V4.1-format checkpoint directory whose Engram rows
-// are a pure function of (seed, layer, row); see tools/tables/synthetic.h.
+// are a pure function of (seed, layer, row); see testkit/synthetic.h.
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,7 +12,7 @@
 #include "cli/command_line.h"
 #include "engram/version.h"
 #include "tools/tables/progress.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace {
 

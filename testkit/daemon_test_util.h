@@ -29,7 +29,7 @@
 #include "engram/engram.h"
 #include "engram/protocol.h"
 #include "nlohmann/json.hpp"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram::testing {
 

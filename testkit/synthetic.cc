@@ -1,5 +1,5 @@
 // Synthetic DeepSeek-V4.1 checkpoints: the row generator and the streaming checkpoint writer.
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
-#include "tools/tables/file_io.h"
+#include "base/file_io.h"
 
 namespace engram {
 namespace {

@@ -18,9 +18,9 @@
 #include "engram/gpu_submit.h"
 #include "engram/hash.h"
 #include "kernels/dequant_ref.h"
-#include "tests/common/daemon_test_util.h"
-#include "tests/common/hash_model.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "testkit/daemon_test_util.h"
+#include "testkit/hash_model.h"
+#include "testkit/gpu_test_util.h"
 
 namespace engram::testing {
 

@@ -1,5 +1,5 @@
 // PackTable(): streams one Engram table into the packed layout (docs/table_format.md).
-#include "tools/tables/pack.h"
+#include "tables/pack.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "tables/packed_format.h"
 #include "tables/table_internal.h"
-#include "tools/tables/file_io.h"
+#include "base/file_io.h"
 
 namespace engram {
 namespace {

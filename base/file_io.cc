@@ -1,5 +1,5 @@
 // File writing shared by the table tools (see file_io.h).
-#include "tools/tables/file_io.h"
+#include "base/file_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "tests/common/daemon_test_util.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/daemon_test_util.h"
+#include "testkit/synthetic.h"
 
 namespace engram::testing {
 

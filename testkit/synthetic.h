@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "tables/table.h"
-#include "tools/tables/synthetic_vocab.h"
+#include "testkit/synthetic_vocab.h"
 
 namespace engram {
 
@@ -48,7 +48,7 @@ struct SynthOptions {
   // exactly the rows its head primes imply (HashableRows from `hash_prime_start`, written as
   // engram_vocab_size; `rows` is not used), and the directory gets a small tokenizer
   // (tokenizer.json, tokenizer_config.json) and its derived tables, engram-hash.bin
-  // (tools/tables/synthetic_vocab.h).
+  // (testkit/synthetic_vocab.h).
   bool hashable = false;
   uint64_t hash_prime_start = kDefaultHashPrimeStart;
   // Called now and then with bytes of Engram data written so far and the total.

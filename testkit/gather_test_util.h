@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "tables/packed_format.h"
 #include "tables/table.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram::testing {
 

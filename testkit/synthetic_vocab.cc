@@ -1,5 +1,5 @@
 // A hashable synthetic checkpoint's tokenizer files and derived hash tables (synthetic_vocab.h).
-#include "tools/tables/synthetic_vocab.h"
+#include "testkit/synthetic_vocab.h"
 
 #include <bit>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "client/hash/hash_tables.h"
 #include "client/hash/primes.h"
 #include "nlohmann/json.hpp"
-#include "tools/tables/file_io.h"
+#include "base/file_io.h"
 
 namespace engram {
 namespace {
