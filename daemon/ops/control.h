@@ -25,7 +25,7 @@
 #include "daemon/ops/metrics_text.h"
 #include "daemon/ops/page_cache.h"
 #include "daemon/ops/reload.h"
-#include "daemon/ops/server_view.h"
+#include "daemon/server/server_view.h"
 #include "daemon/ops/watchdog.h"
 #include "engram/protocol.h"
 

@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/ops/page_cache.h"
-#include "daemon/ops/server_view.h"
+#include "daemon/server/server_view.h"
 
 namespace engram {
 

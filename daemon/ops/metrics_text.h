@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "daemon/ops/metrics.h"
-#include "daemon/ops/server_view.h"
+#include "daemon/server/server_view.h"
 
 namespace engram {
 

@@ -9,7 +9,7 @@
 
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/cgroup_memory.h"
-#include "daemon/ops/server_view.h"
+#include "daemon/server/server_view.h"
 
 namespace engram {
 

@@ -20,7 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/log.h"
-#include "daemon/ops/server_view.h"
+#include "daemon/server/server_view.h"
 #include "gather/gather_engine.h"
 #include "protocol/codec.h"
 #include "daemon/server/hot_set.h"
