@@ -25,6 +25,7 @@
 #include "daemon/ops/metrics_text.h"
 #include "daemon/ops/page_cache.h"
 #include "daemon/ops/reload.h"
+#include "daemon/server/control_handler.h"
 #include "daemon/server/server_view.h"
 #include "daemon/ops/watchdog.h"
 #include "engram/protocol.h"
@@ -34,15 +35,15 @@ namespace engram {
 // The control commands that need an administrator ("warm", "evict").
 std::vector<std::string> AdminCommandNames();
 
-class Control {
+class Control final : public ControlHandler {
  public:
   explicit Control(ServerView* server);
-  ~Control();
+  ~Control() override;
 
   // Answers one ENGRAM_MSG_CONTROL message of `session` (body: JSON text). No exception
   // escapes: a command that throws is that request's InternalError.
   void Handle(const std::shared_ptr<Session>& session, const engram_msg_header& header,
-              const uint8_t* body, size_t body_bytes);
+              const uint8_t* body, size_t body_bytes) override;
 
   // The whole Prometheus exposition. Thread-safe.
   std::string MetricsText() const;
@@ -55,28 +56,28 @@ class Control {
                  std::unique_ptr<metrics::HttpListener> http = nullptr);
   // Starts what the metrics options ask for (HTTP listener) and tells systemd the daemon is
   // ready. Called once from Server::Run before serving.
-  void Start();
+  void Start() override;
   // What GET /healthz answers: ok while serving, the reason while stopping. Thread-safe.
   metrics::Health Health() const;
   // A session ends (before it leaves the server's list): its counts stay in its client name's
   // series.
-  void SessionClosed(const Session& session) { clients_.Retire(session); }
+  void SessionClosed(const Session& session) override { clients_.Retire(session); }
   // Control loop: how long it may sleep (ms, -1 forever) and the periodic work.
-  int WaitMs() const { return watchdog_.WaitMs(); }
-  void Tick() { watchdog_.Tick(); }
+  int WaitMs() const override { return watchdog_.WaitMs(); }
+  void Tick() override { watchdog_.Tick(); }
   // SIGHUP: re-reads the configuration through the reloader and applies what can change live.
-  void Reload();
+  void Reload() override;
   void SetReloader(std::function<absl::StatusOr<ReloadedConfig>()> reloader) {
     reloader_ = std::move(reloader);
   }
   // Stopping: tells systemd; /healthz answers 503 from here on.
-  void Stopping() {
+  void Stopping() override {
     stopping_.store(true);
     watchdog_.Stopping();
   }
   // Requests drained, sessions about to close: the metrics textfile, if configured, is written a
   // last time (with engram_up 0), so that node-exporter does not go on showing a serving daemon.
-  void Stopped() { watchdog_.WriteTextfile(); }
+  void Stopped() override { watchdog_.WriteTextfile(); }
 
  private:
   absl::StatusOr<std::optional<std::string>> Run(const std::shared_ptr<Session>& session,

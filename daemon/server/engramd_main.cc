@@ -476,8 +476,16 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   gate.Step("starting the server");
   config.listen_fd = gate.TakeSocket();
   if (gate.stop_requested()) return StoppedWhileStarting();
+  std::unique_ptr<metrics::HttpListener> http = gate.TakeHttp();
+  const uint16_t metrics_port = http != nullptr ? http->port() : 0;
   absl::StatusOr<std::unique_ptr<Server>> server =
-      Server::Create(config, std::move(tables), std::move(*engine));
+      Server::Create(config, std::move(tables), std::move(*engine), [&](ServerView* view) {
+        auto control = std::make_unique<Control>(view);
+        control->Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION,
+                           std::move(http));
+        control->SetReloader([&cl, settings] { return Reload(cl, settings); });
+        return control;
+      });
   if (!server.ok()) return Fail(server.status());
   if (store != nullptr) {
     store->StartLoading(store_config.load_at_start);
@@ -492,11 +500,6 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
     (*server)->SetRowStore(std::move(store));
     (*server)->SetHotSet(std::move(keeper), std::move(warmer));
   }
-  std::unique_ptr<metrics::HttpListener> http = gate.TakeHttp();
-  const uint16_t metrics_port = http != nullptr ? http->port() : 0;
-  (*server)->control().Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION,
-                                 std::move(http));
-  (*server)->control().SetReloader([&cl, settings] { return Reload(cl, settings); });
   log::Notice("{}", ServingSummary(config, store_config, **server, gate.Elapsed(), metrics_port));
   if (absl::Status s = (*server)->Run(); !s.ok()) return Fail(s);
   return 0;

@@ -21,7 +21,6 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/ops/control.h"
 #include "base/escape.h"
 #include "daemon/server/pace.h"
 #include "base/clock.h"
@@ -81,7 +80,8 @@ Server::Server() : pending_(kMaxPendingHandshakes, kMaxPendingHandshakesPerUid) 
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& config,
                                                        std::vector<std::unique_ptr<Table>> tables,
-                                                       std::unique_ptr<GatherEngine> engine) {
+                                                       std::unique_ptr<GatherEngine> engine,
+                                                       const MakeControl& make_control) {
   std::unique_ptr<Server> server(new Server());
   server->config_ = config;
   server->own_uid_ = geteuid();
@@ -117,7 +117,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerConfig& confi
   epoll_ctl(server->control_epoll_.get(), EPOLL_CTL_ADD, server->stop_fd_.get(), &ev);
   if (absl::Status s = server->Bind(); !s.ok()) return s;
   server->start_ns_ = NowNs();
-  server->control_ = std::make_unique<Control>(server.get());
+  server->control_ = make_control(server.get());
   return server;
 }
 

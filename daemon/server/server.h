@@ -1,7 +1,9 @@
 // The engramd server: listens on the Unix socket, runs the handshake, hands each session a sealed
 // arena, polls the submission rings and runs the requests on the gather engine.
 //
-//   auto server = engram::Server::Create(config, std::move(tables), std::move(engine));
+//   auto server = engram::Server::Create(
+//       config, std::move(tables), std::move(engine),
+//       [](ServerView* view) { return std::make_unique<Control>(view); });  // daemon/ops
 //   absl::Status s = (*server)->Run();  // until SIGTERM/SIGINT or Stop(): drains, then returns
 #pragma once
 
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <memory>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -20,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/log.h"
+#include "daemon/server/control_handler.h"
 #include "daemon/server/server_view.h"
 #include "gather/gather_engine.h"
 #include "protocol/codec.h"
@@ -38,8 +42,6 @@
 
 namespace engram {
 
-class Control;
-
 // Binds and listens on config.socket_path (socket.mode, socket.group), clearing a stale socket a
 // dead daemon left; refuses a path that is not a socket or where another engramd answers. What
 // Server::Create does without socket activation; engramd's start calls it first, so that the
@@ -48,11 +50,15 @@ absl::StatusOr<UniqueFd> BindClientSocket(const ServerConfig& config);
 
 class Server : public ServerView {
  public:
+  // The control plane (control requests, metrics, systemd notifications, reloads) over the
+  // server's view: operations' handler, made by engramd's main (daemon/ops/control.h).
+  using MakeControl = std::function<std::unique_ptr<ControlHandler>(ServerView* view)>;
   // Binds the socket (refusing to take over one that a live engramd answers on). The tables
   // must already be registered with the engine.
   static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerConfig& config,
                                                         std::vector<std::unique_ptr<Table>> tables,
-                                                        std::unique_ptr<GatherEngine> engine);
+                                                        std::unique_ptr<GatherEngine> engine,
+                                                        const MakeControl& make_control);
   ~Server();
 
   // Serves until SIGTERM or SIGINT arrives (they must be blocked in every thread; Run reads
@@ -61,8 +67,6 @@ class Server : public ServerView {
   absl::Status Run();
   // Asks Run() to stop. Thread-safe, async-signal-safe.
   void Stop();
-  // Control requests, metrics, systemd notifications and reloads (daemon/ops/control.h).
-  Control& control() { return *control_; }
   // Serves the tables through a row store (resident and cached tiers); before Run().
   void SetRowStore(std::unique_ptr<RowStore> store) { store_ = std::move(store); }
   // The row cache's hot set (hot_set.h): the keeper writes it while serving and once more at
@@ -220,7 +224,7 @@ class Server : public ServerView {
   std::atomic<uint64_t> poller_heartbeat_ns_{0};  // the poller's last pass (watchdog)
   std::atomic<uint64_t> pace_windows_{0};         // windows spun through ahead of a burst
   std::atomic<uint64_t> pace_windows_caught_{0};  // ... that the burst came in
-  std::unique_ptr<Control> control_;              // first member torn down (~Server)
+  std::unique_ptr<ControlHandler> control_;              // first member torn down (~Server)
 };
 
 }  // namespace engram
