@@ -1,5 +1,5 @@
-// File writing shared by the table tools (engram-synth, engram-pack): full positional writes
-// and durable directory entries, with errors that name the file.
+// File writing shared by the packer (tables/pack.h) and the synthetic checkpoints (testkit/):
+// full positional writes and durable directory entries, with errors that name the file.
 #pragma once
 
 #include <cstdint>

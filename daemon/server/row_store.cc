@@ -341,7 +341,7 @@ absl::Status RowStore::Gather(const GatherBatch& batch) {
       }
       hit = ts->resident->CopyRow(batch.rows[i], dest);
     } else {
-      // Two stages ahead (protocol/prefetch.h): the bucket line first, then, half as far ahead
+      // Two stages ahead (base/prefetch.h): the bucket line first, then, half as far ahead
       // (once it has arrived), the slot it names.
       if (i + kPrefetchRowsAhead < batch.rows.size()) {
         cache_->reader().PrefetchBucket(layer, batch.rows[i + kPrefetchRowsAhead]);

@@ -121,7 +121,7 @@ TEST_CASE("random rows with per-block scales, repeats, padding and bad indices",
 TEST_CASE("synthetic checkpoint rows gathered for a decode step and a prefill chunk",
           "[gpu][kernel]") {
   // The decode step of the H200 reference setup (96 tokens x 12 heads per rank) and a slice of a
-  // prefill chunk; rows come from the synthetic checkpoint of tools/tables.
+  // prefill chunk; rows come from the synthetic checkpoint of testkit/.
   const auto [tokens, num_rows] =
       GENERATE(std::pair<uint32_t, uint32_t>{96, 1152}, std::pair<uint32_t, uint32_t>{2048, 20000});
   const uint32_t heads = 12;
