@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "protocol/clock.h"
+#include "base/clock.h"
 
 namespace engram {
 namespace {

@@ -26,7 +26,7 @@
 #include "store/memory_budget.h"
 #include "store/row_cache_layout.h"
 #include "store/shared_region.h"
-#include "protocol/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace engram {
 

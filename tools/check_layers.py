@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-SOURCE_FOLDERS = ['abi', 'base', 'bench', 'client', 'daemon', 'gather', 'include', 'kernels',
+SOURCE_FOLDERS = ['abi', 'base', 'bench', 'cli', 'client', 'daemon', 'gather', 'include', 'kernels',
                   'protocol', 'store', 'tables', 'testkit', 'tests', 'tools']
 SOURCE_SUFFIXES = ('.h', '.hpp', '.cc', '.cpp', '.c', '.cu', '.cuh')
 
@@ -41,6 +41,7 @@ LAYERS = {
     'daemon/main/': 'daemon-main',
     'daemon/server/engramd_main.cc': 'daemon-main',
     'daemon/tests/': 'daemon-tests',
+    'cli/': 'cli',
     'client/': 'client',
     'kernels/': 'kernels',
     'testkit/': 'testkit',
@@ -53,6 +54,7 @@ LAYERS = {
 CHAIN = ['public', 'base', 'tables', 'protocol', 'gather', 'store', 'server', 'ops', 'daemon-main']
 LIBRARIES = CHAIN[:6] + ['client', 'kernels']
 MAY_USE = {layer: set(CHAIN[:i + 1]) for i, layer in enumerate(CHAIN)}
+MAY_USE['daemon-main'].add('cli')  # engramd parses its command line as every tool does
 MAY_USE.update({
     # libengram_client.so: the public ABI, the wire protocol and the utilities under it.
     'client': {'public', 'base', 'protocol', 'client'},
@@ -60,9 +62,11 @@ MAY_USE.update({
     'kernels': {'public', 'base', 'kernels'},
     # What tests, benchmarks and tools share: any library, never the daemon's insides.
     'testkit': set(LIBRARIES) | {'testkit'},
-    'tools': set(LIBRARIES) | {'testkit', 'tools'},
-    'bench': set(LIBRARIES) | {'testkit', 'bench'},
-    'tests': set(LIBRARIES) | {'testkit', 'tests'},
+    'tools': set(LIBRARIES) | {'testkit', 'tools', 'cli'},
+    'bench': set(LIBRARIES) | {'testkit', 'bench', 'cli'},
+    'tests': set(LIBRARIES) | {'testkit', 'tests', 'cli'},
+    # The command-line conventions every program parses through: CLI11 only.
+    'cli': {'cli'},
     # The unit tests of the daemon's private parts.
     'daemon-tests': set(CHAIN) | {'client', 'kernels', 'testkit', 'tests', 'daemon-tests'},
 })

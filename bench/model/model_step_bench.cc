@@ -65,7 +65,7 @@
 #include "engram/gpu_submit.h"
 #include "engram/hash.h"
 #include "nlohmann/json.hpp"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram::bench {
 namespace {

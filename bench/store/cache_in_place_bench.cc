@@ -26,8 +26,8 @@
 
 #include "bench/common/engramd_process.h"
 #include "engram/engram.h"
-#include "protocol/clock.h"
-#include "tools/tables/synthetic.h"
+#include "base/clock.h"
+#include "testkit/synthetic.h"
 
 namespace {
 

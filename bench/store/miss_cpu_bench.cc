@@ -32,11 +32,11 @@
 #include "CLI/CLI.hpp"
 #include "daemon/server/row_store.h"
 #include "gather/gather_engine.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "tables/packed_format.h"
 #include "tables/table.h"
-#include "tools/tables/pack.h"
-#include "tools/tables/synthetic.h"
+#include "tables/pack.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

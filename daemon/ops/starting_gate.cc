@@ -12,12 +12,12 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "daemon/ops/escape.h"
-#include "daemon/ops/log.h"
+#include "base/escape.h"
+#include "base/log.h"
 #include "daemon/ops/notify.h"
 #include "daemon/server/server.h"
 #include "engram/protocol.h"
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "protocol/codec.h"
 
 namespace engram {

@@ -27,7 +27,7 @@
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/metrics.h"
 #include "daemon/server/server_config.h"
-#include "protocol/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace engram {
 

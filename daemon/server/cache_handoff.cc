@@ -1,4 +1,4 @@
-// The tables' identity, the passed descriptors and the file-descriptor store (cache_handoff.h).
+// The tables' identity (cache_handoff.h).
 #include "daemon/server/cache_handoff.h"
 
 #include <sys/stat.h>
@@ -6,8 +6,6 @@
 
 #include <cstring>
 
-#include "absl/strings/str_format.h"
-#include "daemon/ops/notify.h"
 
 namespace engram {
 namespace {
@@ -64,37 +62,6 @@ uint64_t TablesIdentity(const std::vector<std::unique_ptr<Table>>& tables) {
     }
   }
   return hash.h != 0 ? hash.h : 1;
-}
-
-PassedFds TakePassedFds() {
-  PassedFds out;
-  for (notify::NamedFd& f : notify::ListenFdsWithNames()) {
-    if (f.name == kRowCacheFdName) {
-      if (!out.row_cache.valid()) {
-        out.row_cache.Reset(f.fd);
-        continue;
-      }
-      out.notes.push_back(absl::StrFormat("closed fd %d: a second descriptor named %s was passed",
-                                          f.fd, kRowCacheFdName));
-      close(f.fd);
-      continue;
-    }
-    if (out.socket_fd < 0) {
-      out.socket_fd = f.fd;
-      continue;
-    }
-    out.notes.push_back(
-        absl::StrFormat("closed fd %d (named '%s'): engramd serves one socket", f.fd, f.name));
-    close(f.fd);
-  }
-  return out;
-}
-
-bool StoreRowCacheFd(int fd, bool adopted) {
-  if (!adopted) {
-    notify::Send(absl::StrFormat("FDSTOREREMOVE=1\nFDNAME=%s", kRowCacheFdName));
-  }
-  return notify::SendWithFd(absl::StrFormat("FDSTORE=1\nFDNAME=%s", kRowCacheFdName), fd);
 }
 
 }  // namespace engram

@@ -22,8 +22,8 @@
 
 #include "absl/status/statusor.h"
 #include "engram/protocol.h"
-#include "protocol/unique_fd.h"
-#include "protocol/unique_mapping.h"
+#include "base/unique_fd.h"
+#include "base/unique_mapping.h"
 
 namespace engram {
 

@@ -20,6 +20,7 @@
 #include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/control.h"
+#include "daemon/ops/fd_store.h"
 #include "base/log.h"
 #include "daemon/ops/notify.h"
 #include "daemon/ops/reload.h"

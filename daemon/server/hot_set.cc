@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/ops/log.h"
-#include "protocol/unique_fd.h"
+#include "base/log.h"
+#include "base/unique_fd.h"
 
 namespace engram {
 namespace {

@@ -29,7 +29,7 @@
 #include "gather/gather_engine.h"
 #include "gather/miss_queue.h"
 #include "nlohmann/json.hpp"
-#include "protocol/unique_fd.h"
+#include "base/unique_fd.h"
 #include "protocol/store_counters.h"
 #include "store/load_status.h"
 #include "store/memory_budget.h"

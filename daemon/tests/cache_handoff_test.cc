@@ -13,9 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "daemon/ops/fd_store.h"
 #include "daemon/server/cache_handoff.h"
 #include "daemon/server/hot_set.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 
 namespace engram::testing {
 namespace {

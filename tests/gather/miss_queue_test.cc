@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "protocol/clock.h"
+#include "base/clock.h"
 #include "tests/gather/gather_catch_util.h"
 
 namespace engram {

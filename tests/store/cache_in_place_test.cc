@@ -26,7 +26,7 @@
 #include "engram/engram.h"
 #include "engram/protocol.h"
 #include "nlohmann/json.hpp"
-#include "tests/common/daemon_test_util.h"
+#include "testkit/daemon_test_util.h"
 #include "tests/common/skip.h"
 
 using engram::kRowBytes;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "daemon/server/row_store.h"
-#include "protocol/clock.h"
-#include "tests/common/gather_test_util.h"
-#include "tools/tables/synthetic.h"
+#include "base/clock.h"
+#include "testkit/gather_test_util.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {

@@ -12,7 +12,7 @@
 #include <random>
 
 #include "store/row_cache.h"
-#include "tools/tables/synthetic.h"
+#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {
