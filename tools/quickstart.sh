@@ -119,7 +119,7 @@ for layer in 14 1; do
     --table "$layer"
 done
 step "row store: memory, cache hit rate and evictions (row ids above are uniform: the worst case)"
-"$ctl" status --socket "$work/engramd.sock" | grep -E "row store|row cache"
+"$ctl" status --socket "$work/engramd.sock" | sed -n '/^  row store/,/^  budget split/p'
 "$ctl" stats --socket "$work/engramd.sock" | grep -E "^layer|tier "
 
 step "stopping engramd (SIGTERM)"
