@@ -157,6 +157,17 @@ void AppendProcessMetrics(Exposition& e, const std::string& proc) {
         absl::SimpleAtoi(f[21], &rss)) {
       e.Counter("process_cpu_seconds_total", "User and system CPU time spent in seconds", {},
                 double(utime + stime) / ticks);
+      // /proc/self/statm has both sizes in pages, as the kernel keeps them; an emulator that
+      // makes up /proc/self/stat for its guest (qemu-user: rss 0) passes it through.
+      std::optional<std::string> statm = ReadProcFile(proc + "/self/statm");
+      const std::vector<std::string> m =
+          statm ? absl::StrSplit(*statm, ' ') : std::vector<std::string>{};
+      uint64_t size_pages, resident_pages;
+      if (m.size() > 1 && absl::SimpleAtoi(m[0], &size_pages) &&
+          absl::SimpleAtoi(m[1], &resident_pages)) {
+        vsize = static_cast<uint64_t>(double(size_pages) * page);
+        rss = static_cast<int64_t>(resident_pages);
+      }
       e.Gauge("process_resident_memory_bytes", "Resident memory size in bytes", {},
               double(std::max<int64_t>(rss, 0)) * page);
       e.Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes", {}, double(vsize));
