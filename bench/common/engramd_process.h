@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engram/protocol.h"
+#include "testkit/engramd_probe.h"
 
 namespace engram::bench {
 
@@ -28,30 +29,7 @@ inline std::string EngramdPath(const std::string& fallback) {
   return env != nullptr && env[0] != '\0' ? env : fallback;
 }
 
-// Whether engramd serves on the Unix socket `path`: a starting engramd accepts already and
-// answers every HELLO with UNAVAILABLE. A HELLO of a protocol version no daemon speaks is refused
-// at once either way, without making a session; only a serving one refuses it for the version.
-inline bool SocketAnswers(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  engram_msg_hello hello{};
-  hello.header.magic = ENGRAM_MSG_MAGIC;
-  hello.header.type = ENGRAM_MSG_HELLO;
-  hello.header.bytes = sizeof(hello);
-  hello.version_major = 0xffff;
-  ok = ok && send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) == sizeof(hello);
-  pollfd p{.fd = fd, .events = POLLIN};
-  uint8_t reply[512];
-  const ssize_t n = ok && poll(&p, 1, 5000) == 1 ? recv(fd, reply, sizeof(reply), 0) : -1;
-  close(fd);
-  engram_msg_error error{};
-  if (n < static_cast<ssize_t>(sizeof(error))) return false;
-  memcpy(&error, reply, sizeof(error));
-  return error.header.type == ENGRAM_MSG_ERROR && error.code != ENGRAM_STATUS_UNAVAILABLE;
-}
+using engram::testing::SocketAnswers;  // testkit/engramd_probe.h
 
 // Starts args[0] with `args` and waits up to `timeout_ms` for `socket` to answer. The child is
 // killed if the benchmark dies. Returns its pid, or -1 with a message naming the binary when it
