@@ -759,23 +759,31 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
   return nullptr;
 }
 
-// engram_gather of a request for a table read in place: checked as the daemon checks requests
-// (the same decoder, so the same errors), then copied on this thread. -ESTALE when the table
-// was withdrawn before or during the copy: the caller asks the daemon instead.
-int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, engram_sqe sqe) {
-  sqe.ticket = uint64_t{1} << 16;  // slot 0 of a one-slot context: it never enters the ring
+// Checks a request for a table read in place as the daemon checks requests (the same decoder,
+// so the same errors), as slot 0 of a one-slot context: it never enters the ring.
+int DecodeInPlace(engram_session* s, const engram::client::InPlaceTable& table, engram_sqe sqe,
+                  proto::DecodedRequest* ret_request) {
+  sqe.ticket = uint64_t{1} << 16;
   const proto::RequestContext context{.slots = 1,
                                       .max_rows = s->welcome.max_rows_per_request,
                                       .data = s->data,
                                       .data_bytes = s->data_bytes,
                                       .tables = {&table.bounds, 1}};
-  proto::DecodedRequest request;
   bool slot_valid = false;
   proto::CodecError error;
-  if (!proto::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
+  if (!proto::DecodeRequest(sqe, context, ret_request, &slot_valid, &error)) {
     return SetError(ErrnoForCode(error.code), "engramd (table %u read in place): %s: %s", sqe.table,
                     proto::StatusCodeName(error.code), error.message.c_str());
   }
+  return 0;
+}
+
+// engram_gather of a request for a table read in place: checked as the daemon checks requests
+// (the same decoder, so the same errors), then copied on this thread. -ESTALE when the table
+// was withdrawn before or during the copy: the caller asks the daemon instead.
+int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, engram_sqe sqe) {
+  proto::DecodedRequest request;
+  if (int rc = DecodeInPlace(s, table, sqe, &request); rc < 0) return rc;
   if (int rc = engram::client::CopyInPlace(table, request, s->data); rc < 0) {
     // The daemon died (the kernel marked the table state page): the session is lost too.
     if (rc == -ENOTCONN) s->lost.store(true);
@@ -790,20 +798,8 @@ int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, 
 // cache as it would have). -ESTALE as GatherInPlace's (nothing was sent).
 int GatherCachedInPlace(engram_session* s, const engram::client::InPlaceTable& table,
                         engram_sqe sqe, int64_t timeout_ns) {
-  const engram_sqe original = sqe;
-  sqe.ticket = uint64_t{1} << 16;
-  const proto::RequestContext context{.slots = 1,
-                                      .max_rows = s->welcome.max_rows_per_request,
-                                      .data = s->data,
-                                      .data_bytes = s->data_bytes,
-                                      .tables = {&table.bounds, 1}};
   proto::DecodedRequest request;
-  bool slot_valid = false;
-  proto::CodecError error;
-  if (!proto::DecodeRequest(sqe, context, &request, &slot_valid, &error)) {
-    return SetError(ErrnoForCode(error.code), "engramd (table %u read in place): %s: %s", sqe.table,
-                    proto::StatusCodeName(error.code), error.message.c_str());
-  }
+  if (int rc = DecodeInPlace(s, table, sqe, &request); rc < 0) return rc;
   thread_local engram::client::CachedCopy copy;
   if (int rc = engram::client::CopyCached(table, request, s->data, &copy); rc < 0) {
     if (rc == -ENOTCONN) s->lost.store(true);
@@ -816,7 +812,7 @@ int GatherCachedInPlace(engram_session* s, const engram::client::InPlaceTable& t
       engram_alloc(s, misses * 16, reinterpret_cast<void**>(&scratch)) < 0) {
     // No room for them: the daemon gathers the whole request (the hits again too).
     uint64_t ticket;
-    if (int rc = Push(s, original, &ticket); rc < 0) return rc;
+    if (int rc = Push(s, sqe, &ticket); rc < 0) return rc;
     return engram_wait(s, ticket, timeout_ns);
   }
   {
@@ -829,7 +825,7 @@ int GatherCachedInPlace(engram_session* s, const engram::client::InPlaceTable& t
   memcpy(scratch + misses * 8, copy.miss_offsets.data(), misses * 8);
   engram_sqe miss{};
   miss.opcode = ENGRAM_OP_GATHER;
-  miss.table = original.table;
+  miss.table = sqe.table;
   miss.num_rows = misses;
   miss.flags = ENGRAM_SQE_DEST_OFFSETS;
   miss.rows_offset = static_cast<uint64_t>(scratch - s->data);
