@@ -97,19 +97,74 @@ _STEP_FUNCTIONS = {
 }
 
 
+class _Lane:
+    """One device-submit session and its GPU queue, with row-id and row buffers in its arena
+    for each (group, layer) it serves. A queue publishes one call at a time (its tickets and
+    status slots are per queue), so work that must be in flight at once needs lanes of its own."""
+
+    def __init__(self, lib: Any, socket: Optional[str], timeout: float,
+                 groups: Sequence[tuple]):
+        self._lib = lib
+        self.queue, self.reg, self.ids, self.rows = None, None, {}, {}
+        rows = sum(n for _, layers, n in groups for _ in layers)
+        self.client = Client(socket, data_bytes=max(1 << 20, 2 * rows * (8 + _lib.row_bytes())),
+                             slots=32, device_submit=True)
+        try:
+            self._open(groups, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, groups: Sequence[tuple], timeout: float) -> None:
+        lib = self._lib
+        base, size = self.client.arena()
+        self.reg = Registration(base, size)
+        self.ids = {(g, layer): self.client.alloc(n * 8) for g, layers, n in groups
+                    for layer in layers}
+        self.rows = {(g, layer): self.client.alloc(n * _lib.row_bytes()) for g, layers, n in groups
+                     for layer in layers}
+        options = _QueueOptions(ctypes.sizeof(_QueueOptions), int(timeout * 1e9))
+        self.queue = ctypes.c_void_p()
+        _kernels_check(lib, lib.engram_gpu_queue_create(self.client._session(), self.reg._handle,
+                                                        ctypes.byref(options),
+                                                        ctypes.byref(self.queue)),
+                       "engram_gpu_queue_create")
+        self.error_word = lib.engram_gpu_queue_error(self.queue)
+
+    def close(self) -> None:
+        queue, self.queue = self.queue, None
+        if queue:
+            self._lib.engram_gpu_queue_destroy(queue)
+        if self.reg is not None:
+            self.reg.unregister()
+        for buffers in (self.ids, self.rows):
+            for b in buffers.values():
+                b.free()
+        self.client.close()
+
+
 class GpuDecodeStep:
     """One captured-graph-ready decode step: ``seqs`` sequences of ``tokens_per_seq`` new
     tokens each (1 + speculative tokens), the heads of TP rank ``tp_rank`` of ``tp_size``, for
     every layer in ``layers``. The session connects with the device-submit flag, so its ring
     belongs to the GPU; ``timeout`` bounds how long a step waits for the daemon. Each layer's
     rows go out in pieces of ``piece_rows`` (a multiple of 16; 0: the library's default), which
-    the daemon gathers side by side and the GPU dequantises as they land."""
+    the daemon gathers side by side and the GPU dequantises as they land.
+
+    ``draft_per_seq`` (k, 0 < k < tokens_per_seq) enables the two-phase step for speculative
+    decoding: each sequence's tokens are its ``tokens_per_seq - k`` accepted tokens, then its k
+    draft tokens, and ``submit_accepted()``, ``submit_draft()`` and ``finish()`` fetch the two
+    groups' rows at the points of the step where each group is known. The draft group has a
+    session (and queue) of its own, so that both groups' requests are in flight at once."""
 
     def __init__(self, hasher: Any, layers: Sequence[int], seqs: int, tokens_per_seq: int, *,
                  tp_size: int = 1, tp_rank: int = 0, socket: Optional[str] = None,
-                 timeout: float = 2.0, piece_rows: int = 0):
+                 timeout: float = 2.0, piece_rows: int = 0, draft_per_seq: int = 0):
         import torch
 
+        if not 0 <= draft_per_seq < tokens_per_seq:
+            raise ValueError(f"draft_per_seq {draft_per_seq}: must be in [0, tokens_per_seq "
+                             f"{tokens_per_seq}) (each sequence keeps an accepted token)")
         self._kernels = Kernels("cuda")
         lib = self._kernels._lib
         _lib._declare(lib, _STEP_FUNCTIONS, self._kernels.path)
@@ -120,50 +175,88 @@ class GpuDecodeStep:
         self.heads = self.head_end - self.head_begin
         self.n_tokens = seqs * tokens_per_seq
         self.n_seqs = seqs
-        n = self.n_tokens * self.heads
-        self._rows_per_layer = n
+        self.tokens_per_seq = tokens_per_seq
+        self.draft_per_seq = draft_per_seq
+        self.accepted_per_seq = tokens_per_seq - draft_per_seq
         dev = torch.device("cuda", torch.cuda.current_device())
+        self._dev = dev
         self.tokens = torch.zeros(self.n_tokens, dtype=torch.int32, device=dev)
         self.history = torch.full((seqs, HISTORY), -1, dtype=torch.int32, device=dev)
-        self._starts = torch.arange(0, self.n_tokens + 1, tokens_per_seq, dtype=torch.int32,
-                                    device=dev)
-        self._map = torch.arange(n, dtype=torch.int32, device=dev)
         self._out = {layer: torch.empty((self.n_tokens, self.heads, 256), dtype=torch.bfloat16,
                                         device=dev) for layer in self.layers}
         self._hash_errors = torch.zeros(1, dtype=torch.int32, device=dev)
-        self._client = Client(socket, data_bytes=max(1 << 20, 2 * len(self.layers) * n *
-                                                     (8 + _lib.row_bytes())),
-                              slots=32, device_submit=True)
-        base, size = self._client.arena()
-        self._reg = Registration(base, size)
-        self._ids = {layer: self._client.alloc(n * 8) for layer in self.layers}
-        self._rows = {layer: self._client.alloc(n * _lib.row_bytes()) for layer in self.layers}
+        self._lanes = []
         self._gpu_hasher = ctypes.c_void_p()
+        try:
+            self._open(hasher, socket, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, hasher: Any, socket: Optional[str], timeout: float) -> None:
+        import torch
+
+        lib, seqs = self._lib, self.n_seqs
+        a, k = self.accepted_per_seq, self.draft_per_seq
+        # Groups of tokens whose rows one call fetches: (name, layers, rows per layer).
+        full = ("step", self.layers, self.n_tokens * self.heads)
+        self._groups = {"step": self._group(self.tokens, self.history, self.tokens_per_seq,
+                                            self._out)}
+        if k == 0:
+            self._lanes.append(_Lane(lib, socket, timeout, [full]))
+        else:
+            self._groups["accepted"] = self._group(
+                torch.zeros(seqs * a, dtype=torch.int32, device=self._dev), self.history, a)
+            self._groups["draft"] = self._group(
+                torch.zeros(seqs * k, dtype=torch.int32, device=self._dev),
+                torch.full((seqs, HISTORY), -1, dtype=torch.int32, device=self._dev), k)
+            # The draft's n-gram context: the history, then the accepted tokens.
+            self._draft_context = torch.full((seqs, HISTORY + a), -1, dtype=torch.int32,
+                                             device=self._dev)
+            self._lanes.append(_Lane(lib, socket, timeout,
+                                     [full, ("accepted", self.layers, seqs * a * self.heads)]))
+            self._lanes.append(_Lane(lib, socket, timeout,
+                                     [("draft", self.layers, seqs * k * self.heads)]))
+            self._streams = {"accepted": torch.cuda.Stream(self._dev),
+                             "draft": torch.cuda.Stream(self._dev)}
+            self._forks = {g: torch.cuda.Event() for g in self._streams}
+            self._joins = {g: torch.cuda.Event() for g in self._streams}
+            self._pending = set()
+        self._groups["step"]["lane"] = self._lanes[0]
+        if k:
+            self._groups["accepted"]["lane"] = self._lanes[0]
+            self._groups["draft"]["lane"] = self._lanes[1]
         _kernels_check(lib, lib.engram_gpu_hasher_create(hasher._h(),
                                                          ctypes.byref(self._gpu_hasher)),
                        "engram_gpu_hasher_create")
-        options = _QueueOptions(ctypes.sizeof(_QueueOptions), int(timeout * 1e9))
-        self._queue = ctypes.c_void_p()
-        _kernels_check(lib, lib.engram_gpu_queue_create(self._client._session(),
-                                                        self._reg._handle, ctypes.byref(options),
-                                                        ctypes.byref(self._queue)),
-                       "engram_gpu_queue_create")
-        self._error_word = lib.engram_gpu_queue_error(self._queue)
 
-    def run(self, stream: Any = None) -> None:
-        """Queues the step on ``stream`` (default: torch's current stream): hash, then submit,
-        wait and dequantise, pipelined. Capturable; reads ``tokens`` and ``history`` when it
-        runs."""
+    def _group(self, tokens: Any, history: Any, per_seq: int, out: Optional[dict] = None) -> dict:
+        """The static buffers of one group of tokens: per_seq a sequence, back to back; its
+        rows are dequantised into out (default: outputs of its own)."""
         import torch
 
-        s = (stream or torch.cuda.current_stream()).cuda_stream
-        lib = self._lib
+        n = tokens.numel()
+        out = out if out is not None else {
+            layer: torch.empty((n, self.heads, 256), dtype=torch.bfloat16, device=self._dev)
+            for layer in self.layers}
+        return {"tokens": tokens, "history": history, "n": n,
+                "starts": torch.arange(0, n + 1, per_seq, dtype=torch.int32, device=self._dev),
+                "map": torch.arange(n * self.heads, dtype=torch.int32, device=self._dev),
+                "out": out}
+
+    def _fetch(self, name: str, stream: Any) -> None:
+        """Queues on stream: the GPU hash of group name's tokens into its lane's arena, then its
+        requests published, awaited and dequantised, pipelined."""
+        s = stream.cuda_stream
+        lib, group = self._lib, self._groups[name]
+        lane = group["lane"]
         requests = (_Request * len(self.layers))()
         dequants = (_Dequant * len(self.layers))()
         hash_args = [
             _HashArgs(ctypes.sizeof(_HashArgs), layer, 0, self.head_begin, self.head_end,
-                      self.tokens.data_ptr(), self.n_tokens, self.n_seqs, self._starts.data_ptr(),
-                      self.history.data_ptr(), self._reg.device_ptr(self._ids[layer].address),
+                      group["tokens"].data_ptr(), group["n"], self.n_seqs,
+                      group["starts"].data_ptr(), group["history"].data_ptr(),
+                      lane.reg.device_ptr(lane.ids[name, layer].address),
                       self._hash_errors.data_ptr()) for layer in self.layers]
         # Every layer's ids in as few launches as the library takes calls.
         for first in range(0, len(hash_args), _HASH_MAX_CALLS):
@@ -173,14 +266,95 @@ class GpuDecodeStep:
                                                            len(chunk), s),
                            "engram_gpu_hash_layers")
         for i, layer in enumerate(self.layers):
-            requests[i] = _Request(ctypes.sizeof(_Request), layer, 0, self._ids[layer].address,
-                                   self._rows_per_layer, self._rows[layer].address)
-            dequants[i] = _Dequant(ctypes.sizeof(_Dequant), self._map.data_ptr(), self.n_tokens,
-                                   self.heads, self._out[layer].data_ptr(), None)
-        _kernels_check(lib, lib.engram_gpu_queue_gather_dequant(self._queue, requests, dequants,
+            requests[i] = _Request(ctypes.sizeof(_Request), layer, 0,
+                                   lane.ids[name, layer].address, group["n"] * self.heads,
+                                   lane.rows[name, layer].address)
+            dequants[i] = _Dequant(ctypes.sizeof(_Dequant), group["map"].data_ptr(), group["n"],
+                                   self.heads, group["out"][layer].data_ptr(), None)
+        _kernels_check(lib, lib.engram_gpu_queue_gather_dequant(lane.queue, requests, dequants,
                                                                 len(self.layers),
                                                                 self.piece_rows, s),
                        "engram_gpu_queue_gather_dequant")
+
+    def run(self, stream: Any = None) -> None:
+        """Queues the step on ``stream`` (default: torch's current stream): hash, then submit,
+        wait and dequantise, pipelined. Capturable; reads ``tokens`` and ``history`` when it
+        runs."""
+        import torch
+
+        self._fetch("step", stream or torch.cuda.current_stream())
+
+    def _fork(self, name: str, stream: Any) -> Any:
+        """The side stream of group name, made to wait for the work queued so far on stream."""
+        if self.draft_per_seq == 0:
+            raise RuntimeError("the two-phase step needs draft_per_seq > 0 at construction")
+        if name in self._pending:
+            raise RuntimeError(f"submit_{name}() called twice before finish()")
+        self._pending.add(name)
+        self._forks[name].record(stream)
+        side = self._streams[name]
+        side.wait_event(self._forks[name])
+        return side
+
+    def submit_accepted(self, stream: Any = None) -> None:
+        """Phase 1, at the start of the step (the accepted tokens and ``history`` written):
+        forks a side stream from ``stream`` (default: the current stream) that copies each
+        sequence's accepted tokens out of ``tokens``, hashes them and publishes, awaits and
+        dequantises their rows. Nothing waits on ``stream``: the draft model's work queued
+        after this call runs while the rows are fetched. Capturable."""
+        import torch
+
+        stream = stream or torch.cuda.current_stream()
+        side = self._fork("accepted", stream)
+        a, group = self.accepted_per_seq, self._groups["accepted"]
+        with torch.cuda.stream(side):
+            group["tokens"].view(self.n_seqs, a).copy_(
+                self.tokens.view(self.n_seqs, self.tokens_per_seq)[:, :a])
+            self._fetch("accepted", side)
+            self._joins["accepted"].record(side)
+
+    def submit_draft(self, stream: Any = None) -> None:
+        """Phase 2, queued right after the draft model wrote the draft tokens into ``tokens``
+        on ``stream``: forks a second side stream that copies the draft tokens and their n-gram
+        context (the history, then the accepted tokens), hashes them and publishes, awaits and
+        dequantises their rows. Nothing waits on ``stream``. Capturable."""
+        import torch
+
+        stream = stream or torch.cuda.current_stream()
+        side = self._fork("draft", stream)
+        a, seqs, group = self.accepted_per_seq, self.n_seqs, self._groups["draft"]
+        step_tokens = self.tokens.view(seqs, self.tokens_per_seq)
+        with torch.cuda.stream(side):
+            self._draft_context[:, :HISTORY].copy_(self.history)
+            self._draft_context[:, HISTORY:].copy_(step_tokens[:, :a])
+            group["history"].copy_(self._draft_context[:, a:])
+            group["tokens"].view(seqs, self.draft_per_seq).copy_(step_tokens[:, a:])
+            self._fetch("draft", side)
+            self._joins["draft"].record(side)
+
+    def finish(self, stream: Any = None) -> None:
+        """Phase 3, before the first Engram layer: makes ``stream`` wait for both side streams
+        and copies both groups' rows into ``output(layer)`` in token order. Both submit calls
+        must have been queued (a capture must end with this call, which joins the side
+        streams back). Capturable."""
+        import torch
+
+        if self.draft_per_seq == 0:
+            raise RuntimeError("the two-phase step needs draft_per_seq > 0 at construction")
+        if self._pending != {"accepted", "draft"}:
+            raise RuntimeError("finish() needs submit_accepted() and submit_draft() first")
+        self._pending.clear()
+        stream = stream or torch.cuda.current_stream()
+        seqs, a = self.n_seqs, self.accepted_per_seq
+        for name in ("accepted", "draft"):
+            stream.wait_event(self._joins[name])
+        with torch.cuda.stream(stream):
+            for layer in self.layers:
+                out = self._out[layer].view(seqs, self.tokens_per_seq, self.heads, 256)
+                out[:, :a].copy_(self._groups["accepted"]["out"][layer].view(
+                    seqs, a, self.heads, 256))
+                out[:, a:].copy_(self._groups["draft"]["out"][layer].view(
+                    seqs, self.draft_per_seq, self.heads, 256))
 
     def output(self, layer: int) -> Any:
         """The static bf16 [tokens, heads, 256] output of ``layer``, filled by each run()."""
@@ -191,11 +365,15 @@ class GpuDecodeStep:
         """0 while every step so far succeeded; else the status code (engram_status_code) of
         the first failure: 4 the daemon did not answer in time, 14 it stopped, or the
         request's own code. Sticky: the queue submits nothing until clear_error()."""
-        return int(self._error_word[0])
+        for lane in self._lanes:
+            if lane.error_word[0] != 0:
+                return int(lane.error_word[0])
+        return 0
 
     def clear_error(self) -> None:
-        """Resets the error word (after a request's own failure, e.g. a bad token id)."""
-        self._error_word[0] = 0
+        """Resets the error words (after a request's own failure, e.g. a bad token id)."""
+        for lane in self._lanes:
+            lane.error_word[0] = 0
 
     @property
     def hash_errors(self) -> int:
@@ -205,22 +383,12 @@ class GpuDecodeStep:
     def close(self) -> None:
         """Frees the queue, the GPU hasher, the registration and the session. No queued step
         may still run (synchronise first). Idempotent."""
-        lib = self._lib
-        queue, self._queue = getattr(self, "_queue", None), None
-        if queue:
-            lib.engram_gpu_queue_destroy(queue)
+        lanes, self._lanes = getattr(self, "_lanes", []), []
+        for lane in lanes:
+            lane.close()
         gpu_hasher, self._gpu_hasher = getattr(self, "_gpu_hasher", None), None
         if gpu_hasher:
-            lib.engram_gpu_hasher_destroy(gpu_hasher)
-        reg = getattr(self, "_reg", None)
-        if reg is not None:
-            reg.unregister()
-        for buffers in (getattr(self, "_ids", {}), getattr(self, "_rows", {})):
-            for b in buffers.values():
-                b.free()
-        client = getattr(self, "_client", None)
-        if client is not None:
-            client.close()
+            self._lib.engram_gpu_hasher_destroy(gpu_hasher)
 
     def __enter__(self) -> "GpuDecodeStep":
         return self
