@@ -18,6 +18,14 @@
 // earlier draft of the step was right, and a random token from then on (a wrong draft makes the
 // rest of the draft diverge, as it would).
 //
+// --hide-drafts K (decode) replays the trace again through a fresh engramd as a speculative
+// decode step fetches its rows in two phases: each step gathers its accepted tokens' rows, then
+// the rows of K draft tokens a sequence (the simulated draft model above), each timed. From
+// those times and the step timeline of testkit/miss_timeline.h (the accepted rows start at
+// the step's start, the draft rows once the draft model has run, --draft-share of the step;
+// both must land when the first Engram layer, layer 1 of 40, starts) it reports, for each
+// --step-ms, the fraction of the fetch time the step hides and the steps it did not fully hide.
+//
 // --in-place replays the trace again through a fresh engramd with every gather flagged
 // ENGRAM_GATHER_IN_PLACE (the client copies the row cache's hits itself and reports them in its
 // touch page; only misses reach engramd) and sets its hit rate beside the first run's: the
@@ -45,6 +53,7 @@
 #include "engram/engram.h"
 #include "nlohmann/json.hpp"
 #include "base/clock.h"
+#include "testkit/miss_timeline.h"
 #include "testkit/synthetic.h"
 
 namespace engram::bench {
@@ -81,6 +90,9 @@ struct Options {
   uint64_t step_gap_us = 0;      // host time between steps (the GPU's forward pass), both runs
   uint64_t seed = 1;
   bool in_place = false;  // replay again with ENGRAM_GATHER_IN_PLACE and compare the hit rates
+  uint32_t hide_drafts = 0;   // draft tokens a sequence fetched in the two-phase replay (0: none)
+  double draft_share = 0.25;  // the draft model's share of a step in the timeline
+  std::vector<double> step_ms = {10, 20, 50};
 };
 
 // Row ids of each document per layer, token-major (24 per token).
@@ -190,6 +202,7 @@ struct Drafter {
   const NgramHasher& hasher;
   const Trace& trace;
   uint64_t state;
+  uint32_t drafts;  // draft tokens a sequence
   double Uniform() {
     state ^= state << 13, state ^= state >> 7, state ^= state << 17;
     return double(state >> 11) / double(1ull << 53);
@@ -203,7 +216,7 @@ struct Drafter {
       const std::vector<int32_t>& doc = trace.docs[d];
       draft.clear();
       bool holds = true;
-      for (uint32_t j = 1; j <= o.prefetch_drafts && t + j < doc.size(); ++j) {
+      for (uint32_t j = 1; j <= drafts && t + j < doc.size(); ++j) {
         holds = holds && Uniform() < o.draft_accept;
         draft.push_back(holds ? doc[t + j] : static_cast<int32_t>(Uniform() *
                                                                    trace.compressed_vocab));
@@ -326,6 +339,90 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
   return 0;
 }
 
+// Gathers rows[l] of both layers (submitted together, then both awaited) into ids/out; the
+// wall time from the first submit to the last completion, or 0 after saying why it failed.
+uint64_t GatherTimed(engram_session* session, uint64_t* const ids[2], uint8_t* const out[2],
+                     const std::vector<uint64_t> (&rows)[2]) {
+  const uint32_t layer_ids[2] = {1, 14};
+  const uint64_t t0 = NowNs();
+  uint64_t tickets[2];
+  for (int l = 0; l < 2; ++l) {
+    std::memcpy(ids[l], rows[l].data(), rows[l].size() * 8);
+    engram_gather_request r{.size = sizeof(r),
+                            .table = layer_ids[l],
+                            .flags = 0,
+                            .rows = ids[l],
+                            .num_rows = rows[l].size(),
+                            .dest = out[l]};
+    if (engram_submit(session, &r, &tickets[l]) != 0) {
+      return fprintf(stderr, "submit: %s\n", engram_last_error()), 0;
+    }
+  }
+  for (int l = 0; l < 2; ++l) {
+    if (engram_wait(session, tickets[l], -1) != 0) {
+      return fprintf(stderr, "gather: %s\n", engram_last_error()), 0;
+    }
+  }
+  return std::max<uint64_t>(1, NowNs() - t0);
+}
+
+// Rows of both layers that differ from the synthetic tables' rows.
+uint64_t WrongRows(uint8_t* const out[2], const std::vector<uint64_t> (&rows)[2]) {
+  const uint32_t layer_ids[2] = {1, 14};
+  uint8_t want[kRowBytes];
+  uint64_t wrong = 0;
+  for (int l = 0; l < 2; ++l) {
+    for (size_t k = 0; k < rows[l].size(); ++k) {
+      SyntheticRow(7, layer_ids[l], rows[l][k], want);
+      wrong += std::memcmp(want, out[l] + k * kRowBytes, kRowBytes) != 0;
+    }
+  }
+  return wrong;
+}
+
+// The two-phase replay (--hide-drafts): each step's accepted rows, then its drafts' rows, each
+// gathered and timed; --step-gap-us paces the steps as in the other replays.
+int ReplayTwoPhase(const Options& o, const std::vector<Step>& steps, const std::string& model,
+                   uint64_t max_rows, Drafter* drafter, std::vector<StepFetch>* ret_fetch,
+                   Phase* ret) {
+  const std::string socket = o.dir + "/replay.sock";
+  const pid_t daemon = StartDaemon(o, model, socket);
+  if (daemon < 0) return 1;
+  engram_session* session = nullptr;
+  engram_connect_options co;
+  engram_connect_options_init(&co, sizeof(co));
+  co.socket_path = socket.c_str();
+  co.data_bytes = 2 * max_rows * (kRowBytes + 8) + (16 << 20);
+  co.slots = 4;
+  for (int i = 0; i < 500 && engram_connect(&co, &session) != 0; ++i) usleep(20000);
+  if (session == nullptr) return fprintf(stderr, "no engramd: %s\n", engram_last_error()), 1;
+  uint64_t* ids[2];
+  uint8_t* out[2];
+  for (int l = 0; l < 2; ++l) {
+    engram_alloc(session, max_rows * 8, reinterpret_cast<void**>(&ids[l]));
+    engram_alloc(session, max_rows * kRowBytes, reinterpret_cast<void**>(&out[l]));
+  }
+  std::vector<uint64_t> draft[2];
+  for (const Step& s : steps) {
+    const uint64_t t0 = NowNs();
+    StepFetch f;
+    f.accepted_ns = GatherTimed(session, ids, out, s.rows);
+    if (f.accepted_ns == 0) return 1;
+    ret->wrong += WrongRows(out, s.rows);
+    drafter->Rows(s, draft);
+    f.draft_ns = GatherTimed(session, ids, out, draft);
+    if (f.draft_ns == 0) return 1;
+    ret->wrong += WrongRows(out, draft);
+    ret_fetch->push_back(f);
+    while (NowNs() - t0 < o.step_gap_us * 1000) usleep(50);
+  }
+  ret->status = Control(socket, "status");
+  engram_close(session);
+  kill(daemon, SIGTERM);
+  waitpid(daemon, nullptr, 0);
+  return 0;
+}
+
 uint64_t CacheMisses(const Phase& p) { return p.status["store"]["cache"]["misses"].get<uint64_t>(); }
 
 void PrintPhase(const char* name, const Phase& p) {
@@ -347,8 +444,9 @@ struct Workload {
 int MakeWorkload(const Options& o, Workload& w) {
   auto trace = ReadTrace(o.trace);
   if (!trace.ok()) return fprintf(stderr, "%s\n", trace.status().ToString().c_str()), 1;
-  if (o.prefetch_drafts != 0 && o.mode != "decode") {
-    return fprintf(stderr, "--prefetch-drafts replays decode steps (--mode decode)\n"), 1;
+  if ((o.prefetch_drafts != 0 || o.hide_drafts != 0) && o.mode != "decode") {
+    fprintf(stderr, "--prefetch-drafts and --hide-drafts replay decode steps (--mode decode)\n");
+    return 1;
   }
   w.trace = *std::move(trace);
   const HashConfig config = Dsv41HashConfig();
@@ -366,7 +464,8 @@ int MakeWorkload(const Options& o, Workload& w) {
     w.max_rows = std::max<uint64_t>(w.max_rows, s.rows[0].size());
   }
   // Drafts of all sequences of a step, per layer.
-  w.max_rows = std::max<uint64_t>(w.max_rows, uint64_t{o.sequences} * o.prefetch_drafts * heads);
+  w.max_rows = std::max<uint64_t>(
+      w.max_rows, uint64_t{o.sequences} * std::max(o.prefetch_drafts, o.hide_drafts) * heads);
   return 0;
 }
 
@@ -432,8 +531,44 @@ void PrintPrefetch(const Options& o, const Phase& plain, const Phase& prefetched
          Percentile(prefetched.latency, 0.5) / 1e3, Percentile(prefetched.latency, 0.99) / 1e3);
 }
 
+// The two-phase replay's fetch times on the step timeline, for each step length.
+void PrintHidden(const Options& o, const Phase& two_phase, const std::vector<StepFetch>& fetch) {
+  std::vector<uint64_t> accepted, drafts;
+  for (const StepFetch& f : fetch) accepted.push_back(f.accepted_ns), drafts.push_back(f.draft_ns);
+  PrintPhase(absl::StrCat("engramd, two-phase k=", o.hide_drafts).c_str(), two_phase);
+  printf(
+      "  two-phase fetch: accepted rows p50 %.1f us, p99 %.1f us; draft rows (k=%u, right "
+      "with p=%.2f while the draft holds) p50 %.1f us, p99 %.1f us\n",
+      Percentile(accepted, 0.5) / 1e3, Percentile(accepted, 0.99) / 1e3, o.hide_drafts,
+      o.draft_accept, Percentile(drafts, 0.5) / 1e3, Percentile(drafts, 0.99) / 1e3);
+  printf(
+      "  timeline: draft model %.0f%% of the step, then 40 layers; rows needed at layer 1; "
+      "accepted rows from the step's start, draft rows from the draft's end\n",
+      100.0 * o.draft_share);
+  printf("  %8s %8s %9s %8s %15s %10s %12s %15s\n", "step", "hidden", "accepted", "draft",
+         "steps exposed", "stall ms", "after-draft", "steps exposed");
+  for (double ms : o.step_ms) {
+    const StepTimeline t{.step_ns = static_cast<uint64_t>(ms * 1e6), .draft_share = o.draft_share};
+    const HiddenReport r = HideFetches(fetch, t);
+    printf("  %6.0fms %8.4f %9.4f %8.4f %7zu/%-7zu %10.2f %12.4f %7lu/%-7zu\n", ms,
+           r.hidden_fraction, r.accepted_hidden_fraction, r.draft_hidden_fraction,
+           r.exposed_steps.size(), fetch.size(), r.stall_ns / 1e6, r.after_draft_hidden_fraction,
+           r.after_draft_exposed, fetch.size());
+    std::string listed;
+    for (size_t i = 0; i < r.exposed_steps.size() && i < 12; ++i) {
+      const uint32_t step = r.exposed_steps[i];
+      absl::StrAppend(&listed, " ", step, " (", TwoPhaseStallNs(fetch[step], t) / 1000, " us)");
+    }
+    if (!listed.empty()) {
+      printf("    not fully hidden:%s%s\n", listed.c_str(),
+             r.exposed_steps.size() > 12 ? " ..." : "");
+    }
+  }
+}
+
 void PrintReport(const Options& o, const Workload& w, const Phase& plain, const Phase& prefetched,
-                 const Phase& in_place, const Simulated& sim) {
+                 const Phase& in_place, const Simulated& sim, const Phase& two_phase,
+                 const std::vector<StepFetch>& fetch) {
   const json& store = plain.status["store"];
   utsname u;
   uname(&u);
@@ -453,6 +588,7 @@ void PrintReport(const Options& o, const Workload& w, const Phase& plain, const 
   printf("  %-22s %10.4f %14.4f\n", "simulated S3-FIFO", sim.s3_hit_rate, sim.s3_all_hit);
   printf("  %-22s %10.4f %14s\n", "simulated LRU", sim.lru_hit_rate, "");
   if (o.prefetch_drafts != 0) PrintPrefetch(o, plain, prefetched);
+  if (o.hide_drafts != 0) PrintHidden(o, two_phase, fetch);
   if (o.in_place) {
     PrintPhase("engramd, read in place", in_place);
     const double points = 100.0 * (in_place.status["store"]["hit_rate"].get<double>() -
@@ -470,7 +606,7 @@ void PrintReport(const Options& o, const Workload& w, const Phase& plain, const 
       "wrong %lu\n",
       plain.hwm_kb / 1024.0, double(store["store_bytes"].get<uint64_t>()) / (1 << 20),
       store["cache"]["evictions"].get<uint64_t>(),
-      plain.wrong + prefetched.wrong + in_place.wrong);
+      plain.wrong + prefetched.wrong + in_place.wrong + two_phase.wrong);
 }
 
 int Run(const Options& o) {
@@ -478,11 +614,15 @@ int Run(const Options& o) {
   if (int rc = MakeWorkload(o, w); rc != 0) return rc;
   const std::string model = EnsureModel(o);
   if (model.empty()) return 1;
-  Phase plain, prefetched, in_place;
+  Phase plain, prefetched, in_place, two_phase;
+  std::vector<StepFetch> fetch;
   if (int rc = Replay(o, w.steps, model, w.max_rows, nullptr, false, &plain); rc != 0) return rc;
   if (o.prefetch_drafts != 0) {
-    Drafter drafter{
-        .o = o, .hasher = *w.hasher, .trace = w.trace, .state = o.seed * 2654435761u + 1};
+    Drafter drafter{.o = o,
+                    .hasher = *w.hasher,
+                    .trace = w.trace,
+                    .state = o.seed * 2654435761u + 1,
+                    .drafts = o.prefetch_drafts};
     if (int rc = Replay(o, w.steps, model, w.max_rows, &drafter, false, &prefetched); rc != 0) {
       return rc;
     }
@@ -492,9 +632,20 @@ int Run(const Options& o) {
       return rc;
     }
   }
+  if (o.hide_drafts != 0) {
+    Drafter drafter{.o = o,
+                    .hasher = *w.hasher,
+                    .trace = w.trace,
+                    .state = o.seed * 2654435761u + 1,
+                    .drafts = o.hide_drafts};
+    if (int rc = ReplayTwoPhase(o, w.steps, model, w.max_rows, &drafter, &fetch, &two_phase);
+        rc != 0) {
+      return rc;
+    }
+  }
   const uint64_t capacity = plain.status["store"]["cache"]["capacity_rows"].get<uint64_t>();
-  PrintReport(o, w, plain, prefetched, in_place, Simulate(w.steps, capacity));
-  return plain.wrong + prefetched.wrong + in_place.wrong == 0 ? 0 : 2;
+  PrintReport(o, w, plain, prefetched, in_place, Simulate(w.steps, capacity), two_phase, fetch);
+  return plain.wrong + prefetched.wrong + in_place.wrong + two_phase.wrong == 0 ? 0 : 2;
 }
 
 void AddOptions(CLI::App& app, Options& o) {
@@ -522,6 +673,17 @@ void AddOptions(CLI::App& app, Options& o) {
                  "Microseconds from a step's start to the next (the forward pass), both runs")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the simulated draft model")->capture_default_str();
+  app.add_option("--hide-drafts", o.hide_drafts,
+                 "Decode: replay again fetching each step's accepted rows, then the rows of this "
+                 "many draft tokens a sequence, and report the fetch time a step hides (0: no)")
+      ->capture_default_str();
+  app.add_option("--draft-share", o.draft_share,
+                 "The draft model's share of a step in the --hide-drafts timeline")
+      ->check(CLI::Range(0.0, 0.9))
+      ->capture_default_str();
+  app.add_option("--step-ms", o.step_ms, "Step lengths (ms) the --hide-drafts report covers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_flag("--in-place", o.in_place,
                "Replay again with ENGRAM_GATHER_IN_PLACE (hits copied by the client) and compare "
                "the hit rates");

@@ -31,6 +31,14 @@ out=$("$replay" --trace "$work/zipf.trace" --dir "$work" --mode decode --table-r
 echo "$out"
 grep -q "fraction of later misses avoided by prefetch" <<<"$out"
 grep -q "rows wrong 0" <<<"$out"
+# Decode again fetching each step's accepted rows, then its drafts' rows: every row checked, the
+# fraction of fetch time hidden reported per step length.
+out=$("$replay" --trace "$work/zipf.trace" --dir "$work" --mode decode --table-rows 20000 \
+      --cache-mib 1 --max-steps 60 --hide-drafts 3 --step-ms 10 --step-ms 50)
+echo "$out"
+grep -q "two-phase fetch: accepted rows" <<<"$out"
+[[ $(grep -cE '^ +(10|50)ms +[01]\.[0-9]{4} ' <<<"$out") -eq 2 ]]
+grep -q "rows wrong 0" <<<"$out"
 # Decode again with the row cache read in place: every row checked, and the hit rate within a
 # point of the replay through engramd (the hits copied by the client still reach the policy).
 out=$("$replay" --trace "$work/zipf.trace" --dir "$work" --mode decode --table-rows 20000 \
