@@ -21,6 +21,11 @@ on the host waits or calls into the daemon, so ``run()`` can be captured once in
     if step.error:                        # after the step: the daemon failed or is gone
         ...                               # reconnect: a new GpuDecodeStep, capture again
 
+With speculative decoding (``draft_per_seq=k``) the step can instead be queued in two phases,
+each group's rows requested as soon as its tokens exist: ``submit_accepted()`` at the step's
+start, ``submit_draft()`` right after the draft model wrote its tokens, ``finish()`` before
+the first Engram layer (side streams forked and joined with events; docs/python.md).
+
 docs/gpu.md ("Requests from the GPU") describes the protocol and the recovery.
 """
 
