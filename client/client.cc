@@ -127,6 +127,8 @@ struct engram_session {
   std::vector<uint64_t> slot_rows;  // rows of the request in flight in each slot
   uint32_t sq_tail = 0;
   bool device_submit = false;  // the ring belongs to a device producer (engram_device_ring)
+  // engram_gather's path for a request without ENGRAM_GATHER_IN_PLACE / _VIA_DAEMON.
+  bool gather_in_place = true;
 
   std::mutex control_mutex;  // one control exchange at a time
   uint32_t next_request_id = 1;
@@ -145,7 +147,7 @@ struct engram_session {
   };
   LibraryCounters counters;
 
-  // ENGRAM_GATHER_IN_PLACE: the tables asked for so far, by layer. The mappings stay until
+  // engram_gather's in-place path: the tables asked for so far, by layer. The mappings stay until
   // the session is closed.
   std::mutex in_place_mutex;
   std::map<uint32_t, engram::client::InPlaceTable> in_place;
@@ -510,6 +512,22 @@ int MapArena(engram_session* s, const engram::UniqueFd& memfd) {
   return 0;
 }
 
+// ENGRAM_IN_PLACE: "0" makes the daemon every session's default path for engram_gather; "1", ""
+// or unset leave the in-place path the default.
+int InPlaceFromEnvironment(bool* ret_in_place) {
+  const char* value = getenv("ENGRAM_IN_PLACE");
+  if (value == nullptr || value[0] == '\0' || strcmp(value, "1") == 0) {
+    *ret_in_place = true;
+  } else if (strcmp(value, "0") == 0) {
+    *ret_in_place = false;
+  } else {
+    return SetError(-EINVAL,
+                    "ENGRAM_IN_PLACE is \"%.64s\": expected 0 (gather through engramd) or 1",
+                    value);
+  }
+  return 0;
+}
+
 // A session asked for with ENGRAM_CONNECT_DEVICE_SUBMIT hands its ring to a device producer,
 // if the daemon granted the feature.
 int TakeDeviceSubmit(engram_session* s, const engram_connect_options& o) {
@@ -539,12 +557,18 @@ int engram_session_open(const struct engram_connect_options* options,
   if (o.slots > ENGRAM_MAX_SLOTS) {
     return SetError(-EINVAL, "%u slots asked, at most %u", o.slots, ENGRAM_MAX_SLOTS);
   }
-  if ((o.flags & ~ENGRAM_CONNECT_DEVICE_SUBMIT) != 0 || o.reserved != 0) {
+  constexpr uint32_t kConnectFlags =
+      ENGRAM_CONNECT_DEVICE_SUBMIT | ENGRAM_CONNECT_GATHER_VIA_DAEMON;
+  if ((o.flags & ~kConnectFlags) != 0 || o.reserved != 0) {
     return SetError(-EINVAL, "engram_connect_options: unknown flags 0x%x or reserved field set",
                     o.flags);
   }
+  bool in_place_env = true;
+  if (int rc = InPlaceFromEnvironment(&in_place_env); rc < 0) return rc;
   const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
   auto s = std::make_unique<engram_session>();
+  s->gather_in_place = in_place_env && (o.flags & (ENGRAM_CONNECT_GATHER_VIA_DAEMON |
+                                                   ENGRAM_CONNECT_DEVICE_SUBMIT)) == 0;
   sockaddr_un addr;
   if (int rc = SocketAddress(o.socket_path, &addr, &s->socket_path); rc < 0) return rc;
   s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;
@@ -680,8 +704,15 @@ int GatherSqe(engram_session* s, const struct engram_gather_request* theirs, eng
   engram_gather_request r{};
   if (int rc = ReadStruct("engram_gather_request", theirs, &r); rc < 0) return rc;
   const engram_gather_request* request = &r;
-  if ((request->flags & ~ENGRAM_GATHER_IN_PLACE) != 0) {
+  constexpr uint32_t kPathFlags = ENGRAM_GATHER_IN_PLACE | ENGRAM_GATHER_VIA_DAEMON;
+  if ((request->flags & ~kPathFlags) != 0) {
     return SetError(-EINVAL, "unknown request flags 0x%x", request->flags);
+  }
+  if ((request->flags & kPathFlags) == kPathFlags) {
+    return SetError(-EINVAL,
+                    "request flags 0x%x ask for both ENGRAM_GATHER_IN_PLACE and "
+                    "ENGRAM_GATHER_VIA_DAEMON; give one",
+                    request->flags);
   }
   *ret_flags = request->flags;
   const uint64_t n = request->num_rows;
@@ -735,6 +766,11 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
   // stays until the session closes, as another thread may be reading it.
   if (t.map != nullptr) return &t;
   if (t.never || NowNs() < t.retry_at_ns) return nullptr;
+  // A daemon that cannot hand out mappings is not asked for every table.
+  if (!(s->welcome.features & ENGRAM_FEATURE_TABLE_STATE)) {
+    t.never = true;
+    return nullptr;
+  }
   std::vector<engram_wire_table> tables;
   const engram_wire_table* wire = nullptr;
   if (FetchTables(s, &tables) == 0) {
@@ -837,6 +873,22 @@ int GatherCachedInPlace(engram_session* s, const engram::client::InPlaceTable& t
   // A request still in flight (timed out, or the session lost) keeps its ids until the end.
   if (rc != -ETIMEDOUT && rc != -ENOTCONN) engram_free(s, scratch);
   return rc;
+}
+
+// engram_gather of a checked submission entry: in place where `in_place` and the table can be
+// read here, else (or when the table was withdrawn meanwhile) through the daemon.
+int GatherNow(engram_session* s, const engram_sqe& sqe, bool in_place, int64_t timeout_ns) {
+  if (in_place) {
+    if (CheckLostCheap(s)) return LostError(s);
+    if (const engram::client::InPlaceTable* t = InPlaceFor(s, sqe.table); t != nullptr) {
+      const int rc = t->map->row_cache ? GatherCachedInPlace(s, *t, sqe, timeout_ns)
+                                       : GatherInPlace(s, *t, sqe);
+      if (rc != -ESTALE) return rc;
+    }
+  }
+  uint64_t ticket;
+  if (int rc = Push(s, sqe, &ticket); rc < 0) return rc;
+  return engram_wait(s, ticket, timeout_ns);
 }
 
 }  // namespace
@@ -1036,17 +1088,9 @@ int engram_gather(engram_session* s, const struct engram_gather_request* request
   engram_sqe sqe;
   uint32_t flags;
   if (int rc = GatherSqe(s, request, &sqe, &flags); rc < 0) return rc;
-  if ((flags & ENGRAM_GATHER_IN_PLACE) != 0) {
-    if (CheckLostCheap(s)) return LostError(s);
-    if (const engram::client::InPlaceTable* t = InPlaceFor(s, sqe.table); t != nullptr) {
-      const int rc =
-          t->map->row_cache ? GatherCachedInPlace(s, *t, sqe, timeout_ns) : GatherInPlace(s, *t, sqe);
-      if (rc != -ESTALE) return rc;
-    }
-  }
-  uint64_t ticket;
-  if (int rc = Push(s, sqe, &ticket); rc < 0) return rc;
-  return engram_wait(s, ticket, timeout_ns);
+  const bool in_place = (flags & ENGRAM_GATHER_IN_PLACE) != 0 ||
+                        ((flags & ENGRAM_GATHER_VIA_DAEMON) == 0 && s->gather_in_place);
+  return GatherNow(s, sqe, in_place, timeout_ns);
 }
 
 }  // extern "C"
@@ -1110,17 +1154,10 @@ int TokenPositions(const engram_session* s, const engram_token_request& r,
   return 0;
 }
 
-}  // namespace
-
-extern "C" {
-
-int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
-                         const struct engram_token_request* request, uint64_t* ret_ticket,
-                         uint64_t* ret_num_rows) {
-  if (s == nullptr || hasher == nullptr || request == nullptr || ret_ticket == nullptr) {
-    return SetError(-EINVAL,
-                    "engram_submit_tokens needs a session, a hasher, a request and ret_ticket");
-  }
+// The submission entry of a token request, its ids hashed into the data region where the daemon
+// (or the in-place path) reads them: the request needs no other copy.
+int TokenSqe(engram_session* s, const engram_hasher* hasher,
+             const struct engram_token_request* request, engram_sqe* ret_sqe) {
   engram_token_request r{};
   if (int rc = ReadStruct("engram_token_request", request, &r); rc < 0) return rc;
   if ((r.flags & ~ENGRAM_HASH_COMPRESSED_IDS) != 0) {
@@ -1159,7 +1196,6 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
                     r.layer, static_cast<unsigned long long>(n),
                     static_cast<unsigned long long>(n * ENGRAM_ROW_BYTES));
   }
-  // The hash writes the ids where the daemon reads them: the request needs no other copy.
   if (int rc = engram_hash(hasher, r.layer, r.seqs, r.n_seqs, head_begin, head_end, r.flags, r.rows,
                            r.rows_cap);
       rc < 0) {
@@ -1171,16 +1207,36 @@ int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
   sqe.num_rows = n;
   sqe.rows_offset = rows_offset;
   sqe.dest_offset = dest_offset;
+  *ret_sqe = sqe;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int engram_submit_tokens(engram_session* s, const engram_hasher* hasher,
+                         const struct engram_token_request* request, uint64_t* ret_ticket,
+                         uint64_t* ret_num_rows) {
+  if (s == nullptr || hasher == nullptr || request == nullptr || ret_ticket == nullptr) {
+    return SetError(-EINVAL,
+                    "engram_submit_tokens needs a session, a hasher, a request and ret_ticket");
+  }
+  engram_sqe sqe;
+  if (int rc = TokenSqe(s, hasher, request, &sqe); rc < 0) return rc;
   if (int rc = Push(s, sqe, ret_ticket); rc < 0) return rc;
-  if (ret_num_rows != nullptr) *ret_num_rows = n;
+  if (ret_num_rows != nullptr) *ret_num_rows = sqe.num_rows;
   return 0;
 }
 
 int engram_gather_tokens(engram_session* s, const engram_hasher* hasher,
                          const struct engram_token_request* request, int64_t timeout_ns) {
-  uint64_t ticket;
-  if (int rc = engram_submit_tokens(s, hasher, request, &ticket, nullptr); rc < 0) return rc;
-  return engram_wait(s, ticket, timeout_ns);
+  if (s == nullptr || hasher == nullptr || request == nullptr) {
+    return SetError(-EINVAL, "engram_gather_tokens needs a session, a hasher and a request");
+  }
+  engram_sqe sqe;
+  if (int rc = TokenSqe(s, hasher, request, &sqe); rc < 0) return rc;
+  return GatherNow(s, sqe, s->gather_in_place, timeout_ns);
 }
 
 int engram_completion_counter(engram_session* s, const volatile uint64_t** ret_counter) {
@@ -1395,8 +1451,8 @@ int OpenTableMap(engram_session* s, uint32_t layer, bool row_cache, engram_table
       close_fds();
       return SetError(-EOPNOTSUPP,
                       "layer %u is served from engramd's row cache (the cache tier), not "
-                      "resident: only engram_gather with ENGRAM_GATHER_IN_PLACE reads its rows in "
-                      "place (the hits; the misses through engramd)",
+                      "resident: only engram_gather reads its rows in place (the hits; the misses "
+                      "through engramd)",
                       layer);
     }
     return engram::client::MapRowCache(fds[0], fds[1], fds[2], table, ret_map);

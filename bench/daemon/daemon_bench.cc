@@ -243,7 +243,7 @@ struct Bench {
       if (cold) Evict(ip.files);
       engram_gather_request r{.size = sizeof(r),
                               .table = ip.table->layer_id(),
-                              .flags = 0,
+                              .flags = ENGRAM_GATHER_VIA_DAEMON,
                               .rows = ids,
                               .num_rows = n,
                               .dest = out,
@@ -284,7 +284,7 @@ pid_t StartBusyClient(const engram_connect_options& o, uint64_t rows) {
     for (int k = 0; k < 1152; ++k) bids[k] = r2() % rows;
     engram_gather_request r{.size = sizeof(r),
                             .table = 1,
-                            .flags = 0,
+                            .flags = ENGRAM_GATHER_VIA_DAEMON,
                             .rows = bids,
                             .num_rows = 1152,
                             .dest = bout,

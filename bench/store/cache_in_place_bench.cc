@@ -121,13 +121,15 @@ int Run(const Options& o) {
   for (int pass = 0; pass < 2; ++pass) {
     for (uint64_t first = 0; first < o.working_set; first += o.batch) {
       for (uint64_t i = 0; i < o.batch; ++i) ids[i] = (first + i) % o.working_set;
-      if (gather(1, 0, out) != 0) return fprintf(stderr, "warm: %s\n", engram_last_error()), 1;
+      if (gather(1, ENGRAM_GATHER_VIA_DAEMON, out) != 0) {
+        return fprintf(stderr, "warm: %s\n", engram_last_error()), 1;
+      }
     }
   }
   Method methods[4] = {{"resident, read in place", 14, ENGRAM_GATHER_IN_PLACE, {}},
                        {"cache (all hits), read in place", 1, ENGRAM_GATHER_IN_PLACE, {}},
-                       {"resident, through engramd", 14, 0, {}},
-                       {"cache (all hits), through engramd", 1, 0, {}}};
+                       {"resident, through engramd", 14, ENGRAM_GATHER_VIA_DAEMON, {}},
+                       {"cache (all hits), through engramd", 1, ENGRAM_GATHER_VIA_DAEMON, {}}};
   std::mt19937_64 rng(1);
   uint64_t cache_requests = 0, rows_in_place = 0;
   for (uint32_t it = 0; it < o.iterations; ++it) {
@@ -141,10 +143,10 @@ int Run(const Options& o) {
       }
       m.ns.push_back(engram::NowNs() - t0);
       engram_get_session_stats(s, &after);
-      if (m.layer == 1 && m.flags != 0) {
+      if (m.layer == 1 && m.flags == ENGRAM_GATHER_IN_PLACE) {
         cache_requests += after.requests_submitted - before.requests_submitted;
         rows_in_place += after.rows_in_place - before.rows_in_place;
-        if (gather(1, 0, check) != 0 ||
+        if (gather(1, ENGRAM_GATHER_VIA_DAEMON, check) != 0 ||
             std::memcmp(out, check, o.batch * engram::kRowBytes) != 0) {
           return fprintf(stderr, "in-place rows differ from engramd's\n"), 2;
         }

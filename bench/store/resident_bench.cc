@@ -81,8 +81,8 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
     std::vector<uint64_t> daemon_ns, local_ns;
     for (uint32_t it = 0; it < iterations; ++it) {
       for (uint64_t i = 0; i < n; ++i) ids[i] = rng() % rows;
-      engram_gather_request r{
-          .size = sizeof(r), .table = 14, .rows = ids, .num_rows = n, .dest = out};
+      engram_gather_request r{.size = sizeof(r), .table = 14, .flags = ENGRAM_GATHER_VIA_DAEMON,
+                              .rows = ids, .num_rows = n, .dest = out};  // the baseline
       uint64_t t0 = engram::NowNs();
       if (engram_gather(s, &r, 10'000'000'000) != 0) {
         return fprintf(stderr, "gather: %s\n", engram_last_error()), 1;

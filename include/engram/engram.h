@@ -127,8 +127,17 @@ ENGRAM_ASSERT_SIZE(struct engram_connect_options, 56);
 /* engram_connect_options.flags */
 /* The session's requests come from a GPU kernel (engram/gpu_submit.h), not from this process:
  * the daemon keeps polling its ring (it cannot be woken by a device), and engram_submit* on it
- * fail with -EBUSY. -EOPNOTSUPP at connect if the daemon does not offer it. */
+ * fail with -EBUSY. -EOPNOTSUPP at connect if the daemon does not offer it. Such a session's
+ * engram_gather goes through the daemon (and fails with -EBUSY) unless a request asks for
+ * ENGRAM_GATHER_IN_PLACE. */
 #define ENGRAM_CONNECT_DEVICE_SUBMIT (1u << 0)
+/* The session's engram_gather and engram_gather_tokens go through the daemon unless a request
+ * asks for ENGRAM_GATHER_IN_PLACE: the in-place path is not the session's default. The
+ * environment variable ENGRAM_IN_PLACE=0 does the same for every session of the process
+ * (ENGRAM_IN_PLACE=1 or unset: the in-place default; any other value fails engram_session_open
+ * with -EINVAL). Since ENGRAM_0.6; an older library refuses the flag (-EINVAL, "unknown
+ * flags"). */
+#define ENGRAM_CONNECT_GATHER_VIA_DAEMON (1u << 1)
 
 /* Fills the caller's struct of `size` bytes (sizeof *ret_options) with the defaults and sets
  * its size field; writes nothing (and sets engram_last_error()) for a NULL struct or a size
@@ -206,7 +215,7 @@ struct engram_gather_request {
     uint32_t layer; /* the table's Engram layer id (1, 14 for DeepSeek-V4.1) */
     uint32_t table; /* deprecated name of `layer` */
   };
-  uint32_t flags; /* 0 or ENGRAM_GATHER_IN_PLACE */
+  uint32_t flags; /* 0, ENGRAM_GATHER_IN_PLACE or ENGRAM_GATHER_VIA_DAEMON */
   const uint64_t* rows; /* num_rows row ids, in the data region, 8-byte aligned */
   uint64_t num_rows;
   void* dest; /* in the data region: row i lands at dest + i * 264, or ... */
@@ -215,18 +224,14 @@ struct engram_gather_request {
 };
 ENGRAM_ASSERT_SIZE(struct engram_gather_request, 48);
 
-/* engram_gather_request.flags. ENGRAM_GATHER_IN_PLACE: where the table is resident in the daemon's
- * row store (docs/row-store.md), engram_gather copies the rows on the calling thread from a
- * read-only mapping of the table (engram_table_map_open) instead of asking the daemon: no round
- * trip, no thread of the daemon woken. The first such call for a table maps it (a control round
- * trip and the page tables of the whole table: a few ms per GiB with 4 KiB pages), and the mapping
- * stays until engram_session_close. A table that is not resident is gathered by the daemon as
- * without the flag; one still loading (or refused for another reason) too, and its mapping is asked
- * for again at most every 100 ms. The request is checked as the daemon checks it, with the same
- * errors and messages. Rows read in place are counted in engram_session_stats.rows_in_place, not by
- * the daemon's statistics. engram_submit accepts the flag and leaves the request to the daemon (its
- * completion belongs to the daemon). An older library refuses the flag (-EINVAL, "unknown request
- * flags").
+/* engram_gather_request.flags. engram_gather reads rows in place wherever this process can map
+ * the table (since ENGRAM_0.6; before it only with ENGRAM_GATHER_IN_PLACE):
+ *
+ * A table resident in the daemon's row store (docs/row-store.md): engram_gather copies the rows
+ * on the calling thread from a read-only mapping of the table (engram_table_map_open) instead of
+ * asking the daemon: no round trip, no thread of the daemon woken. The first call for a table
+ * maps it (a control round trip and the page tables of the whole table: a few ms per GiB with
+ * 4 KiB pages), and the mapping stays until engram_session_close.
  * A table of the cache tier (protocol 1.4 on both sides): the first call maps the daemon's row
  * cache read-only (no page tables filled); each call copies the rows the cache holds on the
  * calling thread, each checked against its slot's version (a row evicted or rewritten during the
@@ -234,8 +239,25 @@ ENGRAM_ASSERT_SIZE(struct engram_gather_request, 48);
  * destinations, waited for up to `timeout_ns`. A call whose rows are all cached makes no request.
  * The rows copied here are counted in rows_in_place and, through the session's touch page, in the
  * daemon's table and cache statistics as if it had served them (docs/row-store.md, "Reading the
- * row cache in place"). */
+ * row cache in place").
+ * The daemon gathers the request as before for a table of the storage tier, when the daemon
+ * cannot hand out mappings (protocol < 1.3) or refuses the mapping, and for a table still
+ * loading (its mapping is asked for again at most every 100 ms). The request is checked as the
+ * daemon checks it, with the same errors and messages. Rows read in place are counted in
+ * engram_session_stats.rows_in_place, not in the daemon's per-session requests and rows.
+ *
+ * ENGRAM_GATHER_VIA_DAEMON sends the request to the daemon whatever the table (for measuring the
+ * daemon, or to have its per-session counters see the request); ENGRAM_GATHER_IN_PLACE takes the
+ * in-place path even on a session connected with ENGRAM_CONNECT_GATHER_VIA_DAEMON (or under
+ * ENGRAM_IN_PLACE=0). Without either, the session's default decides: in place unless the session
+ * was opened with ENGRAM_CONNECT_GATHER_VIA_DAEMON, under ENGRAM_IN_PLACE=0, or with
+ * ENGRAM_CONNECT_DEVICE_SUBMIT. Both flags at once: -EINVAL. engram_submit accepts both and
+ * leaves the request to the daemon (its completion belongs to the daemon). An older library
+ * refuses a flag it does not know (-EINVAL, "unknown request flags"): ENGRAM_GATHER_VIA_DAEMON
+ * before ENGRAM_0.6, ENGRAM_GATHER_IN_PLACE before ENGRAM_0.4 (from ENGRAM_0.6 on it only
+ * matters on a session whose default is the daemon). */
 #define ENGRAM_GATHER_IN_PLACE 0x1u
+#define ENGRAM_GATHER_VIA_DAEMON 0x2u
 
 /* Submits a gather; on success *ret_ticket identifies it. The row ids and offsets are read by
  * the daemon after this returns: leave them alone until the ticket completes. -ENOSPC when every
@@ -445,8 +467,10 @@ ENGRAM_API int engram_submit_tokens(engram_session* session, const engram_hasher
                                     const struct engram_token_request* request,
                                     uint64_t* ret_ticket, uint64_t* ret_num_rows);
 
-/* engram_submit_tokens + engram_wait. On -ETIMEDOUT the request is abandoned (its slot stays
- * busy until it completes). Thread-safe. */
+/* engram_submit_tokens + engram_wait, except that the rows are gathered as engram_gather
+ * gathers a request without flags (since ENGRAM_0.6): in place where the session's default is the
+ * in-place path and the table can be mapped, through the daemon otherwise. On -ETIMEDOUT the
+ * request is abandoned (its slot stays busy until it completes). Thread-safe. */
 ENGRAM_API int engram_gather_tokens(engram_session* session, const engram_hasher* hasher,
                                     const struct engram_token_request* request,
                                     int64_t timeout_ns);

@@ -90,6 +90,9 @@ struct ConnectOptions {
   uint32_t spin_ns = 0;     // 0: adaptive (see engram_connect_options)
   std::string client_name;  // empty: program name
   std::chrono::nanoseconds timeout{0};
+  // Gather (and GatherTokens) through the daemon by default (ENGRAM_CONNECT_GATHER_VIA_DAEMON)
+  // instead of in place where the table can be mapped.
+  bool gather_via_daemon = false;
 };
 
 // Host-side n-gram hasher of a model (engram/hash.h). Move-only; closes on destruction.
@@ -214,6 +217,7 @@ class Session {
     o.spin_ns = options.spin_ns;
     o.client_name = options.client_name.empty() ? nullptr : options.client_name.c_str();
     o.timeout_ns = options.timeout.count();
+    o.flags = options.gather_via_daemon ? ENGRAM_CONNECT_GATHER_VIA_DAEMON : 0u;
     engram_session* s = nullptr;
     Status status = Status::FromReturn(engram_session_open(&o, &s));
     if (status.ok()) {
@@ -277,11 +281,20 @@ class Session {
   }
   // Status code -EAGAIN while in flight.
   Status Poll(Ticket ticket) { return Status::FromReturn(engram_poll(s_, ticket)); }
+  // engram_gather: in place where the table can be mapped and the session's default allows it;
+  // flags ENGRAM_GATHER_VIA_DAEMON or ENGRAM_GATHER_IN_PLACE choose the path for this call.
   Status Gather(uint32_t layer, const uint64_t* rows, uint64_t num_rows, void* dest,
-                std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1)) {
-    Ticket t;
-    Status s = Submit(layer, rows, num_rows, dest, &t);
-    return s.ok() ? Wait(t, timeout) : s;
+                std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1),
+                uint32_t flags = 0, const uint64_t* dest_offsets = nullptr) {
+    engram_gather_request r{};
+    r.size = sizeof(r);
+    r.layer = layer;
+    r.flags = flags;
+    r.rows = rows;
+    r.num_rows = num_rows;
+    r.dest = dest;
+    r.dest_offsets = dest_offsets;
+    return Status::FromReturn(engram_gather(s_, &r, timeout.count()));
   }
 
   // Hashes request.seqs into request.rows and submits their gather into request.dest in one

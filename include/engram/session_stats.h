@@ -51,7 +51,7 @@
     "Times engram_wait went to sleep on the futex (this process)")                              \
   X(rows_in_place, LIBRARY, COUNTER, "",                                                       \
     "Rows this process's engram_gather copied from resident tables or the row cache itself "    \
-    "(ENGRAM_GATHER_IN_PLACE), not counted in rows")
+    "(engram_gather's in-place path), not counted in rows")
 
 /* Counters of a session that only engramd reports (control replies, metrics), in the same shape
  * (origin COUNTED): not in engram_session_stats, not on the wire. */
@@ -60,7 +60,7 @@
     "Submissions the daemon could not read (a corrupt ring or entry), counted as failed too")   \
   X(cache_rows_in_place, COUNTED, COUNTER, "engram_client_cache_rows_in_place_total",          \
     "Rows of cache-tier tables the client copied from the row cache itself "                   \
-    "(ENGRAM_GATHER_IN_PLACE), as its touch page reported them")
+    "(engram_gather's in-place path), as its touch page reported them")
 /* clang-format on */
 
 /* Selectors on an entry's origin: ENGRAM_SESSION_<WHICH>_##origin(...) expands to its

@@ -162,6 +162,11 @@ SIZE(engram_request_status, 256);
 /* engram/row.h and engram/abi.h */
 _Static_assert(ENGRAM_ROW_BYTES == 264, "row size");
 _Static_assert(ENGRAM_MAX_STRUCT_BYTES == 4096, "the size-field bound of engram.h convention 3");
+/* Flag values a binary compiled against an older header passes as numbers. */
+_Static_assert(ENGRAM_CONNECT_DEVICE_SUBMIT == 0x1u && ENGRAM_CONNECT_GATHER_VIA_DAEMON == 0x2u,
+               "connect flags");
+_Static_assert(ENGRAM_GATHER_IN_PLACE == 0x1u && ENGRAM_GATHER_VIA_DAEMON == 0x2u,
+               "gather request flags");
 
 int main(void) {
   printf("layouts of 15 ABI structs and 16 protocol structs checked at compile time\n");

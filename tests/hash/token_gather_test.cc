@@ -380,3 +380,48 @@ TEST_CASE("the C++ wrapper: Hasher and Session::GatherTokens", "[hash][daemon]")
   CHECK(st.code() == -ENOENT);
   CHECK(st.message().find("table 3") != std::string::npos);
 }
+
+TEST_CASE("engram_gather_tokens reads a resident table in place unless the session says otherwise",
+          "[hash][daemon]") {
+  const uint32_t layer = kLayers[0];
+  const std::string tier = std::to_string(layer) + "=resident";
+  engram::testing::Daemon d({"--tier", tier}, "hash-resident", Model());
+  REQUIRE(d.alive());
+  engram_hasher* h = OpenHasher();
+  const std::vector<int32_t> tokens = Tokens(64, 9);
+  const engram_hash_seq seq = Seq(tokens.data(), tokens.size(), nullptr, 0);
+  const uint64_t n = tokens.size() * kHeads;
+  // (rows in place, rows through engramd) that one engram_gather_tokens adds; the rows in `out`.
+  const auto gather = [&](uint32_t connect_flags, std::vector<uint8_t>* out) {
+    engram_connect_options o = d.Options(32 << 20);
+    o.flags = connect_flags;
+    engram_session* s = nullptr;
+    REQUIRE(engram_connect(&o, &s) == 0);
+    // The table is read in place once it has loaded: wait for that.
+    engram_table_map* map = nullptr;
+    int rc = -EAGAIN;
+    for (int i = 0; i < 3000 && (rc = engram_table_map_open(s, layer, &map)) == -EAGAIN; ++i) {
+      usleep(10000);
+    }
+    REQUIRE(rc == 0);
+    engram_table_map_close(map);
+    {
+      Buffers b(s, n);
+      const engram_token_request r = b.Request(layer, &seq, 1);
+      INFO(engram_last_error());
+      REQUIRE(engram_gather_tokens(s, h, &r, 10'000'000'000) == 0);
+      CheckRowsLanded(layer, b.rows, n, b.dest, LayerRows()[0]);
+      out->assign(b.dest, b.dest + n * ENGRAM_ROW_BYTES);
+    }
+    engram_session_stats st{.size = sizeof(st)};
+    REQUIRE(engram_get_session_stats(s, &st) == 0);
+    engram_close(s);
+    return std::pair<uint64_t, uint64_t>{st.rows_in_place, st.rows};
+  };
+  std::vector<uint8_t> in_place, via_daemon;
+  CHECK(gather(0, &in_place) == std::pair<uint64_t, uint64_t>{n, 0});
+  CHECK(gather(ENGRAM_CONNECT_GATHER_VIA_DAEMON, &via_daemon) ==
+        std::pair<uint64_t, uint64_t>{0, n});
+  CHECK(in_place == via_daemon);
+  engram_hasher_close(h);
+}

@@ -111,7 +111,7 @@ TEST_CASE("in-place gathers of a cached table copy hits in the client, send only
   Client c(d);
   // A working set well inside the cache: through engramd twice, so every row is cached.
   FillRows(c.rows, c.n, 1500, 41);
-  for (int i = 0; i < 2; ++i) REQUIRE(c.Gather(1, 0).first == 0);
+  for (int i = 0; i < 2; ++i) REQUIRE(c.Gather(1, ENGRAM_GATHER_VIA_DAEMON).first == 0);
   REQUIRE(FirstBadRow(1, c.rows, c.n, c.out, c.offsets) == -1);
 
   // The same rows through engramd and in place: the same bytes and the same statistics.
@@ -131,7 +131,7 @@ TEST_CASE("in-place gathers of a cached table copy hits in the client, send only
     return out;
   };
   const engram_session_stats before = c.Stats();
-  const std::vector<uint64_t> through = deltas(0);
+  const std::vector<uint64_t> through = deltas(ENGRAM_GATHER_VIA_DAEMON);
   const engram_session_stats middle = c.Stats();
   const std::vector<uint64_t> in_place = deltas(ENGRAM_GATHER_IN_PLACE);
   const engram_session_stats after = c.Stats();
@@ -165,7 +165,7 @@ TEST_CASE("in-place gathers of a cached table copy hits in the client, send only
   // A bad request fails as through engramd, naming the row.
   c.rows[5] = kRows;
   const auto [rc, why] = c.Gather(1, ENGRAM_GATHER_IN_PLACE);
-  const auto [daemon_rc, daemon_why] = c.Gather(1, 0);
+  const auto [daemon_rc, daemon_why] = c.Gather(1, ENGRAM_GATHER_VIA_DAEMON);
   CHECK(rc == daemon_rc);
   CHECK(why.find("row 20000 (index 5) is past the end of layer 1") != std::string::npos);
   CHECK(daemon_why.find("row 20000 (index 5) is past the end of layer 1") != std::string::npos);

@@ -73,7 +73,8 @@ struct Client {
     REQUIRE(engram_connect(&o, &s) == 0);
   }
   ~Client() { engram_close(s); }
-  // Gathers `rows` of `layer` and checks every byte against the synthetic rows.
+  // Gathers `rows` of `layer` through engramd (whose prefetch accounting these tests check) and
+  // checks every byte against the synthetic rows.
   void GatherChecked(uint32_t layer, const std::vector<uint64_t>& rows) {
     uint64_t* ids;
     uint8_t* out;
@@ -81,8 +82,12 @@ struct Client {
     REQUIRE(engram_alloc(s, rows.size() * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
     std::copy(rows.begin(), rows.end(), ids);
     std::memset(out, 0xEE, rows.size() * kRowBytes);
-    engram_gather_request r{
-        .size = sizeof(r), .table = layer, .rows = ids, .num_rows = rows.size(), .dest = out};
+    engram_gather_request r{.size = sizeof(r),
+                            .table = layer,
+                            .flags = ENGRAM_GATHER_VIA_DAEMON,
+                            .rows = ids,
+                            .num_rows = rows.size(),
+                            .dest = out};
     INFO(engram_last_error());
     REQUIRE(engram_gather(s, &r, 30'000'000'000) == 0);
     CHECK(FirstBadRow(layer, ids, rows.size(), out) == -1);

@@ -56,9 +56,10 @@ std::pair<int, std::string> Gather(engram_session* s, uint32_t layer, const uint
 
 // A client process: `batches` gathers of `n` rows from `layer`, drawn from the first `span` rows
 // (a working set), scattered into the arena in reverse order, every byte checked. Exit code 0
-// when every row matched. `flags`: the requests' (ENGRAM_GATHER_IN_PLACE).
+// when every row matched. `flags`: the requests' (by default through engramd, whose row store
+// these tests are about; ENGRAM_GATHER_IN_PLACE reads in place).
 int GatherChecked(const Daemon& d, uint32_t layer, uint64_t n, uint64_t span, int batches,
-                  uint64_t seed, uint32_t flags = 0) {
+                  uint64_t seed, uint32_t flags = ENGRAM_GATHER_VIA_DAEMON) {
   engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 8);
   engram_session* s = nullptr;
   if (engram_connect(&o, &s) != 0) return 10;
@@ -607,7 +608,8 @@ TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others t
   const auto same_failure = [&](uint32_t layer, const std::string& expect) {
     const auto [in_place_rc, in_place_error] =
         Gather(s, layer, rows, n, out, offsets, ENGRAM_GATHER_IN_PLACE);
-    const auto [daemon_rc, daemon_error] = Gather(s, layer, rows, n, out, offsets, 0);
+    const auto [daemon_rc, daemon_error] =
+        Gather(s, layer, rows, n, out, offsets, ENGRAM_GATHER_VIA_DAEMON);
     INFO(in_place_error << " / " << daemon_error);
     CHECK(in_place_rc == daemon_rc);
     CHECK(in_place_error.find(expect) != std::string::npos);
@@ -642,6 +644,134 @@ TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others t
   CHECK(FirstBadRow(14, rows, n, out, offsets) == -1);
   REQUIRE(engram_get_session_stats(s, &stats) == 0);
   CHECK(stats.rows == rows_through_daemon + n);
+  engram_close(s);
+}
+
+// A session's counters of rows read in place and through engramd.
+std::pair<uint64_t, uint64_t> InPlaceAndDaemonRows(engram_session* s) {
+  engram_session_stats stats{.size = sizeof(stats)};
+  REQUIRE(engram_get_session_stats(s, &stats) == 0);
+  return {stats.rows_in_place, stats.rows};
+}
+
+// The rows of `layer` at `rows` gathered into `out` with `flags`; how many more rows the session
+// then counts (in place, through engramd). Every byte is checked.
+std::pair<uint64_t, uint64_t> GatherCounted(engram_session* s, uint32_t layer, uint64_t* rows,
+                                            uint64_t n, uint8_t* out, uint32_t flags) {
+  const auto [in_place, daemon] = InPlaceAndDaemonRows(s);
+  std::memset(out, 0xEE, n * kRowBytes);
+  const auto [rc, error] = Gather(s, layer, rows, n, out, nullptr, flags);
+  INFO(error);
+  REQUIRE(rc == 0);
+  CHECK(FirstBadRow(layer, rows, n, out) == -1);
+  const auto [in_place_after, daemon_after] = InPlaceAndDaemonRows(s);
+  return {in_place_after - in_place, daemon_after - daemon};
+}
+
+TEST_CASE("a plain engram_gather reads resident and cached tables in place; the opt-outs reach "
+          "engramd", "[store][map]") {
+  const Daemon& d = StoreDaemon();
+  WaitResident(d);
+  const uint64_t n = 512;
+  engram_connect_options o = d.Options(2 * n * (kRowBytes + 16) + (1 << 20), 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  uint64_t* rows;
+  uint8_t *out, *via_daemon;
+  REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&via_daemon)) == 0);
+  FillRows(rows, n, kRows, 77);
+  using Rows = std::pair<uint64_t, uint64_t>;  // (in place, through engramd)
+
+  // Resident: no flag is the in-place path; ENGRAM_GATHER_VIA_DAEMON asks engramd for the same
+  // bytes; ENGRAM_GATHER_IN_PLACE is still accepted.
+  const json before = TableEntry(Ctl(d, "stats"), 14);
+  CHECK(GatherCounted(s, 14, rows, n, out, 0) == Rows{n, 0});
+  CHECK(GatherCounted(s, 14, rows, n, out, ENGRAM_GATHER_IN_PLACE) == Rows{n, 0});
+  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == before["store_requests"]);
+  CHECK(GatherCounted(s, 14, rows, n, via_daemon, ENGRAM_GATHER_VIA_DAEMON) == Rows{0, n});
+  CHECK(std::memcmp(out, via_daemon, n * kRowBytes) == 0);
+  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"].get<uint64_t>() ==
+        before["store_requests"].get<uint64_t>() + 1);
+
+  // Cache tier: a working set the 1 MiB cache holds, so that once engramd has read the rows a
+  // plain gather copies them here, with no request.
+  FillRows(rows, n, 1000, 78);
+  CHECK(GatherCounted(s, 1, rows, n, via_daemon, ENGRAM_GATHER_VIA_DAEMON) == Rows{0, n});
+  CHECK(GatherCounted(s, 1, rows, n, via_daemon, ENGRAM_GATHER_VIA_DAEMON) == Rows{0, n});
+  const auto [cached_in_place, cached_daemon] = GatherCounted(s, 1, rows, n, out, 0);
+  CHECK(cached_in_place + cached_daemon == n);
+  CHECK(cached_in_place > n / 2);
+  CHECK(std::memcmp(out, via_daemon, n * kRowBytes) == 0);
+
+  // Both path flags at once are refused before anything is read.
+  const auto [both_rc, both_error] =
+      Gather(s, 14, rows, n, out, nullptr, ENGRAM_GATHER_IN_PLACE | ENGRAM_GATHER_VIA_DAEMON);
+  CHECK(both_rc == -EINVAL);
+  CHECK(both_error.find("give one") != std::string::npos);
+  engram_close(s);
+
+  // A session opened with ENGRAM_CONNECT_GATHER_VIA_DAEMON: plain gathers go to engramd, a
+  // request with ENGRAM_GATHER_IN_PLACE is still read here.
+  o.flags = ENGRAM_CONNECT_GATHER_VIA_DAEMON;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  FillRows(rows, n, kRows, 79);
+  CHECK(GatherCounted(s, 14, rows, n, out, 0) == Rows{0, n});
+  CHECK(GatherCounted(s, 14, rows, n, out, ENGRAM_GATHER_IN_PLACE) == Rows{n, 0});
+  engram_close(s);
+
+  // ENGRAM_IN_PLACE=0 does the same for every session of the process; another value is refused.
+  const int env_rc = InChild([&] {
+    engram_connect_options plain = d.Options(n * (kRowBytes + 8) + (1 << 20), 4);
+    engram_session* e = nullptr;
+    setenv("ENGRAM_IN_PLACE", "yes", 1);
+    if (engram_connect(&plain, &e) != -EINVAL) return 20;
+    if (std::string(engram_last_error()).find("ENGRAM_IN_PLACE") == std::string::npos) return 21;
+    setenv("ENGRAM_IN_PLACE", "0", 1);
+    if (engram_connect(&plain, &e) != 0) return 22;
+    uint64_t* ids;
+    uint8_t* dest;
+    if (engram_alloc(e, n * 8, reinterpret_cast<void**>(&ids)) != 0 ||
+        engram_alloc(e, n * kRowBytes, reinterpret_cast<void**>(&dest)) != 0) {
+      return 23;
+    }
+    FillRows(ids, n, kRows, 80);
+    if (Gather(e, 14, ids, n, dest, nullptr, 0).first != 0) return 24;
+    if (FirstBadRow(14, ids, n, dest) != -1) return 25;
+    engram_session_stats stats{.size = sizeof(stats)};
+    if (engram_get_session_stats(e, &stats) != 0) return 26;
+    if (stats.rows != n || stats.rows_in_place != 0) return 27;
+    engram_close(e);
+    return 0;
+  });
+  CHECK(env_rc == 0);
+}
+
+TEST_CASE("a plain engram_gather of a storage-tier table goes through engramd", "[store][map]") {
+  Daemon d({"--tier", "14=resident"}, "storage-tier");
+  REQUIRE(d.alive());
+  WaitResident(d);
+  const uint64_t n = 256;
+  engram_connect_options o = d.Options(n * (kRowBytes + 8) + (1 << 20), 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  uint64_t* rows;
+  uint8_t *out, *via_daemon;
+  REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&via_daemon)) == 0);
+  FillRows(rows, n, kRows, 81);
+  using Rows = std::pair<uint64_t, uint64_t>;
+  // Layer 1 is of the storage tier: no mapping to read, every gather is engramd's.
+  CHECK(TableEntry(Ctl(d, "stats"), 1)["tier"] == "storage");
+  CHECK(GatherCounted(s, 1, rows, n, out, 0) == Rows{0, n});
+  CHECK(GatherCounted(s, 1, rows, n, via_daemon, ENGRAM_GATHER_VIA_DAEMON) == Rows{0, n});
+  CHECK(std::memcmp(out, via_daemon, n * kRowBytes) == 0);
+  // The resident layer of the same daemon is read in place.
+  CHECK(GatherCounted(s, 14, rows, n, out, 0) == Rows{n, 0});
   engram_close(s);
 }
 
