@@ -193,6 +193,10 @@ class Client:
         device_submit: hand the session's submission ring to a GPU producer (what
             engram.GpuDecodeStep does); host-side gathers on it then fail (EngramError,
             errno EBUSY).
+        in_place: gather() and gather_tokens() read the rows of resident and cache-tier tables
+            in place (see gather()) unless a call says otherwise; False sends them to the daemon
+            (ENGRAM_CONNECT_GATHER_VIA_DAEMON), as the environment variable ENGRAM_IN_PLACE=0
+            does for every session of the process.
 
     Methods are thread-safe. Errors raise engram.EngramError subclasses (ConnectionError when
     no daemon listens or the session was lost, ValueError for a bad table or row, ...).
@@ -200,7 +204,7 @@ class Client:
 
     def __init__(self, socket: Optional[str] = None, *, data_bytes: int = 0, slots: int = 0,
                  client_name: Optional[str] = None, timeout: Optional[float] = None,
-                 device_submit: bool = False):
+                 device_submit: bool = False, in_place: bool = True):
         lib = _lib.client_lib()
         self._lib = lib
         options = _lib.ConnectOptions()
@@ -214,7 +218,8 @@ class Client:
         options.client_name = self._name_bytes
         options.timeout_ns = 0 if timeout is None else max(1, int(timeout * _NS))
         # The ring then belongs to a GPU producer (engram.GpuDecodeStep): host submits fail.
-        options.flags = _lib.CONNECT_DEVICE_SUBMIT if device_submit else 0
+        options.flags = (_lib.CONNECT_DEVICE_SUBMIT if device_submit else 0) | \
+            (0 if in_place else _lib.CONNECT_GATHER_VIA_DAEMON)
         handle = ctypes.c_void_p()
         _lib.check(lib.engram_session_open(ctypes.byref(options), ctypes.byref(handle)))
         self._handle = handle
@@ -226,6 +231,10 @@ class Client:
         base, size = ctypes.c_void_p(), ctypes.c_uint64()
         _lib.check(lib.engram_data_region(handle, ctypes.byref(base), ctypes.byref(size)))
         self._data_region = (base.value, size.value)
+        # The library's default path for a gather without a path flag (the environment's
+        # ENGRAM_IN_PLACE included): what gather(in_place=None) does.
+        self._in_place_default = in_place and not device_submit and \
+            os.environ.get("ENGRAM_IN_PLACE", "1") in ("", "1")
 
     # ---- session --------------------------------------------------------------------------
 
@@ -472,17 +481,23 @@ class Client:
         return allocation, request
 
     def gather(self, table: int, row_ids: Any, timeout: Optional[float] = None, *,
-               array: str = "torch", typed: bool = False, in_place: bool = False) -> Any:
+               array: str = "torch", typed: bool = False,
+               in_place: Optional[bool] = None) -> Any:
         """Gathers rows `row_ids` of table `table`: a torch.uint8 tensor [n, 264] viewing the
         arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales); a NumPy
         array with array="numpy"; RowView(values, scales, raw) with typed=True. See the
         module's notes on its lifetime. timeout in seconds (None: no limit).
 
-        in_place: where the table is resident in engramd's memory, this process copies the
-        rows itself from a read-only mapping of the table (ENGRAM_GATHER_IN_PLACE: no round
-        trip; the first such call maps the table); for a table of the cache tier it copies
-        the rows the row cache holds from a read-only mapping of it and asks the daemon for
-        the others only; storage-tier tables are gathered by the daemon."""
+        in_place: None (the default) takes the session's path (Client's in_place), True the
+        in-place path, False the daemon (ENGRAM_GATHER_VIA_DAEMON). In place, where the table is
+        resident in engramd's memory this process copies the rows itself from a read-only
+        mapping of the table (no round trip; the first such call maps the table); for a table
+        of the cache tier it copies the rows the row cache holds from a read-only mapping of it
+        and asks the daemon for the others only (one request); storage-tier tables, and tables
+        this process cannot map, are gathered by the daemon. The rows, errors and messages are
+        the same either way; rows read in place are counted in stats().rows_in_place."""
+        if in_place is None:
+            in_place = self._in_place_default
         if in_place:
             return self._gather_in_place(table, row_ids, timeout, array, typed)
         ticket = self.submit(table, row_ids, array=array, typed=typed)
@@ -521,21 +536,12 @@ class Client:
         for an id outside the vocabulary, NoVocabularyError) are raised here, before anything
         is submitted; the daemon's at wait time. array and typed as for submit()."""
         self._check_array(array)
-        from .hasher import _Sequences
         from .errors import hash_error_for
-        begin, end = hasher.head_range(tp_size, tp_rank, heads)
-        seqs = _Sequences(tokens, history)
-        width = max(0, end - begin)
-        n = seqs.positions * width
-        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
-        allocation = self._alloc(rows_bytes + n * 8)
+        allocation, request, seqs, shape = self._token_request(hasher, table, tokens, history,
+                                                               tp_size, tp_rank, heads,
+                                                               compressed)
+        n = request.rows_cap
         try:
-            request = _lib.TokenRequest(
-                size=ctypes.sizeof(_lib.TokenRequest), layer=table,
-                flags=_lib.HASH_COMPRESSED_IDS if compressed else 0, seqs=ctypes.addressof(
-                    seqs.seqs), n_seqs=seqs.count, head_begin=begin, head_end=end, tp_size=0,
-                tp_rank=0, rows=allocation.address + rows_bytes, rows_cap=n,
-                dest=allocation.address)
             ticket = ctypes.c_uint64()
             rc = _lib.hash_lib().engram_submit_tokens(self._session(), hasher._h(),
                                                       ctypes.byref(request), ctypes.byref(ticket),
@@ -545,8 +551,51 @@ class Client:
         except BaseException:
             allocation.free()
             raise
-        return Ticket(self, ticket.value, table, n, allocation,
-                      shape=(seqs.positions, width, _lib.row_bytes()), array=array, typed=typed)
+        return Ticket(self, ticket.value, table, n, allocation, shape=shape, array=array,
+                      typed=typed)
+
+    def _token_request(self, hasher, table, tokens, history, tp_size, tp_rank, heads,
+                       compressed):
+        """An arena range for the rows of a token request followed by their ids, the request
+        (whose sequences live in the returned _Sequences) and the rows' shape."""
+        from .hasher import _Sequences
+        begin, end = hasher.head_range(tp_size, tp_rank, heads)
+        seqs = _Sequences(tokens, history)
+        width = max(0, end - begin)
+        n = seqs.positions * width
+        rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
+        allocation = self._alloc(rows_bytes + n * 8)
+        request = _lib.TokenRequest(
+            size=ctypes.sizeof(_lib.TokenRequest), layer=table,
+            flags=_lib.HASH_COMPRESSED_IDS if compressed else 0, seqs=ctypes.addressof(
+                seqs.seqs), n_seqs=seqs.count, head_begin=begin, head_end=end, tp_size=0,
+            tp_rank=0, rows=allocation.address + rows_bytes, rows_cap=n,
+            dest=allocation.address)
+        return allocation, request, seqs, (seqs.positions, width, _lib.row_bytes())
+
+    def _gather_tokens_now(self, hasher, table, tokens, history, tp_size, tp_rank, heads,
+                           compressed, timeout, array, typed):
+        """gather_tokens through engram_gather_tokens: in place where the table can be
+        mapped."""
+        self._check_array(array)
+        from .errors import hash_error_for
+        allocation, request, seqs, shape = self._token_request(hasher, table, tokens, history,
+                                                               tp_size, tp_rank, heads,
+                                                               compressed)
+        rc = _lib.hash_lib().engram_gather_tokens(self._session(), hasher._h(),
+                                                  ctypes.byref(request), _timeout_ns(timeout))
+        del seqs  # the library has read the sequences
+        if rc < 0:
+            error = hash_error_for(rc, _lib.last_error())
+            # A request that timed out through the daemon may still land: its range stays
+            # allocated rather than be reused under a late write.
+            if rc != -errno.ETIMEDOUT:
+                allocation.free()
+            raise error
+        rows = self._view(allocation, shape, array)
+        if request.rows_cap == 0:
+            allocation.free()
+        return split_rows(rows) if typed else rows
 
     def gather_tokens(self, hasher: Any, table: int, tokens: Any, history: Any = None, *,
                       tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
@@ -554,7 +603,12 @@ class Client:
                       timeout: Optional[float] = None, array: str = "torch",
                       typed: bool = False) -> Any:
         """submit_tokens(...).wait(timeout): torch.uint8 [positions, heads, 264] viewing the
-        arena (see the module's notes on its lifetime)."""
+        arena (see the module's notes on its lifetime). On a session whose default is the
+        in-place path (Client's in_place) the rows are gathered as gather() gathers them
+        (engram_gather_tokens: in place where the table can be mapped)."""
+        if self._in_place_default:
+            return self._gather_tokens_now(hasher, table, tokens, history, tp_size, tp_rank,
+                                           heads, compressed, timeout, array, typed)
         ticket = self.submit_tokens(hasher, table, tokens, history, tp_size=tp_size,
                                     tp_rank=tp_rank, heads=heads, compressed=compressed,
                                     array=array, typed=typed)
@@ -575,15 +629,17 @@ class Client:
         return ticket.value
 
     def gather_in_arena(self, table: int, ids: ArenaBuffer, num_rows: int, dest: ArenaBuffer,
-                        *, ids_offset: int = 0, dest_offset: int = 0, in_place: bool = False,
+                        *, ids_offset: int = 0, dest_offset: int = 0,
+                        in_place: Optional[bool] = None,
                         timeout: Optional[float] = None) -> None:
-        """submit_in_arena + wait_request in one call (engram_gather). in_place: a resident
-        table's rows are copied by this process from its mapping of the table, with no request
-        (ENGRAM_GATHER_IN_PLACE); other tables go through the daemon. Raises the request's
-        error; on EngramTimeoutError the request stays in flight and the buffers must stay
-        allocated until it completes."""
-        request = self._arena_request(table, ids, num_rows, dest, ids_offset, dest_offset,
-                                      _lib.GATHER_IN_PLACE if in_place else 0)
+        """submit_in_arena + wait_request in one call (engram_gather). in_place as for
+        gather(): None the session's path, True in place (a resident table's rows, a cache-tier
+        table's cached rows, copied by this process with no request for them), False the daemon.
+        Raises the request's error; on EngramTimeoutError the request stays in flight and the
+        buffers must stay allocated until it completes."""
+        flags = 0 if in_place is None else \
+            _lib.GATHER_IN_PLACE if in_place else _lib.GATHER_VIA_DAEMON
+        request = self._arena_request(table, ids, num_rows, dest, ids_offset, dest_offset, flags)
         _lib.check(self._lib.engram_gather(self._session(), ctypes.byref(request),
                                            _timeout_ns(timeout)))
 

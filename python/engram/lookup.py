@@ -2,7 +2,7 @@
 
     lookup = engram.EngramLookup(layers=[1, 14], heads=24, max_tokens=512)   # once
     ...
-    lookup.prepare({1: ids_1, 14: ids_14})  # forward entry: every layer's gather submitted
+    lookup.prepare({1: ids_1, 14: ids_14})  # forward entry: every layer's rows gathered
     # or, from token ids: lookup.prepare_tokens(hasher, new_ids, history=last_ids)
     ...
     emb = lookup.get(14)                    # in layer 14: bf16 [tokens, heads, 256]
@@ -10,8 +10,9 @@
                                             # which torch.compile(fullgraph=True) traces
 
 ids_L are the step's row ids of layer L, shape [tokens, heads] (integers on the CPU; a negative
-id marks a padding slot, which reads as zeros). prepare() returns as soon as the requests are
-submitted. On a GPU, get() queues on the current CUDA stream a wait for the daemon's
+id marks a padding slot, which reads as zeros). By default prepare() copies the rows of
+resident and cache-tier tables itself (in place) and has the daemon gather the rest before it
+returns; with in_place=False it returns as soon as the requests are submitted. On a GPU, get() queues on the current CUDA stream a wait for the daemon's
 completion counter followed by the dequantise-and-scatter kernel, which reads the rows straight
 from the arena (registered host memory): the host never waits, and the two launches can be
 captured into a CUDA graph and replayed, each replay using the rows of the latest prepare().
@@ -31,6 +32,7 @@ Step protocol (the rows of a step live at fixed arena addresses until the next p
 
 import ctypes
 import errno
+import os
 import time
 from typing import Any, Dict, Optional, Sequence, Union
 
@@ -85,20 +87,22 @@ class EngramLookup:
             torch sees one, else the CPU.
         socket, client_name, timeout: as for Client (the lookup owns its own session: its
             completion counter must count only its requests).
-        in_place: prepare() copies the rows of tables resident in engramd's memory itself, from
-            read-only mappings of them (ENGRAM_GATHER_IN_PLACE), before it returns: no request,
-            no wait on the daemon's threads, and a bad row raises from prepare() itself. A
+        in_place: True (the default): prepare() copies the rows of tables resident in engramd's
+            memory itself, from read-only mappings of them, before it returns: no request, no
+            wait on the daemon's threads, and a bad row raises from prepare() itself. A
             cache-tier table's cached rows are copied from a read-only mapping of the row
             cache, the rest asked of the daemon in one request; storage-tier tables are
-            gathered by the daemon, also before prepare() returns. The
-            host thread spends the copy's time (about 0.1 ms for a 2,304-row step); without
-            it, prepare() only submits.
+            gathered by the daemon, also before prepare() returns. The host thread spends the
+            copy's time (about 0.1 ms for a 2,304-row step). False: prepare() only submits
+            every layer's request to the daemon and returns (the wait is the GPU's, or
+            result()'s). The environment variable ENGRAM_IN_PLACE=0 makes False the
+            default.
     """
 
     def __init__(self, layers: Sequence[int], heads: int, max_tokens: int, *,
                  device: Union[str, torch.device, None] = None, socket: Optional[str] = None,
                  client_name: Optional[str] = None, timeout: Optional[float] = None,
-                 in_place: bool = False):
+                 in_place: Optional[bool] = None):
         layers = [int(layer) for layer in layers]
         if not layers or len(set(layers)) != len(layers):
             raise ValueError(f"layers must be distinct layer ids, got {layers}")
@@ -120,7 +124,9 @@ class EngramLookup:
         self.heads = heads
         self.max_tokens = max_tokens
         self.layers = layers
-        self.in_place = in_place
+        if in_place is None:
+            in_place = os.environ.get("ENGRAM_IN_PLACE", "1") in ("", "1")
+        self.in_place = bool(in_place)
         capacity = max_tokens * heads
         per_layer = _round_up(capacity * (row_bytes() + 8 + 4), _PAGE)
         data_bytes = per_layer * len(layers) + 2 * _PAGE

@@ -1,7 +1,8 @@
-# Client.gather(in_place=True) against an engramd with a resident and a cached table: rows of the
-# resident table are copied in this process from its mapping (the daemon never sees the
-# requests), the cached table's hits from the mapped row cache with only its misses gathered by
-# the daemon; bad ids fail as they fail through the daemon.
+# Client.gather's in-place path (the default, and in_place=True) against an engramd with a
+# resident and a cached table: rows of the resident table are copied in this process from its
+# mapping (the daemon never sees the requests), the cached table's hits from the mapped row cache
+# with only its misses gathered by the daemon; bad ids fail as they fail through the daemon; the
+# opt-outs (in_place=False, Client(in_place=False), ENGRAM_IN_PLACE=0) reach the daemon.
 import time
 
 import numpy as np
@@ -55,7 +56,7 @@ def test_in_place_reads_cached_rows_from_the_row_cache(store_daemon, expected_ro
     ids = np.random.default_rng(6).integers(0, 2000, 1152)
     with engram.Client(store_daemon.socket) as c:
         for _ in range(2):  # through the daemon: every row cached afterwards
-            c.release(c.gather(1, ids, array="numpy"))
+            c.release(c.gather(1, ids, array="numpy", in_place=False))
         before = c.stats()
         table_before = table_entry(store_daemon, "stats", 1)
         rows = c.gather(1, ids, array="numpy", in_place=True)
@@ -77,7 +78,7 @@ def test_in_place_refuses_a_bad_row_as_the_daemon_does(store_daemon):
         with pytest.raises(engram.RowOutOfRangeError) as in_place:
             c.gather(14, [1, SYNTH_ROWS + 5], in_place=True)
         with pytest.raises(engram.RowOutOfRangeError) as daemon:
-            c.gather(14, [1, SYNTH_ROWS + 5])
+            c.gather(14, [1, SYNTH_ROWS + 5], in_place=False)
     assert "read in place" in str(in_place.value)
     assert f"row {SYNTH_ROWS + 5} (index 1) is past the end of layer 14" in str(in_place.value)
     assert str(daemon.value).split("engramd: ")[-1] in str(in_place.value)
@@ -111,4 +112,73 @@ def test_lookup_in_place_equals_the_reference(store_daemon, tables):
         bad[14][0, 2] = SYNTH_ROWS
         with pytest.raises(engram.RowOutOfRangeError, match="layer 14"):
             lookup.prepare(bad)
+    assert table_entry(store_daemon, "stats", 14)["store_requests"] == before
+
+
+def test_plain_gather_reads_in_place_and_the_opt_outs_reach_the_daemon(store_daemon, expected_rows,
+                                                                      monkeypatch):
+    wait_resident(store_daemon)
+    ids = np.random.default_rng(11).integers(0, 1500, 512)
+    before = table_entry(store_daemon, "stats", 14)["store_requests"]
+    with engram.Client(store_daemon.socket) as c:
+        s0 = c.stats()
+        plain = c.gather(14, ids, array="numpy")
+        s1 = c.stats()
+        assert (s1.rows_in_place - s0.rows_in_place, s1.rows - s0.rows) == (512, 0)
+        assert table_entry(store_daemon, "stats", 14)["store_requests"] == before
+        daemon = c.gather(14, ids, array="numpy", in_place=False)
+        s2 = c.stats()
+        assert (s2.rows_in_place - s1.rows_in_place, s2.rows - s1.rows) == (0, 512)
+        assert np.array_equal(plain, daemon)
+        assert np.array_equal(plain, expected_rows(14, ids))
+        # The cache tier: once engramd has read the rows, a plain gather copies the hits here.
+        for _ in range(2):
+            c.release(c.gather(1, ids, array="numpy", in_place=False))
+        s3 = c.stats()
+        cached = c.gather(1, ids, array="numpy")
+        s4 = c.stats()
+        assert np.array_equal(cached, expected_rows(1, ids))
+        assert s4.rows_in_place - s3.rows_in_place > 256
+        assert (s4.rows_in_place - s3.rows_in_place) + (s4.rows - s3.rows) == 512
+        # gather_in_arena: the same defaults.
+        with c.alloc(512 * 8) as buf_ids, c.alloc(512 * engram.ROW_BYTES) as dest:
+            buf_ids.numpy(np.uint64, 512)[:] = ids
+            c.gather_in_arena(14, buf_ids, 512, dest)
+            s5 = c.stats()
+            assert s5.rows_in_place - s4.rows_in_place == 512
+            c.gather_in_arena(14, buf_ids, 512, dest, in_place=False)
+            assert c.stats().rows - s5.rows == 512
+            assert np.array_equal(dest.numpy(np.uint8, 512 * engram.ROW_BYTES),
+                                  plain.reshape(-1))
+    # A session whose default is the daemon; in_place=True still reads in place.
+    with engram.Client(store_daemon.socket, in_place=False) as c:
+        rows = c.gather(14, ids, array="numpy")
+        assert np.array_equal(rows, plain)
+        assert (c.stats().rows_in_place, c.stats().rows) == (0, 512)
+        c.release(c.gather(14, ids, array="numpy", in_place=True))
+        assert c.stats().rows_in_place == 512
+    # ENGRAM_IN_PLACE=0: every new session's default is the daemon, the lookup's too.
+    monkeypatch.setenv("ENGRAM_IN_PLACE", "0")
+    with engram.Client(store_daemon.socket) as c:
+        c.release(c.gather(14, ids, array="numpy"))
+        assert (c.stats().rows_in_place, c.stats().rows) == (0, 512)
+    with engram.EngramLookup([14], 4, 8, device="cpu", socket=store_daemon.socket) as lookup:
+        assert not lookup.in_place
+    monkeypatch.setenv("ENGRAM_IN_PLACE", "maybe")
+    with pytest.raises(engram.InvalidArgumentError, match="ENGRAM_IN_PLACE"):
+        engram.Client(store_daemon.socket)
+
+
+def test_lookup_reads_in_place_by_default(store_daemon):
+    wait_resident(store_daemon)
+    heads = 4
+    ids = {14: np.random.default_rng(12).integers(0, SYNTH_ROWS, size=(8, heads))}
+    before = table_entry(store_daemon, "stats", 14)["store_requests"]
+    with engram.EngramLookup([14], heads, 8, device="cpu", socket=store_daemon.socket) as lookup:
+        assert lookup.in_place
+        lookup.prepare(ids)
+        lookup.get(14)
+        stats = lookup.stats()
+        assert stats.rows_in_place == 8 * heads
+        assert stats.requests_submitted == 0
     assert table_entry(store_daemon, "stats", 14)["store_requests"] == before

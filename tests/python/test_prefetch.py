@@ -40,7 +40,8 @@ def test_client_prefetch_then_gather_hits(cached_daemon, expected_rows):
         wait_prefetched(cached_daemon)
         after = table_stats(cached_daemon, 1)
         assert after["prefetch_fetched_rows"] - before["prefetch_fetched_rows"] == 300
-        rows = c.gather(1, ids, array="numpy")
+        # Through engramd: hits read in place do not count as prefetch uses.
+        rows = c.gather(1, ids, array="numpy", in_place=False)
         assert np.array_equal(rows, expected_rows(1, ids))
         c.release(rows)
     after = table_stats(cached_daemon, 1)
@@ -65,7 +66,8 @@ def test_lookup_prefetch_skips_padding_and_checks_rows(cached_daemon, expected_r
     ids = np.arange(8 * heads, dtype=np.int64).reshape(8, heads) * 97 + 11
     ids[2, 1] = -1  # padding is not prefetched
     before = table_stats(cached_daemon, 14)
-    with engram.EngramLookup([14], heads, 16, device="cpu", socket=cached_daemon.socket) as lk:
+    with engram.EngramLookup([14], heads, 16, device="cpu", socket=cached_daemon.socket,
+                             in_place=False) as lk:
         assert lk.prefetch({14: ids}) == ids.size - 1
         with pytest.raises(ValueError, match=r"token 3, head 2"):
             bad = ids.copy()
