@@ -55,6 +55,8 @@ std::optional<int> GatherRows(const RowsOptions& o, engram_session** ret_session
     engram_gather_request request{};
     request.size = sizeof(request);
     request.table = o.table;
+    // The rows as engramd serves them, and no mapping of a whole table for a few rows.
+    request.flags = ENGRAM_GATHER_VIA_DAEMON;
     request.rows = static_cast<const uint64_t*>(ids);
     request.num_rows = o.rows.size();
     request.dest = dest;

@@ -105,8 +105,14 @@ struct Client {
 int64_t GatherAndCheck(const Options& o, Shared* shared, Client& c, uint32_t layer, uint32_t n,
                        uint64_t& rng) {
   for (uint32_t i = 0; i < n; ++i) c.ids[i] = Next(rng) % o.rows;
-  engram_gather_request r{.size = sizeof(r), .table = layer, .flags = 0, .rows = c.ids,
-                          .num_rows = n, .dest = c.out, .dest_offsets = nullptr};
+  // Through engramd whatever the tier: the daemon is what the soak loads.
+  engram_gather_request r{.size = sizeof(r),
+                          .table = layer,
+                          .flags = ENGRAM_GATHER_VIA_DAEMON,
+                          .rows = c.ids,
+                          .num_rows = n,
+                          .dest = c.out,
+                          .dest_offsets = nullptr};
   const int rc = engram_gather(c.session, &r, 60'000'000'000);
   shared->requests.fetch_add(1);
   if (rc == -ENOTCONN || rc == -ECONNRESET || rc == -EPIPE) return -1;
