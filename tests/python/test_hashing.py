@@ -302,3 +302,32 @@ def test_lookup_prepare_tokens_equals_the_reference(hash_daemon, hasher, hash_mo
             rank.prepare_tokens(hasher, ids[:4])
         with pytest.raises(engram.InvalidArgumentError, match="65 tokens, more than max_tokens"):
             full.prepare_tokens(hasher, ids[:65])
+
+
+def test_gather_tokens_reads_a_resident_table_in_place(hash_model, hash_tables, hasher,
+                                                      tmp_path_factory):
+    """gather_tokens on a resident table copies the rows here (engram_gather_tokens); the same
+    through engramd with Client(in_place=False), byte for byte."""
+    import time
+    _, r, lookup, vocab_size = hash_model
+    d = Daemon(hash_model[0], tmp_path_factory.mktemp("hashd-resident"), ["--tier", "14=resident"])
+    try:
+        ids = _stream(64, vocab_size, 7)
+        expect = _expected(hash_tables, 14, r.rows(14, lookup[ids]))
+        counted = []
+        for in_place in (True, False):
+            with engram.Client(d.socket, in_place=in_place) as c:
+                deadline = time.monotonic() + 60
+                while True:  # in place once the table has loaded
+                    rows = c.gather_tokens(hasher, 14, ids, timeout=10)
+                    np.testing.assert_array_equal(rows.numpy(), expect)
+                    c.release(rows)
+                    if not in_place or c.stats().rows_in_place > 0:
+                        break
+                    assert time.monotonic() < deadline, "layer 14 was not read in place"
+                    time.sleep(0.12)  # past the library's retry interval
+                counted.append((c.stats().rows_in_place > 0, c.stats().rows))
+    finally:
+        d.stop()
+    assert counted[0][0] and not counted[1][0]
+    assert counted[1][1] == 64 * HEADS
