@@ -94,6 +94,8 @@ constexpr int kErrorNoDevice = 100;
 // cudaDevAttrPageableMemoryAccessUsesHostPageTables: the device reads pageable host memory
 // through the host's page tables (GB10 and GH200 over NVLink-C2C).
 constexpr int kCudaAttrPageableUsesHostPageTables = 100;
+// cudaDevAttrPageableMemoryAccess: the device reads pageable host memory (HMM or ATS).
+constexpr int kCudaAttrPageableMemoryAccess = 88;
 
 constexpr const char* kCudaNames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
                                       "libcudart.so"};
@@ -213,21 +215,62 @@ std::string RuntimeError(const Runtime& rt, const char* call, void* addr, size_t
                 rt.error_string(status), rt.api->name, status);
 }
 
-// Pins [addr, +len) and maps it for the device; on failure closes the library.
-int PinAndMap(const Runtime& rt, void* addr, size_t len, void** ret_device) {
+// Does the current CUDA device read pageable host memory at all (cudaDevAttrPageableMemoryAccess,
+// through the host's page tables or HMM)? Asked only when pinning was refused.
+bool PageableAccess(void* library, int runtime) {
+  if (runtime != ENGRAM_GPU_RUNTIME_CUDA) return false;
+  using GetDeviceFn = int (*)(int*);
+  using GetAttributeFn = int (*)(int*, int, int);
+  auto get_device = reinterpret_cast<GetDeviceFn>(dlsym(library, "cudaGetDevice"));
+  auto get_attribute = reinterpret_cast<GetAttributeFn>(dlsym(library, "cudaDeviceGetAttribute"));
+  int device = 0, value = 0;
+  return get_device != nullptr && get_attribute != nullptr && get_device(&device) == 0 &&
+         get_attribute(&value, kCudaAttrPageableMemoryAccess, device) == 0 && value == 1;
+}
+
+// Clears the runtime's last error after a refused call it was asked for on purpose: the next
+// launch check of any library would otherwise take it for its own.
+void ClearLastError(const Runtime& rt) {
+  using GetLastErrorFn = int (*)();
+  if (auto clear =
+          reinterpret_cast<GetLastErrorFn>(dlsym(rt.library, rt.api->get_last_error_symbol))) {
+    clear();
+  }
+}
+
+// Pins [addr, +len) and maps it for the device; on failure closes the library. *ret_pinned
+// false: both pinning attempts were refused (a read-only mapping whose driver does not take
+// cudaHostRegisterReadOnly) and the device reads pageable memory: the host address serves.
+int PinAndMap(const Runtime& rt, void* addr, size_t len, void** ret_device, bool* ret_pinned) {
   const RuntimeApi& api = *rt.api;
+  *ret_pinned = true;
   int status = rt.do_register(addr, len, kRegisterPortable | kRegisterMapped);
+  int read_only_status = 0;
   if (status != 0 && status != api.already_registered &&
-      rt.do_register(addr, len, kRegisterPortable | kRegisterMapped | kRegisterReadOnly) == 0) {
-    // A read-only mapping (a resident table's, engram_map_table) pins only as read-only memory;
-    // a failure of both attempts reports the first. The refused first attempt stays the
-    // runtime's last error, which the next launch check of any library would take for its
-    // own: clear it.
-    using GetLastErrorFn = int (*)();
-    if (auto clear =
-            reinterpret_cast<GetLastErrorFn>(dlsym(rt.library, api.get_last_error_symbol))) {
-      clear();
-    }
+      (read_only_status = rt.do_register(
+           addr, len, kRegisterPortable | kRegisterMapped | kRegisterReadOnly)) != 0 &&
+      PageableAccess(rt.library, api.runtime)) {
+    ClearLastError(rt);
+    *ret_device = addr;
+    *ret_pinned = false;
+    return 0;
+  }
+  if (status != 0 && status != api.already_registered && read_only_status != 0) {
+    std::string message = Format(
+        "engram_gpu_register: the %s runtime refused to pin [%p, +%zu) (%s, error %d; read-only: "
+        "%s, error %d) and the device cannot read pageable memory: this mapping cannot be read "
+        "in place by the GPU; gather its rows into the session's registered arena instead "
+        "(engram_gather, or the GPU queue)",
+        api.name, addr, len, rt.error_string(status), status, rt.error_string(read_only_status),
+        read_only_status);
+    ClearLastError(rt);
+    dlclose(rt.library);
+    return Fail(ErrnoFor(status, api.already_registered), std::move(message));
+  }
+  if (status != 0 && status != api.already_registered) {
+    // A read-only mapping (a resident table's, engram_map_table) pins only as read-only memory.
+    // The refused first attempt stays the runtime's last error: clear it.
+    ClearLastError(rt);
     status = 0;
   }
   if (status != 0) {
@@ -263,6 +306,7 @@ engram_gpu_registration* NewRegistration(const Runtime& rt, void* addr, size_t l
 }  // namespace
 
 std::span<const char* const> DefaultCudaRuntimeNames() { return kCudaNames; }
+bool GpuRegistrationPinned(const engram_gpu_registration* reg) { return reg->pinned; }
 std::span<const char* const> DefaultHipRuntimeNames() { return kHipNames; }
 
 int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_names,
@@ -282,8 +326,9 @@ int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_na
     return 0;
   }
   void* device = nullptr;
-  if (int r = PinAndMap(rt, addr, len, &device); r != 0) return r;
-  *ret_reg = NewRegistration(rt, addr, len, device, /*pinned=*/true);
+  bool pinned = true;
+  if (int r = PinAndMap(rt, addr, len, &device, &pinned); r != 0) return r;
+  *ret_reg = NewRegistration(rt, addr, len, device, pinned);
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // A stand-in for libcudart with just the calls engram_gpu_register makes, for testing its
 // decisions on machines without a GPU: one device, whose "pageable memory uses host page tables"
-// attribute is $FAKE_CUDART_HOST_PAGE_TABLES, and counters of what was registered.
+// attribute is $FAKE_CUDART_HOST_PAGE_TABLES, whose "pageable memory access" attribute is
+// $FAKE_CUDART_PAGEABLE, and counters of what was registered.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -23,10 +24,19 @@ __attribute__((visibility("default"))) int cudaGetDevice(int* device) {
 }
 __attribute__((visibility("default"))) int cudaDeviceGetAttribute(int* value, int attr, int) {
   const char* env = std::getenv("FAKE_CUDART_HOST_PAGE_TABLES");
-  *value = attr == 100 && env != nullptr && std::strcmp(env, "1") == 0 ? 1 : 0;
+  const char* pageable = std::getenv("FAKE_CUDART_PAGEABLE");
+  *value = (attr == 100 && env != nullptr && std::strcmp(env, "1") == 0) ||
+                   (attr == 88 && pageable != nullptr && std::strcmp(pageable, "1") == 0)
+               ? 1
+               : 0;
   return 0;
 }
-__attribute__((visibility("default"))) int cudaHostRegister(void*, size_t, unsigned) {
+// $FAKE_CUDART_REFUSE_PIN=1: a driver that pins a read-only mapping only with
+// cudaHostRegisterReadOnly and does not take that flag: invalid value (1) without it, not
+// supported (801) with it.
+__attribute__((visibility("default"))) int cudaHostRegister(void*, size_t, unsigned flags) {
+  const char* refuse = std::getenv("FAKE_CUDART_REFUSE_PIN");
+  if (refuse != nullptr && std::strcmp(refuse, "1") == 0) return (flags & 8u) != 0 ? 801 : 1;
   ++g_registered;
   return 0;
 }

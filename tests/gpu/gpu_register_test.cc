@@ -170,6 +170,47 @@ TEST_CASE("on unified memory nothing is pinned and the device address is the hos
   unsetenv("FAKE_CUDART_HOST_PAGE_TABLES");
 }
 
+TEST_CASE("a read-only mapping the driver will not pin falls back to pageable access or fails "
+          "naming the arena path",
+          "[gpu][register]") {
+  FakeCudart fake;
+  const char* cuda[] = {fake.path.c_str()};
+  const char* no_hip[] = {"libamdhip64.so.0-engram-test-missing"};
+  const size_t len = 1 << 16;
+  void* mem = mmap(nullptr, len, PROT_READ, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(mem != MAP_FAILED);
+  const int registered = fake.Count("fake_cudart_registered");
+  const int unregistered = fake.Count("fake_cudart_unregistered");
+  setenv("FAKE_CUDART_HOST_PAGE_TABLES", "0", 1);
+  setenv("FAKE_CUDART_REFUSE_PIN", "1", 1);
+
+  SECTION("the device reads pageable memory: the host address serves, nothing pinned") {
+    setenv("FAKE_CUDART_PAGEABLE", "1", 1);
+    engram_gpu_registration* reg = nullptr;
+    INFO(engram_last_error());
+    REQUIRE(GpuRegisterWith(mem, len, cuda, no_hip, &reg) == 0);
+    CHECK(engram_gpu_device_ptr(reg, static_cast<char*>(mem) + 8) == static_cast<char*>(mem) + 8);
+    CHECK(engram_gpu_unregister(reg) == 0);
+    CHECK(fake.Count("fake_cudart_unregistered") == unregistered);
+  }
+  SECTION("it does not: a clear error that names the arena path, nothing registered") {
+    setenv("FAKE_CUDART_PAGEABLE", "0", 1);
+    engram_gpu_registration* reg = nullptr;
+    CHECK(GpuRegisterWith(mem, len, cuda, no_hip, &reg) == -EINVAL);
+    CHECK(reg == nullptr);
+    const std::string why = engram_last_error();
+    CHECK(why.find("refused to pin") != std::string::npos);
+    CHECK(why.find("read-only") != std::string::npos);
+    CHECK(why.find("cannot read pageable memory") != std::string::npos);
+    CHECK(why.find("arena") != std::string::npos);
+  }
+  CHECK(fake.Count("fake_cudart_registered") == registered);
+  unsetenv("FAKE_CUDART_PAGEABLE");
+  unsetenv("FAKE_CUDART_REFUSE_PIN");
+  unsetenv("FAKE_CUDART_HOST_PAGE_TABLES");
+  CHECK(munmap(mem, len) == 0);
+}
+
 }  // namespace
 }  // namespace engram
 
