@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <algorithm>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -147,6 +148,7 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
   struct stat st;
   const uint64_t bytes =
       fstat(cache_fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  const uint64_t cache_page_bytes = bytes != 0 ? static_cast<uint64_t>(st.st_blksize) : 0;
   if (bytes == 0 || bytes != t.map_bytes || t.row_bytes != ENGRAM_ROW_BYTES ||
       t.covered_end < t.covered_begin) {
     return SetError(-EPROTO,
@@ -208,6 +210,7 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
   map->table_state = &entries[t.state_index].state;
   map->row_cache = true;
   map->cache = *reader;
+  map->cache_page_bytes = cache_page_bytes;
   map->touch = touch;
   map->touch_bytes = touch_bytes;
   auto* touch_base = reinterpret_cast<uint8_t*>(touch);
@@ -313,11 +316,20 @@ int CopyCached(const InPlaceTable& table, const protocol::DecodedRequest& reques
 }
 
 void ReportCached(const engram_table_map& map, const CachedCopy& copy, bool all_hit) {
+  ReportHits(map, copy, all_hit ? 1 : 0);
+}
+
+void ReportHits(const engram_table_map& map, const CachedCopy& copy, uint64_t all_hit_requests) {
+  // The ring has one producer per session; a session's maps (engram_gather's own and those
+  // engram_table_map_open returned, e.g. for engram_table_map_report_hits) share its touch page,
+  // so every report of this process is serialised here.
+  static std::mutex producer;
+  std::lock_guard<std::mutex> lock(producer);
   const auto add = [](uint64_t& word, uint64_t n) {
     if (n != 0) std::atomic_ref<uint64_t>(word).fetch_add(n, std::memory_order_relaxed);
   };
   add(map.touch_counters->rows, copy.hits);
-  add(map.touch_counters->requests, all_hit ? 1 : 0);
+  add(map.touch_counters->requests, all_hit_requests);
   if (copy.touches.empty()) return;
   engram_cache_touch_page& page = *map.touch;
   // One producer (the caller serialises): head is ours; the daemon's tail says which entries
@@ -355,6 +367,7 @@ int engram_get_table_map_info(const engram_table_map* map, struct engram_table_m
   out.covered_end = map->covered_end;
   out.base = map->base;
   out.map_bytes = map->map_bytes;
+  out.kind = map->row_cache ? ENGRAM_TABLE_MAP_ROW_CACHE : ENGRAM_TABLE_MAP_RESIDENT;
   return engram::client::WriteStruct("engram_table_map_info", out, ret_info);
 }
 
@@ -362,6 +375,14 @@ int engram_table_map_gather(const engram_table_map* map, const uint64_t* rows, u
                             void* dest) {
   if (map == nullptr || (num_rows != 0 && (rows == nullptr || dest == nullptr))) {
     return SetError(-EINVAL, "engram_table_map_gather needs a map, rows and dest");
+  }
+  if (map->row_cache) {
+    return SetError(-EOPNOTSUPP,
+                    "layer %u's map is engramd's row cache (the cache tier), which may miss any "
+                    "row: engram_table_map_gather copies only resident tables; use engram_gather "
+                    "with ENGRAM_GATHER_IN_PLACE (hits copied in place, misses through engramd) "
+                    "or, on a GPU, engram_dequant_cache_gather",
+                    map->layer_id);
   }
   if (!engram::client::MapUsable(*map)) return engram::client::MapError(*map);
   // Every row is checked before any is copied, so a refused call leaves dest untouched.

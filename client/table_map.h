@@ -31,6 +31,7 @@ struct engram_table_map {
   uint64_t touch_bytes = 0;
   engram_cache_touch_counters* touch_counters = nullptr;  // this table's
   engram_cache_touch_entry* touch_ring = nullptr;
+  uint64_t cache_page_bytes = 0;  // the row cache memfd's page size (st_blksize)
 };
 
 namespace engram::client {
@@ -111,5 +112,7 @@ int CopyCached(const InPlaceTable& table, const protocol::DecodedRequest& reques
 // the daemon) and as many touches as the ring has room for (the rest counted as dropped). The
 // caller serialises calls per session (the ring has one producer).
 void ReportCached(const engram_table_map& map, const CachedCopy& copy, bool all_hit);
+// The same with a number of gathers answered wholly in place (engram_table_map_report_hits).
+void ReportHits(const engram_table_map& map, const CachedCopy& copy, uint64_t all_hit_requests);
 
 }  // namespace engram::client

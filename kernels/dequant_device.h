@@ -52,28 +52,37 @@ __device__ __forceinline__ uint32_t DequantOne(uint32_t byte, float scale, bool 
   return FloatToBf16Bits(E4M3ToFloat(byte) * scale);
 }
 
+// Lane `lane` (0-31) of the group writing one slot's 256 bf16 values at `out_slot`: its 8
+// values (`values`, little-endian bytes lane * 8 .. + 8 of the row) with the row's scale byte
+// of the block they are in.
+__device__ __forceinline__ void DequantLane(uint64_t values, uint32_t scale_byte, uint32_t lane,
+                                            uint16_t* out_slot) {
+  const float scale = E8M0ToFloat(scale_byte);
+  const bool scale_nan = scale_byte == 0xFFu;
+  uint32_t half[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) half[i] = DequantOne((values >> (8 * i)) & 0xFFu, scale, scale_nan);
+  uint4 packed;
+  packed.x = half[0] | (half[1] << 16);
+  packed.y = half[2] | (half[3] << 16);
+  packed.z = half[4] | (half[5] << 16);
+  packed.w = half[6] | (half[7] << 16);
+  *reinterpret_cast<uint4*>(out_slot + lane * kValuesPerThread) = packed;
+}
+
 // Lane `lane` (0-31) of the group writing one slot's 256 bf16 values at `out_slot`: from `row`,
 // or +0.0 for padding, or NaN for a bad index (counted once per slot in *bad_index_count).
 __device__ __forceinline__ void DequantSlot(const uint8_t* row, bool padding, uint32_t lane,
                                             uint16_t* out_slot, uint32_t* bad_index_count) {
-  uint4 packed;
   if (row != nullptr) {
     // 8 value bytes per thread: one 8-byte load (rows are 264 = 33 * 8 bytes apart).
     const uint2 values = *reinterpret_cast<const uint2*>(row + lane * kValuesPerThread);
     const uint32_t scale_byte = row[ENGRAM_ROW_VALUES + lane * kValuesPerThread / 32];
-    const float scale = E8M0ToFloat(scale_byte);
-    const bool scale_nan = scale_byte == 0xFFu;
-    uint32_t half[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      half[i] = DequantOne((values.x >> (8 * i)) & 0xFFu, scale, scale_nan);
-      half[4 + i] = DequantOne((values.y >> (8 * i)) & 0xFFu, scale, scale_nan);
-    }
-    packed.x = half[0] | (half[1] << 16);
-    packed.y = half[2] | (half[3] << 16);
-    packed.z = half[4] | (half[5] << 16);
-    packed.w = half[6] | (half[7] << 16);
-  } else if (padding) {
+    DequantLane(uint64_t{values.x} | uint64_t{values.y} << 32, scale_byte, lane, out_slot);
+    return;
+  }
+  uint4 packed;
+  if (padding) {
     packed = make_uint4(0, 0, 0, 0);  // padding slot: +0.0
   } else {
     const uint32_t nan2 = ENGRAM_GPU_BF16_NAN | (ENGRAM_GPU_BF16_NAN << 16);

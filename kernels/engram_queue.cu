@@ -6,11 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <new>
 
 #include "engram/engram.h"
 #include "engram/gpu_submit.h"
 #include "engram/protocol.h"
+#include "kernels/cache_device.h"
 #include "kernels/dequant_device.h"
 #include "kernels/gpu_compat.h"
 #include "kernels/kernel_errors.h"
@@ -76,6 +78,7 @@ struct QueueState {
   uint64_t abandoned;
   uint32_t blocks_done;  // blocks finished this step (the last one resets it)
   int32_t failure;       // the step's first failure, until the last block reports it
+  uint32_t misses_ok;    // the cache step's fetched misses may be scattered (no failure)
 };
 
 // Device addresses of the session's rings.
@@ -133,9 +136,8 @@ __global__ void SubmitKernel(DeviceRing ring, QueueState* state, DeviceRequests 
 // launch: it starts while the daemon serves the requests, so an earlier start would gain
 // nothing. It releases the kernel behind it at once (a dequantise kernel, launched after-prior,
 // which awaits this one before it reads the rows).
-__global__ void WaitKernel(DeviceRing ring, QueueState* state, uint32_t n, uint64_t timeout_ns,
-                           volatile int32_t* error) {
-  ENGRAM_GPU_RELEASE_DEPENDENTS();
+__device__ void AwaitRequests(const DeviceRing& ring, QueueState* state, uint32_t n,
+                              uint64_t timeout_ns, volatile int32_t* error) {
   if (*error != 0) {  // a failed queue submitted nothing
     state->step += 1;
     return;
@@ -173,6 +175,74 @@ __global__ void WaitKernel(DeviceRing ring, QueueState* state, uint32_t n, uint6
     __threadfence_system();
   }
   state->step = step + 1;
+}
+
+__global__ void WaitKernel(DeviceRing ring, QueueState* state, uint32_t n, uint64_t timeout_ns,
+                           volatile int32_t* error) {
+  ENGRAM_GPU_RELEASE_DEPENDENTS();
+  AwaitRequests(ring, state, n, timeout_ns, error);
+}
+
+// The pieces of `misses` rows, at most piece_rows each.
+__device__ __forceinline__ uint32_t MissPieces(uint32_t misses, uint32_t piece_rows) {
+  return (misses + piece_rows - 1) / piece_rows;
+}
+
+// The cache step's submission: the misses the lookup kernel counted (*count, device memory)
+// published as pieces of the layer's gather, row ids from rows_offset, rows to dest_offset of
+// the data region. No miss: nothing. One thread, as SubmitKernel.
+__global__ void SubmitMissesKernel(DeviceRing ring, QueueState* state, uint32_t table,
+                                   uint64_t rows_offset, uint64_t dest_offset,
+                                   uint32_t piece_rows, const uint32_t* count,
+                                   volatile int32_t* error) {
+  ENGRAM_GPU_AWAIT_PRIOR_GRID();
+  if (*error != 0) return;
+  const uint32_t misses = *count;
+  const uint32_t pieces = MissPieces(misses, piece_rows);
+  if (pieces == 0) return;
+  const uint64_t step = state->step;
+  volatile uint32_t* tail_word = &ring.header->sq_tail;
+  const uint32_t tail = *tail_word;
+  for (uint32_t i = 0; i < pieces; ++i) {
+    engram_sqe* e = &ring.sq[(tail + i) % ring.slots];
+    const uint64_t first = uint64_t{i} * piece_rows;
+    StoreSystem64(&e->ticket, Ticket(step, i));
+    reinterpret_cast<volatile uint32_t*>(&e->opcode)[0] = ENGRAM_OP_GATHER;
+    *reinterpret_cast<volatile uint32_t*>(&e->table) = table;
+    StoreSystem64(&e->num_rows, misses - first < piece_rows ? misses - first : piece_rows);
+    StoreSystem64(&e->rows_offset, rows_offset + first * 8);
+    StoreSystem64(&e->dest_offset, dest_offset + first * ENGRAM_ROW_BYTES);
+    StoreSystem64(&e->dest_offsets_offset, 0);
+    StoreSystem64(&e->reserved[0], 0);
+    StoreSystem64(&e->reserved[1], 0);
+  }
+  __threadfence_system();  // the entries and the miss list are visible before the tail
+  *tail_word = tail + pieces;
+  __threadfence_system();
+}
+
+// Waits for the pieces SubmitMissesKernel published (none: no wait) and advances the step.
+__global__ void WaitMissesKernel(DeviceRing ring, QueueState* state, const uint32_t* count,
+                                 uint32_t piece_rows, uint64_t timeout_ns,
+                                 volatile int32_t* error) {
+  ENGRAM_GPU_RELEASE_DEPENDENTS();
+  AwaitRequests(ring, state, MissPieces(*count, piece_rows), timeout_ns, error);
+  state->misses_ok = *error == 0;  // device memory: the scatter's blocks read this, not the host
+}
+
+// Dequantises fetched miss i (rows[i * 264], the data region) into out's slot slots[i], one
+// warp per miss; warps past *count do nothing. Launched after-prior behind WaitMissesKernel.
+__global__ void __launch_bounds__(kFusedThreads)
+    ScatterMissesKernel(const QueueState* state, const uint8_t* rows, const uint32_t* slots,
+                        const uint32_t* count, uint16_t* out) {
+  ENGRAM_GPU_AWAIT_PRIOR_GRID();
+  if (state->misses_ok == 0) return;  // a failed or skipped step: its misses are not written
+  const uint32_t lane = threadIdx.x % engram::kernels::kThreadsPerSlot;
+  const uint64_t miss = uint64_t{blockIdx.x} * kFusedSlotsPerBlock +
+                        threadIdx.x / engram::kernels::kThreadsPerSlot;
+  if (miss >= *count) return;
+  engram::kernels::DequantSlot(rows + miss * ENGRAM_ROW_BYTES, false, lane,
+                               out + uint64_t{slots[miss]} * ENGRAM_ROW_VALUES, nullptr);
 }
 
 // Block 0 of the fused kernel: piece p is watched by lane p / kWarps of warp p % kWarps, so
@@ -439,6 +509,39 @@ int ReadQueueOptions(const engram_gpu_queue_options* opts, engram_gpu_queue_opti
   return 0;
 }
 
+// The offsets in the data region of the cache step's miss list (device address `rows`) and
+// fetched rows (`dest`), each with room for `slots` entries.
+int MissOffsets(const engram_gpu_queue& q, const uint64_t* rows, const void* dest, uint64_t slots,
+                const char* what, uint64_t* ret_rows, uint64_t* ret_dest) {
+  const auto* data = q.device_data;
+  const auto* r = reinterpret_cast<const uint8_t*>(rows);
+  const auto* d = static_cast<const uint8_t*>(dest);
+  if (data == nullptr || r < data || d < data ||
+      static_cast<uint64_t>(r - data) + slots * 8 > q.data_bytes ||
+      static_cast<uint64_t>(d - data) + slots * ENGRAM_ROW_BYTES > q.data_bytes ||
+      (r - data) % 8 != 0 || (d - data) % 8 != 0) {
+    return Fail(EINVAL,
+                "%s: misses.rows (%p, %llu ids) and miss_dest (%p, %llu rows) must be 8-byte "
+                "aligned device addresses inside the session's registered data region",
+                what, static_cast<const void*>(rows), static_cast<unsigned long long>(slots),
+                dest, static_cast<unsigned long long>(slots));
+  }
+  *ret_rows = static_cast<uint64_t>(r - data);
+  *ret_dest = static_cast<uint64_t>(d - data);
+  return 0;
+}
+
+int EnsureCacheKernels() {
+  static std::once_flag once;
+  static gpuError_t loaded = gpuSuccess;
+  std::call_once(once, [] {
+    loaded = PreloadKernel(SubmitMissesKernel);
+    if (loaded == gpuSuccess) loaded = PreloadKernel(WaitMissesKernel);
+    if (loaded == gpuSuccess) loaded = PreloadKernel(ScatterMissesKernel);
+  });
+  return loaded == gpuSuccess ? 0 : FailRuntime("loading the queue's cache step kernels", loaded);
+}
+
 }  // namespace
 
 extern "C" {
@@ -462,6 +565,9 @@ int engram_gpu_queue_create(engram_session* session, const engram_gpu_registrati
   if (loaded != gpuSuccess) {
     return FailRuntime("engram_gpu_queue_create: loading the queue kernels", loaded);
   }
+  // The cache step's too, so that its first call may be captured.
+  if (int rc = EnsureCacheKernels(); rc < 0) return rc;
+  if (int rc = engram::kernels::PreloadCacheLookup(); rc < 0) return rc;
   auto* q = new (std::nothrow) engram_gpu_queue;
   if (q == nullptr) return Fail(ENOMEM, "engram_gpu_queue_create: out of memory");
   if (o.timeout_ns != 0) q->timeout_ns = o.timeout_ns;
@@ -603,6 +709,59 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
                           queue->error_device);
   }
   return st == gpuSuccess ? 0 : FailRuntime("engram_gpu_queue_gather_dequant launch", st);
+}
+
+int engram_gpu_queue_cache_gather(engram_gpu_queue* queue, const struct engram_gpu_row_cache* cache,
+                                  const uint64_t* row_ids, uint32_t tokens, uint32_t heads,
+                                  void* out, const struct engram_gpu_cache_misses* misses,
+                                  void* miss_dest, uint32_t* bad_index_count, uintptr_t stream) {
+  constexpr const char* kWhat = "engram_gpu_queue_cache_gather";
+  engram::kernels::DeviceRowCache c;
+  engram::kernels::DeviceMisses m;
+  if (int rc = engram::kernels::ReadRowCache(kWhat, cache, &c); rc < 0) return rc;
+  if (int rc = engram::kernels::ReadMisses(kWhat, misses, &m); rc < 0) return rc;
+  const uint64_t slots = uint64_t{tokens} * heads;
+  if (queue == nullptr || row_ids == nullptr || out == nullptr || miss_dest == nullptr ||
+      slots == 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return Fail(EINVAL,
+                "%s: queue, row_ids, out (16-byte aligned) and miss_dest must be set and tokens "
+                "(%u) x heads (%u) not 0",
+                kWhat, tokens, heads);
+  }
+  uint64_t rows_offset = 0, dest_offset = 0;
+  if (int rc = MissOffsets(*queue, m.rows, miss_dest, slots, kWhat, &rows_offset, &dest_offset);
+      rc < 0) {
+    return rc;
+  }
+  const uint32_t max_pieces = std::min(kMaxRequests, queue->ring.slots);
+  uint64_t piece_rows = std::max<uint64_t>(ENGRAM_GPU_PIECE_ROWS_DEFAULT,
+                                           (slots + max_pieces - 1) / max_pieces);
+  piece_rows = (piece_rows + kPieceRowsMultiple - 1) / kPieceRowsMultiple * kPieceRowsMultiple;
+  if (int rc = EnsureCacheKernels(); rc < 0) return rc;
+  auto s = reinterpret_cast<gpuStream_t>(stream);
+  auto* o = static_cast<uint16_t*>(out);
+  if (int rc = engram::kernels::LaunchCacheLookup(kWhat, c, row_ids, slots, o, m,
+                                                  bad_index_count, s);
+      rc < 0) {
+    return rc;
+  }
+  const auto pieces = static_cast<uint32_t>(piece_rows);
+  gpuError_t st = LaunchAfterPrior(false, SubmitMissesKernel, 1, 1, 0, s, queue->ring,
+                                   queue->state, c.layer, rows_offset, dest_offset, pieces,
+                                   static_cast<const uint32_t*>(m.count), queue->error_device);
+  if (st == gpuSuccess) {
+    st = LaunchAfterPrior(false, WaitMissesKernel, 1, 1, 0, s, queue->ring, queue->state,
+                          static_cast<const uint32_t*>(m.count), pieces, queue->timeout_ns,
+                          queue->error_device);
+  }
+  if (st == gpuSuccess) {
+    const auto blocks = static_cast<unsigned>((slots + kFusedSlotsPerBlock - 1) / kFusedSlotsPerBlock);
+    st = LaunchAfterPrior(true, ScatterMissesKernel, blocks, kFusedThreads, 0, s,
+                          static_cast<const QueueState*>(queue->state),
+                          queue->device_data + dest_offset, static_cast<const uint32_t*>(m.slots),
+                          static_cast<const uint32_t*>(m.count), o);
+  }
+  return st == gpuSuccess ? 0 : FailRuntime("engram_gpu_queue_cache_gather launch", st);
 }
 
 volatile int32_t* engram_gpu_queue_error(engram_gpu_queue* queue) {

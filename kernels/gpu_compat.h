@@ -25,6 +25,7 @@ using gpuStream_t = hipStream_t;
 #define gpuMemcpyHostToDevice hipMemcpyHostToDevice
 #define gpuErrorMemoryAllocation hipErrorOutOfMemory
 #define gpuMemset hipMemset
+#define gpuMemsetAsync hipMemsetAsync
 #define gpuHostAlloc hipHostMalloc
 #define gpuHostAllocMapped hipHostMallocMapped
 #define gpuHostAllocPortable hipHostMallocPortable
@@ -65,6 +66,7 @@ using gpuStream_t = cudaStream_t;
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
 #define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
 #define gpuMemset cudaMemset
+#define gpuMemsetAsync cudaMemsetAsync
 #define gpuHostAlloc cudaHostAlloc
 #define gpuHostAllocMapped cudaHostAllocMapped
 #define gpuHostAllocPortable cudaHostAllocPortable

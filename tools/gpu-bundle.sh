@@ -18,8 +18,9 @@ if [[ ! -f "$builddir/build.ninja" ]]; then
 fi
 targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gpu_kernel_test
          tests/gpu/gpu_wait_test tests/gpu/gpu_hash_test tests/gpu/gpu_step_test
-         tests/gpu/gpu_engramd_test daemon/engramd
+         tests/gpu/gpu_engramd_test tests/gpu/gpu_cache_test daemon/engramd
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench
+         bench/gpu/gpu_cache_bench
          bench/daemon/engram-ranks bench/store/engram-resident-bench
          bench/model/engram-model-step)
 # ENGRAM_BUNDLE_MODEL_STEP_ONLY=1: only engramd and engram-model-step (a bundle for
@@ -91,7 +92,7 @@ if [[ "${1:-}" == "--model-step" ]]; then
 fi
 failed=0
 for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_hash_test \
-         gpu_step_test gpu_engramd_test; do
+         gpu_step_test gpu_engramd_test gpu_cache_test; do
   start=$(date +%s.%N)
   # A hung GPU wait must not eat the machine's time: each test gets a bounded run (the step
   # test's 18,000 replays, each checked against the host path, take 5-7 minutes).
@@ -125,6 +126,9 @@ if [[ "${1:-}" == "--bench" ]]; then
   # The GPU-driven decode step against the host-driven one (it starts its own engramd).
   timeout "${ENGRAM_GPU_BENCH_TIMEOUT:-240}" "$here/bin/gpu_step_bench" 2>&1 |
     tee "$logs/gpu_step_bench.log"
+  # The cache tier's hits read in place against the resident tier (its own two engramds).
+  timeout "${ENGRAM_GPU_BENCH_TIMEOUT:-240}" "$here/bin/gpu_cache_bench" 2>&1 |
+    tee "$logs/gpu_cache_bench.log"
 fi
 exit $failed
 RUNNER

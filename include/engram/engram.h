@@ -368,10 +368,22 @@ struct engram_table_map_info {
   uint64_t covered_end;   /* base + (r - covered_begin) * row_bytes */
   const void* base;
   uint64_t map_bytes;
+  /* Since ENGRAM_0.7 (a caller's older, shorter struct is filled up to map_bytes):
+   * ENGRAM_TABLE_MAP_RESIDENT, or ENGRAM_TABLE_MAP_ROW_CACHE, where base and map_bytes are the
+   * daemon's row cache (shared by every cache-tier table; its layout is docs/row-store.md's),
+   * rows are found through its index, not at base + (r - covered_begin) * row_bytes, and
+   * [covered_begin, covered_end) are the row ids the table has. */
+  uint32_t kind;
+  uint32_t reserved;
 };
-ENGRAM_ASSERT_SIZE(struct engram_table_map_info, 48);
+ENGRAM_ASSERT_SIZE(struct engram_table_map_info, 56);
+#define ENGRAM_TABLE_MAP_RESIDENT 0u
+#define ENGRAM_TABLE_MAP_ROW_CACHE 1u
 
-/* Maps the table of `layer` read-only. -EOPNOTSUPP when the table is not of the resident tier,
+/* Maps the table of `layer` read-only: a resident table's rows, or, for a table of the cache
+ * tier (since ENGRAM_0.7), the daemon's row cache, whose hits a GPU reads in place
+ * (engram_table_map_gpu_cache and engram_dequant_cache_gather, engram/gpu.h; docs/gpu.md).
+ * -EOPNOTSUPP when the table is of neither tier (read from storage on every gather),
  * -EAGAIN while it is still loading, -ENOENT when no table of that layer is served;
  * engram_last_error() says which. Thread-safe (control messages on one session
  * are serialised). (Since ENGRAM_0.6; engram_map_table is its deprecated older name.) */
@@ -381,7 +393,9 @@ ENGRAM_API int engram_table_map_open(engram_session* session, uint32_t layer,
 ENGRAM_API int engram_get_table_map_info(const engram_table_map* map,
                                          struct engram_table_map_info* ret_info);
 /* CPU gather: copies rows[i] to dest + i * 264 for i < num_rows. -ERANGE naming the first row
- * outside the table, before anything is copied. -ESTALE (withdrawn) or -ENOTCONN (daemon gone)
+ * outside the table, before anything is copied. A row cache's map (ENGRAM_TABLE_MAP_ROW_CACHE)
+ * is refused with -EOPNOTSUPP, dest untouched: it may miss any row, which this call could not
+ * report; engram_gather with ENGRAM_GATHER_IN_PLACE copies its hits and fetches the rest. -ESTALE (withdrawn) or -ENOTCONN (daemon gone)
  * as engram_table_map_check, checked before and after the copy: after a failure, dest holds
  * nothing to use. Thread-safe (reads only). */
 ENGRAM_API int engram_table_map_gather(const engram_table_map* map, const uint64_t* rows,

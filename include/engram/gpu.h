@@ -96,6 +96,61 @@ int engram_gpu_unregister(engram_gpu_registration* reg);
 /* Deprecated: engram_last_error() under its older name. */
 const char* engram_gpu_last_error(void);
 
+/* ---- Row caches read in place by the GPU (libengram_client; since ENGRAM_0.7) ---------- */
+
+typedef struct engram_table_map engram_table_map;
+
+/* What a kernel needs to look rows up in the daemon's row cache (a cache-tier table's map,
+ * engram_table_map_open, info.kind ENGRAM_TABLE_MAP_ROW_CACHE), as device addresses. The
+ * layout words are the region's (docs/row-store.md), fixed for its life: a captured graph may
+ * keep them. */
+struct engram_gpu_row_cache {
+  size_t size;             /* sizeof(struct engram_gpu_row_cache) */
+  const void* cache;       /* device address of the region's first byte */
+  uint32_t layer;          /* the table's Engram layer (part of every key) */
+  uint32_t bucket_count;   /* a power of two */
+  uint64_t buckets_offset; /* from cache: bucket_count 32-bit words, slot + 1 or 0 */
+  uint64_t slots_offset;   /* from cache: max_slots slots of slot_bytes */
+  uint32_t max_slots;
+  uint32_t slot_bytes;     /* 288 */
+  uint64_t covered_begin;  /* the table's row ids: others are bad (NaN, counted) */
+  uint64_t covered_end;
+  /* 0, or the region's page size where the registration pinned it (a GPU behind PCIe): a slot
+   * that straddles a page boundary is then a miss. After the cache shrinks (pages punched out,
+   * which stay pinned under the GPU's mapping) and grows again, the slot across the first
+   * punched page's start is written half into the page the GPU still sees and half into a new
+   * one it does not: its seq and key would look whole while its row's tail is stale
+   * (docs/gpu.md, "Row cache hits on the GPU"). */
+  uint32_t guard_page_bytes;
+  uint32_t reserved;
+};
+ENGRAM_ASSERT_SIZE(struct engram_gpu_row_cache, 72);
+
+/* Fills *ret_cache (set ret_cache->size first) for a row cache map whose whole mapping
+ * (info.base, info.map_bytes) reg registered. -EINVAL: not a row cache map (a resident table:
+ * engram_dequant_gather reads it), or reg does not cover the mapping. */
+int engram_table_map_gpu_cache(const engram_table_map* map, const engram_gpu_registration* reg,
+                               struct engram_gpu_row_cache* ret_cache);
+
+/* A row cache hit a kernel recorded for the cache's policy: the row's key ((layer + 1) << 40 |
+ * row) and the slot it was read from (the layout of the protocol's touch entries). */
+struct engram_gpu_cache_hit {
+  uint64_t key;
+  uint32_t slot;
+  uint32_t reserved;
+};
+ENGRAM_ASSERT_SIZE(struct engram_gpu_cache_hit, 16);
+
+/* Reports hits read in place (by a kernel, copied back by the host) to the daemon through the
+ * session's touch page, as engram_gather's in-place path reports its own: hit_rows rows and
+ * all_hit_gathers gathers needing no request are added to the table's statistics, and each of
+ * the n hits (NULL when n is 0) counts as a use of its slot in the cache's policy (a hit whose
+ * slot was rewritten since is ignored by the daemon). Hits past the ring's room are counted as
+ * dropped. -EINVAL for a map that is not a row cache. Thread-safe. */
+int engram_table_map_report_hits(const engram_table_map* map, uint64_t hit_rows,
+                                 uint64_t all_hit_gathers,
+                                 const struct engram_gpu_cache_hit* hits, size_t n);
+
 /* ---- Kernels (libengram_kernels_cuda / libengram_kernels_hip) --------------------------- */
 
 /* Dequantises gathered rows to bf16 and scatters them into out, laid out [tokens, heads, 256]:
@@ -131,6 +186,38 @@ int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* i
 int engram_dequant_gather(const void* table, uint64_t row_begin, uint64_t num_rows,
                           const uint64_t* row_ids, uint32_t tokens, uint32_t heads, void* out,
                           uint32_t* bad_index_count, uintptr_t stream);
+
+/* Where engram_dequant_cache_gather lists the slots it did not fill, all device pointers.
+ * Each array holds tokens * heads entries. */
+struct engram_gpu_cache_misses {
+  size_t size;     /* sizeof(struct engram_gpu_cache_misses) */
+  uint64_t* rows;  /* miss i's row id (for engram_gpu_queue_cache_gather: inside the session's
+                      data region, which the daemon reads it from) */
+  uint32_t* slots; /* miss i's output slot, token * heads + head */
+  uint32_t* count; /* device memory: the misses (the call zeroes it first) */
+  /* Optional (NULL): hits whose slot's use count had not saturated, for
+   * engram_table_map_report_hits, with their number in *hit_count (zeroed first); and
+   * *hit_total, a running count of hits the call only adds to. */
+  struct engram_gpu_cache_hit* hits;
+  uint32_t* hit_count;
+  uint64_t* hit_total;
+};
+ENGRAM_ASSERT_SIZE(struct engram_gpu_cache_misses, 56);
+
+/* engram_dequant_gather's dequantisation, reading rows from the daemon's row cache in place
+ * (cache from engram_table_map_gpu_cache): slot s looks row_ids[s] up in the cache's index (the
+ * CPU's hash and linear probing) and, if a slot holds it, copies it under the slot's seqlock
+ * (system-scope acquire of seq, relaxed system-scope loads of key and row, a system-scope fence,
+ * seq again: docs/gpu.md, "Row cache hits on the GPU") and dequantises it into out. A row not
+ * found, or whose slot was being or got rewritten during the read, is a miss: the slot of out
+ * is left as it was and (row id, slot) appended to the misses list, never the bytes read. A row
+ * id outside the table's [covered_begin, covered_end) is written as NaN and counted in
+ * *bad_index_count (if not NULL), as engram_dequant_gather does. Capturable (the counters are
+ * zeroed by a memset node). Returns 0, -EINVAL, -ENODEV/-EIO. */
+int engram_dequant_cache_gather(const struct engram_gpu_row_cache* cache, const uint64_t* row_ids,
+                                uint32_t tokens, uint32_t heads, void* out,
+                                const struct engram_gpu_cache_misses* misses,
+                                uint32_t* bad_index_count, uintptr_t stream);
 
 /* Makes the stream wait, on the GPU, until the 64-bit word at addr (device pointer, e.g. the
  * registered completion counter) reaches value: (int64_t)(*addr - value) >= 0. Nothing on the

@@ -140,6 +140,22 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
                                     const struct engram_gpu_dequant* dequants, uint32_t n,
                                     uint32_t piece_rows, uintptr_t stream);
 
+/* A decode step of a cache-tier table in one capturable call (since ENGRAM_KERNELS_0.7):
+ * engram_dequant_cache_gather (the hits dequantised into out straight from the row cache, the
+ * misses listed in *misses), then a kernel that reads the number of misses from device memory
+ * and publishes them as gather requests of the layer (pieces of at most
+ * ENGRAM_GPU_PIECE_ROWS_DEFAULT rows, or more where tokens x heads would need more pieces than
+ * the session's slots and 32), a kernel that waits for them, and one that dequantises the
+ * fetched rows into their slots of out. With no miss nothing is published and nothing awaited.
+ * misses->rows and miss_dest (tokens x heads x 264 bytes) are device addresses inside the
+ * session's data region (engram_alloc, registered), where the daemon reads the row ids and
+ * writes the rows. Failures are recorded in the error word as engram_gpu_queue_gather records
+ * them (a failed step's misses are not written). Returns 0, -EINVAL, -ENODEV or -EIO. */
+int engram_gpu_queue_cache_gather(engram_gpu_queue* queue, const struct engram_gpu_row_cache* cache,
+                                  const uint64_t* row_ids, uint32_t tokens, uint32_t heads,
+                                  void* out, const struct engram_gpu_cache_misses* misses,
+                                  void* miss_dest, uint32_t* bad_index_count, uintptr_t stream);
+
 /* The queue's error word, in pinned host memory: 0 while every step so far succeeded, else the
  * status code of the first failure (DEADLINE_EXCEEDED for a timeout, UNAVAILABLE when the daemon
  * stopped, the request's own code otherwise). The host reads it after a step; it stays set

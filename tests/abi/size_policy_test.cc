@@ -186,7 +186,7 @@ TEST_CASE("engram_table_map_info is filled to the caller's size", "[abi]") {
   REQUIRE(rc == 0);
   const std::string info = CheckOutputStruct(
       "engram_table_map_info", sizeof(engram_table_map_info),
-      offsetof(engram_table_map_info, map_bytes), [map](void* p) {
+      offsetof(engram_table_map_info, reserved), [map](void* p) {
         return engram_get_table_map_info(map, static_cast<engram_table_map_info*>(p));
       });
   engram_table_map_info i;

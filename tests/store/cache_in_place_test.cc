@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engram/engram.h"
+#include "engram/gpu.h"
 #include "engram/protocol.h"
 #include "nlohmann/json.hpp"
 #include "testkit/daemon_test_util.h"
@@ -170,11 +171,35 @@ TEST_CASE("in-place gathers of a cached table copy hits in the client, send only
   CHECK(why.find("row 20000 (index 5) is past the end of layer 1") != std::string::npos);
   CHECK(daemon_why.find("row 20000 (index 5) is past the end of layer 1") != std::string::npos);
 
-  // The public mapping call still refuses a cached table: it is not resident.
+  // The public mapping call maps a cached table's row cache (for a GPU); a table read from
+  // storage (layer 14 here) has nothing to map.
   engram_table_map* map = nullptr;
-  CHECK(engram_table_map_open(c.s, 1, &map) == -EOPNOTSUPP);
-  CHECK(std::string(engram_last_error()).find("row cache") != std::string::npos);
+  CHECK(engram_table_map_open(c.s, 14, &map) == -EOPNOTSUPP);
   CHECK(map == nullptr);
+  REQUIRE(engram_table_map_open(c.s, 1, &map) == 0);
+  engram_table_map_info info{.size = sizeof(info)};
+  REQUIRE(engram_get_table_map_info(map, &info) == 0);
+  CHECK(info.kind == ENGRAM_TABLE_MAP_ROW_CACHE);
+  CHECK(info.layer == 1);
+  CHECK(info.covered_end - info.covered_begin == kRows);
+  CHECK(info.base != nullptr);
+  CHECK(engram_table_map_check(map) == 0);
+  // A CPU gather from it cannot say which rows it missed: refused, dest untouched.
+  std::vector<uint8_t> dest(kRowBytes, 0xEE);
+  CHECK(engram_table_map_gather(map, c.rows, 1, dest.data()) == -EOPNOTSUPP);
+  CHECK(std::string(engram_last_error()).find("ENGRAM_GATHER_IN_PLACE") != std::string::npos);
+  CHECK(dest == std::vector<uint8_t>(kRowBytes, 0xEE));
+  // Without a GPU registration there is nothing to describe for a kernel.
+  engram_gpu_row_cache gc{.size = sizeof(gc)};
+  CHECK(engram_table_map_gpu_cache(map, nullptr, &gc) == -EINVAL);
+  // Hits a GPU read in place reach the table's statistics as engram_gather's own do.
+  const json t0 = TableEntry(Ctl(d, "stats"), 1);
+  CHECK(engram_table_map_report_hits(map, 7, 1, nullptr, 0) == 0);
+  const json t1 = TableEntry(Ctl(d, "stats"), 1);
+  CHECK(t1["store_hit_rows"].get<uint64_t>() - t0["store_hit_rows"].get<uint64_t>() == 7);
+  CHECK(t1["store_all_hit_requests"].get<uint64_t>() - t0["store_all_hit_requests"].get<uint64_t>() ==
+        1);
+  engram_table_map_close(map);
 }
 
 // A client process: `batches` in-place gathers over the first `span` rows, every byte checked.
