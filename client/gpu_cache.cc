@@ -8,9 +8,8 @@
 #include "client/abi_struct.h"
 #include "client/gpu_register.h"
 #include "client/last_error.h"
-#include "client/table_map.h"
+#include "client/table_map.h"  // and store/row_cache_layout.h, through store/row_cache.h
 #include "engram/gpu.h"
-#include "store/row_cache_layout.h"
 
 using engram::client::SetError;
 
