@@ -75,7 +75,10 @@ enum engram_gpu_runtime {
  *   -ENOMEM   the runtime could not pin the range;
  *   -EIO      any other runtime error (the message names it).
  * Registering pins the pages: on a 1 GiB range it takes tens of milliseconds; do it once.
- * A read-only mapping (a resident table's, engram_map_table) is registered read-only.
+ * A read-only mapping (a resident table's, engram_map_table) is registered read-only. Where
+ * the driver refuses that too, the device's pageable memory access serves if it has one (nothing
+ * pinned, the host address is the device address); otherwise the error (-EINVAL) says to gather
+ * the rows into the registered arena instead.
  * Unified memory: where the CUDA device reads pageable host memory through the host's page
  * tables (cudaDevAttrPageableMemoryAccessUsesHostPageTables; GB10 / DGX Spark, GH200), nothing is
  * pinned: the registration only records the range, engram_gpu_device_ptr returns the host
