@@ -1378,7 +1378,16 @@ int engram_table_map_open(engram_session* s, uint32_t layer, engram_table_map** 
   if (s == nullptr || ret_map == nullptr) {
     return SetError(-EINVAL, "engram_table_map_open needs a session and ret_map");
   }
-  // A cache-tier table's map is its row cache (ENGRAM_TABLE_MAP_ROW_CACHE), for a GPU to read.
+  return OpenTableMap(s, layer, /*row_cache=*/false, ret_map);
+}
+
+// A cache-tier table's map is its row cache (ENGRAM_TABLE_MAP_ROW_CACHE), for a GPU to read. A
+// call of its own: callers of engram_table_map_open built before info.kind read every map as
+// a resident table.
+int engram_table_map_open_any(engram_session* s, uint32_t layer, engram_table_map** ret_map) {
+  if (s == nullptr || ret_map == nullptr) {
+    return SetError(-EINVAL, "engram_table_map_open_any needs a session and ret_map");
+  }
   return OpenTableMap(s, layer, /*row_cache=*/true, ret_map);
 }
 

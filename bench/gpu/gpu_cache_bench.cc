@@ -64,10 +64,10 @@ engram_table_map* OpenMap(engram_session* s, uint32_t layer) {
   engram_table_map* map = nullptr;
   int rc = -EAGAIN;
   for (int i = 0; i < 3000 && rc == -EAGAIN; ++i) {
-    rc = engram_table_map_open(s, layer, &map);
+    rc = engram_table_map_open_any(s, layer, &map);
     if (rc == -EAGAIN) usleep(10000);
   }
-  INFO("engram_table_map_open(" << layer << "): " << engram_last_error());
+  INFO("engram_table_map_open_any(" << layer << "): " << engram_last_error());
   REQUIRE(rc == 0);
   return map;
 }

@@ -380,15 +380,20 @@ ENGRAM_ASSERT_SIZE(struct engram_table_map_info, 56);
 #define ENGRAM_TABLE_MAP_RESIDENT 0u
 #define ENGRAM_TABLE_MAP_ROW_CACHE 1u
 
-/* Maps the table of `layer` read-only: a resident table's rows, or, for a table of the cache
- * tier (since ENGRAM_0.7), the daemon's row cache, whose hits a GPU reads in place
- * (engram_table_map_gpu_cache and engram_dequant_cache_gather, engram/gpu.h; docs/gpu.md).
- * -EOPNOTSUPP when the table is of neither tier (read from storage on every gather),
+/* Maps the table of `layer` read-only. -EOPNOTSUPP when the table is not of the resident tier,
  * -EAGAIN while it is still loading, -ENOENT when no table of that layer is served;
  * engram_last_error() says which. Thread-safe (control messages on one session
  * are serialised). (Since ENGRAM_0.6; engram_map_table is its deprecated older name.) */
 ENGRAM_API int engram_table_map_open(engram_session* session, uint32_t layer,
                                      engram_table_map** ret_map);
+/* engram_table_map_open, and for a table of the cache tier the daemon's row cache (info.kind
+ * ENGRAM_TABLE_MAP_ROW_CACHE), whose hits a GPU reads in place (engram_table_map_gpu_cache and
+ * engram_dequant_cache_gather, engram/gpu.h; docs/gpu.md). A call of its own so that a caller
+ * of engram_table_map_open, which may not know info.kind, never takes a row cache for a table.
+ * -EOPNOTSUPP when the table is of neither tier (read from storage on every gather), otherwise
+ * as engram_table_map_open. Since ENGRAM_0.7. */
+ENGRAM_API int engram_table_map_open_any(engram_session* session, uint32_t layer,
+                                         engram_table_map** ret_map);
 /* Describes a map (an output struct: set ret_info->size first). Thread-safe. */
 ENGRAM_API int engram_get_table_map_info(const engram_table_map* map,
                                          struct engram_table_map_info* ret_info);

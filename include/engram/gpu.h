@@ -104,7 +104,7 @@ const char* engram_gpu_last_error(void);
 typedef struct engram_table_map engram_table_map;
 
 /* What a kernel needs to look rows up in the daemon's row cache (a cache-tier table's map,
- * engram_table_map_open, info.kind ENGRAM_TABLE_MAP_ROW_CACHE), as device addresses. The
+ * engram_table_map_open_any, info.kind ENGRAM_TABLE_MAP_ROW_CACHE), as device addresses. The
  * layout words are the region's (docs/row-store.md), fixed for its life: a captured graph may
  * keep them. */
 struct engram_gpu_row_cache {

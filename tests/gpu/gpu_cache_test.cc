@@ -63,10 +63,10 @@ struct CacheStep {
     REQUIRE(engram_alloc(session, kSlots * kRowBytes, reinterpret_cast<void**>(&miss_dest)) == 0);
     int rc = -EAGAIN;
     for (int i = 0; i < 500 && rc == -EAGAIN; ++i) {
-      rc = engram_table_map_open(session, kLayer, &map);
+      rc = engram_table_map_open_any(session, kLayer, &map);
       if (rc == -EAGAIN) usleep(10000);
     }
-    INFO("engram_table_map_open: " << engram_last_error());
+    INFO("engram_table_map_open_any: " << engram_last_error());
     REQUIRE(rc == 0);
     engram_table_map_info info{.size = sizeof(info)};
     REQUIRE(engram_get_table_map_info(map, &info) == 0);
