@@ -63,8 +63,12 @@ ENGRAM_API int engram_table_map_gpu_cache(const engram_table_map* map, const eng
   out.slot_bytes = header->slot_bytes;
   out.covered_begin = map->covered_begin;
   out.covered_end = map->covered_end;
-  out.guard_page_bytes =
-      engram::GpuRegistrationPinned(reg) ? static_cast<uint32_t>(map->cache_page_bytes) : 0;
+  // A pinned registration keeps pages the cache gives back; only an engramd that releases from
+  // slot boundaries (kRowCacheFlagAlignedRelease) leaves no slot half in such a page.
+  const bool aligned = (header->flags & engram::kRowCacheFlagAlignedRelease) != 0;
+  out.guard_page_bytes = engram::GpuRegistrationPinned(reg) && !aligned
+                             ? static_cast<uint32_t>(map->cache_page_bytes)
+                             : 0;
   return engram::client::WriteStruct("engram_gpu_row_cache", out, ret_cache);
 }
 

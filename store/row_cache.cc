@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <numeric>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -186,6 +187,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions
   h->slot_bytes = sizeof(RowCacheSlot);
   h->max_slots = g.max_slots;
   h->bucket_count = g.bucket_count;
+  h->flags = kRowCacheFlagAlignedRelease;
   h->buckets_offset = kBucketsOffset;
   h->slots_offset = g.slots_offset;
   h->capacity_slots.store(0, std::memory_order_relaxed);
@@ -565,8 +567,24 @@ void RowCache::ShrinkFreeList(uint64_t slots) {
 // Gives the pages of slots [slots, old) back. No writer touches them while the shrink runs, so
 // this needs no lock; it goes in pieces so that a client's page fault elsewhere in the region
 // never waits behind one long hole punch.
+uint64_t RowCache::FirstPageAlignedSlot(uint64_t from) const {
+  // Slot starts fall on a page boundary once every page / gcd(slot, page) slots; the first such
+  // slot at or above `from` is found within one period.
+  const uint64_t page = region_.page_bytes();
+  const uint64_t offset = reinterpret_cast<uint8_t*>(slots_) - region_.data();
+  const uint64_t period = page / std::gcd(kSlotBytes, page);
+  for (uint64_t i = from; i < from + period; ++i) {
+    if ((offset + i * kSlotBytes) % page == 0) return i;
+  }
+  return from;  // unreachable: the slot array starts on a multiple of gcd(slot, page)
+}
+
 void RowCache::ReleaseSlots(uint64_t slots, uint64_t old) {
   constexpr uint64_t kPiece = 16 << 20;  // a multiple of any page size
+  // From the first slot that starts a page (kRowCacheFlagAlignedRelease): the slots below it
+  // keep their pages (at most 127 slots, 36 KiB, with 4 KiB pages; 18 MiB with 2 MiB ones).
+  slots = FirstPageAlignedSlot(slots);
+  if (slots >= old) return;
   const uint64_t begin = reinterpret_cast<uint8_t*>(slots_ + slots) - region_.data();
   const uint64_t end = begin + BytesForSlots(old - slots);
   for (uint64_t at = begin; at < end;) {

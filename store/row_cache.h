@@ -226,6 +226,8 @@ class RowCache {
   void Shrink(uint64_t slots, uint64_t old);    // with resize_mu_ held, takes mu_ per chunk
   void ShrinkFreeList(uint64_t slots);
   void ReleaseSlots(uint64_t slots, uint64_t old);
+  // The first slot at or above `from` that starts on a page boundary of the region.
+  uint64_t FirstPageAlignedSlot(uint64_t from) const;
   // Between a shrink's chunks, with mu_ released: lets the inserts that wait for mu_ have it.
   void LetWritersIn();
   // Adopt's second half (row_cache_adopt.cc): the policy state from the slots.

@@ -32,6 +32,13 @@ inline constexpr uint64_t RowCacheHash(uint64_t key) {
   return key;
 }
 
+// RowCacheHeader.flags. kRowCacheFlagAlignedRelease: pages are given back (hole-punched) only
+// from a slot that starts on a page boundary, so no slot ever lies partly in a page given back
+// and partly in one kept. A reader whose mapping keeps old pages (a GPU registration that pinned
+// them) then sees every slot whole, old or new; without the flag such a reader must treat slots
+// across a page boundary as misses.
+inline constexpr uint32_t kRowCacheFlagAlignedRelease = 1u << 0;
+
 struct RowCacheHeader {
   uint64_t magic;
   uint32_t version;
@@ -39,7 +46,7 @@ struct RowCacheHeader {
   uint32_t slot_bytes;    // sizeof(RowCacheSlot)
   uint32_t max_slots;     // slots the region has room for
   uint32_t bucket_count;  // a power of two, >= 2 * max_slots
-  uint32_t reserved0;
+  uint32_t flags;         // kRowCacheFlag*: what the writer guarantees its readers
   uint64_t buckets_offset;  // from the start of the region
   uint64_t slots_offset;
   std::atomic<uint32_t> capacity_slots;  // slots in use by the policy now (shrinks and grows)

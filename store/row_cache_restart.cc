@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   }
   auto* h = reinterpret_cast<RowCacheHeader*>(base);
   if (absl::Status s = CheckWritable(*h, options.tables_identity); !s.ok()) return s;
+  h->flags |= kRowCacheFlagAlignedRelease;  // this engramd's releases start on a slot boundary
   std::unique_ptr<RowCache> cache(new RowCache(options, budget));
   const uint64_t max_slots = h->max_slots;
   // What the budget allows now: the index first (it cannot shrink), then as many slots as fit

@@ -118,12 +118,13 @@ struct engram_gpu_row_cache {
   uint32_t slot_bytes;     /* 288 */
   uint64_t covered_begin;  /* the table's row ids: others are bad (NaN, counted) */
   uint64_t covered_end;
-  /* 0, or the region's page size where the registration pinned it (a GPU behind PCIe): a slot
-   * that straddles a page boundary is then a miss. After the cache shrinks (pages punched out,
-   * which stay pinned under the GPU's mapping) and grows again, the slot across the first
-   * punched page's start is written half into the page the GPU still sees and half into a new
-   * one it does not: its seq and key would look whole while its row's tail is stale
-   * (docs/gpu.md, "Row cache hits on the GPU"). */
+  /* 0, or the region's page size where the registration pinned it and the region lacks the
+   * aligned-release flag (an older engramd): a slot that straddles a page boundary is then a
+   * miss. Such an engramd punched pages from the first page boundary above the capacity, so
+   * after a shrink and a regrow the slot across it is written half into a page the GPU still
+   * sees and half into a new one it does not: its seq and key would look whole while its row's
+   * tail is stale. Today's engramd releases only from slots that start a page (docs/gpu.md,
+   * "Row cache hits on the GPU"). */
   uint32_t guard_page_bytes;
   uint32_t reserved;
 };

@@ -139,6 +139,39 @@ TEST_CASE("shrinking keeps rows byte-exact, gives pages and budget back; growing
   REQUIRE(cache.Stats().used_slots == full);
 }
 
+// A reader that keeps the pages the cache gives back (a GPU registration that pinned them) must
+// never see a slot half in a given-back page and half in a kept one: the cache gives pages back
+// only from a slot that starts a page, and says so in its header.
+TEST_CASE("a shrink gives pages back only from a slot that starts a page", "[cache]") {
+  auto created = RowCache::Create({.max_bytes = 8 << 20}, nullptr);
+  REQUIRE(created.ok());
+  RowCache& cache = **created;
+  const auto* header = reinterpret_cast<const RowCacheHeader*>(
+      mmap(nullptr, sizeof(RowCacheHeader), PROT_READ, MAP_SHARED, cache.fd(), 0));
+  REQUIRE(header != MAP_FAILED);
+  REQUIRE((header->flags & kRowCacheFlagAlignedRelease) != 0);
+  const uint64_t full = cache.capacity_slots();
+  for (uint64_t r = 0; r < full; ++r) InsertSynthetic(cache, 14, r);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (const uint64_t keep : {full / 3 + 1, full / 5 + 7, uint64_t{1001}}) {
+    REQUIRE(cache.SetCapacitySlots(keep) == keep);
+    // The first hole at or above the capacity's first slot: a slot boundary on a page boundary,
+    // with every byte from the capacity up to it still allocated.
+    const uint64_t from = header->slots_offset + keep * sizeof(RowCacheSlot);
+    const off_t hole = lseek(cache.fd(), static_cast<off_t>(from), SEEK_HOLE);
+    REQUIRE(hole > 0);
+    const uint64_t at = static_cast<uint64_t>(hole);
+    INFO("capacity " << keep << ": first hole at " << at);
+    REQUIRE(at < header->slots_offset + full * sizeof(RowCacheSlot));
+    REQUIRE(at % page == 0);
+    REQUIRE((at - header->slots_offset) % sizeof(RowCacheSlot) == 0);
+    REQUIRE(at - from < page / 32 * sizeof(RowCacheSlot));  // within one period of slot starts
+    REQUIRE(cache.SetCapacitySlots(full) == full);
+    for (uint64_t r = 0; r < full; ++r) InsertSynthetic(cache, 14, r);
+  }
+  munmap(const_cast<RowCacheHeader*>(header), sizeof(RowCacheHeader));
+}
+
 // A pressure shrink of a large cache must not hold the writer's lock for the whole of it: a
 // gather's misses insert rows, and each insert would wait until the shrink is done (hundreds of
 // milliseconds for a few hundred thousand rows, seconds for a 16 GiB cache). The shrink works in
