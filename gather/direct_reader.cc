@@ -21,6 +21,13 @@ namespace {
 constexpr uint64_t kDirectAlign = 4096;
 constexpr uint64_t kMaxDirectRun = 256 * 1024;
 
+// The emulated device (GatherEngineOptions::emulated_device): waits until `due_ns` (NowNs()).
+void WaitUntilEmulated(uint64_t due_ns) {
+  const timespec ts{.tv_sec = time_t(due_ns / 1'000'000'000),
+                    .tv_nsec = long(due_ns % 1'000'000'000)};
+  while (NowNs() < due_ns) clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+}
+
 // One aligned page run of a file, read into the bounce area, covering reads [first, first+count).
 struct PageRun {
   uint32_t file;
@@ -82,6 +89,7 @@ class DirectRun {
 
   absl::Status ReadRunBlocking(PageRun& run) {
     const GatherFile& f = *(*t_.files)[run.file];
+    const uint64_t due = emu_ != nullptr ? emu_->EmulatedDue(NowNs(), run.length) : 0;
     run.valid = 0;
     while (run.valid < run.length) {
       const ssize_t n = pread(f.direct_fd, bounce_ + run.bounce_offset + run.valid,
@@ -103,6 +111,11 @@ class DirectRun {
       if (run.valid % kDirectAlign != 0) break;  // the end of the file
     }
     c_.direct_reads++;
+    if (emu_ != nullptr) {
+      c_.emulated_reads++;
+      if (NowNs() < due) c_.emulated_holds++;
+      WaitUntilEmulated(due);
+    }
     return absl::OkStatus();
   }
 
@@ -154,6 +167,11 @@ class DirectRun {
     c_.bytes_read += res;
     c_.direct_reads++;
     c_.fixed_reads += fixed_buffer_;
+    if (emu_ != nullptr) {
+      // Held: the flush waits for the latest due of its reads (ReadRunsOnRing).
+      c_.emulated_reads++;
+      if (NowNs() < due_[i]) c_.emulated_holds++;
+    }
     run.valid = res;
     // A short read that stopped on an aligned boundary before the end is finished with blocking
     // reads; an unaligned one reached the end of the file.
@@ -177,6 +195,7 @@ class DirectRun {
         io_uring_prep_read(sqe, fd, bounce_ + run.bounce_offset, run.length, run.start);
       }
       if (fixed) sqe->flags |= IOSQE_FIXED_FILE;
+      if (emu_ != nullptr) due_[submitted_] = emu_->EmulatedDue(NowNs(), run.length);
       io_uring_sqe_set_data64(sqe, submitted_);
       ++submitted_;
       c_.read_calls++;
@@ -189,6 +208,7 @@ class DirectRun {
     fixed_buffer_ = ctx_.FixedBounce();
     submitted_ = completed_ = 0;
     retry_.assign(runs_.size(), 0);
+    due_.assign(runs_.size(), 0);
     while (completed_ < runs_.size()) {
       SubmitRuns();
       const int r = ctx_.SubmitAndWait(1);
@@ -204,6 +224,11 @@ class DirectRun {
         CompleteRun(*cqe);
       }
       io_uring_cq_advance(ctx_.ring(), seen);
+    }
+    // The emulated device: reads were submitted without waiting for it, so they overlap as on a
+    // device with a deep queue; the flush (whose rows are copied out together) ends with the last.
+    if (emu_ != nullptr && !due_.empty()) {
+      WaitUntilEmulated(*std::max_element(due_.begin(), due_.end()));
     }
     for (size_t i = 0; i < runs_.size(); ++i) {
       if (!retry_[i]) continue;
@@ -227,6 +252,7 @@ class DirectRun {
   }
 
   ReaderContext& ctx_;
+  ReaderShared* const emu_ = ctx_.emulation();  // null: no emulated device
   const ReadTarget& t_;
   const GatherPlan& plan_;
   const std::vector<PendingRead>& reads_;
@@ -239,6 +265,7 @@ class DirectRun {
   bool fixed_buffer_ = false;
   size_t submitted_ = 0, completed_ = 0;
   std::vector<uint8_t> retry_;
+  std::vector<uint64_t> due_;  // the emulated device's completion of each run (NowNs())
 };
 
 }  // namespace

@@ -51,7 +51,12 @@
     "io_uring_enter failures survived by draining and replacing the ring")                    \
   X(ring_resets, "ring_resets", "engram_gather_ring_resets_total",                            \
     "io_uring rings replaced after a failure")                                                \
-  X(bytes_read, "bytes_read", "engram_gather_read_bytes_total", "Bytes read from the table files")
+  X(bytes_read, "bytes_read", "engram_gather_read_bytes_total",                              \
+    "Bytes read from the table files")                                                        \
+  X(emulated_reads, "emulated_reads", "engram_gather_emulated_reads_total",                   \
+    "O_DIRECT reads paced by the emulated device (benchmarking only)")                        \
+  X(emulated_holds, "emulated_holds", "engram_gather_emulated_holds_total",                   \
+    "Emulated reads the real device answered early, held to their emulated completion")
 
 #define ENGRAM_GATHER_COUNTERS(X) \
   ENGRAM_GATHER_BATCH_COUNTERS(X) \

@@ -81,6 +81,7 @@ class GatherEngineImpl final : public GatherEngine {
                                 .max_batch_rows = options.max_batch_rows}) {
     reader_shared_.enter_fault = options.uring_enter_fault;
     reader_shared_.notice = options.notice;
+    reader_shared_.emulated = options.emulated_device;
   }
 
   absl::Status Start() {

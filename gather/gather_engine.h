@@ -103,6 +103,18 @@ struct GatherEngineOptions {
   // refuses (RLIMIT_MEMLOCK, ENOMEM) the reads go unregistered and one notice says why.
   bool register_direct_buffers = true;
   UringEnterFaultFn uring_enter_fault;  // empty: never (the production setting)
+  // For benchmarks only: a slower (or slower-looking) storage device. Every O_DIRECT read (the
+  // row cache's misses, tables read with ReadMode::kDirect) completes no earlier than its issue
+  // time + latency_ns, and the reads of all threads together no faster than iops reads of 4 KiB
+  // per second (a longer read counts as one per 4 KiB it spans). A read the real device answered
+  // sooner is held until then; reads issued meanwhile are not held back, so the emulated device
+  // serves many reads at once. Both 0: off (the production setting).
+  struct EmulatedDevice {
+    uint64_t latency_ns = 0;
+    uint64_t iops = 0;
+    bool on() const { return latency_ns != 0 || iops != 0; }
+  };
+  EmulatedDevice emulated_device;
 
   // --- Scheduling ---
   // A batch is shared with workers only when its estimated work (planned reads x the table's

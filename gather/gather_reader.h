@@ -54,6 +54,13 @@ struct ReaderShared {
   std::atomic<bool> fixed_buffers_noticed{false};
   // Threads whose rings kept failing and that read with blocking calls from then on.
   std::atomic<uint32_t> rings_given_up{0};
+  // GatherEngineOptions::emulated_device, and when the emulated device is next free (NowNs()).
+  GatherEngineOptions::EmulatedDevice emulated;
+  std::atomic<uint64_t> emulated_free_ns{0};
+  // The emulated completion of an O_DIRECT read of `bytes` issued at `issue_ns`: the issue time
+  // + the latency, or the end of its turn at the device's rate, whichever is later. Reserves the
+  // turn. Thread-safe.
+  uint64_t EmulatedDue(uint64_t issue_ns, uint64_t bytes);
   // Sends `text` through `notice` unless `once` was already set.
   void NoticeOnce(std::atomic<bool>& once, const std::string& text);
 };
@@ -85,6 +92,10 @@ class ReaderContext {
   // Sets up the ring; on failure the context works without one (pool / serial reads).
   absl::Status InitRing(uint32_t entries, uint32_t max_fixed_files);
   bool has_ring() const { return has_ring_; }
+  // The engine's emulated device (GatherEngineOptions::emulated_device), or null when off.
+  ReaderShared* emulation() const {
+    return shared_ != nullptr && shared_->emulated.on() ? shared_ : nullptr;
+  }
   io_uring* ring() { return &ring_; }
 
   // io_uring_submit_and_wait through the engine's fault seam: what was queued is submitted and

@@ -42,6 +42,21 @@ void ReaderShared::NoticeOnce(std::atomic<bool>& once, const std::string& text) 
   if (!once.exchange(true) && notice) notice(text);
 }
 
+uint64_t ReaderShared::EmulatedDue(uint64_t issue_ns, uint64_t bytes) {
+  uint64_t due = issue_ns + emulated.latency_ns;
+  if (emulated.iops != 0) {
+    const uint64_t pages = std::max<uint64_t>(1, (bytes + 4095) / 4096);
+    const uint64_t cost = pages * 1'000'000'000 / emulated.iops;
+    uint64_t free = emulated_free_ns.load(std::memory_order_relaxed);
+    uint64_t end;
+    do {
+      end = std::max(free, issue_ns) + cost;
+    } while (!emulated_free_ns.compare_exchange_weak(free, end, std::memory_order_relaxed));
+    due = std::max(due, end);
+  }
+  return due;
+}
+
 ReaderContext::~ReaderContext() {
   // The ring goes first: it holds the bounce area's pages while it is registered.
   if (has_ring_) io_uring_queue_exit(&ring_);

@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "base/clock.h"
 #include "gather/gather_planner.h"
 #include "tests/common/skip.h"
 #include "tests/gather/gather_catch_util.h"
@@ -516,6 +517,68 @@ TEST_CASE("O_DIRECT tables read aligned page runs, byte-exact in both layouts", 
       CHECK(s.nowait_hits == 0);
       CHECK(s.mode == ReadMode::kDirect);
     }
+  }
+}
+
+// The emulated device (GatherEngineOptions::emulated_device, benchmarking only). Every bound
+// is a lower one: a loaded machine makes a gather slower, never faster than the emulated device
+// allows, so the checks cannot fail from load; a device that ignored the emulation would finish
+// these reads in well under a millisecond each and fail them.
+TEST_CASE("An emulated device holds O_DIRECT reads to its latency and rate, bytes unchanged",
+          "[gather]") {
+  auto table = Open(Files().paged);
+  REQUIRE(table->parts()[0].paged());
+  // Rows on pages three apart: one 4 KiB read each, no page run joins two.
+  auto pages_apart = [](uint64_t n) {
+    std::vector<uint64_t> rows;
+    for (uint64_t page = 0; page < 3 * n; page += 3) rows.push_back(page * 15 + page % 15);
+    return rows;
+  };
+  struct Case {
+    const char* name;
+    bool uring;
+    GatherEngineOptions::EmulatedDevice device;
+    uint64_t reads;
+    uint64_t at_least_ns;  // what the emulated device needs for `reads` reads
+  };
+  const std::vector<Case> cases = {
+      // Reads on the ring overlap: the latency is paid once per flush, not per read.
+      {"io_uring, latency", true, {.latency_ns = 50'000'000}, 100, 50'000'000},
+      // The rate is one schedule: 100 reads at 2,000/s take 50 ms however deep the queue.
+      {"io_uring, rate", true, {.iops = 2000}, 100, 100 * 500'000},
+      // Blocking reads, one after the other: each waits out the latency.
+      {"pool, latency", false, {.latency_ns = 20'000'000}, 5, 5 * 20'000'000},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      GatherEngineOptions o{.workers = 1, .use_io_uring = c.uring};
+      o.emulated_device = c.device;
+      auto engine = RequireEngine(o);
+      REQUIRE(engine->AddTable(table.get(), {.mode = ReadMode::kDirect}).ok());
+      const std::vector<uint64_t> rows = pages_apart(c.reads);
+      std::vector<uint8_t> out;
+      const uint64_t start = NowNs();
+      REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+      const uint64_t took = NowNs() - start;
+      CHECK(took >= c.at_least_ns);
+      CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+      const auto s = StatsOf(*engine);
+      CHECK(s.direct_reads == c.reads);
+      CHECK(s.emulated_reads == c.reads);
+      // The real reads answered before their emulated time (a read of a 4 KiB page takes far
+      // less than 20 ms or than its turn at 2,000/s) and were held: at least one was.
+      CHECK(s.emulated_holds >= 1);
+    }
+  }
+  SECTION("off: no read is paced") {
+    auto engine = RequireEngine({.workers = 1});
+    REQUIRE(engine->AddTable(table.get(), {.mode = ReadMode::kDirect}).ok());
+    const std::vector<uint64_t> rows = pages_apart(100);
+    std::vector<uint8_t> out;
+    REQUIRE(GatherInto(*engine, *table, rows, out).ok());
+    CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
+    CHECK(StatsOf(*engine).direct_reads == 100);
+    CHECK(StatsOf(*engine).emulated_reads == 0);
   }
 }
 
