@@ -583,6 +583,33 @@ const std::vector<Setting>& Settings() {
       {"engine.pace", "--pace",
        "Wake the poller and two request threads ahead of regularly paced requests (spins CPU)",
        Kind::kBool, kRestart, [](S* s) -> void* { return &s->server.poll.pace; }},
+      {.key = "engine.poll_mode",
+       .flag = "--poll-mode",
+       .help = "Polling mode: while clients are active, the poller and engine.poll_cores - 1 "
+               "request threads spin instead of sleeping (spins CPU): on, off, or auto (on from "
+               "16 CPUs up)",
+       .kind = Kind::kString,
+       .reload = kRestart,
+       .field = [](S* s) -> void* { return &s->poll_mode; },
+       .check = [](const std::string& v) { return OneOf(v, {"auto", "on", "off"}); },
+       .example = "on"},
+      {"engine.poll_cores", "--poll-cores",
+       "Cores that spin in polling mode, the poller's included (0: an eighth of the CPUs, at "
+       "least 2)",
+       Kind::kUint32, kRestart, [](S* s) -> void* { return &s->poll_cores; }, 0, 1024},
+      {"engine.poll_idle_ms", "--poll-idle-ms",
+       "Polling mode: clients are active until this long after the last request",
+       Kind::kUint32, kRestart, [](S* s) -> void* { return &s->poll_idle_ms; }, 1, 60'000},
+      {"engine.emulate_read_latency_us", "--emulate-read-latency-us",
+       "BENCHMARKING ONLY: every O_DIRECT read (row cache misses, tables.read_mode = direct) "
+       "completes no sooner than this after it was issued (0: off)",
+       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->emulate_read_latency_us; }, 0,
+       10'000'000},
+      {"engine.emulate_read_iops", "--emulate-read-iops",
+       "BENCHMARKING ONLY: O_DIRECT reads, all threads together, complete no faster than this "
+       "many 4 KiB reads per second (0: off)",
+       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->emulate_read_iops; }, 0,
+       100'000'000},
       {"engine.inline_rows", "--inline-rows",
        "Gather requests of up to this many rows on the polling thread", Kind::kUint64, kRestart,
        [](S* s) -> void* { return &s->server.poll.inline_rows; }, 0, uint64_t{1} << 32},

@@ -40,6 +40,13 @@ struct DaemonSettings {
   std::string read_mode = "buffered";
   uint64_t spin_min_us = 20;
   uint64_t spin_max_us = 500;
+  std::string poll_mode = "auto";  // engine.poll_mode: auto, on or off (PollCores)
+  uint32_t poll_cores = 0;         // engine.poll_cores (0: PollCores' rule)
+  uint32_t poll_idle_ms = 200;     // engine.poll_idle_ms
+  // Benchmarking only (GatherEngineOptions::emulated_device): every O_DIRECT read completes no
+  // sooner than this after its issue, and no faster than this many 4 KiB reads per second.
+  uint64_t emulate_read_latency_us = 0;
+  uint64_t emulate_read_iops = 0;
   MetricsOptions metrics;
   StoreConfig store;  // [memory]; its tiers come from default_tier and tiers (docs/row-store.md)
   std::string default_tier = "storage";  // [tables] tier

@@ -54,6 +54,11 @@ CommandResult Status(CommandContext& c) {
   out["max_clients"] = s.config().limits.max_clients;
   out["requests_in_flight"] = s.requests_in_flight();
   out["pace"] = {{"windows", s.pace_windows()}, {"caught", s.pace_windows_caught()}};
+  out["poll"] = {{"cores", s.config().poll.hold_cores},
+                 {"idle_ms", s.config().poll.hold_idle_ns / 1'000'000},
+                 {"holding", s.poll_holding()},
+                 {"poller_spin_seconds", double(s.poller_spin_ns()) / 1e9},
+                 {"request_threads_spin_seconds", double(s.request_threads_spin_ns()) / 1e9}};
   out["arena_bytes"] = s.total_arena_bytes();
   out["watchdog_usec"] = c.watchdog_ns / 1000;
   out["log_level"] = c.log_level;

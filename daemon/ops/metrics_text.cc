@@ -171,6 +171,16 @@ std::string RenderMetrics(const ServerView& server, const std::string& version,
   e.Counter("engram_poller_pace_windows_caught_total",
             "Pace windows the expected burst of requests came in", {},
             double(server.pace_windows_caught()));
+  e.Counter("engram_poller_spin_seconds_total",
+            "Time the poller spun over the submission rings finding no work", {},
+            double(server.poller_spin_ns()) / 1e9);
+  e.Counter("engram_request_threads_spin_seconds_total",
+            "Time the request threads spun waiting for requests, all together", {},
+            double(server.request_threads_spin_ns()) / 1e9);
+  e.Gauge("engram_poll_cores_held",
+          "Cores polling mode keeps spinning now: engine.poll_cores while clients are active, "
+          "else 0",
+          {}, server.poll_holding() ? double(server.config().poll.hold_cores) : 0.0);
   clients.Append(server, e);
   server.AddStoreMetrics(&e);
   AppendMemoryMetrics(e, ReadMemoryReport(), server.config().memory_plan);

@@ -252,6 +252,11 @@ absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
   settings->store.others_bytes = plan->budget - plan->store;
   config.poll.spin_min_ns = settings->spin_min_us * 1000;
   config.poll.spin_max_ns = std::max(settings->spin_max_us, settings->spin_min_us) * 1000;
+  absl::StatusOr<PollMode> poll_mode = ParsePollMode(settings->poll_mode);
+  if (!poll_mode.ok()) return poll_mode.status();
+  config.poll.hold_cores =
+      PollCores(*poll_mode, settings->poll_cores, std::thread::hardware_concurrency());
+  config.poll.hold_idle_ns = uint64_t{settings->poll_idle_ms} * 1'000'000;
   return ApplyTiers(settings);
 }
 
@@ -410,16 +415,37 @@ std::string ServingSummary(const ServerConfig& config, const StoreConfig& store_
   const uint32_t cpus = std::thread::hardware_concurrency();
   return absl::StrFormat(
       "engramd %s (protocol %u.%u) serving, pid %d, %.1f s after start, on %s: %u table(s): %s; "
-      "row cache %s; memory budget %s; %u gather worker(s), %u request thread(s); huge pages "
-      "%s; metrics %s",
+      "row cache %s; memory budget %s; %u gather worker(s), %u request thread(s); polling "
+      "mode %s; huge pages %s; metrics %s",
       ENGRAMD_VERSION, ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR, getpid(), start_seconds,
       config.socket_path, tables.size(), absl::StrJoin(tables, ", "), cache,
       config.memory_plan.bounded() ? DescribeMemoryPlan(config.memory_plan)
                                    : std::string("unbounded"),
       config.workers != 0 ? config.workers : cpus,
       config.request_threads != 0 ? config.request_threads : DefaultRequestThreads(cpus),
+      config.poll.hold_cores != 0
+          ? absl::StrFormat("%u core(s) while clients are active", config.poll.hold_cores)
+          : std::string("off"),
       huge ? "in use" : (store_config.huge_pages ? "asked for, none in use" : "off"),
       metrics_port != 0 ? absl::StrFormat("on port %u", metrics_port) : std::string("off"));
+}
+
+// The gather engine as the settings say.
+absl::StatusOr<std::unique_ptr<GatherEngine>> StartEngine(const DaemonSettings& settings) {
+  if (settings.emulate_read_latency_us != 0 || settings.emulate_read_iops != 0) {
+    log::Warning(
+        "engine.emulate_read_*: every O_DIRECT read is held to an emulated device ({} µs, {} "
+        "reads/s of 4 KiB; 0: no bound): for benchmarks only",
+        settings.emulate_read_latency_us, settings.emulate_read_iops);
+  }
+  return GatherEngine::Create(
+      {.workers = settings.server.workers,
+       .direct_bounce_bytes = DirectBounceBytes(settings.server.memory_budget),
+       // Once per file or worker: a file without RWF_NOWAIT, io_uring
+       // missing or failing, unregistrable O_DIRECT buffers.
+       .notice = [](const std::string& notice) { log::Notice("gather engine: {}", notice); },
+       .emulated_device = {.latency_ns = settings.emulate_read_latency_us * 1000,
+                           .iops = settings.emulate_read_iops}});
 }
 
 // Starts the gather engine, the row store and the server on the opened tables, takes the socket
@@ -436,12 +462,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   }
   gate.Step("starting the gather engine");
   CacheHandoff handoff{.fd = std::move(kept_cache), .tables_identity = TablesIdentity(tables)};
-  absl::StatusOr<std::unique_ptr<GatherEngine>> engine = GatherEngine::Create(
-      {.workers = config.workers,
-       .direct_bounce_bytes = DirectBounceBytes(config.memory_budget),
-       // Once per file or worker: a file without RWF_NOWAIT, io_uring
-       // missing or failing, unregistrable O_DIRECT buffers.
-       .notice = [](const std::string& notice) { log::Notice("gather engine: {}", notice); }});
+  absl::StatusOr<std::unique_ptr<GatherEngine>> engine = StartEngine(*settings);
   if (!engine.ok()) return Fail(engine.status());
   if (gate.stop_requested()) return StoppedWhileStarting();
   const StoreConfig store_config = settings->store;  // a SIGHUP replaces *settings

@@ -46,8 +46,23 @@ class RequestPool {
   // The expected work came: threads still spinning for Prewake stop at their own spell.
   void EndPrewake() { spin_until_.store(0, std::memory_order_relaxed); }
 
+  // Polling mode (PollOptions::hold_cores): the first `threads` threads do not sleep between
+  // tasks until `until_ns` (NowNs()); the poller moves `until_ns` on while clients are active.
+  // Threads asleep when a hold starts are woken for it. Thread-safe.
+  void Hold(uint32_t threads, uint64_t until_ns);
+  // Time the threads spent spinning with nothing to run, all together (ns): the CPU a spin
+  // spell, a pace window or a hold costs.
+  uint64_t spin_ns() const { return spin_total_ns_.load(std::memory_order_relaxed); }
+
  private:
-  void Loop();
+  void Loop(uint32_t index);
+  // Spins until a task is queued or the thread's spell (its own, a pace window's, a hold's)
+  // ends; counts the time.
+  void Spin(uint32_t index);
+  bool Held(uint32_t index, uint64_t now) const {
+    return index < hold_threads_.load(std::memory_order_relaxed) &&
+           now < hold_until_.load(std::memory_order_relaxed);
+  }
 
   const uint64_t spin_ns_;
   std::mutex mu_;
@@ -58,6 +73,9 @@ class RequestPool {
   bool stop_ = false;
   uint32_t prewake_tokens_ = 0;  // sleeping threads still to wake for Prewake
   std::atomic<uint64_t> spin_until_{0};
+  std::atomic<uint32_t> hold_threads_{0};
+  std::atomic<uint64_t> hold_until_{0};
+  std::atomic<uint64_t> spin_total_ns_{0};
   std::atomic<uint32_t> queued_{0};
   std::atomic<uint32_t> sleeping_{0};
   std::vector<std::thread> threads_;

@@ -829,6 +829,7 @@ struct Server::PollerState {
   uint64_t pace_spin_until = 0;  // spinning through a predicted window until then
   uint32_t burst_requests = 0, last_burst_requests = 0;
   uint64_t timer_late_ns = 50'000;  // how late this thread's timed sleeps end, on average
+  uint64_t spin_since = 0;          // the first of the passes since the last work found none
 };
 
 void Server::PollerLoop() {
@@ -851,16 +852,22 @@ void Server::PollerLoop() {
     const uint64_t now = NowNs();
     poller_heartbeat_ns_.store(now, std::memory_order_relaxed);
     if (work != 0) {
+      EndSpin(st, now);
       CountBurst(st, now, work);
       continue;
     }
-    const bool device_awake =
-        st.device_sessions > 0 && now - st.last_device_work < kDeviceIdleNs;
-    if (now - st.last_work < st.spin_ns || now < st.pace_spin_until || device_awake) {
+    if (st.spin_since == 0) {
+      st.spin_since = now;
+    } else if (now - st.spin_since >= 1'000'000) {
+      EndSpin(st, now);  // counted as it passes, so that a long spell shows
+      st.spin_since = now;
+    }
+    if (KeepSpinning(st, now)) {
       CpuRelax();
       continue;
     }
     if (SpinThroughPaceWindow(st, now)) continue;
+    EndSpin(st, now);
     SleepOnDoorbells(st, now);
   }
   for (const auto& s : st.snapshot) s->SetNeedWakeup(true);  // nobody polls any more
@@ -893,6 +900,25 @@ uint32_t Server::DrainAllSessions(PollerState& st) {
   return work;
 }
 
+// Whether the poller spins on after a pass that found no work: within its adaptive spell, a
+// pace window, while a device-submitting session is awake, or in polling mode while clients
+// are active (a request came within hold_idle_ns).
+bool Server::KeepSpinning(PollerState& st, uint64_t now) {
+  const PollOptions& poll = config_.poll;
+  const bool device_awake =
+      st.device_sessions > 0 && now - st.last_device_work < kDeviceIdleNs;
+  const bool held =
+      poll.hold_cores != 0 && !st.snapshot.empty() && now - st.last_busy < poll.hold_idle_ns;
+  return now - st.last_work < st.spin_ns || now < st.pace_spin_until || device_awake || held;
+}
+
+// The passes since st.spin_since found nothing: count them as the poller's spin.
+void Server::EndSpin(PollerState& st, uint64_t now) {
+  if (st.spin_since == 0) return;
+  poller_spin_ns_.fetch_add(now - st.spin_since, std::memory_order_relaxed);
+  st.spin_since = 0;
+}
+
 // A pass found work: the first after an idle gap starts a burst the pace predictor learns from.
 void Server::CountBurst(PollerState& st, uint64_t now, uint32_t work) {
   if (config_.poll.pace && now - st.last_busy >= st.pace.options().idle_gap_ns) {
@@ -907,6 +933,11 @@ void Server::CountBurst(PollerState& st, uint64_t now, uint32_t work) {
   }
   st.burst_requests += work;
   st.last_busy = now;
+  // Polling mode: the request threads besides the poller stay awake while requests come.
+  if (config_.poll.hold_cores != 0) {
+    poll_hold_until_.store(now + config_.poll.hold_idle_ns, std::memory_order_relaxed);
+    requests_->Hold(config_.poll.hold_cores - 1, now + config_.poll.hold_idle_ns);
+  }
   st.last_work = now;
 }
 

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "daemon/server/control_handler.h"
 #include "daemon/server/server_view.h"
@@ -91,6 +92,13 @@ class Server : public ServerView {
   }
   uint64_t pace_windows() const override { return pace_windows_.load(); }
   uint64_t pace_windows_caught() const override { return pace_windows_caught_.load(); }
+  bool poll_holding() const override {
+    return NowNs() < poll_hold_until_.load(std::memory_order_relaxed);
+  }
+  uint64_t poller_spin_ns() const override { return poller_spin_ns_.load(); }
+  uint64_t request_threads_spin_ns() const override {
+    return requests_->spin_ns() + large_requests_->spin_ns();
+  }
   std::span<const std::unique_ptr<Table>> tables() const override { return tables_; }
   absl::Status TableHealth(size_t index) const override;
   std::vector<TableGatherStats> EngineStats() const override { return engine_->Stats(); }
@@ -121,6 +129,8 @@ class Server : public ServerView {
   uint32_t DrainAllSessions(PollerState& st);
   void CountBurst(PollerState& st, uint64_t now, uint32_t work);
   bool SpinThroughPaceWindow(PollerState& st, uint64_t now);
+  bool KeepSpinning(PollerState& st, uint64_t now);
+  void EndSpin(PollerState& st, uint64_t now);
   void SleepOnDoorbells(PollerState& st, uint64_t now);
   bool ReadDoorbells(PollerState& st, int events);
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
@@ -224,6 +234,8 @@ class Server : public ServerView {
   std::atomic<uint64_t> poller_heartbeat_ns_{0};  // the poller's last pass (watchdog)
   std::atomic<uint64_t> pace_windows_{0};         // windows spun through ahead of a burst
   std::atomic<uint64_t> pace_windows_caught_{0};  // ... that the burst came in
+  std::atomic<uint64_t> poller_spin_ns_{0};       // the poller's passes that found no work
+  std::atomic<uint64_t> poll_hold_until_{0};      // polling mode holds cores until then
   std::unique_ptr<ControlHandler> control_;              // first member torn down (~Server)
 };
 

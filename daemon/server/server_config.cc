@@ -108,4 +108,16 @@ std::string DescribeAdministrators(const ServerConfig& config, uid_t own_uid) {
   return DescribeAlwaysAnd(own_uid, config.admin_uids, config.admin_gids);
 }
 
+absl::StatusOr<PollMode> ParsePollMode(const std::string& text) {
+  if (text == "auto") return PollMode::kAuto;
+  if (text == "on") return PollMode::kOn;
+  if (text == "off") return PollMode::kOff;
+  return absl::InvalidArgumentError(absl::StrFormat("poll mode '%s' is not auto, on or off", text));
+}
+
+uint32_t PollCores(PollMode mode, uint32_t cores, uint32_t cpus) {
+  if (mode == PollMode::kOff || (mode == PollMode::kAuto && cpus < kAutoPollMinCpus)) return 0;
+  return cores != 0 ? cores : std::max<uint32_t>(2, cpus / 8);
+}
+
 }  // namespace engram

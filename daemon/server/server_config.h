@@ -45,6 +45,13 @@ struct PollOptions {
   // spinning, from shortly before the next one is due (daemon/server/pace.h). Off by default:
   // measured, it cut a lone engine's p50 but not its p99, at three times the daemon's CPU.
   bool pace = false;
+  // Polling mode: while clients are active (a request reached the poller within hold_idle_ns),
+  // the poller and hold_cores - 1 request threads spin instead of sleeping, so that no request
+  // of a paced step waits for a sleeping thread's wake-up; when the clients go quiet they sleep
+  // as without it. 0: off. engramd sets it from engine.poll_mode and engine.poll_cores
+  // (PollCores).
+  uint32_t hold_cores = 0;
+  uint64_t hold_idle_ns = 200'000'000;
   bool operator==(const PollOptions&) const = default;
 };
 
@@ -112,6 +119,20 @@ MemoryNeeds MemoryNeedsOf(const ServerConfig& config, uint64_t budget, uint64_t 
 // The gather engine's O_DIRECT bounce area per thread under `budget`: the engine's default
 // (4 MiB) unless the budget is small, then 1/256 of it, at least 256 KiB.
 uint32_t DirectBounceBytes(uint64_t budget);
+
+// engine.poll_mode as engramd reads it.
+enum class PollMode { kAuto, kOn, kOff };
+
+// PollMode from its setting's text ("auto", "on", "off"); InvalidArgument names the value.
+absl::StatusOr<PollMode> ParsePollMode(const std::string& text);
+
+// The cores that spin while clients are active (PollOptions::hold_cores) on a machine of `cpus`
+// online CPUs: `cores` when set (on or auto), else one in eight of the CPUs, at least 2 (the
+// poller and one request thread); auto polls only from kAutoPollMinCpus CPUs up, where those
+// cores are at most an eighth of the machine, and leaves smaller machines to sleep (their
+// cores are needed by the ranks and the gather workers). off: 0.
+inline constexpr uint32_t kAutoPollMinCpus = 16;
+uint32_t PollCores(PollMode mode, uint32_t cores, uint32_t cpus);
 
 // The largest uid or gid a configuration may name: (uid_t)-1 means "no id" to the kernel.
 inline constexpr uint32_t kMaxId = UINT32_MAX - 1;

@@ -47,6 +47,12 @@ class ServerView {
   // how many of them the burst came in.
   virtual uint64_t pace_windows() const = 0;
   virtual uint64_t pace_windows_caught() const = 0;
+  // Polling mode (PollOptions::hold_cores): whether it holds cores spinning now (clients are
+  // active), and the time the poller and the request threads spent spinning with nothing to
+  // do, in ns (every spell counts: the adaptive one, pace windows and polling mode).
+  virtual bool poll_holding() const = 0;
+  virtual uint64_t poller_spin_ns() const = 0;
+  virtual uint64_t request_threads_spin_ns() const = 0;
   // Tables, sorted by layer id; fixed for the server's life.
   virtual std::span<const std::unique_ptr<Table>> tables() const = 0;
   // OK, or DataLoss naming the file, when a file of tables()[index] changed while served.

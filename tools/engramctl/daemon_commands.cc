@@ -170,6 +170,16 @@ void PrintStatus(const json& r, const json* before, double dt) {
   printf("  rows served %lu in %lu batches%s\n", U(r, "rows_served"), U(r, "batches"),
          RateText(Rate(r, before, "rows_served", dt), "rows").c_str());
   PrintStoreStatus(r);
+  if (r.contains("poll") && r["poll"].is_object()) {
+    const json& p = r["poll"];
+    const std::string mode =
+        U(p, "cores") == 0 ? std::string("polling mode off")
+                           : absl::StrFormat("polling mode %lu cores, %s", U(p, "cores"),
+                                             p.value("holding", false) ? "spinning (clients active)"
+                                                                       : "idle");
+    printf("  %s; spun %.1f s (poller) + %.1f s (request threads)\n", mode.c_str(),
+           p.value("poller_spin_seconds", 0.0), p.value("request_threads_spin_seconds", 0.0));
+  }
   if (r.contains("memory") && r["memory"].is_object()) PrintMemory(r["memory"]);
   printf("  log level %s, watchdog %s\n", r.value("log_level", "?").c_str(),
          U(r, "watchdog_usec") == 0
