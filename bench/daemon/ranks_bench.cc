@@ -104,6 +104,18 @@ struct Config {
   std::vector<std::string> daemon_args;
   bool smoke = false;
   int prefetch_flood = 0;  // >0: only the pair of cases with and without that many floods
+  // One engramd per entry, started with that engine.poll_mode ("on:N" adds engine.poll_cores
+  // N), every method through engramd run against each side by side; empty: one engramd.
+  std::vector<std::string> poll_modes;
+  // engramd's emulated device for O_DIRECT reads (engine.emulate_read_*; 0: off).
+  uint64_t emulate_latency_us = 0, emulate_iops = 0;
+};
+
+// One engramd the matrix runs against: its label in the table ("" when it is the only one).
+struct Daemon {
+  std::string label;
+  std::string sock;
+  pid_t pid = -1;
 };
 
 // One case of the matrix.
@@ -745,7 +757,7 @@ void PrintCase(const Case& c, const std::string& method, const CaseResult& r, do
   const uint64_t worst999 = r.p999.empty() ? 0 : *std::max_element(r.p999.begin(), r.p999.end());
   const std::string period = c.period_ms > 0 ? absl::StrFormat("%g ms", c.period_ms) : "b2b";
   printf(
-      "| %-26s | %2d | %6s | %-6s | %8.1f | %8.1f | %8.1f | %8.1f | %5.2fx | %6.2f M | "
+      "| %-26s | %2d | %6s | %-11s | %8.1f | %8.1f | %8.1f | %8.1f | %5.2fx | %6.2f M | "
       "%6.3f | %6.3f |",
       c.name.c_str(), c.ranks, period.c_str(), method.c_str(), us(r.all_p50), us(r.all_p99),
       us(worst99), us(worst999), ref_p99 > 0 ? worst99 / ref_p99 : 0.0, r.rows_per_s / 1e6,
@@ -763,7 +775,7 @@ void PrintCase(const Case& c, const std::string& method, const CaseResult& r, do
   }
   if (!r.ok) printf(" FAILED: %s", r.error.c_str());
   printf("\n");
-  if (ThroughDaemon(method) && r.p99.size() > 1) {
+  if (ThroughDaemon(method.substr(0, method.find('/'))) && r.p99.size() > 1) {
     printf("|   per rank p50/p99/p99.9 µs:");
     for (size_t i = 0; i < r.p99.size(); ++i) {
       printf(" %.0f/%.0f/%.0f", us(r.p50[i]), us(r.p99[i]), us(r.p999[i]));
@@ -918,8 +930,18 @@ std::optional<std::vector<std::string>> CheckedMethods(Config& cfg) {
 pid_t StartDaemon(const Config& cfg, const std::string& sock, std::vector<std::string> args) {
   args.insert(args.end(), {"--socket", sock, "--log-level", "warning", "--max-clients", "256",
                            "--default-tier", cfg.tier});
+  if (cfg.emulate_latency_us != 0 || cfg.emulate_iops != 0) {
+    args.insert(args.end(), {"--emulate-read-latency-us", absl::StrCat(cfg.emulate_latency_us),
+                             "--emulate-read-iops", absl::StrCat(cfg.emulate_iops)});
+  }
   args.insert(args.end(), cfg.daemon_args.begin(), cfg.daemon_args.end());
-  PrintHeader(cfg, args);
+  if (cfg.poll_modes.empty()) {
+    PrintHeader(cfg, args);
+  } else {
+    printf("engramd:");
+    for (size_t i = 1; i < args.size(); ++i) printf(" %s", args[i].c_str());
+    printf("\n");
+  }
   const pid_t daemon = StartEngramd(args, sock);
   if (daemon < 0) return -1;
   if (cfg.tier == "resident") {
@@ -933,8 +955,67 @@ pid_t StartDaemon(const Config& cfg, const std::string& sock, std::vector<std::s
   return daemon;
 }
 
-// Runs every case of the matrix with every method and prints the table; returns the failures.
-int RunMatrix(Env& env, const std::vector<std::string>& methods, pid_t daemon) {
+// Stops every daemon; the first nonzero exit status (-1: killed by a signal), else 0.
+int StopDaemons(const std::vector<Daemon>& daemons) {
+  int first = 0;
+  for (const Daemon& d : daemons) kill(d.pid, SIGTERM);
+  for (const Daemon& d : daemons) {
+    int status = 0;
+    waitpid(d.pid, &status, 0);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (first == 0) first = code;
+  }
+  return first;
+}
+
+// engramd's arguments for a --poll-modes entry ("off", "auto", "on", "on:N"); nullopt after
+// saying what is wrong.
+std::optional<std::vector<std::string>> PollModeArgs(const std::string& entry) {
+  const std::vector<std::string> parts = absl::StrSplit(entry, ':');
+  uint32_t cores = 0;
+  if (parts.size() > 2 || (parts[0] != "off" && parts[0] != "on" && parts[0] != "auto") ||
+      (parts.size() == 2 && (parts[0] != "on" || !absl::SimpleAtoi(parts[1], &cores)))) {
+    fprintf(stderr, "--poll-modes: '%s' is not off, auto, on or on:CORES\n", entry.c_str());
+    return std::nullopt;
+  }
+  std::vector<std::string> args = {"--poll-mode", parts[0]};
+  if (parts.size() == 2) args.insert(args.end(), {"--poll-cores", parts[1]});
+  return args;
+}
+
+// Starts one engramd, or one per --poll-modes entry; empty after saying why one did not start
+// (those started are stopped).
+std::vector<Daemon> StartDaemons(const Config& cfg, const std::vector<std::string>& args) {
+  std::vector<Daemon> daemons;
+  if (cfg.poll_modes.empty()) {
+    Daemon d{"", cfg.dir + "/engramd.sock"};
+    d.pid = StartDaemon(cfg, d.sock, args);
+    if (d.pid > 0) daemons.push_back(d);
+    return daemons;
+  }
+  PrintHeader(cfg, args);
+  for (size_t i = 0; i < cfg.poll_modes.size(); ++i) {
+    std::optional<std::vector<std::string>> mode = PollModeArgs(cfg.poll_modes[i]);
+    Daemon d{cfg.poll_modes[i], absl::StrCat(cfg.dir, "/engramd-", i, ".sock")};
+    if (mode) {
+      std::vector<std::string> with = args;
+      with.insert(with.end(), mode->begin(), mode->end());
+      d.pid = StartDaemon(cfg, d.sock, with);
+    }
+    if (d.pid <= 0) {
+      StopDaemons(daemons);
+      return {};
+    }
+    daemons.push_back(d);
+  }
+  printf("\n");
+  return daemons;
+}
+
+// Runs every case of the matrix with every method (through every engramd) and prints the table;
+// returns the failures.
+int RunMatrix(Env& env, const std::vector<std::string>& methods,
+              const std::vector<Daemon>& daemons) {
   const std::string reference =
       std::find(methods.begin(), methods.end(), "mapped") != methods.end() ? "mapped" : "engine";
   printf(
@@ -948,12 +1029,17 @@ int RunMatrix(Env& env, const std::vector<std::string>& methods, pid_t daemon) {
     double ref_p99 = 0;
     env.seed = 17 + c.ranks;  // every method of a case gathers the same ids
     for (const std::string& m : methods) {
-      CaseResult r = RunCase(env, c, m, ThroughDaemon(m) ? daemon : -1);
-      failures += !r.ok;
-      if (m == reference && !r.p99.empty()) {
-        ref_p99 = *std::max_element(r.p99.begin(), r.p99.end());
+      for (const Daemon& d : daemons) {
+        if (!ThroughDaemon(m) && &d != &daemons.front()) break;
+        env.sock = d.sock;
+        CaseResult r = RunCase(env, c, m, ThroughDaemon(m) ? d.pid : -1);
+        failures += !r.ok;
+        if (m == reference && !r.p99.empty()) {
+          ref_p99 = *std::max_element(r.p99.begin(), r.p99.end());
+        }
+        const bool labelled = ThroughDaemon(m) && !d.label.empty();
+        results.emplace_back(labelled ? absl::StrCat(m, "/", d.label) : m, std::move(r));
       }
-      results.emplace_back(m, std::move(r));
     }
     for (const auto& [m, r] : results) PrintCase(c, m, r, ref_p99);
   }
@@ -982,19 +1068,16 @@ int Run(Config& cfg) {
     trace = std::move(*t);
     env.trace = &trace;
   }
-  env.sock = cfg.dir + "/engramd.sock";
-  const pid_t daemon = StartDaemon(cfg, env.sock, args);
-  if (daemon < 0) return 1;
+  const std::vector<Daemon> daemons = StartDaemons(cfg, args);
+  if (daemons.empty()) return 1;
   const uint64_t t0 = NowNs();
-  const int failures = RunMatrix(env, *methods, daemon);
-  kill(daemon, SIGTERM);
-  int status = 0;
-  waitpid(daemon, &status, 0);
+  const int failures = RunMatrix(env, *methods, daemons);
+  const int stopped = StopDaemons(daemons);
   printf("\n%s in %.0f s; engramd exit status %d\n", failures ? "FAILURES" : "every case ran",
-         (NowNs() - t0) / 1e9, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+         (NowNs() - t0) / 1e9, stopped);
   owned.clear();
   if (temp_dir) std::filesystem::remove_all(cfg.dir);
-  return failures == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  return failures == 0 && stopped == 0 ? 0 : 1;
 }
 
 void AddOptions(CLI::App& app, Config& cfg) {
@@ -1032,6 +1115,16 @@ void AddOptions(CLI::App& app, Config& cfg) {
   app.add_option("--client-spin-us", cfg.client_spin_us,
                  "how long a client spins for its completion before sleeping (0: the library's "
                  "adaptive default)");
+  app.add_option("--poll-modes", cfg.poll_modes,
+                 "one engramd per engine.poll_mode listed (off, auto, on, on:CORES), each method "
+                 "through engramd run against each side by side")
+      ->delimiter(',');
+  app.add_option("--emulate-read-latency-us", cfg.emulate_latency_us,
+                 "engramd holds every O_DIRECT read (cache-tier misses) to at least this latency "
+                 "(benchmarking only; a DGX Spark NVMe: 286)");
+  app.add_option("--emulate-read-iops", cfg.emulate_iops,
+                 "engramd completes O_DIRECT reads no faster than this many 4 KiB reads/s "
+                 "(benchmarking only; a DGX Spark NVMe: 112000)");
   app.add_flag("--smoke", cfg.smoke, "a tiny run that only checks that the benchmark works");
   app.add_option("--prefetch-flood", cfg.prefetch_flood,
                  "run only one decode rank alone and beside this many processes that prefetch "
