@@ -24,8 +24,10 @@
 //   resident arena   engramd resident tier through the session's arena: GPU-submitted requests
 //                    (engram_gpu_queue_gather_dequant)
 //   cache half       engramd cache tier with a cache of half the rank's rows, through the arena
-//                    (in-place reads of cache hits do not exist yet)
 //   storage          engramd storage tier (buffered reads of the table files), through the arena
+//   cache inplace    the same cache tier, its row cache mapped read-only and registered: the GPU
+//                    reads the hits in place and only the misses go to engramd, from the GPU
+//                    (engram_gpu_queue_cache_gather)
 // Token ids: --trace FILE (the ENGTRC01 files engram-trace-replay reads; real text through
 // tools/trace) or synthetic Zipf ids. Tables are synthetic (random FP8 rows) with the
 // DeepSeek-V4.1 hash and compressed vocabulary but smaller primes (--engram-vocab-size), so the
@@ -485,7 +487,7 @@ void CheckMixer(cudaStream_t stream) {
 
 // ---- Methods ----------------------------------------------------------------------------
 
-enum class Lookup { kNone, kTable, kArena };
+enum class Lookup { kNone, kTable, kArena, kCache };
 
 struct Method {
   std::string name;
@@ -499,6 +501,10 @@ struct Method {
   engram_gpu_queue* queue = nullptr;
   uint64_t* ids[2] = {};
   uint8_t* arena_rows[2] = {};
+  // kCache (an arena method too, for the misses): the row cache as a kernel reads it, and where
+  // the lookup lists the misses (rows in the arena's ids, output slots and count on the GPU).
+  engram_gpu_row_cache cache[2] = {};
+  engram_gpu_cache_misses misses[2] = {};
 };
 
 // The step's timestamps (globaltimer), slot by slot.
@@ -603,6 +609,10 @@ void EnqueueLookup(const Method& m, const HashCtx& h, const Shape& s, Graph& g, 
     if (m.lookup == Lookup::kTable) {
       ENGRAM_CHECK(engram_dequant_gather(m.table[l], m.row_begin[l], m.rows[l], ids[l], s.tokens,
                                          h.heads(), g.mem[l].p, g.bad.get<uint32_t>(), side));
+    } else if (m.lookup == Lookup::kCache) {
+      ENGRAM_CHECK(engram_gpu_queue_cache_gather(
+          m.queue, &m.cache[l], ids[l], s.tokens, h.heads(), g.mem[l].p, &m.misses[l],
+          engram_gpu_device_ptr(m.reg, m.arena_rows[l]), g.bad.get<uint32_t>(), side));
     } else {
       engram_gpu_request r{sizeof(r), {kEngramLayers[l]}, 0, m.ids[l], n, m.arena_rows[l]};
       engram_gpu_dequant d{sizeof(d),  s.map_d.get<int32_t>(), s.tokens, h.heads(),
@@ -927,11 +937,52 @@ void TearDownArena(Method& m) {
   m.queue = nullptr, m.reg = nullptr, m.session = nullptr;
 }
 
+// The cache-inplace method's row cache: mapped (from a host session of the cache-tier engramd:
+// the method's own session submits from the GPU), registered, and the misses' device lists.
+struct CacheInPlace {
+  engram_session* session = nullptr;
+  engram_table_map* maps[2] = {};
+  engram_gpu_registration* reg[2] = {};
+  Dev slots[2], count[2];
+  CacheInPlace(const Engramd& d, Method& m, uint32_t max_rows) : session(d.Connect(1 << 20, false)) {
+    m.lookup = Lookup::kCache;
+    for (int l = 0; l < 2; ++l) {
+      int rc = -EAGAIN;
+      for (int tries = 0; rc == -EAGAIN && tries < 12000; ++tries) {  // loading at start-up
+        rc = engram_table_map_open_any(session, kEngramLayers[l], &maps[l]);
+        if (rc == -EAGAIN) usleep(10'000);
+      }
+      EngramCheck(rc, ("engram_table_map_open_any(layer " + std::to_string(kEngramLayers[l]) +
+                       ")").c_str());
+      engram_table_map_info info{};
+      info.size = sizeof(info);
+      ENGRAM_CHECK(engram_get_table_map_info(maps[l], &info));
+      ENGRAM_CHECK(engram_gpu_register(const_cast<void*>(info.base), info.map_bytes, &reg[l]));
+      m.cache[l].size = sizeof(m.cache[l]);
+      ENGRAM_CHECK(engram_table_map_gpu_cache(maps[l], reg[l], &m.cache[l]));
+      slots[l] = Dev(size_t{max_rows} * 4);
+      count[l] = Dev(4);
+      m.misses[l] = engram_gpu_cache_misses{};
+      m.misses[l].size = sizeof(m.misses[l]);
+      m.misses[l].rows = static_cast<uint64_t*>(engram_gpu_device_ptr(m.reg, m.ids[l]));
+      m.misses[l].slots = slots[l].get<uint32_t>();
+      m.misses[l].count = count[l].get<uint32_t>();
+    }
+  }
+  ~CacheInPlace() {
+    for (int l = 0; l < 2; ++l) {
+      if (reg[l] != nullptr) engram_gpu_unregister(reg[l]);
+      engram_table_map_close(maps[l]);
+    }
+    engram_close(session);
+  }
+};
+
 std::vector<Method> NamedMethods() {
-  std::vector<Method> methods(7);
-  const char* names[7] = {"no engram",      "gpu memory", "pinned host", "resident inplace",
-                          "resident arena", "cache half", "storage"};
-  for (int i = 0; i < 7; ++i) methods[i].name = names[i];
+  std::vector<Method> methods(8);
+  const char* names[8] = {"no engram",      "gpu memory", "pinned host", "resident inplace",
+                          "resident arena", "cache half", "storage",     "cache inplace"};
+  for (int i = 0; i < 8; ++i) methods[i].name = names[i];
   return methods;
 }
 
@@ -1207,6 +1258,8 @@ int Run(const Options& o) {
   } arenas{methods};
   const Engramd* arena_daemons[3] = {&resident, &cache, &storage};
   for (int i = 0; i < 3; ++i) SetUpArena(methods[4 + i], arena_daemons[i], max_rows);
+  SetUpArena(methods[7], &cache, max_rows);
+  const CacheInPlace cache_maps(cache, methods[7], max_rows);
 
   json out = Describe(o, prop, source, hs, rm, cache_bytes);
   int failed = 0;
