@@ -1,7 +1,7 @@
 // The row store's counters, declared once: those of the shared row cache (RowCacheStats,
 // store/row_cache.h) and those of each table served from memory (TableStoreStats,
-// daemon/server/row_store.h). The structs' fields, the control replies' JSON
-// (daemon/server/row_store_report.cc), the Prometheus metrics and engramctl's text are made
+// store/row_store.h). The structs' fields, the control replies' JSON
+// (store/row_store_report.cc), the Prometheus metrics and engramctl's text are made
 // from these lists. They sit here, beside the wire codec, because the JSON keys are shared by
 // the daemon and engramctl.
 //

@@ -52,7 +52,7 @@ struct RowCacheHeader {
   std::atomic<uint32_t> capacity_slots;  // slots in use by the policy now (shrinks and grows)
   uint32_t reserved1;
   // What the rows were read from: a hash of the served tables' identities (the daemon's
-  // TablesIdentity, daemon/server/cache_handoff.h); 0 when not set. A region handed to a later
+  // TablesIdentity, store/cache_handoff.h); 0 when not set. A region handed to a later
   // engramd is adopted only if this equals its own.
   uint64_t tables_identity;
 };

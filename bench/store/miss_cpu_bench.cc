@@ -30,12 +30,12 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "daemon/server/row_store.h"
-#include "gather/gather_engine.h"
 #include "base/clock.h"
+#include "gather/gather_engine.h"
+#include "store/row_store.h"
+#include "tables/pack.h"
 #include "tables/packed_format.h"
 #include "tables/table.h"
-#include "tables/pack.h"
 #include "testkit/synthetic.h"
 
 namespace engram {

@@ -1,8 +1,8 @@
 // The row cache's memfd and systemd: the descriptors passed at start (the listening socket of
 // socket activation and the row cache's memfd from the file-descriptor store, told apart by
 // name), and handing the memfd to the file-descriptor store once the cache exists
-// (docs/operations.md, "Restarts and upgrades"). The server's part is
-// daemon/server/cache_handoff.h.
+// (docs/operations.md, "Restarts and upgrades"). The row store's part is
+// store/cache_handoff.h.
 #pragma once
 
 #include <string>

@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/server/prefetcher.h"
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 #include "store/row_cache.h"
 
 namespace engram {

@@ -30,7 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "base/metric_sink.h"
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 #include "nlohmann/json.hpp"
 #include "tables/table.h"
 

@@ -32,7 +32,7 @@
 #include "daemon/server/pending_handshakes.h"
 #include "daemon/server/prefetcher.h"
 #include "daemon/server/request_pool.h"
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 #include "base/unique_fd.h"
 #include "daemon/server/server_config.h"
 #include "daemon/server/session.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/server/request_pool.h"
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 #include "gather/gather_engine.h"
 
 namespace engram {

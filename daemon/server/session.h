@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "daemon/server/arena.h"
-#include "daemon/server/cache_touch.h"
+#include "store/cache_touch.h"
 #include "engram/protocol.h"
 #include "base/unique_fd.h"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "daemon/ops/fd_store.h"
-#include "daemon/server/cache_handoff.h"
+#include "store/cache_handoff.h"
 #include "daemon/server/hot_set.h"
 #include "testkit/synthetic.h"
 

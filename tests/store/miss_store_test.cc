@@ -14,7 +14,7 @@
 
 #include "base/clock.h"
 #include "base/metric_sink.h"
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 #include "testkit/gather_test_util.h"
 #include "testkit/synthetic.h"
 

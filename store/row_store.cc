@@ -1,6 +1,6 @@
 // RowStore: splitting gathers into store hits and engine misses, loading resident tables, and
 // reporting the store to engramctl and the metrics.
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

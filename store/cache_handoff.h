@@ -1,6 +1,6 @@
-// Keeping the row cache across restarts, the server's part: the identity of the tables its rows
+// Keeping the row cache across restarts, the store's part: the identity of the tables its rows
 // were read from, and what RowStore::Create is handed (docs/row-store.md, "Across restarts").
-// The descriptors come from systemd and go back to it through daemon/ops/fd_store.h.
+// The descriptors come from systemd and go back to it through engramd (daemon/ops/fd_store.h).
 //
 //   PassedFds passed = TakePassedFds();                 // before anything else reads LISTEN_FDS
 //   CacheHandoff handoff{.fd = std::move(passed.row_cache), .tables_identity = TablesIdentity(t)};

@@ -24,13 +24,13 @@
 
 #include "absl/status/statusor.h"
 #include "base/metric_sink.h"
-#include "daemon/server/cache_handoff.h"
-#include "daemon/server/cache_touch.h"
+#include "base/unique_fd.h"
 #include "gather/gather_engine.h"
 #include "gather/miss_queue.h"
 #include "nlohmann/json.hpp"
-#include "base/unique_fd.h"
 #include "protocol/store_counters.h"
+#include "store/cache_handoff.h"
+#include "store/cache_touch.h"
 #include "store/load_status.h"
 #include "store/memory_budget.h"
 #include "store/pressure_monitor.h"
@@ -125,7 +125,7 @@ class RowStore {
   // Fills the batch exactly as GatherEngine::Gather does. Thread-safe.
   absl::Status Gather(const GatherBatch& batch);
 
-  // The store's part of a prefetch (daemon/server/prefetcher.h): for a cached table, reads the
+  // The store's part of a prefetch (engramd's prefetcher): for a cached table, reads the
   // rows it does not hold (O_DIRECT, as misses are) and admits them marked as prefetched; a
   // resident table holds every row already. False for a table of the storage tier (the caller
   // warms the page cache instead). Rows must be covered by the table. Thread-safe.

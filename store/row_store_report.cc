@@ -1,6 +1,6 @@
 // RowStore's part of engramctl's replies and of the Prometheus metrics: tier, store bytes,
 // budget, hit rate and all-hit fraction per table, cache occupancy and evictions.
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 #include "base/escape.h"
 
 namespace engram {

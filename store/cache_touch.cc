@@ -1,5 +1,5 @@
 // CacheTouchPage: creating the page and folding what a client wrote into it.
-#include "daemon/server/cache_touch.h"
+#include "store/cache_touch.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

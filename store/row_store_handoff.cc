@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/server/row_store.h"
+#include "store/row_store.h"
 
 namespace engram {
 namespace {

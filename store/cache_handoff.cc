@@ -1,5 +1,5 @@
 // The tables' identity (cache_handoff.h).
-#include "daemon/server/cache_handoff.h"
+#include "store/cache_handoff.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
