@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/hash/hash_tables.h"
-#include "client/hash/primes.h"
+#include "hash/hash_tables.h"
+#include "hash/primes.h"
 #include "nlohmann/json.hpp"
 #include "base/file_io.h"
 

@@ -1,6 +1,6 @@
 // The files that make a synthetic checkpoint hashable: a small byte-level BPE tokenizer whose
 // compressed vocabulary is known by construction, and the derived hash tables (engram-hash.bin)
-// that the n-gram hasher loads, written from the library's own derivation (client/hash/).
+// that the n-gram hasher loads, written from the hasher's own derivation (hash/).
 //
 //   engram::SyntheticVocab vocab = engram::MakeSyntheticVocab(engram::kSyntheticWords);
 //   std::vector<uint64_t> rows = engram::HashableRows(2, 600);  // rows of layers 1 and 14

@@ -23,8 +23,8 @@ import os
 import re
 import sys
 
-SOURCE_FOLDERS = ['abi', 'base', 'bench', 'cli', 'client', 'daemon', 'gather', 'include', 'kernels',
-                  'protocol', 'store', 'tables', 'testkit', 'tests', 'tools']
+SOURCE_FOLDERS = ['abi', 'base', 'bench', 'cli', 'client', 'daemon', 'gather', 'hash', 'include',
+                  'kernels', 'protocol', 'store', 'tables', 'testkit', 'tests', 'tools']
 SOURCE_SUFFIXES = ('.h', '.hpp', '.cc', '.cpp', '.c', '.cu', '.cuh')
 
 # Path prefix -> layer. The longest matching prefix names a file's layer.
@@ -42,6 +42,7 @@ LAYERS = {
     'daemon/server/engramd_main.cc': 'daemon-main',
     'daemon/tests/': 'daemon-tests',
     'cli/': 'cli',
+    'hash/': 'hash',
     'client/': 'client',
     'kernels/': 'kernels',
     'testkit/': 'testkit',
@@ -52,12 +53,15 @@ LAYERS = {
 
 # The daemon's chain: each layer may use every layer before it.
 CHAIN = ['public', 'base', 'tables', 'protocol', 'gather', 'store', 'server', 'ops', 'daemon-main']
-LIBRARIES = CHAIN[:6] + ['client', 'kernels']
+LIBRARIES = CHAIN[:6] + ['hash', 'client', 'kernels']
 MAY_USE = {layer: set(CHAIN[:i + 1]) for i, layer in enumerate(CHAIN)}
 MAY_USE['daemon-main'].add('cli')  # engramd parses its command line as every tool does
 MAY_USE.update({
-    # libengram_client.so: the public ABI, the wire protocol and the utilities under it.
-    'client': {'public', 'base', 'protocol', 'client'},
+    # The n-gram hasher: the public ABI and the utilities under it.
+    'hash': {'public', 'base', 'hash'},
+    # libengram_client.so: the public ABI, the wire protocol, the hasher and the utilities under
+    # them.
+    'client': {'public', 'base', 'protocol', 'hash', 'client'},
     # The kernels see the client only through its public ABI.
     'kernels': {'public', 'base', 'kernels'},
     # What tests, benchmarks and tools share: any library, never the daemon's insides.

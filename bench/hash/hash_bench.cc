@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "client/hash/ngram_hasher.h"
+#include "hash/ngram_hasher.h"
 
 namespace engram {
 namespace {

@@ -5,7 +5,7 @@
 //   node tools/trace/engram_trace.mjs --out /var/tmp/debian-doc.trace
 //   build/bench/store/engram-trace-replay --trace /var/tmp/debian-doc.trace --dir /var/tmp/replay
 //
-// Row ids come from the real DeepSeek-V4.1 hash (client/hash) of the trace's compressed ids.
+// Row ids come from the real DeepSeek-V4.1 hash (hash/) of the trace's compressed ids.
 // The synthetic tables engramd serves have --table-rows rows, so each row id r is served as
 // r mod table-rows (the simulations see the same folded ids); decode replays --sequences
 // documents one token per step, prefill 8,192-token chunks.
@@ -49,7 +49,7 @@
 #include "bench/common/engramd_process.h"
 #include "bench/common/token_trace.h"
 #include "bench/store/cache_sim.h"
-#include "client/hash/ngram_hasher.h"
+#include "hash/ngram_hasher.h"
 #include "engram/engram.h"
 #include "nlohmann/json.hpp"
 #include "base/clock.h"

@@ -1,6 +1,6 @@
 // FastMod against the hardware remainder: edge values around multiples of the divisor, the
 // ends of the 64-bit range, and NumPy's floor modulo for negative int64 mixes.
-#include "client/hash/fast_mod.h"
+#include "hash/fast_mod.h"
 
 #include <catch2/catch.hpp>
 #include <cstdint>

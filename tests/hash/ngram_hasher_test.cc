@@ -1,6 +1,6 @@
 // NgramHasher: golden rows, history across chunks and micro-batches, head ranges and ranks,
 // the compressed vocabulary, config parsing and every refused input.
-#include "client/hash/ngram_hasher.h"
+#include "hash/ngram_hasher.h"
 
 #include <catch2/catch.hpp>
 #include <cstdint>

@@ -1,14 +1,14 @@
 // NumPy's SeedSequence, PCG64 and Generator.integers reproduced bit for bit (expected values
 // printed by numpy 1.24), the prime test, and DeepSeek-V4.1's multipliers and head primes.
-#include "client/hash/numpy_random.h"
+#include "hash/numpy_random.h"
 
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <numeric>
 #include <vector>
 
-#include "client/hash/hash_tables.h"
-#include "client/hash/primes.h"
+#include "hash/hash_tables.h"
+#include "hash/primes.h"
 
 namespace engram {
 namespace {

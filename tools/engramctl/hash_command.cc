@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "cli/command_line.h"
-#include "client/hash/ngram_hasher.h"
+#include "hash/ngram_hasher.h"
 #include "nlohmann/json.hpp"
 #include "tools/engramctl/commands.h"
 

@@ -1,6 +1,6 @@
 // SeedSequence, PCG64 and bounded int64 draws exactly as NumPy's Generator computes them; the
 // constants and mixing order follow numpy/random/bit_generator.pyx and numpy's pcg64.h.
-#include "client/hash/numpy_random.h"
+#include "hash/numpy_random.h"
 
 #include <cstdint>
 #include <vector>

@@ -1,5 +1,5 @@
 // Miller-Rabin with the 12 prime bases that decide every n < 2^64, and the Engram prime search.
-#include "client/hash/primes.h"
+#include "hash/primes.h"
 
 #include <cstdint>
 #include <unordered_set>

@@ -1,6 +1,6 @@
 // Reading config.json's engram_* keys, deriving multipliers and primes, and loading the
 // derived-tables file that carries the compressed vocabulary.
-#include "client/hash/hash_tables.h"
+#include "hash/hash_tables.h"
 
 #include <algorithm>
 #include <array>
@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/hash/numpy_random.h"
-#include "client/hash/primes.h"
+#include "hash/numpy_random.h"
+#include "hash/primes.h"
 #include "nlohmann/json.hpp"
 
 namespace engram {

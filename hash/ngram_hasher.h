@@ -16,8 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/hash/fast_mod.h"
-#include "client/hash/hash_tables.h"
+#include "hash/fast_mod.h"
+#include "hash/hash_tables.h"
 
 namespace engram {
 

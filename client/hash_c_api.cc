@@ -11,9 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "client/abi_struct.h"
-#include "client/hash/ngram_hasher.h"
 #include "client/last_error.h"
 #include "engram/hash.h"
+#include "hash/ngram_hasher.h"
 
 static_assert(sizeof(engram_hasher_opts) == 32);
 static_assert(offsetof(engram_hasher_opts, derived_path) == 16);

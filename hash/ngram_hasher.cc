@@ -1,6 +1,6 @@
 // The hash loop: per position, XOR-mix the products of the last n compressed ids with the
 // layer's multipliers (wrapping 64-bit), then reduce each order's mix modulo its heads' primes.
-#include "client/hash/ngram_hasher.h"
+#include "hash/ngram_hasher.h"
 
 #include <algorithm>
 #include <utility>
