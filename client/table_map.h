@@ -9,7 +9,7 @@
 #include "engram/engram.h"
 #include "engram/protocol.h"
 #include "protocol/codec.h"
-#include "store/row_cache.h"
+#include "protocol/row_cache_reader.h"
 
 struct engram_table_map {
   const uint8_t* base = nullptr;  // PROT_READ, MAP_SHARED of the sealed memfd

@@ -4,7 +4,7 @@
 #include <bit>
 #include <new>
 
-#include "store/row_cache_layout.h"
+#include "protocol/row_cache_layout.h"
 
 namespace engram {
 namespace {

@@ -208,7 +208,7 @@ ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_stats) == 144, "msg stats size");
  * says whether the table may still be read.
  * 1.4: for a table of the cache tier, a session granted ENGRAM_FEATURE_ROW_CACHE_MAP gets
  * TABLE_MAPPED of kind ENGRAM_TABLE_MAPPED_ROW_CACHE instead: its first fd is a read-only
- * descriptor of the row cache memfd (map_bytes long, laid out as store/row_cache_layout.h and
+ * descriptor of the row cache memfd (map_bytes long, laid out as protocol/row_cache_layout.h and
  * docs/row-store.md describe; shared by every cache-tier table), then the table state page, then
  * this session's touch page (struct engram_cache_touch_page, read-write). */
 struct engram_msg_map_table {

@@ -1,7 +1,9 @@
 // The row cache's shared-memory layout: a header, a bucket index and an array of row slots.
 // Readers in any process that maps the region find a row with no lock and no syscall, and a
 // per-slot sequence number with the row's key, checked after the copy, keeps them from ever
-// returning a torn row or another row's bytes. docs/row-store.md describes it.
+// returning a torn row or another row's bytes. docs/row-store.md describes it. It sits in
+// protocol/ because both sides of the mapping use it: the daemon's RowCache (store/) writes it,
+// the client library reads it in place (protocol/row_cache_reader.h).
 #pragma once
 
 #include <atomic>
@@ -9,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "tables/table.h"
+#include "engram/row.h"
 
 namespace engram {
 
@@ -67,23 +69,25 @@ static_assert(offsetof(RowCacheHeader, capacity_slots) == 48);
 // be rewriting them, and plain copies would then be a data race (undefined behaviour) even
 // though the seqlock discards what such a copy read. Relaxed word accesses are plain loads and
 // stores on x86-64 and aarch64.
-inline constexpr size_t kRowCacheRowWords = kRowBytes / sizeof(uint64_t);
-static_assert(kRowBytes % sizeof(uint64_t) == 0);
+inline constexpr size_t kRowCacheRowWords = ENGRAM_ROW_BYTES / sizeof(uint64_t);
+static_assert(ENGRAM_ROW_BYTES % sizeof(uint64_t) == 0);
+// A slot's use count saturates here (RowCacheSlot::freq).
+inline constexpr uint8_t kRowCacheMaxFreq = 3;
 struct alignas(32) RowCacheSlot {
   std::atomic<uint32_t> seq;
-  std::atomic<uint8_t> freq;  // accesses since admission, saturating at 3 (the policy's input)
+  std::atomic<uint8_t> freq;  // accesses since admission, up to kRowCacheMaxFreq (policy input)
   // 1 while the row was admitted by a prefetch and no gather has hit it yet: the first hit
   // clears it and is counted as a prefetch used. Only the daemon reads and writes it.
   std::atomic<uint8_t> prefetched;
   uint8_t reserved[2];
   std::atomic<uint64_t> key;  // RowCacheKey, 0 when empty
-  std::atomic<uint64_t> row[kRowCacheRowWords];  // the row's kRowBytes bytes
+  std::atomic<uint64_t> row[kRowCacheRowWords];  // the row's ENGRAM_ROW_BYTES bytes
 };
 static_assert(sizeof(RowCacheSlot) == 288);
 static_assert(offsetof(RowCacheSlot, prefetched) == 5);
 static_assert(offsetof(RowCacheSlot, key) == 8);
 static_assert(offsetof(RowCacheSlot, row) == 16);
-static_assert(sizeof(RowCacheSlot::row) == kRowBytes);
+static_assert(sizeof(RowCacheSlot::row) == ENGRAM_ROW_BYTES);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
