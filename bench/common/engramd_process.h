@@ -1,6 +1,14 @@
 // Starting engramd for a benchmark: the binary ($ENGRAMD, or the build tree's) with the
 // benchmark's arguments, as a child that dies with the benchmark, and waiting until its socket
-// answers.
+// answers; a session on it; stopping it.
+//
+//   engram::bench::EngramdProcess daemon(model, dir + "/bench.sock", {"--tier", "1=cache"});
+//   if (!daemon.ok()) return 1;                       // why is printed
+//   engram_connect_options co;
+//   engram_connect_options_init(&co, sizeof(co));
+//   co.data_bytes = 64 << 20;
+//   engram_session* s = daemon.Connect(co);           // null: engram_last_error() says why
+//   ...                                               // ~EngramdProcess: SIGTERM, then waits
 #pragma once
 
 #include <poll.h>
@@ -16,8 +24,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "engram/engram.h"
 #include "engram/protocol.h"
 #include "testkit/engramd_probe.h"
 
@@ -64,5 +74,74 @@ inline pid_t StartEngramd(std::vector<std::string> args, const std::string& sock
   }
   return pid;
 }
+
+// The command line a benchmark serves a model with: the binary (EngramdPath), the model folder,
+// the socket and the log at warning level, then the benchmark's own `flags` (tiers, cache size,
+// limits).
+inline std::vector<std::string> EngramdCommand(const std::string& model, const std::string& socket,
+                                               const std::vector<std::string>& flags) {
+  std::vector<std::string> args = {EngramdPath("build/daemon/engramd"), "--model", model,
+                                   "--socket", socket, "--log-level", "warning"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return args;
+}
+
+// engram_map_table of `layer`, asked again every 20 ms for up to `timeout_ms` while the table is
+// still loading (-EAGAIN): 0, or the last -errno (engram_last_error() says why).
+inline int MapTableWhenLoaded(engram_session* s, uint32_t layer, engram_table_map** ret_map,
+                              int timeout_ms = 60'000) {
+  int rc = engram_map_table(s, layer, ret_map);
+  for (int waited = 0; rc == -EAGAIN && waited < timeout_ms; waited += 20) {
+    usleep(20'000);
+    rc = engram_map_table(s, layer, ret_map);
+  }
+  return rc;
+}
+
+// engramd serving a model for a benchmark (EngramdCommand, StartEngramd), stopped with SIGTERM
+// and waited for when it goes out of scope or at Stop().
+class EngramdProcess {
+ public:
+  // Starts engramd and waits up to `timeout_ms` for it to serve; ok() is false (with the reason
+  // printed) when it did not.
+  EngramdProcess(const std::string& model, std::string socket,
+                 const std::vector<std::string>& flags, int timeout_ms = 30'000)
+      : socket_(std::move(socket)),
+        pid_(StartEngramd(EngramdCommand(model, socket_, flags), socket_, timeout_ms)) {}
+  ~EngramdProcess() { Stop(); }
+  EngramdProcess(const EngramdProcess&) = delete;
+  EngramdProcess& operator=(const EngramdProcess&) = delete;
+
+  bool ok() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  const std::string& socket() const { return socket_; }
+
+  // A session on the socket with `options` (socket_path is set here), trying again every 20 ms
+  // for up to `timeout_ms` while engramd refuses it. Null when it never connected:
+  // engram_last_error() says why.
+  engram_session* Connect(engram_connect_options options, int timeout_ms = 10'000) const {
+    options.socket_path = socket_.c_str();
+    engram_session* s = nullptr;
+    for (int waited = 0; engram_connect(&options, &s) != 0 && waited < timeout_ms; waited += 20) {
+      usleep(20'000);
+    }
+    return s;
+  }
+
+  // SIGTERM, then waits for it to exit: its wait status (0 when it was not running).
+  int Stop() {
+    int status = 0;
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, &status, 0);
+      pid_ = -1;
+    }
+    return status;
+  }
+
+ private:
+  std::string socket_;
+  pid_t pid_;
+};
 
 }  // namespace engram::bench

@@ -9,9 +9,7 @@
 // tier with a cache that holds the --working-set rows every batch draws from (gathered through
 // engramd twice first, so that each is cached). Every in-place batch's bytes are compared with
 // the same batch through engramd, and the in-place loop is checked to have sent no request.
-#include <signal.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -42,25 +40,25 @@ struct Options {
   uint32_t iterations = 2000;
 };
 
-// The synthetic model (written once per size) and engramd serving layer 14 resident and layer 1
-// from a cache with room for the working set; the daemon's pid, or -1.
-pid_t StartDaemon(const Options& o, const std::string& socket) {
+// The synthetic model (written once per size): its folder, or "" with the reason printed.
+std::string Model(const Options& o) {
   std::filesystem::create_directories(o.dir);
   const std::string model = o.dir + "/model-" + std::to_string(o.rows);
   if (!std::filesystem::exists(model + "/config.json")) {
     engram::SynthOptions so{.out_dir = model, .rows = o.rows, .seed = 7, .layers = {1, 14}};
     if (absl::Status s = engram::WriteSyntheticCheckpoint(so); !s.ok()) {
-      return fprintf(stderr, "%s\n", s.ToString().c_str()), -1;
+      return fprintf(stderr, "%s\n", s.ToString().c_str()), "";
     }
   }
-  // Room for the working set with the small FIFO's share and the index to spare.
+  return model;
+}
+
+// engramd's flags: layer 14 resident, layer 1 from a cache with room for the working set (with
+// the small FIFO's share and the index to spare).
+std::vector<std::string> DaemonFlags(const Options& o) {
   const uint64_t cache_mib = o.working_set * 2 * 320 / (1 << 20) + 2;
-  std::vector<std::string> args = {engram::bench::EngramdPath("build/daemon/engramd"),
-                                   "--model", model, "--socket", socket,
-                                   "--tier", "14=resident", "--tier", "1=cache",
-                                   "--cache-bytes", std::to_string(cache_mib) + "M",
-                                   "--log-level", "warning"};
-  return engram::bench::StartEngramd(args, socket);
+  return {"--tier", "14=resident", "--tier", "1=cache", "--cache-bytes",
+          std::to_string(cache_mib) + "M"};
 }
 
 struct Method {
@@ -92,20 +90,19 @@ void Report(const Options& o, const Method (&methods)[4], uint64_t cache_request
 }
 
 int Run(const Options& o) {
-  const std::string socket = o.dir + "/cache-in-place.sock";
-  const pid_t daemon = StartDaemon(o, socket);
-  if (daemon < 0) return 1;
+  const std::string model = Model(o);
+  if (model.empty()) return 1;
+  engram::bench::EngramdProcess daemon(model, o.dir + "/cache-in-place.sock", DaemonFlags(o));
+  if (!daemon.ok()) return 1;
   engram_connect_options co;
   engram_connect_options_init(&co, sizeof(co));
-  co.socket_path = socket.c_str();
   co.data_bytes = o.batch * (2 * engram::kRowBytes + 32) + (8 << 20);
-  engram_session* s = nullptr;
-  for (int i = 0; i < 500 && engram_connect(&co, &s) != 0; ++i) usleep(20000);
+  engram_session* s = daemon.Connect(co);
   if (s == nullptr) return fprintf(stderr, "no engramd: %s\n", engram_last_error()), 1;
   engram_table_map* map = nullptr;
-  int rc = -EAGAIN;
-  for (int i = 0; i < 3000 && (rc = engram_map_table(s, 14, &map)) == -EAGAIN; ++i) usleep(20000);
-  if (rc != 0) return fprintf(stderr, "map: %s\n", engram_last_error()), 1;
+  if (engram::bench::MapTableWhenLoaded(s, 14, &map) != 0) {
+    return fprintf(stderr, "map: %s\n", engram_last_error()), 1;
+  }
   engram_unmap_table(map);
   uint64_t* ids;
   uint8_t *out, *check;
@@ -156,8 +153,7 @@ int Run(const Options& o) {
   }
   Report(o, methods, cache_requests, rows_in_place);
   engram_close(s);
-  kill(daemon, SIGTERM);
-  waitpid(daemon, nullptr, 0);
+  daemon.Stop();
   return cache_requests == 0 ? 0 : 3;
 }
 

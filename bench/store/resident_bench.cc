@@ -3,10 +3,7 @@
 // side in one run, for decode (1,152 rows) and prefill (98,304 rows) batches.
 //
 //   build/bench/store/engram-resident-bench --dir /var/tmp/engram-resident --rows 2000000
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -40,29 +37,17 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
       return fprintf(stderr, "%s\n", s.ToString().c_str()), 1;
     }
   }
-  const std::string socket = dir + "/resident.sock";
-  std::vector<std::string> args = {engram::bench::EngramdPath("build/daemon/engramd"),
-                                   "--model",
-                                   model,
-                                   "--socket",
-                                   socket,
-                                   "--tier",
-                                   "14=resident",
-                                   "--log-level",
-                                   "warning"};
-  const pid_t daemon = engram::bench::StartEngramd(args, socket);
-  if (daemon < 0) return 1;
+  engram::bench::EngramdProcess daemon(model, dir + "/resident.sock", {"--tier", "14=resident"});
+  if (!daemon.ok()) return 1;
   engram_connect_options co;
   engram_connect_options_init(&co, sizeof(co));
-  co.socket_path = socket.c_str();
   co.data_bytes = 98304ull * (engram::kRowBytes + 8) + (8 << 20);
-  engram_session* s = nullptr;
-  for (int i = 0; i < 500 && engram_connect(&co, &s) != 0; ++i) usleep(20000);
+  engram_session* s = daemon.Connect(co);
   if (s == nullptr) return fprintf(stderr, "no engramd: %s\n", engram_last_error()), 1;
   engram_table_map* map = nullptr;
-  int rc = -EAGAIN;
-  for (int i = 0; i < 3000 && (rc = engram_map_table(s, 14, &map)) == -EAGAIN; ++i) usleep(20000);
-  if (rc != 0) return fprintf(stderr, "map: %s\n", engram_last_error()), 1;
+  if (engram::bench::MapTableWhenLoaded(s, 14, &map) != 0) {
+    return fprintf(stderr, "map: %s\n", engram_last_error()), 1;
+  }
   uint64_t* ids;
   uint8_t* out;
   engram_alloc(s, 98304 * 8, reinterpret_cast<void**>(&ids));
@@ -103,8 +88,7 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
   }
   engram_unmap_table(map);
   engram_close(s);
-  kill(daemon, SIGTERM);
-  waitpid(daemon, nullptr, 0);
+  daemon.Stop();
   return 0;
 }
 

@@ -30,10 +30,7 @@
 // ENGRAM_GATHER_IN_PLACE (the client copies the row cache's hits itself and reports them in its
 // touch page; only misses reach engramd) and sets its hit rate beside the first run's: the
 // policy must see the hits read in place as it sees those it serves.
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -150,23 +147,30 @@ std::vector<Step> BuildSteps(const Options& o, const std::vector<std::vector<uin
   return steps;
 }
 
-pid_t StartDaemon(const Options& o, const std::string& model, const std::string& socket) {
-  std::vector<std::string> args = {EngramdPath("build/daemon/engramd"),
-                                   "--model",
-                                   model,
-                                   "--socket",
-                                   socket,
-                                   "--tier",
-                                   "1=cache",
-                                   "--tier",
-                                   "14=cache",
-                                   "--cache-bytes",
-                                   std::to_string(o.cache_mib << 20),
-                                   "--max-rows-per-request",
-                                   "262144",
-                                   "--log-level",
-                                   "warning"};
-  return StartEngramd(std::move(args), socket);
+// engramd's flags: both layers from a row cache of --cache-mib, requests as large as a prefill.
+std::vector<std::string> DaemonFlags(const Options& o) {
+  return {"--tier", "1=cache", "--tier", "14=cache", "--cache-bytes",
+          std::to_string(o.cache_mib << 20), "--max-rows-per-request", "262144"};
+}
+
+// A session on `daemon` with, per layer, room for the ids and rows of up to `max_rows` rows
+// (ids[l], out[l]); null with the reason printed.
+engram_session* ReplaySession(const EngramdProcess& daemon, uint64_t max_rows, uint64_t* ids[2],
+                              uint8_t* out[2]) {
+  engram_connect_options co;
+  engram_connect_options_init(&co, sizeof(co));
+  co.data_bytes = 2 * max_rows * (kRowBytes + 8) + (16 << 20);
+  co.slots = 4;
+  engram_session* session = daemon.Connect(co);
+  if (session == nullptr) {
+    fprintf(stderr, "no engramd: %s\n", engram_last_error());
+    return nullptr;
+  }
+  for (int l = 0; l < 2; ++l) {
+    engram_alloc(session, max_rows * 8, reinterpret_cast<void**>(&ids[l]));
+    engram_alloc(session, max_rows * kRowBytes, reinterpret_cast<void**>(&out[l]));
+  }
+  return session;
 }
 
 json Control(const std::string& socket, const char* command) {
@@ -269,23 +273,12 @@ int PrefetchDrafts(engram_session* session, Drafter* drafter, const Step& s,
 
 int Replay(const Options& o, const std::vector<Step>& steps, const std::string& model,
            uint64_t max_rows, Drafter* drafter, bool in_place, Phase* ret) {
-  const std::string socket = o.dir + "/replay.sock";
-  const pid_t daemon = StartDaemon(o, model, socket);
-  if (daemon < 0) return 1;
-  engram_session* session = nullptr;
-  engram_connect_options co;
-  engram_connect_options_init(&co, sizeof(co));
-  co.socket_path = socket.c_str();
-  co.data_bytes = 2 * max_rows * (kRowBytes + 8) + (16 << 20);
-  co.slots = 4;
-  for (int i = 0; i < 500 && engram_connect(&co, &session) != 0; ++i) usleep(20000);
-  if (session == nullptr) return fprintf(stderr, "no engramd: %s\n", engram_last_error()), 1;
+  EngramdProcess daemon(model, o.dir + "/replay.sock", DaemonFlags(o));
+  if (!daemon.ok()) return 1;
   uint64_t* ids[2];
   uint8_t* out[2];
-  for (int l = 0; l < 2; ++l) {
-    engram_alloc(session, max_rows * 8, reinterpret_cast<void**>(&ids[l]));
-    engram_alloc(session, max_rows * kRowBytes, reinterpret_cast<void**>(&out[l]));
-  }
+  engram_session* session = ReplaySession(daemon, max_rows, ids, out);
+  if (session == nullptr) return 1;
   const uint32_t layer_ids[2] = {1, 14};
   uint8_t want[kRowBytes];
   std::vector<uint64_t> draft[2];
@@ -325,17 +318,16 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
         ret->wrong += std::memcmp(want, out[l] + k * kRowBytes, kRowBytes) != 0;
       }
     }
-    if (i % 64 == 0) ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon, "VmRSS:"));
+    if (i % 64 == 0) ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon.pid(), "VmRSS:"));
     // The rest of the step: the forward pass the host waits for.
     while (NowNs() - t0 < o.step_gap_us * 1000) usleep(50);
   }
-  ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon, "VmHWM:"));
-  ret->status = Control(socket, "status");
+  ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon.pid(), "VmHWM:"));
+  ret->status = Control(daemon.socket(), "status");
   engram_session_stats stats{.size = sizeof(stats)};
   if (engram_get_session_stats(session, &stats) == 0) ret->rows_in_place = stats.rows_in_place;
   engram_close(session);
-  kill(daemon, SIGTERM);
-  waitpid(daemon, nullptr, 0);
+  daemon.Stop();
   return 0;
 }
 
@@ -385,23 +377,12 @@ uint64_t WrongRows(uint8_t* const out[2], const std::vector<uint64_t> (&rows)[2]
 int ReplayTwoPhase(const Options& o, const std::vector<Step>& steps, const std::string& model,
                    uint64_t max_rows, Drafter* drafter, std::vector<StepFetch>* ret_fetch,
                    Phase* ret) {
-  const std::string socket = o.dir + "/replay.sock";
-  const pid_t daemon = StartDaemon(o, model, socket);
-  if (daemon < 0) return 1;
-  engram_session* session = nullptr;
-  engram_connect_options co;
-  engram_connect_options_init(&co, sizeof(co));
-  co.socket_path = socket.c_str();
-  co.data_bytes = 2 * max_rows * (kRowBytes + 8) + (16 << 20);
-  co.slots = 4;
-  for (int i = 0; i < 500 && engram_connect(&co, &session) != 0; ++i) usleep(20000);
-  if (session == nullptr) return fprintf(stderr, "no engramd: %s\n", engram_last_error()), 1;
+  EngramdProcess daemon(model, o.dir + "/replay.sock", DaemonFlags(o));
+  if (!daemon.ok()) return 1;
   uint64_t* ids[2];
   uint8_t* out[2];
-  for (int l = 0; l < 2; ++l) {
-    engram_alloc(session, max_rows * 8, reinterpret_cast<void**>(&ids[l]));
-    engram_alloc(session, max_rows * kRowBytes, reinterpret_cast<void**>(&out[l]));
-  }
+  engram_session* session = ReplaySession(daemon, max_rows, ids, out);
+  if (session == nullptr) return 1;
   std::vector<uint64_t> draft[2];
   for (const Step& s : steps) {
     const uint64_t t0 = NowNs();
@@ -416,10 +397,9 @@ int ReplayTwoPhase(const Options& o, const std::vector<Step>& steps, const std::
     ret_fetch->push_back(f);
     while (NowNs() - t0 < o.step_gap_us * 1000) usleep(50);
   }
-  ret->status = Control(socket, "status");
+  ret->status = Control(daemon.socket(), "status");
   engram_close(session);
-  kill(daemon, SIGTERM);
-  waitpid(daemon, nullptr, 0);
+  daemon.Stop();
   return 0;
 }
 
