@@ -38,8 +38,6 @@
 // a GPU.
 #include <cuda_runtime.h>
 #include <dirent.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -269,38 +267,16 @@ class Engramd {
  public:
   Engramd(const std::string& model, const std::string& dir, const std::string& tier,
           uint64_t cache_bytes)
-      : socket_(dir + "/" + tier + ".sock") {
-    std::vector<std::string> args = {EngramdPath("build/daemon/engramd"),
-                                     "--model",
-                                     model,
-                                     "--socket",
-                                     socket_,
-                                     "--tier",
-                                     "1=" + tier,
-                                     "--tier",
-                                     "14=" + tier,
-                                     "--max-rows-per-request",
-                                     "262144",
-                                     "--log-level",
-                                     "warning"};
-    if (cache_bytes > 0) {
-      args.push_back("--cache-bytes");
-      args.push_back(std::to_string(cache_bytes));
-    }
-    pid_ = StartEngramd(std::move(args), socket_, 120'000);
-    if (pid_ < 0) throw Failure("engramd (" + tier + " tier) did not start");
-  }
-  ~Engramd() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
+      : process_(model, dir + "/" + tier + ".sock", Flags(tier, cache_bytes), 120'000) {
+    if (!process_.ok()) throw Failure("engramd (" + tier + " tier) did not start");
   }
   Engramd(const Engramd&) = delete;
   Engramd& operator=(const Engramd&) = delete;
-  const std::string& socket() const { return socket_; }
+  const std::string& socket() const { return process_.socket(); }
   // CPU time of all its threads so far (ns), from /proc/PID/task/*/schedstat.
   uint64_t CpuNs() const {
     uint64_t total = 0;
-    const std::string dir = "/proc/" + std::to_string(pid_) + "/task";
+    const std::string dir = "/proc/" + std::to_string(process_.pid()) + "/task";
     DIR* d = opendir(dir.c_str());
     if (d == nullptr) return 0;
     while (dirent* e = readdir(d)) {
@@ -315,7 +291,7 @@ class Engramd {
   engram_session* Connect(uint64_t data_bytes, bool device_submit) const {
     engram_connect_options o;
     engram_connect_options_init(&o, sizeof(o));
-    o.socket_path = socket_.c_str();
+    o.socket_path = socket().c_str();
     o.data_bytes = data_bytes;
     o.slots = 32;
     if (device_submit) o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
@@ -325,8 +301,19 @@ class Engramd {
   }
 
  private:
-  std::string socket_;
-  pid_t pid_ = -1;
+  // Both tables in `tier`, requests as large as a prefill; a cache of `cache_bytes` (0: the
+  // daemon's default).
+  static std::vector<std::string> Flags(const std::string& tier, uint64_t cache_bytes) {
+    std::vector<std::string> flags = {"--tier", "1=" + tier, "--tier", "14=" + tier,
+                                      "--max-rows-per-request", "262144"};
+    if (cache_bytes > 0) {
+      flags.push_back("--cache-bytes");
+      flags.push_back(std::to_string(cache_bytes));
+    }
+    return flags;
+  }
+
+  EngramdProcess process_;
 };
 
 // ---- GPU buffers --------------------------------------------------------------------------
