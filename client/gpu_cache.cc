@@ -8,7 +8,7 @@
 #include "client/abi_struct.h"
 #include "client/gpu_register.h"
 #include "client/last_error.h"
-#include "client/table_map.h"  // and store/row_cache_layout.h, through store/row_cache.h
+#include "client/table_map.h"  // and protocol/row_cache_layout.h, through protocol/row_cache_reader.h
 #include "engram/gpu.h"
 
 using engram::client::SetError;

@@ -1,4 +1,4 @@
-// The device half of reading the daemon's row cache in place (store/row_cache_layout.h): the
+// The device half of reading the daemon's row cache in place (protocol/row_cache_layout.h): the
 // lookup of one row by one warp, with the slot's seqlock read at system scope, shared by
 // engram_dequant_cache_gather (engram_cache.cu) and the queue's cache step (engram_queue.cu).
 // Included only by .cu sources. The ordering argument is docs/gpu.md's "Row cache hits on the
@@ -13,7 +13,7 @@
 
 namespace engram::kernels {
 
-// The layout's numbers (store/row_cache_layout.h, whose C++20 headers nvcc's C++17 does not
+// The layout's numbers (protocol/row_cache_layout.h, whose C++20 headers nvcc's C++17 does not
 // take: client/gpu_cache.cc checks these against it).
 constexpr uint32_t kCacheRowBits = 40;
 constexpr uint32_t kCacheSlotBytes = 288;

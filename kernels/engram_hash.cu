@@ -1,5 +1,5 @@
 // The GPU half of include/engram/gpu_hash.h: Engram row ids from token ids, bit-exact with the
-// host hasher (client/hash). One source for nvcc and hipcc (see gpu_compat.h).
+// host hasher (hash/). One source for nvcc and hipcc (see gpu_compat.h).
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
