@@ -59,7 +59,7 @@ def _print(report: Dict[str, Any]) -> None:
     if not tables:
         print("tables: none")
     for t in tables:
-        print(f"table {t['layer_id']}: {t['num_rows']} rows of {t['row_bytes']} B, serving rows "
+        print(f"table {t['layer']}: {t['num_rows']} rows of {t['row_bytes']} B, serving rows "
               f"[{t['covered_begin']}, {t['covered_end']}), {t['layout']}, {t['files']} file(s), "
               f"{t['data_bytes'] / 2**30:.2f} GiB")
 

@@ -20,9 +20,11 @@ gathered tensor is alive any more, so a stale tensor never points at unmapped me
 import ctypes
 import dataclasses
 import errno
+import functools
 import os
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -54,10 +56,30 @@ def _timeout_ns(timeout: Optional[float]) -> int:
     return int(timeout * _NS)
 
 
+
+def _layer_alias(*old_names: str):
+    """Lets a method that takes a table's Engram layer id as `layer` also take it under its
+    deprecated keyword names (`table=`, `layer_id=`), with a DeprecationWarning: C, Python and
+    engramctl call a table's id its layer."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            for old in old_names:
+                if old not in kwargs:
+                    continue
+                if "layer" in kwargs:
+                    raise TypeError(f"{fn.__name__}() got both layer= and {old}= (one table id)")
+                warnings.warn(f"{fn.__name__}({old}=...) is deprecated: pass layer=",
+                              DeprecationWarning, stacklevel=2)
+                kwargs["layer"] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
 @dataclasses.dataclass(frozen=True)
 class TableInfo:
     """A table the daemon serves (struct engram_table_info)."""
-    layer_id: int
+    layer: int
     row_bytes: int
     num_rows: int
     covered_begin: int  # rows this daemon serves: [covered_begin, covered_end)
@@ -65,6 +87,11 @@ class TableInfo:
     layout: str  # "checkpoint" or "packed"
     files: int
     data_bytes: int
+
+    @property
+    def layer_id(self) -> int:
+        """Deprecated name of `layer`."""
+        return self.layer
 
 
 class SessionStats:
@@ -304,13 +331,14 @@ class Client:
                           layouts.get(e.layout, str(e.layout)), e.files, e.data_bytes)
                 for e in entries[:count.value]]
 
-    def table(self, layer_id: int) -> TableInfo:
+    @_layer_alias("layer_id")
+    def table(self, layer: int) -> TableInfo:
         """TableInfo of one layer; UnknownTableError (a ValueError) if it is not served."""
         for info in self.tables():
-            if info.layer_id == layer_id:
+            if info.layer == layer:
                 return info
-        served = ", ".join(str(t.layer_id) for t in self.tables()) or "none"
-        raise error_for(-errno.ENOENT, f"engramd at {self.socket} serves no table {layer_id} "
+        served = ", ".join(str(t.layer) for t in self.tables()) or "none"
+        raise error_for(-errno.ENOENT, f"engramd at {self.socket} serves no table {layer} "
                                        f"(it serves: {served})")
 
     def stats(self) -> SessionStats:
@@ -417,9 +445,10 @@ class Client:
 
     # ---- gathering ------------------------------------------------------------------------
 
-    def submit(self, table: int, row_ids: Any, *, array: str = "torch",
+    @_layer_alias("table")
+    def submit(self, layer: int, row_ids: Any, *, array: str = "torch",
                typed: bool = False) -> "Ticket":
-        """Starts gathering rows `row_ids` of table `table` (a layer id); returns a Ticket.
+        """Starts gathering rows `row_ids` of the table of layer `layer`; returns a Ticket.
 
         row_ids: list, NumPy array or CPU tensor of integers (1-D). Nothing is copied but the
         ids, into the arena. array: "torch" (torch.uint8 results) or "numpy" (numpy.uint8, no
@@ -428,7 +457,7 @@ class Client:
         wait time), ResourceExhaustedError when every slot is busy.
         """
         self._check_array(array)
-        allocation, request = self._gather_request(table, row_ids, 0)
+        allocation, request = self._gather_request(layer, row_ids, 0)
         n = request.num_rows
         try:
             ticket = ctypes.c_uint64()
@@ -437,10 +466,11 @@ class Client:
         except BaseException:
             allocation.free()
             raise
-        return Ticket(self, ticket.value, table, n, allocation, array=array, typed=typed)
+        return Ticket(self, ticket.value, layer, n, allocation, array=array, typed=typed)
 
-    def prefetch(self, table: int, row_ids: Any) -> int:
-        """Tells engramd that rows `row_ids` of table `table` will probably be gathered soon
+    @_layer_alias("table")
+    def prefetch(self, layer: int, row_ids: Any) -> int:
+        """Tells engramd that rows `row_ids` of layer `layer`'s table will probably be gathered soon
         (draft tokens' rows, the next prefill chunk): it brings them into its row cache or the
         page cache in the background, after the gathers in flight (engram_prefetch).
 
@@ -456,14 +486,14 @@ class Client:
                                    f"{_lib.client_lib_path()} has no engram_prefetch (it predates "
                                    f"ENGRAM_0.5): install a newer libengram_client")
         queued = ctypes.c_uint64()
-        rc = fn(self._session(), table, ids.ctypes.data if ids.size else None, ids.size, 0,
+        rc = fn(self._session(), layer, ids.ctypes.data if ids.size else None, ids.size, 0,
                 ctypes.byref(queued))
         if rc == -errno.EOPNOTSUPP:
             raise PrefetchUnsupportedError(rc, _lib.last_error())
         _lib.check(rc)
         return int(queued.value)
 
-    def _gather_request(self, table: int, row_ids: Any, flags: int):
+    def _gather_request(self, layer: int, row_ids: Any, flags: int):
         """An arena range for the rows of `row_ids` followed by the ids, and the request that
         gathers them into it."""
         ids = row_ids_array(row_ids)
@@ -475,15 +505,16 @@ class Client:
                 (ctypes.c_uint64 * n).from_address(allocation.address + rows_bytes))
             np.copyto(dst, ids, casting="unsafe")
         request = _lib.GatherRequest(
-            size=ctypes.sizeof(_lib.GatherRequest), layer=table, flags=flags,
+            size=ctypes.sizeof(_lib.GatherRequest), layer=layer, flags=flags,
             rows=allocation.address + rows_bytes, num_rows=n, dest=allocation.address,
             dest_offsets=None)
         return allocation, request
 
-    def gather(self, table: int, row_ids: Any, timeout: Optional[float] = None, *,
+    @_layer_alias("table")
+    def gather(self, layer: int, row_ids: Any, timeout: Optional[float] = None, *,
                array: str = "torch", typed: bool = False,
                in_place: Optional[bool] = None) -> Any:
-        """Gathers rows `row_ids` of table `table`: a torch.uint8 tensor [n, 264] viewing the
+        """Gathers rows `row_ids` of layer `layer`'s table: a torch.uint8 tensor [n, 264] viewing the
         arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales); a NumPy
         array with array="numpy"; RowView(values, scales, raw) with typed=True. See the
         module's notes on its lifetime. timeout in seconds (None: no limit).
@@ -499,15 +530,15 @@ class Client:
         if in_place is None:
             in_place = self._in_place_default
         if in_place:
-            return self._gather_in_place(table, row_ids, timeout, array, typed)
-        ticket = self.submit(table, row_ids, array=array, typed=typed)
+            return self._gather_in_place(layer, row_ids, timeout, array, typed)
+        ticket = self.submit(layer, row_ids, array=array, typed=typed)
         # On a timeout the request stays in flight: the dropped ticket's finaliser waits for it
         # before its range is reused.
         return ticket.wait(timeout)
 
-    def _gather_in_place(self, table, row_ids, timeout, array, typed):
+    def _gather_in_place(self, layer, row_ids, timeout, array, typed):
         self._check_array(array)
-        allocation, request = self._gather_request(table, row_ids, _lib.GATHER_IN_PLACE)
+        allocation, request = self._gather_request(layer, row_ids, _lib.GATHER_IN_PLACE)
         n = request.num_rows
         rc = self._lib.engram_gather(self._session(), ctypes.byref(request), _timeout_ns(timeout))
         if rc < 0:
@@ -522,12 +553,13 @@ class Client:
             allocation.free()
         return split_rows(rows) if typed else rows
 
-    def submit_tokens(self, hasher: Any, table: int, tokens: Any, history: Any = None, *,
+    @_layer_alias("table")
+    def submit_tokens(self, hasher: Any, layer: int, tokens: Any, history: Any = None, *,
                       tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
                       heads: Any = None, compressed: bool = False, array: str = "torch",
                       typed: bool = False) -> "Ticket":
         """Hashes `tokens` with `hasher` (an engram.Hasher) straight into the arena and submits
-        the gather of those rows of table `table` in the same call (engram_submit_tokens);
+        the gather of those rows of layer `layer`'s table in the same call (engram_submit_tokens);
         returns a Ticket whose wait() gives a torch.uint8 tensor [positions, heads, 264]
         viewing the arena: [t, h] holds the row of head h for the t-th token.
 
@@ -537,7 +569,7 @@ class Client:
         is submitted; the daemon's at wait time. array and typed as for submit()."""
         self._check_array(array)
         from .errors import hash_error_for
-        allocation, request, seqs, shape = self._token_request(hasher, table, tokens, history,
+        allocation, request, seqs, shape = self._token_request(hasher, layer, tokens, history,
                                                                tp_size, tp_rank, heads,
                                                                compressed)
         n = request.rows_cap
@@ -551,10 +583,10 @@ class Client:
         except BaseException:
             allocation.free()
             raise
-        return Ticket(self, ticket.value, table, n, allocation, shape=shape, array=array,
+        return Ticket(self, ticket.value, layer, n, allocation, shape=shape, array=array,
                       typed=typed)
 
-    def _token_request(self, hasher, table, tokens, history, tp_size, tp_rank, heads,
+    def _token_request(self, hasher, layer, tokens, history, tp_size, tp_rank, heads,
                        compressed):
         """An arena range for the rows of a token request followed by their ids, the request
         (whose sequences live in the returned _Sequences) and the rows' shape."""
@@ -566,20 +598,20 @@ class Client:
         rows_bytes = n * _lib.row_bytes()  # a multiple of 8: the ids that follow stay aligned
         allocation = self._alloc(rows_bytes + n * 8)
         request = _lib.TokenRequest(
-            size=ctypes.sizeof(_lib.TokenRequest), layer=table,
+            size=ctypes.sizeof(_lib.TokenRequest), layer=layer,
             flags=_lib.HASH_COMPRESSED_IDS if compressed else 0, seqs=ctypes.addressof(
                 seqs.seqs), n_seqs=seqs.count, head_begin=begin, head_end=end, tp_size=0,
             tp_rank=0, rows=allocation.address + rows_bytes, rows_cap=n,
             dest=allocation.address)
         return allocation, request, seqs, (seqs.positions, width, _lib.row_bytes())
 
-    def _gather_tokens_now(self, hasher, table, tokens, history, tp_size, tp_rank, heads,
+    def _gather_tokens_now(self, hasher, layer, tokens, history, tp_size, tp_rank, heads,
                            compressed, timeout, array, typed):
         """gather_tokens through engram_gather_tokens: in place where the table can be
         mapped."""
         self._check_array(array)
         from .errors import hash_error_for
-        allocation, request, seqs, shape = self._token_request(hasher, table, tokens, history,
+        allocation, request, seqs, shape = self._token_request(hasher, layer, tokens, history,
                                                                tp_size, tp_rank, heads,
                                                                compressed)
         rc = _lib.hash_lib().engram_gather_tokens(self._session(), hasher._h(),
@@ -597,7 +629,8 @@ class Client:
             allocation.free()
         return split_rows(rows) if typed else rows
 
-    def gather_tokens(self, hasher: Any, table: int, tokens: Any, history: Any = None, *,
+    @_layer_alias("table")
+    def gather_tokens(self, hasher: Any, layer: int, tokens: Any, history: Any = None, *,
                       tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
                       heads: Any = None, compressed: bool = False,
                       timeout: Optional[float] = None, array: str = "torch",
@@ -607,14 +640,15 @@ class Client:
         in-place path (Client's in_place) the rows are gathered as gather() gathers them
         (engram_gather_tokens: in place where the table can be mapped)."""
         if self._in_place_default:
-            return self._gather_tokens_now(hasher, table, tokens, history, tp_size, tp_rank,
+            return self._gather_tokens_now(hasher, layer, tokens, history, tp_size, tp_rank,
                                            heads, compressed, timeout, array, typed)
-        ticket = self.submit_tokens(hasher, table, tokens, history, tp_size=tp_size,
+        ticket = self.submit_tokens(hasher, layer, tokens, history, tp_size=tp_size,
                                     tp_rank=tp_rank, heads=heads, compressed=compressed,
                                     array=array, typed=typed)
         return ticket.wait(timeout)
 
-    def submit_in_arena(self, table: int, ids: ArenaBuffer, num_rows: int, dest: ArenaBuffer,
+    @_layer_alias("table")
+    def submit_in_arena(self, layer: int, ids: ArenaBuffer, num_rows: int, dest: ArenaBuffer,
                         *, ids_offset: int = 0, dest_offset: int = 0) -> int:
         """Submits a gather whose row ids (uint64) and destination already lie in buffers of
         this session's arena (alloc()): num_rows ids at ids.address + ids_offset, rows written
@@ -622,13 +656,14 @@ class Client:
         wait_request / poll_request; the buffers must stay allocated until it completed.
         Nothing is checked here but the bounds of the buffers: the daemon refuses a bad table
         or row when the request runs (raised by wait_request)."""
-        request = self._arena_request(table, ids, num_rows, dest, ids_offset, dest_offset, 0)
+        request = self._arena_request(layer, ids, num_rows, dest, ids_offset, dest_offset, 0)
         ticket = ctypes.c_uint64()
         _lib.check(self._lib.engram_submit(self._session(), ctypes.byref(request),
                                            ctypes.byref(ticket)))
         return ticket.value
 
-    def gather_in_arena(self, table: int, ids: ArenaBuffer, num_rows: int, dest: ArenaBuffer,
+    @_layer_alias("table")
+    def gather_in_arena(self, layer: int, ids: ArenaBuffer, num_rows: int, dest: ArenaBuffer,
                         *, ids_offset: int = 0, dest_offset: int = 0,
                         in_place: Optional[bool] = None,
                         timeout: Optional[float] = None) -> None:
@@ -639,11 +674,11 @@ class Client:
         buffers must stay allocated until it completes."""
         flags = 0 if in_place is None else \
             _lib.GATHER_IN_PLACE if in_place else _lib.GATHER_VIA_DAEMON
-        request = self._arena_request(table, ids, num_rows, dest, ids_offset, dest_offset, flags)
+        request = self._arena_request(layer, ids, num_rows, dest, ids_offset, dest_offset, flags)
         _lib.check(self._lib.engram_gather(self._session(), ctypes.byref(request),
                                            _timeout_ns(timeout)))
 
-    def _arena_request(self, table, ids, num_rows, dest, ids_offset, dest_offset, flags):
+    def _arena_request(self, layer, ids, num_rows, dest, ids_offset, dest_offset, flags):
         for buffer, offset, nbytes, what in ((ids, ids_offset, num_rows * 8, "row ids"),
                                              (dest, dest_offset, num_rows * _lib.row_bytes(), "rows")):
             if buffer.client is not self or buffer.freed:
@@ -654,7 +689,7 @@ class Client:
                                            f"{num_rows} {what} at offset {offset} exceed the "
                                            f"buffer's {buffer.bytes} bytes")
         return _lib.GatherRequest(
-            size=ctypes.sizeof(_lib.GatherRequest), layer=table, flags=flags,
+            size=ctypes.sizeof(_lib.GatherRequest), layer=layer, flags=flags,
             rows=ids.address + ids_offset, num_rows=num_rows, dest=dest.address + dest_offset,
             dest_offsets=None)
 
@@ -699,14 +734,14 @@ class Ticket:
 
     _PENDING, _DONE, _FAILED, _RELEASED = range(4)
 
-    def __init__(self, client, ticket, table, num_rows, allocation, shape=None, array="torch",
+    def __init__(self, client, ticket, layer, num_rows, allocation, shape=None, array="torch",
                  typed=False):
         self._client = client
         self._array = array
         self._typed = typed
         self._shape = tuple(shape) if shape is not None else (num_rows, _lib.row_bytes())
         self._ticket = ticket
-        self.table = table
+        self.layer = layer
         self.num_rows = num_rows
         self._allocation = allocation
         self._state = self._PENDING
@@ -717,9 +752,14 @@ class Ticket:
         # write into it: the finaliser waits for completion first.
         self._finalizer = weakref.finalize(self, Ticket._finalize, client, ticket, allocation)
 
+    @property
+    def table(self) -> int:
+        """Deprecated name of `layer`."""
+        return self.layer
+
     def __repr__(self):
         state = ["pending", "done", "failed", "released"][self._state]
-        return f"<engram.Ticket table={self.table} rows={self.num_rows} {state}>"
+        return f"<engram.Ticket layer={self.layer} rows={self.num_rows} {state}>"
 
     def __enter__(self):
         return self

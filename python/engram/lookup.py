@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ._arrays import integer_array
-from .client import ArenaBuffer, Client, TableInfo, row_bytes
+from .client import _layer_alias, ArenaBuffer, Client, TableInfo, row_bytes
 from .dequant import ROW_VALUES, dequantize_scatter
 from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
                      InvalidArgumentError, RowOutOfRangeError, UnknownTableError, error_for)
@@ -138,7 +138,7 @@ class EngramLookup:
         self._layers: Dict[int, _Layer] = {}
         self._target_buffer = None
         try:
-            served = {t.layer_id: t for t in self._client.tables()}
+            served = {t.layer: t for t in self._client.tables()}
             missing = [layer for layer in layers if layer not in served]
             if missing:
                 raise error_for(-errno.ENOENT,
@@ -416,30 +416,32 @@ class EngramLookup:
             raise type(e)(e.code, f"layer {layer.layer_id}: {e.message}") from None
         layer.ticket = None
 
-    def get(self, layer_id: int) -> torch.Tensor:
-        """The bf16 embeddings [tokens, heads, 256] of layer `layer_id` for the prepared step.
+    @_layer_alias("layer_id")
+    def get(self, layer: int) -> torch.Tensor:
+        """The bf16 embeddings [tokens, heads, 256] of layer `layer` for the prepared step.
 
         On a GPU: a view of this layer's output buffer, written by work queued on the current
         stream (valid until the next get() of this layer); capturable into a CUDA graph. On the
         CPU: a new tensor, after waiting for the rows on the host."""
-        layer = self._prepared_layer(layer_id)
+        prepared = self._prepared_layer(layer)
         if self.device.type == "cpu":
-            if layer.cpu_result is None:
-                if layer.ticket is not None:
-                    self._host_wait(layer)
-                layer.cpu_result = self._dequantize_cpu(layer)
-            return layer.cpu_result
+            if prepared.cpu_result is None:
+                if prepared.ticket is not None:
+                    self._host_wait(prepared)
+                prepared.cpu_result = self._dequantize_cpu(prepared)
+            return prepared.cpu_result
         with torch.cuda.device(self.device):
-            return self._launch_gpu(layer, layer.out)[:layer.tokens]
+            return self._launch_gpu(prepared, prepared.out)[:prepared.tokens]
 
-    def embeddings(self, layer_id: int, tokens: torch.Tensor) -> torch.Tensor:
-        """get(layer_id) as a torch custom op, torch.ops.engram.gather_wait: what a model
+    @_layer_alias("layer_id")
+    def embeddings(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
+        """get(layer) as a torch custom op, torch.ops.engram.gather_wait: what a model
         compiled with torch.compile(fullgraph=True) calls. `tokens` is any tensor on this
         lookup's device whose first dimension is the step's token count (the step's input ids);
         it gives the result its shape when traced. Returns a new bf16 [tokens, heads, 256]
         tensor each call (on a GPU written by work queued on the current stream, capturable
         into a CUDA graph)."""
-        return torch.ops.engram.gather_wait(tokens, self.op_id, layer_id)
+        return torch.ops.engram.gather_wait(tokens, self.op_id, layer)
 
     def _prepared_layer(self, layer_id):
         self._check_open()

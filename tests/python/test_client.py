@@ -58,13 +58,30 @@ def test_deprecated_c_names_are_aliases():
 
 def test_tables_lists_the_checkpoint(client):
     tables = client.tables()
-    assert [t.layer_id for t in tables] == list(LAYERS)
+    assert [t.layer for t in tables] == list(LAYERS)
     for t in tables:
         assert t.row_bytes == engram.ROW_BYTES
         assert t.num_rows == SYNTH_ROWS
         assert (t.covered_begin, t.covered_end) == (0, SYNTH_ROWS)
         assert t.layout == "checkpoint"
-    assert client.table(14).layer_id == 14
+    assert client.table(14).layer == 14
+
+
+def test_a_tables_id_is_its_layer_and_the_old_names_still_work(client):
+    # One name for a table's id, as in C and engramctl; the older keywords warn and still work.
+    info = client.table(layer=14)
+    assert info.layer == 14 and info.layer_id == 14
+    with pytest.warns(DeprecationWarning, match="layer_id="):
+        assert client.table(layer_id=14) == info
+    rows = client.gather(layer=14, row_ids=[0, 5, 7])
+    with pytest.warns(DeprecationWarning, match="table="):
+        old = client.gather(table=14, row_ids=[0, 5, 7])
+    assert torch.equal(rows, old)
+    with pytest.raises(TypeError, match="both layer= and table="):
+        client.gather(layer=14, row_ids=[0], table=1)
+    with client.submit(14, [0, 1]) as ticket:
+        assert ticket.layer == 14 and ticket.table == 14
+        assert torch.equal(ticket.wait()[0], rows[0])
 
 
 def test_gather_list_equals_checkpoint(client, expected_rows):
