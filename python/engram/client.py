@@ -514,8 +514,8 @@ class Client:
     def gather(self, layer: int, row_ids: Any, timeout: Optional[float] = None, *,
                array: str = "torch", typed: bool = False,
                in_place: Optional[bool] = None) -> Any:
-        """Gathers rows `row_ids` of layer `layer`'s table: a torch.uint8 tensor [n, 264] viewing the
-        arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales); a NumPy
+        """Gathers rows `row_ids` of layer `layer`'s table: a torch.uint8 tensor [n, 264] viewing
+        the arena (row i = row row_ids[i]: 256 FP8 E4M3 values, then 8 E8M0 scales); a NumPy
         array with array="numpy"; RowView(values, scales, raw) with typed=True. See the
         module's notes on its lifetime. timeout in seconds (None: no limit).
 
