@@ -126,18 +126,23 @@ int ErrnoFor(int status, int already_registered) {
 
 // Does the current CUDA device read pageable host memory through the host's page tables?
 // $ENGRAM_GPU_PIN=1 answers no, so the range is pinned anyway.
-bool HostPageTablesShared(void* library, int runtime) {
+// Whether the CUDA runtime `library` says the current device has the boolean attribute `attr`.
+bool CudaDeviceHas(void* library, int runtime, int attr) {
   if (runtime != ENGRAM_GPU_RUNTIME_CUDA) return false;
-  if (const char* pin = getenv("ENGRAM_GPU_PIN"); pin != nullptr && std::string(pin) == "1") {
-    return false;
-  }
   using GetDeviceFn = int (*)(int*);
   using GetAttributeFn = int (*)(int*, int, int);
   auto get_device = reinterpret_cast<GetDeviceFn>(dlsym(library, "cudaGetDevice"));
   auto get_attribute = reinterpret_cast<GetAttributeFn>(dlsym(library, "cudaDeviceGetAttribute"));
   int device = 0, value = 0;
   return get_device != nullptr && get_attribute != nullptr && get_device(&device) == 0 &&
-         get_attribute(&value, kCudaAttrPageableUsesHostPageTables, device) == 0 && value == 1;
+         get_attribute(&value, attr, device) == 0 && value == 1;
+}
+
+bool HostPageTablesShared(void* library, int runtime) {
+  if (const char* pin = getenv("ENGRAM_GPU_PIN"); pin != nullptr && std::string(pin) == "1") {
+    return false;
+  }
+  return CudaDeviceHas(library, runtime, kCudaAttrPageableUsesHostPageTables);
 }
 
 // A runtime library opened for registration, with the calls it is used through.
@@ -218,14 +223,7 @@ std::string RuntimeError(const Runtime& rt, const char* call, void* addr, size_t
 // Does the current CUDA device read pageable host memory at all (cudaDevAttrPageableMemoryAccess,
 // through the host's page tables or HMM)? Asked only when pinning was refused.
 bool PageableAccess(void* library, int runtime) {
-  if (runtime != ENGRAM_GPU_RUNTIME_CUDA) return false;
-  using GetDeviceFn = int (*)(int*);
-  using GetAttributeFn = int (*)(int*, int, int);
-  auto get_device = reinterpret_cast<GetDeviceFn>(dlsym(library, "cudaGetDevice"));
-  auto get_attribute = reinterpret_cast<GetAttributeFn>(dlsym(library, "cudaDeviceGetAttribute"));
-  int device = 0, value = 0;
-  return get_device != nullptr && get_attribute != nullptr && get_device(&device) == 0 &&
-         get_attribute(&value, kCudaAttrPageableMemoryAccess, device) == 0 && value == 1;
+  return CudaDeviceHas(library, runtime, kCudaAttrPageableMemoryAccess);
 }
 
 // Clears the runtime's last error after a refused call it was asked for on purpose: the next
