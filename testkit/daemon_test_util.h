@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -225,6 +226,28 @@ inline void FillRows(uint64_t* rows, uint64_t n, uint64_t limit, uint64_t seed) 
     x ^= x << 17;
     rows[i] = x % limit;
   }
+}
+
+// Gathers `ids` of `layer` twice each, `batch` rows a request, from a session of its own (host
+// submit), so that a cache-tier engramd admits them and counts them used.
+inline void WarmRows(const Daemon& d, uint32_t layer, const std::vector<uint64_t>& ids,
+                     uint64_t batch) {
+  engram_connect_options o = d.Options(batch * (8 + ENGRAM_ROW_BYTES) + (1 << 20), 8);
+  engram_session* s = nullptr;
+  REQUIRE(engram_session_open(&o, &s) == 0);
+  uint64_t* rows = nullptr;
+  uint8_t* dest = nullptr;
+  REQUIRE(engram_alloc(s, batch * 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, batch * ENGRAM_ROW_BYTES, reinterpret_cast<void**>(&dest)) == 0);
+  for (size_t at = 0; at < ids.size(); at += batch) {
+    const uint64_t n = std::min<uint64_t>(batch, ids.size() - at);
+    std::copy_n(ids.begin() + at, n, rows);
+    engram_gather_request r{.size = sizeof(r), .layer = layer, .rows = rows, .num_rows = n,
+                            .dest = dest};
+    INFO(engram_last_error());
+    for (int twice = 0; twice < 2; ++twice) REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
+  }
+  engram_session_close(s);
 }
 
 }  // namespace engram::testing

@@ -85,24 +85,6 @@ engram_gpu_registration* Register(const engram_table_map_info& info) {
   return reg;
 }
 
-// Gathers every row of ids for `layer` through engramd twice, so that the cache admits them.
-void Warm(const Daemon& d, uint32_t layer, const std::vector<uint64_t>& ids) {
-  engram_connect_options o = d.Options(8 << 20, 8);
-  engram_session* s = nullptr;
-  REQUIRE(engram_session_open(&o, &s) == 0);
-  uint64_t* rows = nullptr;
-  uint8_t* dest = nullptr;
-  REQUIRE(engram_alloc(s, kSlots * 8, reinterpret_cast<void**>(&rows)) == 0);
-  REQUIRE(engram_alloc(s, kSlots * 264, reinterpret_cast<void**>(&dest)) == 0);
-  for (size_t at = 0; at < ids.size(); at += kSlots) {
-    std::copy_n(ids.begin() + at, kSlots, rows);
-    engram_gather_request r{.size = sizeof(r), .table = layer, .rows = rows, .num_rows = kSlots,
-                            .dest = dest};
-    for (int i = 0; i < 2; ++i) REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
-  }
-  engram_session_close(s);
-}
-
 cudaGraphExec_t Capture(cudaStream_t stream, const std::function<void(uintptr_t)>& body) {
   cudaGraph_t graph;
   CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -143,7 +125,7 @@ class CacheBench {
     for (int l = 0; l < 2; ++l) {
       work_[l].resize(kSets * kSlots);
       testing::FillRows(work_[l].data(), work_[l].size(), kRows / 2, 100 + l);
-      Warm(cache_d_, kLayers[l], work_[l]);
+      engram::testing::WarmRows(cache_d_, kLayers[l], work_[l], kSlots);
     }
     OpenSessions();
     MapTables();
@@ -248,7 +230,7 @@ class CacheBench {
   }
 
   static char* OutAt(const DeviceBuffer& b, int l) {
-    return static_cast<char*>(b.get()) + size_t{l} * kSlots * 512;
+    return static_cast<char*>(b.get()) + static_cast<size_t>(l) * kSlots * 512;
   }
 
   void CaptureGraphs() {

@@ -88,22 +88,7 @@ struct CacheStep {
   // Gathers `ids` through engramd (host submit only: a device-submit session's ring is the
   // GPU's), so that they are admitted.
   static void Warm(const Daemon& d, const std::vector<uint64_t>& ids) {
-    engram_connect_options o = d.Options(8 << 20, 8);
-    engram_session* s = nullptr;
-    REQUIRE(engram_session_open(&o, &s) == 0);
-    uint64_t* rows = nullptr;
-    uint8_t* dest = nullptr;
-    REQUIRE(engram_alloc(s, kSlots * 8, reinterpret_cast<void**>(&rows)) == 0);
-    REQUIRE(engram_alloc(s, kSlots * kRowBytes, reinterpret_cast<void**>(&dest)) == 0);
-    for (size_t at = 0; at < ids.size(); at += kSlots) {
-      const uint64_t n = std::min<uint64_t>(kSlots, ids.size() - at);
-      std::copy_n(ids.begin() + at, n, rows);
-      engram_gather_request r{.size = sizeof(r), .table = kLayer, .rows = rows, .num_rows = n,
-                              .dest = dest};
-      INFO(engram_last_error());
-      for (int twice = 0; twice < 2; ++twice) REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
-    }
-    engram_session_close(s);
+    engram::testing::WarmRows(d, kLayer, ids, kSlots);
   }
   // Warm without Catch2's macros (not thread-safe), for a thread beside the test: false when a
   // gather failed.
