@@ -771,6 +771,9 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
     t.never = true;
     return nullptr;
   }
+  // The asking is the library's own business: when it ends in the daemon gathering instead, the
+  // thread's last error stays what it was, not the refusal of a mapping nobody asked for.
+  const std::string last_error = engram::client::LastError();
   std::vector<engram_wire_table> tables;
   const engram_wire_table* wire = nullptr;
   if (FetchTables(s, &tables) == 0) {
@@ -792,6 +795,7 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
   // daemon's answer to the request names it): for good.
   t.never = rc == -EOPNOTSUPP || rc == -EIO || (wire == nullptr && tables.size() != 0);
   t.retry_at_ns = NowNs() + kInPlaceRetryNs;
+  engram::client::SetErrorMessage(0, last_error);
   return nullptr;
 }
 

@@ -767,7 +767,10 @@ TEST_CASE("a plain engram_gather of a storage-tier table goes through engramd", 
   using Rows = std::pair<uint64_t, uint64_t>;
   // Layer 1 is of the storage tier: no mapping to read, every gather is engramd's.
   CHECK(TableEntry(Ctl(d, "stats"), 1)["tier"] == "storage");
+  engram_internal_set_last_error("before the gather");
   CHECK(GatherCounted(s, 1, rows, n, out, 0) == Rows{0, n});
+  // The mapping the library asked for and was refused is not the caller's error.
+  CHECK(std::string(engram_last_error()) == "before the gather");
   CHECK(GatherCounted(s, 1, rows, n, via_daemon, ENGRAM_GATHER_VIA_DAEMON) == Rows{0, n});
   CHECK(std::memcmp(out, via_daemon, n * kRowBytes) == 0);
   // The resident layer of the same daemon is read in place.
