@@ -21,6 +21,8 @@ static_assert(offsetof(engram::RowCacheSlot, seq) == 0);
 static_assert(offsetof(engram::RowCacheSlot, freq) == 4);
 static_assert(offsetof(engram::RowCacheSlot, key) == 8);
 static_assert(offsetof(engram::RowCacheSlot, row) == 16);
+static_assert(offsetof(engram::RowCacheSlot, check) == 280);
+static_assert(engram::kRowCacheCheckSeed == 0x9e3779b97f4a7c15ull);
 static_assert(sizeof(engram::RowCacheBucket) == 4);
 static_assert(offsetof(engram_gpu_cache_hit, slot) == offsetof(engram_cache_touch_entry, slot));
 
@@ -52,6 +54,12 @@ ENGRAM_API int engram_table_map_gpu_cache(const engram_table_map* map, const eng
   }
   // Checked when the map was made (RowCacheReader::Attach); immutable for the region's life.
   const auto* header = reinterpret_cast<const engram::RowCacheHeader*>(map->base);
+  if ((header->flags & engram::kRowCacheFlagRowCheck) == 0) {
+    return SetError(-EOPNOTSUPP,
+                    "layer %u's row cache carries no row checks (written by an engramd older than "
+                    "this library): a GPU cannot read it in place; gather through the arena",
+                    map->layer_id);
+  }
   engram_gpu_row_cache out{};
   out.size = sizeof(out);
   out.cache = device;
@@ -63,12 +71,9 @@ ENGRAM_API int engram_table_map_gpu_cache(const engram_table_map* map, const eng
   out.slot_bytes = header->slot_bytes;
   out.covered_begin = map->covered_begin;
   out.covered_end = map->covered_end;
-  // A pinned registration keeps pages the cache gives back; only an engramd that releases from
-  // slot boundaries (kRowCacheFlagAlignedRelease) leaves no slot half in such a page.
-  const bool aligned = (header->flags & engram::kRowCacheFlagAlignedRelease) != 0;
-  out.guard_page_bytes = engram::GpuRegistrationPinned(reg) && !aligned
-                             ? static_cast<uint32_t>(map->cache_page_bytes)
-                             : 0;
+  // A pinned registration keeps pages the cache gives back; a slot the GPU would read half from
+  // such a page fails its row check, so no slot needs guarding.
+  out.guard_page_bytes = 0;
   return engram::client::WriteStruct("engram_gpu_row_cache", out, ret_cache);
 }
 

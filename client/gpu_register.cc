@@ -304,7 +304,6 @@ engram_gpu_registration* NewRegistration(const Runtime& rt, void* addr, size_t l
 }  // namespace
 
 std::span<const char* const> DefaultCudaRuntimeNames() { return kCudaNames; }
-bool GpuRegistrationPinned(const engram_gpu_registration* reg) { return reg->pinned; }
 std::span<const char* const> DefaultHipRuntimeNames() { return kHipNames; }
 
 int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_names,

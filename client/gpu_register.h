@@ -14,9 +14,6 @@ std::span<const char* const> DefaultCudaRuntimeNames();
 std::span<const char* const> DefaultHipRuntimeNames();
 
 // engram_gpu_register with explicit candidate lists.
-// Whether the registration pinned its range (false: the device reads the host's page tables,
-// or pageable access after a refused read-only pin).
-bool GpuRegistrationPinned(const engram_gpu_registration* reg);
 
 int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_names,
                     std::span<const char* const> hip_names, engram_gpu_registration** ret_reg);

@@ -148,7 +148,6 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
   struct stat st;
   const uint64_t bytes =
       fstat(cache_fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
-  const uint64_t cache_page_bytes = bytes != 0 ? static_cast<uint64_t>(st.st_blksize) : 0;
   if (bytes == 0 || bytes != t.map_bytes || t.row_bytes != ENGRAM_ROW_BYTES ||
       t.covered_end < t.covered_begin) {
     return SetError(-EPROTO,
@@ -210,7 +209,6 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
   map->table_state = &entries[t.state_index].state;
   map->row_cache = true;
   map->cache = *reader;
-  map->cache_page_bytes = cache_page_bytes;
   map->touch = touch;
   map->touch_bytes = touch_bytes;
   auto* touch_base = reinterpret_cast<uint8_t*>(touch);

@@ -31,7 +31,6 @@ struct engram_table_map {
   uint64_t touch_bytes = 0;
   engram_cache_touch_counters* touch_counters = nullptr;  // this table's
   engram_cache_touch_entry* touch_ring = nullptr;
-  uint64_t cache_page_bytes = 0;  // the row cache memfd's page size (st_blksize)
 };
 
 namespace engram::client {

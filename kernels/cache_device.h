@@ -1,7 +1,7 @@
 // The device half of reading the daemon's row cache in place (protocol/row_cache_layout.h): the
-// lookup of one row by one warp, with the slot's seqlock read at system scope, shared by
-// engram_dequant_cache_gather (engram_cache.cu) and the queue's cache step (engram_queue.cu).
-// Included only by .cu sources. The ordering argument is docs/gpu.md's "Row cache hits on the
+// lookup of one row by one warp, checked by the slot's row check rather than its seqlock, shared
+// by engram_dequant_cache_gather (engram_cache.cu) and the queue's cache step (engram_queue.cu).
+// Included only by .cu sources. Why the check is enough is docs/gpu.md's "Row cache hits on the
 // GPU".
 #pragma once
 
@@ -19,7 +19,9 @@ constexpr uint32_t kCacheRowBits = 40;
 constexpr uint32_t kCacheSlotBytes = 288;
 constexpr uint32_t kCacheSlotRowOffset = 16;  // RowCacheSlot::row
 constexpr uint32_t kCacheSlotKeyOffset = 8;   // RowCacheSlot::key
+constexpr uint32_t kCacheSlotCheckOffset = 280;  // RowCacheSlot::check
 constexpr uint32_t kCacheMaxFreq = 3;
+constexpr uint64_t kCacheCheckSeed = 0x9e3779b97f4a7c15ull;  // kRowCacheCheckSeed
 
 __device__ __forceinline__ uint64_t CacheHash(uint64_t key) {  // RowCacheHash
   key ^= key >> 33;
@@ -30,15 +32,14 @@ __device__ __forceinline__ uint64_t CacheHash(uint64_t key) {  // RowCacheHash
   return key;
 }
 
-// System-scope loads of host memory a CPU thread writes concurrently: acquire (no later load of
-// this thread is performed before it) and relaxed (coherent at system scope, never a stale
-// cached copy, no ordering of its own), and the fence that orders the loads before it ahead of
-// the loads after it.
-#if defined(ENGRAM_HIP)
-__device__ __forceinline__ uint64_t LoadAcquireSys64(const void* p) {
-  return __hip_atomic_load(static_cast<const uint64_t*>(p), __ATOMIC_ACQUIRE,
-                           __HIP_MEMORY_SCOPE_SYSTEM);
+__device__ __forceinline__ uint64_t CacheCheckTerm(uint64_t word, uint32_t position) {
+  return CacheHash(word ^ (uint64_t{position} + 1) * kCacheCheckSeed);  // RowCacheCheckTerm
 }
+
+// System-scope relaxed loads of host memory a CPU thread writes concurrently: coherent at system
+// scope (never a stale cached copy), each word single-copy atomic, with no ordering between
+// them: the row check, not the load order, decides whether what they read is a row.
+#if defined(ENGRAM_HIP)
 __device__ __forceinline__ uint32_t LoadRelaxedSys32(const void* p) {
   return __hip_atomic_load(static_cast<const uint32_t*>(p), __ATOMIC_RELAXED,
                            __HIP_MEMORY_SCOPE_SYSTEM);
@@ -47,17 +48,7 @@ __device__ __forceinline__ uint64_t LoadRelaxedSys64(const void* p) {
   return __hip_atomic_load(static_cast<const uint64_t*>(p), __ATOMIC_RELAXED,
                            __HIP_MEMORY_SCOPE_SYSTEM);
 }
-__device__ __forceinline__ uint32_t LoadRelaxedSys8(const void* p) {
-  return __hip_atomic_load(static_cast<const uint8_t*>(p), __ATOMIC_RELAXED,
-                           __HIP_MEMORY_SCOPE_SYSTEM);
-}
-__device__ __forceinline__ void FenceAcquireSys() { __threadfence_system(); }
 #else
-__device__ __forceinline__ uint64_t LoadAcquireSys64(const void* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ uint32_t LoadRelaxedSys32(const void* p) {
   uint32_t v;
   asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -68,17 +59,9 @@ __device__ __forceinline__ uint64_t LoadRelaxedSys64(const void* p) {
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ uint32_t LoadRelaxedSys8(const void* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.sys.global.u8 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void FenceAcquireSys() {
-  asm volatile("fence.acq_rel.sys;" ::: "memory");
-}
 #endif
 
-// The 32-thread group's vote, shuffle and barrier (a warp on CUDA; half a 64-lane wavefront on
+// The 32-thread group's vote and shuffle (a warp on CUDA; half a 64-lane wavefront on
 // AMD, whose lanes run in lockstep).
 #if defined(ENGRAM_HIP)
 __device__ __forceinline__ uint32_t GroupBallot(bool p) {
@@ -87,13 +70,11 @@ __device__ __forceinline__ uint32_t GroupBallot(bool p) {
 __device__ __forceinline__ uint64_t GroupShfl64(uint64_t v, uint32_t src) {
   return __shfl(static_cast<unsigned long long>(v), static_cast<int>(src), 32);
 }
-__device__ __forceinline__ void GroupSync() { __builtin_amdgcn_wave_barrier(); }
 #else
 __device__ __forceinline__ uint32_t GroupBallot(bool p) { return __ballot_sync(0xffffffffu, p); }
 __device__ __forceinline__ uint64_t GroupShfl64(uint64_t v, uint32_t src) {
   return __shfl_sync(0xffffffffu, v, src);
 }
-__device__ __forceinline__ void GroupSync() { __syncwarp(); }
 #endif
 
 // What a kernel needs of the cache (engram_gpu_row_cache, checked by the host).
@@ -119,32 +100,26 @@ struct DeviceMisses {
   uint64_t* hit_total;
 };
 
-// The values and scale of one lane (8 values) of a row read under the seqlock.
-struct LaneRow {
+// What one lane reads of a slot in one round trip: its 8 of the row's values, and one more
+// word for lanes 0-2 (the check, the row's 8 scale bytes, the seq and use count).
+struct LaneSlot {
   uint64_t values;
-  uint32_t scale;
+  uint64_t extra;
 };
 
-// Lane `lane` of a warp reads its part of the row at `row` (relaxed, system scope).
-__device__ __forceinline__ LaneRow ReadLane(const uint8_t* row, uint32_t lane) {
+// Lane `lane` of a warp reads its part of the slot at `slot` (relaxed, system scope).
+__device__ __forceinline__ LaneSlot ReadSlot(const uint8_t* slot, uint32_t lane) {
+  const uint8_t* row = slot + kCacheSlotRowOffset;
+  const uint8_t* extra = lane == 0   ? slot + kCacheSlotCheckOffset
+                         : lane == 1 ? row + ENGRAM_ROW_VALUES
+                                     : slot;
   return {LoadRelaxedSys64(row + lane * kValuesPerThread),
-          LoadRelaxedSys8(row + ENGRAM_ROW_VALUES + lane * kValuesPerThread / 32)};
+          lane < 3 ? LoadRelaxedSys64(extra) : 0};
 }
 
 // Probe positions one lookup reads at once: 16 buckets, 64 bytes. A chain longer than that (rare
 // at the index's load of at most one half) is a miss, which the daemon serves.
 constexpr uint32_t kProbeLanes = 16;
-
-__device__ __forceinline__ uint32_t LoadAcquireSys32(const void* p) {
-#if defined(ENGRAM_HIP)
-  return __hip_atomic_load(static_cast<const uint32_t*>(p), __ATOMIC_ACQUIRE,
-                           __HIP_MEMORY_SCOPE_SYSTEM);
-#else
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-#endif
-}
 
 // The slot a page guard makes a miss: it straddles a page boundary (engram_gpu_row_cache).
 __device__ __forceinline__ bool Guarded(const DeviceRowCache& c, uint32_t slot) {
@@ -154,53 +129,52 @@ __device__ __forceinline__ bool Guarded(const DeviceRowCache& c, uint32_t slot) 
 }
 
 // The warp looks a key up as RowCacheReader::Find does, lane i taking probe position i (one
-// round trip for the chain), and reads the row of the first position whose slot holds the key
-// with an even sequence. Round trips: the buckets (acquire); the candidates' seq (acquire); their
-// keys together with the first candidate's row; a system-scope acquire fence; seq again. True
-// (all lanes) when the row was read whole: the slot's seq was the same even value before and
-// after, with the key read in between. *ret_slot and *ret_freq name the slot and its use count.
+// round trip for the chain), and reads the row of the first position whose slot holds the key.
+// Round trips: the buckets; then every candidate's key together with the first candidate's row,
+// check, scale bytes and use count; a third only when a later candidate holds the key. No fence:
+// the row is accepted when the slot's check equals the check of the key looked up and the words
+// read (RowCacheCheck), so a slot rewritten, moved or emptied while it was read is a miss but for
+// a 64-bit collision. True (all lanes) for a row read whole; *ret_values and *ret_scale are the
+// lane's part of it, *ret_slot and *ret_freq the slot and its use count.
 __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key, uint32_t lane,
-                                          LaneRow* ret_row, uint32_t* ret_slot,
-                                          uint32_t* ret_freq) {
+                                          uint64_t* ret_values, uint32_t* ret_scale,
+                                          uint32_t* ret_slot, uint32_t* ret_freq) {
   const uint32_t home = static_cast<uint32_t>(CacheHash(key)) & c.bucket_mask;
   const bool window = lane < kProbeLanes && lane <= c.bucket_mask;
-  // Acquire, as the CPU's load of a bucket: a bucket the writer published with release names a
-  // slot whose seq and key are visible to this lane's loads after it.
-  const uint32_t b = window ? LoadAcquireSys32(c.buckets + 4 * ((home + lane) & c.bucket_mask)) : 1;
+  const uint32_t b = window ? LoadRelaxedSys32(c.buckets + 4 * ((home + lane) & c.bucket_mask)) : 1;
   const uint32_t empty = GroupBallot(window && b == 0);
   const uint32_t live = (empty == 0 ? (1u << kProbeLanes) : (empty & (0u - empty))) - 1u;
   const bool probe = ((live >> lane) & 1u) != 0 && b != 0 && b <= c.max_slots &&
                      !Guarded(c, b - 1);
-  const uint8_t* slot = c.slots + uint64_t(probe ? b - 1 : 0) * c.slot_bytes;
-  const uint64_t head = probe ? LoadAcquireSys64(slot) : 1;  // seq (low word), freq (byte 4)
-  const uint32_t candidates = GroupBallot(probe && (head & 1u) == 0);
+  const uint32_t candidates = GroupBallot(probe);
   if (candidates == 0) return false;
-  // Lane `first` acquired the first candidate's seq; the warp barrier orders that load before
-  // every lane's loads of its row (causality through the barrier), as if each lane had.
-  GroupSync();
   uint32_t at = __ffs(candidates) - 1;
-  const uint8_t* row =
-      c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) * c.slot_bytes;
-  LaneRow r = ReadLane(row + kCacheSlotRowOffset, lane);
-  const bool match = ((candidates >> lane) & 1u) != 0 &&
-                     LoadRelaxedSys64(slot + kCacheSlotKeyOffset) == key;
-  const uint32_t matches = GroupBallot(match);
+  const uint8_t* mine = c.slots + uint64_t(probe ? b - 1 : 0) * c.slot_bytes;
+  LaneSlot read = ReadSlot(c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) *
+                                         c.slot_bytes,
+                           lane);
+  const uint32_t matches =
+      GroupBallot(probe && LoadRelaxedSys64(mine + kCacheSlotKeyOffset) == key);
   if (matches == 0) return false;
-  if ((matches & (1u << at)) == 0) {  // a later candidate holds the key: read its row instead
+  if ((matches & (1u << at)) == 0) {  // a later candidate holds the key: read its slot instead
     at = __ffs(matches) - 1;
-    row = c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) * c.slot_bytes;
-    r = ReadLane(row + kCacheSlotRowOffset, lane);
+    read = ReadSlot(c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) *
+                                  c.slot_bytes,
+                    lane);
   }
-  const uint64_t chosen = GroupShfl64(head, at);
-  // Each lane's row loads are done before it reads seq again (the seqlock's read side); the 32
-  // loads of one word are one transaction. A load that saw a byte the writer stored after its
-  // odd seq (and release fence) makes this acquire fence see that odd seq, or a later one.
-  FenceAcquireSys();
-  const bool same = LoadRelaxedSys32(row) == static_cast<uint32_t>(chosen);
-  *ret_row = r;
+  // The check of the key looked up and the 33 row words read: lane i mixes value word i, lane 0
+  // the key too, lane 1 the scale word; the warp XORs the terms together.
+  const uint64_t scales = GroupShfl64(read.extra, 1);
+  uint64_t term = CacheCheckTerm(read.values, lane + 1);
+  if (lane == 0) term ^= CacheCheckTerm(key, 0);
+  if (lane == 1) term ^= CacheCheckTerm(scales, ENGRAM_ROW_VALUES / 8 + 1);
+#pragma unroll
+  for (uint32_t m = 16; m >= 1; m /= 2) term ^= GroupShfl64(term, lane ^ m);
+  *ret_values = read.values;
+  *ret_scale = static_cast<uint32_t>(scales >> (8 * (lane * kValuesPerThread / 32))) & 0xFFu;
   *ret_slot = static_cast<uint32_t>(GroupShfl64(b, at)) - 1;
-  *ret_freq = static_cast<uint32_t>(chosen >> 32) & 0xFFu;
-  return GroupBallot(same) == 0xffffffffu;
+  *ret_freq = static_cast<uint32_t>(GroupShfl64(read.extra, 2) >> 32) & 0xFFu;
+  return term == GroupShfl64(read.extra, 0);
 }
 
 // One output slot of a cache gather, by one warp: the row of row_ids[s] from the cache into
@@ -214,9 +188,9 @@ __device__ __forceinline__ void CacheGatherSlot(const DeviceRowCache& c, uint64_
     return;
   }
   const uint64_t key = (uint64_t{c.layer} + 1) << kCacheRowBits | id;
-  LaneRow r;
-  uint32_t slot = 0, freq = 0;
-  if (!CacheFind(c, key, lane, &r, &slot, &freq)) {
+  uint64_t values = 0;
+  uint32_t scale = 0, slot = 0, freq = 0;
+  if (!CacheFind(c, key, lane, &values, &scale, &slot, &freq)) {
     if (lane == 0) {
       const uint32_t i = atomicAdd(m.count, 1u);
       m.rows[i] = id;
@@ -224,7 +198,7 @@ __device__ __forceinline__ void CacheGatherSlot(const DeviceRowCache& c, uint64_
     }
     return;
   }
-  DequantLane(r.values, r.scale, lane, out_slot);
+  DequantLane(values, scale, lane, out_slot);
   if (lane != 0) return;
   if (m.hit_total != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(m.hit_total), 1ull);
   if (m.hits != nullptr && freq < kCacheMaxFreq) {

@@ -40,6 +40,12 @@ inline constexpr uint64_t RowCacheHash(uint64_t key) {
 // them) then sees every slot whole, old or new; without the flag such a reader must treat slots
 // across a page boundary as misses.
 inline constexpr uint32_t kRowCacheFlagAlignedRelease = 1u << 0;
+// kRowCacheFlagRowCheck: every slot holding a key carries RowCacheSlot::check, a 64-bit check of
+// that key and row, written with them. A reader that cannot afford the seqlock's ordered loads
+// (a GPU across PCIe, where each acquire waits a round trip) may read the key, row and check in
+// any order and accept the row when its check matches (docs/gpu.md, "Row cache hits on the
+// GPU"): a row's bytes never change for its key, so any row that matches is the right one.
+inline constexpr uint32_t kRowCacheFlagRowCheck = 1u << 1;
 
 struct RowCacheHeader {
   uint64_t magic;
@@ -82,8 +88,10 @@ struct alignas(32) RowCacheSlot {
   uint8_t reserved[2];
   std::atomic<uint64_t> key;  // RowCacheKey, 0 when empty
   std::atomic<uint64_t> row[kRowCacheRowWords];  // the row's ENGRAM_ROW_BYTES bytes
+  std::atomic<uint64_t> check;  // RowCacheCheck(key, row) (kRowCacheFlagRowCheck)
 };
 static_assert(sizeof(RowCacheSlot) == 288);
+static_assert(offsetof(RowCacheSlot, check) == 280);
 static_assert(offsetof(RowCacheSlot, prefetched) == 5);
 static_assert(offsetof(RowCacheSlot, key) == 8);
 static_assert(offsetof(RowCacheSlot, row) == 16);
@@ -104,6 +112,24 @@ inline void StoreRowCacheRow(RowCacheSlot& slot, const uint8_t* src) {
     std::memcpy(&word, src + i * sizeof(word), sizeof(word));
     slot.row[i].store(word, std::memory_order_relaxed);
   }
+}
+
+// RowCacheSlot::check: the XOR of one term per 8-byte word of the key and the row (word 0 the
+// key, words 1 to 33 the row's), each word mixed with its position by RowCacheHash, a bijection.
+// Words from two different rows give a wrong check unless 64 bits collide. A GPU warp computes
+// the same terms one lane a word (kernels/cache_device.h).
+inline constexpr uint64_t kRowCacheCheckSeed = 0x9e3779b97f4a7c15ull;
+inline constexpr uint64_t RowCacheCheckTerm(uint64_t word, uint32_t position) {
+  return RowCacheHash(word ^ (uint64_t{position} + 1) * kRowCacheCheckSeed);
+}
+inline uint64_t RowCacheCheck(uint64_t key, const uint8_t* row) {
+  uint64_t check = RowCacheCheckTerm(key, 0);
+  for (size_t i = 0; i < kRowCacheRowWords; ++i) {
+    uint64_t word;
+    std::memcpy(&word, row + i * sizeof(word), sizeof(word));
+    check ^= RowCacheCheckTerm(word, static_cast<uint32_t>(i + 1));
+  }
+  return check;
 }
 
 // Bucket i holds slot + 1 (0: empty); linear probing from RowCacheHash(key) & (count - 1).

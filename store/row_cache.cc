@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions
   h->slot_bytes = sizeof(RowCacheSlot);
   h->max_slots = g.max_slots;
   h->bucket_count = g.bucket_count;
-  h->flags = kRowCacheFlagAlignedRelease;
+  h->flags = kRowCacheFlagAlignedRelease | kRowCacheFlagRowCheck;
   h->buckets_offset = kBucketsOffset;
   h->slots_offset = g.slots_offset;
   h->capacity_slots.store(0, std::memory_order_relaxed);
@@ -192,6 +192,7 @@ void RowCache::WriteSlot(uint32_t i, uint64_t key, const uint8_t* data) {
   std::atomic_thread_fence(std::memory_order_release);  // odd seq is seen before any new byte
   s.key.store(key, std::memory_order_relaxed);
   StoreRowCacheRow(s, data);
+  s.check.store(RowCacheCheck(key, data), std::memory_order_relaxed);
   s.freq.store(0, std::memory_order_relaxed);
   s.prefetched.store(0, std::memory_order_relaxed);
   s.seq.store(seq + 2, std::memory_order_release);

@@ -194,8 +194,10 @@ class RowCache {
   uint64_t FirstPageAlignedSlot(uint64_t from) const;
   // Between a shrink's chunks, with mu_ released: lets the inserts that wait for mu_ have it.
   void LetWritersIn();
-  // Adopt's second half (row_cache_adopt.cc): the policy state from the slots.
-  void RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowCacheAdoption* ret);
+  // Adopt's second half (row_cache_restart.cc): the policy state from the slots; with
+  // write_checks, each kept slot's check too (a region written before slots carried one).
+  void RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, bool write_checks,
+                        RowCacheAdoption* ret);
 
   const RowCacheOptions options_;
   MemoryBudget* budget_;

@@ -93,6 +93,9 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   auto* h = reinterpret_cast<RowCacheHeader*>(base);
   if (absl::Status s = CheckWritable(*h, options.tables_identity); !s.ok()) return s;
   h->flags |= kRowCacheFlagAlignedRelease;  // this engramd's releases start on a slot boundary
+  // A region an engramd wrote before slots carried checks: RebuildFromSlots writes them for the
+  // rows it keeps, before any client maps the region, and the flag says so from then on.
+  const bool write_checks = (h->flags & kRowCacheFlagRowCheck) == 0;
   std::unique_ptr<RowCache> cache(new RowCache(options, budget));
   const uint64_t max_slots = h->max_slots;
   // What the budget allows now: the index first (it cannot shrink), then as many slots as fit
@@ -129,7 +132,8 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   // the middle of a shrink, hold rows it had not moved down yet: those are lost); they are not
   // read, which would allocate their pages again.
   const uint64_t usable = std::min<uint64_t>(max_slots, h->capacity_slots.load());
-  cache->RebuildFromSlots(usable, keep, ret_adoption);
+  cache->RebuildFromSlots(usable, keep, write_checks, ret_adoption);
+  h->flags |= kRowCacheFlagRowCheck;
   // Shrink by the normal path to what is allowed, or grow to it. The budget is not charged for
   // slots above `allowed` (the shrink gives them back to the kernel), so it is detached while
   // the shrink runs and charged for what is left after.
@@ -152,7 +156,8 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   return cache;
 }
 
-void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowCacheAdoption* ret) {
+void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, bool write_checks,
+                                RowCacheAdoption* ret) {
   std::lock_guard<std::mutex> lock(mu_);
   // The index is rebuilt from scratch: whatever the earlier daemon left in it (a probe run cut
   // by a crash in the middle of a deletion) is never trusted.
@@ -192,6 +197,11 @@ void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, RowC
       continue;
     }
     s.prefetched.store(0, std::memory_order_relaxed);
+    if (write_checks) {
+      uint8_t row[ENGRAM_ROW_BYTES];
+      LoadRowCacheRow(s, row);
+      s.check.store(RowCacheCheck(key, row), std::memory_order_relaxed);
+    }
     InsertBucket(key, static_cast<uint32_t>(i));
     (s.freq.load(std::memory_order_relaxed) > 0 ? kept_main : kept_small)
         .push_back(static_cast<uint32_t>(i));

@@ -118,13 +118,9 @@ struct engram_gpu_row_cache {
   uint32_t slot_bytes;     /* 288 */
   uint64_t covered_begin;  /* the table's row ids: others are bad (NaN, counted) */
   uint64_t covered_end;
-  /* 0, or the region's page size where the registration pinned it and the region lacks the
-   * aligned-release flag (an older engramd): a slot that straddles a page boundary is then a
-   * miss. Such an engramd punched pages from the first page boundary above the capacity, so
-   * after a shrink and a regrow the slot across it is written half into a page the GPU still
-   * sees and half into a new one it does not: its seq and key would look whole while its row's
-   * tail is stale. Today's engramd releases only from slots that start a page (docs/gpu.md,
-   * "Row cache hits on the GPU"). */
+  /* 0, or a page size: a slot that straddles a multiple of it is then a miss. Written 0 by
+   * engram_table_map_gpu_cache: a slot left half in a page a pinned registration kept and half
+   * in a new one fails its row check (docs/gpu.md, "Row cache hits on the GPU"). */
   uint32_t guard_page_bytes;
   uint32_t reserved;
 };
@@ -132,7 +128,9 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_row_cache, 72);
 
 /* Fills *ret_cache (set ret_cache->size first) for a row cache map whose whole mapping
  * (info.base, info.map_bytes) reg registered. -EINVAL: not a row cache map (a resident table:
- * engram_dequant_gather reads it), or reg does not cover the mapping. */
+ * engram_dequant_gather reads it), or reg does not cover the mapping. -EOPNOTSUPP: the region's
+ * slots carry no row checks (an engramd older than this library wrote it): gather through the
+ * arena instead. */
 int engram_table_map_gpu_cache(const engram_table_map* map, const engram_gpu_registration* reg,
                                struct engram_gpu_row_cache* ret_cache);
 
@@ -210,11 +208,11 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_cache_misses, 56);
 
 /* engram_dequant_gather's dequantisation, reading rows from the daemon's row cache in place
  * (cache from engram_table_map_gpu_cache): slot s looks row_ids[s] up in the cache's index (the
- * CPU's hash and linear probing) and, if a slot holds it, copies it under the slot's seqlock
- * (system-scope acquire of seq, relaxed system-scope loads of key and row, a system-scope fence,
- * seq again: docs/gpu.md, "Row cache hits on the GPU") and dequantises it into out. A row not
- * found, or whose slot was being or got rewritten during the read, is a miss: the slot of out
- * is left as it was and (row id, slot) appended to the misses list, never the bytes read. A row
+ * CPU's hash and linear probing) and, if a slot holds it, reads the slot's key, row and row
+ * check with relaxed system-scope loads and dequantises the row into out when the check matches
+ * the key and the row read (docs/gpu.md, "Row cache hits on the GPU"). A row not found, or whose
+ * slot was being or got rewritten during the read, is a miss: the slot of out is left as it was
+ * and (row id, slot) appended to the misses list, never the bytes read. A row
  * id outside the table's [covered_begin, covered_end) is written as NaN and counted in
  * *bad_index_count (if not NULL), as engram_dequant_gather does. Capturable (the counters are
  * zeroed by a memset node). Returns 0, -EINVAL, -ENODEV/-EIO. */

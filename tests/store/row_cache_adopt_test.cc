@@ -137,6 +137,57 @@ TEST_CASE("adoption drops torn slots, unserved rows and duplicates and rebuilds 
   munmap(map, bytes);
 }
 
+// Every slot that holds a key carries the check of that key and row (kRowCacheFlagRowCheck);
+// returns how many slots hold a key.
+uint64_t CheckSlots(const RowCacheHeader* h, const uint8_t* base) {
+  REQUIRE((h->flags & kRowCacheFlagRowCheck) != 0);
+  const auto* slots = reinterpret_cast<const RowCacheSlot*>(base + h->slots_offset);
+  uint64_t keyed = 0;
+  for (uint32_t i = 0; i < h->capacity_slots.load(); ++i) {
+    const uint64_t key = slots[i].key.load();
+    if (key == 0) continue;
+    uint8_t row[kRowBytes];
+    LoadRowCacheRow(slots[i], row);
+    INFO("slot " << i << " key " << key);
+    REQUIRE(slots[i].check.load() == RowCacheCheck(key, row));
+    ++keyed;
+  }
+  return keyed;
+}
+
+TEST_CASE("every row written carries its row check; a region written without them gets them",
+          "[adopt]") {
+  auto cache = MakeCache(600);
+  Fill(*cache, 1, 900);  // evicts: slots are rewritten with other rows
+  void* map = nullptr;
+  const uint64_t bytes = cache->region_bytes();
+  auto* h = HeaderOf(cache->fd(), &map, bytes);
+  const auto* base = static_cast<const uint8_t*>(map);
+  const uint64_t used = cache->Stats().used_slots;
+  REQUIRE(CheckSlots(h, base) == used);
+  // A check says whether words are one row's: another key, or one word of another row, fails.
+  const auto* slots = reinterpret_cast<const RowCacheSlot*>(base + h->slots_offset);
+  uint8_t row[kRowBytes];
+  LoadRowCacheRow(slots[0], row);
+  const uint64_t key = slots[0].key.load();
+  REQUIRE(RowCacheCheck(key + 1, row) != slots[0].check.load());
+  row[kRowBytes - 1] ^= 1;
+  REQUIRE(RowCacheCheck(key, row) != slots[0].check.load());
+  // As an engramd before row checks left it: no flag, and checks that are not the rows'.
+  h->flags &= ~kRowCacheFlagRowCheck;
+  auto* writable = reinterpret_cast<RowCacheSlot*>(static_cast<uint8_t*>(map) + h->slots_offset);
+  for (uint32_t i = 0; i < h->max_slots; ++i) writable[i].check.store(0);
+  UniqueFd fd = Dup(*cache);
+  cache.reset();
+  RowCacheAdoption a;
+  auto adopted =
+      RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, nullptr, KeepAll, &a);
+  REQUIRE(adopted.ok());
+  REQUIRE(a.kept == used);
+  REQUIRE(CheckSlots(h, base) == used);
+  munmap(map, bytes);
+}
+
 TEST_CASE("a garbage, foreign or other tables' region is refused", "[adopt]") {
   auto cache = MakeCache(200);
   Fill(*cache, 1, 100);
