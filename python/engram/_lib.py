@@ -174,6 +174,79 @@ class TokenRequest(ctypes.Structure):
     table = _alias("layer")
 
 
+# ---- table maps read in place by a GPU (engram.h ENGRAM_0.6-0.7, gpu.h) ----------------------
+
+class TableMapInfo(ctypes.Structure):
+    """struct engram_table_map_info (56 bytes); `base` is the host address of the mapping."""
+    _fields_ = [
+        ("size", c_size_t),
+        ("layer", c_u32),
+        ("row_bytes", c_u32),
+        ("covered_begin", c_u64),
+        ("covered_end", c_u64),
+        ("base", c_void_p),
+        ("map_bytes", c_u64),
+        ("kind", c_u32),
+        ("reserved", c_u32),
+    ]
+    layer_id = _alias("layer")
+
+
+TABLE_MAP_RESIDENT = 0  # ENGRAM_TABLE_MAP_RESIDENT
+TABLE_MAP_ROW_CACHE = 1  # ENGRAM_TABLE_MAP_ROW_CACHE
+
+
+class GpuRowCache(ctypes.Structure):
+    """struct engram_gpu_row_cache (72 bytes): a row cache as a kernel looks rows up in it."""
+    _fields_ = [
+        ("size", c_size_t),
+        ("cache", c_void_p),
+        ("layer", c_u32),
+        ("bucket_count", c_u32),
+        ("buckets_offset", c_u64),
+        ("slots_offset", c_u64),
+        ("max_slots", c_u32),
+        ("slot_bytes", c_u32),
+        ("covered_begin", c_u64),
+        ("covered_end", c_u64),
+        ("guard_page_bytes", c_u32),
+        ("reserved", c_u32),
+    ]
+
+
+class GpuCacheHit(ctypes.Structure):
+    """struct engram_gpu_cache_hit (16 bytes): a hit for the cache's policy."""
+    _fields_ = [("key", c_u64), ("slot", c_u32), ("reserved", c_u32)]
+
+
+class GpuCacheMisses(ctypes.Structure):
+    """struct engram_gpu_cache_misses (56 bytes): where a cache lookup lists what it missed
+    (device pointers)."""
+    _fields_ = [
+        ("size", c_size_t),
+        ("rows", c_void_p),
+        ("slots", c_void_p),
+        ("count", c_void_p),
+        ("hits", c_void_p),
+        ("hit_count", c_void_p),
+        ("hit_total", c_void_p),
+    ]
+
+
+# The sizes the C headers assert (ENGRAM_ASSERT_SIZE); struct_sizes_ok() compares them.
+C_STRUCT_SIZES = {
+    "TableMapInfo": 56, "GpuRowCache": 72, "GpuCacheHit": 16, "GpuCacheMisses": 56,
+    "GatherRequest": 48,
+}
+
+
+def struct_size_mismatches():
+    """[(name, ctypes size, C size)] of the structs above whose ctypes layout is not the C one
+    (empty on every platform this package supports: LP64)."""
+    return [(name, ctypes.sizeof(globals()[name]), size) for name, size in C_STRUCT_SIZES.items()
+            if ctypes.sizeof(globals()[name]) != size]
+
+
 HASHER_COMPRESSED_ONLY = 1
 HASH_COMPRESSED_IDS = 1
 GATHER_IN_PLACE = 1  # ENGRAM_GATHER_IN_PLACE
@@ -256,6 +329,27 @@ _GPU_REGISTER_FUNCTIONS = {
     "engram_gpu_registration_runtime": (c_int, [c_void_p]),
     "engram_gpu_unregister": (c_int, [c_void_p]),
     "engram_gpu_last_error": (c_char_p, []),
+}
+
+# Since ENGRAM_0.7: a library without them still loads; the GPU paths then gather every table
+# into the arena (table_map_lib says what is missing).
+_TABLE_MAP_FUNCTIONS = {
+    "engram_table_map_open_any": (c_int, [c_void_p, c_u32, _P(c_void_p)]),
+    "engram_get_table_map_info": (c_int, [c_void_p, _P(TableMapInfo)]),
+    "engram_table_map_check": (c_int, [c_void_p]),
+    "engram_table_map_gpu_cache": (c_int, [c_void_p, c_void_p, _P(GpuRowCache)]),
+    "engram_table_map_report_hits": (c_int, [c_void_p, c_u64, c_u64, _P(GpuCacheHit), c_size_t]),
+}
+
+# Kernels reading tables in place (ENGRAM_KERNELS_0.6 / 0.7), declared by _gpu.InPlaceKernels.
+IN_PLACE_KERNEL_FUNCTIONS = {
+    "engram_dequant_gather": (c_int, [c_void_p, c_u64, c_u64, c_void_p, c_u32, c_u32, c_void_p,
+                                      c_void_p, c_uintptr]),
+    "engram_dequant_cache_gather": (c_int, [_P(GpuRowCache), c_void_p, c_u32, c_u32, c_void_p,
+                                            _P(GpuCacheMisses), c_void_p, c_uintptr]),
+    "engram_gpu_queue_cache_gather": (c_int, [c_void_p, _P(GpuRowCache), c_void_p, c_u32, c_u32,
+                                              c_void_p, _P(GpuCacheMisses), c_void_p, c_void_p,
+                                              c_uintptr]),
 }
 
 _KERNEL_FUNCTIONS = {
@@ -387,6 +481,7 @@ def client_lib():
             _declare_renamed(lib)
             _declare(lib, _PREFETCH_FUNCTIONS, path, required=False)
             _declare(lib, _STATS_FIELD_FUNCTIONS, path, required=False)
+            _declare(lib, _TABLE_MAP_FUNCTIONS, path, required=False)
             _client, _client_path = lib, path
         return _client
 
@@ -420,6 +515,18 @@ def check(rc, what=None):
         message = last_error() or (what or "engram call failed")
         raise error_for(rc, message)
     return rc
+
+
+def table_map_lib():
+    """libengram_client with the table-map calls a GPU reads tables in place through
+    (ENGRAM_0.7); LibraryNotFoundError naming what an older library lacks."""
+    lib = client_lib()
+    missing = [name for name in _TABLE_MAP_FUNCTIONS if not hasattr(lib, name)]
+    if missing:
+        raise LibraryNotFoundError(
+            0, f"{_client_path} does not export {', '.join(missing)} (ENGRAM_0.7): it predates "
+               f"reading tables in place on the GPU")
+    return lib
 
 
 def gpu_register_lib():
