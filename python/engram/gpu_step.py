@@ -26,14 +26,27 @@ each group's rows requested as soon as its tokens exist: ``submit_accepted()`` a
 start, ``submit_draft()`` right after the draft model wrote its tokens, ``finish()`` before
 the first Engram layer (side streams forked and joined with events; docs/python.md).
 
-docs/gpu.md ("Requests from the GPU") describes the protocol and the recovery.
+Tables engramd holds in memory are read in place (``in_place``, the default): after the GPU
+hash, a resident table's rows are dequantised straight from its registered read-only mapping
+(engram_dequant_gather: no request at all), and a cache-tier table's hits straight from the
+registered row cache, its misses requested through the same device-submit ring and awaited in
+the same stream (engram_gpu_queue_cache_gather). Only storage-tier tables take the arena path
+above. The bytes are the same either way. After a step, ``report_hits()`` (host side, outside
+the graph) hands the row cache's hits to its eviction policy.
+
+docs/gpu.md ("Requests from the GPU") describes the protocol and the recovery; docs/python.md
+the in-place routes.
 """
 
 import ctypes
-from typing import Any, Optional, Sequence
+import errno
+import os
+import warnings
+from typing import Any, Dict, Optional, Sequence
 
 from . import _lib
-from ._gpu import Kernels, Registration, _kernels_check
+from ._gpu import (ROUTE_ARENA, ROUTE_RESIDENT, ROUTE_ROW_CACHE, GpuTables, Kernels,
+                   Registration, _kernels_check)
 from .client import Client
 
 HISTORY = 3  # DeepSeek-V4.1: max_ngram_size 4
@@ -102,6 +115,34 @@ _STEP_FUNCTIONS = {
 }
 
 
+# What error reports for a mapped table that may no longer be read (engram_table_map_check).
+_STALE_STATUS = {errno.ESTALE: 15, errno.ENOTCONN: 14}  # DATA_LOSS, UNAVAILABLE
+
+
+class _CacheBuffers:
+    """One group's buffers for one cache-tier layer: the misses' list (row ids in the lane's
+    arena, where the daemon reads them, and output slots and count in device memory), the rows
+    the daemon gathers for them (in the arena), and the hits the kernel records for the cache's
+    policy (a running total and the latest step's list)."""
+
+    def __init__(self, torch: Any, dev: Any, slots: int, lane: "_Lane", miss_ids: Any,
+                 miss_rows: Any):
+        self.slots = slots
+        self.miss_slots = torch.zeros(slots, dtype=torch.int32, device=dev)
+        self.miss_count = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.hits = torch.zeros(slots * ctypes.sizeof(_lib.GpuCacheHit), dtype=torch.uint8,
+                                device=dev)
+        self.hit_count = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.hit_total = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.reported = 0  # hit_total when report_hits() last read it
+        self.used = False  # a step was queued with these buffers
+        self.misses = _lib.GpuCacheMisses(
+            ctypes.sizeof(_lib.GpuCacheMisses), lane.reg.device_ptr(miss_ids.address),
+            self.miss_slots.data_ptr(), self.miss_count.data_ptr(), self.hits.data_ptr(),
+            self.hit_count.data_ptr(), self.hit_total.data_ptr())
+        self.miss_dest_d = lane.reg.device_ptr(miss_rows.address)
+
+
 class _Lane:
     """One device-submit session and its GPU queue, with row-id and row buffers in its arena
     for each (group, layer) it serves. A queue publishes one call at a time (its tickets and
@@ -160,11 +201,19 @@ class GpuDecodeStep:
     decoding: each sequence's tokens are its ``tokens_per_seq - k`` accepted tokens, then its k
     draft tokens, and ``submit_accepted()``, ``submit_draft()`` and ``finish()`` fetch the two
     groups' rows at the points of the step where each group is known. The draft group has a
-    session (and queue) of its own, so that both groups' requests are in flight at once."""
+    session (and queue) of its own, so that both groups' requests are in flight at once.
+
+    ``in_place`` (default: True unless the environment sets ENGRAM_IN_PLACE=0): each layer whose
+    table engramd holds in memory is read in place by the GPU (``routes[layer]`` is "resident"
+    or "row cache"; "arena" for the rest). A table that cannot be read in place (the storage
+    tier; or, with one RuntimeWarning naming the layers and why, a mapping or registration
+    refused, a table still loading or withdrawn) takes the arena path. False: every layer takes
+    the arena path."""
 
     def __init__(self, hasher: Any, layers: Sequence[int], seqs: int, tokens_per_seq: int, *,
                  tp_size: int = 1, tp_rank: int = 0, socket: Optional[str] = None,
-                 timeout: float = 2.0, piece_rows: int = 0, draft_per_seq: int = 0):
+                 timeout: float = 2.0, piece_rows: int = 0, draft_per_seq: int = 0,
+                 in_place: Optional[bool] = None):
         import torch
 
         if not 0 <= draft_per_seq < tokens_per_seq:
@@ -190,6 +239,12 @@ class GpuDecodeStep:
         self._out = {layer: torch.empty((self.n_tokens, self.heads, 256), dtype=torch.bfloat16,
                                         device=dev) for layer in self.layers}
         self._hash_errors = torch.zeros(1, dtype=torch.int32, device=dev)
+        if in_place is None:
+            in_place = os.environ.get("ENGRAM_IN_PLACE", "1") in ("", "1")
+        self.in_place = bool(in_place)
+        self.routes: Dict[int, str] = {layer: ROUTE_ARENA for layer in self.layers}
+        self._tables = None
+        self._read_in_place: Dict[str, set] = {}
         self._lanes = []
         self._gpu_hasher = ctypes.c_void_p()
         try:
@@ -234,6 +289,30 @@ class GpuDecodeStep:
         _kernels_check(lib, lib.engram_gpu_hasher_create(hasher._h(),
                                                          ctypes.byref(self._gpu_hasher)),
                        "engram_gpu_hasher_create")
+        if self.in_place:
+            self._open_in_place()
+
+    def _open_in_place(self) -> None:
+        """Maps and registers the tables read in place, and each group's device buffers for
+        them: the row ids the GPU hash writes, and for a row cache the misses' list (row ids
+        and their rows in the group's lane arena, where the daemon reads and writes them)."""
+        import torch
+
+        self._tables = GpuTables(self._lanes[0].client, self.layers, self._kernels.in_place)
+        self.routes.update(self._tables.routes)
+        if self._tables.warning:
+            warnings.warn(self._tables.warning, RuntimeWarning, stacklevel=3)
+        for name, group in self._groups.items():
+            lane, slots = group["lane"], group["n"] * self.heads
+            group["ids_d"], group["cache"] = {}, {}
+            for layer in self.layers:
+                if self.routes[layer] == ROUTE_ARENA:
+                    continue
+                group["ids_d"][layer] = torch.empty(slots, dtype=torch.int64, device=self._dev)
+                if self.routes[layer] == ROUTE_ROW_CACHE:
+                    group["cache"][layer] = _CacheBuffers(torch, self._dev, slots, lane,
+                                                          lane.ids[name, layer],
+                                                          lane.rows[name, layer])
 
     def _group(self, tokens: Any, history: Any, per_seq: int, out: Optional[dict] = None) -> dict:
         """The static buffers of one group of tokens: per_seq a sequence, back to back; its
@@ -249,20 +328,46 @@ class GpuDecodeStep:
                 "map": torch.arange(n * self.heads, dtype=torch.int32, device=self._dev),
                 "out": out}
 
+    def _current_routes(self) -> Dict[int, str]:
+        """The routes a step queued now takes: a layer whose mapped table may no longer be read
+        (withdrawn, daemon gone) goes through the arena from now on, with one warning."""
+        if self._tables is not None:
+            stale = {layer: rc for layer, rc in self._tables.stale().items()
+                     if self.routes[layer] != ROUTE_ARENA}
+            if stale:
+                for layer in stale:
+                    self.routes[layer] = ROUTE_ARENA
+                warnings.warn(
+                    "engram: the mapped table(s) of layer(s) " + ", ".join(
+                        f"{layer} ({errno.errorcode.get(-rc, rc)})"
+                        for layer, rc in sorted(stale.items())) +
+                    " may no longer be read in place; steps queued from now on gather them "
+                    "through engramd (a graph captured before reads the withdrawn rows: "
+                    "capture it again)", RuntimeWarning, stacklevel=4)
+        return dict(self.routes)
+
     def _fetch(self, name: str, stream: Any) -> None:
-        """Queues on stream: the GPU hash of group name's tokens into its lane's arena, then its
-        requests published, awaited and dequantised, pipelined."""
+        """Queues on stream: the GPU hash of group name's tokens, then each layer's rows:
+        resident tables and row cache hits read in place, the rest (and the misses) requested
+        through the group's lane, awaited and dequantised."""
         s = stream.cuda_stream
         lib, group = self._lib, self._groups[name]
         lane = group["lane"]
-        requests = (_Request * len(self.layers))()
-        dequants = (_Dequant * len(self.layers))()
+        routes = self._current_routes()
+        self._read_in_place[name] = {layer for layer in self.layers
+                                     if routes[layer] != ROUTE_ARENA}
+        ids_d = group.get("ids_d", {})
+
+        def rows_for(layer):
+            if routes[layer] != ROUTE_ARENA:
+                return ids_d[layer].data_ptr()
+            return lane.reg.device_ptr(lane.ids[name, layer].address)
+
         hash_args = [
             _HashArgs(ctypes.sizeof(_HashArgs), layer, 0, self.head_begin, self.head_end,
                       group["tokens"].data_ptr(), group["n"], self.n_seqs,
                       group["starts"].data_ptr(), group["history"].data_ptr(),
-                      lane.reg.device_ptr(lane.ids[name, layer].address),
-                      self._hash_errors.data_ptr()) for layer in self.layers]
+                      rows_for(layer), self._hash_errors.data_ptr()) for layer in self.layers]
         # Every layer's ids in as few launches as the library takes calls.
         for first in range(0, len(hash_args), _HASH_MAX_CALLS):
             chunk = hash_args[first:first + _HASH_MAX_CALLS]
@@ -270,15 +375,37 @@ class GpuDecodeStep:
             _kernels_check(lib, lib.engram_gpu_hash_layers(self._gpu_hasher, pointers,
                                                            len(chunk), s),
                            "engram_gpu_hash_layers")
-        for i, layer in enumerate(self.layers):
+        n, heads = group["n"], self.heads
+        # Resident tables first (no request, a few microseconds), then the row caches (their
+        # misses through the queue), then the arena's layers, whose kernel waits for the daemon.
+        for layer in self.layers:
+            if routes[layer] == ROUTE_RESIDENT:
+                table = self._tables.maps[layer]
+                self._kernels.dequant_gather(table.table_d, table.covered_begin,
+                                             table.covered_end - table.covered_begin,
+                                             ids_d[layer].data_ptr(), n, heads,
+                                             group["out"][layer].data_ptr(), None, s)
+        for layer in self.layers:
+            if routes[layer] == ROUTE_ROW_CACHE:
+                buffers = group["cache"][layer]
+                self._kernels.queue_cache_gather(lane.queue, self._tables.maps[layer].cache,
+                                                 ids_d[layer].data_ptr(), n, heads,
+                                                 group["out"][layer].data_ptr(), buffers.misses,
+                                                 buffers.miss_dest_d, s)
+                buffers.used = True
+        arena = [layer for layer in self.layers if routes[layer] == ROUTE_ARENA]
+        if not arena:
+            return
+        requests = (_Request * len(arena))()
+        dequants = (_Dequant * len(arena))()
+        for i, layer in enumerate(arena):
             requests[i] = _Request(ctypes.sizeof(_Request), layer, 0,
-                                   lane.ids[name, layer].address, group["n"] * self.heads,
+                                   lane.ids[name, layer].address, n * heads,
                                    lane.rows[name, layer].address)
-            dequants[i] = _Dequant(ctypes.sizeof(_Dequant), group["map"].data_ptr(), group["n"],
-                                   self.heads, group["out"][layer].data_ptr(), None)
+            dequants[i] = _Dequant(ctypes.sizeof(_Dequant), group["map"].data_ptr(), n,
+                                   heads, group["out"][layer].data_ptr(), None)
         _kernels_check(lib, lib.engram_gpu_queue_gather_dequant(lane.queue, requests, dequants,
-                                                                len(self.layers),
-                                                                self.piece_rows, s),
+                                                                len(arena), self.piece_rows, s),
                        "engram_gpu_queue_gather_dequant")
 
     def run(self, stream: Any = None) -> None:
@@ -369,11 +496,47 @@ class GpuDecodeStep:
     def error(self) -> int:
         """0 while every step so far succeeded; else the status code (engram_status_code) of
         the first failure: 4 the daemon did not answer in time, 14 it stopped, or the
-        request's own code. Sticky: the queue submits nothing until clear_error()."""
+        request's own code. Sticky: the queue submits nothing until clear_error(). A table read
+        in place that engramd withdrew since (a file of it changed, or it is stopping) gives 15
+        (DATA_LOSS), one whose daemon is gone 14: that step's rows of the layer may not be used
+        (build a new GpuDecodeStep, or queue/capture the step again: it then takes the arena
+        path for that layer)."""
         for lane in self._lanes:
             if lane.error_word[0] != 0:
                 return int(lane.error_word[0])
+        if self._tables is not None:
+            # The layers the latest queued (or captured) step of some group read in place.
+            read = set().union(*self._read_in_place.values())
+            for layer, rc in sorted(self._tables.stale().items()):
+                if layer in read:
+                    return _STALE_STATUS.get(-rc, 13)
         return 0
+
+    def report_hits(self) -> Dict[int, int]:
+        """Hands the row cache hits of the steps run since the last call to the cache's eviction
+        policy (engram_table_map_report_hits): the rows read in place are added to the table's
+        statistics, and the hits of the latest step of each group count as uses of their slots.
+        Call it on the host, outside the graph, once the step's work has finished (after the
+        sampled tokens were read back, or after a synchronise): it copies small device counters
+        back. Every step, or every few: the row counts lose nothing, only the slot uses of the
+        steps in between are not seen. Returns {layer: hit rows reported}; {} when no layer is
+        read from a row cache."""
+        import numpy as np
+
+        reported: Dict[int, int] = {}
+        for group in self._groups.values():
+            for layer, buffers in group.get("cache", {}).items():
+                if not buffers.used:
+                    continue
+                total = int(buffers.hit_total.item())
+                rows, buffers.reported = total - buffers.reported, total
+                count = min(int(buffers.hit_count.item()), buffers.slots)
+                hits = buffers.hits[:count * 16].cpu().numpy() if count else \
+                    np.zeros(16, dtype=np.uint8)
+                entries = (_lib.GpuCacheHit * max(count, 1)).from_buffer(hits)
+                self._tables.maps[layer].report_hits(rows, entries, count)
+                reported[layer] = reported.get(layer, 0) + rows
+        return reported
 
     def clear_error(self) -> None:
         """Resets the error words (after a request's own failure, e.g. a bad token id)."""
@@ -386,8 +549,11 @@ class GpuDecodeStep:
         return int(self._hash_errors.item())
 
     def close(self) -> None:
-        """Frees the queue, the GPU hasher, the registration and the session. No queued step
-        may still run (synchronise first). Idempotent."""
+        """Frees the queue, the GPU hasher, the registrations, the table maps and the sessions.
+        No queued step may still run (synchronise first). Idempotent."""
+        tables, self._tables = getattr(self, "_tables", None), None
+        if tables is not None:
+            tables.close()
         lanes, self._lanes = getattr(self, "_lanes", []), []
         for lane in lanes:
             lane.close()

@@ -34,6 +34,7 @@ import ctypes
 import errno
 import os
 import time
+import warnings
 from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
@@ -46,6 +47,7 @@ from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
                      InvalidArgumentError, RowOutOfRangeError, UnknownTableError, error_for)
 
 _PAGE = 4096
+_INT32_MAX = 2**31 - 1
 
 
 def _round_up(n, to):
@@ -74,6 +76,9 @@ class _Layer:
         self.cpu_result = None
         self.out = None  # device output [max_tokens, heads, 256] bf16
         self.step_counter = None  # device uint32 for engram_stream_wait_ticket
+        self.table = None  # on a GPU reading the table in place: its _gpu.GpuTableMap
+        self.gpu_in_place = False  # the step's rows are read from table, not the arena
+        self.captured_in_place = False  # a captured get() reads table
 
 
 class EngramLookup:
@@ -96,7 +101,11 @@ class EngramLookup:
             copy's time (about 0.1 ms for a 2,304-row step). False: prepare() only submits
             every layer's request to the daemon and returns (the wait is the GPU's, or
             result()'s). The environment variable ENGRAM_IN_PLACE=0 makes False the
-            default.
+            default. On a GPU, with in_place, a resident table is not copied at all: get()
+            dequantises its rows straight from the table's registered read-only mapping
+            (the step's index map, written by prepare(), locates them), and prepare() makes no
+            request for it. A table that cannot be read so (registration refused, mapping
+            refused or withdrawn) is copied as above, with one RuntimeWarning.
     """
 
     def __init__(self, layers: Sequence[int], heads: int, max_tokens: int, *,
@@ -134,6 +143,7 @@ class EngramLookup:
                               client_name=client_name, timeout=timeout)
         self._closed = False
         self._registration = None
+        self._tables = None
         self._event = None
         self._layers: Dict[int, _Layer] = {}
         self._target_buffer = None
@@ -158,6 +168,8 @@ class EngramLookup:
                 self._setup_gpu(counter_address)
         except BaseException:
             # Nothing outside this object views its buffers: end the session at once.
+            if self._tables is not None:
+                self._tables.close()
             if self._registration is not None:
                 self._registration.unregister()
             self._free_buffers()
@@ -181,6 +193,42 @@ class EngramLookup:
                 layer.out = torch.empty((self.max_tokens, self.heads, ROW_VALUES),
                                         dtype=torch.bfloat16, device=self.device)
                 layer.step_counter = torch.zeros(1, dtype=torch.int32, device=self.device)
+            if self.in_place:
+                self._open_gpu_tables()
+
+    def _open_gpu_tables(self):
+        """Maps and registers the resident tables get() reads in place on the GPU. Row caches
+        are left to prepare()'s host copy (docs/python.md says why)."""
+        from . import _gpu
+        # engram_dequant_scatter over the mapping: no kernel newer than the arena path's.
+        self._tables = _gpu.GpuTables(self._client, self.layers, row_cache=False)
+        refused = {}
+        for layer_id, route in self._tables.routes.items():
+            table = self._tables.maps.get(layer_id)
+            if route != _gpu.ROUTE_RESIDENT:
+                continue
+            rows = table.covered_end - table.covered_begin
+            if rows > _INT32_MAX:
+                # The index map is int32: engram_dequant_scatter cannot name such a row.
+                refused[layer_id] = f"{rows} rows, more than an int32 index map names"
+                continue
+            layer = self._layers[layer_id]
+            layer.table, layer.table_rows = table, rows
+        warning = self._tables.warning
+        if refused:
+            warning = (warning + "; " if warning else "engram: ") + "; ".join(
+                f"layer {layer}: not read in place on the GPU: {why}"
+                for layer, why in sorted(refused.items()))
+        if warning:
+            warnings.warn(warning, RuntimeWarning, stacklevel=4)
+
+    @property
+    def routes(self) -> Dict[int, str]:
+        """{layer: how get() reads its rows}: "resident" (straight from the table's registered
+        mapping, on a GPU with in_place) or "arena" (gathered into the arena by prepare(), in
+        place on the host or by engramd, or by the daemon alone with in_place=False)."""
+        return {layer_id: "resident" if layer.table is not None else "arena"
+                for layer_id, layer in self._layers.items()}
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -203,13 +251,14 @@ class EngramLookup:
                                f"{sorted(self.layers)}")
         steps = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
         self._finish_step(timeout)
+        self._check_gpu_tables()
         for layer_id in self.layers:
             self._stage(self._layers[layer_id], *steps[layer_id])
         try:
             for layer_id in self.layers:
                 layer = self._layers[layer_id]
                 layer.cpu_result = None
-                if layer.num_rows == 0:
+                if layer.num_rows == 0 or layer.gpu_in_place:
                     continue
                 if self.in_place:
                     self._gather_now(layer, timeout)
@@ -353,12 +402,47 @@ class EngramLookup:
         slots = tokens * self.heads
         layer.ids[:n] = rows
         index_map = layer.index_map
-        index_map[:slots] = np.where(valid, np.cumsum(valid, dtype=np.int64) - 1, -1)
+        layer.gpu_in_place = layer.table is not None
+        if layer.gpu_in_place:
+            # Rows in place: slot s reads row ids[s] at its offset in the table's mapping.
+            index_map[:slots] = -1
+            index_map[:slots][valid] = rows.astype(np.int64) - layer.table.covered_begin
+        else:
+            index_map[:slots] = np.where(valid, np.cumsum(valid, dtype=np.int64) - 1, -1)
         if layer.map_high_water > slots:
             index_map[slots:layer.map_high_water] = -1
         layer.map_high_water = slots
         layer.tokens = tokens
         layer.num_rows = n
+
+    def _check_gpu_tables(self):
+        """Before a step: a table read in place on the GPU that engramd withdrew (or whose
+        daemon is gone) is copied into the arena from now on, with a warning; if a captured
+        get() reads it in place, raises instead (that graph would read the withdrawn rows:
+        capture it again after this error, and it reads the arena)."""
+        if self._tables is None:
+            return
+        stale = {layer_id: rc for layer_id, rc in self._tables.stale().items()
+                 if self._layers[layer_id].table is not None}
+        if not stale:
+            return
+        captured = []
+        for layer_id in stale:
+            layer = self._layers[layer_id]
+            layer.table = None
+            if layer.captured_in_place:
+                captured.append(layer_id)
+                layer.captured_in_place = False
+        what = ", ".join(f"{layer_id} ({errno.errorcode.get(-rc, rc)})"
+                         for layer_id, rc in sorted(stale.items()))
+        if captured:
+            raise error_for(-errno.ESTALE,
+                            f"the tables of layer(s) {what} may no longer be read in place, and "
+                            f"a CUDA graph captured get() of layer(s) {sorted(captured)} reading "
+                            f"them: capture it again (it then reads the rows engramd gathers)")
+        warnings.warn(f"engram: the tables of layer(s) {what} may no longer be read in place; "
+                      f"their rows go through engramd into the arena from now on",
+                      RuntimeWarning, stacklevel=4)
 
     def _finish_step(self, timeout=None):
         """Waits (host) for the daemon to finish the current step's requests; raises the first
@@ -487,12 +571,19 @@ class EngramLookup:
         [tokens, heads, 256], contiguous) on the current stream; returns `out`."""
         stream = torch.cuda.current_stream(self.device)
         handle = stream.cuda_stream
-        self._kernels.stream_wait_ticket(handle, self._counter_d, self._target_d, 1,
-                                         layer.step_counter.data_ptr())
-        # num_rows = capacity: a captured graph must accept any later step's row count.
-        self._kernels.dequant_scatter(layer.rows_d, layer.capacity, layer.map_d, layer.tokens,
-                                      self.heads, out.data_ptr(), handle)
-        if not torch.cuda.is_current_stream_capturing():
+        capturing = torch.cuda.is_current_stream_capturing()
+        if layer.gpu_in_place:
+            # No request: the rows are read from the table's registered mapping.
+            self._kernels.dequant_scatter(layer.table.table_d, layer.table_rows, layer.map_d,
+                                          layer.tokens, self.heads, out.data_ptr(), handle)
+            layer.captured_in_place = layer.captured_in_place or capturing
+        else:
+            self._kernels.stream_wait_ticket(handle, self._counter_d, self._target_d, 1,
+                                             layer.step_counter.data_ptr())
+            # num_rows = capacity: a captured graph must accept any later step's row count.
+            self._kernels.dequant_scatter(layer.rows_d, layer.capacity, layer.map_d,
+                                          layer.tokens, self.heads, out.data_ptr(), handle)
+        if not capturing:
             event = torch.cuda.Event()
             event.record(stream)
             self._event = event
@@ -523,6 +614,8 @@ class EngramLookup:
                     layer.ticket = None
             if self._registration is not None:
                 torch.cuda.synchronize(self.device)
+                if self._tables is not None:
+                    self._tables.close()
                 self._registration.unregister()
         finally:
             # Hand the buffers back so that close() ends the session now, not at collection.
