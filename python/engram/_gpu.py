@@ -142,6 +142,42 @@ class GpuTableMap:
             self._lib.engram_table_map_close(handle)
 
 
+class CacheBuffers:
+    """One cache-tier layer's buffers for engram_gpu_queue_cache_gather over `slots` output
+    slots: the misses' list (row ids at miss_ids_d, in the device-submit session's arena where
+    the daemon reads them; output slots and count in device memory), the rows the daemon
+    gathers for them (miss_dest_d, in that arena), and the hits the kernel records for the
+    cache's policy (a running total and the latest call's list)."""
+
+    def __init__(self, torch, device, slots: int, miss_ids_d: int, miss_dest_d: int):
+        self.slots = slots
+        self.miss_slots = torch.zeros(slots, dtype=torch.int32, device=device)
+        self.miss_count = torch.zeros(1, dtype=torch.int32, device=device)
+        self.hits = torch.zeros(slots * ctypes.sizeof(_lib.GpuCacheHit), dtype=torch.uint8,
+                                device=device)
+        self.hit_count = torch.zeros(1, dtype=torch.int32, device=device)
+        self.hit_total = torch.zeros(1, dtype=torch.int64, device=device)
+        self.reported = 0  # hit_total when report() last read it
+        self.used = False  # a call was queued with these buffers
+        self.misses = _lib.GpuCacheMisses(
+            ctypes.sizeof(_lib.GpuCacheMisses), miss_ids_d, self.miss_slots.data_ptr(),
+            self.miss_count.data_ptr(), self.hits.data_ptr(), self.hit_count.data_ptr(),
+            self.hit_total.data_ptr())
+        self.miss_dest_d = miss_dest_d
+
+    def report(self, table: GpuTableMap) -> int:
+        """Reports the hits counted since the last call, and the latest call's list, to table's
+        cache (the queued work must have finished); returns the hit rows reported."""
+        import numpy as np
+        total = int(self.hit_total.item())
+        rows, self.reported = total - self.reported, total
+        count = min(int(self.hit_count.item()), self.slots)
+        size = ctypes.sizeof(_lib.GpuCacheHit)
+        hits = self.hits[:count * size].cpu().numpy() if count else np.zeros(size, np.uint8)
+        table.report_hits(rows, (_lib.GpuCacheHit * max(count, 1)).from_buffer(hits), count)
+        return rows
+
+
 class GpuTables:
     """The tables of `layers` that the GPU can read in place, mapped through `client`'s session
     and registered with the GPU runtime of the current device: `routes[layer]` is ROUTE_RESIDENT,
@@ -202,12 +238,14 @@ class GpuTables:
         info.size = ctypes.sizeof(info)
         rc = lib.engram_get_table_map_info(handle, ctypes.byref(info))
         table = GpuTableMap(lib, handle, info)
+        registered = len(self._registrations)
         try:
             _lib.check(rc, f"layer {layer}: engram_get_table_map_info")
             rc = table.check()
             if rc < 0:
-                raise error_for(rc, f"layer {layer}'s mapped table may not be read "
-                                    f"({errno.errorcode.get(-rc, rc)}): {_lib.last_error()}")
+                raise error_for(rc, f"the mapped table may not be read "
+                                    f"({errno.errorcode.get(-rc, rc)}: withdrawn, or engramd "
+                                    f"is gone)")
             if table.kind == _lib.TABLE_MAP_RESIDENT:
                 reg = self._register(table)
                 table.table_d = reg.device_ptr(table.base)
@@ -217,15 +255,17 @@ class GpuTables:
                 raise error_for(-errno.EPROTO, f"layer {layer}: a table map of unknown kind "
                                                f"{table.kind}")
         except BaseException:
+            # Unregister what this table registered before its mapping goes away.
+            while len(self._registrations) > registered:
+                self._registrations.pop().unregister()
+            if self._cache_owner is table:
+                self._cache_owner = None
             table.close()
             raise
         return table
 
     def _register(self, table: GpuTableMap) -> Registration:
-        try:
-            reg = Registration(table.base, table.map_bytes)
-        except EngramError as e:
-            raise type(e)(e.code, f"layer {table.layer}: {e.message}") from None
+        reg = Registration(table.base, table.map_bytes)
         self._registrations.append(reg)
         return reg
 

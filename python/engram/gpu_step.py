@@ -45,8 +45,8 @@ import warnings
 from typing import Any, Dict, Optional, Sequence
 
 from . import _lib
-from ._gpu import (ROUTE_ARENA, ROUTE_RESIDENT, ROUTE_ROW_CACHE, GpuTables, Kernels,
-                   Registration, _kernels_check)
+from ._gpu import (ROUTE_ARENA, ROUTE_RESIDENT, ROUTE_ROW_CACHE, CacheBuffers, GpuTables,
+                   Kernels, Registration, _kernels_check)
 from .client import Client
 
 HISTORY = 3  # DeepSeek-V4.1: max_ngram_size 4
@@ -117,30 +117,6 @@ _STEP_FUNCTIONS = {
 
 # What error reports for a mapped table that may no longer be read (engram_table_map_check).
 _STALE_STATUS = {errno.ESTALE: 15, errno.ENOTCONN: 14}  # DATA_LOSS, UNAVAILABLE
-
-
-class _CacheBuffers:
-    """One group's buffers for one cache-tier layer: the misses' list (row ids in the lane's
-    arena, where the daemon reads them, and output slots and count in device memory), the rows
-    the daemon gathers for them (in the arena), and the hits the kernel records for the cache's
-    policy (a running total and the latest step's list)."""
-
-    def __init__(self, torch: Any, dev: Any, slots: int, lane: "_Lane", miss_ids: Any,
-                 miss_rows: Any):
-        self.slots = slots
-        self.miss_slots = torch.zeros(slots, dtype=torch.int32, device=dev)
-        self.miss_count = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.hits = torch.zeros(slots * ctypes.sizeof(_lib.GpuCacheHit), dtype=torch.uint8,
-                                device=dev)
-        self.hit_count = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.hit_total = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.reported = 0  # hit_total when report_hits() last read it
-        self.used = False  # a step was queued with these buffers
-        self.misses = _lib.GpuCacheMisses(
-            ctypes.sizeof(_lib.GpuCacheMisses), lane.reg.device_ptr(miss_ids.address),
-            self.miss_slots.data_ptr(), self.miss_count.data_ptr(), self.hits.data_ptr(),
-            self.hit_count.data_ptr(), self.hit_total.data_ptr())
-        self.miss_dest_d = lane.reg.device_ptr(miss_rows.address)
 
 
 class _Lane:
@@ -310,9 +286,9 @@ class GpuDecodeStep:
                     continue
                 group["ids_d"][layer] = torch.empty(slots, dtype=torch.int64, device=self._dev)
                 if self.routes[layer] == ROUTE_ROW_CACHE:
-                    group["cache"][layer] = _CacheBuffers(torch, self._dev, slots, lane,
-                                                          lane.ids[name, layer],
-                                                          lane.rows[name, layer])
+                    group["cache"][layer] = CacheBuffers(
+                        torch, self._dev, slots, lane.reg.device_ptr(lane.ids[name, layer].address),
+                        lane.reg.device_ptr(lane.rows[name, layer].address))
 
     def _group(self, tokens: Any, history: Any, per_seq: int, out: Optional[dict] = None) -> dict:
         """The static buffers of one group of tokens: per_seq a sequence, back to back; its
@@ -521,21 +497,12 @@ class GpuDecodeStep:
         back. Every step, or every few: the row counts lose nothing, only the slot uses of the
         steps in between are not seen. Returns {layer: hit rows reported}; {} when no layer is
         read from a row cache."""
-        import numpy as np
-
         reported: Dict[int, int] = {}
         for group in self._groups.values():
             for layer, buffers in group.get("cache", {}).items():
-                if not buffers.used:
-                    continue
-                total = int(buffers.hit_total.item())
-                rows, buffers.reported = total - buffers.reported, total
-                count = min(int(buffers.hit_count.item()), buffers.slots)
-                hits = buffers.hits[:count * 16].cpu().numpy() if count else \
-                    np.zeros(16, dtype=np.uint8)
-                entries = (_lib.GpuCacheHit * max(count, 1)).from_buffer(hits)
-                self._tables.maps[layer].report_hits(rows, entries, count)
-                reported[layer] = reported.get(layer, 0) + rows
+                if buffers.used:
+                    rows = buffers.report(self._tables.maps[layer])
+                    reported[layer] = reported.get(layer, 0) + rows
         return reported
 
     def clear_error(self) -> None:

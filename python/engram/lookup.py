@@ -48,6 +48,9 @@ from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
 
 _PAGE = 4096
 _INT32_MAX = 2**31 - 1
+# engram_status_code -> errno, for a failure the GPU queue recorded.
+_STATUS_ERRNO = {3: errno.EINVAL, 4: errno.ETIMEDOUT, 5: errno.ENOENT, 8: errno.ENOSPC,
+                 11: errno.ERANGE, 14: errno.ENOTCONN, 15: errno.EIO}
 
 
 def _round_up(n, to):
@@ -77,6 +80,7 @@ class _Layer:
         self.out = None  # device output [max_tokens, heads, 256] bf16
         self.step_counter = None  # device uint32 for engram_stream_wait_ticket
         self.table = None  # on a GPU reading the table in place: its _gpu.GpuTableMap
+        self.cache = None  # ... from a row cache: the misses' buffers (_gpu.CacheBuffers)
         self.gpu_in_place = False  # the step's rows are read from table, not the arena
         self.captured_in_place = False  # a captured get() reads table
 
@@ -101,11 +105,14 @@ class EngramLookup:
             copy's time (about 0.1 ms for a 2,304-row step). False: prepare() only submits
             every layer's request to the daemon and returns (the wait is the GPU's, or
             result()'s). The environment variable ENGRAM_IN_PLACE=0 makes False the
-            default. On a GPU, with in_place, a resident table is not copied at all: get()
-            dequantises its rows straight from the table's registered read-only mapping
-            (the step's index map, written by prepare(), locates them), and prepare() makes no
-            request for it. A table that cannot be read so (registration refused, mapping
-            refused or withdrawn) is copied as above, with one RuntimeWarning.
+            default. On a GPU, with in_place, resident and cache-tier tables are not copied at
+            all: get() dequantises a resident table's rows straight from its registered
+            read-only mapping (the step's index map, written by prepare(), locates them), and
+            a cache-tier table's hits from the registered row cache, its misses requested by
+            the GPU through a device-submit session of the lookup's own (report_hits() feeds
+            the cache's policy); prepare() makes no request for either. A table that cannot be
+            read so (registration refused, mapping refused or withdrawn) is gathered as above,
+            with one RuntimeWarning; `routes` says which layer takes which path.
     """
 
     def __init__(self, layers: Sequence[int], heads: int, max_tokens: int, *,
@@ -144,6 +151,8 @@ class EngramLookup:
         self._closed = False
         self._registration = None
         self._tables = None
+        self._miss_lane = None
+        self._miss_timeout = timeout if timeout is not None else 2.0
         self._event = None
         self._layers: Dict[int, _Layer] = {}
         self._target_buffer = None
@@ -168,6 +177,8 @@ class EngramLookup:
                 self._setup_gpu(counter_address)
         except BaseException:
             # Nothing outside this object views its buffers: end the session at once.
+            if self._miss_lane is not None:
+                self._miss_lane.close()
             if self._tables is not None:
                 self._tables.close()
             if self._registration is not None:
@@ -197,23 +208,35 @@ class EngramLookup:
                 self._open_gpu_tables()
 
     def _open_gpu_tables(self):
-        """Maps and registers the resident tables get() reads in place on the GPU. Row caches
-        are left to prepare()'s host copy (docs/python.md says why)."""
+        """Maps and registers the tables get() reads in place on the GPU: resident ones, and
+        row caches where the kernel library has engram_gpu_queue_cache_gather (their misses go
+        through a device-submit session of the lookup's own)."""
         from . import _gpu
-        # engram_dequant_scatter over the mapping: no kernel newer than the arena path's.
-        self._tables = _gpu.GpuTables(self._client, self.layers, row_cache=False)
+        # Resident tables take engram_dequant_scatter over the mapping: no newer kernel.
+        self._tables = _gpu.GpuTables(self._client, self.layers,
+                                      row_cache=self._kernels.in_place)
         refused = {}
+        cached = []
         for layer_id, route in self._tables.routes.items():
             table = self._tables.maps.get(layer_id)
-            if route != _gpu.ROUTE_RESIDENT:
-                continue
-            rows = table.covered_end - table.covered_begin
-            if rows > _INT32_MAX:
-                # The index map is int32: engram_dequant_scatter cannot name such a row.
-                refused[layer_id] = f"{rows} rows, more than an int32 index map names"
-                continue
             layer = self._layers[layer_id]
-            layer.table, layer.table_rows = table, rows
+            if route == _gpu.ROUTE_ROW_CACHE:
+                layer.table_rows = table.covered_end - table.covered_begin
+                cached.append(layer_id)
+            elif route == _gpu.ROUTE_RESIDENT:
+                rows = table.covered_end - table.covered_begin
+                if rows > _INT32_MAX:
+                    # The index map is int32: engram_dequant_scatter cannot name such a row.
+                    refused[layer_id] = f"{rows} rows, more than an int32 index map names"
+                    continue
+                layer.table, layer.table_rows = table, rows
+        if cached:
+            try:
+                self._open_miss_lane(cached)
+            except EngramError as e:
+                for layer_id in cached:
+                    self._layers[layer_id].table = self._layers[layer_id].cache = None
+                    refused[layer_id] = f"a device-submit session for its misses: {e.message}"
         warning = self._tables.warning
         if refused:
             warning = (warning + "; " if warning else "engram: ") + "; ".join(
@@ -222,12 +245,47 @@ class EngramLookup:
         if warning:
             warnings.warn(warning, RuntimeWarning, stacklevel=4)
 
+    def _open_miss_lane(self, layer_ids):
+        """The device-submit session, GPU queue and buffers the row caches' misses go through."""
+        from . import _lib
+        from ._gpu import CacheBuffers
+        from .gpu_step import _STEP_FUNCTIONS, _Lane
+        lib = self._kernels._lib
+        _lib._declare(lib, _STEP_FUNCTIONS, self._kernels.path)
+        capacity = self.max_tokens * self.heads
+        self._miss_lane = _Lane(lib, self._client.socket, self._miss_timeout,
+                                [("lookup", layer_ids, capacity)])
+        lane = self._miss_lane
+        for layer_id in layer_ids:
+            layer = self._layers[layer_id]
+            layer.table = self._tables.maps[layer_id]
+            layer.cache = CacheBuffers(
+                torch, self.device, capacity,
+                lane.reg.device_ptr(lane.ids["lookup", layer_id].address),
+                lane.reg.device_ptr(lane.rows["lookup", layer_id].address))
+            layer.ids_d = self._registration.device_ptr(layer.buffer.address + layer.ids_offset)
+            layer.pad_host = torch.zeros(capacity, dtype=torch.bool).pin_memory()
+            layer.pad_d = torch.zeros(capacity, dtype=torch.bool, device=self.device)
+
+    def report_hits(self) -> Dict[int, int]:
+        """Hands the row cache hits get() read in place since the last call to the cache's
+        policy, as GpuDecodeStep.report_hits does (engram_table_map_report_hits): on the host,
+        after the step's GPU work finished, every step or every few. Returns
+        {layer: hit rows reported}; {} when no layer is read from a row cache."""
+        reported = {}
+        for layer_id, layer in self._layers.items():
+            if layer.cache is not None and layer.cache.used:
+                reported[layer_id] = layer.cache.report(self._tables.maps[layer_id])
+        return reported
+
     @property
     def routes(self) -> Dict[int, str]:
         """{layer: how get() reads its rows}: "resident" (straight from the table's registered
-        mapping, on a GPU with in_place) or "arena" (gathered into the arena by prepare(), in
+        mapping, on a GPU with in_place), "row cache" (the hits from the registered row cache,
+        the misses requested by the GPU) or "arena" (gathered into the arena by prepare(), in
         place on the host or by engramd, or by the daemon alone with in_place=False)."""
-        return {layer_id: "resident" if layer.table is not None else "arena"
+        return {layer_id: "arena" if layer.table is None else
+                "row cache" if layer.cache is not None else "resident"
                 for layer_id, layer in self._layers.items()}
 
     # ---- the step --------------------------------------------------------------------------
@@ -403,7 +461,15 @@ class EngramLookup:
         layer.ids[:n] = rows
         index_map = layer.index_map
         layer.gpu_in_place = layer.table is not None
-        if layer.gpu_in_place:
+        if layer.gpu_in_place and layer.cache is not None:
+            # The row cache is looked up by each slot's row id; padding asks for a row of the
+            # table (a valid key) and is then written +0.0 through pad_host.
+            slot_ids = np.full(slots, layer.table.covered_begin, dtype=np.uint64)
+            slot_ids[valid] = rows
+            layer.ids[:slots] = slot_ids
+            layer.pad_host[:slots].copy_(torch.from_numpy(~valid))
+            index_map[:slots] = -1
+        elif layer.gpu_in_place:
             # Rows in place: slot s reads row ids[s] at its offset in the table's mapping.
             index_map[:slots] = -1
             index_map[:slots][valid] = rows.astype(np.int64) - layer.table.covered_begin
@@ -429,7 +495,7 @@ class EngramLookup:
         captured = []
         for layer_id in stale:
             layer = self._layers[layer_id]
-            layer.table = None
+            layer.table = layer.cache = None
             if layer.captured_in_place:
                 captured.append(layer_id)
                 layer.captured_in_place = False
@@ -451,6 +517,7 @@ class EngramLookup:
         if self._event is not None:
             self._event.synchronize()
             self._event = None
+        self._raise_miss_error()
         if self.in_place:
             self._wait_counter(timeout)
         first_error = None
@@ -465,6 +532,20 @@ class EngramLookup:
                 first_error = first_error or e
         if first_error is not None:
             raise first_error
+
+    def _raise_miss_error(self):
+        """Raises (once) a failure the GPU queue of the row caches' misses recorded during the
+        previous step: that step's rows of the cache-tier layers were not valid."""
+        lane = self._miss_lane
+        if lane is None or lane.error_word[0] == 0:
+            return
+        status = int(lane.error_word[0])
+        lane.error_word[0] = 0
+        layers = sorted(l for l, layer in self._layers.items() if layer.cache is not None)
+        raise error_for(-_STATUS_ERRNO.get(status, errno.EIO),
+                        f"layer(s) {layers}: the previous step's row cache misses were not "
+                        f"gathered (engramd status {status}); its rows of those layers are not "
+                        f"valid")
 
     def _wait_counter(self, timeout):
         """Waits on the host until a request a timed-out in-place gather left in flight has
@@ -572,7 +653,19 @@ class EngramLookup:
         stream = torch.cuda.current_stream(self.device)
         handle = stream.cuda_stream
         capturing = torch.cuda.is_current_stream_capturing()
-        if layer.gpu_in_place:
+        if layer.gpu_in_place and layer.cache is not None:
+            # Hits from the row cache, misses requested and scattered by the GPU, then padding.
+            buffers, slots = layer.cache, layer.tokens * self.heads
+            self._kernels.queue_cache_gather(self._miss_lane.queue, layer.table.cache,
+                                             layer.ids_d, layer.tokens, self.heads,
+                                             out.data_ptr(), buffers.misses,
+                                             buffers.miss_dest_d, handle)
+            buffers.used = True
+            layer.pad_d[:slots].copy_(layer.pad_host[:slots], non_blocking=True)
+            out[:layer.tokens].view(slots, ROW_VALUES).masked_fill_(
+                layer.pad_d[:slots].unsqueeze(1), 0)
+            layer.captured_in_place = layer.captured_in_place or capturing
+        elif layer.gpu_in_place:
             # No request: the rows are read from the table's registered mapping.
             self._kernels.dequant_scatter(layer.table.table_d, layer.table_rows, layer.map_d,
                                           layer.tokens, self.heads, out.data_ptr(), handle)
@@ -614,6 +707,8 @@ class EngramLookup:
                     layer.ticket = None
             if self._registration is not None:
                 torch.cuda.synchronize(self.device)
+                if self._miss_lane is not None:
+                    self._miss_lane.close()
                 if self._tables is not None:
                     self._tables.close()
                 self._registration.unregister()

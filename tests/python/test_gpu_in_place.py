@@ -181,8 +181,8 @@ def test_registration_refused_routes_through_the_arena_with_one_warning(tier_dae
     warning = out["warning"]
     assert warning.startswith("engram: reading in place on the GPU refused for layer(s) [1, 14]")
     for layer in (1, 14):
-        assert out["reasons"][layer].startswith(f"layer {layer}: registering")
-        assert f"layer {layer}: layer {layer}: registering" in warning
+        assert out["reasons"][layer].startswith("registering")
+        assert f"layer {layer}: registering" in warning
 
 
 def test_kernels_without_the_in_place_calls_route_through_the_arena(tier_daemon, tmp_path):
@@ -192,8 +192,9 @@ def test_kernels_without_the_in_place_calls_route_through_the_arena(tier_daemon,
 
 
 def test_resident_only_leaves_the_row_cache_quietly(tier_daemon, tmp_path):
-    """EngramLookup maps resident tables only: the cache-tier table is refused by
-    engram_table_map_open (-EOPNOTSUPP) and goes through the arena without a warning."""
+    """Resident tables only (EngramLookup's choice where the kernels lack the row cache call):
+    the cache-tier table is refused by engram_table_map_open (-EOPNOTSUPP) and goes through the
+    arena without a warning."""
     out = _decide(tier_daemon, tmp_path, row_cache=False)
     assert out["routes"] == {14: "resident", 1: "arena"}
     assert out["warning"] is None and 1 in out["reasons"]
@@ -368,7 +369,7 @@ def _refuse_registration(monkeypatch):
     from engram import _gpu
 
     def refuse(self, table):
-        raise engram.EngramError(-22, f"layer {table.layer}: registering refused (test)")
+        raise engram.EngramError(-22, "registering refused (test)")
     monkeypatch.setattr(_gpu.GpuTables, "_register", refuse)
 
 
@@ -441,21 +442,26 @@ def test_a_withdrawn_table_is_reported_and_the_next_capture_reads_the_arena(
 
 
 @pytest.mark.gpu
-def test_lookup_reads_resident_tables_in_place_on_the_gpu(tier_daemon, tables):
+def test_lookup_reads_resident_and_cached_rows_in_place_on_the_gpu(tier_daemon, tables):
+    """EngramLookup on a GPU: layer 14 dequantised from its mapping, layer 1's hits from the row
+    cache with its misses requested by the GPU; padding +0.0; equal to the arena lookup and the
+    reference, eagerly (each step twice: the second time layer 1's rows are cached) and
+    captured."""
     import torch
     import reference
     heads, rng = 6, np.random.default_rng(41)
     with engram.EngramLookup([1, 14], heads, 32, device="cuda", socket=tier_daemon.socket) as gpu, \
             engram.EngramLookup([1, 14], heads, 32, device="cuda", socket=tier_daemon.socket,
                                 in_place=False) as arena:
-        assert gpu.routes == {1: "arena", 14: "resident"}
+        assert gpu.routes == {1: "row cache", 14: "resident"}
         assert arena.routes == {1: "arena", 14: "arena"}
         steps = []
         for tokens in (32, 1, 17):
             ids = {layer: rng.integers(0, SYNTH_ROWS, size=(tokens, heads)) for layer in (1, 14)}
             ids[14][0, 0] = ids[1][0, 1] = -1  # padding reads as +0.0
             steps.append(ids)
-        for ids in steps:
+        hit_rows = 0
+        for ids in steps + steps:
             for lookup in (gpu, arena):
                 lookup.prepare(ids)
             for layer in (1, 14):
@@ -463,6 +469,9 @@ def test_lookup_reads_resident_tables_in_place_on_the_gpu(tier_daemon, tables):
                 assert torch.equal(got, reference.bits(arena.get(layer).cpu()))
                 want = reference.embeddings(tables, layer, ids[layer])
                 assert torch.equal(got, reference.bits(want)), layer
+            torch.cuda.synchronize()
+            hit_rows += gpu.report_hits().get(1, 0)
+        assert hit_rows > 0
         # Captured: the graph reads each later prepare()'s rows (same token count), and no
         # request for the resident table reaches the daemon.
         before = _table_entry(tier_daemon, "stats", 14)["store_requests"]
@@ -470,15 +479,17 @@ def test_lookup_reads_resident_tables_in_place_on_the_gpu(tier_daemon, tables):
         gpu.prepare(ids)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = gpu.get(14)
-        for _ in range(3):
+            out = {layer: gpu.get(layer) for layer in (1, 14)}
+        for replay in range(4):
             ids = {layer: rng.integers(0, SYNTH_ROWS, size=(32, heads)) for layer in (1, 14)}
-            ids[14][5, 2] = -1
+            ids[14][5, 2] = ids[1][replay, 3] = -1
             gpu.prepare(ids)
             graph.replay()
             torch.cuda.synchronize()
-            assert torch.equal(reference.bits(out.cpu()),
-                               reference.bits(reference.embeddings(tables, 14, ids[14])))
+            for layer in (1, 14):
+                assert torch.equal(reference.bits(out[layer].cpu()),
+                                   reference.bits(reference.embeddings(tables, layer,
+                                                                       ids[layer]))), layer
         assert _table_entry(tier_daemon, "stats", 14)["store_requests"] == before
 
 
