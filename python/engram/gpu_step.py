@@ -115,6 +115,12 @@ _STEP_FUNCTIONS = {
 }
 
 
+def _step_lib(kernels: Kernels) -> Any:
+    """The kernel library with the GPU hasher and queue calls declared."""
+    _lib._declare(kernels._lib, _STEP_FUNCTIONS, kernels.path)
+    return kernels._lib
+
+
 # What error reports for a mapped table that may no longer be read (engram_table_map_check).
 _STALE_STATUS = {errno.ESTALE: 15, errno.ENOTCONN: 14}  # DATA_LOSS, UNAVAILABLE
 
@@ -196,8 +202,7 @@ class GpuDecodeStep:
             raise ValueError(f"draft_per_seq {draft_per_seq}: must be in [0, tokens_per_seq "
                              f"{tokens_per_seq}) (each sequence keeps an accepted token)")
         self._kernels = Kernels("cuda")
-        lib = self._kernels._lib
-        _lib._declare(lib, _STEP_FUNCTIONS, self._kernels.path)
+        lib = _step_lib(self._kernels)
         self._lib = lib
         self.layers = list(layers)
         self.piece_rows = piece_rows

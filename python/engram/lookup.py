@@ -247,14 +247,11 @@ class EngramLookup:
 
     def _open_miss_lane(self, layer_ids):
         """The device-submit session, GPU queue and buffers the row caches' misses go through."""
-        from . import _lib
         from ._gpu import CacheBuffers
-        from .gpu_step import _STEP_FUNCTIONS, _Lane
-        lib = self._kernels._lib
-        _lib._declare(lib, _STEP_FUNCTIONS, self._kernels.path)
+        from .gpu_step import _Lane, _step_lib
         capacity = self.max_tokens * self.heads
-        self._miss_lane = _Lane(lib, self._client.socket, self._miss_timeout,
-                                [("lookup", layer_ids, capacity)])
+        self._miss_lane = _Lane(_step_lib(self._kernels), self._client.socket,
+                                self._miss_timeout, [("lookup", layer_ids, capacity)])
         lane = self._miss_lane
         for layer_id in layer_ids:
             layer = self._layers[layer_id]

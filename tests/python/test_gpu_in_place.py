@@ -127,7 +127,7 @@ def _decide(daemon, tmp_path, layers=(1, 14), env=None, row_cache=True, kernels=
     runtime_dir.mkdir(exist_ok=True)
     link = runtime_dir / "libcudart.so.13"
     if not link.exists():
-        link.symlink_to(fake)
+        link.symlink_to(fake.resolve())
     child_env = program_env()
     child_env["LD_LIBRARY_PATH"] = str(runtime_dir) + (
         ":" + child_env["LD_LIBRARY_PATH"] if child_env.get("LD_LIBRARY_PATH") else "")
