@@ -299,7 +299,7 @@ def test_in_place_hits_reach_the_cache_statistics(tier_hash_daemon, hash_model, 
     tokens = torch.from_numpy(rng.integers(0, vocab_size, SEQS * PER_SEQ).astype(np.int32))
     with engram.GpuDecodeStep(hasher, [1], SEQS, PER_SEQ, socket=tier_hash_daemon.socket) as step:
         step.tokens.copy_(tokens)
-        for _ in range(2):  # the first run fetches the misses, the second hits them
+        for _ in range(3):  # the first runs fetch the misses (engramd admits them), then hits
             step.run()
             torch.cuda.synchronize()
             assert step.error == 0
