@@ -26,6 +26,9 @@
 // both must land when the first Engram layer, layer 1 of 40, starts) it reports, for each
 // --step-ms, the fraction of the fetch time the step hides and the steps it did not fully hide.
 //
+// --write-steps FILE writes the hashed steps as engram-ranks --trace text (bench/daemon) and
+// replays nothing.
+//
 // --in-place replays the trace again through a fresh engramd with every gather flagged
 // ENGRAM_GATHER_IN_PLACE (the client copies the row cache's hits itself and reports them in its
 // touch page; only misses reach engramd) and sets its hit rate beside the first run's: the
@@ -35,6 +38,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -90,6 +95,7 @@ struct Options {
   uint32_t hide_drafts = 0;   // draft tokens a sequence fetched in the two-phase replay (0: none)
   double draft_share = 0.25;  // the draft model's share of a step in the timeline
   std::vector<double> step_ms = {10, 20, 50};
+  std::string write_steps;  // write the steps as engram-ranks --trace text and replay nothing
 };
 
 // Row ids of each document per layer, token-major (24 per token).
@@ -589,9 +595,37 @@ void PrintReport(const Options& o, const Workload& w, const Phase& plain, const 
       plain.wrong + prefetched.wrong + in_place.wrong + two_phase.wrong);
 }
 
+// The steps as engram-ranks reads a trace (bench/daemon/ranks_bench.cc): one line per step,
+// `1:ID,... 14:ID,...`; 0, or 1 after saying why the file could not be written.
+int WriteSteps(const Options& o, const Workload& w) {
+  FILE* f = fopen(o.write_steps.c_str(), "w");
+  if (f == nullptr) {
+    return fprintf(stderr, "cannot write %s: %s\n", o.write_steps.c_str(), strerror(errno)), 1;
+  }
+  fprintf(f, "# %zu %s steps of %s, rows folded into tables of %" PRIu64 " rows\n",
+          w.steps.size(), o.mode.c_str(), o.trace.c_str(), o.table_rows);
+  constexpr uint32_t kLayerIds[2] = {1, 14};
+  for (const Step& s : w.steps) {
+    for (int l = 0; l < 2; ++l) {
+      fprintf(f, "%s%u:", l == 0 ? "" : " ", kLayerIds[l]);
+      for (size_t i = 0; i < s.rows[l].size(); ++i) {
+        fprintf(f, "%s%" PRIu64, i == 0 ? "" : ",", s.rows[l][i]);
+      }
+    }
+    fputc('\n', f);
+  }
+  if (fclose(f) != 0) {
+    return fprintf(stderr, "cannot write %s: %s\n", o.write_steps.c_str(), strerror(errno)), 1;
+  }
+  printf("wrote %zu steps (%" PRIu64 " row lookups) to %s\n", w.steps.size(), w.lookups,
+         o.write_steps.c_str());
+  return 0;
+}
+
 int Run(const Options& o) {
   Workload w;
   if (int rc = MakeWorkload(o, w); rc != 0) return rc;
+  if (!o.write_steps.empty()) return WriteSteps(o, w);
   const std::string model = EnsureModel(o);
   if (model.empty()) return 1;
   Phase plain, prefetched, in_place, two_phase;
@@ -667,6 +701,9 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_flag("--in-place", o.in_place,
                "Replay again with ENGRAM_GATHER_IN_PLACE (hits copied by the client) and compare "
                "the hit rates");
+  app.add_option("--write-steps", o.write_steps,
+                 "Write the hashed steps to this file as engram-ranks --trace reads them (one line "
+                 "per step, LAYER:ID,... groups) and replay nothing");
 }
 
 }  // namespace

@@ -53,3 +53,9 @@ awk -v p="$points" 'BEGIN { exit (p < -1 || p > 1) }'
 echo "not a trace" >"$work/bad.trace"
 if "$replay" --trace "$work/bad.trace" --dir "$work" 2>"$work/err"; then exit 1; fi
 grep -q "bad.trace: not an Engram token trace" "$work/err"
+# The hashed decode steps written as engram-ranks --trace text: one line a step, both layers.
+out=$("$replay" --trace "$work/zipf.trace" --mode decode --table-rows 20000 --sequences 2 \
+      --max-steps 30 --write-steps "$work/steps.txt")
+echo "$out"
+grep -q "wrote 30 steps" <<<"$out"
+[[ $(grep -cE '^1:[0-9]+(,[0-9]+)* 14:[0-9]+(,[0-9]+)*$' "$work/steps.txt") -eq 30 ]]
