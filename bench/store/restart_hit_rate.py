@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The row cache's hit rate right after a restart under load, against the hit rate before it,
-for three restarts side by side in one run on one cache-tier table:
+for up to three restarts side by side in one run on one cache-tier table (--restarts picks them):
 
   kept     the cache's memfd handed to the next engramd as systemd's file-descriptor store does
            (tools/fdstore.py plays the service manager);
@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from fdstore import Daemon, Manager  # noqa: E402
 
 LAYER = 14
+RESTARTS = ("kept", "hot set", "cold")
 
 
 class Load:
@@ -106,7 +107,14 @@ def main():
     ap.add_argument("--before", type=float, default=20)
     ap.add_argument("--after", type=float, default=60)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--restarts", default="kept,hot set,cold",
+                    help="which restarts to run, in order, comma-separated (kept, hot set, cold)")
     a = ap.parse_args()
+    a.restarts = [r.strip() for r in a.restarts.split(",") if r.strip()]
+    unknown = [r for r in a.restarts if r not in RESTARTS]
+    if unknown or not a.restarts:
+        ap.error(f"--restarts: {', '.join(unknown) or 'none given'}: each must be one of "
+                 f"{', '.join(RESTARTS)}")
     work = tempfile.mkdtemp(prefix="engram-restart-", dir=a.dir)
     try:
         bench(a, work)
@@ -136,7 +144,7 @@ def bench(a, work):
     try:
         phase = run_for(d, load, a.warm, out)
         rows = []
-        for how in ("kept", "hot set", "cold"):
+        for how in a.restarts:
             before, n_before = rate(phase, phase[-1][0] - a.before, phase[-1][0])
             used_before = d.cache_counters()[2]
             seconds = restart(d, how, hot)
