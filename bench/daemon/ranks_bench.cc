@@ -3,7 +3,11 @@
 // by side, with the same gather engine in each process and with a plain io_uring loop in each
 // process; per-step p50/p99/p99.9 per rank, aggregate rows/s and CPU per row; a mixed case runs
 // one prefill process next to the decode ranks. With --prefetch-flood N, one decode rank alone
-// and then beside N processes that send PREFETCH entries as fast as engramd answers them.
+// and then beside N processes that send PREFETCH entries as fast as engramd answers them. With
+// --steady and --timeline-s (--tier cache, --trace), the row cache's targets instead: a steady
+// state with part of the trace's rows cached against all of them cached plus one device read,
+// decode alone and beside a prefill, the all-hit cache read in place against a resident table,
+// and a cold start's p99 and hit rate per window (docs/performance.md, "DGX Spark targets").
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -20,15 +24,18 @@
 #include <array>
 #include <atomic>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -41,6 +48,7 @@
 #include "engram/engram.h"
 #include "engram/protocol.h"
 #include "gather/gather_engine.h"
+#include "nlohmann/json.hpp"
 #include "tables/table.h"
 #include "testkit/gather_test_util.h"
 #include "testkit/synthetic.h"
@@ -109,7 +117,17 @@ struct Config {
   std::vector<std::string> poll_modes;
   // engramd's emulated device for O_DIRECT reads (engine.emulate_read_*; 0: off).
   uint64_t emulate_latency_us = 0, emulate_iops = 0;
+  // The cache tier's targets instead of the matrix (RunCacheTargets; --tier cache, --trace):
+  // --steady, and a cold start's timeline of --timeline-s seconds in --window-s windows.
+  bool steady = false;
+  double cache_fraction = 0.5;  // the part cache holds this fraction of the trace's rows
+  double warm_passes = 1;       // passes over the trace before the timed steps
+  double timeline_s = 0, window_s = 5;
+  uint32_t read_samples = 2000;  // O_DIRECT reads that measure one device read
+  std::string engramctl;
 };
+
+bool CacheTargetsMode(const Config& cfg) { return cfg.steady || cfg.timeline_s > 0; }
 
 // One engramd the matrix runs against: its label in the table ("" when it is the only one).
 struct Daemon {
@@ -124,10 +142,15 @@ struct Case {
   int ranks = 1;
   double period_ms = 10;  // 0: back to back
   std::string dist = "uniform";
-  double evict = 0;      // fraction of each step's rows evicted before the step
-  bool prefill = false;  // one more process gathers 98,304-row batches back to back
-  int flooders = 0;      // processes that prefetch 4 x 8,192 rows per call, back to back
+  double evict = 0;             // fraction of each step's rows evicted before the step
+  bool prefill = false;         // one more process gathers 98,304-row batches back to back
+  int flooders = 0;             // processes that prefetch 4 x 8,192 rows per call, back to back
+  uint32_t steps = 0;           // steps per rank (0: --steps)
+  uint32_t trace_offset = 0;    // each rank starts this many steps into its share of the trace
+  bool warm_page_cache = true;  // read every table file into the page cache first
 };
+
+uint32_t StepsOf(const Config& cfg, const Case& c) { return c.steps != 0 ? c.steps : cfg.steps; }
 
 // What the rank processes report, in memory shared with the parent.
 struct SharedResults {
@@ -440,13 +463,15 @@ int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
   SleepUntil(start);  // every case starts on the common clock, back to back ones too
   const uint64_t period = static_cast<uint64_t>(c.period_ms * 1e6);
   const uint64_t cpu0 = SelfCpuNs();
+  const uint32_t steps = StepsOf(cfg, c);
   std::vector<uint64_t> evict;
-  for (uint32_t step = 0; step < cfg.steps; ++step) {
+  for (uint32_t step = 0; step < steps; ++step) {
     size_t n[2];
     for (int l = 0; l < 2; ++l) {
       if (env.trace != nullptr) {
-        const auto& ids = (*env.trace)[(rank * env.trace->size() / std::max(1, c.ranks) + step) %
-                                       env.trace->size()][l];
+        const auto& ids =
+            (*env.trace)[(rank * env.trace->size() / std::max(1, c.ranks) + c.trace_offset + step) %
+                         env.trace->size()][l];
         n[l] = std::min<size_t>(ids.size(), cfg.step_rows * 2);
         std::copy(ids.begin(), ids.begin() + n[l], g->ids(l));
       } else {
@@ -476,7 +501,7 @@ int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
       t0 = scheduled;
     }
     if (!g->Gather(n)) return fail(g->error);
-    out->lat[rank * cfg.steps + step] = NowNs() - t0;
+    out->lat[rank * steps + step] = NowNs() - t0;
   }
   out->cpu_ns[rank] = SelfCpuNs() - cpu0;
   // The last step's bytes against the synthetic rows.
@@ -573,6 +598,7 @@ struct CaseResult {
   uint64_t flood_rows = 0, flood_refused = 0;
   double wake_late_mean_us = 0, wake_late_max_us = 0;  // the ranks' timers (paced cases)
   uint64_t wall_ns = 0;
+  std::vector<uint64_t> lat;  // every decode step's latency, ns: lat[rank * steps + step]
 };
 
 // Reads every table file once so that the case starts warm.
@@ -600,12 +626,20 @@ void TakeLatencies(const SharedResults& out, int decoders, uint64_t steps, CaseR
   r->all_p50 = Quantile(all, 0.5);
   r->all_p99 = Quantile(all, 0.99);
   r->all_p999 = Quantile(all, 0.999);
+  r->lat = std::move(all);
 }
 
-CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid_t daemon) {
+// Runs in the parent once a case's ranks are started (arguments: the common start,
+// CLOCK_MONOTONIC ns, and the ranks' shared results) and before their exits are collected.
+using During = std::function<void(uint64_t, const SharedResults&)>;
+
+// `during`: see During.
+CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid_t daemon,
+                   const During& during = nullptr) {
   const Config& cfg = *env.cfg;
   const int decoders = c.prefill ? c.ranks - 1 : c.ranks;
-  const size_t bytes = sizeof(SharedResults) + sizeof(uint64_t) * (c.ranks * cfg.steps + 1);
+  const uint32_t steps = StepsOf(cfg, c);
+  const size_t bytes = sizeof(SharedResults) + sizeof(uint64_t) * (c.ranks * steps + 1);
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   CaseResult r;
   if (mem == MAP_FAILED) {
@@ -614,7 +648,7 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
     return r;
   }
   auto* out = new (mem) SharedResults();
-  WarmTables(env.tables);
+  if (c.warm_page_cache) WarmTables(env.tables);
   std::vector<pid_t> kids;
   for (int i = 0; i < c.ranks; ++i) {
     const pid_t pid = fork();
@@ -634,6 +668,7 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
   const uint64_t daemon_cpu0 = daemon > 0 ? ProcessCpuNs(daemon) : 0;
   const uint64_t start = NowNs() + 20'000'000;
   out->start_ns.store(start);
+  if (during) during(start, *out);
   for (pid_t k : kids) {
     int status = 0;
     waitpid(k, &status, 0);
@@ -648,8 +683,8 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
     r.ok = false;
     r.error = out->error;
   }
-  TakeLatencies(*out, decoders, cfg.steps, &r);
-  const double decode_rows = static_cast<double>(decoders) * cfg.steps * cfg.step_rows * 2;
+  TakeLatencies(*out, decoders, steps, &r);
+  const double decode_rows = static_cast<double>(decoders) * steps * cfg.step_rows * 2;
   const double rows = decode_rows + static_cast<double>(out->prefill_batches) * kPrefillRows;
   r.rows_per_s = rows / (r.wall_ns / 1e9);
   uint64_t rank_cpu = 0;
@@ -665,7 +700,7 @@ CaseResult RunCase(const Env& env, const Case& c, const std::string& method, pid
     late_sum += out->wake_late_sum_ns[i];
     late_max = std::max(late_max, out->wake_late_max_ns[i]);
   }
-  r.wake_late_mean_us = late_sum / 1e3 / (double(c.ranks) * cfg.steps);
+  r.wake_late_mean_us = late_sum / 1e3 / (double(c.ranks) * steps);
   r.wake_late_max_us = late_max / 1e3;
   r.prefill_batches = out->prefill_batches;
   if (out->prefill_batches > 0) {
@@ -916,6 +951,30 @@ std::optional<std::vector<std::string>> CheckedMethods(Config& cfg) {
       return std::nullopt;
     }
   }
+  if (CacheTargetsMode(cfg)) {
+    if (cfg.tier != "cache" || cfg.trace.empty()) {
+      fprintf(stderr,
+              "--steady and --timeline-s measure the cache tier on a trace: add --tier "
+              "cache and --trace FILE\n");
+      return std::nullopt;
+    }
+    for (const std::string& a : cfg.daemon_args) {
+      if (a.rfind("--cache-bytes", 0) == 0 || a.rfind("--default-tier", 0) == 0) {
+        fprintf(stderr,
+                "--daemon-arg=%s: --steady and --timeline-s size the cache and pick the "
+                "tier themselves\n",
+                a.c_str());
+        return std::nullopt;
+      }
+    }
+    if (!(cfg.cache_fraction > 0 && cfg.cache_fraction < 1) || !(cfg.warm_passes > 0) ||
+        !(cfg.window_s > 0) || cfg.period_ms <= 0 || cfg.read_samples == 0) {
+      fprintf(stderr,
+              "--cache-fraction must be in (0, 1); --warm-passes, --window-s, "
+              "--period-ms and --read-samples positive\n");
+      return std::nullopt;
+    }
+  }
   for (int n : cfg.ranks) {
     if (n < 1 || n > kMaxRanks) {
       fprintf(stderr, "--ranks: %d is not in [1, %d]\n", n, kMaxRanks);
@@ -925,17 +984,19 @@ std::optional<std::vector<std::string>> CheckedMethods(Config& cfg) {
   return methods;
 }
 
-// Starts engramd serving the tables (args holds the table arguments already) and waits for the
-// resident tier to load; -1 after saying why.
-pid_t StartDaemon(const Config& cfg, const std::string& sock, std::vector<std::string> args) {
+// Starts engramd serving the tables (args holds the table arguments already) with `tier` as its
+// default tier (empty: --tier) and waits for the resident tier to load; -1 after saying why.
+pid_t StartDaemon(const Config& cfg, const std::string& sock, std::vector<std::string> args,
+                  std::string tier = "") {
+  if (tier.empty()) tier = cfg.tier;
   args.insert(args.end(), {"--socket", sock, "--log-level", "warning", "--max-clients", "256",
-                           "--default-tier", cfg.tier});
+                           "--default-tier", tier});
   if (cfg.emulate_latency_us != 0 || cfg.emulate_iops != 0) {
     args.insert(args.end(), {"--emulate-read-latency-us", absl::StrCat(cfg.emulate_latency_us),
                              "--emulate-read-iops", absl::StrCat(cfg.emulate_iops)});
   }
   args.insert(args.end(), cfg.daemon_args.begin(), cfg.daemon_args.end());
-  if (cfg.poll_modes.empty()) {
+  if (cfg.poll_modes.empty() && !CacheTargetsMode(cfg)) {
     PrintHeader(cfg, args);
   } else {
     printf("engramd:");
@@ -944,7 +1005,7 @@ pid_t StartDaemon(const Config& cfg, const std::string& sock, std::vector<std::s
   }
   const pid_t daemon = StartEngramd(args, sock);
   if (daemon < 0) return -1;
-  if (cfg.tier == "resident") {
+  if (tier == "resident") {
     if (absl::Status s = WaitResident(sock); !s.ok()) {
       fprintf(stderr, "%s\n", s.ToString().c_str());
       kill(daemon, SIGTERM);
@@ -1046,6 +1107,507 @@ int RunMatrix(Env& env, const std::vector<std::string>& methods,
   return failures;
 }
 
+// ---- The cache tier's targets (--steady, --timeline-s): a steady state with part of the rows
+// cached against the same ids all cached plus one device read, a prefill beside the steady
+// decode ranks, the client's in-place reads of an all-hit cache against a resident table's, and
+// a cold start's timeline.
+
+// engramctl: --engramctl, else $ENGRAMCTL, else beside engramd (a bundle's bin/), else the build
+// tree's.
+std::string EngramctlPath(const Config& cfg) {
+  if (!cfg.engramctl.empty()) return cfg.engramctl;
+  if (const char* env = getenv("ENGRAMCTL"); env != nullptr && env[0] != '\0') return env;
+  const std::filesystem::path dir = std::filesystem::path(cfg.engramd).parent_path();
+  if (std::filesystem::exists(dir / "engramctl")) return (dir / "engramctl").string();
+  return (dir / "../tools/engramctl/engramctl").string();
+}
+
+// The row cache's counters, from `engramctl status --json` (in-place hits folded in).
+struct CacheCounters {
+  uint64_t hits = 0, misses = 0, used_rows = 0, capacity_rows = 0;
+};
+
+absl::StatusOr<CacheCounters> ReadCacheCounters(const Config& cfg, const std::string& sock) {
+  const std::string line =
+      absl::StrCat(EngramctlPath(cfg), " status --json --socket ", sock, " 2>&1");
+  FILE* p = popen(line.c_str(), "r");
+  if (p == nullptr) return absl::InternalError(absl::StrCat("cannot run `", line, "`"));
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  const int rc = pclose(p);
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (rc != 0 || j.is_discarded() || !j.contains("store") || !j["store"].contains("cache")) {
+    return absl::UnavailableError(absl::StrCat("`", line, "` gave no row cache counters (set ",
+                                               "--engramctl): ", text.substr(0, 200)));
+  }
+  const nlohmann::json& c = j["store"]["cache"];
+  return CacheCounters{c.value("hits", uint64_t{0}), c.value("misses", uint64_t{0}),
+                       c.value("used_rows", uint64_t{0}), c.value("capacity_rows", uint64_t{0})};
+}
+
+// Hit rate between two counter readings (-1: no lookups).
+double HitRate(const CacheCounters& a, const CacheCounters& b) {
+  const uint64_t hits = b.hits - a.hits, lookups = hits + (b.misses - a.misses);
+  return lookups == 0 ? -1 : double(hits) / double(lookups);
+}
+
+// One O_DIRECT 4 KiB read at queue depth 1, random pages of the largest table file: the device's
+// latency for one row as engramd's misses read it.
+struct OneRead {
+  uint64_t p50 = 0, p99 = 0;
+  uint32_t reads = 0;
+  std::string file;
+};
+
+absl::StatusOr<OneRead> MeasureOneRead(const std::vector<const Table*>& tables, uint32_t reads) {
+  const TableFile* f = nullptr;
+  for (const Table* t : tables) {
+    for (const TableFile& tf : t->files()) {
+      if (f == nullptr || tf.size > f->size) f = &tf;
+    }
+  }
+  if (f == nullptr || f->size < 4096) return absl::FailedPreconditionError("no table file");
+  const int fd = open(f->path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "open ", f->path, " with O_DIRECT: ", strerror(errno), " (--dir must be on a device)"));
+  }
+  void* raw = nullptr;
+  if (posix_memalign(&raw, 4096, 4096) != 0) raw = nullptr;
+  std::unique_ptr<void, decltype(&free)> buf(raw, &free);
+  OneRead r{.reads = reads, .file = f->path};
+  std::mt19937_64 rng(99);
+  std::vector<uint64_t> ns;
+  for (uint32_t i = 0; i < reads && buf != nullptr; ++i) {
+    const uint64_t off = rng() % (f->size / 4096) * 4096;
+    const uint64_t t0 = NowNs();
+    if (pread(fd, buf.get(), 4096, static_cast<off_t>(off)) != 4096) {
+      const std::string why = strerror(errno);
+      close(fd);
+      return absl::DataLossError(
+          absl::StrCat("O_DIRECT read of ", f->path, " at ", off, ": ", why));
+    }
+    ns.push_back(NowNs() - t0);
+  }
+  close(fd);
+  if (buf == nullptr) return absl::ResourceExhaustedError("no aligned buffer");
+  r.p50 = Quantile(ns, 0.5);
+  r.p99 = Quantile(ns, 0.99);
+  return r;
+}
+
+// Distinct (layer, row) pairs the trace reads: the rows a cache holding all of them holds.
+uint64_t DistinctRows(const Trace& trace) {
+  std::unordered_set<uint64_t> keys;
+  for (const auto& step : trace) {
+    for (int l = 0; l < 2; ++l) {
+      for (uint64_t id : step[l]) keys.insert(uint64_t(l) << 56 | id);
+    }
+  }
+  return keys.size();
+}
+
+// Pages of the table files in the page cache (mincore), after dropping them when `drop`.
+uint64_t TablePagesCached(const std::vector<const Table*>& tables, bool drop, uint64_t* ret_pages) {
+  uint64_t cached = 0, pages = 0;
+  const long page = sysconf(_SC_PAGESIZE);
+  for (const Table* t : tables) {
+    for (const TableFile& f : t->files()) {
+      if (drop) posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+      void* m = mmap(nullptr, f.size, PROT_READ, MAP_SHARED, f.fd, 0);
+      if (m == MAP_FAILED) continue;
+      std::vector<unsigned char> vec((f.size + page - 1) / page);
+      if (mincore(m, f.size, vec.data()) == 0) {
+        for (unsigned char v : vec) cached += v & 1;
+      }
+      pages += vec.size();
+      munmap(m, f.size);
+    }
+  }
+  *ret_pages = pages;
+  return cached;
+}
+
+// A case run against one engramd with the row cache's hit rate over it.
+struct CountedCase {
+  CaseResult r;
+  double hit_rate = -1;
+  uint64_t lookups = 0;
+};
+
+CountedCase RunCounted(Env& env, const Case& c, const std::string& method, const Daemon& d,
+                       const During& during = nullptr) {
+  env.sock = d.sock;
+  CountedCase out;
+  const auto before = ReadCacheCounters(*env.cfg, d.sock);
+  out.r = RunCase(env, c, method, d.pid, during);
+  const auto after = ReadCacheCounters(*env.cfg, d.sock);
+  if (!before.ok() || !after.ok()) {
+    out.r.ok = false;
+    out.r.error = (before.ok() ? after.status() : before.status()).ToString();
+    return out;
+  }
+  out.hit_rate = HitRate(*before, *after);
+  out.lookups = (after->hits - before->hits) + (after->misses - before->misses);
+  return out;
+}
+
+// Starts one engramd of the cache-targets run: `tier` by default, a row cache of `cache_bytes`
+// (0: none); prints its label and command line.
+Daemon StartLabelled(const Config& cfg, const std::string& label, const std::string& tier,
+                     uint64_t cache_bytes, std::vector<std::string> args) {
+  if (cache_bytes != 0) args.insert(args.end(), {"--cache-bytes", absl::StrCat(cache_bytes)});
+  Daemon d{label, absl::StrCat(cfg.dir, "/engramd-", label.substr(0, label.find(' ')), ".sock")};
+  printf("%s, ", label.c_str());  // StartDaemon prints the command line after it
+  d.pid = StartDaemon(cfg, d.sock, args, tier);
+  fflush(stdout);
+  return d;
+}
+
+// An engramd whose row cache holds `rows` rows (within 2 %): the cache's bookkeeping per slot
+// depends on its size (store/row_cache.cc), so the size is found by starting it, reading the
+// capacity engramctl reports and starting it again with the bytes scaled (at most 4 starts).
+// pid -1 after saying why.
+Daemon StartSizedCache(const Config& cfg, const std::string& label, uint64_t rows,
+                       const std::vector<std::string>& args) {
+  uint64_t bytes = rows * 400 + (64 << 10);
+  for (int attempt = 0;; ++attempt) {
+    Daemon d = StartLabelled(cfg, label, "cache", bytes, args);
+    if (d.pid <= 0) return d;
+    const auto c = ReadCacheCounters(cfg, d.sock);
+    if (!c.ok() || c->capacity_rows == 0) {
+      fprintf(stderr, "%s: %s\n", label.c_str(),
+              c.ok() ? "the row cache reports no capacity" : c.status().ToString().c_str());
+      StopDaemons({d});
+      return Daemon{label, d.sock, -1};
+    }
+    const double off = double(c->capacity_rows) / double(rows);
+    if ((off > 0.98 && off < 1.02) || attempt == 3) {
+      printf("engramd (%s): the row cache holds %" PRIu64 " rows (%.3f of the %" PRIu64
+             " wanted)\n",
+             label.c_str(), c->capacity_rows, off, rows);
+      return d;
+    }
+    StopDaemons({d});
+    bytes = static_cast<uint64_t>(double(bytes) / off) + 4096;
+  }
+}
+
+// One target's verdict as a line of its own, which bench/spark-targets.sh reads:
+// `target (X) WHAT | measured M | limit L | met|missed|not measured | DETAIL`; `ok` false: the
+// cases behind it failed (not measured).
+void PrintTarget(const char* target, const std::string& what, double measured,
+                 const std::string& limit, bool ok, bool met, const std::string& detail) {
+  printf("target (%s) %s | measured %.3f | limit %s | %s | %s\n", target, what.c_str(), measured,
+         limit.c_str(),
+         !ok   ? "not measured"
+         : met ? "met"
+               : "missed",
+         detail.c_str());
+  fflush(stdout);
+}
+
+// The back-to-back warm-up of `ranks` ranks (`--warm-passes` passes over the trace, shared
+// among them) and the paced case that follows it on the trace's next steps.
+std::pair<Case, Case> WarmAndTimed(const Config& cfg, const Trace& trace, int ranks,
+                                   const std::string& name) {
+  Case warm{"warm-up " + name, ranks, 0, "trace"};
+  warm.steps = std::max<uint32_t>(
+      1, static_cast<uint32_t>(std::ceil(cfg.warm_passes * trace.size() / ranks)));
+  warm.warm_page_cache = false;
+  Case timed{name, ranks, cfg.period_ms, "trace"};
+  timed.trace_offset = warm.steps;
+  timed.warm_page_cache = false;
+  return {warm, timed};
+}
+
+void PrintWarmUp(const Case& w, const CountedCase& r) {
+  printf("|   %s: %u steps a rank back to back in %.1f s, hit rate %.3f over %" PRIu64
+         " lookups%s |\n",
+         w.name.c_str(), w.steps, r.r.wall_ns / 1e9, r.hit_rate, r.lookups,
+         r.r.ok ? "" : (" FAILED: " + r.r.error).c_str());
+}
+
+void PrintCounted(const Case& c, const std::string& method, const CountedCase& r, double ref) {
+  PrintCase(c, method, r.r, ref);
+  printf("|   row cache hit rate in the timed window: %.3f over %" PRIu64 " lookups |\n",
+         r.hit_rate, r.lookups);
+  fflush(stdout);
+}
+
+const char* kTargetsTableHead =
+    "| case | N | period | method | p50 µs | p99 µs | worst rank p99 | worst rank p99.9 | "
+    "vs ref | rows/s | server CPU µs/row | client CPU µs/row |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+
+// What the steady-state part measured, per rank count (index into cfg.ranks).
+struct SteadyResults {
+  std::vector<CountedCase> all_hit, half, cache_in_place;
+  std::vector<uint64_t> steady_p99;
+};
+
+int RunAllHit(Env& env, const std::vector<std::string>& args, uint64_t distinct,
+              SteadyResults* res) {
+  const Config& cfg = *env.cfg;
+  const Daemon d = StartSizedCache(cfg, "all-hit cache", distinct + distinct / 20 + 64, args);
+  if (d.pid <= 0) return 1;
+  int failures = 0;
+  printf("\n%s", kTargetsTableHead);
+  for (size_t i = 0; i < cfg.ranks.size(); ++i) {
+    auto [warm, timed] = WarmAndTimed(cfg, *env.trace, cfg.ranks[i], "all hits");
+    if (i == 0) {  // one pass fills a cache that holds every row; later counts start warm
+      const CountedCase w = RunCounted(env, warm, "daemon", d);
+      failures += !w.r.ok;
+      PrintWarmUp(warm, w);
+    }
+    res->all_hit.push_back(RunCounted(env, timed, "daemon", d));
+    PrintCounted(timed, "daemon", res->all_hit.back(), 0);
+    timed.name = "all hits, in place";
+    res->cache_in_place.push_back(RunCounted(env, timed, "inplace", d));
+    PrintCounted(timed, "inplace", res->cache_in_place.back(), 0);
+    failures += !res->all_hit.back().r.ok + !res->cache_in_place.back().r.ok;
+  }
+  failures += StopDaemons({d}) != 0;
+  return failures;
+}
+
+int RunHalf(Env& env, const std::vector<std::string>& args, uint64_t half_rows, const OneRead& read,
+            SteadyResults* res) {
+  const Config& cfg = *env.cfg;
+  const Daemon d = StartSizedCache(cfg, "part cache", half_rows, args);
+  if (d.pid <= 0) return 1;
+  int failures = 0;
+  printf("\n%s", kTargetsTableHead);
+  uint32_t offset = 0;
+  for (size_t i = 0; i < cfg.ranks.size(); ++i) {
+    const int n = cfg.ranks[i];
+    auto [warm, timed] = WarmAndTimed(cfg, *env.trace, n, "steady, part cached");
+    const CountedCase w = RunCounted(env, warm, "daemon", d);
+    PrintWarmUp(warm, w);
+    res->half.push_back(RunCounted(env, timed, "daemon", d));
+    const CountedCase& h = res->half.back();
+    const CountedCase& a = res->all_hit[i];
+    const double ref = double(a.r.all_p99 + read.p99);
+    PrintCounted(timed, "daemon", h, ref);
+    res->steady_p99.push_back(h.r.all_p99);
+    failures += !w.r.ok + !h.r.ok;
+    const double ratio = h.r.ok && a.r.ok ? h.r.all_p99 / ref : 0;
+    PrintTarget("b", absl::StrCat("steady state, N=", n), ratio, "2x", ratio > 0, ratio <= 2,
+                absl::StrFormat("decode p99 %.1f µs at hit rate %.3f / (all-hit p99 %.1f µs at "
+                                "hit rate %.3f + one read p99 %.1f µs)",
+                                h.r.all_p99 / 1e3, h.hit_rate, a.r.all_p99 / 1e3, a.hit_rate,
+                                read.p99 / 1e3));
+    offset = timed.trace_offset + StepsOf(cfg, timed);
+  }
+  // (c): decode alone, then the same decode ranks beside a prefill, on the same cache.
+  const int mixed = std::max(2, std::min(8, cfg.ranks.back()));
+  Case alone{absl::StrCat("steady, ", mixed - 1, " decode alone"), mixed - 1, cfg.period_ms,
+             "trace"};
+  alone.trace_offset = offset;
+  alone.warm_page_cache = false;
+  Case beside = alone;
+  beside.name = absl::StrCat("steady, mixed ", mixed - 1, " + 1 prefill");
+  beside.ranks = mixed;
+  beside.prefill = true;
+  const CountedCase ra = RunCounted(env, alone, "daemon", d);
+  PrintCounted(alone, "daemon", ra, 0);
+  const CountedCase rb = RunCounted(env, beside, "daemon", d);
+  PrintCounted(beside, "daemon", rb, double(ra.r.all_p99));
+  failures += !ra.r.ok + !rb.r.ok;
+  const double ratio =
+      ra.r.ok && rb.r.ok && ra.r.all_p99 > 0 ? double(rb.r.all_p99) / double(ra.r.all_p99) : 0;
+  PrintTarget("c", absl::StrCat("mixed ", mixed - 1, " + 1 prefill"), ratio, "1.5x", ratio > 0,
+              ratio <= 1.5,
+              absl::StrFormat("decode p99 %.1f µs beside the prefill (hit rate %.3f) / %.1f µs "
+                              "alone (hit rate %.3f)",
+                              rb.r.all_p99 / 1e3, rb.hit_rate, ra.r.all_p99 / 1e3, ra.hit_rate));
+  failures += StopDaemons({d}) != 0;
+  return failures;
+}
+
+// The resident table read in place on the same ids as the all-hit cache's in-place case.
+int RunResidentInPlace(Env& env, const std::vector<std::string>& args, SteadyResults* res) {
+  const Config& cfg = *env.cfg;
+  const Daemon d = StartLabelled(cfg, "resident", "resident", 0, args);
+  if (d.pid <= 0) return 1;
+  int failures = 0;
+  printf("\n%s", kTargetsTableHead);
+  for (size_t i = 0; i < cfg.ranks.size(); ++i) {
+    Case timed = WarmAndTimed(cfg, *env.trace, cfg.ranks[i], "resident, in place").second;
+    env.sock = d.sock;
+    const CaseResult r = RunCase(env, timed, "inplace", d.pid);
+    const CaseResult& c = res->cache_in_place[i].r;
+    PrintCase(timed, "inplace", r, 0);
+    failures += !r.ok;
+    const bool ok = r.ok && c.ok && r.all_p50 > 0 && r.all_p99 > 0;
+    printf(
+        "in place, N=%d | p50 ratio %.3f | p99 ratio %.3f | cache all hits p50/p99 %.1f / %.1f "
+        "µs (hit rate %.3f) | resident p50/p99 %.1f / %.1f µs\n",
+        cfg.ranks[i], ok ? double(c.all_p50) / r.all_p50 : 0,
+        ok ? double(c.all_p99) / r.all_p99 : 0, c.all_p50 / 1e3, c.all_p99 / 1e3,
+        res->cache_in_place[i].hit_rate, r.all_p50 / 1e3, r.all_p99 / 1e3);
+  }
+  failures += StopDaemons({d}) != 0;
+  return failures;
+}
+
+// Counter readings every --window-s from the common start until the decode ranks are done (a
+// reading that fails leaves its window's hit rate out).
+struct Sampler {
+  const Config* cfg;
+  const std::string* sock;
+  int decoders;
+  std::vector<std::optional<CacheCounters>> samples;  // samples[k]: k windows after the start
+  void operator()(uint64_t start, const SharedResults& out) {
+    const uint64_t window = static_cast<uint64_t>(cfg->window_s * 1e9);
+    for (uint64_t k = 0;; ++k) {
+      SleepUntil(start + k * window);
+      auto c = ReadCacheCounters(*cfg, *sock);
+      samples.push_back(c.ok() ? std::optional(*c) : std::nullopt);
+      if (out.decode_done.load() + out.failures.load() >= decoders) return;
+    }
+  }
+};
+
+// Per window of the cold start: p50, p99 and the hit rate; the window from which on every p99
+// is within 2x of `steady_p99`.
+int PrintTimeline(const Config& cfg, const CaseResult& r, const Sampler& s, uint32_t steps,
+                  uint64_t steady_p99, const char* steady_from) {
+  const uint64_t window = static_cast<uint64_t>(cfg.window_s * 1e9);
+  const uint64_t period = static_cast<uint64_t>(cfg.period_ms * 1e6);
+  std::vector<std::vector<uint64_t>> by_window;
+  for (size_t i = 0; i < r.lat.size(); ++i) {
+    const uint64_t done = (i % steps) * period + r.lat[i];  // the step's end, ns after the start
+    const size_t w = done / window;
+    if (by_window.size() <= w) by_window.resize(w + 1);
+    by_window[w].push_back(r.lat[i]);
+  }
+  printf(
+      "\n| window s | steps ended | p50 µs | p99 µs | hit rate | p99 / steady p99 |\n"
+      "|---|---|---|---|---|---|\n");
+  std::vector<uint64_t> p99(by_window.size());
+  for (size_t w = 0; w < by_window.size(); ++w) {
+    p99[w] = by_window[w].empty() ? UINT64_MAX : Quantile(by_window[w], 0.99);
+    double hit = -1;
+    if (w + 1 < s.samples.size() && s.samples[w] && s.samples[w + 1]) {
+      hit = HitRate(*s.samples[w], *s.samples[w + 1]);
+    }
+    printf("| %g-%g | %zu | %.1f | %.1f | %.3f | %.2f |\n", w * cfg.window_s,
+           (w + 1) * cfg.window_s, by_window[w].size(), Quantile(by_window[w], 0.5) / 1e3,
+           p99[w] == UINT64_MAX ? 0 : p99[w] / 1e3, hit,
+           p99[w] == UINT64_MAX ? 0 : double(p99[w]) / steady_p99);
+  }
+  size_t from = p99.size();
+  while (from > 0 && p99[from - 1] <= 2 * steady_p99) --from;
+  const double at = from * cfg.window_s;
+  const bool recovered = from < p99.size();
+  printf("steady p99 %.1f µs (%s); every window's p99 within 2x of it from %s\n", steady_p99 / 1e3,
+         steady_from,
+         recovered ? absl::StrFormat("%.0f s on", at).c_str() : "no window on (not recovered)");
+  PrintTarget("e", absl::StrCat("cold start, N=", r.p99.size()),
+              recovered ? at : p99.size() * cfg.window_s, "60 s", r.ok, recovered && at <= 60,
+              absl::StrFormat("seconds until every %g s window's p99 is within 2x of the steady "
+                              "p99 %.1f µs (%s)%s",
+                              cfg.window_s, steady_p99 / 1e3, steady_from,
+                              recovered ? "" : "; not recovered within the timeline"));
+  return 0;
+}
+
+// (e): a fresh engramd with an empty cache of the steady state's size, the table files' pages
+// dropped from the page cache, the ranks paced for --timeline-s.
+int RunTimeline(Env& env, const std::vector<std::string>& args, uint64_t cache_rows,
+                uint64_t steady_p99) {
+  const Config& cfg = *env.cfg;
+  uint64_t pages = 0;
+  const uint64_t cached = TablePagesCached(env.tables, true, &pages);
+  printf("\ncold start: table files' pages in the page cache after POSIX_FADV_DONTNEED: %" PRIu64
+         " of %" PRIu64 " (mincore)\n",
+         cached, pages);
+  const Daemon d = StartSizedCache(cfg, "cold cache", cache_rows, args);
+  if (d.pid <= 0) return 1;
+  const auto empty = ReadCacheCounters(cfg, d.sock);
+  if (!empty.ok() || empty->used_rows != 0 || empty->hits + empty->misses != 0) {
+    fprintf(stderr, "cold start: the row cache is not empty at the start: %s\n",
+            empty.ok() ? absl::StrCat(empty->used_rows, " rows held").c_str()
+                       : empty.status().ToString().c_str());
+    StopDaemons({d});
+    return 1;
+  }
+  printf("cold start: the row cache holds %" PRIu64 " rows of %" PRIu64
+         " before the first step (engramctl status)\n",
+         empty->used_rows, empty->capacity_rows);
+  const int n = cfg.ranks.back();
+  Case c{"cold start", n, cfg.period_ms, "trace"};
+  c.steps = std::max<uint32_t>(1, static_cast<uint32_t>(cfg.timeline_s * 1e3 / cfg.period_ms));
+  c.warm_page_cache = false;
+  env.sock = d.sock;
+  Sampler s{.cfg = &cfg, .sock = &d.sock, .decoders = n, .samples = {}};
+  const uint64_t end_ns = static_cast<uint64_t>(c.steps * cfg.period_ms * 1e6);
+  const CaseResult r = RunCase(env, c, "daemon", d.pid, std::ref(s));
+  printf("%s", kTargetsTableHead);
+  PrintCase(c, "daemon", r, 0);
+  int failures = !r.ok;
+  uint64_t steady = steady_p99;
+  const char* from = "the steady state above";
+  if (steady == 0 && r.lat.size() >= 3) {  // the last three windows' steps
+    std::vector<uint64_t> tail;
+    const uint64_t period = static_cast<uint64_t>(cfg.period_ms * 1e6);
+    const uint64_t window = static_cast<uint64_t>(cfg.window_s * 1e9);
+    for (size_t i = 0; i < r.lat.size(); ++i) {
+      if ((i % c.steps) * period + 3 * window >= end_ns) tail.push_back(r.lat[i]);
+    }
+    steady = Quantile(tail, 0.99);
+    from = "the last three windows";
+  }
+  if (r.ok) PrintTimeline(cfg, r, s, c.steps, std::max<uint64_t>(steady, 1), from);
+  failures += StopDaemons({d}) != 0;
+  return failures;
+}
+
+int RunCacheTargets(Env& env, const std::vector<std::string>& args) {
+  const Config& cfg = *env.cfg;
+  const uint64_t distinct = DistinctRows(*env.trace);
+  const uint64_t part_rows =
+      std::max<uint64_t>(1, static_cast<uint64_t>(cfg.cache_fraction * double(distinct)));
+  PrintHeader(cfg, args);
+  printf("trace: %zu steps, %" PRIu64 " distinct rows of both layers; part cache: %" PRIu64
+         " rows (%.0f %%), all-hit cache: every one; warm-up: %.2f passes over the trace shared "
+         "among the ranks, back to back, before each rank count's timed steps (which continue "
+         "the trace where the warm-up stopped); p99 over every decode step of every rank\n",
+         env.trace->size(), distinct, part_rows, cfg.cache_fraction * 100, cfg.warm_passes);
+  const auto read = MeasureOneRead(env.tables, cfg.read_samples);
+  if (!read.ok()) {
+    fprintf(stderr, "one device read: %s\n", read.status().ToString().c_str());
+    return 1;
+  }
+  OneRead one = *read;
+  printf(
+      "one device read: O_DIRECT 4 KiB at queue depth 1, %u random pages of %s: p50 %.1f µs, "
+      "p99 %.1f µs\n",
+      one.reads, one.file.c_str(), one.p50 / 1e3, one.p99 / 1e3);
+  if (cfg.emulate_latency_us * 1000 > one.p99) {
+    one.p50 = std::max<uint64_t>(one.p50, cfg.emulate_latency_us * 1000);
+    one.p99 = cfg.emulate_latency_us * 1000;
+    printf("one device read: engramd's emulated latency %" PRIu64 " µs is taken instead\n",
+           cfg.emulate_latency_us);
+  }
+  fflush(stdout);
+  int failures = 0;
+  SteadyResults res;
+  if (cfg.steady) {
+    failures += RunAllHit(env, args, distinct, &res);
+    if (res.all_hit.size() != cfg.ranks.size()) return failures + 1;
+    failures += RunHalf(env, args, part_rows, one, &res);
+    failures += RunResidentInPlace(env, args, &res);
+  }
+  if (cfg.timeline_s > 0) {
+    failures +=
+        RunTimeline(env, args, part_rows, res.steady_p99.empty() ? 0 : res.steady_p99.back());
+  }
+  return failures;
+}
+
 int Run(Config& cfg) {
   bool temp_dir = false;
   if (!ResolveDefaults(cfg, &temp_dir)) return 1;
@@ -1067,6 +1629,14 @@ int Run(Config& cfg) {
     }
     trace = std::move(*t);
     env.trace = &trace;
+  }
+  if (CacheTargetsMode(cfg)) {
+    const uint64_t t0 = NowNs();
+    const int failures = RunCacheTargets(env, args);
+    printf("\n%s in %.0f s\n", failures ? "FAILURES" : "every case ran", (NowNs() - t0) / 1e9);
+    owned.clear();
+    if (temp_dir) std::filesystem::remove_all(cfg.dir);
+    return failures == 0 ? 0 : 1;
   }
   const std::vector<Daemon> daemons = StartDaemons(cfg, args);
   if (daemons.empty()) return 1;
@@ -1125,6 +1695,35 @@ void AddOptions(CLI::App& app, Config& cfg) {
   app.add_option("--emulate-read-iops", cfg.emulate_iops,
                  "engramd completes O_DIRECT reads no faster than this many 4 KiB reads/s "
                  "(benchmarking only; a DGX Spark NVMe: 112000)");
+  app.add_flag("--steady", cfg.steady,
+               "instead of the matrix (--tier cache --trace FILE): for each --ranks count, the "
+               "trace's ids with a cache holding --cache-fraction of the trace's rows, warmed by "
+               "the workload, against the same ids with every row cached plus one O_DIRECT read "
+               "(measured here); then decode alone and beside a prefill on that cache; then the "
+               "all-hit cache read in place against a resident table read in place");
+  app.add_option("--cache-fraction", cfg.cache_fraction,
+                 "--steady, --timeline-s: the part cache holds this fraction of the distinct rows "
+                 "the trace reads")
+      ->capture_default_str();
+  app.add_option("--warm-passes", cfg.warm_passes,
+                 "--steady: passes over the trace (shared among the ranks, back to back) that "
+                 "warm the cache before each rank count's timed steps")
+      ->capture_default_str();
+  app.add_option("--timeline-s", cfg.timeline_s,
+                 "(--tier cache --trace FILE) a cold start: a fresh engramd with an empty cache "
+                 "of the part cache's size, the last --ranks count paced for this many seconds, "
+                 "p50/p99 and hit rate per --window-s window and when every window's p99 came "
+                 "within 2x of the steady state's (0: no timeline)")
+      ->capture_default_str();
+  app.add_option("--window-s", cfg.window_s, "--timeline-s: seconds a window")
+      ->capture_default_str();
+  app.add_option("--read-samples", cfg.read_samples,
+                 "--steady, --timeline-s: O_DIRECT 4 KiB reads at queue depth 1 that measure one "
+                 "device read")
+      ->capture_default_str();
+  app.add_option("--engramctl", cfg.engramctl,
+                 "engramctl binary for the row cache's counters (default: $ENGRAMCTL, beside "
+                 "engramd, or the build's)");
   app.add_flag("--smoke", cfg.smoke, "a tiny run that only checks that the benchmark works");
   app.add_option("--prefetch-flood", cfg.prefetch_flood,
                  "run only one decode rank alone and beside this many processes that prefetch "
