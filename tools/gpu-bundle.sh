@@ -5,6 +5,8 @@
 #   tools/gpu-bundle.sh            # here: build and gather
 #   bash .gpu-bundle/run.sh        # there: run the GPU tests (add --bench for the benchmark)
 #   bash .gpu-bundle/run.sh --model-step [ARGS]   # there: only engram-model-step (bench/model)
+#   bash .gpu-bundle/run.sh --spark-targets [--quick] # there: the DGX Spark row-cache targets
+#                                                     # (bench/spark-targets.sh; no GPU needed)
 # A token trace from tools/trace (ENGRAM_TRACE, default /var/tmp/debian-doc.trace) goes into the
 # bundle when it exists, as trace.bin, for engram-model-step --trace.
 # glibc, libstdc++/libgcc_s (the target's are newer) and the NVIDIA driver (libcuda) are left to
@@ -22,7 +24,8 @@ targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gp
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench
          bench/gpu/gpu_cache_bench
          bench/daemon/engram-ranks bench/store/engram-resident-bench
-         bench/model/engram-model-step)
+         bench/model/engram-model-step
+         bench/store/engram-miss-cpu bench/store/engram-trace-replay tools/engramctl/engramctl)
 # ENGRAM_BUNDLE_MODEL_STEP_ONLY=1: only engramd and engram-model-step (a bundle for
 # `run.sh --model-step`, built in a fraction of the time; the GPU tests are not in it).
 if [[ -n "${ENGRAM_BUNDLE_MODEL_STEP_ONLY:-}" ]]; then
@@ -51,6 +54,14 @@ if [[ -z "${ENGRAM_BUNDLE_MODEL_STEP_ONLY:-}" ]]; then
   cp "$builddir/tests/gpu/libfake_cudart.so" "$bundle/lib/"
 fi
 for lib in "$bundle"/lib/*; do strip --strip-debug "$lib" 2>/dev/null || true; done
+# The DGX Spark targets' driver and the Python parts it runs (standard library only), at their
+# places relative to each other as in the repository.
+if [[ -z "${ENGRAM_BUNDLE_MODEL_STEP_ONLY:-}" ]]; then
+  mkdir -p "$bundle/bench/store" "$bundle/tools"
+  cp bench/spark-targets.sh "$bundle/bench/"
+  cp bench/store/restart_hit_rate.py "$bundle/bench/store/"
+  cp tools/fdstore.py "$bundle/tools/"
+fi
 
 # A model directory with a tokenizer fixture and its derived tables, for the GPU hasher's
 # tokenizer-id test (the target machine runs no Python of ours).
@@ -89,6 +100,11 @@ if [[ "${1:-}" == "--model-step" ]]; then
   fi
   echo "engram-model-step ${args[*]}"
   exec "$here/bin/engram-model-step" "${args[@]}"
+fi
+if [[ "${1:-}" == "--spark-targets" ]]; then
+  # The DGX Spark row-cache targets (CPU and disk only): raw outputs under $logs/spark-targets.
+  shift
+  exec bash "$here/bench/spark-targets.sh" "$here/bin" --out "$logs/spark-targets" "$@"
 fi
 failed=0
 for t in gpu_dequant_ref_test gpu_register_test gpu_kernel_test gpu_wait_test gpu_hash_test \
