@@ -148,6 +148,7 @@ struct Case {
   uint32_t steps = 0;           // steps per rank (0: --steps)
   uint32_t trace_offset = 0;    // each rank starts this many steps into its share of the trace
   bool warm_page_cache = true;  // read every table file into the page cache first
+  bool prefault = false;  // each rank gathers its steps once, untimed, before the clock (trace)
 };
 
 uint32_t StepsOf(const Config& cfg, const Case& c) { return c.steps != 0 ? c.steps : cfg.steps; }
@@ -433,6 +434,19 @@ std::unique_ptr<StepGatherer> MakeGatherer(const Env& env, const std::string& me
   return std::make_unique<LocalGatherer>(method, env.tables, cap);
 }
 
+// Copies a rank's rows of trace step `step` of case `c` into the gatherer's id buffers; n[l]:
+// how many of layer l.
+void FillFromTrace(const Env& env, const Case& c, int rank, uint32_t step, StepGatherer* g,
+                   size_t n[2]) {
+  const Trace& trace = *env.trace;
+  for (int l = 0; l < 2; ++l) {
+    const auto& ids = trace[(rank * trace.size() / std::max(1, c.ranks) + c.trace_offset + step) %
+                            trace.size()][l];
+    n[l] = std::min<size_t>(ids.size(), env.cfg->step_rows * 2);
+    std::copy(ids.begin(), ids.begin() + n[l], g->ids(l));
+  }
+}
+
 // The body of one decode rank's process.
 int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
              SharedResults* out) {
@@ -457,24 +471,26 @@ int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
   }
   std::mt19937_64 coin(env.seed + rank);
   std::uniform_real_distribution<double> unit(0, 1);
+  const uint32_t steps = StepsOf(cfg, c);
+  // Untimed, before the clock: the case's steps once, so that the pages its rows lie on are
+  // mapped in this process (a fresh process's first touch of a page faults).
+  for (uint32_t step = 0; c.prefault && env.trace != nullptr && step < steps; ++step) {
+    size_t n[2];
+    FillFromTrace(env, c, rank, step, g.get(), n);
+    if (!g->Gather(n)) return fail(g->error);
+  }
   out->ready.fetch_add(1);
   uint64_t start;
   while ((start = out->start_ns.load()) == 0) usleep(200);
   SleepUntil(start);  // every case starts on the common clock, back to back ones too
   const uint64_t period = static_cast<uint64_t>(c.period_ms * 1e6);
   const uint64_t cpu0 = SelfCpuNs();
-  const uint32_t steps = StepsOf(cfg, c);
   std::vector<uint64_t> evict;
   for (uint32_t step = 0; step < steps; ++step) {
     size_t n[2];
+    if (env.trace != nullptr) FillFromTrace(env, c, rank, step, g.get(), n);
     for (int l = 0; l < 2; ++l) {
-      if (env.trace != nullptr) {
-        const auto& ids =
-            (*env.trace)[(rank * env.trace->size() / std::max(1, c.ranks) + c.trace_offset + step) %
-                         env.trace->size()][l];
-        n[l] = std::min<size_t>(ids.size(), cfg.step_rows * 2);
-        std::copy(ids.begin(), ids.begin() + n[l], g->ids(l));
-      } else {
+      if (env.trace == nullptr) {
         n[l] = cfg.step_rows;
         src[l].Fill(g->ids(l), n[l]);
       }
@@ -1361,6 +1377,7 @@ int RunAllHit(Env& env, const std::vector<std::string>& args, uint64_t distinct,
       failures += !w.r.ok;
       PrintWarmUp(warm, w);
     }
+    timed.prefault = true;  // all hits either way: the ranks' first touches left out
     res->all_hit.push_back(RunCounted(env, timed, "daemon", d));
     PrintCounted(timed, "daemon", res->all_hit.back(), 0);
     timed.name = "all hits, in place";
@@ -1435,6 +1452,7 @@ int RunResidentInPlace(Env& env, const std::vector<std::string>& args, SteadyRes
   printf("\n%s", kTargetsTableHead);
   for (size_t i = 0; i < cfg.ranks.size(); ++i) {
     Case timed = WarmAndTimed(cfg, *env.trace, cfg.ranks[i], "resident, in place").second;
+    timed.prefault = true;  // as the all-hit cache's in-place case
     env.sock = d.sock;
     const CaseResult r = RunCase(env, timed, "inplace", d.pid);
     const CaseResult& c = res->cache_in_place[i].r;
