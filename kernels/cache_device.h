@@ -36,30 +36,18 @@ __device__ __forceinline__ uint64_t CacheCheckTerm(uint64_t word, uint32_t posit
   return CacheHash(word ^ (uint64_t{position} + 1) * kCacheCheckSeed);  // RowCacheCheckTerm
 }
 
-// System-scope relaxed loads of host memory a CPU thread writes concurrently: coherent at system
-// scope (never a stale cached copy), each word single-copy atomic, with no ordering between
-// them: the row check, not the load order, decides whether what they read is a row.
-#if defined(ENGRAM_HIP)
-__device__ __forceinline__ uint32_t LoadRelaxedSys32(const void* p) {
-  return __hip_atomic_load(static_cast<const uint32_t*>(p), __ATOMIC_RELAXED,
-                           __HIP_MEMORY_SCOPE_SYSTEM);
+// Plain (weak) loads of host memory a CPU thread writes concurrently. A warp's plain loads of
+// neighbouring words are coalesced into one request per 32-byte sector, where system-scope
+// strong loads go over PCIe one per lane: on the H200 host a slot's 35 words read strong took
+// the lookup to 4x the resident read. Nothing here relies on a load's order, atomicity or
+// freshness: the row check decides whether what they read is one row, and a row's bytes never
+// change for its key (docs/gpu.md, "Row cache hits on the GPU").
+__device__ __forceinline__ uint32_t LoadWord32(const void* p) {
+  return *static_cast<const uint32_t*>(p);
 }
-__device__ __forceinline__ uint64_t LoadRelaxedSys64(const void* p) {
-  return __hip_atomic_load(static_cast<const uint64_t*>(p), __ATOMIC_RELAXED,
-                           __HIP_MEMORY_SCOPE_SYSTEM);
+__device__ __forceinline__ uint64_t LoadWord64(const void* p) {
+  return *static_cast<const uint64_t*>(p);
 }
-#else
-__device__ __forceinline__ uint32_t LoadRelaxedSys32(const void* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t LoadRelaxedSys64(const void* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-#endif
 
 // The 32-thread group's vote and shuffle (a warp on CUDA; half a 64-lane wavefront on
 // AMD, whose lanes run in lockstep).
@@ -107,14 +95,14 @@ struct LaneSlot {
   uint64_t extra;
 };
 
-// Lane `lane` of a warp reads its part of the slot at `slot` (relaxed, system scope).
+// Lane `lane` of a warp reads its part of the slot at `slot`.
 __device__ __forceinline__ LaneSlot ReadSlot(const uint8_t* slot, uint32_t lane) {
   const uint8_t* row = slot + kCacheSlotRowOffset;
   const uint8_t* extra = lane == 0   ? slot + kCacheSlotCheckOffset
                          : lane == 1 ? row + ENGRAM_ROW_VALUES
                                      : slot;
-  return {LoadRelaxedSys64(row + lane * kValuesPerThread),
-          lane < 3 ? LoadRelaxedSys64(extra) : 0};
+  return {LoadWord64(row + lane * kValuesPerThread),
+          lane < 3 ? LoadWord64(extra) : 0};
 }
 
 // Probe positions one lookup reads at once: 16 buckets, 64 bytes. A chain longer than that (rare
@@ -141,7 +129,7 @@ __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key,
                                           uint32_t* ret_slot, uint32_t* ret_freq) {
   const uint32_t home = static_cast<uint32_t>(CacheHash(key)) & c.bucket_mask;
   const bool window = lane < kProbeLanes && lane <= c.bucket_mask;
-  const uint32_t b = window ? LoadRelaxedSys32(c.buckets + 4 * ((home + lane) & c.bucket_mask)) : 1;
+  const uint32_t b = window ? LoadWord32(c.buckets + 4 * ((home + lane) & c.bucket_mask)) : 1;
   const uint32_t empty = GroupBallot(window && b == 0);
   const uint32_t live = (empty == 0 ? (1u << kProbeLanes) : (empty & (0u - empty))) - 1u;
   const bool probe = ((live >> lane) & 1u) != 0 && b != 0 && b <= c.max_slots &&
@@ -154,7 +142,7 @@ __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key,
                                          c.slot_bytes,
                            lane);
   const uint32_t matches =
-      GroupBallot(probe && LoadRelaxedSys64(mine + kCacheSlotKeyOffset) == key);
+      GroupBallot(probe && LoadWord64(mine + kCacheSlotKeyOffset) == key);
   if (matches == 0) return false;
   if ((matches & (1u << at)) == 0) {  // a later candidate holds the key: read its slot instead
     at = __ffs(matches) - 1;
