@@ -578,6 +578,9 @@ class GatherEngineImpl final : public GatherEngine {
     const size_t max_chunks = (num_reads + options_.split_reads / 2 - 1) /
                               std::max<uint32_t>(1, options_.split_reads / 2);
     out.helpers = std::min({worth > 0 ? worth - 1 : 0, share, max_chunks - 1});
+    if (ts.options.mode == ReadMode::kDirect) {
+      out.helpers = std::min<size_t>(out.helpers, options_.direct_max_helpers);
+    }
     if (out.helpers == 0) return out;
     out.chunks = std::min(max_chunks, (out.helpers + 1) * 4);
     return out;

@@ -122,6 +122,12 @@ struct GatherEngineOptions {
   // for less costs more than it saves. While several batches run, each gets its share of the
   // workers (workers / batches running) instead of all of them.
   uint64_t helper_min_work_ns = 40'000;
+  // Helpers an O_DIRECT batch (a row cache's misses, ReadMode::kDirect) may have at most. Its
+  // reads wait for the device, not for a CPU: one ring keeps the device's queue full, and each
+  // helper's ring only adds submissions, completions and wake-ups. On the 16-core GPU host a miss
+  // batch of 768 rows came back as fast with one helper as with 15, at 2.5 against 5.6 µs of CPU
+  // per row (docs/performance.md). Raise it for a device one thread cannot keep busy.
+  uint32_t direct_max_helpers = 1;
   // Batches of at most this many rows are decode steps: while one runs, the helpers of larger
   // batches (prefill) step aside after their current chunk and come back when none runs, so a
   // prefill cannot take the cores a decode step needs.

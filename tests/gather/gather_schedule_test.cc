@@ -72,6 +72,28 @@ TEST_CASE("a batch whose work pays for helpers fans out, never over more than th
   CHECK(s.helper_tasks <= 3);
 }
 
+TEST_CASE("an O_DIRECT batch fans out over direct_max_helpers helpers at most",
+          "[gather][schedule]") {
+  Fixture f;
+  for (uint32_t cap : {1u, 2u}) {
+    auto engine = RequireEngine(
+        {.workers = 4, .split_reads = 64, .helper_min_work_ns = 1, .direct_max_helpers = cap});
+    REQUIRE(engine->AddTable(f.table.get(), {.mode = ReadMode::kDirect}).ok());
+    std::vector<uint8_t> out;
+    for (int b = 0; b < 3; ++b) {
+      const auto rows = RandomRows(4000, 30 + b);
+      REQUIRE(GatherInto(*engine, *f.table, rows, out).ok());
+      CHECK(FirstMismatch(kSeed, *f.table, rows, out.data()) == -1);
+    }
+    const TableGatherStats s = StatsOf(*engine);
+    INFO("cap " << cap << ": fanned out " << s.fanout_batches << " of " << s.batches
+                << ", helpers " << s.helper_tasks);
+    CHECK(s.direct_reads > 0);
+    CHECK(s.fanout_batches == 3);  // the work pays for helpers: the cap, not the cost, bounds them
+    CHECK(s.helper_tasks == 3 * cap);
+  }
+}
+
 TEST_CASE("concurrent batches never get more helpers than the workers between them",
           "[gather][schedule]") {
   Fixture f;
