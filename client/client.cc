@@ -421,7 +421,7 @@ int Handshake(engram_session* s, const engram_connect_options& o, int64_t timeou
   // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
   hello.slots = o.slots;
   hello.features = ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_PREFETCH | ENGRAM_FEATURE_TABLE_STATE |
-                   ENGRAM_FEATURE_ROW_CACHE_MAP;
+                   ENGRAM_FEATURE_ROW_CACHE_MAP | ENGRAM_FEATURE_RESIDENT_TOUCH;
   if (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) hello.features |= ENGRAM_FEATURE_DEVICE_SUBMIT;
   hello.data_bytes = o.data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());
@@ -830,6 +830,7 @@ int GatherInPlace(engram_session* s, const engram::client::InPlaceTable& table, 
     return rc == -ENOTCONN ? LostError(s) : rc;
   }
   s->counters.rows_in_place.fetch_add(request.rows.size(), std::memory_order_relaxed);
+  engram::client::ReportResident(*table.map, request.rows.size());
   return 0;
 }
 
@@ -1471,11 +1472,14 @@ int OpenTableMap(engram_session* s, uint32_t layer, bool row_cache, engram_table
     }
     return engram::client::MapRowCache(fds[0], fds[1], fds[2], table, ret_map);
   }
-  if (m.kind != ENGRAM_TABLE_MAPPED_RESIDENT || nfds != 2) {
+  // With ENGRAM_FEATURE_RESIDENT_TOUCH a resident table comes with the session's touch page.
+  const int resident_fds = (s->welcome.features & ENGRAM_FEATURE_RESIDENT_TOUCH) ? 3 : 2;
+  if (m.kind != ENGRAM_TABLE_MAPPED_RESIDENT || nfds != resident_fds) {
     close_fds();
     return SetError(-EPROTO, "TABLE_MAPPED reply of kind %u with %d descriptors", m.kind, nfds);
   }
-  return engram::client::MapSealedTable(fds[0], fds[1], table, ret_map);
+  return engram::client::MapSealedTable(fds[0], fds[1], resident_fds == 3 ? fds[2] : -1, table,
+                                        ret_map);
 }
 
 }  // namespace

@@ -72,55 +72,6 @@ int MapStatePage(int fd, const MappedTable& t, const engram_table_state_page** r
   return 0;
 }
 
-}  // namespace
-
-int MapSealedTable(int fd, int state_fd, const MappedTable& t, engram_table_map** ret_map) {
-  UniqueFd table_fd(fd), page_fd(state_fd);  // the mappings keep the memory
-  const uint64_t rows = t.covered_end - t.covered_begin;
-  int seals = 0;
-  if (!Sealed(fd, t.map_bytes, &seals) || t.row_bytes != ENGRAM_ROW_BYTES ||
-      t.covered_end < t.covered_begin || rows > t.map_bytes / t.row_bytes) {
-    return SetError(-EPROTO,
-                    "engramd sent layer %u's table as a memfd that is not sealed or not the size "
-                    "it claims (seals 0x%x, %llu bytes for rows [%llu, %llu))",
-                    t.layer, seals, static_cast<unsigned long long>(t.map_bytes),
-                    static_cast<unsigned long long>(t.covered_begin),
-                    static_cast<unsigned long long>(t.covered_end));
-  }
-  const engram_table_state_page* page = nullptr;
-  uint64_t page_bytes = 0;
-  if (int rc = MapStatePage(state_fd, t, &page, &page_bytes); rc < 0) return rc;
-  void* p = mmap(nullptr, t.map_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  auto* map = p != MAP_FAILED ? new (std::nothrow) engram_table_map : nullptr;
-  if (map == nullptr) {
-    const int err = p == MAP_FAILED ? errno : ENOMEM;
-    if (p != MAP_FAILED) munmap(p, t.map_bytes);
-    munmap(const_cast<engram_table_state_page*>(page), page_bytes);
-    return SetError(-err, "cannot map layer %u's table (%llu bytes): %s", t.layer,
-                    static_cast<unsigned long long>(t.map_bytes), strerror(err));
-  }
-  // Fill the page tables now: rows are read at random, so without this nearly every row read
-  // in the first steps takes a page fault (a 1,152-row gather's p99 went from 0.2 to 1-1.8 ms
-  // on the H200 host). It costs a few ms per GiB with 4 KiB pages, far less with 2 MiB pages;
-  // kernels before 5.14 refuse the advice and the rows fault in as they are read.
-  constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ
-  madvise(p, t.map_bytes, kPopulateRead);
-  // The map owns both mappings from here (engram_table_map_close).
-  map->base = static_cast<const uint8_t*>(p);
-  map->map_bytes = t.map_bytes;
-  map->layer_id = t.layer;
-  map->row_bytes = t.row_bytes;
-  map->covered_begin = t.covered_begin;
-  map->covered_end = t.covered_end;
-  map->state_page = page;
-  map->state_bytes = page_bytes;
-  const auto* entries = reinterpret_cast<const engram_table_state_entry*>(
-      reinterpret_cast<const uint8_t*>(map->state_page) + map->state_page->header_bytes);
-  map->table_state = &entries[t.state_index].state;
-  *ret_map = map;
-  return 0;
-}
-
 // The touch page's layout is the daemon's: checked once, before anything of it is trusted.
 int CheckTouchPage(const engram_cache_touch_page& touch, uint64_t touch_bytes,
                    const MappedTable& t) {
@@ -142,6 +93,102 @@ int CheckTouchPage(const engram_cache_touch_page& touch, uint64_t touch_bytes,
   return 0;
 }
 
+// Maps the session's touch page read-write after checking its layout against `t`; *ret_page and
+// *ret_bytes, or -errno. Does not take `fd`.
+int MapTouchPage(int fd, const MappedTable& t, engram_cache_touch_page** ret_page,
+                 uint64_t* ret_bytes) {
+  struct stat st;
+  const uint64_t bytes =
+      fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+  if (bytes < sizeof(engram_cache_touch_page)) {
+    return SetError(-EPROTO, "engramd sent layer %u's cache touch page of %llu bytes", t.layer,
+                    static_cast<unsigned long long>(bytes));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return SetError(-err, "cannot map engramd's cache touch page: %s", strerror(err));
+  }
+  auto* page = static_cast<engram_cache_touch_page*>(p);
+  if (int rc = CheckTouchPage(*page, bytes, t); rc < 0) {
+    munmap(p, bytes);
+    return rc;
+  }
+  *ret_page = page;
+  *ret_bytes = bytes;
+  return 0;
+}
+
+}  // namespace
+
+int MapSealedTable(int fd, int state_fd, int touch_fd, const MappedTable& t,
+                   engram_table_map** ret_map) {
+  // The mappings keep the memory.
+  UniqueFd table_fd(fd), page_fd(state_fd), touch_file(touch_fd);
+  const uint64_t rows = t.covered_end - t.covered_begin;
+  int seals = 0;
+  if (!Sealed(fd, t.map_bytes, &seals) || t.row_bytes != ENGRAM_ROW_BYTES ||
+      t.covered_end < t.covered_begin || rows > t.map_bytes / t.row_bytes) {
+    return SetError(-EPROTO,
+                    "engramd sent layer %u's table as a memfd that is not sealed or not the size "
+                    "it claims (seals 0x%x, %llu bytes for rows [%llu, %llu))",
+                    t.layer, seals, static_cast<unsigned long long>(t.map_bytes),
+                    static_cast<unsigned long long>(t.covered_begin),
+                    static_cast<unsigned long long>(t.covered_end));
+  }
+  engram_cache_touch_page* touch = nullptr;
+  uint64_t touch_bytes = 0;
+  if (touch_fd >= 0) {
+    if (int rc = MapTouchPage(touch_fd, t, &touch, &touch_bytes); rc < 0) return rc;
+  }
+  const auto unmap_touch = [&] {
+    if (touch != nullptr) munmap(touch, touch_bytes);
+  };
+  const engram_table_state_page* page = nullptr;
+  uint64_t page_bytes = 0;
+  if (int rc = MapStatePage(state_fd, t, &page, &page_bytes); rc < 0) {
+    unmap_touch();
+    return rc;
+  }
+  void* p = mmap(nullptr, t.map_bytes, PROT_READ, MAP_SHARED, fd, 0);
+  auto* map = p != MAP_FAILED ? new (std::nothrow) engram_table_map : nullptr;
+  if (map == nullptr) {
+    const int err = p == MAP_FAILED ? errno : ENOMEM;
+    if (p != MAP_FAILED) munmap(p, t.map_bytes);
+    munmap(const_cast<engram_table_state_page*>(page), page_bytes);
+    unmap_touch();
+    return SetError(-err, "cannot map layer %u's table (%llu bytes): %s", t.layer,
+                    static_cast<unsigned long long>(t.map_bytes), strerror(err));
+  }
+  // Fill the page tables now: rows are read at random, so without this nearly every row read
+  // in the first steps takes a page fault (a 1,152-row gather's p99 went from 0.2 to 1-1.8 ms
+  // on the H200 host). It costs a few ms per GiB with 4 KiB pages, far less with 2 MiB pages;
+  // kernels before 5.14 refuse the advice and the rows fault in as they are read.
+  constexpr int kPopulateRead = 22;  // MADV_POPULATE_READ
+  madvise(p, t.map_bytes, kPopulateRead);
+  // The map owns both mappings from here (engram_table_map_close).
+  map->base = static_cast<const uint8_t*>(p);
+  map->map_bytes = t.map_bytes;
+  map->layer_id = t.layer;
+  map->row_bytes = t.row_bytes;
+  map->covered_begin = t.covered_begin;
+  map->covered_end = t.covered_end;
+  map->state_page = page;
+  map->state_bytes = page_bytes;
+  const auto* entries = reinterpret_cast<const engram_table_state_entry*>(
+      reinterpret_cast<const uint8_t*>(map->state_page) + map->state_page->header_bytes);
+  map->table_state = &entries[t.state_index].state;
+  if (touch != nullptr) {
+    map->touch = touch;
+    map->touch_bytes = touch_bytes;
+    map->touch_counters = reinterpret_cast<engram_cache_touch_counters*>(
+                              reinterpret_cast<uint8_t*>(touch) + touch->counters_offset) +
+                          t.state_index;
+  }
+  *ret_map = map;
+  return 0;
+}
+
 int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
                 engram_table_map** ret_map) {
   UniqueFd cache_file(cache_fd), page_fd(state_fd), touch_file(touch_fd);
@@ -156,44 +203,37 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
                     t.layer, static_cast<unsigned long long>(bytes),
                     static_cast<unsigned long long>(t.map_bytes));
   }
-  const uint64_t touch_bytes =
-      fstat(touch_fd, &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
-  if (touch_bytes < sizeof(engram_cache_touch_page)) {
-    return SetError(-EPROTO, "engramd sent layer %u's cache touch page of %llu bytes", t.layer,
-                    static_cast<unsigned long long>(touch_bytes));
-  }
+  engram_cache_touch_page* touch = nullptr;
+  uint64_t touch_bytes = 0;
+  if (int rc = MapTouchPage(touch_fd, t, &touch, &touch_bytes); rc < 0) return rc;
   const engram_table_state_page* page = nullptr;
   uint64_t page_bytes = 0;
-  if (int rc = MapStatePage(state_fd, t, &page, &page_bytes); rc < 0) return rc;
-  const auto unmap_page = [&] { munmap(const_cast<engram_table_state_page*>(page), page_bytes); };
+  if (int rc = MapStatePage(state_fd, t, &page, &page_bytes); rc < 0) {
+    munmap(touch, touch_bytes);
+    return rc;
+  }
+  const auto unmap_pages = [&] {
+    munmap(const_cast<engram_table_state_page*>(page), page_bytes);
+    munmap(touch, touch_bytes);
+  };
   // Read-only, and the descriptor allows nothing else: no write, no mprotect to write.
   void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, cache_fd, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
-    unmap_page();
+    unmap_pages();
     return SetError(-err, "cannot map engramd's row cache (%llu bytes) for layer %u: %s",
                     static_cast<unsigned long long>(bytes), t.layer, strerror(err));
   }
   auto reader = RowCacheReader::Attach(static_cast<const uint8_t*>(p), bytes);
-  void* q = reader.ok() ? mmap(nullptr, touch_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, touch_fd, 0)
-                        : MAP_FAILED;
-  const int map_errno = errno;
-  auto* touch = static_cast<engram_cache_touch_page*>(q == MAP_FAILED ? nullptr : q);
   const auto fail = [&](int rc) {
     munmap(p, bytes);
-    if (touch != nullptr) munmap(touch, touch_bytes);
-    unmap_page();
+    unmap_pages();
     return rc;
   };
   if (!reader.ok()) {
     return fail(SetError(-EPROTO, "engramd's row cache for layer %u: %s", t.layer,
                          std::string(reader.status().message()).c_str()));
   }
-  if (touch == nullptr) {
-    return fail(SetError(-map_errno, "cannot map engramd's cache touch page: %s",
-                         strerror(map_errno)));
-  }
-  if (int rc = CheckTouchPage(*touch, touch_bytes, t); rc < 0) return fail(rc);
   auto* map = new (std::nothrow) engram_table_map;
   if (map == nullptr) return fail(SetError(-ENOMEM, "no memory for a table map"));
   map->base = static_cast<const uint8_t*>(p);
@@ -315,6 +355,14 @@ int CopyCached(const InPlaceTable& table, const protocol::DecodedRequest& reques
 
 void ReportCached(const engram_table_map& map, const CachedCopy& copy, bool all_hit) {
   ReportHits(map, copy, all_hit ? 1 : 0);
+}
+
+void ReportResident(const engram_table_map& map, uint64_t rows) {
+  if (map.touch_counters == nullptr) return;
+  // The daemon reads them at its next fold (before it reports statistics); relaxed adds, as the
+  // counters order nothing else.
+  std::atomic_ref<uint64_t>(map.touch_counters->rows).fetch_add(rows, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(map.touch_counters->requests).fetch_add(1, std::memory_order_relaxed);
 }
 
 void ReportHits(const engram_table_map& map, const CachedCopy& copy, uint64_t all_hit_requests) {

@@ -23,8 +23,9 @@ struct engram_table_map {
   uint64_t state_bytes = 0;
   const uint32_t* table_state = nullptr;  // this table's entry's `state`
   // A table of the cache tier: base/map_bytes are the daemon's row cache (PROT_READ of a
-  // read-only descriptor), looked up with `cache`; `touch` is the session's touch page
-  // (read-write), where its entry `state_index` counts the rows read in place.
+  // read-only descriptor), looked up with `cache`. `touch` is the session's touch page
+  // (read-write), where its entry `state_index` counts the rows read in place: always for the
+  // cache tier, for a resident table where the daemon sent it (protocol 1.5), else null.
   bool row_cache = false;
   engram::RowCacheReader cache;
   engram_cache_touch_page* touch = nullptr;
@@ -47,8 +48,11 @@ struct MappedTable {
 
 // Checks the memfd's seals and size against what the daemon said, and the table state page
 // (seals, magic, the table's entry), maps both read-only and returns the map (or -errno with
-// engram_last_error() set). Takes ownership of `fd` and `state_fd`.
-int MapSealedTable(int fd, int state_fd, const MappedTable& table, engram_table_map** ret_map);
+// engram_last_error() set). `touch_fd`, -1 for none (a daemon before protocol 1.5): the
+// session's touch page, mapped read-write after its layout is checked, where ReportResident
+// counts the rows read in place. Takes ownership of the fds.
+int MapSealedTable(int fd, int state_fd, int touch_fd, const MappedTable& table,
+                   engram_table_map** ret_map);
 // The same for TABLE_MAPPED of kind ENGRAM_TABLE_MAPPED_ROW_CACHE: maps the row cache read-only
 // (its header checked by RowCacheReader::Attach), the table state page and the touch page
 // (checked against the protocol's layout). Takes ownership of the three fds.
@@ -113,5 +117,8 @@ int CopyCached(const InPlaceTable& table, const protocol::DecodedRequest& reques
 void ReportCached(const engram_table_map& map, const CachedCopy& copy, bool all_hit);
 // The same with a number of gathers answered wholly in place (engram_table_map_report_hits).
 void ReportHits(const engram_table_map& map, const CachedCopy& copy, uint64_t all_hit_requests);
+// Counts one gather of `rows` rows read in place from a resident table in the touch page's
+// counters, where the map has a touch page (two relaxed adds; any thread).
+void ReportResident(const engram_table_map& map, uint64_t rows);
 
 }  // namespace engram::client

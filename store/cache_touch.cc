@@ -73,8 +73,19 @@ uint64_t CacheTouchPage::Fold(const TouchFn& touch, const CountFn& count) {
     const uint64_t more_rows = rows >= seen.rows ? rows - seen.rows : 0;
     seen.requests = requests;
     seen.rows = rows;
-    if (more_requests != 0 || more_rows != 0) count(t, more_requests, more_rows);
-    if (rows_counter_ != nullptr) rows_counter_->fetch_add(more_rows, std::memory_order_relaxed);
+    if (more_requests == 0 && more_rows == 0) continue;
+    std::atomic<uint64_t>* session = nullptr;
+    switch (count(t, more_requests, more_rows)) {
+      case Counted::kNot:
+        break;
+      case Counted::kCache:
+        session = cache_rows_;
+        break;
+      case Counted::kResident:
+        session = resident_rows_;
+        break;
+    }
+    if (session != nullptr) session->fetch_add(more_rows, std::memory_order_relaxed);
   }
   // The entries below head were written before it was published (its release store).
   const uint64_t head = Shared(h->head).load(std::memory_order_acquire);

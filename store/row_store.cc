@@ -477,7 +477,6 @@ void RowStore::AddTouchPage(std::shared_ptr<CacheTouchPage> page) {
 }
 
 void RowStore::FoldTouches(bool wait) const {
-  if (cache_ == nullptr) return;
   std::unique_lock<std::mutex> lock(touch_mu_, std::defer_lock);
   if (wait) {
     lock.lock();
@@ -485,20 +484,30 @@ void RowStore::FoldTouches(bool wait) const {
     return;
   }
   if (touch_pages_.empty()) return;
-  const auto touch = [&](uint64_t key, uint32_t slot) { cache_->Touch(slot, key); };
+  const auto touch = [&](uint64_t key, uint32_t slot) {
+    if (cache_ != nullptr) cache_->Touch(slot, key);
+  };
   const auto count = [&](size_t table, uint64_t requests, uint64_t rows) {
-    // Counters of a table that is not read from the cache are a client's invention: ignored.
-    if (table >= states_.size() || states_[table]->tier != Tier::kCache) return;
+    using Counted = CacheTouchPage::Counted;
+    // Counters of a table that cannot be read in place (the storage tier, or no such table) are
+    // a client's invention: ignored. A resident table's rows read in place are all hits, and
+    // its gathers all-hit ones, as the daemon counts its own gathers of a loaded table.
+    if (table >= states_.size()) return Counted::kNot;
     TableState& ts = *states_[table];
+    if (ts.tier == Tier::kStorage || (ts.tier == Tier::kCache && cache_ == nullptr)) {
+      return Counted::kNot;
+    }
     ts.requests.fetch_add(requests, std::memory_order_relaxed);
     ts.all_hit_requests.fetch_add(requests, std::memory_order_relaxed);
     ts.rows.fetch_add(rows, std::memory_order_relaxed);
     ts.hit_rows.fetch_add(rows, std::memory_order_relaxed);
+    if (ts.tier == Tier::kResident) return Counted::kResident;
     cache_->CountLookups(rows, 0);
+    return Counted::kCache;
   };
   // Pages a client's read faulted back in above the capacity go back, at most once a second.
   const int64_t now = NowNs();
-  if (cache_->capacity_slots() < cache_->max_slots() &&
+  if (cache_ != nullptr && cache_->capacity_slots() < cache_->max_slots() &&
       now - last_release_ns_ > 1'000'000'000) {
     last_release_ns_ = now;
     cache_->ReleaseAboveCapacity();

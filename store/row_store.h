@@ -157,8 +157,9 @@ class RowStore {
   // A session's touch page: its counters and touches are folded in from now on, and one last
   // time once only the store holds it (the session ended).
   void AddTouchPage(std::shared_ptr<CacheTouchPage> page);
-  // Folds every touch page: the rows clients read in place count in the tables' statistics and
-  // the cache's hits, and their hits count as uses of the rows before anything is evicted. Runs
+  // Folds every touch page: the rows clients read in place (from the row cache or a resident
+  // table) count in the tables' statistics and the cache's hits, and their cache hits count as
+  // uses of the rows before anything is evicted. Runs
   // before misses are admitted and before statistics are read. `wait`: false skips it when
   // another thread is folding already (that one's fold is as good).
   void FoldTouches(bool wait = true) const;

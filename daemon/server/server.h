@@ -172,6 +172,11 @@ class Server : public ServerView {
   void SendRowCacheMap(Session& session, const engram_msg_header& header, const Table& table,
                        size_t index);
   void SendTableMap(Session& session, const engram_msg_header& header, const uint8_t* message);
+  void SendResidentMap(Session& session, const engram_msg_header& header, const Table& table,
+                       const ResidentTable& resident, size_t index);
+  // The session's touch page (made and handed to the row store on first use), or why there is
+  // none.
+  absl::StatusOr<int> TouchPageFd(Session& session);
   void SendError(Session& session, int32_t code, const std::string& message, uint32_t request_id);
   absl::Status Gather(const GatherBatch& batch) {
     return store_ != nullptr ? store_->Gather(batch) : engine_->Gather(batch);

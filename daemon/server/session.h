@@ -51,7 +51,7 @@ class Session {
   // Closes the socket and the doorbell; the touch page (which the row store folds once more)
   // stops counting into this session.
   ~Session() {
-    if (touch_page != nullptr) touch_page->AttachCounter(nullptr);
+    if (touch_page != nullptr) touch_page->AttachCounters(nullptr, nullptr);
   }
 
   uint64_t id() const { return id_; }
@@ -92,8 +92,12 @@ class Session {
   // Set once, before the session is published.
   bool row_cache_map() const { return row_cache_map_; }
   void set_row_cache_map(bool on) { row_cache_map_ = on; }
-  // The session's cache touch page, made by its first row cache MAP_TABLE (control thread only);
-  // the row store holds it too, and folds it one last time after the session ends.
+  // Whether a resident table's MAP_TABLE carries the touch page too
+  // (ENGRAM_FEATURE_RESIDENT_TOUCH). Set once, before the session is published.
+  bool resident_touch() const { return resident_touch_; }
+  void set_resident_touch(bool on) { resident_touch_ = on; }
+  // The session's touch page, made by its first MAP_TABLE that carries it (control thread
+  // only); the row store holds it too, and folds it one last time after the session ends.
   std::shared_ptr<CacheTouchPage> touch_page;
   void set_closing() { closing_.store(true, std::memory_order_release); }
 
@@ -134,6 +138,7 @@ class Session {
   bool device_submit_ = false;
   bool table_state_ = false;
   bool row_cache_map_ = false;
+  bool resident_touch_ = false;
   // Only its address is used: ThreadSanitizer is told of the order the client keeps between a
   // completion and the submissions that reuse its memory (session.cc, ClientOrder*).
   const char client_order_ = 0;

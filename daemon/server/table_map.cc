@@ -6,7 +6,9 @@
 // or it stops; the kernel marks the page's liveness word when the daemon dies.
 // A cache-tier table is answered with the row cache instead (protocol 1.4, a session with
 // ENGRAM_FEATURE_ROW_CACHE_MAP): a read-only descriptor of the cache's memfd, the table state
-// page and the session's touch page (docs/protocol.md, "Reading the row cache in place").
+// page and the session's touch page (docs/protocol.md, "Reading the row cache in place"). A
+// resident table's answer carries the touch page too for a session with
+// ENGRAM_FEATURE_RESIDENT_TOUCH (1.5), where the client counts the rows it reads in place.
 #include "absl/strings/str_format.h"
 #include "daemon/server/server.h"
 
@@ -93,16 +95,47 @@ void Server::SendTableMap(Session& session, const engram_msg_header& header,
                            resident->covered().size()));
     return;
   }
+  SendResidentMap(session, header, *table, *resident, index);
+}
+
+// A resident table that may be mapped: its sealed memfd and the table state page, and the
+// session's touch page where the session has ENGRAM_FEATURE_RESIDENT_TOUCH.
+void Server::SendResidentMap(Session& session, const engram_msg_header& header, const Table& table,
+                             const ResidentTable& resident, size_t index) {
+  int fds[3] = {resident.fd(), table_states_->fd(), -1};
+  if (session.resident_touch()) {
+    absl::StatusOr<int> touch = TouchPageFd(session);
+    if (!touch.ok()) {
+      SendError(session, ENGRAM_STATUS_UNAVAILABLE,
+                absl::StrFormat("%s cannot be read in place: %s", table.Describe(),
+                                touch.status().message()),
+                header.request_id);
+      return;
+    }
+    fds[2] = *touch;
+  }
   engram_msg_table_mapped reply{};
   protocol::FillHeader(&reply.header, ENGRAM_MSG_TABLE_MAPPED, sizeof(reply), header.request_id);
-  reply.layer_id = layer;
+  reply.layer_id = table.layer_id();
   reply.row_bytes = kRowBytes;
-  reply.covered_begin = resident->covered().begin;
-  reply.covered_end = resident->covered().end;
-  reply.map_bytes = resident->bytes();
+  reply.covered_begin = resident.covered().begin;
+  reply.covered_end = resident.covered().end;
+  reply.map_bytes = resident.bytes();
   reply.state_index = static_cast<uint32_t>(index);
-  const int fds[2] = {resident->fd(), table_states_->fd()};
-  (void)protocol::SendMessage(session.socket_fd(), &reply, sizeof(reply), fds, 2);
+  (void)protocol::SendMessage(session.socket_fd(), &reply, sizeof(reply), fds,
+                              session.resident_touch() ? 3 : 2);
+}
+
+absl::StatusOr<int> Server::TouchPageFd(Session& session) {
+  if (session.touch_page == nullptr) {
+    auto page = CacheTouchPage::Create(tables_.size());
+    if (!page.ok()) return page.status();
+    session.touch_page = *page;
+    session.touch_page->AttachCounters(&session.counters.cache_rows_in_place,
+                                       &session.counters.resident_rows_in_place);
+    store_->AddTouchPage(*page);
+  }
+  return session.touch_page->fd();
 }
 
 // A cache-tier table: the row cache, read-only, with the table state page and the session's
@@ -130,17 +163,12 @@ void Server::SendRowCacheMap(Session& session, const engram_msg_header& header, 
                            cache_fd.status().message()));
     return;
   }
-  if (session.touch_page == nullptr) {
-    auto page = CacheTouchPage::Create(tables_.size());
-    if (!page.ok()) {
-      refuse(ENGRAM_STATUS_UNAVAILABLE,
-             absl::StrFormat("%s: its row cache cannot be read in place: %s", table.Describe(),
-                             page.status().message()));
-      return;
-    }
-    session.touch_page = *page;
-    session.touch_page->AttachCounter(&session.counters.cache_rows_in_place);
-    store_->AddTouchPage(*page);
+  absl::StatusOr<int> touch = TouchPageFd(session);
+  if (!touch.ok()) {
+    refuse(ENGRAM_STATUS_UNAVAILABLE,
+           absl::StrFormat("%s: its row cache cannot be read in place: %s", table.Describe(),
+                           touch.status().message()));
+    return;
   }
   engram_msg_table_mapped reply{};
   protocol::FillHeader(&reply.header, ENGRAM_MSG_TABLE_MAPPED, sizeof(reply), header.request_id);
@@ -151,7 +179,7 @@ void Server::SendRowCacheMap(Session& session, const engram_msg_header& header, 
   reply.map_bytes = store_->cache_region_bytes();
   reply.state_index = static_cast<uint32_t>(index);
   reply.kind = ENGRAM_TABLE_MAPPED_ROW_CACHE;
-  const int fds[3] = {*cache_fd, table_states_->fd(), session.touch_page->fd()};
+  const int fds[3] = {*cache_fd, table_states_->fd(), *touch};
   (void)protocol::SendMessage(session.socket_fd(), &reply, sizeof(reply), fds, 3);
 }
 

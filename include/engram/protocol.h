@@ -27,7 +27,7 @@ extern "C" {
 
 /* A different major version cannot talk to this one; a newer minor only adds features. */
 #define ENGRAM_PROTOCOL_MAJOR 1
-#define ENGRAM_PROTOCOL_MINOR 4
+#define ENGRAM_PROTOCOL_MINOR 5
 
 /* Feature bits, offered by the client in HELLO and granted by the daemon in WELCOME. */
 #define ENGRAM_FEATURE_GATHER (1ull << 0)        /* GATHER submissions in the arena */
@@ -57,6 +57,11 @@ extern "C" {
  * (docs/protocol.md, "Reading the row cache in place"). Without it such a MAP_TABLE is refused,
  * as before. */
 #define ENGRAM_FEATURE_ROW_CACHE_MAP (1ull << 11)
+/* 1.5: TABLE_MAPPED of a resident table carries the session's touch page too (a third fd), where
+ * the client counts the rows it reads from the table in place, so that the daemon's statistics
+ * count them (docs/protocol.md, "Reading the row cache in place"). Without it a resident
+ * TABLE_MAPPED has two fds, as before. */
+#define ENGRAM_FEATURE_RESIDENT_TOUCH (1ull << 12)
 #define ENGRAM_FEATURES_V1_0                                                        \
   (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
    ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
@@ -64,6 +69,7 @@ extern "C" {
 #define ENGRAM_FEATURES_V1_2 (ENGRAM_FEATURES_V1_1 | ENGRAM_FEATURE_PREFETCH)
 #define ENGRAM_FEATURES_V1_3 (ENGRAM_FEATURES_V1_2 | ENGRAM_FEATURE_TABLE_STATE)
 #define ENGRAM_FEATURES_V1_4 (ENGRAM_FEATURES_V1_3 | ENGRAM_FEATURE_ROW_CACHE_MAP)
+#define ENGRAM_FEATURES_V1_5 (ENGRAM_FEATURES_V1_4 | ENGRAM_FEATURE_RESIDENT_TOUCH)
 
 /* ---- status codes ---------------------------------------------------------------------- */
 
@@ -210,7 +216,9 @@ ENGRAM_STATIC_ASSERT(sizeof(struct engram_msg_stats) == 144, "msg stats size");
  * TABLE_MAPPED of kind ENGRAM_TABLE_MAPPED_ROW_CACHE instead: its first fd is a read-only
  * descriptor of the row cache memfd (map_bytes long, laid out as protocol/row_cache_layout.h and
  * docs/row-store.md describe; shared by every cache-tier table), then the table state page, then
- * this session's touch page (struct engram_cache_touch_page, read-write). */
+ * this session's touch page (struct engram_cache_touch_page, read-write).
+ * 1.5: a session granted ENGRAM_FEATURE_RESIDENT_TOUCH gets a resident table's TABLE_MAPPED with
+ * a third fd, the same touch page, whose counters of the table count its rows read in place. */
 struct engram_msg_map_table {
   struct engram_msg_header header;
   uint32_t layer_id;
@@ -280,11 +288,11 @@ ENGRAM_STATIC_ASSERT(offsetof(struct engram_table_state_page, daemon_alive) == 6
 
 /* ---- the cache touch page (1.4) -------------------------------------------------------- */
 
-/* One memfd per session that maps the row cache, sent as TABLE_MAPPED's third fd (kind
- * ENGRAM_TABLE_MAPPED_ROW_CACHE) and mapped read-write by both sides. Its size is fixed by the
- * daemon, so nothing a client writes grows anything. The client reports there what it read from
- * the row cache itself: per table counters (so that the daemon's statistics count those rows as
- * if it had served them) and a ring of the slots it hit whose use count had not saturated (the
+/* One memfd per session that maps the row cache (or, since 1.5, a resident table), sent as
+ * TABLE_MAPPED's third fd and mapped read-write by both sides. Its size is fixed by the daemon,
+ * so nothing a client writes grows anything. The client reports there what it read in place:
+ * per table counters (so that the daemon's statistics count those rows as if it had served
+ * them) and, for the row cache, a ring of the slots it hit whose use count had not saturated (the
  * daemon folds them into the slots' use counts before it evicts). docs/protocol.md, "Reading the
  * row cache in place", gives the orderings; the daemon checks every entry it reads. */
 #define ENGRAM_CACHE_TOUCH_MAGIC 0x48435445u /* "ETCH" */

@@ -60,6 +60,9 @@
     "Submissions the daemon could not read (a corrupt ring or entry), counted as failed too")   \
   X(cache_rows_in_place, COUNTED, COUNTER, "engram_client_cache_rows_in_place_total",          \
     "Rows of cache-tier tables the client copied from the row cache itself "                   \
+    "(engram_gather's in-place path), as its touch page reported them")                         \
+  X(resident_rows_in_place, COUNTED, COUNTER, "engram_client_resident_rows_in_place_total",    \
+    "Rows of resident tables the client copied from its own mapping "                          \
     "(engram_gather's in-place path), as its touch page reported them")
 /* clang-format on */
 

@@ -467,11 +467,16 @@ TEST_CASE("engramctl load starts, cancels and resumes a resident table's load", 
         3 * 1152);
   // Loading a loaded table again is a no-op that says so.
   CHECK(Ctl(d, "load 14")["state"] == "loaded");
-  // Loaded: gathers that ask to read in place no longer reach the daemon.
+  // Loaded: gathers that ask to read in place no longer reach the daemon, which counts them
+  // from the session's touch page (nothing read from storage).
   REQUIRE(InChild([&] {
             return GatherChecked(d, 14, 1152, kRows, 3, 10, ENGRAM_GATHER_IN_PLACE);
           }) == 0);
-  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == last["store_requests"]);
+  const json in_place = TableEntry(Ctl(d, "stats"), 14);
+  CHECK(in_place["store_requests"].get<uint64_t>() == last["store_requests"].get<uint64_t>() + 3);
+  CHECK(in_place["store_hit_rows"].get<uint64_t>() ==
+        last["store_hit_rows"].get<uint64_t>() + 3 * 1152);
+  CHECK(in_place["batches"] == last["batches"]);
 }
 
 // The 2 MiB pages of /proc/meminfo and /proc/sys/vm: how many are in use, and how many more a
@@ -582,14 +587,15 @@ TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others t
   FillRows(rows, n, kRows, 31);
   rows[n - 1] = rows[0];
 
-  // The resident table: byte-exact, scattered, and the daemon never sees the requests.
+  // The resident table: byte-exact, scattered, and the daemon serves none of the requests (it
+  // counts them from the session's touch page: see "rows read in place ... count" below).
   const json before = TableEntry(Ctl(d, "stats"), 14);
   for (int b = 0; b < 3; ++b) {
     std::memset(out, 0xEE, n * kRowBytes);
     REQUIRE(Gather(s, 14, rows, n, out, offsets, ENGRAM_GATHER_IN_PLACE).first == 0);
     CHECK(FirstBadRow(14, rows, n, out, offsets) == -1);
   }
-  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == before["store_requests"]);
+  CHECK(TableEntry(Ctl(d, "stats"), 14)["batches"] == before["batches"]);
   engram_session_stats stats{.size = sizeof(stats)};
   REQUIRE(engram_get_session_stats(s, &stats) == 0);
   CHECK(stats.rows_in_place == 3 * n);
@@ -689,11 +695,11 @@ TEST_CASE("a plain engram_gather reads resident and cached tables in place; the 
   const json before = TableEntry(Ctl(d, "stats"), 14);
   CHECK(GatherCounted(s, 14, rows, n, out, 0) == Rows{n, 0});
   CHECK(GatherCounted(s, 14, rows, n, out, ENGRAM_GATHER_IN_PLACE) == Rows{n, 0});
-  CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"] == before["store_requests"]);
+  // engramd counts the two gathers read in place (from the touch page) and the one it served.
   CHECK(GatherCounted(s, 14, rows, n, via_daemon, ENGRAM_GATHER_VIA_DAEMON) == Rows{0, n});
   CHECK(std::memcmp(out, via_daemon, n * kRowBytes) == 0);
   CHECK(TableEntry(Ctl(d, "stats"), 14)["store_requests"].get<uint64_t>() ==
-        before["store_requests"].get<uint64_t>() + 1);
+        before["store_requests"].get<uint64_t>() + 3);
 
   // Cache tier: a working set the 1 MiB cache holds, so that once engramd has read the rows a
   // plain gather copies them here, with no request.
@@ -748,6 +754,91 @@ TEST_CASE("a plain engram_gather reads resident and cached tables in place; the 
     return 0;
   });
   CHECK(env_rc == 0);
+}
+
+// The rows, gathers and all-hit gathers of `layer` engramd counts, and its status's rows_served
+// and batches.
+struct ServedCounts {
+  uint64_t store_requests, store_all_hit_requests, store_rows, store_hit_rows, batches;
+  uint64_t rows_served, status_batches;
+  bool operator==(const ServedCounts&) const = default;
+};
+ServedCounts Served(const Daemon& d, uint32_t layer) {
+  const json t = TableEntry(Ctl(d, "stats"), layer);
+  const json status = Ctl(d, "status");
+  return {t["store_requests"], t["store_all_hit_requests"], t["store_rows"], t["store_hit_rows"],
+          t["batches"], status["rows_served"], status["batches"]};
+}
+std::ostream& operator<<(std::ostream& o, const ServedCounts& c) {
+  return o << "{requests " << c.store_requests << ", all-hit " << c.store_all_hit_requests
+           << ", rows " << c.store_rows << ", hit rows " << c.store_hit_rows << ", engine batches "
+           << c.batches << ", rows served " << c.rows_served << ", batches "
+           << c.status_batches << "}";
+}
+ServedCounts operator-(const ServedCounts& a, const ServedCounts& b) {
+  return {a.store_requests - b.store_requests, a.store_all_hit_requests - b.store_all_hit_requests,
+          a.store_rows - b.store_rows,         a.store_hit_rows - b.store_hit_rows,
+          a.batches - b.batches,               a.rows_served - b.rows_served,
+          a.status_batches - b.status_batches};
+}
+
+// `pid`'s sessions' resident_rows_in_place in engramctl stats.
+uint64_t ResidentRowsInPlace(const Daemon& d, pid_t pid) {
+  uint64_t rows = 0;
+  const json stats = Ctl(d, "stats");
+  for (const json& e : stats["clients"]) {
+    if (e["pid"] == pid) rows += e["resident_rows_in_place"].get<uint64_t>();
+  }
+  return rows;
+}
+
+TEST_CASE("rows read in place from a resident table count in engramd's statistics",
+          "[store][map]") {
+  const Daemon& d = StoreDaemon();
+  WaitResident(d);
+  const uint64_t n = 1152;
+  // A client process: plain gathers (read in place), every byte checked, then it closes.
+  const ServedCounts before = Served(d, 14);
+  REQUIRE(InChild([&] { return GatherChecked(d, 14, n, kRows, 5, 91, 0); }) == 0);
+  const ServedCounts after_child = Served(d, 14);
+  // As if engramd had served them from memory: 5 all-hit gathers of n rows; the engine read
+  // nothing.
+  CHECK(after_child - before == ServedCounts{5, 5, 5 * n, 5 * n, 0, 5 * n, 5});
+
+  // A session of this process: its own counter in engramctl stats, while it is open.
+  engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 4);
+  engram_session* s = nullptr;
+  REQUIRE(engram_connect(&o, &s) == 0);
+  uint64_t* rows;
+  uint8_t* out;
+  REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  FillRows(rows, n, kRows, 92);
+  for (int b = 0; b < 3; ++b) {
+    REQUIRE(Gather(s, 14, rows, n, out, nullptr, 0).first == 0);
+    CHECK(FirstBadRow(14, rows, n, out) == -1);
+  }
+  engram_session_stats stats{.size = sizeof(stats)};
+  REQUIRE(engram_get_session_stats(s, &stats) == 0);
+  CHECK(stats.rows_in_place == 3 * n);
+  CHECK(stats.rows == 0);
+  CHECK(ResidentRowsInPlace(d, getpid()) == 3 * n);
+  CHECK(Served(d, 14) - after_child == ServedCounts{3, 3, 3 * n, 3 * n, 0, 3 * n, 3});
+  // The metrics count them too.
+  const std::string text = Ctl(d, "metrics")["text"];
+  const std::string metric = "engram_store_rows_total{table=\"14\"} ";
+  const size_t at = text.find(metric);
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stoull(text.substr(at + metric.size())) == Served(d, 14).store_rows);
+  CHECK(text.find("engram_client_resident_rows_in_place_total") != std::string::npos);
+  engram_close(s);
+
+  // A session that asks engramd for its gathers adds only what engramd served.
+  const ServedCounts before_daemon = Served(d, 14);
+  REQUIRE(InChild([&] {
+    return GatherChecked(d, 14, n, kRows, 2, 93, ENGRAM_GATHER_VIA_DAEMON);
+  }) == 0);
+  CHECK(Served(d, 14) - before_daemon == ServedCounts{2, 2, 2 * n, 2 * n, 0, 2 * n, 2});
 }
 
 TEST_CASE("a plain engram_gather of a storage-tier table goes through engramd", "[store][map]") {
