@@ -93,6 +93,11 @@ absl::Status PressureMonitor::Start() {
     auto path = FindMemoryPressureFile();
     if (!path.ok()) return path.status();
     options_.path = *path;
+  } else if (std::string text;
+             !ReadText(options_.path, &text) || !ParseMemoryPressure(text).has_value()) {
+    // A file named in the configuration that gives nothing would leave the cache deaf to
+    // pressure without a word.
+    return absl::NotFoundError(absl::StrCat(options_.path, " cannot be read as a PSI file"));
   }
   Tick(NowNs());
   thread_ = std::thread([this] { Run(); });

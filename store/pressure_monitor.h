@@ -65,8 +65,9 @@ class PressureMonitor {
   PressureMonitor(RowCache* cache, uint64_t target_slots, PressureOptions options, Notice notice);
   ~PressureMonitor();
 
-  // Resolves the PSI file and starts sampling; NotFound when there is no PSI to read (the cache
-  // then keeps its size; the caller reports it).
+  // Resolves the PSI file (options.path, or FindMemoryPressureFile()) and starts sampling;
+  // NotFound when there is no PSI to read, or options.path cannot be read as one (the cache then
+  // keeps its size; the caller reports it).
   absl::Status Start();
   void Stop();
 

@@ -136,8 +136,11 @@ RowStore::TableState* RowStore::StateOf(const Table* table) {
 
 void RowStore::StartLoading(bool load_now) {
   if (cache_ != nullptr && config_.pressure) {
-    pressure_ = std::make_unique<PressureMonitor>(cache_.get(), cache_target_slots_,
-                                                  PressureOptions{}, notice_);
+    pressure_ = std::make_unique<PressureMonitor>(
+        cache_.get(), cache_target_slots_,
+        PressureOptions{.path = config_.pressure_file,
+                        .interval_ns = uint64_t{config_.pressure_interval_ms} * 1'000'000},
+        notice_);
     if (absl::Status s = pressure_->Start(); !s.ok()) {
       notice_(absl::StrCat("row cache keeps its size under memory pressure: ", s.message()));
       pressure_.reset();

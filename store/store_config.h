@@ -49,6 +49,8 @@ struct StoreConfig {
   uint64_t others_bytes = 0;
   uint64_t cache_bytes = 0;            // [memory] cache: 0 = what the store's share leaves
   bool pressure = true;                // [memory] pressure: shrink the cache under PSI pressure
+  std::string pressure_file;           // [memory] pressure_file: "" = FindMemoryPressureFile()
+  uint32_t pressure_interval_ms = 1000;  // [memory] pressure_interval_ms: between two samples
   bool huge_pages = true;              // [memory] huge_pages: resident tables on hugetlb pages
   bool load_at_start = true;           // [memory] load_at_start: else `engramctl load` starts it
   uint64_t load_rate_bytes_per_s = 0;  // [memory] load_rate: bytes/s a load reads; 0 = no limit

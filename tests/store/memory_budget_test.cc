@@ -136,6 +136,26 @@ TEST_CASE("pressure shrinks the cache step by step and calm grows it back", "[pr
   REQUIRE((*cache)->capacity_slots() == full);
 }
 
+TEST_CASE("a PSI file named that cannot be read as one is refused at start, naming it",
+          "[pressure]") {
+  testing::TempDir dir;
+  auto cache = RowCache::Create({.max_bytes = 1 << 20}, nullptr);
+  REQUIRE(cache.ok());
+  const std::string missing = dir / "no-such-file";
+  PressureMonitor absent(cache->get(), (*cache)->capacity_slots(), {.path = missing},
+                         [](const std::string&) {});
+  absl::Status s = absent.Start();
+  REQUIRE(absl::IsNotFound(s));
+  REQUIRE_THAT(std::string(s.message()), Contains(missing));
+  const std::string garbage = dir / "garbage";
+  std::ofstream(garbage) << "not PSI\n";
+  PressureMonitor unreadable(cache->get(), (*cache)->capacity_slots(), {.path = garbage},
+                             [](const std::string&) {});
+  s = unreadable.Start();
+  REQUIRE(absl::IsNotFound(s));
+  REQUIRE_THAT(std::string(s.message()), Contains(garbage));
+}
+
 // Run alone (meson test store_pressure_kernel): it exits 77 where the kernel has no PSI.
 TEST_CASE("the kernel's PSI file is found and sampled", "[psi]") {
   auto path = FindMemoryPressureFile();
