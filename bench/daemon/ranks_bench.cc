@@ -447,6 +447,24 @@ void FillFromTrace(const Env& env, const Case& c, int rank, uint32_t step, StepG
   }
 }
 
+// Waits for a paced step's scheduled start; returns the time its latency counts from: the
+// scheduled start when the rank could not start on time (its last step overran: that wait
+// counts), else when its timer woke it. An engine submits a step when it is ready, not from a
+// timer, so the timer's own lateness (tens to hundreds of µs on a VM) is left out and reported
+// beside the table instead.
+uint64_t WaitForStep(uint64_t scheduled, uint64_t period, int rank, SharedResults* out) {
+  uint64_t t0 = NowNs();
+  if (period > 0 && t0 <= scheduled) {
+    SleepUntil(scheduled);
+    t0 = NowNs();
+    out->wake_late_sum_ns[rank] += t0 - scheduled;
+    out->wake_late_max_ns[rank] = std::max(out->wake_late_max_ns[rank], t0 - scheduled);
+  } else if (period > 0) {
+    t0 = scheduled;
+  }
+  return t0;
+}
+
 // The body of one decode rank's process.
 int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
              SharedResults* out) {
@@ -502,20 +520,7 @@ int RankMain(const Env& env, const Case& c, const std::string& method, int rank,
         EvictRows(*env.tables[l], evict.data(), evict.size());
       }
     }
-    const uint64_t scheduled = start + step * period;
-    // Latency counts from the scheduled start when the rank could not start on time (its last
-    // step overran: that wait counts), else from when its timer woke it. An engine submits a
-    // step when it is ready, not from a timer, so the timer's own lateness (tens to hundreds of
-    // µs on a VM) is left out and reported beside the table instead.
-    uint64_t t0 = NowNs();
-    if (period > 0 && t0 <= scheduled) {
-      SleepUntil(scheduled);
-      t0 = NowNs();
-      out->wake_late_sum_ns[rank] += t0 - scheduled;
-      out->wake_late_max_ns[rank] = std::max(out->wake_late_max_ns[rank], t0 - scheduled);
-    } else if (period > 0) {
-      t0 = scheduled;
-    }
+    const uint64_t t0 = WaitForStep(start + step * period, period, rank, out);
     if (!g->Gather(n)) return fail(g->error);
     out->lat[rank * steps + step] = NowNs() - t0;
   }
