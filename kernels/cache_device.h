@@ -41,13 +41,28 @@ __device__ __forceinline__ uint64_t CacheCheckTerm(uint64_t word, uint32_t posit
 // strong loads go over PCIe one per lane: on the H200 host a slot's 35 words read strong took
 // the lookup to 4x the resident read. Nothing here relies on a load's order, atomicity or
 // freshness: the row check decides whether what they read is one row, and a row's bytes never
-// change for its key (docs/gpu.md, "Row cache hits on the GPU").
+// change for its key (docs/gpu.md, "Row cache hits on the GPU"). What matters is that the words
+// checked are the words dequantised: each is loaded once, by a load the compiler may not repeat
+// or re-read later (volatile asm on CUDA, a volatile access on HIP), into a register.
+#if defined(ENGRAM_HIP)
 __device__ __forceinline__ uint32_t LoadWord32(const void* p) {
-  return *static_cast<const uint32_t*>(p);
+  return *static_cast<const volatile uint32_t*>(p);
 }
 __device__ __forceinline__ uint64_t LoadWord64(const void* p) {
-  return *static_cast<const uint64_t*>(p);
+  return *static_cast<const volatile uint64_t*>(p);
 }
+#else
+__device__ __forceinline__ uint32_t LoadWord32(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint64_t LoadWord64(const void* p) {
+  uint64_t v;
+  asm volatile("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+#endif
 
 // The 32-thread group's vote and shuffle (a warp on CUDA; half a 64-lane wavefront on
 // AMD, whose lanes run in lockstep).
