@@ -14,7 +14,6 @@ std::span<const char* const> DefaultCudaRuntimeNames();
 std::span<const char* const> DefaultHipRuntimeNames();
 
 // engram_gpu_register with explicit candidate lists.
-
 int GpuRegisterWith(void* addr, size_t len, std::span<const char* const> cuda_names,
                     std::span<const char* const> hip_names, engram_gpu_registration** ret_reg);
 

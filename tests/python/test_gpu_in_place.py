@@ -236,6 +236,18 @@ def _host_step(hasher, tokens, history, layer, tp):
                        tp_rank=tp[1])
 
 
+def _assert_first_step(step, hasher, hash_tables, tokens):
+    """step's outputs for layers 1 and 14 equal the host reference of a first step of `tokens`
+    (no history), bit for bit."""
+    import torch
+    import reference
+    hist = [[] for _ in range(SEQS)]
+    for layer in (1, 14):
+        want = reference.embeddings(hash_tables, layer,
+                                    _host_step(hasher, tokens, hist, layer, (1, 0)))
+        assert torch.equal(reference.bits(step.output(layer).cpu()), reference.bits(want))
+
+
 def _step_inputs(rng, vocab_size, replay, pool):
     """Tokens and history of a replay: every third replay repeats an earlier one, so that the
     row cache holds its rows and the step reads hits."""
@@ -392,11 +404,7 @@ def test_step_falls_back_to_the_arena_when_registration_is_refused(
         step.run()
         torch.cuda.synchronize()
         assert step.error == 0 and step.report_hits() == {}
-        hist = [[] for _ in range(SEQS)]
-        for layer in (1, 14):
-            want = reference.embeddings(hash_tables, layer,
-                                        _host_step(hasher, tokens, hist, layer, (1, 0)))
-            assert torch.equal(reference.bits(step.output(layer).cpu()), reference.bits(want))
+        _assert_first_step(step, hasher, hash_tables, tokens)
 
 
 @pytest.mark.gpu
@@ -434,11 +442,7 @@ def test_a_withdrawn_table_is_reported_and_the_next_capture_reads_the_arena(
         graph.replay()
         torch.cuda.synchronize()
         assert step.error == 0
-        hist = [[] for _ in range(SEQS)]
-        for layer in (1, 14):
-            want = reference.embeddings(hash_tables, layer,
-                                        _host_step(hasher, tokens, hist, layer, (1, 0)))
-            assert torch.equal(reference.bits(step.output(layer).cpu()), reference.bits(want))
+        _assert_first_step(step, hasher, hash_tables, tokens)
 
 
 @pytest.mark.gpu
