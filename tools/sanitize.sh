@@ -24,30 +24,6 @@ ccache=$(command -v ccache >/dev/null && echo "ccache " || true)
 compilers=(CC="${ccache}clang" CXX="${ccache}clang++")
 common=(-Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled -Dbuildtype=debugoptimized)
 
-# The tests of `suites` that run C/C++ code in-process, and the build targets they need, from
-# meson's introspection: "test NAME" and "target PATH" lines. Python tests would load the
-# sanitizer runtime late (ctypes), and the libFuzzer runs build with clang on their own.
-plan_of() {
-  /usr/bin/python3 - "$1" "${suites[@]}" <<'PY'
-import json, os, subprocess, sys
-build, suites = sys.argv[1], {"engramd:" + s for s in sys.argv[2:]}
-def introspect(what):
-    return json.loads(subprocess.run(["meson", "introspect", build, what], check=True,
-                                     capture_output=True, text=True).stdout)
-files = {t["id"]: t["filename"] for t in introspect("--targets")}
-targets = set()
-for test in introspect("--tests"):
-    program = os.path.basename(test["cmd"][0])
-    if not suites & set(test["suite"]) or program.startswith("python") or program == "run_fuzz.sh":
-        continue
-    print("test", test["name"])
-    for dep in test["depends"]:
-        targets.update(os.path.relpath(f, build) for f in files.get(dep, []))
-for t in sorted(targets):
-    print("target", t)
-PY
-}
-
 status=0
 for kind in "${kinds[@]}"; do
   dir="$prefix-$kind"
@@ -65,7 +41,8 @@ for kind in "${kinds[@]}"; do
   fi
   # Regenerates the build files (and so the introspection read below) if a meson.build changed.
   ninja -C "$dir" build.ninja >/dev/null
-  plan=$(plan_of "$dir")
+  # The tests of `suites` that run C/C++ code in-process, and the targets they need.
+  plan=$(/usr/bin/python3 tools/test_plan.py "$dir" --in-process "${suites[@]}")
   mapfile -t tests < <(sed -n 's/^test //p' <<<"$plan")
   mapfile -t targets < <(sed -n 's/^target //p' <<<"$plan")
   echo "== $kind: building ${#targets[@]} targets with $jobs jobs"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Builds engramd and runs every test (Catch2, pytest, fuzz smoke runs, unit-file checks), then
-# cross-builds it for arm64 (DGX Spark) and runs the table, gather, hash, daemon, ops and GPU
-# (CPU-side) suites on the arm64 binaries under qemu-user.
+# cross-builds for arm64 (DGX Spark) what the table, gather, hash, daemon, ops and GPU (CPU-side)
+# suites need and runs them on the arm64 binaries under qemu-user.
 # Usage: tools/test.sh [meson test args...]   e.g. tools/test.sh --suite table
-#   Arguments go to both runs; without them the arm64 run takes the suites above.
-#   ENGRAM_BUILD_DIR   native build directory (default build); arm64 builds in it + "-arm64"
-#   ENGRAM_ARM64=0     native only
+#   Arguments go to both runs; without them the arm64 run takes the suites above and builds only
+#   their targets (tools/test_plan.py), with them it builds the whole arm64 tree.
+#   ENGRAM_BUILD_DIR     native build directory (default build); arm64 builds in it + "-arm64"
+#   ENGRAM_ARM64=0       native only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arm64=${ENGRAM_ARM64:-1}
@@ -23,16 +24,26 @@ rc=0
 meson test -C "$builddir" --print-errorlogs --num-processes "$(nproc)" "$@" || rc=$?
 [[ $arm64 == 1 ]] || exit "$rc"
 
-# arm64: only what its tests need (no GPU kernels, benchmarks or fuzzers).
+# arm64: no GPU kernels, benchmarks or fuzzers, and of the rest only what its tests need.
 armdir=$builddir-arm64
 if [[ ! -f "$armdir/build.ninja" ]]; then
   meson setup "$armdir" --cross-file cross/aarch64-linux-gnu.ini \
     -Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled
 fi
-meson compile -C "$armdir" || exit 1
 arm_args=("$@")
-((${#arm_args[@]})) || arm_args=(--suite table --suite gather --suite hash --suite daemon
-                                  --suite ops --suite gpu)
+if ((${#arm_args[@]})); then
+  meson compile -C "$armdir" || exit 1
+else
+  suites=(table gather hash daemon ops gpu)
+  for s in "${suites[@]}"; do arm_args+=(--suite "$s"); done
+  # Regenerates the build files (and so the introspection read below) if a meson.build changed.
+  ninja -C "$armdir" build.ninja >/dev/null
+  mapfile -t targets < <(/usr/bin/python3 tools/test_plan.py "$armdir" "${suites[@]}" |
+                         sed -n 's/^target //p')
+  echo "tests: arm64: building the ${#targets[@]} targets of the ${suites[*]} suites"
+  ninja -C "$armdir" "${targets[@]}" || exit 1
+fi
 echo "tests: arm64 binaries under $(qemu-aarch64-static --version | head -1)"
-meson test -C "$armdir" --print-errorlogs --num-processes "$(nproc)" "${arm_args[@]}" || rc=1
+meson test -C "$armdir" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
+  "${arm_args[@]}" || rc=1
 exit "$rc"
