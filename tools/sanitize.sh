@@ -9,9 +9,12 @@
 # Usage: tools/sanitize.sh [asan|tsan]...   (default: both)
 #   SANITIZE_BUILD_DIR=build-san (prefix: build-san-asan, build-san-tsan)
 #   SANITIZE_JOBS=N   parallel compile jobs (default: the number of cores)
+#   ENGRAM_PHASE_TIMES   a file to which each run appends the wall and CPU seconds of its build
+#                        and of its tests (tools/phase_times.sh)
 # Exit status: 0 when every selected run passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/phase_times.sh
 root=$(pwd)
 prefix=${SANITIZE_BUILD_DIR:-build-san}
 jobs=${SANITIZE_JOBS:-$(nproc)}
@@ -34,6 +37,7 @@ for kind in "${kinds[@]}"; do
   esac
   # A run whose build fails leaves no test log behind: CI counts that as a failure.
   rm -f "$dir/meson-logs/testlog.json"
+  phase_start
   if [[ ! -f "$dir/build.ninja" ]] &&
       ! env "${compilers[@]}" meson setup "$dir" "${common[@]}" "${opts[@]}"; then
     status=1
@@ -51,6 +55,7 @@ for kind in "${kinds[@]}"; do
     status=1
     continue
   fi
+  phase_end "$kind build"
   echo "== $kind: ${#tests[@]} tests: ${tests[*]}"
   # Leaks count; any report ends the process with exit status 66, which fails its test (for a
   # daemon a test started: testkit/daemon_test_util.h). TSan suppressions, if any, are
@@ -62,6 +67,7 @@ for kind in "${kinds[@]}"; do
       --timeout-multiplier 4 "${tests[@]}"; then
     status=1
   fi
+  phase_end "$kind tests"
   echo "== $kind: testlog at $dir/meson-logs/testlog.json"
 done
 exit $status

@@ -7,8 +7,11 @@
 #   their targets (tools/test_plan.py), with them it builds the whole arm64 tree.
 #   ENGRAM_BUILD_DIR     native build directory (default build); arm64 builds in it + "-arm64"
 #   ENGRAM_ARM64=0       native only
+#   ENGRAM_PHASE_TIMES   a file to which each build and test phase appends one line:
+#                        "PHASE<TAB>wall seconds<TAB>CPU seconds" (.ci/run prints them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/phase_times.sh
 arm64=${ENGRAM_ARM64:-1}
 if [[ $arm64 == 1 ]]; then
   bash tools/setup.sh --arch arm64
@@ -16,12 +19,15 @@ else
   bash tools/setup.sh
 fi
 builddir=${ENGRAM_BUILD_DIR:-build}
+phase_start
 if [[ ! -f "$builddir/build.ninja" ]]; then
   meson setup "$builddir"
 fi
 meson compile -C "$builddir"
+phase_end "native build"
 rc=0
 meson test -C "$builddir" --print-errorlogs --num-processes "$(nproc)" "$@" || rc=$?
+phase_end "native tests"
 [[ $arm64 == 1 ]] || exit "$rc"
 
 # arm64: no GPU kernels, benchmarks or fuzzers, and of the rest only what its tests need.
@@ -43,7 +49,9 @@ else
   echo "tests: arm64: building the ${#targets[@]} targets of the ${suites[*]} suites"
   ninja -C "$armdir" "${targets[@]}" || exit 1
 fi
+phase_end "arm64 build"
 echo "tests: arm64 binaries under $(qemu-aarch64-static --version | head -1)"
 meson test -C "$armdir" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
   "${arm_args[@]}" || rc=1
+phase_end "arm64 tests"
 exit "$rc"
