@@ -30,11 +30,13 @@ meson test -C "$builddir" --print-errorlogs --num-processes "$(nproc)" "$@" || r
 phase_end "native tests"
 [[ $arm64 == 1 ]] || exit "$rc"
 
-# arm64: no GPU kernels, benchmarks or fuzzers, and of the rest only what its tests need.
+# arm64: no GPU kernels, benchmarks or fuzzers, and of the rest only what its tests need. No
+# debug information either (-Ddebug=false keeps -O2 and the asserts): gcc generates the same
+# code without -g, and nothing debugs these binaries under qemu.
 armdir=$builddir-arm64
 if [[ ! -f "$armdir/build.ninja" ]]; then
   meson setup "$armdir" --cross-file cross/aarch64-linux-gnu.ini \
-    -Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled
+    -Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled -Ddebug=false
 fi
 arm_args=("$@")
 if ((${#arm_args[@]})); then
