@@ -7,6 +7,7 @@
 #   their targets (tools/test_plan.py), with them it builds the whole arm64 tree.
 #   ENGRAM_BUILD_DIR     native build directory (default build); arm64 builds in it + "-arm64"
 #   ENGRAM_ARM64=0       native only
+#   ENGRAM_SETUP_ARGS    more options for the native build's meson setup (.ci/run: -Ddebug=false)
 #   ENGRAM_PHASE_TIMES   a file to which each build and test phase appends one line:
 #                        "PHASE<TAB>wall seconds<TAB>CPU seconds" (.ci/run prints them)
 set -euo pipefail
@@ -21,7 +22,8 @@ fi
 builddir=${ENGRAM_BUILD_DIR:-build}
 phase_start
 if [[ ! -f "$builddir/build.ninja" ]]; then
-  meson setup "$builddir"
+  read -ra setup_args <<<"${ENGRAM_SETUP_ARGS:-}"
+  meson setup "$builddir" "${setup_args[@]}"
 fi
 meson compile -C "$builddir"
 phase_end "native build"
