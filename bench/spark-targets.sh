@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The DGX Spark row-cache targets in one go: runs each benchmark that measures one, keeps its raw
-# output, and prints one table (target, measured, met/missed). docs/performance.md ("DGX Spark
-# targets") says what each target is and how it is measured.
+# output, and prints one table (target, measured, met/missed). bench/README.md ("DGX Spark
+# targets") says what each target is and how it is measured; docs/performance.md has the results.
 #
 #   bench/spark-targets.sh BIN_DIR [--quick] [--out DIR] [--work DIR] [--token-trace FILE]
 #

@@ -9,9 +9,12 @@
 # Usage: tools/sanitize.sh [asan|tsan]...   (default: both)
 #   SANITIZE_BUILD_DIR=build-san (prefix: build-san-asan, build-san-tsan)
 #   SANITIZE_JOBS=N   parallel compile jobs (default: the number of cores)
+#   ENGRAM_PHASE_TIMES   a file to which each run appends the wall and CPU seconds of its build
+#                        and of its tests (tools/phase_times.sh)
 # Exit status: 0 when every selected run passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source tools/phase_times.sh
 root=$(pwd)
 prefix=${SANITIZE_BUILD_DIR:-build-san}
 jobs=${SANITIZE_JOBS:-$(nproc)}
@@ -22,31 +25,11 @@ ccache=$(command -v ccache >/dev/null && echo "ccache " || true)
 # Both runs build with clang. meson puts ccache in front of the compilers it finds itself, not
 # of those named in CC/CXX.
 compilers=(CC="${ccache}clang" CXX="${ccache}clang++")
-common=(-Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled -Dbuildtype=debugoptimized)
-
-# The tests of `suites` that run C/C++ code in-process, and the build targets they need, from
-# meson's introspection: "test NAME" and "target PATH" lines. Python tests would load the
-# sanitizer runtime late (ctypes), and the libFuzzer runs build with clang on their own.
-plan_of() {
-  /usr/bin/python3 - "$1" "${suites[@]}" <<'PY'
-import json, os, subprocess, sys
-build, suites = sys.argv[1], {"engramd:" + s for s in sys.argv[2:]}
-def introspect(what):
-    return json.loads(subprocess.run(["meson", "introspect", build, what], check=True,
-                                     capture_output=True, text=True).stdout)
-files = {t["id"]: t["filename"] for t in introspect("--targets")}
-targets = set()
-for test in introspect("--tests"):
-    program = os.path.basename(test["cmd"][0])
-    if not suites & set(test["suite"]) or program.startswith("python") or program == "run_fuzz.sh":
-        continue
-    print("test", test["name"])
-    for dep in test["depends"]:
-        targets.update(os.path.relpath(f, build) for f in files.get(dep, []))
-for t in sorted(targets):
-    print("target", t)
-PY
-}
+# Debug information as line tables only (the last -g option wins over the build type's -g):
+# a report's stack names functions, files, lines and inlined frames, and that is all it reads
+# from it; variable and type information is for a debugger, and the rest of -g's cost.
+common=(-Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled -Dbuildtype=debugoptimized
+        -Dc_args=-gline-tables-only -Dcpp_args=-gline-tables-only)
 
 status=0
 for kind in "${kinds[@]}"; do
@@ -58,6 +41,7 @@ for kind in "${kinds[@]}"; do
   esac
   # A run whose build fails leaves no test log behind: CI counts that as a failure.
   rm -f "$dir/meson-logs/testlog.json"
+  phase_start
   if [[ ! -f "$dir/build.ninja" ]] &&
       ! env "${compilers[@]}" meson setup "$dir" "${common[@]}" "${opts[@]}"; then
     status=1
@@ -65,7 +49,8 @@ for kind in "${kinds[@]}"; do
   fi
   # Regenerates the build files (and so the introspection read below) if a meson.build changed.
   ninja -C "$dir" build.ninja >/dev/null
-  plan=$(plan_of "$dir")
+  # The tests of `suites` that run C/C++ code in-process, and the targets they need.
+  plan=$(/usr/bin/python3 tools/test_plan.py "$dir" --in-process "${suites[@]}")
   mapfile -t tests < <(sed -n 's/^test //p' <<<"$plan")
   mapfile -t targets < <(sed -n 's/^target //p' <<<"$plan")
   echo "== $kind: building ${#targets[@]} targets with $jobs jobs"
@@ -74,6 +59,7 @@ for kind in "${kinds[@]}"; do
     status=1
     continue
   fi
+  phase_end "$kind build"
   echo "== $kind: ${#tests[@]} tests: ${tests[*]}"
   # Leaks count; any report ends the process with exit status 66, which fails its test (for a
   # daemon a test started: testkit/daemon_test_util.h). TSan suppressions, if any, are
@@ -85,6 +71,7 @@ for kind in "${kinds[@]}"; do
       --timeout-multiplier 4 "${tests[@]}"; then
     status=1
   fi
+  phase_end "$kind tests"
   echo "== $kind: testlog at $dir/meson-logs/testlog.json"
 done
 exit $status

@@ -21,6 +21,8 @@ done
 
 packages=(
   build-essential pkg-config meson ninja-build clang libclang-rt-14-dev
+  # tests/structure's format check: the release whose layout the tree follows.
+  clang-format
   liburing-dev libabsl-dev catch2 libbenchmark-dev
   libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libxxhash-dev
   python3 python3-numpy python3-torch python3-pytest python3-matplotlib

@@ -7,7 +7,7 @@
 // --steady and --timeline-s (--tier cache, --trace), the row cache's targets instead: a steady
 // state with part of the trace's rows cached against all of them cached plus one device read,
 // decode alone and beside a prefill, the all-hit cache read in place against a resident table,
-// and a cold start's p99 and hit rate per window (docs/performance.md, "DGX Spark targets").
+// and a cold start's p99 and hit rate per window (bench/README.md, "DGX Spark targets").
 //
 // This file is the driver's entry: the options, their checks, and the run; ranks.h says where
 // the rest of the driver and the cases are.

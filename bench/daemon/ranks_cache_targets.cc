@@ -1,4 +1,4 @@
-// engram-ranks' cases for the row cache's targets (--steady, --timeline-s; docs/performance.md,
+// engram-ranks' cases for the row cache's targets (--steady, --timeline-s; bench/README.md,
 // "DGX Spark targets"): a steady state with part of the rows cached against the same ids all
 // cached plus one device read, a prefill beside the steady decode ranks, the client's in-place
 // reads of an all-hit cache against a resident table's, and a cold start's timeline.

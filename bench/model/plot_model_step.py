@@ -3,8 +3,8 @@
 against the tables in GPU memory (p50 and p99), and the timeline of one step (the lookup on its
 side stream against layers 0-2 on the main stream).
 
-    python3 bench/model/plot_model_step.py docs/bench/model-step-h200.json \
-        docs/bench/model-step-h200.png
+    python3 bench/model/plot_model_step.py bench/results/model-step-h200.json \
+        bench/results/model-step-h200.png
 """
 import json
 import sys

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "model" / "plot_model_step.py"
-KEPT = ROOT / "docs" / "bench" / "model-step-h200.json"
+KEPT = ROOT / "bench" / "results" / "model-step-h200.json"
 
 
 def plot(tmp_path, data):
