@@ -18,7 +18,6 @@ gathered tensor is alive any more, so a stale tensor never points at unmapped me
 """
 
 import ctypes
-import dataclasses
 import errno
 import functools
 import os
@@ -26,7 +25,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -34,27 +33,17 @@ from . import _lib
 from ._arrays import integer_array
 from .errors import (InvalidArgumentError, PrefetchUnsupportedError, RowOutOfRangeError,
                      error_for)
+from .arena import ArenaBuffer
+# TableInfo, SessionStats, protocol_version, library_path, row_bytes and Ticket are part of this
+# module's names as before; they live in their own modules.
+from .session_info import (SessionStats, TableInfo, library_path,  # noqa: F401 (re-exported)
+                           protocol_version, row_bytes)
+from .ticket import _NS, Ticket, _timeout_ns
 from .views import split_rows
 
 ARRAY_KINDS = ("torch", "numpy")
 
 DEFAULT_SOCKET = "/run/engramd/engramd.sock"
-_NS = 1_000_000_000
-
-
-def row_bytes() -> int:
-    """Bytes per gathered row (264: 256 FP8 values, 8 E8M0 scales), as libengram_client defines
-    it (engram_row_bytes); engram.ROW_BYTES is the same number."""
-    return _lib.row_bytes()
-
-
-def _timeout_ns(timeout: Optional[float]) -> int:
-    if timeout is None:
-        return -1
-    if timeout < 0:
-        raise ValueError(f"timeout must be None or >= 0 seconds, got {timeout}")
-    return int(timeout * _NS)
-
 
 
 def _layer_alias(*old_names: str):
@@ -76,78 +65,6 @@ def _layer_alias(*old_names: str):
         return call
     return wrap
 
-@dataclasses.dataclass(frozen=True)
-class TableInfo:
-    """A table the daemon serves (struct engram_table_info)."""
-    layer: int
-    row_bytes: int
-    num_rows: int
-    covered_begin: int  # rows this daemon serves: [covered_begin, covered_end)
-    covered_end: int
-    layout: str  # "checkpoint" or "packed"
-    files: int
-    data_bytes: int
-
-    @property
-    def layer_id(self) -> int:
-        """Deprecated name of `layer`."""
-        return self.layer
-
-
-class SessionStats:
-    """Statistics of this session (struct engram_session_stats): one int attribute per field,
-    named as in C (session_id, requests_submitted, requests_ok, doorbells, rows_in_place, ...).
-    The fields and what each counts come from the loaded library (engram/session_stats.h), so
-    a counter added there appears here: `as_dict()` holds them all, in order, and
-    `SessionStats.fields()` gives (name, help) for each."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: Dict[str, int]):
-        object.__setattr__(self, "_values", dict(values))
-
-    @staticmethod
-    def fields() -> Tuple[Tuple[str, str], ...]:
-        """(name, one-line description) of every field, in the struct's order."""
-        return _lib.session_stats_fields()
-
-    def as_dict(self) -> Dict[str, int]:
-        return dict(self._values)
-
-    def __getattr__(self, name: str) -> int:
-        if name.startswith("_"):  # _values itself before __init__ (copy, pickle)
-            raise AttributeError(name)
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"SessionStats has no field {name!r} (it has: "
-                                 f"{', '.join(self._values)})") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("SessionStats is read-only")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SessionStats) and self._values == other._values
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._values.items()))
-
-    def __repr__(self) -> str:
-        return "SessionStats(" + ", ".join(f"{k}={v}" for k, v in self._values.items()) + ")"
-
-
-def protocol_version() -> Tuple[int, int]:
-    """(major, minor) of the wire protocol the loaded client library speaks."""
-    major, minor = ctypes.c_uint32(), ctypes.c_uint32()
-    _lib.client_lib().engram_protocol_version(ctypes.byref(major), ctypes.byref(minor))
-    return major.value, minor.value
-
-
-def library_path() -> str:
-    """Path of the libengram_client.so this package loaded (see engram._lib for the search)."""
-    return _lib.client_lib_path()
-
-
 def row_ids_array(row_ids, what: str = "row ids") -> np.ndarray:
     """row_ids (list, tuple, range, NumPy array or CPU integer tensor) as a 1-D NumPy array.
 
@@ -162,45 +79,6 @@ def row_ids_array(row_ids, what: str = "row ids") -> np.ndarray:
                                  f"{what}: row id {int(array[index])} at index {index} is "
                                  f"negative")
     return array
-
-
-class ArenaBuffer:
-    """A range of the session's data region (Client.alloc): memory the daemon can gather
-    into and read row ids from. Freed once, by free(), the end of a `with` block, or (for the
-    ranges behind gathered tensors) when the last view is garbage collected."""
-
-    __slots__ = ("client", "address", "bytes", "freed", "__weakref__")
-
-    def __init__(self, client: "Client", address: int, nbytes: int):
-        self.client = client
-        self.address = address
-        self.bytes = nbytes
-        self.freed = False
-
-    def __repr__(self):
-        state = " freed" if self.freed else ""
-        return f"<engram.ArenaBuffer 0x{self.address:x}+{self.bytes}{state}>"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.free()
-
-    def numpy(self, dtype, count: int, offset: int = 0) -> np.ndarray:
-        """A NumPy view of `count` items of `dtype` at byte `offset`; valid until free()."""
-        dtype = np.dtype(dtype)
-        if self.freed:
-            raise InvalidArgumentError(-errno.EINVAL, "the arena buffer was freed")
-        if offset < 0 or count < 0 or offset + count * dtype.itemsize > self.bytes:
-            raise InvalidArgumentError(-errno.EINVAL, f"{count} x {dtype} at offset {offset} "
-                                                      f"exceeds the buffer's {self.bytes} bytes")
-        raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(self.address + offset)
-        return np.frombuffer(raw, dtype=dtype, count=count)
-
-    def free(self) -> None:
-        """Hands the range back to the arena (no request may still use it). Idempotent."""
-        self.client._free(self)
 
 
 _Allocation = ArenaBuffer
@@ -723,117 +601,4 @@ class Client:
     def _poll(self, ticket):
         return self._lib.engram_poll(self._session(), ticket)
 
-
-class Ticket:
-    """A gather in flight (from Client.submit). wait() returns the rows tensor.
-
-    Used as a context manager, the rows are released when the block ends:
-        with client.submit(14, ids) as ticket:
-            rows = ticket.wait()
-    """
-
-    _PENDING, _DONE, _FAILED, _RELEASED = range(4)
-
-    def __init__(self, client, ticket, layer, num_rows, allocation, shape=None, array="torch",
-                 typed=False):
-        self._client = client
-        self._array = array
-        self._typed = typed
-        self._shape = tuple(shape) if shape is not None else (num_rows, _lib.row_bytes())
-        self._ticket = ticket
-        self.layer = layer
-        self.num_rows = num_rows
-        self._allocation = allocation
-        self._state = self._PENDING
-        self._tensor = None
-        self._error = None
-        self._mutex = threading.Lock()
-        # A ticket dropped in flight must not hand its range back while the daemon may still
-        # write into it: the finaliser waits for completion first.
-        self._finalizer = weakref.finalize(self, Ticket._finalize, client, ticket, allocation)
-
-    @property
-    def table(self) -> int:
-        """Deprecated name of `layer`."""
-        return self.layer
-
-    def __repr__(self):
-        state = ["pending", "done", "failed", "released"][self._state]
-        return f"<engram.Ticket layer={self.layer} rows={self.num_rows} {state}>"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-
-    @staticmethod
-    def _finalize(client, ticket, allocation):
-        if not client._closing and client._handle is not None:
-            rc = client._wait(ticket, 10 * _NS)
-            if rc == -errno.ETIMEDOUT:
-                return  # leave the range allocated rather than let a late write land in reuse
-        allocation.free()
-
-    def _settle(self, rc):
-        """Records the outcome of the request (rc from engram_wait/poll, not -ETIMEDOUT)."""
-        self._finalizer.detach()
-        if rc < 0:
-            self._state = self._FAILED
-            self._error = error_for(rc, _lib.last_error())
-            self._allocation.free()
-            return
-        self._state = self._DONE
-        # The ticket holds the tensor until released, so wait() may be called again; the range
-        # goes back when both the ticket and every view of the tensor are gone.
-        self._tensor = self._client._view(self._allocation, self._shape, self._array)
-        if self.num_rows == 0:
-            self._allocation.free()
-
-    def _result(self):
-        if self._state == self._FAILED:
-            raise self._error
-        if self._state == self._RELEASED:
-            raise InvalidArgumentError(-errno.EINVAL, "the rows of this ticket were released")
-        return split_rows(self._tensor) if self._typed else self._tensor
-
-    def wait(self, timeout: Optional[float] = None) -> Any:
-        """Waits for the rows (timeout in seconds, None: no limit) and returns them as a
-        torch.uint8 tensor [n, 264] viewing the arena (a NumPy array, or a RowView, as the
-        submit asked). Raises EngramTimeoutError (the request
-        stays in flight: wait again) or the daemon's error (UnknownTableError,
-        RowOutOfRangeError, EngramIOError, EngramConnectionError ...). May be called again."""
-        with self._mutex:
-            if self._state == self._PENDING:
-                rc = self._client._wait(self._ticket, _timeout_ns(timeout))
-                if rc == -errno.ETIMEDOUT:
-                    raise error_for(rc, _lib.last_error())
-                self._settle(rc)
-            return self._result()
-
-    def done(self) -> bool:
-        """True once the request completed (successfully or not); never blocks."""
-        with self._mutex:
-            if self._state == self._PENDING:
-                rc = self._client._poll(self._ticket)
-                if rc == -errno.EAGAIN:
-                    return False
-                self._settle(rc)
-            return True
-
-    def release(self) -> None:
-        """Hands the rows' arena range back (waiting for the request first if it is still in
-        flight); tensors from wait() must not be used afterwards. Idempotent."""
-        with self._mutex:
-            if self._state == self._PENDING:
-                if self._client._closing:
-                    self._finalizer.detach()
-                    self._allocation.free()
-                    self._state = self._RELEASED
-                    return
-                self._settle(self._client._wait(self._ticket, -1))
-            if self._state == self._DONE:
-                self._tensor = None
-                self._allocation.free()
-            self._state = self._RELEASED
 
