@@ -14,16 +14,6 @@
 using engram::client::SetError;
 
 static_assert(sizeof(engram_gpu_cache_hit) == sizeof(engram_cache_touch_entry));
-// What kernels/cache_device.h assumes of the layout (it cannot include the C++20 header).
-static_assert(engram::kRowCacheRowBits == 40);
-static_assert(sizeof(engram::RowCacheSlot) == 288);
-static_assert(offsetof(engram::RowCacheSlot, seq) == 0);
-static_assert(offsetof(engram::RowCacheSlot, freq) == 4);
-static_assert(offsetof(engram::RowCacheSlot, key) == 8);
-static_assert(offsetof(engram::RowCacheSlot, row) == 16);
-static_assert(offsetof(engram::RowCacheSlot, check) == 280);
-static_assert(engram::kRowCacheCheckSeed == 0x9e3779b97f4a7c15ull);
-static_assert(sizeof(engram::RowCacheBucket) == 4);
 static_assert(offsetof(engram_gpu_cache_hit, slot) == offsetof(engram_cache_touch_entry, slot));
 
 extern "C" {

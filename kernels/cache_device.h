@@ -10,31 +10,9 @@
 #include "engram/gpu.h"
 #include "kernels/dequant_device.h"
 #include "kernels/gpu_compat.h"
+#include "protocol/row_cache_layout.h"  // its shared part: the host's structs stay out
 
 namespace engram::kernels {
-
-// The layout's numbers (protocol/row_cache_layout.h, whose C++20 headers nvcc's C++17 does not
-// take: client/gpu_cache.cc checks these against it).
-constexpr uint32_t kCacheRowBits = 40;
-constexpr uint32_t kCacheSlotBytes = 288;
-constexpr uint32_t kCacheSlotRowOffset = 16;  // RowCacheSlot::row
-constexpr uint32_t kCacheSlotKeyOffset = 8;   // RowCacheSlot::key
-constexpr uint32_t kCacheSlotCheckOffset = 280;  // RowCacheSlot::check
-constexpr uint32_t kCacheMaxFreq = 3;
-constexpr uint64_t kCacheCheckSeed = 0x9e3779b97f4a7c15ull;  // kRowCacheCheckSeed
-
-__device__ __forceinline__ uint64_t CacheHash(uint64_t key) {  // RowCacheHash
-  key ^= key >> 33;
-  key *= 0xff51afd7ed558ccdull;
-  key ^= key >> 33;
-  key *= 0xc4ceb9fe1a85ec53ull;
-  key ^= key >> 33;
-  return key;
-}
-
-__device__ __forceinline__ uint64_t CacheCheckTerm(uint64_t word, uint32_t position) {
-  return CacheHash(word ^ (uint64_t{position} + 1) * kCacheCheckSeed);  // RowCacheCheckTerm
-}
 
 // Plain (weak) loads of host memory a CPU thread writes concurrently. A warp's plain loads of
 // neighbouring words are coalesced into one request per 32-byte sector, where system-scope
@@ -112,8 +90,8 @@ struct LaneSlot {
 
 // Lane `lane` of a warp reads its part of the slot at `slot`.
 __device__ __forceinline__ LaneSlot ReadSlot(const uint8_t* slot, uint32_t lane) {
-  const uint8_t* row = slot + kCacheSlotRowOffset;
-  const uint8_t* extra = lane == 0   ? slot + kCacheSlotCheckOffset
+  const uint8_t* row = slot + kRowCacheSlotRowOffset;
+  const uint8_t* extra = lane == 0   ? slot + kRowCacheSlotCheckOffset
                          : lane == 1 ? row + ENGRAM_ROW_VALUES
                                      : slot;
   return {LoadWord64(row + lane * kValuesPerThread),
@@ -142,7 +120,7 @@ __device__ __forceinline__ bool Guarded(const DeviceRowCache& c, uint32_t slot) 
 __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key, uint32_t lane,
                                           uint64_t* ret_values, uint32_t* ret_scale,
                                           uint32_t* ret_slot, uint32_t* ret_freq) {
-  const uint32_t home = static_cast<uint32_t>(CacheHash(key)) & c.bucket_mask;
+  const uint32_t home = static_cast<uint32_t>(RowCacheHash(key)) & c.bucket_mask;
   const bool window = lane < kProbeLanes && lane <= c.bucket_mask;
   const uint32_t b = window ? LoadWord32(c.buckets + 4 * ((home + lane) & c.bucket_mask)) : 1;
   const uint32_t empty = GroupBallot(window && b == 0);
@@ -157,7 +135,7 @@ __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key,
                                          c.slot_bytes,
                            lane);
   const uint32_t matches =
-      GroupBallot(probe && LoadWord64(mine + kCacheSlotKeyOffset) == key);
+      GroupBallot(probe && LoadWord64(mine + kRowCacheSlotKeyOffset) == key);
   if (matches == 0) return false;
   if ((matches & (1u << at)) == 0) {  // a later candidate holds the key: read its slot instead
     at = __ffs(matches) - 1;
@@ -168,9 +146,9 @@ __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key,
   // The check of the key looked up and the 33 row words read: lane i mixes value word i, lane 0
   // the key too, lane 1 the scale word; the warp XORs the terms together.
   const uint64_t scales = GroupShfl64(read.extra, 1);
-  uint64_t term = CacheCheckTerm(read.values, lane + 1);
-  if (lane == 0) term ^= CacheCheckTerm(key, 0);
-  if (lane == 1) term ^= CacheCheckTerm(scales, ENGRAM_ROW_VALUES / 8 + 1);
+  uint64_t term = RowCacheCheckTerm(read.values, lane + 1);
+  if (lane == 0) term ^= RowCacheCheckTerm(key, 0);
+  if (lane == 1) term ^= RowCacheCheckTerm(scales, ENGRAM_ROW_VALUES / 8 + 1);
 #pragma unroll
   for (uint32_t m = 16; m >= 1; m /= 2) term ^= GroupShfl64(term, lane ^ m);
   *ret_values = read.values;
@@ -186,11 +164,11 @@ __device__ __forceinline__ void CacheGatherSlot(const DeviceRowCache& c, uint64_
                                                 uint32_t lane, uint16_t* out_slot,
                                                 const DeviceMisses& m,
                                                 uint32_t* bad_index_count) {
-  if (id < c.covered_begin || id >= c.covered_end || id >= (uint64_t{1} << kCacheRowBits)) {
+  if (id < c.covered_begin || id >= c.covered_end || id >= (uint64_t{1} << kRowCacheRowBits)) {
     DequantSlot(nullptr, false, lane, out_slot, bad_index_count);
     return;
   }
-  const uint64_t key = (uint64_t{c.layer} + 1) << kCacheRowBits | id;
+  const uint64_t key = RowCacheKey(c.layer, id);
   uint64_t values = 0;
   uint32_t scale = 0, slot = 0, freq = 0;
   if (!CacheFind(c, key, lane, &values, &scale, &slot, &freq)) {
@@ -204,7 +182,7 @@ __device__ __forceinline__ void CacheGatherSlot(const DeviceRowCache& c, uint64_
   DequantLane(values, scale, lane, out_slot);
   if (lane != 0) return;
   if (m.hit_total != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(m.hit_total), 1ull);
-  if (m.hits != nullptr && freq < kCacheMaxFreq) {
+  if (m.hits != nullptr && freq < kRowCacheMaxFreq) {
     const uint32_t i = atomicAdd(m.hit_count, 1u);
     m.hits[i] = {key, slot, 0};
   }

@@ -39,7 +39,7 @@ int ReadRowCache(const char* what, const engram_gpu_row_cache* theirs, DeviceRow
   engram_gpu_row_cache c{};
   if (int rc = ReadStruct(what, "engram_gpu_row_cache", theirs, &c); rc < 0) return rc;
   const bool power_of_two = c.bucket_count != 0 && (c.bucket_count & (c.bucket_count - 1)) == 0;
-  if (c.cache == nullptr || !power_of_two || c.slot_bytes != kCacheSlotBytes ||
+  if (c.cache == nullptr || !power_of_two || c.slot_bytes != kRowCacheSlotBytes ||
       c.buckets_offset % 4 != 0 || c.slots_offset % 32 != 0 || c.max_slots == 0 ||
       c.covered_end < c.covered_begin ||
       (c.guard_page_bytes != 0 && c.guard_page_bytes < c.slot_bytes)) {

@@ -3,15 +3,22 @@
 // per-slot sequence number with the row's key, checked after the copy, keeps them from ever
 // returning a torn row or another row's bytes. docs/row-store.md describes it. It sits in
 // protocol/ because both sides of the mapping use it: the daemon's RowCache (store/) writes it,
-// the client library reads it in place (protocol/row_cache_reader.h).
+// the client library reads it in place (protocol/row_cache_reader.h), and the GPU kernels look
+// rows up in it (kernels/cache_device.h): the numbers and functions first, which device code
+// uses too, then the host's structs over them, which nvcc and hipcc never see.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "engram/row.h"
+
+// What device code calls as well as host code: compiled for both by nvcc and hipcc.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define ENGRAM_HOST_DEVICE __host__ __device__
+#else
+#define ENGRAM_HOST_DEVICE
+#endif
 
 namespace engram {
 
@@ -22,10 +29,10 @@ inline constexpr uint32_t kRowCacheVersion = 2;
 
 // Identifies a row across tables: (layer + 1) << 40 | row. 0 is never a key (empty slot).
 inline constexpr uint32_t kRowCacheRowBits = 40;
-inline constexpr uint64_t RowCacheKey(uint32_t layer, uint64_t row) {
+ENGRAM_HOST_DEVICE inline constexpr uint64_t RowCacheKey(uint32_t layer, uint64_t row) {
   return (uint64_t{layer} + 1) << kRowCacheRowBits | row;
 }
-inline constexpr uint64_t RowCacheHash(uint64_t key) {
+ENGRAM_HOST_DEVICE inline constexpr uint64_t RowCacheHash(uint64_t key) {
   key ^= key >> 33;
   key *= 0xff51afd7ed558ccdull;
   key ^= key >> 33;
@@ -46,6 +53,41 @@ inline constexpr uint32_t kRowCacheFlagAlignedRelease = 1u << 0;
 // any order and accept the row when its check matches (docs/gpu.md, "Row cache hits on the
 // GPU"): a row's bytes never change for its key, so any row that matches is the right one.
 inline constexpr uint32_t kRowCacheFlagRowCheck = 1u << 1;
+
+// Where a slot's fields lie (RowCacheSlot below, which is checked against these): what a reader
+// without the host's structs (a GPU kernel) reads by offset.
+inline constexpr uint32_t kRowCacheSlotBytes = 288;
+inline constexpr uint32_t kRowCacheSlotSeqOffset = 0;
+inline constexpr uint32_t kRowCacheSlotFreqOffset = 4;
+inline constexpr uint32_t kRowCacheSlotKeyOffset = 8;
+inline constexpr uint32_t kRowCacheSlotRowOffset = 16;
+inline constexpr uint32_t kRowCacheSlotCheckOffset = kRowCacheSlotRowOffset + ENGRAM_ROW_BYTES;
+inline constexpr size_t kRowCacheRowWords = ENGRAM_ROW_BYTES / sizeof(uint64_t);
+static_assert(ENGRAM_ROW_BYTES % sizeof(uint64_t) == 0);
+// A slot's use count saturates here (RowCacheSlot::freq).
+inline constexpr uint8_t kRowCacheMaxFreq = 3;
+
+// RowCacheSlot::check: the XOR of one term per 8-byte word of the key and the row (word 0 the
+// key, words 1 to 33 the row's), each word mixed with its position by RowCacheHash, a bijection.
+// Words from two different rows give a wrong check unless 64 bits collide. The host computes it
+// whole (RowCacheCheck); a GPU warp one lane a word (kernels/cache_device.h).
+inline constexpr uint64_t kRowCacheCheckSeed = 0x9e3779b97f4a7c15ull;
+ENGRAM_HOST_DEVICE inline constexpr uint64_t RowCacheCheckTerm(uint64_t word, uint32_t position) {
+  return RowCacheHash(word ^ (uint64_t{position} + 1) * kRowCacheCheckSeed);
+}
+
+// Buckets are 32-bit words: slot + 1, or 0 when empty.
+inline constexpr uint32_t kRowCacheBucketBytes = 4;
+
+}  // namespace engram
+
+// The host's side: atomics over the layout above, and the copies in and out of a slot. Device
+// code reads the region by the offsets above instead.
+#if !defined(__CUDACC__) && !defined(__HIPCC__)
+#include <atomic>
+#include <cstring>
+
+namespace engram {
 
 struct RowCacheHeader {
   uint64_t magic;
@@ -75,10 +117,6 @@ static_assert(offsetof(RowCacheHeader, capacity_slots) == 48);
 // be rewriting them, and plain copies would then be a data race (undefined behaviour) even
 // though the seqlock discards what such a copy read. Relaxed word accesses are plain loads and
 // stores on x86-64 and aarch64.
-inline constexpr size_t kRowCacheRowWords = ENGRAM_ROW_BYTES / sizeof(uint64_t);
-static_assert(ENGRAM_ROW_BYTES % sizeof(uint64_t) == 0);
-// A slot's use count saturates here (RowCacheSlot::freq).
-inline constexpr uint8_t kRowCacheMaxFreq = 3;
 struct alignas(32) RowCacheSlot {
   std::atomic<uint32_t> seq;
   std::atomic<uint8_t> freq;  // accesses since admission, up to kRowCacheMaxFreq (policy input)
@@ -90,11 +128,13 @@ struct alignas(32) RowCacheSlot {
   std::atomic<uint64_t> row[kRowCacheRowWords];  // the row's ENGRAM_ROW_BYTES bytes
   std::atomic<uint64_t> check;  // RowCacheCheck(key, row) (kRowCacheFlagRowCheck)
 };
-static_assert(sizeof(RowCacheSlot) == 288);
-static_assert(offsetof(RowCacheSlot, check) == 280);
+static_assert(sizeof(RowCacheSlot) == kRowCacheSlotBytes);
+static_assert(offsetof(RowCacheSlot, seq) == kRowCacheSlotSeqOffset);
+static_assert(offsetof(RowCacheSlot, freq) == kRowCacheSlotFreqOffset);
 static_assert(offsetof(RowCacheSlot, prefetched) == 5);
-static_assert(offsetof(RowCacheSlot, key) == 8);
-static_assert(offsetof(RowCacheSlot, row) == 16);
+static_assert(offsetof(RowCacheSlot, key) == kRowCacheSlotKeyOffset);
+static_assert(offsetof(RowCacheSlot, row) == kRowCacheSlotRowOffset);
+static_assert(offsetof(RowCacheSlot, check) == kRowCacheSlotCheckOffset);
 static_assert(sizeof(RowCacheSlot::row) == ENGRAM_ROW_BYTES);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -114,14 +154,7 @@ inline void StoreRowCacheRow(RowCacheSlot& slot, const uint8_t* src) {
   }
 }
 
-// RowCacheSlot::check: the XOR of one term per 8-byte word of the key and the row (word 0 the
-// key, words 1 to 33 the row's), each word mixed with its position by RowCacheHash, a bijection.
-// Words from two different rows give a wrong check unless 64 bits collide. A GPU warp computes
-// the same terms one lane a word (kernels/cache_device.h).
-inline constexpr uint64_t kRowCacheCheckSeed = 0x9e3779b97f4a7c15ull;
-inline constexpr uint64_t RowCacheCheckTerm(uint64_t word, uint32_t position) {
-  return RowCacheHash(word ^ (uint64_t{position} + 1) * kRowCacheCheckSeed);
-}
+// RowCacheSlot::check of a key and its row's ENGRAM_ROW_BYTES bytes (kRowCacheCheckSeed above).
 inline uint64_t RowCacheCheck(uint64_t key, const uint8_t* row) {
   uint64_t check = RowCacheCheckTerm(key, 0);
   for (size_t i = 0; i < kRowCacheRowWords; ++i) {
@@ -134,6 +167,7 @@ inline uint64_t RowCacheCheck(uint64_t key, const uint8_t* row) {
 
 // Bucket i holds slot + 1 (0: empty); linear probing from RowCacheHash(key) & (count - 1).
 using RowCacheBucket = std::atomic<uint32_t>;
-static_assert(sizeof(RowCacheBucket) == 4);
+static_assert(sizeof(RowCacheBucket) == kRowCacheBucketBytes);
 
 }  // namespace engram
+#endif  // !defined(__CUDACC__) && !defined(__HIPCC__)

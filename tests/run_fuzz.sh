@@ -4,14 +4,23 @@
 # Usage: run_fuzz.sh FUZZ_SOURCE SOURCE_ROOT BUILD_DIR SECONDS [SOURCES...]
 #   FUZZ_PKGS   pkg-config packages to link (none by default)
 #   FUZZ_SEEDS  a script run with the corpus directory to write seed inputs into it
-# Exits 77 (skipped) when clang or its fuzzer runtime is missing.
+#   FUZZ_CXX    the clang++ to build with (meson's; found on PATH when unset)
+#   FUZZ_REQUIRED  non-empty (-Dfuzz=enabled): a missing clang or fuzzer runtime fails (exit 1)
+# Otherwise exits 77 (skipped) when clang or its fuzzer runtime is missing.
 set -euo pipefail
 src=$1 root=$2 out=$3 seconds=$4
 shift 4
-clang=$(command -v clang++ || command -v clang++-14 || true)
-if [[ -z "$clang" ]]; then
-  echo "SKIP: clang++ not found (apt-get install clang libclang-rt-14-dev)"
+missing() {
+  if [[ -n "${FUZZ_REQUIRED:-}" ]]; then
+    echo "FAIL: $1 (-Dfuzz=enabled requires it)"
+    exit 1
+  fi
+  echo "SKIP: $1"
   exit 77
+}
+clang=${FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}
+if [[ -z "$clang" ]]; then
+  missing "clang++ not found (apt-get install clang libclang-rt-14-dev)"
 fi
 name=$(basename "$src" .cc)
 bin="$out/$name"
@@ -39,8 +48,7 @@ if ((stale)); then
   if ((stale == 2)) || ! "$clang" "${flags[@]}" "${objs[@]}" $libs -o "$bin" \
       2>>"$out/$name.build.log"; then
     if grep -q -e "libclang_rt.fuzzer" -e "cannot find -lclang" "$out/$name.build.log"; then
-      echo "SKIP: clang's libFuzzer runtime is missing (apt-get install libclang-rt-14-dev)"
-      exit 77
+      missing "clang's libFuzzer runtime is missing (apt-get install libclang-rt-14-dev)"
     fi
     cat "$out/$name.build.log"
     exit 1

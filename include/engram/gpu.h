@@ -83,21 +83,21 @@ enum engram_gpu_runtime {
  * tables (cudaDevAttrPageableMemoryAccessUsesHostPageTables; GB10 / DGX Spark, GH200), nothing is
  * pinned: the registration only records the range, engram_gpu_device_ptr returns the host
  * address itself and engram_gpu_unregister unpins nothing. $ENGRAM_GPU_PIN=1 pins anyway. */
-int engram_gpu_register(void* addr, size_t len, engram_gpu_registration** ret_reg);
+ENGRAM_API int engram_gpu_register(void* addr, size_t len, engram_gpu_registration** ret_reg);
 
 /* The device address of host_addr, which must lie inside the registered range; NULL if it
  * does not. Offsets carry over: device(addr + k) == device(addr) + k. */
-void* engram_gpu_device_ptr(const engram_gpu_registration* reg, const void* host_addr);
+ENGRAM_API void* engram_gpu_device_ptr(const engram_gpu_registration* reg, const void* host_addr);
 
 /* Which runtime the registration went through (enum engram_gpu_runtime). */
-int engram_gpu_registration_runtime(const engram_gpu_registration* reg);
+ENGRAM_API int engram_gpu_registration_runtime(const engram_gpu_registration* reg);
 
 /* Unpins the range and frees reg (also when the runtime reports an error, which is returned as
  * -EIO). The caller must make sure no queued GPU work still reads the range. NULL is a no-op. */
-int engram_gpu_unregister(engram_gpu_registration* reg);
+ENGRAM_API int engram_gpu_unregister(engram_gpu_registration* reg);
 
 /* Deprecated: engram_last_error() under its older name. */
-const char* engram_gpu_last_error(void);
+ENGRAM_API const char* engram_gpu_last_error(void);
 
 /* ---- Row caches read in place by the GPU (libengram_client; since ENGRAM_0.7) ---------- */
 
@@ -131,8 +131,9 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_row_cache, 72);
  * engram_dequant_gather reads it), or reg does not cover the mapping. -EOPNOTSUPP: the region's
  * slots carry no row checks (an engramd older than this library wrote it): gather through the
  * arena instead. */
-int engram_table_map_gpu_cache(const engram_table_map* map, const engram_gpu_registration* reg,
-                               struct engram_gpu_row_cache* ret_cache);
+ENGRAM_API int engram_table_map_gpu_cache(const engram_table_map* map,
+                                          const engram_gpu_registration* reg,
+                                          struct engram_gpu_row_cache* ret_cache);
 
 /* A row cache hit a kernel recorded for the cache's policy: the row's key ((layer + 1) << 40 |
  * row) and the slot it was read from (the layout of the protocol's touch entries). */
@@ -149,9 +150,9 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_cache_hit, 16);
  * the n hits (NULL when n is 0) counts as a use of its slot in the cache's policy (a hit whose
  * slot was rewritten since is ignored by the daemon). Hits past the ring's room are counted as
  * dropped. -EINVAL for a map that is not a row cache. Thread-safe. */
-int engram_table_map_report_hits(const engram_table_map* map, uint64_t hit_rows,
-                                 uint64_t all_hit_gathers,
-                                 const struct engram_gpu_cache_hit* hits, size_t n);
+ENGRAM_API int engram_table_map_report_hits(const engram_table_map* map, uint64_t hit_rows,
+                                            uint64_t all_hit_gathers,
+                                            const struct engram_gpu_cache_hit* hits, size_t n);
 
 /* ---- Kernels (libengram_kernels_cuda / libengram_kernels_hip) --------------------------- */
 
@@ -173,9 +174,10 @@ int engram_table_map_report_hits(const engram_table_map* map, uint64_t hit_rows,
  * Returns 0; -EINVAL for a bad argument; -ENODEV/-EIO if the runtime refused the copy or the
  * launch (engram_last_error() names the call and the runtime's error). Capturable into a
  * CUDA graph. */
-int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* index_map,
-                           uint32_t tokens, uint32_t heads, void* out, void* staging,
-                           size_t staging_bytes, uint32_t* bad_index_count, uintptr_t stream);
+ENGRAM_API int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* index_map,
+                                      uint32_t tokens, uint32_t heads, void* out, void* staging,
+                                      size_t staging_bytes, uint32_t* bad_index_count,
+                                      uintptr_t stream);
 
 /* The same dequantisation, reading rows in place from a table mapped for the GPU (a resident
  * table's read-only mapping, registered with engram_gpu_register) by their absolute row ids:
@@ -185,9 +187,9 @@ int engram_dequant_scatter(const void* rows, uint32_t num_rows, const int32_t* i
  * bad_index_count is not NULL, counted. No request reaches the daemon: the GPU reads the rows
  * over the bus, which suits decode-sized batches (random 264-byte reads over PCIe are bound by
  * the number of requests; docs/gpu.md). Returns 0, -EINVAL, -ENODEV/-EIO. Capturable. */
-int engram_dequant_gather(const void* table, uint64_t row_begin, uint64_t num_rows,
-                          const uint64_t* row_ids, uint32_t tokens, uint32_t heads, void* out,
-                          uint32_t* bad_index_count, uintptr_t stream);
+ENGRAM_API int engram_dequant_gather(const void* table, uint64_t row_begin, uint64_t num_rows,
+                                     const uint64_t* row_ids, uint32_t tokens, uint32_t heads,
+                                     void* out, uint32_t* bad_index_count, uintptr_t stream);
 
 /* Where engram_dequant_cache_gather lists the slots it did not fill, all device pointers.
  * Each array holds tokens * heads entries. */
@@ -216,10 +218,10 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_cache_misses, 56);
  * id outside the table's [covered_begin, covered_end) is written as NaN and counted in
  * *bad_index_count (if not NULL), as engram_dequant_gather does. Capturable (the counters are
  * zeroed by a memset node). Returns 0, -EINVAL, -ENODEV/-EIO. */
-int engram_dequant_cache_gather(const struct engram_gpu_row_cache* cache, const uint64_t* row_ids,
-                                uint32_t tokens, uint32_t heads, void* out,
-                                const struct engram_gpu_cache_misses* misses,
-                                uint32_t* bad_index_count, uintptr_t stream);
+ENGRAM_API int engram_dequant_cache_gather(const struct engram_gpu_row_cache* cache,
+                                           const uint64_t* row_ids, uint32_t tokens, uint32_t heads,
+                                           void* out, const struct engram_gpu_cache_misses* misses,
+                                           uint32_t* bad_index_count, uintptr_t stream);
 
 /* Makes the stream wait, on the GPU, until the 64-bit word at addr (device pointer, e.g. the
  * registered completion counter) reaches value: (int64_t)(*addr - value) >= 0. Nothing on the
@@ -230,13 +232,13 @@ int engram_dequant_cache_gather(const struct engram_gpu_row_cache* cache, const 
  * captured wait node (cudaGraphNode_t), whose value engram_graph_set_wait_value64 changes per
  * replay; otherwise *ret_node is set to 0. Returns 0, -EINVAL, -ENOTSUP (the driver has no
  * stream memory operations) or -EIO. */
-int engram_stream_wait_value64(uintptr_t stream, const void* addr, uint64_t value,
-                               uintptr_t* ret_node);
+ENGRAM_API int engram_stream_wait_value64(uintptr_t stream, const void* addr, uint64_t value,
+                                          uintptr_t* ret_node);
 
 /* Changes the value that a captured wait node (from engram_stream_wait_value64) waits for in
  * the instantiated graph graph_exec, for launches queued after this call (launches already
  * queued keep their value). Host-side only: no synchronisation. CUDA only; -ENOTSUP on HIP. */
-int engram_graph_set_wait_value64(uintptr_t graph_exec, uintptr_t node, uint64_t value);
+ENGRAM_API int engram_graph_set_wait_value64(uintptr_t graph_exec, uintptr_t node, uint64_t value);
 
 /* The graph-friendly wait that needs no per-replay host call into the GPU runtime: a one-thread
  * kernel reads step = *step_counter (device memory), waits until the 64-bit counter at
@@ -244,15 +246,16 @@ int engram_graph_set_wait_value64(uintptr_t graph_exec, uintptr_t node, uint64_t
  * step k into tickets[k % ring] (registered host memory) before launching step k, and never
  * runs more than `ring` steps ahead of the GPU. The waiting kernel holds one thread block of
  * one multiprocessor while it polls. Returns 0, -EINVAL or -EIO. */
-int engram_stream_wait_ticket(uintptr_t stream, const void* counter, const uint64_t* tickets,
-                              uint32_t ring, uint32_t* step_counter);
+ENGRAM_API int engram_stream_wait_ticket(uintptr_t stream, const void* counter,
+                                         const uint64_t* tickets, uint32_t ring,
+                                         uint32_t* step_counter);
 
 /* Deprecated: engram_last_error() under its older name (the kernel library's failures are
  * recorded there, with every other). */
-const char* engram_kernels_last_error(void);
+ENGRAM_API const char* engram_kernels_last_error(void);
 
 /* "cuda" or "hip": which runtime this kernel library was built for. */
-const char* engram_kernels_backend(void);
+ENGRAM_API const char* engram_kernels_backend(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

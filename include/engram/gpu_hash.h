@@ -45,11 +45,12 @@ typedef struct engram_gpu_hasher engram_gpu_hasher;
  * DeepSeek-V4.1) into device memory of the calling thread's current device. The host hasher
  * may be closed afterwards. Returns 0, -EINVAL, -ENOMEM, -ENODEV or -EIO. Not capturable (it
  * allocates); call it once before capture. */
-int engram_gpu_hasher_create(const engram_hasher* hasher, engram_gpu_hasher** ret_gpu_hasher);
+ENGRAM_API int engram_gpu_hasher_create(const engram_hasher* hasher,
+                                        engram_gpu_hasher** ret_gpu_hasher);
 
 /* Frees the device memory; the caller makes sure no queued hash still reads it. NULL is a
  * no-op. Returns 0 or -EIO. */
-int engram_gpu_hasher_destroy(engram_gpu_hasher* gpu_hasher);
+ENGRAM_API int engram_gpu_hasher_destroy(engram_gpu_hasher* gpu_hasher);
 
 /* The arguments of one hash call. Every pointer is a device pointer (device memory or
  * registered host memory); the values they point to are read when the kernel runs, not when
@@ -85,7 +86,7 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_hash_args, 72);
 /* Zero-fills the caller's struct of `size` bytes (sizeof *args; the defaults: no flags, no
  * heads yet) and sets args->size = size. Writes nothing for a NULL struct or a size out of
  * bounds (engram.h, convention 3). */
-void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size);
+ENGRAM_API void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size);
 
 /* Queues the hash on stream. Checks on the host what it can, the struct first (engram.h,
  * conventions 3-4: a smaller struct's missing fields are 0, a larger one's must be), then
@@ -93,8 +94,8 @@ void engram_gpu_hash_args_init(struct engram_gpu_hash_args* args, size_t size);
  * (error_count). Returns 0, -E2BIG (a field this library does not know is set),
  * -ENOENT (not an Engram layer of the hasher), -EINVAL, or -EIO/-ENODEV (launch refused).
  * Capturable into a CUDA graph. */
-int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu_hash_args* args,
-                    uintptr_t stream);
+ENGRAM_API int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher,
+                               const struct engram_gpu_hash_args* args, uintptr_t stream);
 
 /* The most calls engram_gpu_hash_layers takes at once. */
 #define ENGRAM_GPU_HASH_MAX_CALLS 8
@@ -104,9 +105,9 @@ int engram_gpu_hash(const engram_gpu_hasher* gpu_hasher, const struct engram_gpu
  * by side instead of one launch after another. Every call is checked before anything is queued;
  * a failure names the call ("call 1: ..."). Each call's rows are exactly those engram_gpu_hash
  * would write. Returns what engram_gpu_hash returns. Capturable into a CUDA graph. */
-int engram_gpu_hash_layers(const engram_gpu_hasher* gpu_hasher,
-                           const struct engram_gpu_hash_args* const* args, uint32_t n,
-                           uintptr_t stream);
+ENGRAM_API int engram_gpu_hash_layers(const engram_gpu_hasher* gpu_hasher,
+                                      const struct engram_gpu_hash_args* const* args, uint32_t n,
+                                      uintptr_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

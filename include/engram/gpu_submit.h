@@ -62,19 +62,19 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_queue_options, 24);
 
 /* Fills the caller's struct of `size` bytes (sizeof *opts) with the defaults and sets its size
  * field; writes nothing for a NULL struct or a size out of bounds (engram.h, convention 3). */
-void engram_gpu_queue_options_init(struct engram_gpu_queue_options* opts, size_t size);
+ENGRAM_API void engram_gpu_queue_options_init(struct engram_gpu_queue_options* opts, size_t size);
 
 /* A queue over a session connected with ENGRAM_CONNECT_DEVICE_SUBMIT whose whole arena
  * (engram_arena) is registered as reg. Allocates the queue's device state and a pinned error
  * word. Not capturable; call it once. Returns 0, -EINVAL, -EPERM (the session submits from the
  * host), -E2BIG (opts sets a field this library does not know), -ENOMEM or -EIO. opts is
  * checked first, before the session and the GPU runtime (engram.h, conventions 3-4). */
-int engram_gpu_queue_create(engram_session* session, const engram_gpu_registration* reg,
-                            const struct engram_gpu_queue_options* opts,
-                            engram_gpu_queue** ret_queue);
+ENGRAM_API int engram_gpu_queue_create(engram_session* session, const engram_gpu_registration* reg,
+                                       const struct engram_gpu_queue_options* opts,
+                                       engram_gpu_queue** ret_queue);
 
 /* Frees the queue; the caller makes sure no queued work still uses it. NULL is a no-op. */
-int engram_gpu_queue_destroy(engram_gpu_queue* queue);
+ENGRAM_API int engram_gpu_queue_destroy(engram_gpu_queue* queue);
 
 /* One gather, as engram_submit takes it, but published by the GPU. rows and dest are host
  * addresses inside the session's data region (engram_alloc); their offsets are fixed when the
@@ -100,8 +100,9 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_request, 40);
  * Capturable: replays reuse the same slots with fresh tickets. requests is an array of
  * size-prefixed structs (engram.h, convention 5: the first one's size is the stride), read
  * before the queue is looked at. Returns 0, -EINVAL, -E2BIG or -EIO. */
-int engram_gpu_queue_gather(engram_gpu_queue* queue, const struct engram_gpu_request* requests,
-                            uint32_t n, uintptr_t stream);
+ENGRAM_API int engram_gpu_queue_gather(engram_gpu_queue* queue,
+                                       const struct engram_gpu_request* requests, uint32_t n,
+                                       uintptr_t stream);
 
 /* What to dequantise from one request's rows, as engram_dequant_scatter takes it: slot s of
  * [tokens, heads] takes row index_map[s] of the request (negative: padding, written as +0.0; at
@@ -135,10 +136,10 @@ ENGRAM_ASSERT_SIZE(struct engram_gpu_dequant, 40);
  * writes none). Capturable. requests and dequants are arrays of size-prefixed structs, each
  * with its own stride, read as engram_gpu_queue_gather reads requests. Returns 0, -EINVAL,
  * -E2BIG or -EIO. */
-int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
-                                    const struct engram_gpu_request* requests,
-                                    const struct engram_gpu_dequant* dequants, uint32_t n,
-                                    uint32_t piece_rows, uintptr_t stream);
+ENGRAM_API int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
+                                               const struct engram_gpu_request* requests,
+                                               const struct engram_gpu_dequant* dequants,
+                                               uint32_t n, uint32_t piece_rows, uintptr_t stream);
 
 /* A decode step of a cache-tier table in one capturable call (since ENGRAM_KERNELS_0.7):
  * engram_dequant_cache_gather (the hits dequantised into out straight from the row cache, the
@@ -151,20 +152,20 @@ int engram_gpu_queue_gather_dequant(engram_gpu_queue* queue,
  * session's data region (engram_alloc, registered), where the daemon reads the row ids and
  * writes the rows. Failures are recorded in the error word as engram_gpu_queue_gather records
  * them (a failed step's misses are not written). Returns 0, -EINVAL, -ENODEV or -EIO. */
-int engram_gpu_queue_cache_gather(engram_gpu_queue* queue, const struct engram_gpu_row_cache* cache,
-                                  const uint64_t* row_ids, uint32_t tokens, uint32_t heads,
-                                  void* out, const struct engram_gpu_cache_misses* misses,
-                                  void* miss_dest, uint32_t* bad_index_count, uintptr_t stream);
+ENGRAM_API int engram_gpu_queue_cache_gather(
+    engram_gpu_queue* queue, const struct engram_gpu_row_cache* cache, const uint64_t* row_ids,
+    uint32_t tokens, uint32_t heads, void* out, const struct engram_gpu_cache_misses* misses,
+    void* miss_dest, uint32_t* bad_index_count, uintptr_t stream);
 
 /* The queue's error word, in pinned host memory: 0 while every step so far succeeded, else the
  * status code of the first failure (DEADLINE_EXCEEDED for a timeout, UNAVAILABLE when the daemon
  * stopped, the request's own code otherwise). The host reads it after a step; it stays set
  * until the host writes 0. */
-volatile int32_t* engram_gpu_queue_error(engram_gpu_queue* queue);
+ENGRAM_API volatile int32_t* engram_gpu_queue_error(engram_gpu_queue* queue);
 
 /* Steps the queue has completed (read after synchronising the stream): a device counter copied
  * back. Returns 0 or -EIO. */
-int engram_gpu_queue_steps(engram_gpu_queue* queue, uint64_t* ret_steps);
+ENGRAM_API int engram_gpu_queue_steps(engram_gpu_queue* queue, uint64_t* ret_steps);
 
 #ifdef __cplusplus
 } /* extern "C" */

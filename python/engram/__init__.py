@@ -37,8 +37,13 @@ from .hasher import Hasher
 from .views import (Float8UnavailableError, RowView, decode_e4m3, decode_e8m0,
                     dequantize_numpy, split_rows)
 
-# The release: meson.build's project version (tests/version checks that they agree).
-__version__ = "0.2.0"
+# The release: meson.build's project version, which meson writes into engram/_version.py when it
+# installs the package or packs the wheel; a source checkout on PYTHONPATH reads meson.build.
+try:
+    from ._version import __version__
+except ImportError:
+    from ._checkout import checkout_version as _checkout_version
+    __version__ = _checkout_version()
 
 # Names whose modules import torch: loaded on first use (PEP 562).
 _LAZY = {

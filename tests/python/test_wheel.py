@@ -106,6 +106,9 @@ def test_wheel_holds_the_package_and_its_libraries(wheel):
     wheel_file = zipfile.ZipFile(path).read(f"engramd_client-{_meson_version()}.dist-info/WHEEL")
     assert f"Tag: py3-none-manylinux_{glibc}_".encode() in wheel_file, wheel_file
     assert "engram/__init__.py" in names and "engram/py.typed" in names
+    # engram.__version__ from meson's project version, not read from a checkout's meson.build
+    version_py = zipfile.ZipFile(path).read("engram/_version.py").decode()
+    assert f'__version__ = "{_meson_version()}"' in version_py, version_py
     assert "engram/lib/libengram_client.so.0" in names
     assert any(n.startswith("engram/lib/libabsl_") for n in names)  # what the client loads
     assert ("engram/lib/libengram_kernels_cuda.so" in names) == kernels
