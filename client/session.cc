@@ -374,10 +374,4 @@ int engram_session_open(const struct engram_connect_options* options,
 
 void engram_session_close(engram_session* session) { delete session; }
 
-// The deprecated names (engram.h, convention 8).
-int engram_connect(const struct engram_connect_options* options, engram_session** ret_session) {
-  return engram_session_open(options, ret_session);
-}
-void engram_close(engram_session* session) { engram_session_close(session); }
-
 }  // extern "C"

@@ -192,9 +192,4 @@ int engram_table_map_open_any(engram_session* s, uint32_t layer, engram_table_ma
   return OpenTableMap(s, layer, /*row_cache=*/true, ret_map);
 }
 
-// The deprecated name (engram.h, convention 8).
-int engram_map_table(engram_session* s, uint32_t layer, engram_table_map** ret_map) {
-  return engram_table_map_open(s, layer, ret_map);
-}
-
 }  // extern "C"
