@@ -459,7 +459,4 @@ void engram_table_map_close(engram_table_map* map) {
   delete map;
 }
 
-// The deprecated name (engram.h, convention 8).
-void engram_unmap_table(engram_table_map* map) { engram_table_map_close(map); }
-
 }  // extern "C"
