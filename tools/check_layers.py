@@ -39,7 +39,6 @@ LAYERS = {
     'daemon/server/': 'server',
     'daemon/ops/': 'ops',
     'daemon/main/': 'daemon-main',
-    'daemon/server/engramd_main.cc': 'daemon-main',
     'daemon/tests/': 'daemon-tests',
     'cli/': 'cli',
     'hash/': 'hash',
@@ -55,7 +54,10 @@ LAYERS = {
 CHAIN = ['public', 'base', 'tables', 'protocol', 'gather', 'store', 'server', 'ops', 'daemon-main']
 LIBRARIES = CHAIN[:6] + ['hash', 'client', 'kernels']
 MAY_USE = {layer: set(CHAIN[:i + 1]) for i, layer in enumerate(CHAIN)}
-MAY_USE['daemon-main'].add('cli')  # engramd parses its command line as every tool does
+# engramd's flags come from operations' settings table (daemon/ops/config_resolve.h) and are
+# parsed as every tool parses its command line.
+MAY_USE['ops'].add('cli')
+MAY_USE['daemon-main'].add('cli')
 MAY_USE.update({
     # The n-gram hasher: the public ABI and the utilities under it.
     'hash': {'public', 'base', 'hash'},

@@ -15,7 +15,6 @@
 #include "base/escape.h"
 #include "base/log.h"
 #include "daemon/ops/notify.h"
-#include "daemon/server/server.h"
 #include "engram/protocol.h"
 #include "base/clock.h"
 #include "protocol/codec.h"
@@ -31,23 +30,19 @@ constexpr int kHelloWaitMs = 200;
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StartingGate>> StartingGate::Open(const ServerConfig& config,
+absl::StatusOr<std::unique_ptr<StartingGate>> StartingGate::Open(UniqueFd listen_fd,
+                                                                 const std::string& bound_path,
                                                                  const MetricsOptions& metrics,
                                                                  const std::string& version) {
   std::unique_ptr<StartingGate> gate(new StartingGate());
   gate->version_ = version;
   gate->start_ns_ = gate->step_ns_ = gate->logged_ns_ = NowNs();
-  if (config.listen_fd >= 0) {
-    // Socket activation: connections wait in the socket's backlog, as systemd means them to,
-    // until the server accepts them; the gate only logs and reports the steps.
-    gate->listen_fd_.Reset(config.listen_fd);  // Server::Bind checks its type
-    gate->answer_ = false;
-  } else {
-    absl::StatusOr<UniqueFd> fd = BindClientSocket(config);
-    if (!fd.ok()) return fd.status();
-    gate->listen_fd_ = std::move(*fd);
-    gate->unlink_path_ = config.socket_path;
-  }
+  gate->listen_fd_ = std::move(listen_fd);
+  // Under socket activation (no path bound) connections wait in the socket's backlog, as
+  // systemd means them to, until the server accepts them (Server::Bind checks the socket's
+  // type); the gate only logs and reports the steps.
+  gate->answer_ = !bound_path.empty();
+  gate->unlink_path_ = bound_path;
   gate->stop_fd_.Reset(eventfd(0, EFD_CLOEXEC));
   sigset_t mask;
   sigemptyset(&mask);

@@ -9,7 +9,9 @@
 // socket's backlog instead of being refused. Under socket activation the gate does not answer:
 // clients wait in the backlog, as systemd means them to.
 //
-//   auto gate = engram::StartingGate::Open(config, metrics_options, version);
+//   absl::StatusOr<UniqueFd> fd = engram::BindClientSocket(config);  // daemon/server/server.h
+//   auto gate = engram::StartingGate::Open(std::move(*fd), config.socket_path, metrics_options,
+//                                          version);
 //   (*gate)->Step("opening the tables");
 //   ...
 //   config.listen_fd = (*gate)->TakeSocket();
@@ -26,17 +28,19 @@
 #include "absl/status/statusor.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/metrics.h"
-#include "daemon/server/server_config.h"
 #include "base/unique_fd.h"
 
 namespace engram {
 
 class StartingGate {
  public:
-  // Binds config.socket_path (BindClientSocket), or takes config.listen_fd (socket activation),
-  // and starts answering on its own thread. A metrics port that cannot be opened is logged; the
+  // Takes the listening client socket and starts answering on its own thread. `bound_path`:
+  // where engramd bound `listen_fd` (the gate answers on it, and unlinks the path when it
+  // goes); empty for the socket systemd passed (socket activation: the gate leaves connections
+  // in the backlog and the path to systemd). A metrics port that cannot be opened is logged; the
   // daemon starts without it, as it would later.
-  static absl::StatusOr<std::unique_ptr<StartingGate>> Open(const ServerConfig& config,
+  static absl::StatusOr<std::unique_ptr<StartingGate>> Open(UniqueFd listen_fd,
+                                                            const std::string& bound_path,
                                                             const MetricsOptions& metrics,
                                                             const std::string& version);
   // Stops answering; unlinks the socket path if the gate bound it (the server does not unlink

@@ -118,11 +118,11 @@ class Server : public ServerView {
 
  private:
   Server();
-  absl::Status Bind();
+  absl::Status Bind();  // server_socket.cc
   // One event of the control loop; true when it asks the daemon to stop.
   bool HandleControlEvent(const epoll_event& event);
   absl::Status Shutdown();
-  // The poller (server.cc): PollerLoop takes these steps over the state of one poller thread.
+  // The poller (poller.cc): PollerLoop takes these steps over the state of one poller thread.
   struct PollerState;
   void PollerLoop();
   void RefreshPollerSessions(PollerState& st);
@@ -134,6 +134,7 @@ class Server : public ServerView {
   void SleepOnDoorbells(PollerState& st, uint64_t now);
   bool ReadDoorbells(PollerState& st, int events);
   uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
+  // Dispatch (dispatch.cc): admits, decodes, runs and finishes one submission.
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
   // PREFETCH: the poller checks the session's bound and hands the entry over (PostPrefetch);
   // the prefetcher's intake thread decodes it, queues its rows and completes it (CheckPrefetch).
@@ -152,6 +153,7 @@ class Server : public ServerView {
               uint64_t admitted_rows, uint64_t start, bool rows_written = true);
   uint64_t RowBudget(Session& session) const;
   void Unanswerable(Session& session, const std::string& message, uint64_t start);
+  // The handshake (handshake.cc): a connection accepted, checked and given its session.
   void Accept();
   void Handshake(int fd);
   // The session a HELLO may have under the limits, or the refusal (code, message).

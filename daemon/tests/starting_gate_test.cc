@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "daemon/server/server.h"
 #include "testkit/daemon_test_util.h"
 
 namespace engram::testing {
@@ -51,7 +52,9 @@ TEST_CASE("while engramd starts, clients, engramctl and /healthz hear the step",
   config.socket_path = TestDir() + "/gate.sock";
   MetricsOptions metrics;
   metrics.http_port = FreePort();
-  auto gate = StartingGate::Open(config, metrics, "9.9.9");
+  absl::StatusOr<UniqueFd> bound = BindClientSocket(config);
+  REQUIRE(bound.ok());
+  auto gate = StartingGate::Open(std::move(*bound), config.socket_path, metrics, "9.9.9");
   REQUIRE(gate.ok());
   const std::string step = "building the row store: row cache up to 48.00 GiB";
   (*gate)->Step(step);
@@ -114,7 +117,10 @@ TEST_CASE("a SIGTERM while engramd starts is kept for the end of the step", "[op
   REQUIRE(pthread_sigmask(SIG_BLOCK, &mask, nullptr) == 0);
   ServerConfig config;
   config.socket_path = TestDir() + "/gate-term.sock";
-  auto gate = StartingGate::Open(config, MetricsOptions{}, "9.9.9");
+  absl::StatusOr<UniqueFd> bound = BindClientSocket(config);
+  REQUIRE(bound.ok());
+  auto gate =
+      StartingGate::Open(std::move(*bound), config.socket_path, MetricsOptions{}, "9.9.9");
   REQUIRE(gate.ok());
   CHECK_FALSE((*gate)->stop_requested());
   REQUIRE(kill(getpid(), SIGTERM) == 0);
@@ -128,6 +134,30 @@ TEST_CASE("a SIGTERM while engramd starts is kept for the end of the step", "[op
   CHECK(sigismember(&pending, SIGINT) == 1);
   timespec none{};
   CHECK(sigtimedwait(&mask, nullptr, &none) == SIGINT);  // taken, so that it does not linger
+}
+
+TEST_CASE("a socket systemd passed is left to its backlog and its path kept", "[ops]") {
+  ServerConfig config;
+  config.socket_path = TestDir() + "/gate-activated.sock";
+  absl::StatusOr<UniqueFd> listening = BindClientSocket(config);  // as systemd would bind it
+  REQUIRE(listening.ok());
+  auto gate = StartingGate::Open(std::move(*listening), /*bound_path=*/"", MetricsOptions{},
+                                 "9.9.9");
+  REQUIRE(gate.ok());
+  (*gate)->Step("opening the tables");
+  // Not answered: the client waits in the backlog for the server, as socket activation means.
+  int client = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", config.socket_path.c_str());
+  REQUIRE(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  pollfd p{.fd = client, .events = POLLIN};
+  CHECK(poll(&p, 1, 300) == 0);
+  close(client);
+  // The path belongs to systemd's socket unit: the gate leaves it when it goes.
+  gate->reset();
+  CHECK(std::filesystem::exists(config.socket_path));
+  unlink(config.socket_path.c_str());
 }
 
 }  // namespace

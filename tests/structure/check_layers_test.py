@@ -31,7 +31,8 @@ class LayerTest(unittest.TestCase):
     def test_every_file_has_a_layer(self):
         self.assertEqual(checker.layer_of('base/clock.h'), 'base')
         self.assertEqual(checker.layer_of('daemon/server/server.cc'), 'server')
-        self.assertEqual(checker.layer_of('daemon/server/engramd_main.cc'), 'daemon-main')
+        self.assertEqual(checker.layer_of('daemon/main/engramd_main.cc'), 'daemon-main')
+        self.assertEqual(checker.layer_of('daemon/server/engramd_main.cc'), 'server')
         self.assertEqual(checker.layer_of('include/engram/engram.h'), 'public')
         with self.assertRaises(checker.LayerError):
             checker.layer_of('elsewhere/x.h')
@@ -54,6 +55,24 @@ class LayerTest(unittest.TestCase):
             'daemon/server/server_config.h': '',
         })
         self.assertEqual(list(found), [('daemon/server/server.h', 'daemon/ops/log.h')])
+
+    def test_main_sits_above_ops_and_nothing_below_includes_it(self):
+        found = violations({
+            'daemon/main/engramd_main.cc': '#include "daemon/ops/control.h"\n'
+                                           '#include "daemon/server/server.h"\n'
+                                           '#include "cli/command_line.h"\n',
+            'daemon/ops/control.h': '#include "daemon/main/compose.h"\n',
+            'daemon/ops/config_resolve.cc': '#include "cli/command_line.h"\n',
+            'daemon/server/server.h': '#include "cli/command_line.h"\n',
+            'daemon/main/compose.h': '',
+            'cli/command_line.h': '',
+        })
+        self.assertEqual(found, {
+            ('daemon/ops/control.h', 'daemon/main/compose.h'):
+                'layer ops includes layer daemon-main, above it',
+            ('daemon/server/server.h', 'cli/command_line.h'):
+                'layer server includes layer cli, beside it',
+        })
 
     def test_siblings_do_not_include_each_other(self):
         found = violations({

@@ -1,56 +1,38 @@
 // engramd: opens and validates the Engram tables named on the command line, then serves row
-// gathers to local clients through the Unix socket and shared-memory arenas until SIGTERM.
-#include <grp.h>
-#include <pwd.h>
+// gathers to local clients through the Unix socket and shared-memory arenas until SIGTERM. Main
+// composes the process: the settings (daemon/ops/config_resolve.h), the client socket, the
+// gather engine, the row store, the server and operations' Control over it.
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/log.h"
 #include "cli/command_line.h"
 #include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/config_file.h"
+#include "daemon/ops/config_resolve.h"
 #include "daemon/ops/control.h"
 #include "daemon/ops/fd_store.h"
-#include "base/log.h"
 #include "daemon/ops/notify.h"
-#include "daemon/ops/reload.h"
 #include "daemon/ops/starting_gate.h"
-#include "store/cache_handoff.h"
 #include "daemon/server/hot_set.h"
-#include "store/row_store.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_config.h"
 #include "gather/gather_engine.h"
+#include "store/cache_handoff.h"
+#include "store/row_store.h"
 #include "tables/table.h"
 
 namespace engram {
 namespace {
-
-absl::StatusOr<uid_t> ResolveUser(const std::string& text) {
-  uint32_t id;
-  if (absl::SimpleAtoi(text, &id)) return static_cast<uid_t>(id);
-  passwd* p = getpwnam(text.c_str());
-  if (p == nullptr) return absl::InvalidArgumentError(absl::StrFormat("no user '%s'", text));
-  return p->pw_uid;
-}
-
-absl::StatusOr<gid_t> ResolveGroup(const std::string& text) {
-  uint32_t id;
-  if (absl::SimpleAtoi(text, &id)) return static_cast<gid_t>(id);
-  group* g = getgrnam(text.c_str());
-  if (g == nullptr) return absl::InvalidArgumentError(absl::StrFormat("no group '%s'", text));
-  return g->gr_gid;
-}
 
 // Opens every table of every source and checks that no layer is served twice.
 absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenAll(const ServerConfig& config) {
@@ -136,130 +118,6 @@ absl::StatusOr<std::vector<std::unique_ptr<Table>>> OpenChecked(const DaemonSett
   return opened;
 }
 
-// --config PATH from the command line, found before the flags are parsed: the file is read
-// first, so that the flags, parsed into the same settings, override it.
-std::string FindConfigPath(int argc, char** argv, bool* ret_given) {
-  std::string path = kDefaultConfigPath;
-  *ret_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--config" && i + 1 < argc) {
-      path = argv[i + 1];
-      *ret_given = true;
-    } else if (a.rfind("--config=", 0) == 0) {
-      path = a.substr(9);
-      *ret_given = true;
-    }
-  }
-  return path;
-}
-
-// One flag per setting of Settings() that has one, writing into *settings; --help shows each
-// with the value it has before the flags (the default, or the configuration file's).
-void AddSettingFlags(CLI::App& app, DaemonSettings* settings) {
-  using Kind = Setting::Kind;
-  for (const Setting& setting : Settings()) {
-    if (setting.flag[0] == '\0') continue;
-    const Setting* st = &setting;
-    auto apply = [st, settings](const std::string& given) {
-      std::string text = given;
-      if (st->path && !text.empty() && text[0] != '/') {
-        text = std::filesystem::current_path().string() + "/" + text;
-      }
-      if (absl::Status s = st->ApplyText(text, settings); !s.ok()) {
-        throw CLI::ValidationError(st->flag, std::string(s.message()));
-      }
-    };
-    const char* metavar = setting.kind == Kind::kBytes || setting.kind == Kind::kBytesOrZero
-                              ? "SIZE"
-                          : setting.kind == Kind::kUint32 || setting.kind == Kind::kUint64 ? "N"
-                          : setting.kind == Kind::kIds                                     ? "ID"
-                                                                                           : "TEXT";
-    // A setting a SIGHUP applies says so (reload.h); the others need a restart.
-    const std::string help = std::string(setting.help) + (setting.live() ? " [SIGHUP: live]" : "");
-    std::string shown = setting.Text(*settings);
-    if (shown.size() >= 2 && shown.front() == '"') shown = shown.substr(1, shown.size() - 2);
-    if (setting.kind == Kind::kBool) {
-      app.add_flag_callback(
-          setting.flag, [apply] { apply(""); }, help);
-    } else if (setting.kind == Kind::kStrings || setting.kind == Kind::kIds) {
-      CLI::Option* o = app.add_option_function<std::vector<std::string>>(
-          setting.flag,
-          [st, settings, apply](const std::vector<std::string>& values) {
-            st->ClearList(settings);  // the flag's list replaces the file's
-            for (const std::string& v : values) apply(v);
-          },
-          help);
-      o->type_name(metavar);
-      if (setting.kind == Kind::kIds) o->check(cli::Integer(setting.min, setting.max));
-      if (setting.flag_separator[0] != '\0') o->delimiter(setting.flag_separator[0]);
-      if (shown != "[]") o->default_str(shown);
-    } else {
-      CLI::Option* o = app.add_option_function<std::string>(setting.flag, apply, help);
-      o->type_name(metavar);
-      // Checked on the text, so that a negative or misspelt number is named with its bounds.
-      if (setting.kind == Kind::kUint32 || setting.kind == Kind::kUint64) {
-        o->check(cli::Integer(setting.min, setting.max));
-      }
-      if (!shown.empty()) o->default_str(shown);
-    }
-  }
-}
-
-// How [memory] budget is split under these settings, checked against the machine's memory.
-absl::StatusOr<MemoryPlan> PlanFor(const DaemonSettings& settings) {
-  return PlanMemory(
-      MemoryNeedsOf(settings.server, settings.store.budget_bytes, ReadMemTotal().value_or(0)));
-}
-
-// Turns the settings into the server configuration (names resolved, text parsed). Also used by
-// SIGHUP, which reloads the files and applies the same flags again.
-absl::Status Resolve(const std::string& config_path, DaemonSettings* settings) {
-  ServerConfig& config = settings->server;
-  config.storage_read_direct = settings->read_mode == "direct";
-  if (settings->models.empty() && settings->tables.empty()) {
-    return absl::InvalidArgumentError(
-        "nothing to serve: give --model DIR or --table PATH, or tables.models / tables.files in " +
-        config_path);
-  }
-  std::optional<RowRange> rows;
-  if (!settings->rows.empty()) {
-    absl::StatusOr<RowRange> r = ParseRowRange(settings->rows);
-    if (!r.ok()) return r.status();
-    rows = *r;
-  }
-  config.sources.clear();
-  for (const auto& m : settings->models) config.sources.push_back({.path = m, .rows = rows});
-  for (const auto& t : settings->tables) config.sources.push_back({.path = t, .rows = rows});
-  // Checked when it was set: an octal mode of at most 07777.
-  config.socket_mode = static_cast<uint32_t>(strtoul(settings->socket_mode.c_str(), nullptr, 8));
-  config.allow_uids.clear();
-  config.allow_gids.clear();
-  for (const auto& u : settings->allow_users) {
-    absl::StatusOr<uid_t> uid = ResolveUser(u);
-    if (!uid.ok()) return uid.status();
-    config.allow_uids.push_back(*uid);
-  }
-  for (const auto& g : settings->allow_groups) {
-    absl::StatusOr<gid_t> gid = ResolveGroup(g);
-    if (!gid.ok()) return gid.status();
-    config.allow_gids.push_back(*gid);
-  }
-  config.memory_budget = settings->store.budget_bytes;  // the cgroup's side of [memory] budget
-  absl::StatusOr<MemoryPlan> plan = PlanFor(*settings);
-  if (!plan.ok()) return plan.status();
-  config.memory_plan = *plan;
-  settings->store.others_bytes = plan->budget - plan->store;
-  config.poll.spin_min_ns = settings->spin_min_us * 1000;
-  config.poll.spin_max_ns = std::max(settings->spin_max_us, settings->spin_min_us) * 1000;
-  absl::StatusOr<PollMode> poll_mode = ParsePollMode(settings->poll_mode);
-  if (!poll_mode.ok()) return poll_mode.status();
-  config.poll.hold_cores =
-      PollCores(*poll_mode, settings->poll_cores, std::thread::hardware_concurrency());
-  config.poll.hold_idle_ns = uint64_t{settings->poll_idle_ms} * 1'000'000;
-  return ApplyTiers(settings);
-}
-
 int Fail(const absl::Status& s) {
   log::Error("engramd: {}", s.ToString());
   return 1;
@@ -297,44 +155,6 @@ void PrintCheckedConfig(const ServerConfig& config, const StoreConfig& store,
                    .c_str());
 }
 
-// What the command line said, kept for SIGHUP, which reads the files and applies the same flags
-// over them again.
-struct CommandLine {
-  CLI::App* app;
-  int argc;
-  char** argv;
-  std::string config_path;
-  bool config_given;
-};
-
-// SIGHUP: reads the files, applies the same flags over them and, if the result is valid, makes
-// the live settings of it the ones in force (*settings). The other settings keep their running
-// values, so that one changed stays named as needing a restart however many reloads come between.
-absl::StatusOr<ReloadedConfig> Reload(const CommandLine& cl, DaemonSettings* settings) {
-  DaemonSettings loaded;
-  std::vector<std::string> files;
-  if (absl::Status s = LoadConfig(cl.config_path, cl.config_given, &loaded, &files); !s.ok()) {
-    return s;
-  }
-  const DaemonSettings running = *settings;
-  *settings = loaded;  // the flags write into *settings
-  cl.app->clear();
-  absl::Status status;
-  try {
-    cl.app->parse(cl.argc, cl.argv);
-    status = Resolve(cl.config_path, settings);
-  } catch (const CLI::ParseError& e) {
-    status = absl::InvalidArgumentError(e.what());
-  }
-  const DaemonSettings fresh = *settings;
-  *settings = running;
-  if (!status.ok()) return status;
-  DaemonSettings next = TakeLiveSettings(running, fresh);
-  if (absl::Status s = Resolve(cl.config_path, &next); !s.ok()) return s;
-  *settings = next;
-  return ReloadedConfig{.settings = std::move(next), .report = CompareSettings(running, fresh)};
-}
-
 // The warmer of a start whose row cache was not kept: the hot set written by the last run, if
 // there is one to read (null otherwise, with the reason logged).
 std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopted) {
@@ -355,7 +175,6 @@ std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopte
               config.hot_set_path);
   return std::make_unique<HotSetWarmer>(std::move(*keys));
 }
-
 
 // A SIGTERM or SIGINT came while starting: engramd stops, as it would once serving.
 int StoppedWhileStarting() {
@@ -450,7 +269,7 @@ absl::StatusOr<std::unique_ptr<GatherEngine>> StartEngine(const DaemonSettings& 
 
 // Starts the gather engine, the row store and the server on the opened tables, takes the socket
 // over from the gate and serves until a signal.
-int Serve(const CommandLine& cl, DaemonSettings* settings,
+int Serve(const ConfigSources& sources, DaemonSettings* settings,
           std::vector<std::unique_ptr<Table>> tables, StartingGate& gate, UniqueFd kept_cache) {
   ServerConfig& config = settings->server;
   if (std::optional<std::string> mismatch =
@@ -505,7 +324,7 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
         auto control = std::make_unique<Control>(view);
         control->Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION,
                            std::move(http));
-        control->SetReloader([&cl, settings] { return Reload(cl, settings); });
+        control->SetReloader([&sources, settings] { return ReloadSettings(sources, settings); });
         return control;
       });
   if (!server.ok()) return Fail(server.status());
@@ -527,43 +346,55 @@ int Serve(const CommandLine& cl, DaemonSettings* settings,
   return 0;
 }
 
+// The client socket: the one systemd passed (socket activation), or bound at socket.path.
+// *ret_bound_path is the path bound, empty for a passed socket.
+absl::StatusOr<UniqueFd> ClientSocket(const ServerConfig& config, int passed_fd,
+                                      std::string* ret_bound_path) {
+  if (passed_fd >= 0) {
+    log::Info("using the socket passed by systemd for {}", config.socket_path);
+    return UniqueFd(passed_fd);
+  }
+  absl::StatusOr<UniqueFd> bound = BindClientSocket(config);
+  if (bound.ok()) *ret_bound_path = config.socket_path;
+  return bound;
+}
+
 // The start: the socket answers "starting" from here on (StartingGate) while the tables open
 // and the row store is built, then Serve hands it to the server.
-int Start(const CommandLine& cl, DaemonSettings* settings) {
+int Start(const ConfigSources& sources, DaemonSettings* settings) {
   log::Info("engramd {} (protocol {}.{}) starting, pid {}", ENGRAMD_VERSION, ENGRAM_PROTOCOL_MAJOR,
             ENGRAM_PROTOCOL_MINOR, getpid());
-  ServerConfig& config = settings->server;
+  const ServerConfig& config = settings->server;
   // Socket activation's listening socket and the row cache kept in the file-descriptor store
   // come in together, told apart by name (cache_handoff.h).
   PassedFds passed = TakePassedFds();
   for (const std::string& note : passed.notes) log::Notice("{}", note);
-  if (passed.socket_fd >= 0) {
-    config.listen_fd = passed.socket_fd;
-    log::Info("using the socket passed by systemd for {}", config.socket_path);
-  }
+  std::string bound_path;
+  absl::StatusOr<UniqueFd> socket = ClientSocket(config, passed.socket_fd, &bound_path);
+  if (!socket.ok()) return Fail(socket.status());
   absl::StatusOr<std::unique_ptr<StartingGate>> gate =
-      StartingGate::Open(config, settings->metrics, ENGRAMD_VERSION);
+      StartingGate::Open(std::move(*socket), bound_path, settings->metrics, ENGRAMD_VERSION);
   if (!gate.ok()) return Fail(gate.status());
   (*gate)->Step(
       absl::StrFormat("opening and validating %u table source(s)", config.sources.size()));
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(*settings);
   if (!opened.ok()) return Fail(opened.status());
   if ((*gate)->stop_requested()) return StoppedWhileStarting();
-  return Serve(cl, settings, std::move(*opened), **gate, std::move(passed.row_cache));
+  return Serve(sources, settings, std::move(*opened), **gate, std::move(passed.row_cache));
 }
 
 int Main(int argc, char** argv) {
   CLI::App app{"engramd: serves DeepSeek-V4.1 Engram table rows to local processes"};
   app.set_version_flag("--version", absl::StrFormat("engramd %s (protocol %u.%u)", ENGRAMD_VERSION,
                                                     ENGRAM_PROTOCOL_MAJOR, ENGRAM_PROTOCOL_MINOR));
-  CommandLine cl{.app = &app, .argc = argc, .argv = argv};
-  cl.config_path = FindConfigPath(argc, argv, &cl.config_given);
+  ConfigSources sources{.app = &app, .argc = argc, .argv = argv};
+  sources.config_path = FindConfigPath(argc, argv, &sources.config_given);
   DaemonSettings settings;
   std::vector<std::string> config_files;
   const absl::Status config_status =
-      LoadConfig(cl.config_path, cl.config_given, &settings, &config_files);
+      LoadConfig(sources.config_path, sources.config_given, &settings, &config_files);
   bool check_config = false;
-  std::string config_flag = cl.config_path;  // parsed again by FindConfigPath
+  std::string config_flag = sources.config_path;  // parsed again by FindConfigPath
   app.add_option("--config", config_flag,
                  "Configuration file; drop-ins in PATH.d/*.toml are applied after it")
       ->type_name("PATH")
@@ -580,13 +411,13 @@ int Main(int argc, char** argv) {
   if (std::optional<int> done = cli::Parse(app, argc, argv)) return *done;  // usage errors: 2
   if (!config_status.ok()) return Fail(config_status);
   if (memory_dropin) {
-    absl::StatusOr<MemoryPlan> plan = PlanFor(settings);
+    absl::StatusOr<MemoryPlan> plan = MemoryPlanFor(settings);
     if (!plan.ok()) return Fail(plan.status());
     fputs(MemoryDropIn(*plan).c_str(), stdout);
     return 0;
   }
   log::SetLogLevel(settings.log_level);  // checked when it was set
-  if (absl::Status s = Resolve(cl.config_path, &settings); !s.ok()) return Fail(s);
+  if (absl::Status s = ResolveSettings(sources.config_path, &settings); !s.ok()) return Fail(s);
   if (!config_files.empty()) {
     log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
   }
@@ -597,7 +428,7 @@ int Main(int argc, char** argv) {
     PrintCheckedConfig(settings.server, settings.store, config_files, *opened);
     return 0;
   }
-  return Start(cl, &settings);
+  return Start(sources, &settings);
 }
 
 }  // namespace
