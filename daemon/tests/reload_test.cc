@@ -30,7 +30,7 @@ using Kind = Setting::Kind;
 
 template <typename T>
 T& Value(const Setting& row, DaemonSettings* s) {
-  return *static_cast<T*>(row.field(s));
+  return *static_cast<T*>(row.At(s));
 }
 
 // Sets `row` of *s to a valid value other than the one it holds, derived from the row: a number
