@@ -322,8 +322,7 @@ int Serve(const ConfigSources& sources, DaemonSettings* settings,
   absl::StatusOr<std::unique_ptr<Server>> server =
       Server::Create(config, std::move(tables), std::move(*engine), [&](ServerView* view) {
         auto control = std::make_unique<Control>(view);
-        control->Configure(settings->metrics, settings->log_level, ENGRAMD_VERSION,
-                           std::move(http));
+        control->Configure(*settings, ENGRAMD_VERSION, std::move(http));
         control->SetReloader([&sources, settings] { return ReloadSettings(sources, settings); });
         return control;
       });

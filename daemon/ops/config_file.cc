@@ -48,20 +48,6 @@ namespace {
 
 using Kind = Setting::Kind;
 
-absl::Status OneOf(const std::string& v, std::initializer_list<const char*> allowed) {
-  for (const char* a : allowed) {
-    if (v == a) return absl::OkStatus();
-  }
-  std::string list;
-  for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-  return absl::InvalidArgumentError(absl::StrFormat("'%s' is not one of %s", v, list));
-}
-
-absl::Status AbsolutePath(const std::string& v, bool may_be_empty) {
-  if ((v.empty() && may_be_empty) || (!v.empty() && v[0] == '/')) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat("'%s' is not an absolute path", v));
-}
-
 // "64M" for 64 << 20: the largest unit that divides the size.
 std::string ByteText(uint64_t bytes) {
   const char* units = "KMGT";
@@ -82,8 +68,8 @@ absl::Status CheckRange(const Setting& setting, uint64_t v) {
 }
 
 template <typename T>
-T& At(const Setting& setting, DaemonSettings* s) {
-  return *static_cast<T*>(setting.field(s));
+T& Ref(const Setting& setting, DaemonSettings* s) {
+  return *static_cast<T*>(setting.At(s));
 }
 
 absl::Status ApplyTomlList(const Setting& setting, const toml::node& n, DaemonSettings* s) {
@@ -97,9 +83,9 @@ absl::Status ApplyTomlList(const Setting& setting, const toml::node& n, DaemonSe
   }
   // A later file replaces the list, it does not append.
   if (ids) {
-    At<std::vector<uint32_t>>(setting, s).clear();
+    Ref<std::vector<uint32_t>>(setting, s).clear();
   } else {
-    At<std::vector<std::string>>(setting, s).clear();
+    Ref<std::vector<std::string>>(setting, s).clear();
   }
   size_t index = 0;
   for (const toml::node& e : *a) {
@@ -152,7 +138,7 @@ absl::Status ApplyToml(const Setting& setting, const toml::node& n, DaemonSettin
       return setting.ApplyText(*n.value<std::string>(), s);
     case Kind::kBool:
       if (!n.is_boolean()) return absl::InvalidArgumentError("expected true or false");
-      At<bool>(setting, s) = *n.value<bool>();
+      Ref<bool>(setting, s) = *n.value<bool>();
       return absl::OkStatus();
     case Kind::kStrings:
     case Kind::kIds:
@@ -167,26 +153,26 @@ std::string Setting::Text(const DaemonSettings& settings) const {
   auto* s = const_cast<DaemonSettings*>(&settings);
   switch (kind) {
     case Kind::kUint32:
-      return absl::StrFormat("%u", At<uint32_t>(*this, s));
+      return absl::StrFormat("%u", Ref<uint32_t>(*this, s));
     case Kind::kUint64:
-      return absl::StrFormat("%u", At<uint64_t>(*this, s));
+      return absl::StrFormat("%u", Ref<uint64_t>(*this, s));
     case Kind::kBytes:
     case Kind::kBytesOrZero:
-      return ByteText(At<uint64_t>(*this, s));
+      return ByteText(Ref<uint64_t>(*this, s));
     case Kind::kString:
-      return "\"" + At<std::string>(*this, s) + "\"";
+      return "\"" + Ref<std::string>(*this, s) + "\"";
     case Kind::kBool:
-      return At<bool>(*this, s) ? "true" : "false";
+      return Ref<bool>(*this, s) ? "true" : "false";
     case Kind::kStrings: {
       std::string out;
-      for (const std::string& v : At<std::vector<std::string>>(*this, s)) {
+      for (const std::string& v : Ref<std::vector<std::string>>(*this, s)) {
         out += (out.empty() ? "\"" : ", \"") + v + "\"";
       }
       return "[" + out + "]";
     }
     case Kind::kIds: {
       std::string out;
-      for (uint32_t v : At<std::vector<uint32_t>>(*this, s)) {
+      for (uint32_t v : Ref<std::vector<uint32_t>>(*this, s)) {
         out += (out.empty() ? "" : ", ") + std::to_string(v);
       }
       return "[" + out + "]";
@@ -206,11 +192,11 @@ absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) cons
       }
       if (absl::Status st = CheckRange(*this, v); !st.ok()) return st;
       if (kind == Kind::kUint32) {
-        At<uint32_t>(*this, s) = static_cast<uint32_t>(v);
+        Ref<uint32_t>(*this, s) = static_cast<uint32_t>(v);
       } else if (kind == Kind::kUint64) {
-        At<uint64_t>(*this, s) = v;
+        Ref<uint64_t>(*this, s) = v;
       } else {
-        At<std::vector<uint32_t>>(*this, s).push_back(static_cast<uint32_t>(v));
+        Ref<std::vector<uint32_t>>(*this, s).push_back(static_cast<uint32_t>(v));
       }
       return absl::OkStatus();
     }
@@ -219,22 +205,22 @@ absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) cons
       absl::StatusOr<uint64_t> v = ParseByteSize(text);
       if (!v.ok()) return v.status();
       if (*v == 0 && kind == Kind::kBytes) return absl::InvalidArgumentError("must be above 0");
-      At<uint64_t>(*this, s) = *v;
+      Ref<uint64_t>(*this, s) = *v;
       return absl::OkStatus();
     }
     case Kind::kString:
       if (check) {
         if (absl::Status st = check(text); !st.ok()) return st;
       }
-      At<std::string>(*this, s) = text;
+      Ref<std::string>(*this, s) = text;
       return absl::OkStatus();
     case Kind::kBool: {
       // A flag without a value sets the opposite of the default.
       DaemonSettings defaults;
       if (text.empty()) {
-        At<bool>(*this, s) = !At<bool>(*this, &defaults);
+        Ref<bool>(*this, s) = !Ref<bool>(*this, &defaults);
       } else if (text == "true" || text == "false") {
-        At<bool>(*this, s) = text == "true";
+        Ref<bool>(*this, s) = text == "true";
       } else {
         return absl::InvalidArgumentError(absl::StrFormat("'%s' is not true or false", text));
       }
@@ -244,15 +230,15 @@ absl::Status Setting::ApplyText(const std::string& text, DaemonSettings* s) cons
       if (check) {
         if (absl::Status st = check(text); !st.ok()) return st;
       }
-      At<std::vector<std::string>>(*this, s).push_back(text);
+      Ref<std::vector<std::string>>(*this, s).push_back(text);
       return absl::OkStatus();
   }
   return absl::OkStatus();
 }
 
 void Setting::ClearList(DaemonSettings* s) const {
-  if (kind == Kind::kStrings) At<std::vector<std::string>>(*this, s).clear();
-  if (kind == Kind::kIds) At<std::vector<uint32_t>>(*this, s).clear();
+  if (kind == Kind::kStrings) Ref<std::vector<std::string>>(*this, s).clear();
+  if (kind == Kind::kIds) Ref<std::vector<uint32_t>>(*this, s).clear();
 }
 
 namespace {
@@ -262,19 +248,19 @@ template <typename Fn>
 void VisitValue(const Setting& setting, DaemonSettings* s, Fn&& fn) {
   switch (setting.kind) {
     case Kind::kUint32:
-      return fn(&At<uint32_t>(setting, s));
+      return fn(&Ref<uint32_t>(setting, s));
     case Kind::kUint64:
     case Kind::kBytes:
     case Kind::kBytesOrZero:
-      return fn(&At<uint64_t>(setting, s));
+      return fn(&Ref<uint64_t>(setting, s));
     case Kind::kString:
-      return fn(&At<std::string>(setting, s));
+      return fn(&Ref<std::string>(setting, s));
     case Kind::kStrings:
-      return fn(&At<std::vector<std::string>>(setting, s));
+      return fn(&Ref<std::vector<std::string>>(setting, s));
     case Kind::kIds:
-      return fn(&At<std::vector<uint32_t>>(setting, s));
+      return fn(&Ref<std::vector<uint32_t>>(setting, s));
     case Kind::kBool:
-      return fn(&At<bool>(setting, s));
+      return fn(&Ref<bool>(setting, s));
   }
 }
 
@@ -284,7 +270,7 @@ bool Setting::Same(const DaemonSettings& a, const DaemonSettings& b) const {
   bool same = false;
   VisitValue(*this, const_cast<DaemonSettings*>(&a), [&](auto* value) {
     using T = std::remove_pointer_t<decltype(value)>;
-    same = *value == At<T>(*this, const_cast<DaemonSettings*>(&b));
+    same = *value == Ref<T>(*this, const_cast<DaemonSettings*>(&b));
   });
   return same;
 }
@@ -292,374 +278,33 @@ bool Setting::Same(const DaemonSettings& a, const DaemonSettings& b) const {
 void Setting::Copy(const DaemonSettings& from, DaemonSettings* to) const {
   VisitValue(*this, to, [&](auto* value) {
     using T = std::remove_pointer_t<decltype(value)>;
-    *value = At<T>(*this, const_cast<DaemonSettings*>(&from));
+    *value = Ref<T>(*this, const_cast<DaemonSettings*>(&from));
   });
+  if (field != nullptr && server_field != nullptr) CopyServerValue(from.server, &to->server);
 }
 
-// One tables.tiers entry: "LAYER=storage", "LAYER=resident" or "LAYER=cache".
-absl::Status CheckTierEntry(const std::string& v) {
-  const size_t eq = v.find('=');
-  uint32_t layer = 0;
-  if (eq == std::string::npos || !absl::SimpleAtoi(v.substr(0, eq), &layer) ||
-      !ParseTier(v.substr(eq + 1))) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("'%s' is not LAYER=storage, LAYER=resident or LAYER=cache", v));
-  }
-  return absl::OkStatus();
-}
-
-namespace {
-
-absl::Status CheckFileMode(const std::string& v) {
-  char* end = nullptr;
-  const unsigned long mode = strtoul(v.c_str(), &end, 8);
-  if (v.empty() || *end != '\0' || mode > 07777) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("'%s' is not an octal file mode such as \"0660\"", v));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckLoopback(const std::string& v) {
-  if (v != "127.0.0.1" && v != "::1" && v != "localhost") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "'%s' is not a loopback address (127.0.0.1, ::1 or localhost); the metrics port is never "
-        "exposed beyond the node",
-        v));
-  }
-  return absl::OkStatus();
-}
-
-// "error, warning, notice, info or debug", from log::kLevelNames.
-std::string LevelList() {
-  std::string out;
-  const size_t n = std::size(log::kLevelNames);
-  for (size_t i = 0; i < n; ++i) {
-    out += (i == 0 ? "" : i + 1 == n ? " or " : ", ") + std::string(log::kLevelNames[i].name);
-  }
-  return out;
-}
-
-absl::Status CheckLevel(const std::string& v) {
-  if (log::ParseLevel(v)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat("'%s' is not one of %s", v, LevelList()));
-}
-
-const std::string& LevelHelp() {
-  static const std::string* help =
-      new std::string("Least important messages logged: " + LevelList());
-  return *help;
-}
-
-}  // namespace
-
-// Every setting of engramd, once: its key, flag, help, kind, whether SIGHUP applies it, field
-// and check. One table rather than code, so it is one piece however long it grows; the config
-// file, --help, reload and docs/operations.md (checked by a test) all read it.
-const std::vector<Setting>& Settings() {
-  using S = DaemonSettings;
-  constexpr Setting::Reload kLive = Setting::Reload::kLive;
-  constexpr Setting::Reload kRestart = Setting::Reload::kRestart;
-  static const auto* settings = new std::vector<Setting>{
-      {.key = "tables.models",
-       .flag = "--model",
-       .help = "Checkpoint directory; every Engram table in it is served",
-       .kind = Kind::kStrings,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->models; },
-       .example = "/srv/engram/model"},
-      {.key = "tables.files",
-       .flag = "--table",
-       .help = "A packed table file (or a checkpoint directory)",
-       .kind = Kind::kStrings,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->tables; },
-       .example = "/srv/engram/layer-14.engram"},
-      {.key = "tables.rows",
-       .flag = "--rows",
-       .help = "Per-rank copy: the rows A:B the sources hold (others are refused)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->rows; },
-       .check = [](const std::string& v) -> absl::Status {
-         if (v.empty()) return absl::OkStatus();
-         absl::StatusOr<RowRange> r = ParseRowRange(v);
-         return r.ok() ? absl::OkStatus() : r.status();
-       },
-       .example = "0:1000000"},
-      {.key = "tables.layers",
-       .flag = "--layers",
-       .help = "Serve only these layer ids (empty: all)",
-       .kind = Kind::kIds,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->server.layers; },
-       .max = UINT32_MAX,
-       .flag_separator = ",",
-       .item = "layer id"},
-      {"tables.check_holes", "--no-check-holes",
-       "Do not check sparse copies for holes in the rows they claim", Kind::kBool, kRestart,
-       [](S* s) -> void* { return &s->server.check_holes; }},
-      {.key = "tables.read_mode",
-       .flag = "--read-mode",
-       .help = "buffered (page cache, RWF_NOWAIT fast path) or direct (O_DIRECT, for tables much "
-               "larger than RAM)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->read_mode; },
-       .check =
-           [](const std::string& v) {
-             return OneOf(v, {"buffered", "direct"});
-           },
-       .example = "direct"},
-      {.key = "tables.tier",
-       .flag = "--default-tier",
-       .help = "Tier of the tables tables.tiers does not name: storage, resident or cache "
-               "(docs/row-store.md)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->default_tier; },
-       .check =
-           [](const std::string& v) {
-             return OneOf(v, {"storage", "resident", "cache"});
-           },
-       .example = "resident"},
-      {.key = "tables.tiers",
-       .flag = "--tier",
-       .help = "A table's tier, LAYER=storage|resident|cache (repeatable)",
-       .kind = Kind::kStrings,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->tiers; },
-       .check = CheckTierEntry,
-       .example = "14=resident"},
-      {.key = "memory.budget",
-       .flag = "--memory-budget",
-       .help = "Bytes engramd may hold in all: its process, buffers, client arenas, page cache and "
-               "the row store (0: unbounded); the service's memory limits derive from it",
-       .kind = Kind::kBytesOrZero,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->store.budget_bytes; },
-       .example = "1G"},
-      {"memory.cache", "--cache-bytes", "Size of the row cache (0: what the budget leaves)",
-       Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.cache_bytes; }},
-      {"memory.pressure", "--no-memory-pressure",
-       "Do not shrink the row cache under memory pressure (PSI)", Kind::kBool, kRestart,
-       [](S* s) -> void* { return &s->store.pressure; }},
-      {.key = "memory.pressure_file",
-       .flag = "--pressure-file",
-       .help = "PSI file the row cache follows (empty: the cgroup's memory.pressure, else "
-               "/proc/pressure/memory)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->store.pressure_file; },
-       .path = true,
-       .example = "/sys/fs/cgroup/engram.slice/memory.pressure"},
-      {"memory.pressure_interval_ms", "--pressure-interval",
-       "Milliseconds between two samples of memory pressure (10..60000)", Kind::kUint32, kRestart,
-       [](S* s) -> void* { return &s->store.pressure_interval_ms; }, 10, 60000},
-      {"memory.huge_pages", "--no-huge-pages",
-       "Do not put resident tables on 2 MiB pages even where the kernel has them to give",
-       Kind::kBool, kRestart, [](S* s) -> void* { return &s->store.huge_pages; }},
-      {"memory.load_at_start", "--no-load-at-start",
-       "Do not load resident tables at start; `engramctl load` does (storage serves until then)",
-       Kind::kBool, kRestart, [](S* s) -> void* { return &s->store.load_at_start; }},
-      {"memory.load_rate", "--load-rate",
-       "Bytes per second a resident table's load may read (0: no limit), so that loading beside "
-       "serving leaves the disk to the misses",
-       Kind::kBytesOrZero, kRestart, [](S* s) -> void* { return &s->store.load_rate_bytes_per_s; }},
-      {.key = "memory.hot_set_path",
-       .flag = "--hot-set-path",
-       .help = "File the row cache's hot set (row ids) is written to, periodically and at stop, "
-               "and warmed from in the background after a start that did not keep the cache "
-               "(empty: none)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->server.hot_set_path; },
-       .path = true,
-       .example = "/var/lib/engramd/hot-set"},
-      {"memory.hot_set_interval_seconds", "--hot-set-interval",
-       "Seconds between writes of the hot set (0: only at stop)", Kind::kUint32, kRestart,
-       [](S* s) -> void* { return &s->server.hot_set_interval_s; }, 0, 86400},
-      {"memory.hot_set_rows", "", "Rows the hot set keeps at most (8 bytes each)", Kind::kUint64,
-       kRestart, [](S* s) -> void* { return &s->server.hot_set_rows; }, 1, uint64_t{1} << 30},
-      {.key = "memory.miss_depth",
-       .flag = "--miss-depth",
-       .help = "Device reads of cache-tier misses in flight past which prefill and prefetch "
-               "misses wait (decode steps' go at once, first); about the queue depth at which "
-               "the device reaches its read rate",
-       .kind = Kind::kUint32,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->store.miss_depth; },
-       .min = 1,
-       .max = 4096},
-      {.key = "socket.path",
-       .flag = "--socket",
-       .help = "Unix socket to listen on",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->server.socket_path; },
-       .check = [](const std::string& v) { return AbsolutePath(v, false); },
-       .path = true,
-       .example = "/run/engramd-b/engramd.sock"},
-      {.key = "socket.mode",
-       .flag = "--socket-mode",
-       .help = "File mode of the socket (octal)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->socket_mode; },
-       .check = CheckFileMode,
-       .example = "0600"},
-      {.key = "socket.group",
-       .flag = "--socket-group",
-       .help = "Group owning the socket (empty: the daemon's group)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->server.socket_group; },
-       .example = "engram"},
-      {.key = "access.allow_users",
-       .flag = "--allow-uid",
-       .help = "User (name or uid) allowed to connect besides root and engramd's own uid, "
-               "which always are; repeatable",
-       .kind = Kind::kStrings,
-       .reload = kLive,
-       .field = [](S* s) -> void* { return &s->allow_users; },
-       .example = "root"},
-      {.key = "access.allow_groups",
-       .flag = "--allow-gid",
-       .help = "Group (name or gid) whose members may connect (root and engramd's own uid "
-               "always may); repeatable",
-       .kind = Kind::kStrings,
-       .reload = kLive,
-       .field = [](S* s) -> void* { return &s->allow_groups; },
-       .example = "root"},
-      {.key = "access.admin_uids",
-       .flag = "--admin-uid",
-       .help = "uid that may also run warm and evict (root and engramd's own uid always may); "
-               "repeatable",
-       .kind = Kind::kIds,
-       .reload = kLive,
-       .field = [](S* s) -> void* { return &s->server.admin_uids; },
-       .max = kMaxId,
-       .item = "uid"},
-      {.key = "access.admin_gids",
-       .flag = "--admin-gid",
-       .help = "gid whose members may run warm and evict; repeatable",
-       .kind = Kind::kIds,
-       .reload = kLive,
-       .field = [](S* s) -> void* { return &s->server.admin_gids; },
-       .max = kMaxId,
-       .item = "gid"},
-      {"limits.max_clients", "--max-clients", "Sessions at once", Kind::kUint32, kLive,
-       [](S* s) -> void* { return &s->server.limits.max_clients; }, 1, 65536},
-      {"limits.max_inflight", "--max-inflight", "Requests in flight per session", Kind::kUint32,
-       kRestart, [](S* s) -> void* { return &s->server.limits.max_inflight; }, 1, ENGRAM_MAX_SLOTS},
-      {"limits.max_rows_per_request", "--max-rows-per-request", "Rows in one request",
-       Kind::kUint64, kRestart,
-       [](S* s) -> void* { return &s->server.limits.max_rows_per_request; }, 1, uint64_t{1} << 32},
-      {"limits.max_arena_bytes", "--max-arena-bytes",
-       "Data region of one session (bytes; K/M/G suffixes)", Kind::kBytes, kLive,
-       [](S* s) -> void* { return &s->server.limits.max_arena_bytes; }},
-      {"limits.max_total_arena_bytes", "--max-total-arena-bytes", "Arenas of all sessions together",
-       Kind::kBytes, kLive, [](S* s) -> void* { return &s->server.limits.max_total_arena_bytes; }},
-      {"limits.default_data_bytes", "",
-       "Data region of a session whose client asks for the default (0)", Kind::kBytes, kLive,
-       [](S* s) -> void* { return &s->server.limits.default_data_bytes; }},
-      {"limits.default_slots", "", "Request slots of a session whose client asks for the default",
-       Kind::kUint32, kLive, [](S* s) -> void* { return &s->server.limits.default_slots; }, 1,
-       ENGRAM_MAX_SLOTS},
-      {"limits.prefetch_queue_rows", "--prefetch-queue-rows",
-       "Rows queued for prefetch, all sessions together (a full queue drops its oldest rows, "
-       "counted; 0: prefetch off)",
-       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->server.limits.prefetch_queue_rows; },
-       0, uint64_t{1} << 28},
-      {"limits.prefetch_session_rows", "--prefetch-session-rows",
-       "Rows one session may have waiting for prefetch, from submission until they are worked "
-       "on or dropped (a PREFETCH past it is refused: RESOURCE_EXHAUSTED)",
-       Kind::kUint64, kRestart,
-       [](S* s) -> void* { return &s->server.limits.prefetch_session_rows; }, 1,
-       uint64_t{1} << 28},
-      {"limits.max_device_sessions", "--max-device-sessions",
-       "Sessions that may submit from a device (ENGRAM_CONNECT_DEVICE_SUBMIT) at once; only "
-       "administrators may open one (0: none)",
-       Kind::kUint32, kLive, [](S* s) -> void* { return &s->server.limits.max_device_sessions; },
-       0, 65536},
-      {"engine.workers", "--workers", "Gather workers (0: one per CPU)", Kind::kUint32, kRestart,
-       [](S* s) -> void* { return &s->server.workers; }, 0, 1024},
-      {"engine.request_threads", "--request-threads",
-       "Requests gathered at the same time (0: half the CPUs, 2 to 32); requests larger than a "
-       "decode step run on a separate pool of half as many",
-       Kind::kUint32, kRestart, [](S* s) -> void* { return &s->server.request_threads; }, 0, 1024},
-      {"engine.poll_spin_min_us", "--poll-spin-min-us", "Shortest polling spell before sleeping",
-       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->spin_min_us; }, 0, 10'000'000},
-      {"engine.poll_spin_max_us", "--poll-spin-max-us", "Longest polling spell before sleeping",
-       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->spin_max_us; }, 0, 10'000'000},
-      {"engine.pace", "--pace",
-       "Wake the poller and two request threads ahead of regularly paced requests (spins CPU)",
-       Kind::kBool, kRestart, [](S* s) -> void* { return &s->server.poll.pace; }},
-      {.key = "engine.poll_mode",
-       .flag = "--poll-mode",
-       .help = "Polling mode: while clients are active, the poller and engine.poll_cores - 1 "
-               "request threads spin instead of sleeping (spins CPU): on, off, or auto (on from "
-               "16 CPUs up)",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->poll_mode; },
-       .check = [](const std::string& v) { return OneOf(v, {"auto", "on", "off"}); },
-       .example = "on"},
-      {"engine.poll_cores", "--poll-cores",
-       "Cores that spin in polling mode, the poller's included (0: an eighth of the CPUs, at "
-       "least 2)",
-       Kind::kUint32, kRestart, [](S* s) -> void* { return &s->poll_cores; }, 0, 1024},
-      {"engine.poll_idle_ms", "--poll-idle-ms",
-       "Polling mode: clients are active until this long after the last request",
-       Kind::kUint32, kRestart, [](S* s) -> void* { return &s->poll_idle_ms; }, 1, 60'000},
-      {"engine.emulate_read_latency_us", "--emulate-read-latency-us",
-       "BENCHMARKING ONLY: every O_DIRECT read (row cache misses, tables.read_mode = direct) "
-       "completes no sooner than this after it was issued (0: off)",
-       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->emulate_read_latency_us; }, 0,
-       10'000'000},
-      {"engine.emulate_read_iops", "--emulate-read-iops",
-       "BENCHMARKING ONLY: O_DIRECT reads, all threads together, complete no faster than this "
-       "many 4 KiB reads per second (0: off)",
-       Kind::kUint64, kRestart, [](S* s) -> void* { return &s->emulate_read_iops; }, 0,
-       100'000'000},
-      {"engine.inline_rows", "--inline-rows",
-       "Gather requests of up to this many rows on the polling thread", Kind::kUint64, kRestart,
-       [](S* s) -> void* { return &s->server.poll.inline_rows; }, 0, uint64_t{1} << 32},
-      {.key = "log.level",
-       .flag = "--log-level",
-       .help = LevelHelp().c_str(),
-       .kind = Kind::kString,
-       .reload = kLive,
-       .field = [](S* s) -> void* { return &s->log_level; },
-       .check = CheckLevel,
-       .example = "debug"},
-      {"metrics.http_port", "--metrics-port",
-       "Serve Prometheus metrics on this loopback TCP port (0: off)", Kind::kUint32, kRestart,
-       [](S* s) -> void* { return &s->metrics.http_port; }, 0, 65535},
-      {.key = "metrics.http_address",
-       .flag = "",
-       .help = "Loopback address of the metrics port",
-       .kind = Kind::kString,
-       .reload = kRestart,
-       .field = [](S* s) -> void* { return &s->metrics.http_address; },
-       .check = CheckLoopback,
-       .example = "::1"},
-      {.key = "metrics.textfile_dir",
-       .flag = "--metrics-textfile-dir",
-       .help = "Write engramd.prom for node-exporter's textfile collector into this directory",
-       .kind = Kind::kString,
-       .reload = kLive,
-       .field = [](S* s) -> void* { return &s->metrics.textfile_dir; },
-       .check = [](const std::string& v) { return AbsolutePath(v, true); },
-       .path = true,
-       .example = "/var/lib/prometheus/node-exporter"},
-      {"metrics.textfile_interval_seconds", "", "Seconds between textfile writes", Kind::kUint32,
-       kLive, [](S* s) -> void* { return &s->metrics.textfile_interval_s; }, 1, 3600},
+void Setting::CopyServerValue(const ServerConfig& from, ServerConfig* to) const {
+  if (server_field == nullptr) return;
+  auto copy = [&]<typename T>(T*) {
+    *static_cast<T*>(server_field(to)) =
+        *static_cast<const T*>(server_field(const_cast<ServerConfig*>(&from)));
   };
-  return *settings;
+  switch (kind) {
+    case Kind::kUint32:
+      return copy(static_cast<uint32_t*>(nullptr));
+    case Kind::kUint64:
+    case Kind::kBytes:
+    case Kind::kBytesOrZero:
+      return copy(static_cast<uint64_t*>(nullptr));
+    case Kind::kString:
+      return copy(static_cast<std::string*>(nullptr));
+    case Kind::kStrings:  // held resolved, as ids
+    case Kind::kIds:
+      return copy(static_cast<std::vector<uint32_t>*>(nullptr));
+    case Kind::kBool:
+      return copy(static_cast<bool*>(nullptr));
+  }
 }
-
-namespace {
 
 const Setting* FindSetting(const std::string& key) {
   for (const Setting& s : Settings()) {
@@ -667,6 +312,8 @@ const Setting* FindSetting(const std::string& key) {
   }
   return nullptr;
 }
+
+namespace {
 
 absl::Status Walk(const std::string& path, const toml::table& table, const std::string& prefix,
                   DaemonSettings* settings) {

@@ -54,10 +54,12 @@ struct DaemonSettings {
 };
 
 // One setting of engramd, defined once: its configuration-file key, its command-line flag, its
-// help text, whether a SIGHUP applies a new value live, where its value lives in DaemonSettings
-// and how a value is checked. The file parser, engramd's flags (and --help), the SIGHUP reload
-// (reload.h) and the check of docs/operations.md all read Settings(); the defaults are
-// DaemonSettings' member initialisers, shown through DefaultText().
+// help text, whether a SIGHUP applies a new value live and to what, where its value lives in
+// DaemonSettings and how a value is checked. A row is constant data (settings_table.cc holds the
+// rows, one table per section of the file). The file parser, engramd's flags (and --help), the
+// SIGHUP reload (reload.h, Control::Reload), `engramctl config` and the check of
+// docs/operations.md all read Settings(); the defaults are DaemonSettings' member initialisers,
+// shown through DefaultText().
 struct Setting {
   enum class Kind {
     kUint32,   // an integer in [min, max]
@@ -69,20 +71,29 @@ struct Setting {
     kIds,      // a list of integers in [min, max]; a repeatable (or comma-separated) flag
     kBool,     // true or false; the flag, if any, sets the opposite of the default
   };
-  // When a changed value takes effect. kLive: a SIGHUP applies it (only the control thread
-  // reads it: handshake limits, access lists, the log level, the metrics textfile); kRestart:
-  // the running daemon keeps its value and the SIGHUP names the setting as needing a restart.
-  enum class Reload { kLive, kRestart };
+  // Who takes a changed value at a SIGHUP. kRestart: nobody; the running daemon keeps its value
+  // and the SIGHUP names the setting as needing a restart. The others are live: the reload copies
+  // the row's new value into the settings in force (Copy) and the part named here takes it from
+  // there, on the control thread, the only thread that reads these values:
+  //   kServer: the server's handshake limits and access lists (its ServerConfig, `server_field`);
+  //   kLog: the log level;
+  //   kTextfile: the metrics textfile the watchdog writes (directory, interval).
+  enum class Applies { kRestart, kServer, kLog, kTextfile };
 
   const char* key;   // "limits.max_clients"
   const char* flag;  // "--max-clients"; "" when only the file sets it
   const char* help;  // one line, for --help and the docs
   Kind kind;
-  Reload reload;
-  std::function<void*(DaemonSettings*)> field;  // the value's storage (type as Kind says)
+  Applies applies;
+  // Where the value lives (type as Kind says): `field` in DaemonSettings or, for a value of the
+  // server's configuration, `server_field` alone, in ServerConfig (DaemonSettings::server). A
+  // setting the server reads resolved has both: access.allow_users' names in `field`, the uids
+  // engramd resolves them to in `server_field`, as std::vector<uint32_t>.
+  void* (*field)(DaemonSettings*) = nullptr;
+  void* (*server_field)(ServerConfig*) = nullptr;
   uint64_t min = 0;
   uint64_t max = UINT64_MAX;
-  std::function<absl::Status(const std::string&)> check;  // kString: the value's rules
+  absl::Status (*check)(const std::string&) = nullptr;  // kString: the value's rules
   const char* flag_separator = "";  // kIds: a flag may list values with this separator
   const char* item = "";            // kIds: what one value is ("uid"), for messages
   // kString: a path, which the file must give absolute; a flag's relative path is taken from
@@ -93,7 +104,9 @@ struct Setting {
   // would not. The reload test sets it to change the setting alone.
   const char* example = "";
 
-  bool live() const { return reload == Reload::kLive; }
+  bool live() const { return applies != Applies::kRestart; }
+  // The value's storage in *s (type as Kind says).
+  void* At(DaemonSettings* s) const { return field ? field(s) : server_field(&s->server); }
   // The value as TOML text ("64M", "[]", "\"info\"", "true").
   std::string Text(const DaemonSettings& s) const;
   std::string DefaultText() const { return Text(DaemonSettings{}); }
@@ -103,12 +116,22 @@ struct Setting {
   void ClearList(DaemonSettings* s) const;
   // Whether `a` and `b` hold the same value of this setting.
   bool Same(const DaemonSettings& a, const DaemonSettings& b) const;
-  // Sets this setting of *to to its value in `from`.
+  // Sets this setting of *to to its value in `from`: the value, and the resolved value the
+  // server reads where it has one of its own (access.allow_users: names and uids).
   void Copy(const DaemonSettings& from, DaemonSettings* to) const;
+  // Sets the value the server reads (`server_field`) of *to to that of `from`; nothing for a
+  // setting without one.
+  void CopyServerValue(const ServerConfig& from, ServerConfig* to) const;
 };
 
 // Every setting, in the order of docs/operations.md.
 const std::vector<Setting>& Settings();
+
+// The setting of `key` ("limits.max_clients"); nullptr for a key Settings() does not have.
+const Setting* FindSetting(const std::string& key);
+
+// One tables.tiers entry: "LAYER=storage", "LAYER=resident" or "LAYER=cache".
+absl::Status CheckTierEntry(const std::string& entry);
 
 // Applies one TOML file onto *settings. InvalidArgument names "FILE:LINE: key 'a.b': why".
 absl::Status ApplyConfigFile(const std::string& path, DaemonSettings* settings);

@@ -59,6 +59,15 @@ void SendError(Session& session, const absl::Status& status, uint32_t request_id
   send(session.socket_fd(), e.data(), e.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+// The level the logger runs at, by its log.level name.
+std::string RunningLogLevel() {
+  const int priority = log::g_max_priority.load(std::memory_order_relaxed);
+  for (const log::LevelName& l : log::kLevelNames) {
+    if (l.priority == priority) return l.name;
+  }
+  return std::to_string(priority);
+}
+
 }  // namespace
 
 std::vector<std::string> AdminCommandNames() { return ControlCommandNames(true); }
@@ -67,13 +76,13 @@ Control::Control(ServerView* server)
     : server_(server), watchdog_(*server, [this] { return MetricsText(); }) {}
 Control::~Control() = default;
 
-void Control::Configure(const MetricsOptions& metrics, const std::string& log_level,
-                        const std::string& version, std::unique_ptr<metrics::HttpListener> http) {
-  metrics_ = metrics;
+void Control::Configure(const DaemonSettings& settings, const std::string& version,
+                        std::unique_ptr<metrics::HttpListener> http) {
+  running_ = settings;
   http_ = std::move(http);
-  log_level_ = log_level;
   version_ = version;
-  watchdog_.set_textfile(metrics.textfile_dir, metrics.textfile_interval_s);
+  // The server was created with these settings and main set the log level from them.
+  Take(Setting::Applies::kTextfile);
 }
 
 void Control::Reply(Session& session, uint32_t request_id, const std::string& text) {
@@ -206,13 +215,14 @@ absl::StatusOr<std::optional<std::string>> Control::Run(const std::shared_ptr<Se
     server_->AddStoreControlFields(command, &out);
     return out.dump(-1, ' ', false, json::error_handler_t::replace);
   };
+  const std::string log_level = RunningLogLevel();
   CommandContext context{
       .server = *server_,
       .session = session,
       .request = request,
       .command = command,
       .version = version_,
-      .log_level = log_level_,
+      .log_level = log_level,
       .watchdog_ns = watchdog_.interval_ns(),
       .peer_is_administrator = admin,
       .worker = page_cache_,
@@ -223,7 +233,8 @@ absl::StatusOr<std::optional<std::string>> Control::Run(const std::shared_ptr<Se
           Answer(*session, request_id, finish(*result));
         }
       },
-      .metrics_text = [this] { return MetricsText(); }};
+      .metrics_text = [this] { return MetricsText(); },
+      .running_settings = [this] { return RunningSettings(); }};
   CommandResult result = spec->run(context);
   if (!result.ok()) return result.status();
   if (!result->has_value()) return std::optional<std::string>();
@@ -242,13 +253,13 @@ metrics::Health Control::Health() const {
 void Control::Start() {
   if (http_ != nullptr) {
     http_->SetHandlers([this] { return MetricsText(); }, [this] { return Health(); });
-  } else if (metrics_.http_port != 0) {
+  } else if (const MetricsOptions& metrics = running_.metrics; metrics.http_port != 0) {
     auto l = metrics::HttpListener::Start(
-        metrics_.http_address, static_cast<uint16_t>(metrics_.http_port),
+        metrics.http_address, static_cast<uint16_t>(metrics.http_port),
         [this] { return MetricsText(); }, [this] { return Health(); });
     if (l.ok()) {
       http_ = std::move(*l);
-      log::Info("metrics on http://{}:{}/metrics", metrics_.http_address, http_->port());
+      log::Info("metrics on http://{}:{}/metrics", metrics.http_address, http_->port());
     } else {
       log::Error("{}; serving without the metrics port", std::string(l.status().message()));
     }
@@ -271,21 +282,88 @@ void Control::Reload() {
     return;
   }
   const DaemonSettings& next = fresh->settings;
-  server_->ApplyLiveSettings(next.server);
-  metrics_ = next.metrics;
-  watchdog_.set_textfile(metrics_.textfile_dir, metrics_.textfile_interval_s);
+  const std::set<Setting::Applies> parts = CopyLiveRows(next);
+  for (Setting::Applies part : parts) {
+    if (part != Setting::Applies::kLog) Take(part);
+  }
   // Logged before the level changes, so that lowering it does not hide its own report; the
   // "configuration re-read" line comes last.
   if (!fresh->report.restart.empty()) log::Warning("SIGHUP: {}", RestartLine(fresh->report));
+  // A value derived from a live setting that no row names (Resolve's) would stay behind.
   if (!(server_->config() == next.server)) {
     log::Error(
-        "SIGHUP: the server did not take every live setting (a setting marked live in "
-        "Settings() that Server::ApplyLiveSettings does not copy); restart engramd to apply it");
+        "SIGHUP: the server did not take every live setting (a value of its configuration that "
+        "no live row of Settings() names); restart engramd to apply it");
   }
   log::Notice("SIGHUP: configuration re-read; {}", ChangedLine(fresh->report));
-  log_level_ = next.log_level;
-  log::SetLogLevel(log_level_);
+  if (parts.contains(Setting::Applies::kLog)) Take(Setting::Applies::kLog);
   watchdog_.Reloaded();
+}
+
+std::set<Setting::Applies> Control::CopyLiveRows(const DaemonSettings& next) {
+  std::set<Setting::Applies> parts;
+  for (const Setting& row : Settings()) {
+    if (!row.live()) continue;
+    row.Copy(next, &running_);
+    parts.insert(row.applies);
+  }
+  return parts;
+}
+
+void Control::Take(Setting::Applies part) {
+  switch (part) {
+    case Setting::Applies::kRestart:
+      return;
+    case Setting::Applies::kServer:
+      // The server keeps its own configuration; only its live rows' values change in it.
+      server_->ApplyLiveSettings([this](ServerConfig* config) {
+        for (const Setting& row : Settings()) {
+          if (row.applies == Setting::Applies::kServer) row.CopyServerValue(running_.server, config);
+        }
+      });
+      return;
+    case Setting::Applies::kLog:
+      log::SetLogLevel(running_.log_level);
+      return;
+    case Setting::Applies::kTextfile:
+      watchdog_.set_textfile(running_.metrics.textfile_dir, running_.metrics.textfile_interval_s);
+      return;
+  }
+}
+
+void Control::Report(Setting::Applies part, DaemonSettings* shown) const {
+  switch (part) {
+    case Setting::Applies::kRestart:
+      return;  // as engramd started
+    case Setting::Applies::kServer:
+      for (const Setting& row : Settings()) {
+        if (row.applies == Setting::Applies::kServer) {
+          row.CopyServerValue(server_->config(), &shown->server);
+        }
+      }
+      return;
+    case Setting::Applies::kLog:
+      shown->log_level = RunningLogLevel();
+      return;
+    case Setting::Applies::kTextfile:
+      shown->metrics.textfile_dir = watchdog_.textfile_dir();
+      shown->metrics.textfile_interval_s = watchdog_.textfile_interval_s();
+      return;
+  }
+}
+
+DaemonSettings Control::RunningSettings() const {
+  // A live row shows what its part holds, never running_'s copy: one whose part did not report
+  // it would show its default, which a test that changes every live row tells apart.
+  DaemonSettings shown = running_;
+  const DaemonSettings defaults;
+  std::set<Setting::Applies> parts;
+  for (const Setting& row : Settings()) {
+    if (row.live()) row.Copy(defaults, &shown);
+    parts.insert(row.applies);
+  }
+  for (Setting::Applies part : parts) Report(part, &shown);
+  return shown;
 }
 
 }  // namespace engram

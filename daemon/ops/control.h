@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -48,11 +49,10 @@ class Control final : public ControlHandler {
   // The whole Prometheus exposition. Thread-safe.
   std::string MetricsText() const;
 
-  // The metrics options and log level in force; called before Server::Run. `http`: the metrics
-  // listener the start already opened (it answered /healthz with 503 while the tables opened),
-  // or null to open one in Start() if the options ask for it.
-  void Configure(const MetricsOptions& metrics, const std::string& log_level,
-                 const std::string& version,
+  // The settings in force (resolved, as the server was created with them); called before
+  // Server::Run. `http`: the metrics listener the start already opened (it answered /healthz
+  // with 503 while the tables opened), or null to open one in Start() if the settings ask for it.
+  void Configure(const DaemonSettings& settings, const std::string& version,
                  std::unique_ptr<metrics::HttpListener> http = nullptr);
   // Starts what the metrics options ask for (HTTP listener) and tells systemd the daemon is
   // ready. Called once from Server::Run before serving.
@@ -65,8 +65,13 @@ class Control final : public ControlHandler {
   // Control loop: how long it may sleep (ms, -1 forever) and the periodic work.
   int WaitMs() const override { return watchdog_.WaitMs(); }
   void Tick() override { watchdog_.Tick(); }
-  // SIGHUP: re-reads the configuration through the reloader and applies what can change live.
+  // SIGHUP: re-reads the configuration through the reloader and applies every live row of the
+  // settings table: its value is copied into the settings in force, and the part of engramd the
+  // row names (Setting::Applies) takes its new values from them.
   void Reload() override;
+  // The settings in force, each as the part that applies it holds it (the server's own
+  // configuration, the logger, the watchdog); the others as engramd started with them.
+  DaemonSettings RunningSettings() const;
   void SetReloader(std::function<absl::StatusOr<ReloadedConfig>()> reloader) {
     reloader_ = std::move(reloader);
   }
@@ -92,11 +97,16 @@ class Control final : public ControlHandler {
   // Sends the reply (or the error) of request `request_id`. Any thread.
   void Answer(Session& session, uint32_t request_id, const absl::StatusOr<std::string>& reply);
   void Reply(Session& session, uint32_t request_id, const std::string& text);
+  // Copies every live row's value from `next` into running_; returns the parts the rows name.
+  std::set<Setting::Applies> CopyLiveRows(const DaemonSettings& next);
+  // Has `part` take its values from running_, or write those it holds into *shown.
+  void Take(Setting::Applies part);
+  void Report(Setting::Applies part, DaemonSettings* shown) const;
 
   ServerView* const server_;
   std::function<absl::StatusOr<ReloadedConfig>()> reloader_;
-  MetricsOptions metrics_;
-  std::string log_level_ = "info";
+  // The settings in force: as engramd started, with every SIGHUP's live rows copied in.
+  DaemonSettings running_;
   std::string version_ = "unknown";
   mutable ClientSeries clients_;  // before http_: the listener's thread renders them
   std::atomic<bool> stopping_{false};

@@ -333,12 +333,58 @@ CommandResult Load(CommandContext& c) {
   return out;
 }
 
+// One setting's value as JSON: numbers (byte sizes in bytes), text (escaped once, by the JSON
+// writer) and lists of either. `value` is the storage the row's Kind names, or, for the server's
+// value of a setting it reads resolved (`resolved`), the ids it resolved to.
+json ValueJson(const Setting& row, const void* value, bool resolved) {
+  using Kind = Setting::Kind;
+  switch (row.kind) {
+    case Kind::kUint32:
+      return *static_cast<const uint32_t*>(value);
+    case Kind::kUint64:
+    case Kind::kBytes:
+    case Kind::kBytesOrZero:
+      return *static_cast<const uint64_t*>(value);
+    case Kind::kString:
+      return Utf8Text(*static_cast<const std::string*>(value));
+    case Kind::kBool:
+      return *static_cast<const bool*>(value);
+    case Kind::kIds:
+      return *static_cast<const std::vector<uint32_t>*>(value);
+    case Kind::kStrings:
+      if (resolved) return *static_cast<const std::vector<uint32_t>*>(value);
+      json list = json::array();
+      for (const std::string& v : *static_cast<const std::vector<std::string>*>(value)) {
+        list.push_back(Utf8Text(v));
+      }
+      return list;
+  }
+  return nullptr;
+}
+
+// engramctl config: every setting in the order of Settings(), with the value engramd runs with
+// (where the server reads a value of its own, that one: access.allow_users as the uids it admits)
+// and whether a SIGHUP changes it.
+CommandResult Config(CommandContext& c) {
+  DaemonSettings running = c.running_settings();
+  json settings = json::array();
+  for (const Setting& row : Settings()) {
+    const bool server = row.server_field != nullptr;
+    const void* value = server ? row.server_field(&running.server) : row.At(&running);
+    settings.push_back({{"key", row.key},
+                        {"value", ValueJson(row, value, server && row.field != nullptr)},
+                        {"live", row.live()}});
+  }
+  return json{{"settings", settings}};
+}
+
 constexpr CommandSpec kCommands[] = {
     {"status", nullptr, Status},
     {"tables", nullptr, Tables},
     {"stats", nullptr, Stats},
     {"clients", nullptr, Clients},
     {"metrics", nullptr, Metrics},
+    {"config", nullptr, Config},
     {"warm", "it fills the page cache every client shares", Warm},
     {"evict", "it drops table pages that every client reads from the page cache", Evict},
     {"load", "it fills memory of the node's row store that every client shares", Load},

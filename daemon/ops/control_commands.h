@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/ops/config_file.h"
 #include "daemon/ops/page_cache.h"
 #include "daemon/server/server_view.h"
 
@@ -30,6 +31,8 @@ struct CommandContext {
   std::function<void(absl::StatusOr<nlohmann::json>)> reply_later;
   // The whole Prometheus exposition (Control::MetricsText).
   std::function<std::string()> metrics_text;
+  // The settings in force, each as the part that applies it holds it (Control::RunningSettings).
+  std::function<DaemonSettings()> running_settings;
 };
 
 // A command's answer: the reply object, or nullopt when reply_later will send it.

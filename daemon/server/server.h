@@ -81,7 +81,7 @@ class Server : public ServerView {
 
   // ServerView: what the operator side sees.
   const ServerConfig& config() const override { return config_; }
-  void ApplyLiveSettings(const ServerConfig& next) override;
+  void ApplyLiveSettings(const std::function<void(ServerConfig*)>& apply) override;
   uid_t own_uid() const override { return own_uid_; }
   uint64_t start_ns() const override { return start_ns_; }
   bool draining() const override { return draining_.load(); }

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -31,9 +32,10 @@ class ServerView {
 
   // Control thread only (the configuration changes only there, on SIGHUP).
   virtual const ServerConfig& config() const = 0;
-  // Copies the settings that can change live (limits read at handshake, access lists) from
-  // `next`. Control thread only.
-  virtual void ApplyLiveSettings(const ServerConfig& next) = 0;
+  // Runs `apply` on the configuration in force, which may change there only the settings a
+  // SIGHUP applies live (the fields only the control thread reads: handshake limits, access
+  // lists; the settings table's rows say which). Control thread only.
+  virtual void ApplyLiveSettings(const std::function<void(ServerConfig*)>& apply) = 0;
 
   // Thread-safe from here on.
   virtual uid_t own_uid() const = 0;

@@ -1,7 +1,8 @@
 // SIGHUP against the settings table: every row of Settings(), changed alone to a value derived
 // from the row, is either applied live or named as needing a restart, never silently ignored;
 // first through the reload comparison, then through a real SIGHUP on a running engramd, where
-// the live ones are checked to have reached the server.
+// the live ones are checked to have reached the server; and every live row changed at once, each
+// new value read back from the running engramd (`engramctl config`, and what clients see).
 #include "daemon/ops/reload.h"
 
 #include <fcntl.h>
@@ -13,12 +14,14 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "testkit/daemon_test_util.h"
@@ -30,7 +33,7 @@ using Kind = Setting::Kind;
 
 template <typename T>
 T& Value(const Setting& row, DaemonSettings* s) {
-  return *static_cast<T*>(row.field(s));
+  return *static_cast<T*>(row.At(s));
 }
 
 // Sets `row` of *s to a valid value other than the one it holds, derived from the row: a number
@@ -237,6 +240,199 @@ TEST_CASE("a SIGHUP on a running engramd reports every setting changed alone", "
   INFO(absl::StrJoin(lines, "\n"));
   CHECK(Entries(lines, "needs a restart: ").empty());
   CHECK(status().first == 0);
+}
+
+// Sets live `row` of *s to a new value that engramd can apply on this machine: ChangeSetting's,
+// except that a path is a fresh directory of the test's, and a list of names the server resolves
+// (users, groups) names an id, which resolves to itself.
+void ChangeLiveSetting(const Setting& row, DaemonSettings* s) {
+  INFO(row.key);
+  if (row.path) {
+    const std::string dir = TestDir() + "/" + row.key;
+    std::filesystem::create_directories(dir);
+    REQUIRE(row.ApplyText(dir, s).ok());
+  } else if (row.kind == Kind::kStrings && row.server_field != nullptr) {
+    row.ClearList(s);
+    REQUIRE(row.ApplyText("4242", s).ok());
+  } else {
+    ChangeSetting(row, s);
+  }
+}
+
+// The value `engramctl config` shows for `row` when the settings in force are `s`: as the server
+// holds it, where it reads one of its own (ids for names, which ChangeLiveSetting wrote as ids).
+nlohmann::json ExpectedJson(const Setting& row, DaemonSettings* s) {
+  switch (row.kind) {
+    case Kind::kUint32:
+      return Value<uint32_t>(row, s);
+    case Kind::kUint64:
+    case Kind::kBytes:
+    case Kind::kBytesOrZero:
+      return Value<uint64_t>(row, s);
+    case Kind::kString:
+      return Value<std::string>(row, s);
+    case Kind::kBool:
+      return Value<bool>(row, s);
+    case Kind::kIds:
+      return Value<std::vector<uint32_t>>(row, s);
+    case Kind::kStrings: {
+      if (row.server_field == nullptr) return Value<std::vector<std::string>>(row, s);
+      nlohmann::json ids = nlohmann::json::array();
+      for (const std::string& name : Value<std::vector<std::string>>(row, s)) {
+        uint32_t id = 0;
+        REQUIRE(absl::SimpleAtoi(name, &id));
+        ids.push_back(id);
+      }
+      return ids;
+    }
+  }
+  return nullptr;
+}
+
+// Sessions of the daemon on `socket` opened until one is refused; the refusal's message in
+// *ret_refusal. Each asks for a small arena, so that only the client limit can refuse it.
+std::vector<engram_session*> OpenUntilRefused(const std::string& socket, size_t at_most,
+                                              std::string* ret_refusal) {
+  std::vector<engram_session*> open;
+  while (open.size() <= at_most) {
+    engram_connect_options o;
+    engram_connect_options_init(&o, sizeof(o));
+    o.socket_path = socket.c_str();
+    o.data_bytes = 1 << 20;
+    o.slots = 1;
+    engram_session* s = nullptr;
+    if (engram_session_open(&o, &s) != 0) {
+      *ret_refusal = engram_last_error();
+      break;
+    }
+    open.push_back(s);
+  }
+  return open;
+}
+
+// `engramctl COMMAND --json` against the daemon on `socket`, parsed.
+nlohmann::json CtlJson(const std::string& socket, const std::string& command) {
+  const auto [code, out] = RunCommand(Engramctl() + " " + command + " --json --socket " + socket);
+  INFO(command << ": " << out);
+  REQUIRE(code == 0);
+  return nlohmann::json::parse(out);
+}
+
+// What engramd runs with, from the parts that apply each row (`engramctl config`): every live
+// row shows its value in `expected`. A live row whose part cannot say what it holds shows its
+// default and fails here.
+void CheckRunningSettings(const std::string& socket, DaemonSettings* expected) {
+  const nlohmann::json running = CtlJson(socket, "config");
+  REQUIRE(running["settings"].size() == Settings().size());
+  size_t live = 0;
+  for (const nlohmann::json& entry : running["settings"]) {
+    const Setting* row = FindSetting(entry["key"]);
+    REQUIRE(row != nullptr);
+    INFO(row->key);
+    CHECK(entry["live"] == row->live());
+    if (!row->live()) continue;
+    ++live;
+    CHECK(entry["value"] == ExpectedJson(*row, expected));
+  }
+  CHECK(live == size_t(std::count_if(Settings().begin(), Settings().end(),
+                                     [](const Setting& row) { return row.live(); })));
+}
+
+// The changed live settings as clients and operators see them: status, the textfile written
+// into its new directory, a session's default arena, and max_clients sessions but no more.
+void CheckAsClientsSee(const std::string& socket, const DaemonSettings& changed) {
+  const nlohmann::json status = CtlJson(socket, "status");
+  CHECK(status["log_level"] == changed.log_level);
+  CHECK(status["max_clients"] == changed.server.limits.max_clients);
+  const auto has = [](const nlohmann::json& list, uint32_t id) {
+    return std::find(list.begin(), list.end(), id) != list.end();
+  };
+  CHECK(has(status["access"]["allow_uids"], 4242));
+  CHECK(has(status["access"]["allow_gids"], 4242));
+  CHECK(has(status["access"]["admin_uids"], changed.server.admin_uids.at(0)));
+  CHECK(has(status["access"]["admin_gids"], changed.server.admin_gids.at(0)));
+  const std::string prom = changed.metrics.textfile_dir + "/engramd.prom";
+  for (int i = 0; i < 1000 && !std::filesystem::exists(prom); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(std::filesystem::exists(prom));
+  engram_connect_options o;
+  engram_connect_options_init(&o, sizeof(o));
+  o.socket_path = socket.c_str();
+  engram_session* defaults = nullptr;
+  INFO(engram_last_error());
+  REQUIRE(engram_session_open(&o, &defaults) == 0);
+  const nlohmann::json clients = CtlJson(socket, "clients");
+  engram_session_close(defaults);
+  bool seen = false;
+  for (const nlohmann::json& c : clients["clients"]) {
+    if (c["pid"] != getpid()) continue;
+    seen = true;
+    CHECK(c["data_bytes"] == changed.server.limits.default_data_bytes);
+    CHECK(c["slots"] == changed.server.limits.default_slots);
+  }
+  CHECK(seen);
+  // Once the server has let the sessions above go.
+  for (int i = 0; i < 500 && CtlJson(socket, "status")["clients"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::string refusal;
+  std::vector<engram_session*> open =
+      OpenUntilRefused(socket, changed.server.limits.max_clients, &refusal);
+  CHECK(open.size() == changed.server.limits.max_clients);
+  CHECK(refusal.find("the limit (--max-clients)") != std::string::npos);
+  for (engram_session* s : open) engram_session_close(s);
+}
+
+TEST_CASE("a SIGHUP that changes every live setting: each read back from the running engramd",
+          "[daemon]") {
+  DaemonSettings base;
+  base.models = {Checkpoint()};
+  base.server.socket_path = TestDir() + "/live.sock";
+  base.server.workers = 2;
+  const std::string& socket = base.server.socket_path;
+  const std::string config = TestDir() + "/live.toml";
+  std::ofstream(config) << ConfigText(base);
+  ConfiguredDaemon daemon(config, TestDir() + "/live.log");
+  bool up = false;
+  for (int i = 0; i < 1000 && !up; ++i) {
+    up = SocketAnswers(socket);
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  INFO(ReadText(daemon.log()));
+  REQUIRE(up);
+  CheckRunningSettings(socket, &base);
+  // Every live row of the table, each to a value of its own.
+  DaemonSettings changed = base;
+  size_t live = 0;
+  for (const Setting& row : Settings()) {
+    if (!row.live()) continue;
+    ++live;
+    ChangeLiveSetting(row, &changed);
+    INFO(row.key);
+    REQUIRE_FALSE(row.Same(base, changed));
+  }
+  std::ofstream(config) << ConfigText(changed);
+  const std::vector<std::string> lines = daemon.Reload();
+  INFO(absl::StrJoin(lines, "\n"));
+  REQUIRE_FALSE(lines.empty());
+  CHECK(Entries(lines, "needs a restart: ").empty());
+  CHECK(Entries(lines, "changed: ").size() == live);
+  CheckRunningSettings(socket, &changed);
+  CheckAsClientsSee(socket, changed);
+  // The human form: a line per setting and the header, within 80 columns.
+  const auto [code, text] = RunCommand(Engramctl() + " config --socket " + socket);
+  CHECK(code == 0);
+  const std::vector<std::string> shown = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  CHECK(shown.size() == Settings().size() + 1);
+  for (const std::string& line : shown) CHECK(line.size() <= 80);
+  CHECK(text.find("limits.max_clients") != std::string::npos);
+  // Back to the starting file: every live row back to its old value.
+  std::ofstream(config) << ConfigText(base);
+  const std::vector<std::string> back = daemon.Reload();
+  INFO(absl::StrJoin(back, "\n"));
+  CHECK(Entries(back, "changed: ").size() == live);
+  CheckRunningSettings(socket, &base);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ namespace engramctl {
 // engramctl hash: DeepSeek-V4.1 Engram row ids of token ids (hash_command.cc).
 void AddHashCommand(CLI::App& app, int* exit_code);
 
-// engramctl status, stats, tables, clients, metrics (daemon_commands.cc).
+// engramctl status, stats, tables, clients, config, metrics (daemon_commands.cc).
 void AddDaemonCommands(CLI::App& app, int* exit_code);
 // engramctl warm, evict (warm_command.cc).
 void AddWarmCommands(CLI::App& app, int* exit_code);

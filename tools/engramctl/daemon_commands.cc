@@ -1,5 +1,5 @@
-// engramctl status, tables, stats, clients and metrics: what a running engramd reports about
-// itself, human-readable or as JSON; status and stats can be watched with rates.
+// engramctl status, tables, stats, clients, config and metrics: what a running engramd reports
+// about itself, human-readable or as JSON; status and stats can be watched with rates.
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -449,6 +449,32 @@ void PrintClients(const json& r, size_t width) {
   fputs(table.Render(width).c_str(), stdout);
 }
 
+// engramctl config: one line per setting, with the value engramd runs with (in the
+// configuration file's syntax, escaped once, by the JSON writer) and whether a SIGHUP changes it.
+void PrintConfig(const json& r, size_t width) {
+  TextTable table({{"SETTING", false}, {"VALUE", false, true}, {"SIGHUP", false}});
+  for (const json& s : r["settings"]) {
+    table.AddRow({s.value("key", "?"), s.contains("value") ? s["value"].dump() : "?",
+                  s.value("live", false) ? "live" : "restart"});
+  }
+  fputs(table.Render(width).c_str(), stdout);
+}
+
+void AddConfigCommand(CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<CommonOptions>();
+  auto list = std::make_shared<ListOptions>();
+  CLI::App* c = app.add_subcommand(
+      "config",
+      "The settings engramd runs with, each as the part that applies it holds it, and which a "
+      "SIGHUP changes live");
+  AddCommonOptions(c, options.get());
+  AddListOptions(c, list.get());
+  c->callback([=] {
+    *exit_code = Run(*options, WatchOptions{}, "config", json::object(),
+                     [=](const json& r, const json*, double) { PrintConfig(r, list->width()); });
+  });
+}
+
 }  // namespace
 
 void AddDaemonCommands(CLI::App& app, int* exit_code) {
@@ -515,6 +541,7 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
                        [=](const json& r, const json*, double) { PrintClients(r, list->width()); });
     });
   }
+  AddConfigCommand(app, exit_code);
   {
     auto options = std::make_shared<CommonOptions>();
     CLI::App* c = app.add_subcommand("metrics", "The Prometheus text exposition");
