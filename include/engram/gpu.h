@@ -97,7 +97,7 @@ int engram_gpu_registration_runtime(const engram_gpu_registration* reg);
 int engram_gpu_unregister(engram_gpu_registration* reg);
 
 /* Deprecated: engram_last_error() under its older name. */
-const char* engram_gpu_last_error(void);
+ENGRAM_DEPRECATED("use engram_last_error") const char* engram_gpu_last_error(void);
 
 /* ---- Row caches read in place by the GPU (libengram_client; since ENGRAM_0.7) ---------- */
 
@@ -249,7 +249,7 @@ int engram_stream_wait_ticket(uintptr_t stream, const void* counter, const uint6
 
 /* Deprecated: engram_last_error() under its older name (the kernel library's failures are
  * recorded there, with every other). */
-const char* engram_kernels_last_error(void);
+ENGRAM_DEPRECATED("use engram_last_error") const char* engram_kernels_last_error(void);
 
 /* "cuda" or "hip": which runtime this kernel library was built for. */
 const char* engram_kernels_backend(void);
