@@ -51,10 +51,10 @@
  *     (device memory: the GPU hasher, the GPU queue). Ranges of memory keep the verbs of what is
  *     done to them: engram_alloc / engram_free, engram_gpu_register / engram_gpu_unregister.
  *     The older spellings (engram_connect, engram_close, engram_map_table, engram_unmap_table)
- *     stay exported as deprecated aliases.
+ *     stay exported as aliases, marked ENGRAM_DEPRECATED (engram/abi.h): a new use warns.
  *  9. A table is identified by its Engram layer id (1 and 14 for DeepSeek-V4.1), called `layer`
- *     in every parameter and field. Fields once named `table` or `layer_id` keep that name as a
- *     deprecated alias in an anonymous union: the layout is unchanged.
+ *     in every parameter and field. Fields once named `table` or `layer_id` keep that name as an
+ *     alias in an anonymous union, marked ENGRAM_DEPRECATED: the layout is unchanged.
  * 10. Each function states its thread-safety.
  * 11. Exported symbols carry a version node per release (client/libengram_client.map,
  *     kernels/libengram_kernels.map); a changed signature keeps its old version for binaries

@@ -75,7 +75,7 @@ enum engram_gpu_runtime {
  *   -ENOMEM   the runtime could not pin the range;
  *   -EIO      any other runtime error (the message names it).
  * Registering pins the pages: on a 1 GiB range it takes tens of milliseconds; do it once.
- * A read-only mapping (a resident table's, engram_map_table) is registered read-only. Where
+ * A read-only mapping (a resident table's, engram_table_map_open) is registered read-only. Where
  * the driver refuses that too, the device's pageable memory access serves if it has one (nothing
  * pinned, the host address is the device address); otherwise the error (-EINVAL) says to gather
  * the rows into the registered arena instead.
