@@ -266,7 +266,8 @@ int PinAndMap(const Runtime& rt, void* addr, size_t len, void** ret_device, bool
     return Fail(ErrnoFor(status, api.already_registered), std::move(message));
   }
   if (status != 0 && status != api.already_registered) {
-    // A read-only mapping (a resident table's, engram_map_table) pins only as read-only memory.
+    // A read-only mapping (a resident table's, engram_table_map_open) pins only as read-only
+    // memory.
     // The refused first attempt stays the runtime's last error: clear it.
     ClearLastError(rt);
     status = 0;

@@ -1,4 +1,4 @@
-// The client's read-only mapping of a resident table (engram_map_table in engram.h): the
+// The client's read-only mapping of a resident table (engram_table_map_open in engram.h): the
 // mapping and what the daemon said about it. Internal to libengram_client.
 #pragma once
 

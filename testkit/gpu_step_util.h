@@ -69,7 +69,7 @@ struct StepInputs {
   engram_gpu_hash_args HashArgs(const Hashers& h, uint32_t layer, uint64_t* rows_d) const {
     engram_gpu_hash_args a;
     engram_gpu_hash_args_init(&a, sizeof(a));
-    a.layer_id = layer;
+    a.layer = layer;
     a.flags = ENGRAM_HASH_COMPRESSED_IDS;
     a.head_begin = h.head_begin;
     a.head_end = h.head_end;
@@ -102,7 +102,7 @@ struct DeviceSession {
     engram_connect_options o = daemon.Options(16 << 20, 32);
     o.flags = ENGRAM_CONNECT_DEVICE_SUBMIT;
     INFO(engram_last_error());
-    REQUIRE(engram_connect(&o, &session) == 0);
+    REQUIRE(engram_session_open(&o, &session) == 0);
     void* arena = nullptr;
     uint64_t arena_bytes = 0;
     REQUIRE(engram_arena(session, &arena, &arena_bytes) == 0);
@@ -121,7 +121,7 @@ struct DeviceSession {
   ~DeviceSession() {
     engram_gpu_queue_destroy(queue);
     engram_gpu_unregister(reg);
-    engram_close(session);
+    engram_session_close(session);
   }
   template <typename T>
   T* dev(const void* host) const {
@@ -204,7 +204,7 @@ struct CapturedStep {
       }
     }
     CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
-    INFO(engram_kernels_last_error());
+    INFO(engram_last_error());
     REQUIRE(rc == 0);
     CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
     cudaGraphDestroy(graph);
@@ -229,11 +229,11 @@ struct HostPath {
   uint8_t* rows = nullptr;
   HostPath(const Daemon& daemon, uint32_t step_rows) {
     engram_connect_options o = daemon.Options(16 << 20);
-    REQUIRE(engram_connect(&o, &session) == 0);
+    REQUIRE(engram_session_open(&o, &session) == 0);
     REQUIRE(engram_alloc(session, step_rows * 8, reinterpret_cast<void**>(&ids)) == 0);
     REQUIRE(engram_alloc(session, step_rows * kRowBytes, reinterpret_cast<void**>(&rows)) == 0);
   }
-  ~HostPath() { engram_close(session); }
+  ~HostPath() { engram_session_close(session); }
   HostPath(const HostPath&) = delete;
   HostPath& operator=(const HostPath&) = delete;
 
@@ -249,7 +249,7 @@ struct HostPath {
     REQUIRE(engram_hash(h.host, layer, seqs.data(), kSeqs, h.head_begin, h.head_end,
                         ENGRAM_HASH_COMPRESSED_IDS, ids, n) == 0);
     const engram_gather_request r{
-        .size = sizeof(r), .table = layer, .rows = ids, .num_rows = n, .dest = rows};
+        .size = sizeof(r), .layer = layer, .rows = ids, .num_rows = n, .dest = rows};
     const int rc = engram_gather(session, &r, -1);
     INFO(engram_last_error());
     REQUIRE(rc == 0);
@@ -286,7 +286,7 @@ inline void ReplayChecked(CapturedStep& step, StepInputs& in, const Hashers& h,
 
 namespace engram::testing {
 
-// Both layers' resident tables mapped read-only from the daemon (engram_map_table) and
+// Both layers' resident tables mapped read-only from the daemon (engram_table_map_open) and
 // registered with the GPU: what a step reads in place, with no request.
 struct ResidentTables {
   engram_table_map* map[2] = {};
@@ -296,11 +296,11 @@ struct ResidentTables {
     for (int l = 0; l < 2; ++l) {
       int rc = -EAGAIN;
       for (int tries = 0; rc == -EAGAIN && tries < 500; ++tries) {  // loading at start-up
-        rc = engram_map_table(s, kLayerIds[l], &map[l]);
+        rc = engram_table_map_open(s, kLayerIds[l], &map[l]);
         if (rc == -EAGAIN) usleep(10'000);
       }
       const std::string why = rc == 0 ? "" : engram_last_error();
-      INFO("engram_map_table(layer " << kLayerIds[l] << ") = " << rc << ": " << why);
+      INFO("engram_table_map_open(layer " << kLayerIds[l] << ") = " << rc << ": " << why);
       REQUIRE(rc == 0);
       info[l].size = sizeof(info[l]);
       REQUIRE(engram_get_table_map_info(map[l], &info[l]) == 0);
@@ -312,7 +312,7 @@ struct ResidentTables {
   ~ResidentTables() {
     for (int l = 0; l < 2; ++l) {
       engram_gpu_unregister(reg[l]);
-      engram_unmap_table(map[l]);
+      engram_table_map_close(map[l]);
     }
   }
   // Queues the in-place step: both layers' GPU hash into ids_d in one launch, then each layer's
@@ -338,7 +338,7 @@ struct ResidentTables {
     CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     const int rc = Enqueue(h, in, ids_d, out, stream);
     CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
-    INFO(engram_kernels_last_error());
+    INFO(engram_last_error());
     REQUIRE(rc == 0);
     cudaGraphExec_t exec;
     CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "engram/engram.h"  // engram_last_error
 #include "engram/gpu.h"
 
 #define CUDA_REQUIRE(call)                                   \
@@ -22,7 +23,7 @@
 #define ENGRAM_REQUIRE(call)                                                   \
   do {                                                                         \
     const int engram_rc_ = (call);                                             \
-    INFO(#call << " = " << engram_rc_ << ": " << engram_kernels_last_error()); \
+    INFO(#call << " = " << engram_rc_ << ": " << engram_last_error()); \
     REQUIRE(engram_rc_ == 0);                                                  \
   } while (0)
 
@@ -55,7 +56,7 @@ class RegisteredHostBuffer {
     host_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     REQUIRE(host_ != MAP_FAILED);
     const int rc = engram_gpu_register(host_, bytes, &reg_);
-    INFO("engram_gpu_register: " << engram_gpu_last_error());
+    INFO("engram_gpu_register: " << engram_last_error());
     REQUIRE(rc == 0);
   }
   ~RegisteredHostBuffer() {

@@ -86,14 +86,14 @@ inline std::vector<std::string> EngramdCommand(const std::string& model, const s
   return args;
 }
 
-// engram_map_table of `layer`, asked again every 20 ms for up to `timeout_ms` while the table is
-// still loading (-EAGAIN): 0, or the last -errno (engram_last_error() says why).
+// engram_table_map_open of `layer`, asked again every 20 ms for up to `timeout_ms` while the
+// table is still loading (-EAGAIN): 0, or the last -errno (engram_last_error() says why).
 inline int MapTableWhenLoaded(engram_session* s, uint32_t layer, engram_table_map** ret_map,
                               int timeout_ms = 60'000) {
-  int rc = engram_map_table(s, layer, ret_map);
+  int rc = engram_table_map_open(s, layer, ret_map);
   for (int waited = 0; rc == -EAGAIN && waited < timeout_ms; waited += 20) {
     usleep(20'000);
-    rc = engram_map_table(s, layer, ret_map);
+    rc = engram_table_map_open(s, layer, ret_map);
   }
   return rc;
 }
@@ -122,7 +122,8 @@ class EngramdProcess {
   engram_session* Connect(engram_connect_options options, int timeout_ms = 10'000) const {
     options.socket_path = socket_.c_str();
     engram_session* s = nullptr;
-    for (int waited = 0; engram_connect(&options, &s) != 0 && waited < timeout_ms; waited += 20) {
+    for (int waited = 0; engram_session_open(&options, &s) != 0 && waited < timeout_ms;
+         waited += 20) {
       usleep(20'000);
     }
     return s;

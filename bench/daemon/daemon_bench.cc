@@ -242,7 +242,7 @@ struct Bench {
       in_process.push_back(NowNs() - t0);
       if (cold) Evict(ip.files);
       engram_gather_request r{.size = sizeof(r),
-                              .table = ip.table->layer_id(),
+                              .layer = ip.table->layer_id(),
                               .flags = ENGRAM_GATHER_VIA_DAEMON,
                               .rows = ids,
                               .num_rows = n,
@@ -274,7 +274,7 @@ pid_t StartBusyClient(const engram_connect_options& o, uint64_t rows) {
   engram_session* b;
   engram_connect_options bo = o;
   bo.client_name = "busy";
-  if (engram_connect(&bo, &b) != 0) _exit(1);
+  if (engram_session_open(&bo, &b) != 0) _exit(1);
   uint64_t* bids;
   uint8_t* bout;
   engram_alloc(b, 1152 * 8, reinterpret_cast<void**>(&bids));
@@ -283,7 +283,7 @@ pid_t StartBusyClient(const engram_connect_options& o, uint64_t rows) {
   while (true) {
     for (int k = 0; k < 1152; ++k) bids[k] = r2() % rows;
     engram_gather_request r{.size = sizeof(r),
-                            .table = 1,
+                            .layer = 1,
                             .flags = ENGRAM_GATHER_VIA_DAEMON,
                             .rows = bids,
                             .num_rows = 1152,
@@ -376,7 +376,7 @@ int main(int argc, char** argv) {
   Bench b{.ip = ip,
           .local = std::vector<uint8_t>(sizes.large * 264),
           .pick = std::uniform_int_distribution<uint64_t>(0, opts.rows - 1)};
-  if (engram_connect(&o, &b.s) != 0) {
+  if (engram_session_open(&o, &b.s) != 0) {
     fprintf(stderr, "connect: %s\n", engram_last_error());
     kill(daemon, SIGKILL);
     return 1;
@@ -387,7 +387,7 @@ int main(int argc, char** argv) {
   Measure(b, sizes, o, opts.rows, r);
   r.stats.size = sizeof(r.stats);
   engram_get_session_stats(b.s, &r.stats);
-  engram_close(b.s);
+  engram_session_close(b.s);
   kill(daemon, SIGTERM);
   waitpid(daemon, &r.daemon_status, 0);
 

@@ -41,7 +41,7 @@ void Check(cudaError_t status, const char* what) {
 }
 void CheckEngram(int rc, const char* what) {
   if (rc != 0) {
-    std::fprintf(stderr, "%s: %d %s\n", what, rc, engram_kernels_last_error());
+    std::fprintf(stderr, "%s: %d %s\n", what, rc, engram_last_error());
     std::exit(1);
   }
 }
@@ -198,8 +198,8 @@ void RunEngramdSteps(const StepSetup& setup, const char* socket_path, uint32_t t
   engram_connect_options_init(&options, sizeof(options));
   options.socket_path = socket_path;
   engram_session* session = nullptr;
-  if (engram_connect(&options, &session) != 0) {
-    std::fprintf(stderr, "engram_connect(%s): %s\n", socket_path, engram_last_error());
+  if (engram_session_open(&options, &session) != 0) {
+    std::fprintf(stderr, "engram_session_open(%s): %s\n", socket_path, engram_last_error());
     std::exit(1);
   }
   void* arena;
@@ -217,7 +217,7 @@ void RunEngramdSteps(const StepSetup& setup, const char* socket_path, uint32_t t
     std::exit(1);
   }
   if (engram_gpu_register(arena, arena_bytes, &reg) != 0) {
-    std::fprintf(stderr, "register: %s\n", engram_gpu_last_error());
+    std::fprintf(stderr, "register: %s\n", engram_last_error());
     std::exit(1);
   }
   TokenStep token(setup, engram_gpu_device_ptr(reg, const_cast<const uint64_t*>(counter)),
@@ -231,7 +231,7 @@ void RunEngramdSteps(const StepSetup& setup, const char* socket_path, uint32_t t
     for (uint32_t i = 0; i < n; ++i) ids[i] = rng() % table_rows;
     engram_gather_request request{};
     request.size = sizeof(request);
-    request.table = table;
+    request.layer = table;
     request.rows = ids;
     request.num_rows = n;
     request.dest = dest;
@@ -270,7 +270,7 @@ void RunEngramdSteps(const StepSetup& setup, const char* socket_path, uint32_t t
                 wall, wall - token.busy_us(), gather);
   }
   engram_gpu_unregister(reg);
-  engram_close(session);
+  engram_session_close(session);
 }
 
 struct Options {
@@ -358,7 +358,7 @@ bool SetUpArena(std::mt19937_64& rng, Arena& a) {
   for (size_t i = 0; i < a.rows_bytes; ++i) a.rows()[i] = uint8_t(rng() & 0x77);  // finite
   const auto t_reg = std::chrono::steady_clock::now();
   if (engram_gpu_register(a.base, a.bytes, &a.reg) != 0) {
-    std::fprintf(stderr, "register: %s\n", engram_gpu_last_error());
+    std::fprintf(stderr, "register: %s\n", engram_last_error());
     return false;
   }
   const double reg_ms =

@@ -21,7 +21,7 @@
 //    published, when their rows are in the arena, and how long the stream takes after that)
 //   in place     a captured graph of GPU hash + engram_dequant_gather reading the rows in place
 //                from each layer's resident table, mapped read-only from engramd
-//                (engram_map_table) and registered: no daemon request at all.
+//                (engram_table_map_open) and registered: no daemon request at all.
 // Prints p50/p99 wall time per step, the host thread's time per step, and the ratios, and for the
 // captured steps their time on the GPU (CUDA events around the graph, without the host's launch
 // call and stream wait); checks that the two steps' outputs agree. Needs $ENGRAMD (the bundle's
@@ -87,7 +87,7 @@ struct HostSession {
   uint8_t* rows[2] = {};
   explicit HostSession(const Daemon& daemon, uint32_t n) {
     engram_connect_options o = daemon.Options(16 << 20);
-    REQUIRE(engram_connect(&o, &s) == 0);
+    REQUIRE(engram_session_open(&o, &s) == 0);
     void* arena = nullptr;
     uint64_t bytes = 0;
     REQUIRE(engram_arena(s, &arena, &bytes) == 0);
@@ -100,7 +100,7 @@ struct HostSession {
   }
   ~HostSession() {
     engram_gpu_unregister(reg);
-    engram_close(s);
+    engram_session_close(s);
   }
   // Hashes the step's tokens for both layers into the arena.
   void Hash(const Hashers& h, const StepInputs& in) {
@@ -123,7 +123,7 @@ struct HostSession {
       for (uint32_t first = 0; first < n; first += piece_rows) {
         engram_gather_request r{};
         r.size = sizeof(r);
-        r.table = kLayerIds[l];
+        r.layer = kLayerIds[l];
         r.rows = ids[l] + first;
         r.num_rows = std::min(piece_rows, n - first);
         r.dest = rows[l] + uint64_t{first} * kRowBytes;
@@ -340,7 +340,7 @@ class StepBench {
     REQUIRE(resident_daemon.alive());
     engram_connect_options ro = resident_daemon.Options(1 << 20);
     engram_session* resident_session = nullptr;
-    REQUIRE(engram_connect(&ro, &resident_session) == 0);
+    REQUIRE(engram_session_open(&ro, &resident_session) == 0);
     Stats in_place;
     {
       testing::ResidentTables resident(resident_session);
@@ -356,7 +356,7 @@ class StepBench {
       REQUIRE(Download(out_[1]) == host_out_);
       cudaGraphExecDestroy(inplace_exec);
     }
-    engram_close(resident_session);
+    engram_session_close(resident_session);
     return in_place;
   }
 

@@ -103,14 +103,14 @@ int Run(const Options& o) {
   if (engram::bench::MapTableWhenLoaded(s, 14, &map) != 0) {
     return fprintf(stderr, "map: %s\n", engram_last_error()), 1;
   }
-  engram_unmap_table(map);
+  engram_table_map_close(map);
   uint64_t* ids;
   uint8_t *out, *check;
   engram_alloc(s, o.batch * 8, reinterpret_cast<void**>(&ids));
   engram_alloc(s, o.batch * engram::kRowBytes, reinterpret_cast<void**>(&out));
   engram_alloc(s, o.batch * engram::kRowBytes, reinterpret_cast<void**>(&check));
   const auto gather = [&](uint32_t layer, uint32_t flags, uint8_t* dest) {
-    engram_gather_request r{.size = sizeof(r), .table = layer, .flags = flags, .rows = ids,
+    engram_gather_request r{.size = sizeof(r), .layer = layer, .flags = flags, .rows = ids,
                             .num_rows = o.batch, .dest = dest};
     return engram_gather(s, &r, 10'000'000'000);
   };
@@ -152,7 +152,7 @@ int Run(const Options& o) {
     }
   }
   Report(o, methods, cache_requests, rows_in_place);
-  engram_close(s);
+  engram_session_close(s);
   daemon.Stop();
   return cache_requests == 0 ? 0 : 3;
 }

@@ -66,7 +66,7 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
     std::vector<uint64_t> daemon_ns, local_ns;
     for (uint32_t it = 0; it < iterations; ++it) {
       for (uint64_t i = 0; i < n; ++i) ids[i] = rng() % rows;
-      engram_gather_request r{.size = sizeof(r), .table = 14, .flags = ENGRAM_GATHER_VIA_DAEMON,
+      engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = ENGRAM_GATHER_VIA_DAEMON,
                               .rows = ids, .num_rows = n, .dest = out};  // the baseline
       uint64_t t0 = engram::NowNs();
       if (engram_gather(s, &r, 10'000'000'000) != 0) {
@@ -86,8 +86,8 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
     printf("  %-8lu %-34s %12.1f %12.1f %10.2f\n", n, "in-process memcpy from the mapping", l50,
            Percentile(local_ns, 0.99) / 1e3, 1.0);
   }
-  engram_unmap_table(map);
-  engram_close(s);
+  engram_table_map_close(map);
+  engram_session_close(s);
   daemon.Stop();
   return 0;
 }

@@ -295,7 +295,7 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
     for (int l = 0; l < 2; ++l) {
       std::memcpy(ids[l], s.rows[l].data(), s.rows[l].size() * 8);
       engram_gather_request r{.size = sizeof(r),
-                              .table = layer_ids[l],
+                              .layer = layer_ids[l],
                               .flags = in_place ? ENGRAM_GATHER_IN_PLACE : 0u,
                               .rows = ids[l],
                               .num_rows = s.rows[l].size(),
@@ -332,7 +332,7 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
   ret->status = Control(daemon.socket(), "status");
   engram_session_stats stats{.size = sizeof(stats)};
   if (engram_get_session_stats(session, &stats) == 0) ret->rows_in_place = stats.rows_in_place;
-  engram_close(session);
+  engram_session_close(session);
   daemon.Stop();
   return 0;
 }
@@ -347,7 +347,7 @@ uint64_t GatherTimed(engram_session* session, uint64_t* const ids[2], uint8_t* c
   for (int l = 0; l < 2; ++l) {
     std::memcpy(ids[l], rows[l].data(), rows[l].size() * 8);
     engram_gather_request r{.size = sizeof(r),
-                            .table = layer_ids[l],
+                            .layer = layer_ids[l],
                             .flags = 0,
                             .rows = ids[l],
                             .num_rows = rows[l].size(),
@@ -404,7 +404,7 @@ int ReplayTwoPhase(const Options& o, const std::vector<Step>& steps, const std::
     while (NowNs() - t0 < o.step_gap_us * 1000) usleep(50);
   }
   ret->status = Control(daemon.socket(), "status");
-  engram_close(session);
+  engram_session_close(session);
   daemon.Stop();
   return 0;
 }

@@ -80,7 +80,7 @@ struct ClientResult {
 void RunClient(const Daemon& daemon, uint32_t index, ClientResult* ret) {
   engram_connect_options opts = daemon.Options(kClientDataBytes, 4);
   engram_session* s = nullptr;
-  if (engram_connect(&opts, &s) != 0) {
+  if (engram_session_open(&opts, &s) != 0) {
     ret->error = std::string("connect: ") + engram_last_error();
     return;
   }
@@ -89,7 +89,7 @@ void RunClient(const Daemon& daemon, uint32_t index, ClientResult* ret) {
   if (engram_alloc(s, kBatchRows * sizeof(uint64_t), reinterpret_cast<void**>(&rows)) != 0 ||
       engram_alloc(s, kBatchRows * kRowBytes, reinterpret_cast<void**>(&out)) != 0) {
     ret->error = std::string("alloc: ") + engram_last_error();
-    engram_close(s);
+    engram_session_close(s);
     return;
   }
   const uint64_t quarter = kTableRows / kClients;
@@ -103,7 +103,7 @@ void RunClient(const Daemon& daemon, uint32_t index, ClientResult* ret) {
       if (layer == 14) first += count;
     }
     engram_gather_request req{
-        .size = sizeof req, .table = layer, .rows = rows, .num_rows = count, .dest = out};
+        .size = sizeof req, .layer = layer, .rows = rows, .num_rows = count, .dest = out};
     if (engram_gather(s, &req, 30'000'000'000) != 0) {
       ret->error = "gather: " + std::string(engram_last_error());
       break;
@@ -111,7 +111,7 @@ void RunClient(const Daemon& daemon, uint32_t index, ClientResult* ret) {
     ++ret->batches;
     ret->bad_batches += FirstBadRow(layer, rows, count, out) >= 0;
   }
-  engram_close(s);
+  engram_session_close(s);
 }
 
 // Runs the clients while sampling the cgroup's charge; returns the highest sample.
@@ -210,11 +210,11 @@ void RunSparkBudget(uint64_t budget) {
   // told why.
   engram_connect_options opts = daemon.Options(budget, 4);
   engram_session* s = nullptr;
-  const int rc = engram_connect(&opts, &s);
+  const int rc = engram_session_open(&opts, &s);
   INFO(engram_last_error());
   CHECK(rc == -ENOSPC);
   CHECK(std::string(engram_last_error()).find("memory.budget") != std::string::npos);
-  if (rc == 0) engram_close(s);
+  if (rc == 0) engram_session_close(s);
 }
 
 // The budget's process allowance is a plain build's: a sanitizer's runtime (shadow memory,

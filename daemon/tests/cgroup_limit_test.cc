@@ -53,7 +53,7 @@ ReadTotals ReadEveryRow(const Daemon& daemon, TestCgroup& cg) {
   // A data region for one batch and its ids: the arenas get a quarter of the budget.
   engram_connect_options opts = daemon.Options(3ull << 20, 4);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&opts, &s) == 0);
+  REQUIRE(engram_session_open(&opts, &s) == 0);
   uint64_t* rows = nullptr;
   uint8_t* out = nullptr;
   REQUIRE(engram_alloc(s, kBatchRows * sizeof(uint64_t), reinterpret_cast<void**>(&rows)) == 0);
@@ -63,7 +63,7 @@ ReadTotals ReadEveryRow(const Daemon& daemon, TestCgroup& cg) {
     for (uint64_t first = 0; first < kBigRows; first += kBatchRows) {
       const uint64_t n = std::min(kBatchRows, kBigRows - first);
       for (uint64_t i = 0; i < n; ++i) rows[i] = first + i;
-      engram_gather_request req{.size = sizeof req, .table = layer, .rows = rows, .num_rows = n,
+      engram_gather_request req{.size = sizeof req, .layer = layer, .rows = rows, .num_rows = n,
                                 .dest = out};
       INFO("layer " << layer << " rows from " << first << ": " << engram_last_error());
       REQUIRE(engram_gather(s, &req, 30'000'000'000) == 0);
@@ -72,7 +72,7 @@ ReadTotals ReadEveryRow(const Daemon& daemon, TestCgroup& cg) {
       t.highest = std::max(t.highest, cg.Current());
     }
   }
-  engram_close(s);
+  engram_session_close(s);
   return t;
 }
 

@@ -63,7 +63,7 @@ TEST_CASE("while engramd starts, clients, engramctl and /healthz hear the step",
   engram_connect_options_init(&o, sizeof(o));
   o.socket_path = config.socket_path.c_str();
   engram_session* s = nullptr;
-  CHECK(engram_connect(&o, &s) == -ENOTCONN);
+  CHECK(engram_session_open(&o, &s) == -ENOTCONN);
   const std::string error = engram_last_error();
   CHECK(error.find("engramd is starting: " + step + " (") != std::string::npos);
   CHECK(error.find("retry when it serves") != std::string::npos);

@@ -1,6 +1,6 @@
-/* engram/abi.h: what every engram header shares: the export macro, the compile-time size check
- * of each struct that crosses the ABI, and the bound on a struct's size field (engram/engram.h,
- * conventions 2-5).
+/* engram/abi.h: what every engram header shares: the export macro, the mark on a deprecated
+ * name, the compile-time size check of each struct that crosses the ABI, and the bound on a
+ * struct's size field (engram/engram.h, conventions 2-5 and 8-9).
  *
  *   struct engram_x { size_t size; uint32_t layer; uint32_t flags; };
  *   ENGRAM_ASSERT_SIZE(struct engram_x, 16);
@@ -13,6 +13,18 @@
 #define ENGRAM_API __attribute__((visibility("default")))
 #else
 #define ENGRAM_API
+#endif
+#endif
+
+/* Marks an older name (a function or a struct field) that stays exported for programs built
+ * against it: a new use makes GCC and Clang (and nvcc) warn with -Wdeprecated-declarations,
+ * `msg` naming the current name. Define ENGRAM_DEPRECATED(msg) empty before the first include
+ * to silence every such warning at once. */
+#ifndef ENGRAM_DEPRECATED
+#if defined(__GNUC__) || defined(__clang__)
+#define ENGRAM_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define ENGRAM_DEPRECATED(msg)
 #endif
 #endif
 

@@ -51,10 +51,10 @@
  *     (device memory: the GPU hasher, the GPU queue). Ranges of memory keep the verbs of what is
  *     done to them: engram_alloc / engram_free, engram_gpu_register / engram_gpu_unregister.
  *     The older spellings (engram_connect, engram_close, engram_map_table, engram_unmap_table)
- *     stay exported as deprecated aliases.
+ *     stay exported as aliases, marked ENGRAM_DEPRECATED (engram/abi.h): a new use warns.
  *  9. A table is identified by its Engram layer id (1 and 14 for DeepSeek-V4.1), called `layer`
- *     in every parameter and field. Fields once named `table` or `layer_id` keep that name as a
- *     deprecated alias in an anonymous union: the layout is unchanged.
+ *     in every parameter and field. Fields once named `table` or `layer_id` keep that name as an
+ *     alias in an anonymous union, marked ENGRAM_DEPRECATED: the layout is unchanged.
  * 10. Each function states its thread-safety.
  * 11. Exported symbols carry a version node per release (client/libengram_client.map,
  *     kernels/libengram_kernels.map); a changed signature keeps its old version for binaries
@@ -158,9 +158,10 @@ ENGRAM_API int engram_session_open(const struct engram_connect_options* options,
 ENGRAM_API void engram_session_close(engram_session* session);
 
 /* Deprecated: the names of engram_session_open and engram_session_close before ENGRAM_0.6. */
-ENGRAM_API int engram_connect(const struct engram_connect_options* options,
-                              engram_session** ret_session);
-ENGRAM_API void engram_close(engram_session* session);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_session_open") int engram_connect(
+    const struct engram_connect_options* options, engram_session** ret_session);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_session_close") void engram_close(
+    engram_session* session);
 
 /* The message of the calling thread's last failed call into libengram_client or
  * libengram_kernels_* (the one last-error call of both); "" if none. Valid until that thread's
@@ -213,7 +214,7 @@ struct engram_gather_request {
   size_t size; /* sizeof(struct engram_gather_request) */
   union {
     uint32_t layer; /* the table's Engram layer id (1, 14 for DeepSeek-V4.1) */
-    uint32_t table; /* deprecated name of `layer` */
+    uint32_t table ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t flags; /* 0, ENGRAM_GATHER_IN_PLACE or ENGRAM_GATHER_VIA_DAEMON */
   const uint64_t* rows; /* num_rows row ids, in the data region, 8-byte aligned */
@@ -305,7 +306,7 @@ struct engram_table_info {
   size_t size; /* set by the caller to sizeof(struct engram_table_info) */
   union {
     uint32_t layer;    /* Engram layer id */
-    uint32_t layer_id; /* deprecated name of `layer` */
+    uint32_t layer_id ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t row_bytes; /* 264 */
   uint64_t num_rows;  /* of the whole logical table */
@@ -361,7 +362,7 @@ struct engram_table_map_info {
   size_t size; /* set by the caller to sizeof(struct engram_table_map_info) */
   union {
     uint32_t layer;    /* Engram layer id */
-    uint32_t layer_id; /* deprecated name of `layer` */
+    uint32_t layer_id ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t row_bytes;     /* 264 */
   uint64_t covered_begin; /* row r (covered_begin <= r < covered_end) is at */
@@ -416,9 +417,10 @@ ENGRAM_API int engram_table_map_check(const engram_table_map* map);
 ENGRAM_API void engram_table_map_close(engram_table_map* map);
 
 /* Deprecated: the names of engram_table_map_open and engram_table_map_close before ENGRAM_0.6. */
-ENGRAM_API int engram_map_table(engram_session* session, uint32_t layer,
-                                engram_table_map** ret_map);
-ENGRAM_API void engram_unmap_table(engram_table_map* map);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_table_map_open") int engram_map_table(
+    engram_session* session, uint32_t layer, engram_table_map** ret_map);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_table_map_close") void engram_unmap_table(
+    engram_table_map* map);
 
 /* ---- prefetch (since ENGRAM_0.5, protocol 1.2) ------------------------------------------ */
 
@@ -458,7 +460,7 @@ struct engram_token_request {
   size_t size; /* sizeof(struct engram_token_request) */
   union {
     uint32_t layer; /* Engram layer id (1, 14 for DeepSeek-V4.1); the hasher's and the table's */
-    uint32_t table; /* deprecated name of `layer` */
+    uint32_t table ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t flags; /* ENGRAM_HASH_COMPRESSED_IDS: tokens and history are compressed ids */
   const struct engram_hash_seq* seqs; /* sequences (any memory): new tokens and history */

@@ -180,7 +180,7 @@ class Hasher {
 struct TokenRequest {
   union {
     uint32_t layer = 0;  // Engram layer id
-    uint32_t table;      // deprecated name of `layer`
+    uint32_t table ENGRAM_DEPRECATED("use layer");  // older name of `layer`
   };
   std::span<const engram_hash_seq> seqs;  // Hasher::Sequence(...) each
   bool compressed = false;                // ids are compressed ids

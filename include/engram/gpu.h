@@ -75,7 +75,7 @@ enum engram_gpu_runtime {
  *   -ENOMEM   the runtime could not pin the range;
  *   -EIO      any other runtime error (the message names it).
  * Registering pins the pages: on a 1 GiB range it takes tens of milliseconds; do it once.
- * A read-only mapping (a resident table's, engram_map_table) is registered read-only. Where
+ * A read-only mapping (a resident table's, engram_table_map_open) is registered read-only. Where
  * the driver refuses that too, the device's pageable memory access serves if it has one (nothing
  * pinned, the host address is the device address); otherwise the error (-EINVAL) says to gather
  * the rows into the registered arena instead.
@@ -97,7 +97,7 @@ ENGRAM_API int engram_gpu_registration_runtime(const engram_gpu_registration* re
 ENGRAM_API int engram_gpu_unregister(engram_gpu_registration* reg);
 
 /* Deprecated: engram_last_error() under its older name. */
-ENGRAM_API const char* engram_gpu_last_error(void);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_last_error") const char* engram_gpu_last_error(void);
 
 /* ---- Row caches read in place by the GPU (libengram_client; since ENGRAM_0.7) ---------- */
 
@@ -252,7 +252,7 @@ ENGRAM_API int engram_stream_wait_ticket(uintptr_t stream, const void* counter,
 
 /* Deprecated: engram_last_error() under its older name (the kernel library's failures are
  * recorded there, with every other). */
-ENGRAM_API const char* engram_kernels_last_error(void);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_last_error") const char* engram_kernels_last_error(void);
 
 /* "cuda" or "hip": which runtime this kernel library was built for. */
 ENGRAM_API const char* engram_kernels_backend(void);

@@ -83,7 +83,7 @@ struct engram_gpu_request {
   size_t size; /* sizeof(struct engram_gpu_request) */
   union {
     uint32_t layer; /* the table's Engram layer id */
-    uint32_t table; /* deprecated name of `layer` */
+    uint32_t table ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t flags;          /* 0 */
   const uint64_t* rows;    /* num_rows row ids (written by a kernel before the gather runs) */

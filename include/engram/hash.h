@@ -94,7 +94,7 @@ struct engram_hash_layer_info {
   size_t size; /* set by the caller: sizeof(struct engram_hash_layer_info) */
   union {
     uint32_t layer;    /* the model layer, e.g. 1 or 14 */
-    uint32_t layer_id; /* deprecated name of `layer` */
+    uint32_t layer_id ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t reserved;
   uint64_t num_rows; /* rows of the layer's table: sum of its head primes */
@@ -159,7 +159,7 @@ ENGRAM_API int engram_hash_compress(const engram_hasher* hasher, const int32_t* 
                                     int32_t* ret_ids);
 
 /* Deprecated: engram_last_error() (engram/engram.h) under its older name. */
-ENGRAM_API const char* engram_hash_last_error(void);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_last_error") const char* engram_hash_last_error(void);
 
 #ifdef __cplusplus
 }

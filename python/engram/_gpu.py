@@ -13,11 +13,9 @@ from . import _lib
 from .errors import EngramError, error_for
 
 
-def _kernels_check(lib, rc, what):
+def _kernels_check(rc, what):
     if rc < 0:
-        message = lib.engram_kernels_last_error()
-        message = message.decode("utf-8", "replace") if message else what
-        raise error_for(rc, f"{what}: {message}")
+        raise error_for(rc, f"{what}: {_lib.last_error() or what}")
 
 
 class Registration:
@@ -28,8 +26,7 @@ class Registration:
         handle = ctypes.c_void_p()
         rc = self._lib.engram_gpu_register(ctypes.c_void_p(address), length, ctypes.byref(handle))
         if rc < 0:
-            message = self._lib.engram_gpu_last_error()
-            message = message.decode("utf-8", "replace") if message else ""
+            message = _lib.last_error()
             raise error_for(rc, f"registering {length} bytes at 0x{address:x} with the GPU "
                                 f"runtime: {message}")
         self._handle = handle
@@ -52,9 +49,7 @@ class Registration:
         if handle is not None:
             rc = self._lib.engram_gpu_unregister(handle)
             if rc < 0:
-                message = self._lib.engram_gpu_last_error()
-                raise error_for(rc, message.decode("utf-8", "replace") if message else
-                                "engram_gpu_unregister failed")
+                raise error_for(rc, _lib.last_error() or "engram_gpu_unregister failed")
 
 
 class Kernels:
@@ -72,26 +67,26 @@ class Kernels:
         rc = self._lib.engram_dequant_gather(
             ctypes.c_void_p(table), row_begin, num_rows, ctypes.c_void_p(row_ids), tokens, heads,
             ctypes.c_void_p(out), ctypes.c_void_p(bad_index_count or None), stream)
-        _kernels_check(self._lib, rc, "engram_dequant_gather")
+        _kernels_check(rc, "engram_dequant_gather")
 
     def queue_cache_gather(self, queue, cache, row_ids, tokens, heads, out, misses, miss_dest,
                            stream):
         rc = self._lib.engram_gpu_queue_cache_gather(
             queue, ctypes.byref(cache), ctypes.c_void_p(row_ids), tokens, heads,
             ctypes.c_void_p(out), ctypes.byref(misses), ctypes.c_void_p(miss_dest), None, stream)
-        _kernels_check(self._lib, rc, "engram_gpu_queue_cache_gather")
+        _kernels_check(rc, "engram_gpu_queue_cache_gather")
 
     def dequant_scatter(self, rows, num_rows, index_map, tokens, heads, out, stream):
         rc = self._lib.engram_dequant_scatter(
             ctypes.c_void_p(rows), num_rows, ctypes.c_void_p(index_map), tokens, heads,
             ctypes.c_void_p(out), None, 0, None, stream)
-        _kernels_check(self._lib, rc, "engram_dequant_scatter")
+        _kernels_check(rc, "engram_dequant_scatter")
 
     def stream_wait_ticket(self, stream, counter, tickets, ring, step_counter):
         rc = self._lib.engram_stream_wait_ticket(stream, ctypes.c_void_p(counter),
                                                  ctypes.c_void_p(tickets), ring,
                                                  ctypes.c_void_p(step_counter))
-        _kernels_check(self._lib, rc, "engram_stream_wait_ticket")
+        _kernels_check(rc, "engram_stream_wait_ticket")
 
 
 # ---- tables read in place by the GPU -------------------------------------------------------

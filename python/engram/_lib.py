@@ -18,6 +18,7 @@ import ctypes.util
 import os
 import pathlib
 import threading
+import warnings
 
 from .errors import GpuUnavailableError, LibraryNotFoundError, error_for
 
@@ -38,9 +39,20 @@ c_uintptr = ctypes.c_size_t  # uintptr_t on every platform CPython supports here
 
 def _alias(field):
     """A property naming a struct field by its deprecated C name (engram.h, convention 9: the
-    table's id is `layer`; `table` and `layer_id` are older names of the same field)."""
-    return property(lambda self: getattr(self, field),
-                    lambda self, value: setattr(self, field, value))
+    table's id is `layer`; `table` and `layer_id` are older names of the same field). Each use
+    warns (DeprecationWarning), as the C compiler warns of the C name."""
+    def warn(self):
+        warnings.warn(f"{type(self).__name__}: this field's name is deprecated, use .{field}",
+                      DeprecationWarning, stacklevel=3)
+
+    def get(self):
+        warn(self)
+        return getattr(self, field)
+
+    def set_(self, value):
+        warn(self)
+        setattr(self, field, value)
+    return property(get, set_)
 
 
 class ConnectOptions(ctypes.Structure):
@@ -258,9 +270,6 @@ _P = ctypes.POINTER
 # name: (restype, argtypes)
 _CLIENT_FUNCTIONS = {
     "engram_connect_options_init": (None, [_P(ConnectOptions), c_size_t]),
-    # Deprecated names of engram_session_open / engram_session_close (_RENAMED below).
-    "engram_connect": (c_int, [_P(ConnectOptions), _P(c_void_p)]),
-    "engram_close": (None, [c_void_p]),
     "engram_last_error": (c_char_p, []),
     "engram_data_region": (c_int, [c_void_p, _P(c_void_p), _P(c_u64)]),
     "engram_arena": (c_int, [c_void_p, _P(c_void_p), _P(c_u64)]),
@@ -280,6 +289,8 @@ _CLIENT_FUNCTIONS = {
 
 # Since ENGRAM_0.6 (engram.h, convention 8), each with the older name it replaces: a library
 # without the new name gets it as an alias of the old one, so callers use the new names only.
+# The older names are deprecated in C; they are looked up here only in a library that lacks the
+# new ones (one built before ENGRAM_0.6).
 _RENAMED = {
     "engram_session_open": "engram_connect",
     "engram_session_close": "engram_close",
@@ -287,11 +298,12 @@ _RENAMED = {
     "engram_table_map_close": "engram_unmap_table",
 }
 _RENAMED_FUNCTIONS = {
-    "engram_session_open": _CLIENT_FUNCTIONS["engram_connect"],
-    "engram_session_close": _CLIENT_FUNCTIONS["engram_close"],
+    "engram_session_open": (c_int, [_P(ConnectOptions), _P(c_void_p)]),
+    "engram_session_close": (None, [c_void_p]),
     "engram_table_map_open": (c_int, [c_void_p, c_u32, _P(c_void_p)]),
     "engram_table_map_close": (None, [c_void_p]),
 }
+_RENAMED_REQUIRED = ("engram_session_open", "engram_session_close")
 
 # Since ENGRAM_0.5: a library without it still loads; Client.prefetch says what is missing.
 _PREFETCH_FUNCTIONS = {
@@ -314,7 +326,6 @@ _HASH_FUNCTIONS = {
     "engram_hash": (c_int, [c_void_p, c_u32, c_void_p, c_size_t, c_u32, c_u32, c_u32, c_void_p,
                             c_size_t]),
     "engram_hash_compress": (c_int, [c_void_p, c_void_p, c_size_t, c_void_p]),
-    "engram_hash_last_error": (c_char_p, []),
 }
 
 _TOKEN_FUNCTIONS = {
@@ -328,7 +339,6 @@ _GPU_REGISTER_FUNCTIONS = {
     "engram_gpu_device_ptr": (c_void_p, [c_void_p, c_void_p]),
     "engram_gpu_registration_runtime": (c_int, [c_void_p]),
     "engram_gpu_unregister": (c_int, [c_void_p]),
-    "engram_gpu_last_error": (c_char_p, []),
 }
 
 # Since ENGRAM_0.7: a library without them still loads; the GPU paths then gather every table
@@ -357,7 +367,6 @@ _KERNEL_FUNCTIONS = {
                                        c_void_p, c_size_t, c_void_p, c_uintptr]),
     "engram_stream_wait_value64": (c_int, [c_uintptr, c_void_p, c_u64, _P(c_uintptr)]),
     "engram_stream_wait_ticket": (c_int, [c_uintptr, c_void_p, c_void_p, c_u32, c_void_p]),
-    "engram_kernels_last_error": (c_char_p, []),
     "engram_kernels_backend": (c_char_p, []),
 }
 
@@ -379,9 +388,10 @@ def _declare(lib, functions, path, required=True):
     return not missing
 
 
-def _declare_renamed(lib):
+def _declare_renamed(lib, path=None):
     """Declares the ENGRAM_0.6 names, falling back on their older names in an older library.
-    ctypes returns a new function object per name, so each is declared under both."""
+    ctypes returns a new function object per name, so each is declared under both. A library
+    with neither name of a session call is not one this package can use."""
     for new, old in _RENAMED.items():
         restype, argtypes = _RENAMED_FUNCTIONS[new]
         try:
@@ -390,6 +400,10 @@ def _declare_renamed(lib):
             try:
                 fn = getattr(lib, old)
             except AttributeError:
+                if new in _RENAMED_REQUIRED:
+                    raise LibraryNotFoundError(
+                        0, f"{path or lib} exports neither {new} nor {old}: it is not the "
+                           f"library this package expects") from None
                 continue  # neither (engram_map_table came in ENGRAM_0.4)
             setattr(lib, new, fn)
         fn.restype = restype
@@ -478,7 +492,7 @@ def client_lib():
                               ["libengram_client.so", "libengram_client.so.0"],
                               "ENGRAM_CLIENT_LIB", "client")
             _declare(lib, _CLIENT_FUNCTIONS, path)
-            _declare_renamed(lib)
+            _declare_renamed(lib, path)
             _declare(lib, _PREFETCH_FUNCTIONS, path, required=False)
             _declare(lib, _STATS_FIELD_FUNCTIONS, path, required=False)
             _declare(lib, _TABLE_MAP_FUNCTIONS, path, required=False)

@@ -269,7 +269,7 @@ class Client:
             allocation.freed = True
             self._live.pop(allocation.address, None)
             if self._closing:
-                # engram_close returns the whole arena; no range is reused after close().
+                # engram_session_close returns the whole arena; no range is reused after close().
                 close_now = not self._live and not self._closed
             else:
                 rc = self._lib.engram_free(self._handle, ctypes.c_void_p(allocation.address))

@@ -27,7 +27,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 def _check(rc: int, opening: bool = False) -> int:
     if rc < 0:
-        raise hash_error_for(rc, _lib.hash_last_error(), opening)
+        raise hash_error_for(rc, _lib.last_error(), opening)
     return rc
 
 

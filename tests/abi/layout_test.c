@@ -39,7 +39,6 @@ AT(engram_device_ring, slots, 48);
 AT(engram_device_ring, reserved, 52);
 SIZE(engram_gather_request, 48);
 AT(engram_gather_request, layer, 8);
-AT(engram_gather_request, table, 8);
 AT(engram_gather_request, flags, 12);
 AT(engram_gather_request, rows, 16);
 AT(engram_gather_request, num_rows, 24);
@@ -47,7 +46,6 @@ AT(engram_gather_request, dest, 32);
 AT(engram_gather_request, dest_offsets, 40);
 SIZE(engram_table_info, 56);
 AT(engram_table_info, layer, 8);
-AT(engram_table_info, layer_id, 8);
 AT(engram_table_info, row_bytes, 12);
 AT(engram_table_info, num_rows, 16);
 AT(engram_table_info, covered_begin, 24);
@@ -61,7 +59,6 @@ AT(engram_session_stats, client_sleeps, 104);
 AT(engram_session_stats, rows_in_place, 112);
 SIZE(engram_table_map_info, 56);
 AT(engram_table_map_info, layer, 8);
-AT(engram_table_map_info, layer_id, 8);
 AT(engram_table_map_info, row_bytes, 12);
 AT(engram_table_map_info, covered_begin, 16);
 AT(engram_table_map_info, covered_end, 24);
@@ -74,7 +71,6 @@ SIZE(engram_gpu_cache_hit, 16);
 SIZE(engram_gpu_cache_misses, 56);
 SIZE(engram_token_request, 72);
 AT(engram_token_request, layer, 8);
-AT(engram_token_request, table, 8);
 AT(engram_token_request, flags, 12);
 AT(engram_token_request, seqs, 16);
 AT(engram_token_request, n_seqs, 24);
@@ -102,7 +98,6 @@ AT(engram_hasher_info, compressed_vocab_size, 28);
 AT(engram_hasher_info, compressed_pad_id, 32);
 SIZE(engram_hash_layer_info, 24);
 AT(engram_hash_layer_info, layer, 8);
-AT(engram_hash_layer_info, layer_id, 8);
 AT(engram_hash_layer_info, reserved, 12);
 AT(engram_hash_layer_info, num_rows, 16);
 SIZE(engram_hash_seq, 40);
@@ -114,7 +109,6 @@ AT(engram_hash_seq, n_history, 32);
 /* engram/gpu_hash.h */
 SIZE(engram_gpu_hash_args, 72);
 AT(engram_gpu_hash_args, layer, 8);
-AT(engram_gpu_hash_args, layer_id, 8);
 AT(engram_gpu_hash_args, flags, 12);
 AT(engram_gpu_hash_args, head_begin, 16);
 AT(engram_gpu_hash_args, head_end, 20);
@@ -132,7 +126,6 @@ AT(engram_gpu_queue_options, timeout_ns, 8);
 AT(engram_gpu_queue_options, flags, 16);
 SIZE(engram_gpu_request, 40);
 AT(engram_gpu_request, layer, 8);
-AT(engram_gpu_request, table, 8);
 AT(engram_gpu_request, flags, 12);
 AT(engram_gpu_request, rows, 16);
 AT(engram_gpu_request, num_rows, 24);
@@ -163,6 +156,19 @@ SIZE(engram_arena_header, 4096);
 SIZE(engram_sqe, 64);
 SIZE(engram_cqe, 16);
 SIZE(engram_request_status, 256);
+
+/* The deprecated field names (engram.h, convention 9) alias `layer`, at its offset: binaries
+ * built against them read and write the same bytes. Using them is what is checked here. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+AT(engram_gather_request, table, 8);
+AT(engram_table_info, layer_id, 8);
+AT(engram_table_map_info, layer_id, 8);
+AT(engram_token_request, table, 8);
+AT(engram_hash_layer_info, layer_id, 8);
+AT(engram_gpu_hash_args, layer_id, 8);
+AT(engram_gpu_request, table, 8);
+#pragma GCC diagnostic pop
 
 /* engram/row.h and engram/abi.h */
 _Static_assert(ENGRAM_ROW_BYTES == 264, "row size");

@@ -32,19 +32,19 @@ class Verifier {
  public:
   explicit Verifier(const engram_connect_options& o, uint64_t rows_per_gather = 512)
       : kN(rows_per_gather) {
-    ok_ = engram_connect(&o, &s_) == 0;
+    ok_ = engram_session_open(&o, &s_) == 0;
     if (!ok_) return;
     engram_alloc(s_, kN * 8, reinterpret_cast<void**>(&rows_));
     engram_alloc(s_, kN * kRowBytes, reinterpret_cast<void**>(&out_));
   }
   ~Verifier() {
-    if (ok_) engram_close(s_);
+    if (ok_) engram_session_close(s_);
   }
   bool connected() const { return ok_; }
   // 0: every byte right; 1: the daemon's error (message in error()); -1: wrong bytes.
   int Gather(uint32_t layer, uint64_t seed) {
     FillRows(rows_, kN, kRows, seed);
-    engram_gather_request r{.size = sizeof(r), .table = layer, .flags = 0, .rows = rows_,
+    engram_gather_request r{.size = sizeof(r), .layer = layer, .flags = 0, .rows = rows_,
                             .num_rows = kN, .dest = out_, .dest_offsets = nullptr};
     if (engram_gather(s_, &r, 10'000'000'000) != 0) {
       error_ = engram_last_error();
@@ -502,14 +502,14 @@ TEST_CASE("the client refuses an arena that is not sealed", "[chaos]") {
   engram_connect_options_init(&o, sizeof(o));
   o.socket_path = path.c_str();
   engram_session* s = nullptr;
-  const int rc = engram_connect(&o, &s);
+  const int rc = engram_session_open(&o, &s);
   fake.join();
   close(listener);
   const std::string error = engram_last_error();
   INFO(error);
   CHECK(rc == -EPROTO);
   CHECK(error.find("not sealed") != std::string::npos);
-  if (rc == 0) engram_close(s);
+  if (rc == 0) engram_session_close(s);
 }
 
 }  // namespace engram::testing
@@ -538,7 +538,7 @@ TEST_CASE("queued requests keep no more bookkeeping than the session's arena imp
   o.data_bytes = 3 << 20;
   o.slots = 256;
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   constexpr uint64_t kN = 131072;
   uint64_t* rows;
   uint64_t* offsets;
@@ -551,7 +551,7 @@ TEST_CASE("queued requests keep no more bookkeeping than the session's arena imp
   const uint64_t hwm_before = StatusKb(d.pid(), "VmHWM:");
   std::vector<uint64_t> tickets;
   for (int i = 0; i < 200; ++i) {
-    engram_gather_request r{.size = sizeof(r), .table = 14, .flags = 0, .rows = rows,
+    engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = 0, .rows = rows,
                             .num_rows = kN, .dest = dest, .dest_offsets = offsets};
     uint64_t t;
     if (engram_submit(s, &r, &t) == 0) tickets.push_back(t);
@@ -573,7 +573,7 @@ TEST_CASE("queued requests keep no more bookkeeping than the session's arena imp
   CHECK(ok > 0);
   CHECK(hwm_after - hwm_before < 64 * 1024);
   if (refused > 0) CHECK(refusal.find("rows in flight") != std::string::npos);
-  engram_close(s);
+  engram_session_close(s);
   CHECK(d.alive());
 }
 
@@ -592,7 +592,7 @@ TEST_CASE("large requests that fail validation do not stall another client's gat
     o.data_bytes = 64 << 20;  // a row budget (8 M rows) that admits all 64 slots
     o.slots = 32;  // 32 x 131,072 rows: inside the row budget, none refused at admission
     engram_session* s = nullptr;
-    if (engram_connect(&o, &s) != 0) return;
+    if (engram_session_open(&o, &s) != 0) return;
     constexpr uint64_t kN = 131072;
     uint64_t* rows;
     uint64_t* offsets;
@@ -608,7 +608,7 @@ TEST_CASE("large requests that fail validation do not stall another client's gat
     attacker_done.store(counter);
     std::deque<uint64_t> tickets;
     while (!done.load()) {
-      engram_gather_request r{.size = sizeof(r), .table = 14, .flags = 0, .rows = rows,
+      engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = 0, .rows = rows,
                               .num_rows = kN, .dest = dest, .dest_offsets = offsets};
       uint64_t t;
       if (engram_submit(s, &r, &t) == 0) {
@@ -619,7 +619,7 @@ TEST_CASE("large requests that fail validation do not stall another client's gat
       }
     }
     for (uint64_t t : tickets) engram_wait(s, t, 10'000'000'000);
-    engram_close(s);
+    engram_session_close(s);
   });
   while (attacker_done.load() == nullptr && d.alive()) usleep(1000);
   usleep(200'000);
@@ -997,15 +997,15 @@ json WaitLoadEnds(const std::string& socket, double seconds) {
 class InPlaceReader {
  public:
   explicit InPlaceReader(const engram_connect_options& o) {
-    REQUIRE(engram_connect(&o, &s_) == 0);
+    REQUIRE(engram_session_open(&o, &s_) == 0);
     REQUIRE(engram_alloc(s_, kN * 8, reinterpret_cast<void**>(&rows_)) == 0);
     REQUIRE(engram_alloc(s_, kN * kRowBytes, reinterpret_cast<void**>(&out_)) == 0);
   }
-  ~InPlaceReader() { engram_close(s_); }
+  ~InPlaceReader() { engram_session_close(s_); }
   // The gather's result; *ret_error gets engram_last_error() when it failed.
   int Gather(uint64_t seed, std::string* ret_error) {
     FillRows(rows_, kN, kRows, seed);
-    engram_gather_request r{.size = sizeof(r), .table = 14, .flags = ENGRAM_GATHER_IN_PLACE,
+    engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = ENGRAM_GATHER_IN_PLACE,
                             .rows = rows_, .num_rows = kN, .dest = out_, .dest_offsets = nullptr};
     const int rc = engram_gather(s_, &r, 10'000'000'000);
     if (rc != 0) *ret_error = engram_last_error();
@@ -1036,13 +1036,13 @@ void ExpectNeverReadInPlace(const LoggedDaemon& d, const std::string& shard) {
   engram_connect_options o = d.Options();
   InPlaceReader reader(o);
   engram_table_map* map = nullptr;
-  const int mapped = engram_map_table(reader.session(), 14, &map);
+  const int mapped = engram_table_map_open(reader.session(), 14, &map);
   const std::string why = mapped == 0 ? "" : engram_last_error();
-  INFO("engram_map_table: " << mapped << " " << why);
+  INFO("engram_table_map_open: " << mapped << " " << why);
   CHECK(mapped != 0);
   CHECK(why.find("layer 14") != std::string::npos);
   CHECK(why.find(shard) != std::string::npos);
-  engram_unmap_table(map);
+  engram_table_map_close(map);
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     std::string error;
     const int rc = reader.Gather(seed, &error);
@@ -1210,7 +1210,7 @@ TEST_CASE("an in-place reader of a SIGKILLed daemon never reads the old table af
   REQUIRE(reader.Gather(1, &error) == 0);
   REQUIRE(reader.Wrong(kSeed) == 0);
   engram_table_map* map = nullptr;
-  REQUIRE(engram_map_table(reader.session(), 14, &map) == 0);
+  REQUIRE(engram_table_map_open(reader.session(), 14, &map) == 0);
   std::vector<uint64_t> rows(100);
   FillRows(rows.data(), rows.size(), kRows, 3);
   std::vector<uint8_t> out(rows.size() * kRowBytes);
@@ -1237,7 +1237,7 @@ TEST_CASE("an in-place reader of a SIGKILLed daemon never reads the old table af
   // The map outlives its session and its daemon, but its rows are not handed out any more.
   CHECK(engram_table_map_gather(map, rows.data(), rows.size(), out.data()) == -ENOTCONN);
   CHECK(std::string(engram_last_error()).find("layer 14") != std::string::npos);
-  engram_unmap_table(map);
+  engram_table_map_close(map);
   // A new session reads the new table in place.
   InPlaceReader fresh(d->Options());
   REQUIRE(fresh.Gather(7, &error) == 0);
@@ -1320,7 +1320,7 @@ TEST_CASE("a session's PREFETCH entries past its bound are refused, naming the b
   REQUIRE(d.alive());
   engram_session* s = nullptr;
   const engram_connect_options o = d.Options();
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   std::vector<uint64_t> rows(200);
   FillRows(rows.data(), rows.size(), kRows, 4);
   uint64_t queued = 0;
@@ -1342,7 +1342,7 @@ TEST_CASE("a session's PREFETCH entries past its bound are refused, naming the b
     if (rc == -ENOSPC) usleep(10'000);
   }
   CHECK(rc == -ERANGE);
-  engram_close(s);
+  engram_session_close(s);
   CHECK(d.alive());
 }
 
@@ -1363,7 +1363,7 @@ std::vector<uint64_t> VictimLatencies(const LoggedDaemon& d, int flooders, int g
       // while they wait and its ids sit in the arena (no copy per call), so that what is left
       // is what the daemon's handling of the flood costs the other client.
       o.spin_ns = 1;
-      if (engram_connect(&o, &s) != 0) return;
+      if (engram_session_open(&o, &s) != 0) return;
       constexpr uint64_t kN = 4 * ENGRAM_PREFETCH_MAX_ROWS;
       uint64_t* rows = nullptr;
       if (engram_alloc(s, kN * 8, reinterpret_cast<void**>(&rows)) != 0) return;
@@ -1374,7 +1374,7 @@ std::vector<uint64_t> VictimLatencies(const LoggedDaemon& d, int flooders, int g
         (void)engram_prefetch(s, f % 2 ? 1 : 14, rows, kN, 0, &queued);
         prefetches.fetch_add(1);
       }
-      engram_close(s);
+      engram_session_close(s);
     });
   }
   while (connected.load() < flooders) usleep(1000);

@@ -50,17 +50,17 @@ struct Client {
   uint64_t* offsets = nullptr;
   explicit Client(const Daemon& d, uint64_t n = 4096, uint32_t slots = 0) {
     engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), slots);
-    int rc = engram_connect(&o, &s);
+    int rc = engram_session_open(&o, &s);
     INFO(engram_last_error());
     REQUIRE(rc == 0);
     REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
     REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&offsets)) == 0);
     REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
   }
-  ~Client() { engram_close(s); }
+  ~Client() { engram_session_close(s); }
   int Gather(uint32_t table, uint64_t n, bool scattered = false) {
     engram_gather_request r{.size = sizeof(r),
-                            .table = table,
+                            .layer = table,
                             .flags = 0,
                             .rows = rows,
                             .num_rows = n,
@@ -101,7 +101,7 @@ int Reap(pid_t pid) {
 int GatherAndCheck(const Daemon& d, uint64_t seed, int requests) {
   engram_connect_options o = d.Options(16 << 20, 8);
   engram_session* s;
-  if (engram_connect(&o, &s) != 0) return 10;
+  if (engram_session_open(&o, &s) != 0) return 10;
   constexpr int kInFlight = 4;
   constexpr uint64_t kN = 1152;
   uint64_t* rows[kInFlight];
@@ -115,7 +115,7 @@ int GatherAndCheck(const Daemon& d, uint64_t seed, int requests) {
     for (int k = 0; k < kInFlight; ++k) {
       FillRows(rows[k], kN, kRows, seed * 1000 + i + k);
       engram_gather_request r{.size = sizeof(r),
-                              .table = (i + k) % 2 ? 14u : 1u,
+                              .layer = (i + k) % 2 ? 14u : 1u,
                               .flags = 0,
                               .rows = rows[k],
                               .num_rows = kN,
@@ -128,7 +128,7 @@ int GatherAndCheck(const Daemon& d, uint64_t seed, int requests) {
       if (FirstBadRow((i + k) % 2 ? 14 : 1, rows[k], kN, out[k]) >= 0) return 14;
     }
   }
-  engram_close(s);
+  engram_session_close(s);
   return 0;
 }
 
@@ -143,8 +143,8 @@ TEST_CASE("engramd lists its tables with their geometry", "[daemon]") {
   size_t count = 0;
   REQUIRE(engram_list_tables(c.s, tables, 4, &count) == 0);
   REQUIRE(count == 2);
-  CHECK(tables[0].layer_id == 1);
-  CHECK(tables[1].layer_id == 14);
+  CHECK(tables[0].layer == 1);
+  CHECK(tables[1].layer == 14);
   for (size_t i = 0; i < 2; ++i) {
     CHECK(tables[i].num_rows == kRows);
     CHECK(tables[i].covered_begin == 0);
@@ -161,7 +161,7 @@ TEST_CASE("engramd lists its tables with their geometry", "[daemon]") {
   std::vector<engram_table_info> listed;
   REQUIRE(session.ListTables(&listed).ok());
   REQUIRE(listed.size() == 2);
-  CHECK(listed[1].layer_id == 14);
+  CHECK(listed[1].layer == 14);
 }
 
 TEST_CASE("gathers return every byte of the checkpoint", "[daemon]") {
@@ -241,7 +241,7 @@ TEST_CASE("threads of one process share a session", "[daemon]") {
   Daemon d;
   engram_connect_options o = d.Options(32 << 20, 16);
   engram_session* s;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -257,7 +257,7 @@ TEST_CASE("threads of one process share a session", "[daemon]") {
         const uint64_t n = 1 + (i * 37 + t * 11) % 1152;
         FillRows(rows, n, kRows, t * 1000 + i);
         engram_gather_request r{.size = sizeof(r),
-                                .table = t % 2 ? 14u : 1u,
+                                .layer = t % 2 ? 14u : 1u,
                                 .flags = 0,
                                 .rows = rows,
                                 .num_rows = n,
@@ -280,7 +280,7 @@ TEST_CASE("threads of one process share a session", "[daemon]") {
   REQUIRE(engram_get_session_stats(s, &st) == 0);
   CHECK(st.requests_ok == 160);
   CHECK(st.requests_failed == 0);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 TEST_CASE("a client killed mid-request does not disturb the others", "[daemon]") {
@@ -291,7 +291,7 @@ TEST_CASE("a client killed mid-request does not disturb the others", "[daemon]")
   pid_t victim = Spawn([&] {
     engram_connect_options o = d.Options(64 << 20, 8);
     engram_session* s;
-    if (engram_connect(&o, &s) != 0) return 10;
+    if (engram_session_open(&o, &s) != 0) return 10;
     const uint64_t n = 98304;
     uint64_t* rows[2];
     uint8_t* out[2];
@@ -302,7 +302,7 @@ TEST_CASE("a client killed mid-request does not disturb the others", "[daemon]")
     }
     for (uint64_t i = 0;; ++i) {
       engram_gather_request r{.size = sizeof(r),
-                              .table = 1,
+                              .layer = 1,
                               .flags = 0,
                               .rows = rows[i % 2],
                               .num_rows = n,
@@ -368,7 +368,7 @@ TEST_CASE("clients see Unavailable when engramd goes and reconnect when it is ba
   }
   engram_session* none = nullptr;
   engram_connect_options o = d.Options();
-  CHECK(engram_connect(&o, &none) == -ECONNREFUSED);
+  CHECK(engram_session_open(&o, &none) == -ECONNREFUSED);
   CHECK(std::string(engram_last_error()).find(d.socket()) != std::string::npos);
   d.Start();
   REQUIRE(d.alive());
@@ -384,7 +384,7 @@ TEST_CASE("SIGTERM finishes the gathers in flight, then exits 0", "[daemon]") {
   const uint64_t n = 98304;
   FillRows(c.rows, n, kRows, 12);
   engram_gather_request r{.size = sizeof(r),
-                          .table = 1,
+                          .layer = 1,
                           .flags = 0,
                           .rows = c.rows,
                           .num_rows = n,
@@ -429,7 +429,7 @@ TEST_CASE("bad requests fail alone with a precise status", "[daemon]") {
   SECTION("row ids or destination outside the data region") {
     std::vector<uint64_t> heap(10, 1);
     engram_gather_request r{.size = sizeof(r),
-                            .table = 1,
+                            .layer = 1,
                             .flags = 0,
                             .rows = heap.data(),
                             .num_rows = 10,
@@ -645,8 +645,8 @@ TEST_CASE("handshakes engramd refuses", "[daemon]") {
     Daemon strict({"--allow-uid", "12345"}, "strict");
     engram_connect_options o = strict.Options();
     engram_session* s = nullptr;
-    REQUIRE(engram_connect(&o, &s) == 0);
-    engram_close(s);
+    REQUIRE(engram_session_open(&o, &s) == 0);
+    engram_session_close(s);
   }
   // The daemon still serves.
   Client c(d, 16);
@@ -661,23 +661,23 @@ TEST_CASE("each limit is an error the client sees", "[daemon]") {
   SECTION("clients") {
     engram_connect_options o = d.Options(1 << 20);
     engram_session *a, *b, *c = nullptr;
-    REQUIRE(engram_connect(&o, &a) == 0);
-    REQUIRE(engram_connect(&o, &b) == 0);
-    CHECK(engram_connect(&o, &c) == -ENOSPC);
+    REQUIRE(engram_session_open(&o, &a) == 0);
+    REQUIRE(engram_session_open(&o, &b) == 0);
+    CHECK(engram_session_open(&o, &c) == -ENOSPC);
     CHECK(std::string(engram_last_error()).find("--max-clients") != std::string::npos);
-    engram_close(b);
+    engram_session_close(b);
     // The daemon notices the close asynchronously.
     int rc = -1;
-    for (int i = 0; i < 200 && (rc = engram_connect(&o, &c)) != 0; ++i) usleep(5000);
+    for (int i = 0; i < 200 && (rc = engram_session_open(&o, &c)) != 0; ++i) usleep(5000);
     CHECK(rc == 0);
-    engram_close(c);
-    engram_close(a);
+    engram_session_close(c);
+    engram_session_close(a);
   }
   SECTION("requests in flight") {
     Client c(d, 100, 16);  // asks for 16 slots, gets 4
     FillRows(c.rows, 100, kRows, 1);
     engram_gather_request r{.size = sizeof(r),
-                            .table = 1,
+                            .layer = 1,
                             .flags = 0,
                             .rows = c.rows,
                             .num_rows = 100,
@@ -702,7 +702,7 @@ TEST_CASE("each limit is an error the client sees", "[daemon]") {
   SECTION("arena bytes") {
     engram_connect_options o = d.Options(8 << 20);
     engram_session* s = nullptr;
-    CHECK(engram_connect(&o, &s) == -ENOSPC);
+    CHECK(engram_session_open(&o, &s) == -ENOSPC);
     CHECK(std::string(engram_last_error()).find("--max-arena-bytes") != std::string::npos);
   }
   SECTION("the data region") {

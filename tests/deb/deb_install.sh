@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   engram_connect_options_init(&o, sizeof o);
   o.socket_path = argv[1];
   engram_session* s;
-  if (engram_connect(&o, &s) < 0) { fprintf(stderr, "%s\n", engram_last_error()); return 1; }
+  if (engram_session_open(&o, &s) < 0) { fprintf(stderr, "%s\n", engram_last_error()); return 1; }
   const uint64_t n = argc - 2;
   uint64_t* rows;
   uint8_t* out;
@@ -117,11 +117,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (uint64_t i = 0; i < n; ++i) rows[i] = strtoull(argv[i + 2], NULL, 10);
-  struct engram_gather_request req = {.size = sizeof req, .table = 14, .rows = rows,
+  struct engram_gather_request req = {.size = sizeof req, .layer = 14, .rows = rows,
                                       .num_rows = n, .dest = out};
   if (engram_gather(s, &req, 10000000000) < 0) { fprintf(stderr, "%s\n", engram_last_error()); return 1; }
   fwrite(out, ENGRAM_ROW_BYTES, n, stdout);
-  engram_close(s);
+  engram_session_close(s);
   return 0;
 }
 C

@@ -39,12 +39,12 @@ struct GpuSession {
   explicit GpuSession(const Daemon& daemon) {
     REQUIRE(daemon.alive());
     engram_connect_options options = daemon.Options(16 << 20);
-    INFO("engram_connect: " << engram_last_error());
-    REQUIRE(engram_connect(&options, &session) == 0);
+    INFO("engram_session_open: " << engram_last_error());
+    REQUIRE(engram_session_open(&options, &session) == 0);
     void* arena = nullptr;
     uint64_t arena_bytes = 0;
     REQUIRE(engram_arena(session, &arena, &arena_bytes) == 0);
-    INFO("engram_gpu_register: " << engram_gpu_last_error());
+    INFO("engram_gpu_register: " << engram_last_error());
     REQUIRE(engram_gpu_register(arena, arena_bytes, &reg) == 0);
     REQUIRE(engram_completion_counter(session, &counter) == 0);
     REQUIRE(engram_alloc(session, kStepRows * sizeof(uint64_t), reinterpret_cast<void**>(&ids)) ==
@@ -53,7 +53,7 @@ struct GpuSession {
   }
   ~GpuSession() {
     engram_gpu_unregister(reg);
-    engram_close(session);
+    engram_session_close(session);
   }
   const void* counter_d() const {
     return engram_gpu_device_ptr(reg, const_cast<const uint64_t*>(counter));
@@ -62,7 +62,7 @@ struct GpuSession {
   engram_gather_request Request() const {
     engram_gather_request request{};
     request.size = sizeof(request);
-    request.table = kLayer;
+    request.layer = kLayer;
     request.rows = ids;
     request.num_rows = kStepRows;
     request.dest = dest;

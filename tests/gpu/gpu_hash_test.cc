@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engram/engram.h"  // engram_last_error
 #include "engram/gpu.h"
 #include "engram/hash.h"
 #include "tests/common/skip.h"
@@ -91,7 +92,7 @@ std::vector<uint64_t> HostRows(const HostHasher& host, const Batch& b, uint32_t 
   std::vector<uint64_t> rows(b.tokens.size() * (he - hb));
   const int rc =
       engram_hash(host.h, layer, seqs.data(), seqs.size(), hb, he, flags, rows.data(), rows.size());
-  INFO(engram_hash_last_error());
+  INFO(engram_last_error());
   REQUIRE(rc == 0);
   return rows;
 }
@@ -118,7 +119,7 @@ struct DeviceBatch {
                             uint32_t flags) const {
     engram_gpu_hash_args a;
     engram_gpu_hash_args_init(&a, sizeof(a));
-    a.layer_id = layer;
+    a.layer = layer;
     a.flags = flags;
     a.head_begin = hb;
     a.head_end = he;
@@ -221,7 +222,7 @@ TEST_CASE("GPU hash of compressed ids matches the host hasher") {
     b.history = {-1, -1, -1};
     engram_gpu_hash_args a = dev.Args(b, 7, 0, 24, ENGRAM_HASH_COMPRESSED_IDS);
     CHECK(engram_gpu_hash(gpu.g, &a, 0) == -ENOENT);
-    CHECK(std::string(engram_kernels_last_error()).find("layer 7") != std::string::npos);
+    CHECK(std::string(engram_last_error()).find("layer 7") != std::string::npos);
     a = dev.Args(b, 14, 3, 25, ENGRAM_HASH_COMPRESSED_IDS);
     CHECK(engram_gpu_hash(gpu.g, &a, 0) == -EINVAL);
     a = dev.Args(b, 14, 0, 24, 0);  // tokenizer ids, but no vocabulary
@@ -234,7 +235,7 @@ TEST_CASE("GPU hash of compressed ids matches the host hasher") {
     } larger{dev.Args(b, 14, 0, 24, ENGRAM_HASH_COMPRESSED_IDS), 1};
     larger.args.size = sizeof(larger);
     CHECK(engram_gpu_hash(gpu.g, &larger.args, 0) == -E2BIG);
-    CHECK(std::string(engram_kernels_last_error()).find("engram_gpu_hash_args") != std::string::npos);
+    CHECK(std::string(engram_last_error()).find("engram_gpu_hash_args") != std::string::npos);
     larger.newer_field = 0;
     CHECK(engram_gpu_hash(gpu.g, &larger.args, 0) == 0);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
@@ -304,18 +305,18 @@ TEST_CASE("GPU hash of compressed ids matches the host hasher") {
     for (auto& c : calls) c = &good;
     calls[1] = &bad;
     CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -EINVAL);
-    CHECK(std::string(engram_kernels_last_error()).find("call 1: head range [0, 25)") !=
+    CHECK(std::string(engram_last_error()).find("call 1: head range [0, 25)") !=
           std::string::npos);
     bad = dev.Args(b, 7, 0, 24, ENGRAM_HASH_COMPRESSED_IDS);
     CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -ENOENT);
-    CHECK(std::string(engram_kernels_last_error()).find("call 1: layer 7") != std::string::npos);
+    CHECK(std::string(engram_last_error()).find("call 1: layer 7") != std::string::npos);
     calls[1] = nullptr;
     CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -EINVAL);
-    CHECK(std::string(engram_kernels_last_error()).find("call 1: NULL") != std::string::npos);
+    CHECK(std::string(engram_last_error()).find("call 1: NULL") != std::string::npos);
     calls[1] = &good;
     CHECK(engram_gpu_hash_layers(gpu.g, calls, 0, 0) == -EINVAL);
     CHECK(engram_gpu_hash_layers(gpu.g, calls, ENGRAM_GPU_HASH_MAX_CALLS + 1, 0) == -EINVAL);
-    CHECK(std::string(engram_kernels_last_error()).find("9 calls") != std::string::npos);
+    CHECK(std::string(engram_last_error()).find("9 calls") != std::string::npos);
     CUDA_REQUIRE(cudaDeviceSynchronize());
     // Nothing was queued by the refused launches: the rows are as the memset left them.
     for (uint64_t r : dev.Rows(b.tokens.size() * 24)) CHECK(r == 0xababababababababull);
@@ -392,11 +393,11 @@ TEST_CASE("GPU hash of tokenizer ids goes through the compressed vocabulary", "[
     REQUIRE(engram_hasher_get_layer(host.h, i % info.num_layers, &li) == 0);
     const HeadRange r = ranges[i % ranges.size()];
     dev.Upload(b);
-    const engram_gpu_hash_args a = dev.Args(b, li.layer_id, r.begin, r.end, 0);
+    const engram_gpu_hash_args a = dev.Args(b, li.layer, r.begin, r.end, 0);
     ENGRAM_REQUIRE(engram_gpu_hash(gpu.g, &a, 0));
     CUDA_REQUIRE(cudaDeviceSynchronize());
     REQUIRE(dev.Errors() == 0);
     REQUIRE(dev.Rows(b.tokens.size() * (r.end - r.begin)) ==
-            HostRows(host, b, li.layer_id, r.begin, r.end, 0));
+            HostRows(host, b, li.layer, r.begin, r.end, 0));
   }
 }

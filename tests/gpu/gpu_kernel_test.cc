@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "engram/engram.h"  // engram_last_error
 #include "engram/gpu.h"
 #include "kernels/dequant_ref.h"
 #include "testkit/gpu_test_util.h"
@@ -138,17 +139,17 @@ TEST_CASE("bad arguments are refused with a message and launch nothing", "[gpu][
   DeviceBuffer rows(4 * kRow), map(16 * sizeof(int32_t)), out(16 * 512);
   const auto* m = map.get<int32_t>();
   CHECK(engram_dequant_scatter(nullptr, 4, m, 4, 4, out.get(), nullptr, 0, nullptr, 0) == -EINVAL);
-  CHECK(std::string(engram_kernels_last_error()).find("rows is NULL") != std::string::npos);
+  CHECK(std::string(engram_last_error()).find("rows is NULL") != std::string::npos);
   CHECK(engram_dequant_scatter(rows.get<char>() + 4, 3, m, 4, 4, out.get(), nullptr, 0, nullptr,
                                0) == -EINVAL);
-  CHECK(std::string(engram_kernels_last_error()).find("8-byte aligned") != std::string::npos);
+  CHECK(std::string(engram_last_error()).find("8-byte aligned") != std::string::npos);
   CHECK(engram_dequant_scatter(rows.get(), 4, nullptr, 4, 4, out.get(), nullptr, 0, nullptr, 0) ==
         -EINVAL);
   CHECK(engram_dequant_scatter(rows.get(), 4, m, 4, 4, out.get<char>() + 2, nullptr, 0, nullptr,
                                0) == -EINVAL);
   CHECK(engram_dequant_scatter(rows.get(), 4, m, 4, 4, out.get(), rows.get(), 3 * kRow, nullptr,
                                0) == -EINVAL);
-  CHECK(std::string(engram_kernels_last_error()).find("staging holds") != std::string::npos);
+  CHECK(std::string(engram_last_error()).find("staging holds") != std::string::npos);
   CHECK(engram_dequant_scatter(rows.get(), 0x80000000u, m, 4, 4, out.get(), nullptr, 0, nullptr,
                                0) == -EINVAL);
   CHECK(engram_dequant_scatter(rows.get(), 4, nullptr, 0, 4, nullptr, nullptr, 0, nullptr, 0) ==

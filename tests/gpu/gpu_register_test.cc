@@ -56,7 +56,7 @@ TEST_CASE("registration without any GPU runtime fails with ENOSYS and changes no
   engram_gpu_registration* reg = reinterpret_cast<engram_gpu_registration*>(0x1);
   CHECK(GpuRegisterWith(mem, len, no_cuda, no_hip, &reg) == -ENOSYS);
   CHECK(reg == reinterpret_cast<engram_gpu_registration*>(0x1));  // untouched on failure
-  const std::string message = engram_gpu_last_error();
+  const std::string message = engram_last_error();
   CHECK(message.find("no GPU runtime found") != std::string::npos);
   CHECK(message.find("libcudart.so.0-engram-test-missing") != std::string::npos);
   CHECK(message.find("libamdhip64.so.0-engram-test-missing") != std::string::npos);
@@ -72,7 +72,7 @@ TEST_CASE("registration refuses bad arguments", "[gpu][register]") {
   engram_gpu_registration* reg = nullptr;
   char byte = 0;
   CHECK(engram_gpu_register(nullptr, 4096, &reg) == -EINVAL);
-  CHECK(std::string(engram_gpu_last_error()).find("must all be set") != std::string::npos);
+  CHECK(std::string(engram_last_error()).find("must all be set") != std::string::npos);
   CHECK(engram_gpu_register(&byte, 0, &reg) == -EINVAL);
   CHECK(engram_gpu_register(&byte, 1, nullptr) == -EINVAL);
   CHECK(reg == nullptr);
@@ -101,7 +101,7 @@ TEST_CASE("registration through the default runtimes succeeds on a GPU machine",
     CHECK(engram_gpu_device_ptr(reg, static_cast<char*>(mem) - 1) == nullptr);
     engram_gpu_registration* again = nullptr;
     CHECK(engram_gpu_register(mem, len, &again) == -EEXIST);
-    CHECK(std::string(engram_gpu_last_error()).find("already") != std::string::npos);
+    CHECK(std::string(engram_last_error()).find("already") != std::string::npos);
     CHECK(engram_gpu_unregister(reg) == 0);
     REQUIRE(engram_gpu_register(mem, len, &reg) == 0);  // registrable again once released
     CHECK(engram_gpu_unregister(reg) == 0);

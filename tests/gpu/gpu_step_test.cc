@@ -149,7 +149,7 @@ TEST_CASE("a GPU queue launched without overlap replays bit-exact; unknown flags
   engram_gpu_queue* q = nullptr;
   CHECK(engram_gpu_queue_create(ds.session, ds.reg, &qo, &q) == -EINVAL);
   CHECK(q == nullptr);
-  CHECK(std::string(engram_kernels_last_error()).find("unknown option flags 0x6") !=
+  CHECK(std::string(engram_last_error()).find("unknown option flags 0x6") !=
         std::string::npos);
 }
 
@@ -170,7 +170,7 @@ TEST_CASE("engram_gpu_queue_gather_dequant refuses what it cannot pipeline, nami
                      const char* says) {
     INFO("expecting: " << says);
     CHECK(engram_gpu_queue_gather_dequant(ds.queue, &rr, &dd, 1, piece_rows, s) == -EINVAL);
-    const std::string error = engram_kernels_last_error();
+    const std::string error = engram_last_error();
     INFO(error);
     CHECK(error.find(says) != std::string::npos);
   };

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "engram/engram.h"  // engram_last_error
 #include "engram/gpu.h"
 #include "kernels/dequant_ref.h"
 #include "testkit/gpu_test_util.h"
@@ -223,7 +224,7 @@ TEST_CASE("wait entry points refuse bad arguments", "[gpu][wait]") {
   DeviceBuffer word(16);
   CHECK(engram_stream_wait_value64(0, nullptr, 1, nullptr) == -EINVAL);
   CHECK(engram_stream_wait_value64(0, word.get<char>() + 4, 1, nullptr) == -EINVAL);
-  CHECK(std::string(engram_kernels_last_error()).find("8-byte aligned") != std::string::npos);
+  CHECK(std::string(engram_last_error()).find("8-byte aligned") != std::string::npos);
   CHECK(engram_graph_set_wait_value64(0, 0, 1) == -EINVAL);
   CHECK(engram_stream_wait_ticket(0, word.get(), word.get<uint64_t>(), 0, word.get<uint32_t>()) ==
         -EINVAL);

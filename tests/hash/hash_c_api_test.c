@@ -63,7 +63,7 @@ int main(void) {
   CHECK(info.compressed_pad_id == 2);
   struct engram_hash_layer_info layer = {.size = sizeof(layer)};
   CHECK(engram_hasher_get_layer(h, 1, &layer) == 0);
-  CHECK(layer.layer_id == 14 && layer.num_rows == 384016682u);
+  CHECK(layer.layer == 14 && layer.num_rows == 384016682u);
   CHECK(engram_hasher_get_layer(h, 2, &layer) == -EINVAL);
 
   uint32_t hb = 99, he = 99;

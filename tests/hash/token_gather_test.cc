@@ -46,7 +46,7 @@ const engram::testing::Daemon& Daemon() {
 engram_session* Connect(const engram::testing::Daemon& d) {
   engram_connect_options o = d.Options(32 << 20);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   return s;
 }
 
@@ -99,7 +99,7 @@ struct Buffers {
   engram_token_request Request(uint32_t table, const engram_hash_seq* seqs, size_t n) const {
     engram_token_request r{};
     r.size = sizeof(r);
-    r.table = table;
+    r.layer = table;
     r.flags = ENGRAM_HASH_COMPRESSED_IDS;
     r.seqs = seqs;
     r.n_seqs = n;
@@ -183,7 +183,7 @@ TEST_CASE("submit_tokens gathers the rows engram_hash computes, for batches and 
     }
   }
   engram_hasher_close(h);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 TEST_CASE("chunks submitted with history gather the rows of the whole sequence", "[hash][daemon]") {
@@ -227,7 +227,7 @@ TEST_CASE("chunks submitted with history gather the rows of the whole sequence",
     }
   }
   engram_hasher_close(h);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 TEST_CASE("bad token requests are refused, naming what was wrong, and submit nothing",
@@ -330,7 +330,7 @@ TEST_CASE("bad token requests are refused, naming what was wrong, and submit not
   CHECK(Submitted(s) == before);
   buffers.reset();  // before the session goes
   engram_hasher_close(h);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 TEST_CASE("the C++ wrapper: Hasher and Session::GatherTokens", "[hash][daemon]") {
@@ -361,7 +361,7 @@ TEST_CASE("the C++ wrapper: Hasher and Session::GatherTokens", "[hash][daemon]")
   engram::Buffer rows, dest;
   REQUIRE(session.Alloc(n * 8, &rows).ok());
   REQUIRE(session.Alloc(n * ENGRAM_ROW_BYTES, &dest).ok());
-  engram::TokenRequest request{.table = 14,
+  engram::TokenRequest request{.layer = 14,
                                .seqs = seqs,
                                .compressed = true,
                                .tp_size = 2,
@@ -377,7 +377,7 @@ TEST_CASE("the C++ wrapper: Hasher and Session::GatherTokens", "[hash][daemon]")
   REQUIRE(std::vector<uint64_t>(rows.as<uint64_t>(), rows.as<uint64_t>() + n) == expect);
   CheckRowsLanded(14, rows.as<uint64_t>(), n, dest.as<uint8_t>(), LayerRows()[1]);
 
-  request.table = 3;
+  request.layer = 3;
   st = session.GatherTokens(hasher, request);
   CHECK(st.code() == -ENOENT);
   CHECK(st.message().find("table 3") != std::string::npos);
@@ -392,7 +392,7 @@ namespace {
 std::string InPlaceRefusedUnderEmulator(const engram::testing::Daemon& d, uint32_t layer) {
   engram_connect_options o = d.Options(1 << 20);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   const bool emulator = std::getenv("MESON_EXE_WRAPPER") != nullptr;
   engram_table_map* map = nullptr;
   int rc = -EAGAIN;
@@ -403,7 +403,7 @@ std::string InPlaceRefusedUnderEmulator(const engram::testing::Daemon& d, uint32
     usleep(10000);
   }
   engram_table_map_close(map);
-  engram_close(s);
+  engram_session_close(s);
   if (rc != 0 && emulator && why.find("cannot be read in place") != std::string::npos) return why;
   INFO(why);
   REQUIRE(rc == 0);
@@ -430,7 +430,7 @@ TEST_CASE("engram_gather_tokens reads a resident table in place unless the sessi
     engram_connect_options o = d.Options(32 << 20);
     o.flags = connect_flags;
     engram_session* s = nullptr;
-    REQUIRE(engram_connect(&o, &s) == 0);
+    REQUIRE(engram_session_open(&o, &s) == 0);
     // The table is read in place once it has loaded: wait for that.
     engram_table_map* map = nullptr;
     int rc = -EAGAIN;
@@ -449,7 +449,7 @@ TEST_CASE("engram_gather_tokens reads a resident table in place unless the sessi
     }
     engram_session_stats st{.size = sizeof(st)};
     REQUIRE(engram_get_session_stats(s, &st) == 0);
-    engram_close(s);
+    engram_session_close(s);
     return std::pair<uint64_t, uint64_t>{st.rows_in_place, st.rows};
   };
   std::vector<uint8_t> in_place, via_daemon;

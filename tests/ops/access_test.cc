@@ -45,7 +45,7 @@ std::string PeerLibDir() { return TestDir() + "/lib"; }
 void CopyEngramctlForPeers() {
   namespace fs = std::filesystem;
   Dl_info info{};
-  REQUIRE(dladdr(reinterpret_cast<void*>(&engram_connect), &info) != 0);
+  REQUIRE(dladdr(reinterpret_cast<void*>(&engram_session_open), &info) != 0);
   REQUIRE(info.dli_fname != nullptr);
   fs::create_directories(TestDir() + "/bin");
   fs::create_directories(PeerLibDir());

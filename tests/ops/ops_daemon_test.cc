@@ -160,11 +160,11 @@ TEST_CASE("systemd hears EXTEND_TIMEOUT_USEC, READY, STATUS and watchdog pings")
   // STATUS= follows the clients connected.
   engram_connect_options o = f.daemon->Options();
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   std::vector<std::string> status = f.notify.Read(4000, "to 1 client(s)");
   REQUIRE_FALSE(status.empty());
   CHECK(status.back().find("STATUS=Serving 2 table(s) to 1 client(s)") != std::string::npos);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 TEST_CASE("engramctl status, human and JSON") {
@@ -324,7 +324,7 @@ engram_session* GatherSome(uint64_t n, const char* name = "ops-test") {
   engram_connect_options o = F().daemon->Options();
   o.client_name = name;
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   void* ids;
   void* dest;
   REQUIRE(engram_alloc(s, 2 * n * 8, &ids) == 0);
@@ -332,7 +332,7 @@ engram_session* GatherSome(uint64_t n, const char* name = "ops-test") {
   auto* rows = static_cast<uint64_t*>(ids);
   for (uint64_t i = 0; i < n; ++i) rows[i] = rows[n + i] = i * 7 % kRows;
   engram_gather_request r{
-      .size = sizeof(r), .table = 14, .rows = rows, .num_rows = 2 * n, .dest = dest};
+      .size = sizeof(r), .layer = 14, .rows = rows, .num_rows = 2 * n, .dest = dest};
   REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
   return s;
 }
@@ -350,7 +350,7 @@ TEST_CASE("with engine.pace, paced requests get the poller awake ahead of them")
   engram_connect_options o = d.Options();
   o.client_name = "ops-paced";
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   void* ids;
   void* dest;
   REQUIRE(engram_alloc(s, 64 * 8, &ids) == 0);
@@ -363,11 +363,11 @@ TEST_CASE("with engine.pace, paced requests get the poller awake ahead of them")
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < 80; ++step) {
     std::this_thread::sleep_until(start + std::chrono::milliseconds(50 * step));
-    engram_gather_request r{.size = sizeof(r), .table = 14, .rows = rows, .num_rows = 64,
+    engram_gather_request r{.size = sizeof(r), .layer = 14, .rows = rows, .num_rows = 64,
                             .dest = dest};
     REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
   }
-  engram_close(s);
+  engram_session_close(s);
   const json pace = StatusOf(d.socket())["pace"];
   const uint64_t windows = pace["windows"], caught = pace["caught"];
   INFO("windows " << windows << ", caught " << caught);
@@ -421,7 +421,7 @@ TEST_CASE("engramctl stats and clients show a client's gathers") {
   CHECK(listed);
   Result ch = Sh(Ctl("clients"));
   CHECK(ch.out.find("ops-test") != std::string::npos);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 // Characters (UTF-8 code points) of each line of `text` that is wider than `columns`.
@@ -442,7 +442,7 @@ engram_session* Open(const std::string& name) {
   engram_connect_options o = F().daemon->Options();
   o.client_name = name.c_str();
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   return s;
 }
 
@@ -471,7 +471,7 @@ TEST_CASE("engramctl tables and clients fit 80 columns; -o wide shows every colu
   REQUIRE(wide_clients.code == 0);
   CHECK(wide_clients.out.find("SLOTS") != std::string::npos);
   CHECK(wide_clients.out.find(name) != std::string::npos);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 TEST_CASE("engramctl stats --watch fits a 24-row terminal, busiest sessions first") {
@@ -509,8 +509,8 @@ TEST_CASE("engramctl stats --watch fits a 24-row terminal, busiest sessions firs
     CHECK((header + 1)->find("ops-test") != std::string::npos);
   }
   CHECK(frames[0][2].find(" - ") != std::string::npos);  // no rates before a second reply
-  engram_close(busy);
-  for (engram_session* s : idle) engram_close(s);
+  engram_session_close(busy);
+  for (engram_session* s : idle) engram_session_close(s);
 }
 
 // The counters of engram/session_stats.h as the daemon reports them: every entry but those the
@@ -572,7 +572,7 @@ TEST_CASE("every session counter of the list shows in stats, clients, metrics an
   }
   CHECK(stats["requests_ok"] == 1);
   CHECK(stats["rows"] == 100);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 TEST_CASE("the library names each field of engram_session_stats, as the list declares them") {
@@ -710,7 +710,7 @@ TEST_CASE("the metrics scrape parses back with Prometheus conventions") {
   for (const auto& [name, type] : m.types) CHECK(viasocket.types[name] == type);
   CHECK(Json("metrics")["text"].get<std::string>().find("engram_up 1") != std::string::npos);
   CHECK(HttpGet(F().port, "/other").rfind("HTTP/1.1 404", 0) == 0);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 // The sample of `family` with exactly `labels` ("" for none), or -1 when absent.
@@ -743,8 +743,8 @@ TEST_CASE("per-client series are one set per client name, kept across sessions a
   CHECK(Sample(m, "engram_client_request_duration_seconds_bucket", agg + ",le=\"1.07374182\"") ==
         2);
   // A session that ends leaves its counts in its name's series; a reconnect adds to them.
-  engram_close(a);
-  engram_close(b);
+  engram_session_close(a);
+  engram_session_close(b);
   engram_session* c = GatherSome(10, "ops-agg");
   m = ScrapeOf(F().daemon->socket());
   CHECK(Sample(m, "engram_client_rows_total", agg) == 60);
@@ -757,7 +757,7 @@ TEST_CASE("per-client series are one set per client name, kept across sessions a
   const json clients = Json("clients");  // kept alive for the loop
   for (const json& e : clients["clients"]) sessions += e["name"] == "ops-agg" ? 1 : 0;
   CHECK(sessions == 1);
-  engram_close(c);
+  engram_session_close(c);
 }
 
 TEST_CASE("client names past the cap are added up under client=\"other\"") {
@@ -769,7 +769,7 @@ TEST_CASE("client names past the cap are added up under client=\"other\"") {
     const std::string name = absl::StrFormat("name-%02d", i);
     o.client_name = name.c_str();
     engram_session* s = nullptr;
-    REQUIRE(engram_connect(&o, &s) == 0);
+    REQUIRE(engram_session_open(&o, &s) == 0);
     sessions.push_back(s);
   }
   Scrape m = ScrapeOf(d.socket());
@@ -784,7 +784,7 @@ TEST_CASE("client names past the cap are added up under client=\"other\"") {
   CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"name-31\"") == 0);
   CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"name-32\"") == -1);
   CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"other\"") == 0);
-  for (engram_session* s : sessions) engram_close(s);
+  for (engram_session* s : sessions) engram_session_close(s);
 }
 
 TEST_CASE("process_* metrics describe engramd's own process") {
@@ -908,7 +908,7 @@ TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
     const std::string name = absl::StrFormat("bulk-%02d-%s", i, std::string(22, 'x'));
     o.client_name = name.c_str();
     engram_session* s = nullptr;
-    REQUIRE(engram_connect(&o, &s) == 0);
+    REQUIRE(engram_session_open(&o, &s) == 0);
     sessions.push_back(s);
   }
   Result r = Sh(Ctl("metrics"));
@@ -925,7 +925,7 @@ TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
     CHECK(seen);
   }
   CHECK(m.samples.at("engram_up") == 1);
-  for (engram_session* s : sessions) engram_close(s);
+  for (engram_session* s : sessions) engram_session_close(s);
 }
 
 TEST_CASE("SIGHUP applies what can change live and says what needs a restart") {

@@ -53,17 +53,17 @@ const Daemon& CacheDaemon() {
 struct Client {
   explicit Client(const Daemon& d, uint64_t n = 1152) : n(n) {
     engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 8);
-    REQUIRE(engram_connect(&o, &s) == 0);
+    REQUIRE(engram_session_open(&o, &s) == 0);
     REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
     REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&offsets)) == 0);
     REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
     for (uint64_t i = 0; i < n; ++i) offsets[i] = (n - 1 - i) * kRowBytes;
   }
-  ~Client() { engram_close(s); }
+  ~Client() { engram_session_close(s); }
   std::pair<int, std::string> Gather(uint32_t layer, uint32_t flags) {
     std::memset(out, 0xEE, n * kRowBytes);
     engram_gather_request r{.size = sizeof(r),
-                            .table = layer,
+                            .layer = layer,
                             .flags = flags,
                             .rows = rows,
                             .num_rows = n,
@@ -210,7 +210,7 @@ int InPlaceChecked(const Daemon& d, uint64_t span, int batches, uint64_t seed) {
   const uint64_t n = 1152;
   engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 8);
   engram_session* s = nullptr;
-  if (engram_connect(&o, &s) != 0) return 10;
+  if (engram_session_open(&o, &s) != 0) return 10;
   uint64_t *rows, *offsets;
   uint8_t* out;
   if (engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) != 0 ||
@@ -222,14 +222,14 @@ int InPlaceChecked(const Daemon& d, uint64_t span, int batches, uint64_t seed) {
   for (int b = 0; b < batches; ++b) {
     FillRows(rows, n, span, seed * 1000 + b);
     std::memset(out, 0xEE, n * kRowBytes);
-    engram_gather_request r{.size = sizeof(r), .table = 1, .flags = ENGRAM_GATHER_IN_PLACE,
+    engram_gather_request r{.size = sizeof(r), .layer = 1, .flags = ENGRAM_GATHER_IN_PLACE,
                             .rows = rows, .num_rows = n, .dest = out, .dest_offsets = offsets};
     if (engram_gather(s, &r, 10'000'000'000) != 0) return 12;
     if (FirstBadRow(1, rows, n, out, offsets) >= 0) return 13;
   }
   engram_session_stats st{.size = sizeof(st)};
   if (engram_get_session_stats(s, &st) != 0 || st.rows_in_place == 0) return 14;
-  engram_close(s);
+  engram_session_close(s);
   return 0;
 }
 

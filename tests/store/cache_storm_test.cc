@@ -74,7 +74,7 @@ int Client(const Daemon& d, Shared* shared, int index) {
   ClientReport& r = shared->clients[index];
   engram_connect_options o = d.Options(kRowsPerGather * (kRowBytes + 32) + (1 << 20), 8);
   engram_session* s = nullptr;
-  if (engram_connect(&o, &s) != 0) return 10;
+  if (engram_session_open(&o, &s) != 0) return 10;
   uint64_t* rows = nullptr;
   uint8_t* out = nullptr;
   if (engram_alloc(s, kRowsPerGather * 8, reinterpret_cast<void**>(&rows)) != 0 ||
@@ -89,7 +89,7 @@ int Client(const Daemon& d, Shared* shared, int index) {
     FillRows(rows + kRowsPerGather / 2, kRowsPerGather / 2, kRows, index * 1'000'003 + b + 7);
     std::memset(out, 0xEE, kRowsPerGather * kRowBytes);
     engram_gather_request req{.size = sizeof(req),
-                              .table = 1,
+                              .layer = 1,
                               .rows = rows,
                               .num_rows = kRowsPerGather,
                               .dest = out};
@@ -109,7 +109,7 @@ int Client(const Daemon& d, Shared* shared, int index) {
     r.rows_in_place = stats.rows_in_place;
     r.rows_through_daemon = stats.rows;
   }
-  engram_close(s);
+  engram_session_close(s);
   return 0;
 }
 
@@ -174,7 +174,7 @@ TEST_CASE("a shrink storm with clients reading the row cache in place", "[store]
   // The test's own read-only view of the cache, for its capacity (the header's word).
   engram_connect_options o = d.Options(1 << 20, 4);
   engram_session* view = nullptr;
-  REQUIRE(engram_connect(&o, &view) == 0);
+  REQUIRE(engram_session_open(&o, &view) == 0);
   engram_table_map* map = nullptr;
   REQUIRE(engram_table_map_open_any(view, 1, &map) == 0);
   engram_table_map_info info{.size = sizeof(info)};
@@ -331,7 +331,7 @@ TEST_CASE("a shrink storm with clients reading the row cache in place", "[store]
   CHECK(cache["resident_bytes"].get<uint64_t>() <= kCacheBytes);
   CHECK(d.alive());
   engram_table_map_close(map);
-  engram_close(view);
+  engram_session_close(view);
 }
 
 }  // namespace

@@ -70,9 +70,9 @@ struct Client {
   engram_session* s = nullptr;
   explicit Client(const Daemon& d, uint64_t data_bytes = 8 << 20) {
     engram_connect_options o = d.Options(data_bytes, 8);
-    REQUIRE(engram_connect(&o, &s) == 0);
+    REQUIRE(engram_session_open(&o, &s) == 0);
   }
-  ~Client() { engram_close(s); }
+  ~Client() { engram_session_close(s); }
   // Gathers `rows` of `layer` through engramd (whose prefetch accounting these tests check) and
   // checks every byte against the synthetic rows.
   void GatherChecked(uint32_t layer, const std::vector<uint64_t>& rows) {
@@ -83,7 +83,7 @@ struct Client {
     std::copy(rows.begin(), rows.end(), ids);
     std::memset(out, 0xEE, rows.size() * kRowBytes);
     engram_gather_request r{.size = sizeof(r),
-                            .table = layer,
+                            .layer = layer,
                             .flags = ENGRAM_GATHER_VIA_DAEMON,
                             .rows = ids,
                             .num_rows = rows.size(),
@@ -222,7 +222,7 @@ TEST_CASE("a client that prefetches and dies does not disturb another", "[prefet
   if (prefetcher == 0) {
     engram_connect_options o = d.Options(1 << 20, 8);
     engram_session* s = nullptr;
-    if (engram_connect(&o, &s) != 0) _exit(10);
+    if (engram_session_open(&o, &s) != 0) _exit(10);
     std::vector<uint64_t> rows(ENGRAM_PREFETCH_MAX_ROWS);
     for (uint64_t round = 0;; ++round) {
       FillRows(rows.data(), rows.size(), kRows, round);
@@ -243,7 +243,7 @@ TEST_CASE("a client that prefetches and dies does not disturb another", "[prefet
   const int gathered = InChild([&] {
     engram_connect_options o = d.Options(4 << 20, 8);
     engram_session* s = nullptr;
-    if (engram_connect(&o, &s) != 0) return 20;
+    if (engram_session_open(&o, &s) != 0) return 20;
     uint64_t* rows;
     uint8_t* out;
     engram_alloc(s, 1152 * 8, reinterpret_cast<void**>(&rows));
@@ -252,12 +252,12 @@ TEST_CASE("a client that prefetches and dies does not disturb another", "[prefet
       if (b == 10) kill(prefetcher, SIGKILL);
       FillRows(rows, 1152, kRows, 1000 + b);
       engram_gather_request r{
-          .size = sizeof(r), .table = b % 2 == 0 ? 1u : 14u, .rows = rows, .num_rows = 1152,
+          .size = sizeof(r), .layer = b % 2 == 0 ? 1u : 14u, .rows = rows, .num_rows = 1152,
           .dest = out};
       if (engram_gather(s, &r, 30'000'000'000) != 0) return 21;
-      if (FirstBadRow(r.table, rows, 1152, out) >= 0) return 22;
+      if (FirstBadRow(r.layer, rows, 1152, out) >= 0) return 22;
     }
-    engram_close(s);
+    engram_session_close(s);
     return 0;
   });
   int status = 0;

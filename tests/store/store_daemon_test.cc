@@ -44,7 +44,7 @@ std::pair<int, std::string> Gather(engram_session* s, uint32_t layer, const uint
                                    uint64_t n, uint8_t* out, const uint64_t* offsets,
                                    uint32_t flags) {
   engram_gather_request r{.size = sizeof(r),
-                          .table = layer,
+                          .layer = layer,
                           .flags = flags,
                           .rows = rows,
                           .num_rows = n,
@@ -62,7 +62,7 @@ int GatherChecked(const Daemon& d, uint32_t layer, uint64_t n, uint64_t span, in
                   uint64_t seed, uint32_t flags = ENGRAM_GATHER_VIA_DAEMON) {
   engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 8);
   engram_session* s = nullptr;
-  if (engram_connect(&o, &s) != 0) return 10;
+  if (engram_session_open(&o, &s) != 0) return 10;
   uint64_t *rows, *offsets;
   uint8_t* out;
   if (engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) != 0 ||
@@ -78,7 +78,7 @@ int GatherChecked(const Daemon& d, uint32_t layer, uint64_t n, uint64_t span, in
     if (Gather(s, layer, rows, n, out, offsets, flags).first != 0) return 12;
     if (FirstBadRow(layer, rows, n, out, offsets) >= 0) return 13;
   }
-  engram_close(s);
+  engram_session_close(s);
   return 0;
 }
 
@@ -95,16 +95,16 @@ int InChild(const std::function<int()>& body) {
 struct MappedLayer {
   MappedLayer(const Daemon& d, uint32_t layer) {
     engram_connect_options o = d.Options(1 << 20, 4);
-    REQUIRE(engram_connect(&o, &session) == 0);
-    REQUIRE(engram_map_table(session, layer, &map) == 0);
+    REQUIRE(engram_session_open(&o, &session) == 0);
+    REQUIRE(engram_table_map_open(session, layer, &map) == 0);
     REQUIRE(engram_get_table_map_info(map, &info) == 0);
   }
   ~MappedLayer() {
-    engram_unmap_table(map);
+    engram_table_map_close(map);
     CloseSession();
   }
   void CloseSession() {
-    engram_close(session);
+    engram_session_close(session);
     session = nullptr;
   }
   engram_session* session = nullptr;
@@ -194,7 +194,7 @@ TEST_CASE("a gather of a row outside the table fails as it does from storage", "
     const int rc = InChild([&] {
       engram_connect_options o = d.Options(1 << 20, 4);
       engram_session* s = nullptr;
-      if (engram_connect(&o, &s) != 0) return 10;
+      if (engram_session_open(&o, &s) != 0) return 10;
       uint64_t* rows;
       uint8_t* out;
       engram_alloc(s, 16, reinterpret_cast<void**>(&rows));
@@ -202,10 +202,10 @@ TEST_CASE("a gather of a row outside the table fails as it does from storage", "
       rows[0] = 5;
       rows[1] = kRows;  // one past the end
       engram_gather_request r{
-          .size = sizeof(r), .table = layer, .rows = rows, .num_rows = 2, .dest = out};
+          .size = sizeof(r), .layer = layer, .rows = rows, .num_rows = 2, .dest = out};
       const int got = engram_gather(s, &r, 10'000'000'000);
       const std::string error = engram_last_error();
-      engram_close(s);
+      engram_session_close(s);
       return got == -ERANGE || error.find(std::to_string(kRows)) != std::string::npos ? 0 : 20;
     });
     INFO("layer " << layer);
@@ -318,7 +318,7 @@ TEST_CASE("a client maps a resident table read-only and gathers from it", "[stor
   MappedLayer m(d, 14);
   const engram_table_map_info& info = m.info;
   engram_table_map* map = m.map;
-  CHECK(info.layer_id == 14);
+  CHECK(info.layer == 14);
   CHECK(info.row_bytes == kRowBytes);
   CHECK(info.covered_begin == 0);
   CHECK(info.covered_end == kRows);
@@ -351,20 +351,20 @@ TEST_CASE("a table mapped the moment its load ends comes sealed", "[store][map]"
     REQUIRE(d.alive());
     engram_connect_options o = d.Options(1 << 20, 4);
     engram_session* s = nullptr;
-    REQUIRE(engram_connect(&o, &s) == 0);
+    REQUIRE(engram_session_open(&o, &s) == 0);
     for (uint32_t layer : {1u, 14u}) {
       engram_table_map* map = nullptr;
       int rc = -EAGAIN;
       for (int tries = 0; rc == -EAGAIN && tries < 20000; ++tries) {
-        rc = engram_map_table(s, layer, &map);
+        rc = engram_table_map_open(s, layer, &map);
         if (rc == -EAGAIN) usleep(200);
       }
       const std::string why = rc == 0 ? "" : engram_last_error();
       INFO("round " << round << ", layer " << layer << ": " << rc << " " << why);
       REQUIRE(rc == 0);
-      engram_unmap_table(map);
+      engram_table_map_close(map);
     }
-    engram_close(s);
+    engram_session_close(s);
   }
 }
 
@@ -372,13 +372,13 @@ TEST_CASE("mapping a table that is not resident is refused naming why", "[store]
   const Daemon& d = StoreDaemon();
   engram_connect_options o = d.Options(1 << 20, 4);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   engram_table_map* map = nullptr;
-  CHECK(engram_map_table(s, 1, &map) == -EOPNOTSUPP);
+  CHECK(engram_table_map_open(s, 1, &map) == -EOPNOTSUPP);
   const std::string why = engram_last_error();
   CHECK(why.find("layer 1") != std::string::npos);
   CHECK(why.find("not resident") != std::string::npos);
-  CHECK(engram_map_table(s, 7, &map) == -ENOENT);
+  CHECK(engram_table_map_open(s, 7, &map) == -ENOENT);
   CHECK(std::string(engram_last_error()).find("layer 7") != std::string::npos);
   CHECK(map == nullptr);
   // The session still serves gathers after the refusals.
@@ -387,10 +387,10 @@ TEST_CASE("mapping a table that is not resident is refused naming why", "[store]
   REQUIRE(engram_alloc(s, 8, reinterpret_cast<void**>(&rows)) == 0);
   REQUIRE(engram_alloc(s, kRowBytes, reinterpret_cast<void**>(&out)) == 0);
   rows[0] = 3;
-  engram_gather_request r{.size = sizeof(r), .table = 1, .rows = rows, .num_rows = 1, .dest = out};
+  engram_gather_request r{.size = sizeof(r), .layer = 1, .rows = rows, .num_rows = 1, .dest = out};
   REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
   CHECK(FirstBadRow(1, rows, 1, out) == -1);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 // Runs engramctl with `args` (no --json), returning its exit status and standard output.
@@ -577,7 +577,7 @@ TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others t
   const uint64_t n = 1152;
   engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 4);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   uint64_t *rows, *offsets;
   uint8_t* out;
   REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
@@ -635,7 +635,7 @@ TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others t
 
   // Unknown flags are refused; engram_submit leaves an in-place request to the daemon.
   engram_gather_request r{.size = sizeof(r),
-                          .table = 14,
+                          .layer = 14,
                           .flags = 0x80,
                           .rows = rows,
                           .num_rows = n,
@@ -650,7 +650,7 @@ TEST_CASE("ENGRAM_GATHER_IN_PLACE reads a resident table in the client, others t
   CHECK(FirstBadRow(14, rows, n, out, offsets) == -1);
   REQUIRE(engram_get_session_stats(s, &stats) == 0);
   CHECK(stats.rows == rows_through_daemon + n);
-  engram_close(s);
+  engram_session_close(s);
 }
 
 // A session's counters of rows read in place and through engramd.
@@ -681,7 +681,7 @@ TEST_CASE("a plain engram_gather reads resident and cached tables in place; the 
   const uint64_t n = 512;
   engram_connect_options o = d.Options(2 * n * (kRowBytes + 16) + (1 << 20), 4);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   uint64_t* rows;
   uint8_t *out, *via_daemon;
   REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
@@ -716,28 +716,28 @@ TEST_CASE("a plain engram_gather reads resident and cached tables in place; the 
       Gather(s, 14, rows, n, out, nullptr, ENGRAM_GATHER_IN_PLACE | ENGRAM_GATHER_VIA_DAEMON);
   CHECK(both_rc == -EINVAL);
   CHECK(both_error.find("give one") != std::string::npos);
-  engram_close(s);
+  engram_session_close(s);
 
   // A session opened with ENGRAM_CONNECT_GATHER_VIA_DAEMON: plain gathers go to engramd, a
   // request with ENGRAM_GATHER_IN_PLACE is still read here.
   o.flags = ENGRAM_CONNECT_GATHER_VIA_DAEMON;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
   REQUIRE(engram_alloc(s, n * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
   FillRows(rows, n, kRows, 79);
   CHECK(GatherCounted(s, 14, rows, n, out, 0) == Rows{0, n});
   CHECK(GatherCounted(s, 14, rows, n, out, ENGRAM_GATHER_IN_PLACE) == Rows{n, 0});
-  engram_close(s);
+  engram_session_close(s);
 
   // ENGRAM_IN_PLACE=0 does the same for every session of the process; another value is refused.
   const int env_rc = InChild([&] {
     engram_connect_options plain = d.Options(n * (kRowBytes + 8) + (1 << 20), 4);
     engram_session* e = nullptr;
     setenv("ENGRAM_IN_PLACE", "yes", 1);
-    if (engram_connect(&plain, &e) != -EINVAL) return 20;
+    if (engram_session_open(&plain, &e) != -EINVAL) return 20;
     if (std::string(engram_last_error()).find("ENGRAM_IN_PLACE") == std::string::npos) return 21;
     setenv("ENGRAM_IN_PLACE", "0", 1);
-    if (engram_connect(&plain, &e) != 0) return 22;
+    if (engram_session_open(&plain, &e) != 0) return 22;
     uint64_t* ids;
     uint8_t* dest;
     if (engram_alloc(e, n * 8, reinterpret_cast<void**>(&ids)) != 0 ||
@@ -750,7 +750,7 @@ TEST_CASE("a plain engram_gather reads resident and cached tables in place; the 
     engram_session_stats stats{.size = sizeof(stats)};
     if (engram_get_session_stats(e, &stats) != 0) return 26;
     if (stats.rows != n || stats.rows_in_place != 0) return 27;
-    engram_close(e);
+    engram_session_close(e);
     return 0;
   });
   CHECK(env_rc == 0);
@@ -808,7 +808,7 @@ TEST_CASE("rows read in place from a resident table count in engramd's statistic
   // A session of this process: its own counter in engramctl stats, while it is open.
   engram_connect_options o = d.Options(n * (kRowBytes + 16) + (1 << 20), 4);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   uint64_t* rows;
   uint8_t* out;
   REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
@@ -831,7 +831,7 @@ TEST_CASE("rows read in place from a resident table count in engramd's statistic
   REQUIRE(at != std::string::npos);
   CHECK(std::stoull(text.substr(at + metric.size())) == Served(d, 14).store_rows);
   CHECK(text.find("engram_client_resident_rows_in_place_total") != std::string::npos);
-  engram_close(s);
+  engram_session_close(s);
 
   // A session that asks engramd for its gathers adds only what engramd served.
   const ServedCounts before_daemon = Served(d, 14);
@@ -848,7 +848,7 @@ TEST_CASE("a plain engram_gather of a storage-tier table goes through engramd", 
   const uint64_t n = 256;
   engram_connect_options o = d.Options(n * (kRowBytes + 8) + (1 << 20), 4);
   engram_session* s = nullptr;
-  REQUIRE(engram_connect(&o, &s) == 0);
+  REQUIRE(engram_session_open(&o, &s) == 0);
   uint64_t* rows;
   uint8_t *out, *via_daemon;
   REQUIRE(engram_alloc(s, n * 8, reinterpret_cast<void**>(&rows)) == 0);
@@ -866,7 +866,7 @@ TEST_CASE("a plain engram_gather of a storage-tier table goes through engramd", 
   CHECK(std::memcmp(out, via_daemon, n * kRowBytes) == 0);
   // The resident layer of the same daemon is read in place.
   CHECK(GatherCounted(s, 14, rows, n, out, 0) == Rows{n, 0});
-  engram_close(s);
+  engram_session_close(s);
 }
 
 }  // namespace

@@ -128,7 +128,7 @@ engram_session* Connect(const Options& opts, uint64_t max_rows) {
   o.data_bytes = max_rows * (engram::kRowBytes + 8) + (1 << 20);
   o.client_name = "engram-demo";
   engram_session* s = nullptr;
-  if (engram_connect(&o, &s) != 0) {
+  if (engram_session_open(&o, &s) != 0) {
     fprintf(stderr, "engram-demo: %s\n", engram_last_error());
     return nullptr;
   }
@@ -149,9 +149,9 @@ const engram_table_info* ChooseTable(engram_session* s, int64_t table,
   for (size_t i = 0; i < count && i < 16; ++i) {
     const engram_table_info& t = infos[i];
     printf("  layer %u: %" PRIu64 " rows, serving [%" PRIu64 ", %" PRIu64 "), %.1f MB, %s\n",
-           t.layer_id, t.num_rows, t.covered_begin, t.covered_end, t.data_bytes / 1e6,
+           t.layer, t.num_rows, t.covered_begin, t.covered_end, t.data_bytes / 1e6,
            t.layout == ENGRAM_TABLE_PACKED ? "packed" : "checkpoint");
-    if (chosen == nullptr && (table < 0 || t.layer_id == table)) chosen = &t;
+    if (chosen == nullptr && (table < 0 || t.layer == table)) chosen = &t;
   }
   if (chosen == nullptr) {
     fprintf(stderr, "engram-demo: engramd serves no layer %" PRId64 "\n", table);
@@ -179,7 +179,7 @@ bool RunPhase(Gatherer& g, const Phase& phase, bool* all_ok) {
   for (uint32_t step = 0; step < phase.steps; ++step) {
     for (uint64_t i = 0; i < phase.rows_per_step; ++i) g.rows[i] = g.pick(g.rng);
     engram_gather_request r{.size = sizeof(r),
-                            .table = g.table->layer_id,
+                            .layer = g.table->layer,
                             .flags = 0,
                             .rows = g.rows,
                             .num_rows = phase.rows_per_step,
@@ -197,7 +197,7 @@ bool RunPhase(Gatherer& g, const Phase& phase, bool* all_ok) {
     std::string error;
     const int64_t bad =
         g.verifier.enabled()
-            ? g.verifier.FirstBad(g.table->layer_id, g.rows, phase.rows_per_step, g.out, &error)
+            ? g.verifier.FirstBad(g.table->layer, g.rows, phase.rows_per_step, g.out, &error)
             : -1;
     if (bad >= 0) {
       fprintf(stderr,
@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
       std::mt19937_64(opts.rng_seed),
       std::uniform_int_distribution<uint64_t>(chosen->covered_begin, chosen->covered_end - 1),
       *verifier};
-  printf("gathering from layer %u (row ids uniform over the served range; %s)\n", chosen->layer_id,
+  printf("gathering from layer %u (row ids uniform over the served range; %s)\n", chosen->layer,
          verifier->enabled() ? "every byte checked" : "bytes not checked");
   bool all_ok = true;
   for (const Phase& phase : {Phase{"decode", opts.decode_rows, opts.decode_steps},
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
     if (!RunPhase(g, phase, &all_ok)) return 1;
   }
   PrintSessionStats(s);
-  engram_close(s);
+  engram_session_close(s);
   if (verifier->enabled()) printf("verification: %s\n", all_ok ? "every row matched" : "FAILED");
   return all_ok ? 0 : 2;
 }

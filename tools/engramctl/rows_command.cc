@@ -39,7 +39,7 @@ std::optional<int> GatherRows(const RowsOptions& o, engram_session** ret_session
   options.data_bytes = ((row_bytes + o.rows.size() * 8 + 8191) / 4096 + 1) * 4096;
   options.slots = 1;
   engram_session* session = nullptr;
-  if (int rc = engram_connect(&options, &session); rc != 0) {
+  if (int rc = engram_session_open(&options, &session); rc != 0) {
     const int code = rc == -ENOENT || rc == -ECONNREFUSED ? kExitNotRunning : kExitUnknown;
     return Report({code, absl::StrFormat("cannot open a session on %s: %s; check `engramctl "
                                          "status --socket %s`",
@@ -54,7 +54,7 @@ std::optional<int> GatherRows(const RowsOptions& o, engram_session** ret_session
     memcpy(ids, o.rows.data(), o.rows.size() * 8);
     engram_gather_request request{};
     request.size = sizeof(request);
-    request.table = o.table;
+    request.layer = o.table;
     // The rows as engramd serves them, and no mapping of a whole table for a few rows.
     request.flags = ENGRAM_GATHER_VIA_DAEMON;
     request.rows = static_cast<const uint64_t*>(ids);
@@ -64,7 +64,7 @@ std::optional<int> GatherRows(const RowsOptions& o, engram_session** ret_session
   }
   if (rc != 0) {
     const std::string why = engram_last_error();
-    engram_close(session);
+    engram_session_close(session);
     return Report({kExitFailed, absl::StrFormat("gathering from layer %u on %s: %s", o.table,
                                                 o.common.socket, why)},
                   o.common.json);
@@ -157,7 +157,7 @@ int RunRows(const RowsOptions& o) {
   } else {
     PrintRows(o, bytes);
   }
-  engram_close(session);
+  engram_session_close(session);
   return result;
 }
 

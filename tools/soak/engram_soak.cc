@@ -84,18 +84,18 @@ struct Client {
     c.socket_path = o.socket.c_str();
     c.client_name = "engram-soak";
     c.data_bytes = uint64_t{o.prefill_rows} * (kRowBytes + 8) + (1 << 20);
-    if (engram_connect(&c, &session) != 0) return false;
+    if (engram_session_open(&c, &session) != 0) return false;
     if (engram_alloc(session, uint64_t{o.prefill_rows} * 8, reinterpret_cast<void**>(&ids)) != 0 ||
         engram_alloc(session, uint64_t{o.prefill_rows} * kRowBytes,
                      reinterpret_cast<void**>(&out)) != 0) {
-      engram_close(session);
+      engram_session_close(session);
       session = nullptr;
       return false;
     }
     return true;
   }
   void Close() {
-    if (session != nullptr) engram_close(session);
+    if (session != nullptr) engram_session_close(session);
     session = nullptr;
   }
 };
@@ -107,7 +107,7 @@ int64_t GatherAndCheck(const Options& o, Shared* shared, Client& c, uint32_t lay
   for (uint32_t i = 0; i < n; ++i) c.ids[i] = Next(rng) % o.rows;
   // Through engramd whatever the tier: the daemon is what the soak loads.
   engram_gather_request r{.size = sizeof(r),
-                          .table = layer,
+                          .layer = layer,
                           .flags = ENGRAM_GATHER_VIA_DAEMON,
                           .rows = c.ids,
                           .num_rows = n,
