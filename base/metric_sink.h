@@ -25,8 +25,8 @@ class MetricSink {
   // Each sample names its family (`name`, `help`); a counter only grows.
   virtual void Gauge(const std::string& name, const std::string& help, const MetricLabels& labels,
                      double value) = 0;
-  virtual void Counter(const std::string& name, const std::string& help,
-                       const MetricLabels& labels, double value) = 0;
+  virtual void Counter(const std::string& name, const std::string& help, const MetricLabels& labels,
+                       double value) = 0;
   // A histogram from log2 nanosecond buckets (bucket i counts [2^i, 2^(i+1)) ns) and the exact
   // total of the observations (`sum_ns`).
   virtual void Log2Histogram(const std::string& name, const std::string& help,

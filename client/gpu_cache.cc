@@ -18,10 +18,12 @@ static_assert(offsetof(engram_gpu_cache_hit, slot) == offsetof(engram_cache_touc
 
 extern "C" {
 
-ENGRAM_API int engram_table_map_gpu_cache(const engram_table_map* map, const engram_gpu_registration* reg,
-                         struct engram_gpu_row_cache* ret_cache) {
+ENGRAM_API int engram_table_map_gpu_cache(const engram_table_map* map,
+                                          const engram_gpu_registration* reg,
+                                          struct engram_gpu_row_cache* ret_cache) {
   if (map == nullptr || reg == nullptr || ret_cache == nullptr) {
-    return SetError(-EINVAL, "engram_table_map_gpu_cache needs a map, a registration and ret_cache");
+    return SetError(-EINVAL,
+                    "engram_table_map_gpu_cache needs a map, a registration and ret_cache");
   }
   if (int rc = engram::client::CheckOutput("engram_table_map_gpu_cache", ret_cache,
                                            sizeof(engram_gpu_row_cache));
@@ -68,8 +70,8 @@ ENGRAM_API int engram_table_map_gpu_cache(const engram_table_map* map, const eng
 }
 
 ENGRAM_API int engram_table_map_report_hits(const engram_table_map* map, uint64_t hit_rows,
-                                 uint64_t all_hit_gathers, const struct engram_gpu_cache_hit* hits,
-                                 size_t n) {
+                                            uint64_t all_hit_gathers,
+                                            const struct engram_gpu_cache_hit* hits, size_t n) {
   if (map == nullptr || (n != 0 && hits == nullptr)) {
     return SetError(-EINVAL, "engram_table_map_report_hits needs a map, and hits for %zu hits", n);
   }

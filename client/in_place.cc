@@ -124,8 +124,7 @@ int GatherCachedInPlace(engram_session* s, const engram::client::InPlaceTable& t
   const uint64_t misses = copy.miss_rows.size();
   // The misses' ids and offsets go into the data region, where the daemon reads requests.
   uint8_t* scratch = nullptr;
-  if (misses != 0 &&
-      engram_alloc(s, misses * 16, reinterpret_cast<void**>(&scratch)) < 0) {
+  if (misses != 0 && engram_alloc(s, misses * 16, reinterpret_cast<void**>(&scratch)) < 0) {
     // No room for them: the daemon gathers the whole request (the hits again too).
     uint64_t ticket;
     if (int rc = Push(s, sqe, &ticket); rc < 0) return rc;

@@ -310,9 +310,8 @@ int InPlaceFromEnvironment(bool* ret_in_place) {
   } else if (strcmp(value, "0") == 0) {
     *ret_in_place = false;
   } else {
-    return SetError(-EINVAL,
-                    "ENGRAM_IN_PLACE is \"%.64s\": expected 0 (gather through engramd) or 1",
-                    value);
+    return SetError(
+        -EINVAL, "ENGRAM_IN_PLACE is \"%.64s\": expected 0 (gather through engramd) or 1", value);
   }
   return 0;
 }
@@ -356,8 +355,9 @@ int engram_session_open(const struct engram_connect_options* options,
   if (int rc = InPlaceFromEnvironment(&in_place_env); rc < 0) return rc;
   const int64_t timeout_ns = o.timeout_ns > 0 ? o.timeout_ns : kDefaultTimeoutNs;
   auto s = std::make_unique<engram_session>();
-  s->gather_in_place = in_place_env && (o.flags & (ENGRAM_CONNECT_GATHER_VIA_DAEMON |
-                                                   ENGRAM_CONNECT_DEVICE_SUBMIT)) == 0;
+  s->gather_in_place =
+      in_place_env &&
+      (o.flags & (ENGRAM_CONNECT_GATHER_VIA_DAEMON | ENGRAM_CONNECT_DEVICE_SUBMIT)) == 0;
   sockaddr_un addr;
   if (int rc = SocketAddress(o.socket_path, &addr, &s->socket_path); rc < 0) return rc;
   s->spin_ns = o.spin_ns != 0 ? o.spin_ns : kDefaultSpinNs;

@@ -41,9 +41,9 @@ int engram_get_session_stats(engram_session* s, struct engram_session_stats* ret
   struct engram_session_stats out {};
   out.size = sizeof(out);
   out.session_id = m.stats.session_id;
-#define ENGRAM_STATS_COPY_(field, origin, type, metric, help)          \
-  ENGRAM_SESSION_ON_WIRE_##origin(out.field = m.stats.field;)         \
-  ENGRAM_SESSION_LIBRARY_##origin(out.field = s->counters.field.load();)
+#define ENGRAM_STATS_COPY_(field, origin, type, metric, help) \
+  ENGRAM_SESSION_ON_WIRE_##origin(out.field = m.stats.field;) \
+      ENGRAM_SESSION_LIBRARY_##origin(out.field = s->counters.field.load();)
   ENGRAM_SESSION_COUNTERS(ENGRAM_STATS_COPY_)
 #undef ENGRAM_STATS_COPY_
   return WriteStruct("engram_session_stats", out, ret_stats);
@@ -68,15 +68,15 @@ int engram_session_stats_field(size_t index, const char** ret_name, const char**
 #undef ENGRAM_STATS_NAME_
   };
   constexpr size_t kCount = sizeof(kFields) / sizeof(kFields[0]);
-  static_assert(sizeof(struct engram_session_stats) == sizeof(size_t) + kCount * 8 ||
-                    sizeof(size_t) != 8,
-                "one uint64_t of engram_session_stats per field named here");
+  static_assert(
+      sizeof(struct engram_session_stats) == sizeof(size_t) + kCount * 8 || sizeof(size_t) != 8,
+      "one uint64_t of engram_session_stats per field named here");
   if (ret_name == nullptr || ret_help == nullptr) {
     return SetError(-EINVAL, "engram_session_stats_field needs ret_name and ret_help");
   }
   if (index >= kCount) {
-    return SetError(-ERANGE, "engram_session_stats has %zu fields after size; no field %zu",
-                    kCount, index);
+    return SetError(-ERANGE, "engram_session_stats has %zu fields after size; no field %zu", kCount,
+                    index);
   }
   *ret_name = kFields[index].name;
   *ret_help = kFields[index].help;

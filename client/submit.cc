@@ -190,8 +190,8 @@ int engram_prefetch(engram_session* s, uint32_t layer, const uint64_t* rows, uin
   uint64_t offset = 0;
   // Ids that already lie in the data region go as they are; others are copied there, a chunk
   // at a time, into one buffer this call holds.
-  const bool in_data = num_rows <= s->data_bytes / 8 && InData(s, rows, num_rows * 8, &offset) &&
-                       offset % 8 == 0;
+  const bool in_data =
+      num_rows <= s->data_bytes / 8 && InData(s, rows, num_rows * 8, &offset) && offset % 8 == 0;
   uint64_t* staging = nullptr;
   if (!in_data && num_rows != 0) {
     const uint64_t chunk = std::min<uint64_t>(num_rows, ENGRAM_PREFETCH_MAX_ROWS);

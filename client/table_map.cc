@@ -6,18 +6,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <algorithm>
 #include <mutex>
 #include <new>
 #include <string>
 
-#include "client/abi_struct.h"
-#include "client/last_error.h"
 #include "base/prefetch.h"
 #include "base/unique_fd.h"
+#include "client/abi_struct.h"
+#include "client/last_error.h"
 
 namespace engram::client {
 
@@ -252,9 +252,9 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
   map->touch = touch;
   map->touch_bytes = touch_bytes;
   auto* touch_base = reinterpret_cast<uint8_t*>(touch);
-  map->touch_counters = reinterpret_cast<engram_cache_touch_counters*>(
-                            touch_base + touch->counters_offset) +
-                        t.state_index;
+  map->touch_counters =
+      reinterpret_cast<engram_cache_touch_counters*>(touch_base + touch->counters_offset) +
+      t.state_index;
   map->touch_ring = reinterpret_cast<engram_cache_touch_entry*>(touch_base + touch->ring_offset);
   *ret_map = map;
   return 0;
@@ -262,8 +262,9 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& t,
 
 int MapError(const engram_table_map& map) {
   if (MapUsable(map)) return 0;
-  const uint32_t alive = std::atomic_ref<uint32_t>(
-      const_cast<uint32_t&>(map.state_page->daemon_alive)).load(std::memory_order_acquire);
+  const uint32_t alive =
+      std::atomic_ref<uint32_t>(const_cast<uint32_t&>(map.state_page->daemon_alive))
+          .load(std::memory_order_acquire);
   if ((alive & ENGRAM_DAEMON_TID_MASK) == 0 || (alive & ENGRAM_DAEMON_OWNER_DIED) != 0) {
     return SetError(-ENOTCONN,
                     "engramd, which served layer %u's resident table, is gone (it stopped or "
@@ -305,8 +306,7 @@ void CopyRows(const engram_table_map& map, const uint64_t* rows, uint64_t n, uin
 
 }  // namespace
 
-int CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request,
-                uint8_t* data) {
+int CopyInPlace(const InPlaceTable& table, const protocol::DecodedRequest& request, uint8_t* data) {
   if (!MapUsable(*table.map)) return MapError(*table.map);
   CopyRows(*table.map, request.rows.data(), request.rows.size(), data + request.dest_offset,
            request.dest_offsets.empty() ? nullptr : request.dest_offsets.data());
@@ -343,9 +343,8 @@ int CopyCached(const InPlaceTable& table, const protocol::DecodedRequest& reques
     }
     ++ret_copy->hits;
     if (freq < 3) {
-      ret_copy->touches.push_back({.key = RowCacheKey(layer, rows[i]),
-                                   .slot = static_cast<uint32_t>(slot),
-                                   .reserved = 0});
+      ret_copy->touches.push_back(
+          {.key = RowCacheKey(layer, rows[i]), .slot = static_cast<uint32_t>(slot), .reserved = 0});
     }
   }
   // Rows read while the table was withdrawn or the daemon died are not handed over as good.

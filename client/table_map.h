@@ -64,8 +64,9 @@ int MapRowCache(int cache_fd, int state_fd, int touch_fd, const MappedTable& tab
 // then reads cannot move before them. Call it before and after reading rows
 // (MapUsableAfterRead for the second: it orders the rows' loads before its own).
 inline bool MapUsable(const engram_table_map& map) {
-  const uint32_t alive = std::atomic_ref<uint32_t>(
-      const_cast<uint32_t&>(map.state_page->daemon_alive)).load(std::memory_order_acquire);
+  const uint32_t alive =
+      std::atomic_ref<uint32_t>(const_cast<uint32_t&>(map.state_page->daemon_alive))
+          .load(std::memory_order_acquire);
   const uint32_t state = std::atomic_ref<uint32_t>(const_cast<uint32_t&>(*map.table_state))
                              .load(std::memory_order_acquire);
   return (alive & ENGRAM_DAEMON_TID_MASK) != 0 && (alive & ENGRAM_DAEMON_OWNER_DIED) == 0 &&

@@ -1,8 +1,9 @@
 // What this build of the library is, for callers without its headers: its release
 // (engram_version, engram/version.h), the protocol it speaks and the size of a row.
+#include "engram/version.h"
+
 #include "engram/engram.h"
 #include "engram/protocol.h"
-#include "engram/version.h"
 
 extern "C" {
 

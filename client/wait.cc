@@ -156,8 +156,8 @@ int WaitFor(engram_session* s, uint64_t ticket, int64_t timeout_ns, uint64_t* re
       spin_from = SignedNowNs();
       spin_ns = std::max<int64_t>(spin_ns, 2 * kNapMarginNs);
     } else {
-      spin_ns = std::max<int64_t>(
-          spin_ns, std::min<int64_t>(kAdaptiveSpinMaxNs, predicted * 5 / 4));
+      spin_ns =
+          std::max<int64_t>(spin_ns, std::min<int64_t>(kAdaptiveSpinMaxNs, predicted * 5 / 4));
     }
   }
   const int64_t spin_until = spin_from + std::min<int64_t>(spin_ns, deadline - spin_from);

@@ -30,32 +30,31 @@
     "Workers batches were allowed as helpers (the wake-up tree stops once a batch is done)")
 
 // Counted by the reader passes on each thread and added to the table's totals once per batch.
-#define ENGRAM_GATHER_READER_COUNTERS(X)                                                      \
-  X(read_calls, "read_calls", "engram_gather_read_calls_total", "Reads issued after merging") \
-  X(syscalls, "syscalls", "engram_gather_syscalls_total",                                     \
-    "preadv2, pread and io_uring_enter calls")                                                \
-  X(partial_reads, "partial_reads", "engram_gather_partial_reads_total",                      \
-    "Reads that came back short and were resumed")                                            \
-  X(nowait_zero, "nowait_zero", "engram_gather_nowait_zero_total",                            \
-    "RWF_NOWAIT reads that returned 0 before the end of the file (treated as misses)")        \
-  X(eintr_retries, "eintr_retries", "engram_gather_eintr_retries_total",                      \
-    "Reads retried after EINTR")                                                              \
-  X(uring_reads, "uring_reads", "engram_gather_uring_reads_total",                            \
-    "Residue reads through io_uring")                                                         \
-  X(pool_reads, "pool_reads", "engram_gather_pool_reads_total",                               \
-    "Residue reads through the blocking pool")                                                \
-  X(direct_reads, "direct_reads", "engram_gather_direct_reads_total", "O_DIRECT reads")       \
-  X(fixed_reads, "fixed_reads", "engram_gather_fixed_reads_total",                            \
-    "O_DIRECT reads into registered buffers")                                                 \
-  X(ring_failures, "ring_failures", "engram_gather_ring_failures_total",                      \
-    "io_uring_enter failures survived by draining and replacing the ring")                    \
-  X(ring_resets, "ring_resets", "engram_gather_ring_resets_total",                            \
-    "io_uring rings replaced after a failure")                                                \
-  X(bytes_read, "bytes_read", "engram_gather_read_bytes_total",                              \
-    "Bytes read from the table files")                                                        \
-  X(emulated_reads, "emulated_reads", "engram_gather_emulated_reads_total",                   \
-    "O_DIRECT reads paced by the emulated device (benchmarking only)")                        \
-  X(emulated_holds, "emulated_holds", "engram_gather_emulated_holds_total",                   \
+#define ENGRAM_GATHER_READER_COUNTERS(X)                                                           \
+  X(read_calls, "read_calls", "engram_gather_read_calls_total", "Reads issued after merging")      \
+  X(syscalls, "syscalls", "engram_gather_syscalls_total",                                          \
+    "preadv2, pread and io_uring_enter calls")                                                     \
+  X(partial_reads, "partial_reads", "engram_gather_partial_reads_total",                           \
+    "Reads that came back short and were resumed")                                                 \
+  X(nowait_zero, "nowait_zero", "engram_gather_nowait_zero_total",                                 \
+    "RWF_NOWAIT reads that returned 0 before the end of the file (treated as misses)")             \
+  X(eintr_retries, "eintr_retries", "engram_gather_eintr_retries_total",                           \
+    "Reads retried after EINTR")                                                                   \
+  X(uring_reads, "uring_reads", "engram_gather_uring_reads_total",                                 \
+    "Residue reads through io_uring")                                                              \
+  X(pool_reads, "pool_reads", "engram_gather_pool_reads_total",                                    \
+    "Residue reads through the blocking pool")                                                     \
+  X(direct_reads, "direct_reads", "engram_gather_direct_reads_total", "O_DIRECT reads")            \
+  X(fixed_reads, "fixed_reads", "engram_gather_fixed_reads_total",                                 \
+    "O_DIRECT reads into registered buffers")                                                      \
+  X(ring_failures, "ring_failures", "engram_gather_ring_failures_total",                           \
+    "io_uring_enter failures survived by draining and replacing the ring")                         \
+  X(ring_resets, "ring_resets", "engram_gather_ring_resets_total",                                 \
+    "io_uring rings replaced after a failure")                                                     \
+  X(bytes_read, "bytes_read", "engram_gather_read_bytes_total", "Bytes read from the table files") \
+  X(emulated_reads, "emulated_reads", "engram_gather_emulated_reads_total",                        \
+    "O_DIRECT reads paced by the emulated device (benchmarking only)")                             \
+  X(emulated_holds, "emulated_holds", "engram_gather_emulated_holds_total",                        \
     "Emulated reads the real device answered early, held to their emulated completion")
 
 #define ENGRAM_GATHER_COUNTERS(X) \

@@ -19,10 +19,10 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "gather/gather_planner.h"
 #include "gather/gather_reader.h"
 #include "gather/thread_pool.h"
-#include "base/clock.h"
 
 namespace engram {
 

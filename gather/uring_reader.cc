@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "gather/gather_reader.h"
 #include "base/clock.h"
+#include "gather/gather_reader.h"
 
 namespace engram {
 

@@ -94,8 +94,7 @@ __device__ __forceinline__ LaneSlot ReadSlot(const uint8_t* slot, uint32_t lane)
   const uint8_t* extra = lane == 0   ? slot + kRowCacheSlotCheckOffset
                          : lane == 1 ? row + ENGRAM_ROW_VALUES
                                      : slot;
-  return {LoadWord64(row + lane * kValuesPerThread),
-          lane < 3 ? LoadWord64(extra) : 0};
+  return {LoadWord64(row + lane * kValuesPerThread), lane < 3 ? LoadWord64(extra) : 0};
 }
 
 // Probe positions one lookup reads at once: 16 buckets, 64 bytes. A chain longer than that (rare
@@ -125,23 +124,19 @@ __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key,
   const uint32_t b = window ? LoadWord32(c.buckets + 4 * ((home + lane) & c.bucket_mask)) : 1;
   const uint32_t empty = GroupBallot(window && b == 0);
   const uint32_t live = (empty == 0 ? (1u << kProbeLanes) : (empty & (0u - empty))) - 1u;
-  const bool probe = ((live >> lane) & 1u) != 0 && b != 0 && b <= c.max_slots &&
-                     !Guarded(c, b - 1);
+  const bool probe = ((live >> lane) & 1u) != 0 && b != 0 && b <= c.max_slots && !Guarded(c, b - 1);
   const uint32_t candidates = GroupBallot(probe);
   if (candidates == 0) return false;
   uint32_t at = __ffs(candidates) - 1;
   const uint8_t* mine = c.slots + uint64_t(probe ? b - 1 : 0) * c.slot_bytes;
-  LaneSlot read = ReadSlot(c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) *
-                                         c.slot_bytes,
-                           lane);
-  const uint32_t matches =
-      GroupBallot(probe && LoadWord64(mine + kRowCacheSlotKeyOffset) == key);
+  LaneSlot read = ReadSlot(
+      c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) * c.slot_bytes, lane);
+  const uint32_t matches = GroupBallot(probe && LoadWord64(mine + kRowCacheSlotKeyOffset) == key);
   if (matches == 0) return false;
   if ((matches & (1u << at)) == 0) {  // a later candidate holds the key: read its slot instead
     at = __ffs(matches) - 1;
-    read = ReadSlot(c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) *
-                                  c.slot_bytes,
-                    lane);
+    read = ReadSlot(
+        c.slots + uint64_t(static_cast<uint32_t>(GroupShfl64(b, at)) - 1) * c.slot_bytes, lane);
   }
   // The check of the key looked up and the 33 row words read: lane i mixes value word i, lane 0
   // the key too, lane 1 the scale word; the warp XORs the terms together.
@@ -162,8 +157,7 @@ __device__ __forceinline__ bool CacheFind(const DeviceRowCache& c, uint64_t key,
 // out, or the slot listed as a miss, or NaN for a bad id.
 __device__ __forceinline__ void CacheGatherSlot(const DeviceRowCache& c, uint64_t id, uint32_t s,
                                                 uint32_t lane, uint16_t* out_slot,
-                                                const DeviceMisses& m,
-                                                uint32_t* bad_index_count) {
+                                                const DeviceMisses& m, uint32_t* bad_index_count) {
   if (id < c.covered_begin || id >= c.covered_end || id >= (uint64_t{1} << kRowCacheRowBits)) {
     DequantSlot(nullptr, false, lane, out_slot, bad_index_count);
     return;

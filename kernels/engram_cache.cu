@@ -21,8 +21,7 @@ constexpr uint32_t kMaxBlocks = 1u << 20;
 
 __global__ void __launch_bounds__(kBlockThreads)
     CacheLookupKernel(DeviceRowCache cache, const uint64_t* row_ids, uint64_t slots,
-                      uint16_t* __restrict__ out, DeviceMisses misses,
-                      uint32_t* bad_index_count) {
+                      uint16_t* __restrict__ out, DeviceMisses misses, uint32_t* bad_index_count) {
   const uint32_t lane = threadIdx.x % kThreadsPerSlot;
   const uint64_t first = uint64_t{blockIdx.x} * kSlotsPerBlock + threadIdx.x / kThreadsPerSlot;
   const uint64_t stride = uint64_t{gridDim.x} * kSlotsPerBlock;
@@ -51,8 +50,8 @@ int ReadRowCache(const char* what, const engram_gpu_row_cache* theirs, DeviceRow
   }
   const auto* base = static_cast<const uint8_t*>(c.cache);
   *ret = {base + c.buckets_offset, base + c.slots_offset, c.covered_begin, c.covered_end,
-          c.bucket_count - 1, c.max_slots, c.slot_bytes, c.layer, c.slots_offset,
-          c.guard_page_bytes};
+          c.bucket_count - 1,      c.max_slots,           c.slot_bytes,    c.layer,
+          c.slots_offset,          c.guard_page_bytes};
   return 0;
 }
 
@@ -113,8 +112,8 @@ int engram_dequant_cache_gather(const struct engram_gpu_row_cache* cache, const 
   if (int rc = ReadMisses(kWhat, misses, &m); rc < 0) return rc;
   const uint64_t slots = uint64_t{tokens} * heads;
   if (slots > 0 && (row_ids == nullptr || out == nullptr)) {
-    return Fail(EINVAL, "%s: row_ids (%p) and out (%p) must be set for %u tokens x %u heads",
-                kWhat, static_cast<const void*>(row_ids), out, tokens, heads);
+    return Fail(EINVAL, "%s: row_ids (%p) and out (%p) must be set for %u tokens x %u heads", kWhat,
+                static_cast<const void*>(row_ids), out, tokens, heads);
   }
   if (reinterpret_cast<uintptr_t>(out) % 16 != 0 || slots > uint64_t{UINT32_MAX}) {
     return Fail(EINVAL, "%s: out %p must be 16-byte aligned and %u x %u slots at most 2^32 - 1",

@@ -268,14 +268,16 @@ int engram_dequant_gather(const void* table, uint64_t row_begin, uint64_t num_ro
                           uint32_t* bad_index_count, uintptr_t stream) {
   const uint64_t slots = uint64_t{tokens} * heads;
   if (slots > 0 && (table == nullptr || row_ids == nullptr || out == nullptr)) {
-    return Fail(EINVAL, "engram_dequant_gather: table (%p), row_ids (%p) and out (%p) must be "
-                "set for %u tokens x %u heads", table, static_cast<const void*>(row_ids), out,
-                tokens, heads);
+    return Fail(EINVAL,
+                "engram_dequant_gather: table (%p), row_ids (%p) and out (%p) must be "
+                "set for %u tokens x %u heads",
+                table, static_cast<const void*>(row_ids), out, tokens, heads);
   }
-  if (reinterpret_cast<uintptr_t>(table) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(out) % 16 != 0) {
-    return Fail(EINVAL, "engram_dequant_gather: table %p must be 8-byte and out %p 16-byte "
-                "aligned", table, out);
+  if (reinterpret_cast<uintptr_t>(table) % 8 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+    return Fail(EINVAL,
+                "engram_dequant_gather: table %p must be 8-byte and out %p 16-byte "
+                "aligned",
+                table, out);
   }
   if (slots == 0) return 0;
   if (int rc = EnsureKernelsLoaded(); rc != 0) return rc;

@@ -192,9 +192,8 @@ __device__ __forceinline__ uint32_t MissPieces(uint32_t misses, uint32_t piece_r
 // published as pieces of the layer's gather, row ids from rows_offset, rows to dest_offset of
 // the data region. No miss: nothing. One thread, as SubmitKernel.
 __global__ void SubmitMissesKernel(DeviceRing ring, QueueState* state, uint32_t table,
-                                   uint64_t rows_offset, uint64_t dest_offset,
-                                   uint32_t piece_rows, const uint32_t* count,
-                                   volatile int32_t* error) {
+                                   uint64_t rows_offset, uint64_t dest_offset, uint32_t piece_rows,
+                                   const uint32_t* count, volatile int32_t* error) {
   ENGRAM_GPU_AWAIT_PRIOR_GRID();
   if (*error != 0) return;
   const uint32_t misses = *count;
@@ -238,8 +237,8 @@ __global__ void __launch_bounds__(kFusedThreads)
   ENGRAM_GPU_AWAIT_PRIOR_GRID();
   if (state->misses_ok == 0) return;  // a failed or skipped step: its misses are not written
   const uint32_t lane = threadIdx.x % engram::kernels::kThreadsPerSlot;
-  const uint64_t miss = uint64_t{blockIdx.x} * kFusedSlotsPerBlock +
-                        threadIdx.x / engram::kernels::kThreadsPerSlot;
+  const uint64_t miss =
+      uint64_t{blockIdx.x} * kFusedSlotsPerBlock + threadIdx.x / engram::kernels::kThreadsPerSlot;
   if (miss >= *count) return;
   engram::kernels::DequantSlot(rows + miss * ENGRAM_ROW_BYTES, false, lane,
                                out + uint64_t{slots[miss]} * ENGRAM_ROW_VALUES, nullptr);
@@ -293,8 +292,7 @@ __device__ void PollPieces(const DeviceRing& ring, QueueState* state, uint32_t p
 // status slot every 50 us) held up the link for ~70 us each time. A decode step's grid is
 // resident at once and blocks are dispatched in index order, so block 0's poll is running; if
 // it were not, every block would still give up at the deadline.
-__device__ bool AwaitPiece(QueueState* state, uint32_t piece, uint64_t step,
-                           uint64_t timeout_ns) {
+__device__ bool AwaitPiece(QueueState* state, uint32_t piece, uint64_t step, uint64_t timeout_ns) {
   const uint64_t expected = Ticket(step, piece);
   const uint64_t start = ENGRAM_GPU_NOW_NS();
   const volatile uint64_t* ready = &state->ready[piece];
@@ -523,8 +521,8 @@ int MissOffsets(const engram_gpu_queue& q, const uint64_t* rows, const void* des
     return Fail(EINVAL,
                 "%s: misses.rows (%p, %llu ids) and miss_dest (%p, %llu rows) must be 8-byte "
                 "aligned device addresses inside the session's registered data region",
-                what, static_cast<const void*>(rows), static_cast<unsigned long long>(slots),
-                dest, static_cast<unsigned long long>(slots));
+                what, static_cast<const void*>(rows), static_cast<unsigned long long>(slots), dest,
+                static_cast<unsigned long long>(slots));
   }
   *ret_rows = static_cast<uint64_t>(r - data);
   *ret_dest = static_cast<uint64_t>(d - data);
@@ -734,20 +732,20 @@ int engram_gpu_queue_cache_gather(engram_gpu_queue* queue, const struct engram_g
     return rc;
   }
   const uint32_t max_pieces = std::min(kMaxRequests, queue->ring.slots);
-  uint64_t piece_rows = std::max<uint64_t>(ENGRAM_GPU_PIECE_ROWS_DEFAULT,
-                                           (slots + max_pieces - 1) / max_pieces);
+  uint64_t piece_rows =
+      std::max<uint64_t>(ENGRAM_GPU_PIECE_ROWS_DEFAULT, (slots + max_pieces - 1) / max_pieces);
   piece_rows = (piece_rows + kPieceRowsMultiple - 1) / kPieceRowsMultiple * kPieceRowsMultiple;
   if (int rc = EnsureCacheKernels(); rc < 0) return rc;
   auto s = reinterpret_cast<gpuStream_t>(stream);
   auto* o = static_cast<uint16_t*>(out);
-  if (int rc = engram::kernels::LaunchCacheLookup(kWhat, c, row_ids, slots, o, m,
-                                                  bad_index_count, s);
+  if (int rc =
+          engram::kernels::LaunchCacheLookup(kWhat, c, row_ids, slots, o, m, bad_index_count, s);
       rc < 0) {
     return rc;
   }
   const auto pieces = static_cast<uint32_t>(piece_rows);
-  gpuError_t st = LaunchAfterPrior(false, SubmitMissesKernel, 1, 1, 0, s, queue->ring,
-                                   queue->state, c.layer, rows_offset, dest_offset, pieces,
+  gpuError_t st = LaunchAfterPrior(false, SubmitMissesKernel, 1, 1, 0, s, queue->ring, queue->state,
+                                   c.layer, rows_offset, dest_offset, pieces,
                                    static_cast<const uint32_t*>(m.count), queue->error_device);
   if (st == gpuSuccess) {
     st = LaunchAfterPrior(false, WaitMissesKernel, 1, 1, 0, s, queue->ring, queue->state,
@@ -755,7 +753,8 @@ int engram_gpu_queue_cache_gather(engram_gpu_queue* queue, const struct engram_g
                           queue->error_device);
   }
   if (st == gpuSuccess) {
-    const auto blocks = static_cast<unsigned>((slots + kFusedSlotsPerBlock - 1) / kFusedSlotsPerBlock);
+    const auto blocks =
+        static_cast<unsigned>((slots + kFusedSlotsPerBlock - 1) / kFusedSlotsPerBlock);
     st = LaunchAfterPrior(true, ScatterMissesKernel, blocks, kFusedThreads, 0, s,
                           static_cast<const QueueState*>(queue->state),
                           queue->device_data + dest_offset, static_cast<const uint32_t*>(m.slots),

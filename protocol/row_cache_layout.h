@@ -92,11 +92,11 @@ namespace engram {
 struct RowCacheHeader {
   uint64_t magic;
   uint32_t version;
-  uint32_t header_bytes;  // sizeof(RowCacheHeader)
-  uint32_t slot_bytes;    // sizeof(RowCacheSlot)
-  uint32_t max_slots;     // slots the region has room for
-  uint32_t bucket_count;  // a power of two, >= 2 * max_slots
-  uint32_t flags;         // kRowCacheFlag*: what the writer guarantees its readers
+  uint32_t header_bytes;    // sizeof(RowCacheHeader)
+  uint32_t slot_bytes;      // sizeof(RowCacheSlot)
+  uint32_t max_slots;       // slots the region has room for
+  uint32_t bucket_count;    // a power of two, >= 2 * max_slots
+  uint32_t flags;           // kRowCacheFlag*: what the writer guarantees its readers
   uint64_t buckets_offset;  // from the start of the region
   uint64_t slots_offset;
   std::atomic<uint32_t> capacity_slots;  // slots in use by the policy now (shrinks and grows)
@@ -124,9 +124,9 @@ struct alignas(32) RowCacheSlot {
   // clears it and is counted as a prefetch used. Only the daemon reads and writes it.
   std::atomic<uint8_t> prefetched;
   uint8_t reserved[2];
-  std::atomic<uint64_t> key;  // RowCacheKey, 0 when empty
+  std::atomic<uint64_t> key;                     // RowCacheKey, 0 when empty
   std::atomic<uint64_t> row[kRowCacheRowWords];  // the row's ENGRAM_ROW_BYTES bytes
-  std::atomic<uint64_t> check;  // RowCacheCheck(key, row) (kRowCacheFlagRowCheck)
+  std::atomic<uint64_t> check;                   // RowCacheCheck(key, row) (kRowCacheFlagRowCheck)
 };
 static_assert(sizeof(RowCacheSlot) == kRowCacheSlotBytes);
 static_assert(offsetof(RowCacheSlot, seq) == kRowCacheSlotSeqOffset);

@@ -20,46 +20,46 @@
 #pragma once
 
 // RowCache: one for the daemon, shown in status.
-#define ENGRAM_ROW_CACHE_COUNTERS(X)                                                           \
-  X(capacity_slots, "capacity_rows", GAUGE, "engram_cache_capacity_rows",                      \
-    "Rows the row cache may hold now")                                                         \
-  X(max_slots, "max_rows", GAUGE, "engram_cache_max_rows",                                     \
-    "Rows the row cache's region has room for (its configured size)")                          \
-  X(used_slots, "used_rows", GAUGE, "engram_cache_rows", "Rows in the row cache")              \
-  X(bytes, "bytes", GAUGE, "engram_cache_bytes",                                               \
-    "Bytes the row cache accounts for (slots and index)")                                      \
-  X(resident_bytes, "resident_bytes", GAUGE, "engram_cache_resident_bytes",                    \
-    "Bytes of the row cache holding pages")                                                    \
-  X(hits, "hits", COUNTER, "engram_cache_hits_total", "Row cache lookups that hit")            \
-  X(misses, "misses", COUNTER, "engram_cache_misses_total", "Row cache lookups that missed")   \
+#define ENGRAM_ROW_CACHE_COUNTERS(X)                                                             \
+  X(capacity_slots, "capacity_rows", GAUGE, "engram_cache_capacity_rows",                        \
+    "Rows the row cache may hold now")                                                           \
+  X(max_slots, "max_rows", GAUGE, "engram_cache_max_rows",                                       \
+    "Rows the row cache's region has room for (its configured size)")                            \
+  X(used_slots, "used_rows", GAUGE, "engram_cache_rows", "Rows in the row cache")                \
+  X(bytes, "bytes", GAUGE, "engram_cache_bytes",                                                 \
+    "Bytes the row cache accounts for (slots and index)")                                        \
+  X(resident_bytes, "resident_bytes", GAUGE, "engram_cache_resident_bytes",                      \
+    "Bytes of the row cache holding pages")                                                      \
+  X(hits, "hits", COUNTER, "engram_cache_hits_total", "Row cache lookups that hit")              \
+  X(misses, "misses", COUNTER, "engram_cache_misses_total", "Row cache lookups that missed")     \
   X(inserts, "inserts", COUNTER, "engram_cache_inserts_total", "Rows admitted to the row cache") \
-  X(evictions, "evictions", COUNTER, "engram_cache_evictions_total",                           \
-    "Rows evicted from the row cache")                                                         \
-  X(ghost_hits, "ghost_hits", COUNTER, "engram_cache_ghost_hits_total",                        \
-    "Rows admitted straight to the main queue: evicted recently (the ghost queue)")            \
-  X(promotions, "promotions", COUNTER, "engram_cache_promotions_total",                        \
-    "Rows moved from the small queue to the main queue")                                       \
-  X(prefetch_inserts, "prefetch_inserts", COUNTER, "engram_cache_prefetch_inserts_total",      \
-    "Rows admitted by prefetches (counted in inserts too)")                                \
-  X(shrink_skipped_inserts, "shrink_skipped_inserts", COUNTER,                                 \
-    "engram_cache_shrink_skipped_inserts_total",                                               \
+  X(evictions, "evictions", COUNTER, "engram_cache_evictions_total",                             \
+    "Rows evicted from the row cache")                                                           \
+  X(ghost_hits, "ghost_hits", COUNTER, "engram_cache_ghost_hits_total",                          \
+    "Rows admitted straight to the main queue: evicted recently (the ghost queue)")              \
+  X(promotions, "promotions", COUNTER, "engram_cache_promotions_total",                          \
+    "Rows moved from the small queue to the main queue")                                         \
+  X(prefetch_inserts, "prefetch_inserts", COUNTER, "engram_cache_prefetch_inserts_total",        \
+    "Rows admitted by prefetches (counted in inserts too)")                                      \
+  X(shrink_skipped_inserts, "shrink_skipped_inserts", COUNTER,                                   \
+    "engram_cache_shrink_skipped_inserts_total",                                                 \
     "Rows not admitted because a shrink was under way and no slot below the new size was free")
 
 // Per table of the resident or cache tier, shown in stats (RESIDENT ones in tables too).
-#define ENGRAM_STORE_TABLE_COUNTERS(X)                                                         \
-  X(requests, "store_requests", MEMORY, COUNTER, "engram_store_requests_total",                \
-    "Gathers through the row store")                                                           \
-  X(all_hit_requests, "store_all_hit_requests", MEMORY, COUNTER,                               \
-    "engram_store_all_hit_requests_total",                                                     \
-    "Gathers answered wholly from memory (no engine, no I/O)")                                 \
+#define ENGRAM_STORE_TABLE_COUNTERS(X)                                                             \
+  X(requests, "store_requests", MEMORY, COUNTER, "engram_store_requests_total",                    \
+    "Gathers through the row store")                                                               \
+  X(all_hit_requests, "store_all_hit_requests", MEMORY, COUNTER,                                   \
+    "engram_store_all_hit_requests_total",                                                         \
+    "Gathers answered wholly from memory (no engine, no I/O)")                                     \
   X(rows, "store_rows", MEMORY, COUNTER, "engram_store_rows_total", "Rows asked of the row store") \
-  X(hit_rows, "store_hit_rows", MEMORY, COUNTER, "engram_store_hit_rows_total",                \
-    "Rows copied from memory")                                                                 \
-  X(prefetch_used_rows, "prefetch_used_rows", MEMORY, COUNTER, "engram_prefetch_used_rows_total", \
-    "Rows a prefetch admitted to the row cache that a gather then hit (each once)")            \
-  X(resident_rows_loaded, "resident_rows_loaded", RESIDENT, GAUGE, "engram_store_resident_rows", \
-    "Rows of a resident table in memory")                                                      \
-  X(resident_bytes, "resident_memory_bytes", RESIDENT, GAUGE, "engram_store_resident_bytes",   \
+  X(hit_rows, "store_hit_rows", MEMORY, COUNTER, "engram_store_hit_rows_total",                    \
+    "Rows copied from memory")                                                                     \
+  X(prefetch_used_rows, "prefetch_used_rows", MEMORY, COUNTER, "engram_prefetch_used_rows_total",  \
+    "Rows a prefetch admitted to the row cache that a gather then hit (each once)")                \
+  X(resident_rows_loaded, "resident_rows_loaded", RESIDENT, GAUGE, "engram_store_resident_rows",   \
+    "Rows of a resident table in memory")                                                          \
+  X(resident_bytes, "resident_memory_bytes", RESIDENT, GAUGE, "engram_store_resident_bytes",       \
     "Memory of a resident table")
 
 // The miss queue of cache-tier misses (gather/miss_queue.h), per class (decode, prefill,

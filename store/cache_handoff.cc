@@ -6,7 +6,6 @@
 
 #include <cstring>
 
-
 namespace engram {
 namespace {
 

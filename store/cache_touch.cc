@@ -32,7 +32,8 @@ absl::StatusOr<std::shared_ptr<CacheTouchPage>> CacheTouchPage::Create(size_t ta
       (counters_offset + tables * sizeof(engram_cache_touch_counters) + 63) / 64 * 64;
   const uint64_t bytes =
       (ring_offset + uint64_t{ENGRAM_CACHE_TOUCH_ENTRIES} * sizeof(engram_cache_touch_entry) +
-       4095) / 4096 * 4096;
+       4095) /
+      4096 * 4096;
   page->fd_.Reset(memfd_create("engram-cache-touch", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!page->fd_.valid()) return Refused("memfd_create");
   if (ftruncate(page->fd_.get(), static_cast<off_t>(bytes)) != 0) return Refused("ftruncate");

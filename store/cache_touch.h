@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engram/protocol.h"
 #include "base/unique_fd.h"
 #include "base/unique_mapping.h"
+#include "engram/protocol.h"
 
 namespace engram {
 

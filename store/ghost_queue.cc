@@ -22,9 +22,7 @@ T* ZeroedArray(uint64_t n) {
 namespace {
 
 // Ring slots are stored + 1 in 32-bit buckets; the index is at most half full.
-uint64_t RingSize(uint64_t max_keys) {
-  return std::clamp<uint64_t>(max_keys, 1, UINT32_MAX - 1);
-}
+uint64_t RingSize(uint64_t max_keys) { return std::clamp<uint64_t>(max_keys, 1, UINT32_MAX - 1); }
 uint64_t IndexBuckets(uint64_t ring_size) { return std::bit_ceil(2 * ring_size); }
 
 }  // namespace

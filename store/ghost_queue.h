@@ -49,8 +49,8 @@ class GhostQueue {
   void PopOldest();
 
   uint64_t ring_size_ = 0;
-  std::unique_ptr<uint64_t[], Free> ring_;     // keys by position % ring_size_; 0 once taken
-  std::unique_ptr<uint32_t[], Free> index_;    // ring slot + 1 per bucket, 0 when empty
+  std::unique_ptr<uint64_t[], Free> ring_;   // keys by position % ring_size_; 0 once taken
+  std::unique_ptr<uint32_t[], Free> index_;  // ring slot + 1 per bucket, 0 when empty
   uint64_t index_mask_ = 0;
   uint64_t head_ = 0;  // position of the oldest entry (taken entries included)
   uint64_t tail_ = 0;  // position the next key takes

@@ -90,8 +90,8 @@ absl::Status ResidentTable::RecordFiles() {
   for (const TableFile& f : table_.files()) {
     struct stat st;
     if (::fstat(f.fd, &st) != 0) {
-      return absl::InternalError(absl::StrCat(table_.Describe(), ": fstat of ", f.path, ": ",
-                                              std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat(table_.Describe(), ": fstat of ", f.path, ": ", std::strerror(errno)));
     }
     if (!S_ISREG(st.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -129,8 +129,7 @@ absl::Status ResidentTable::CheckFiles(const std::string& when) const {
       return changed(f, absl::StrCat("cannot be fstat'ed: ", std::strerror(errno)));
     }
     if (static_cast<uint64_t>(st.st_size) != id.size) {
-      return changed(f, absl::StrCat("changed size from ", id.size, " to ", st.st_size,
-                                     " bytes"));
+      return changed(f, absl::StrCat("changed size from ", id.size, " to ", st.st_size, " bytes"));
     }
     if (!SameTime(st.st_mtim, id.mtime) || !SameTime(st.st_ctim, id.ctime)) {
       return changed(f, "was written to, or its metadata changed (its mtime or ctime moved)");

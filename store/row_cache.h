@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/unique_fd.h"
 #include "protocol/row_cache_layout.h"
 #include "protocol/row_cache_reader.h"
 #include "protocol/store_counters.h"
@@ -28,7 +29,6 @@
 #include "store/memory_budget.h"
 #include "store/shared_region.h"
 #include "tables/table.h"
-#include "base/unique_fd.h"
 
 namespace engram {
 
@@ -49,10 +49,10 @@ struct RowCacheOptions {
 
 // What RowCache::Adopt kept of a region handed over and what it dropped.
 struct RowCacheAdoption {
-  uint64_t kept = 0;          // rows adopted (before any shrink to the budget)
-  uint64_t torn = 0;          // slots a writer was changing when the region was let go (odd seq)
-  uint64_t not_served = 0;    // rows of a layer not served or outside its rows (keep() false)
-  uint64_t duplicates = 0;    // a second slot holding a key already kept
+  uint64_t kept = 0;            // rows adopted (before any shrink to the budget)
+  uint64_t torn = 0;            // slots a writer was changing when the region was let go (odd seq)
+  uint64_t not_served = 0;      // rows of a layer not served or outside its rows (keep() false)
+  uint64_t duplicates = 0;      // a second slot holding a key already kept
   uint64_t evicted_to_fit = 0;  // rows the shrink to what the budget allows now evicted
 };
 
@@ -211,11 +211,11 @@ class RowCache {
   std::atomic<uint64_t> hits_{0};
   std::atomic<uint64_t> misses_{0};
 
-  std::mutex resize_mu_;   // one SetCapacitySlots at a time; taken before mu_
+  std::mutex resize_mu_;  // one SetCapacitySlots at a time; taken before mu_
   // Inserts waiting for mu_, and inserts that got it (LetWritersIn).
   std::atomic<uint32_t> insert_waiters_{0};
   std::atomic<uint64_t> insert_entries_{0};
-  mutable std::mutex mu_;  // the writer's; everything below
+  mutable std::mutex mu_;   // the writer's; everything below
   bool shrinking_ = false;  // a shrink is between its chunks (capacity_slots() is its target)
   uint64_t shrink_skipped_inserts_ = 0;
   uint64_t reserved_bytes_ = 0;

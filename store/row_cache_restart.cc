@@ -102,8 +102,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   // under options.max_bytes and what the budget has left.
   const uint64_t index_bytes = h->slots_offset + BookkeepingBytes(max_slots);
   if (budget != nullptr) {
-    if (absl::Status s = budget->Reserve(index_bytes, "row cache index and bookkeeping");
-        !s.ok()) {
+    if (absl::Status s = budget->Reserve(index_bytes, "row cache index and bookkeeping"); !s.ok()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("row cache region handed over: its index and bookkeeping (", index_bytes,
                        " bytes) do not fit the memory budget: ", s.message()));

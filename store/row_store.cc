@@ -284,8 +284,8 @@ void RowStore::LoadOne(TableState& ts) {
   absl::Status s = ts.resident->Load(&ts.cancel, [&](uint64_t done, uint64_t total) {
     if (done * 10 < next_report * total && done != total) return;
     next_report = done * 10 / total + 1;
-    notice_(absl::StrFormat("resident %s: %u of %u rows loaded (%.0f%%)", t.Describe(), done,
-                            total, 100.0 * double(done) / double(total)));
+    notice_(absl::StrFormat("resident %s: %u of %u rows loaded (%.0f%%)", t.Describe(), done, total,
+                            100.0 * double(done) / double(total)));
   });
   const std::vector<std::string> notices = ts.resident->notices();
   for (size_t i = notices_before; i < notices.size(); ++i) notice_(notices[i]);

@@ -1,7 +1,7 @@
 // RowStore's part of engramctl's replies and of the Prometheus metrics: tier, store bytes,
 // budget, hit rate and all-hit fraction per table, cache occupancy and evictions.
-#include "store/row_store.h"
 #include "base/escape.h"
+#include "store/row_store.h"
 
 namespace engram {
 namespace {
@@ -28,18 +28,17 @@ struct StoreCounterInfo {
 template <typename Fn>
 void ForEachStoreTableCounter(const TableStoreStats& s, Fn&& fn) {
   if (s.tier == Tier::kStorage) return;
-#define ENGRAM_STORE_TABLE_EACH_(field, json_key, tiers, type, metric, help)                    \
-  if (!ENGRAM_STORE_RESIDENT_ONLY_##tiers || s.tier == Tier::kResident) {                    \
-    fn(StoreCounterInfo{json_key, metric, help, ENGRAM_STORE_GROWS_##type,                   \
-                        ENGRAM_STORE_RESIDENT_ONLY_##tiers},                                 \
-       s.field);                                                                             \
+#define ENGRAM_STORE_TABLE_EACH_(field, json_key, tiers, type, metric, help) \
+  if (!ENGRAM_STORE_RESIDENT_ONLY_##tiers || s.tier == Tier::kResident) {    \
+    fn(StoreCounterInfo{json_key, metric, help, ENGRAM_STORE_GROWS_##type,   \
+                        ENGRAM_STORE_RESIDENT_ONLY_##tiers},                 \
+       s.field);                                                             \
   }
   ENGRAM_STORE_TABLE_COUNTERS(ENGRAM_STORE_TABLE_EACH_)
 #undef ENGRAM_STORE_TABLE_EACH_
 }
 
-void AddSample(const StoreCounterInfo& c, const MetricLabels& labels, double value,
-               MetricSink* e) {
+void AddSample(const StoreCounterInfo& c, const MetricLabels& labels, double value, MetricSink* e) {
   if (c.grows) {
     e->Counter(c.metric, c.help, labels, value);
   } else {
@@ -155,9 +154,8 @@ void RowStore::AddMetrics(MetricSink* e) const {
     e->Gauge("engram_store_table_info", "The tier each table is served from", l, 1);
     if (s.tier == Tier::kStorage) continue;
     const MetricLabels t = {{"table", std::to_string(s.layer_id)}};
-    ForEachStoreTableCounter(s, [&](const StoreCounterInfo& c, uint64_t v) {
-      AddSample(c, t, double(v), e);
-    });
+    ForEachStoreTableCounter(
+        s, [&](const StoreCounterInfo& c, uint64_t v) { AddSample(c, t, double(v), e); });
   }
   if (misses_ != nullptr) {
     const MissQueueStats q = misses_->Stats();

@@ -92,7 +92,7 @@ absl::StatusOr<SharedRegion> SharedRegion::Adopt(const std::string& name, Unique
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": the memfd handed over is write-sealed"));
   }
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
     return absl::InternalError(absl::StrCat(name, ": fstat: ", std::strerror(errno)));
   }
@@ -100,9 +100,9 @@ absl::StatusOr<SharedRegion> SharedRegion::Adopt(const std::string& name, Unique
   // st_blksize is the page size of a hugetlbfs file, PAGE_SIZE for shmem.
   const uint64_t page = st.st_blksize >= 4096 ? static_cast<uint64_t>(st.st_blksize) : 4096;
   if (bytes == 0 || bytes % page != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, ": the memfd handed over has ", bytes, " bytes, not a whole number of ", page,
-        "-byte pages"));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": the memfd handed over has ", bytes,
+                                                   " bytes, not a whole number of ", page,
+                                                   "-byte pages"));
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) {

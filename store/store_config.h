@@ -47,13 +47,13 @@ struct StoreConfig {
   // the page cache's shares: MemoryPlan); the row store gets the remainder. Set by engramd
   // from the plan, not by a setting.
   uint64_t others_bytes = 0;
-  uint64_t cache_bytes = 0;            // [memory] cache: 0 = what the store's share leaves
-  bool pressure = true;                // [memory] pressure: shrink the cache under PSI pressure
-  std::string pressure_file;           // [memory] pressure_file: "" = FindMemoryPressureFile()
+  uint64_t cache_bytes = 0;              // [memory] cache: 0 = what the store's share leaves
+  bool pressure = true;                  // [memory] pressure: shrink the cache under PSI pressure
+  std::string pressure_file;             // [memory] pressure_file: "" = FindMemoryPressureFile()
   uint32_t pressure_interval_ms = 1000;  // [memory] pressure_interval_ms: between two samples
-  bool huge_pages = true;              // [memory] huge_pages: resident tables on hugetlb pages
-  bool load_at_start = true;           // [memory] load_at_start: else `engramctl load` starts it
-  uint64_t load_rate_bytes_per_s = 0;  // [memory] load_rate: bytes/s a load reads; 0 = no limit
+  bool huge_pages = true;                // [memory] huge_pages: resident tables on hugetlb pages
+  bool load_at_start = true;             // [memory] load_at_start: else `engramctl load` starts it
+  uint64_t load_rate_bytes_per_s = 0;    // [memory] load_rate: bytes/s a load reads; 0 = no limit
   // [memory] miss_depth: device reads of cache-tier misses in flight past which prefill and
   // prefetch misses wait (the miss queue, gather/miss_queue.h); about the queue depth at which
   // the device reaches its read rate.

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/file_io.h"
 #include "tables/packed_format.h"
 #include "tables/table_internal.h"
-#include "base/file_io.h"
 
 namespace engram {
 namespace {

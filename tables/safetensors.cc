@@ -8,8 +8,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "tables/table_internal.h"
 #include "nlohmann/json.hpp"
+#include "tables/table_internal.h"
 
 namespace engram {
 namespace {

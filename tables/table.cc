@@ -75,11 +75,12 @@ absl::StatusOr<OpenedFile> OpenTableFile(const std::string& path) {
     return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, " is not a regular file (", S_ISFIFO(st.st_mode)  ? "a FIFO"
-        : S_ISDIR(st.st_mode) ? "a directory"
-                              : "a device or socket",
-        "); table files and checkpoint metadata must be regular files"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a regular file (",
+                     S_ISFIFO(st.st_mode)  ? "a FIFO"
+                     : S_ISDIR(st.st_mode) ? "a directory"
+                                           : "a device or socket",
+                     "); table files and checkpoint metadata must be regular files"));
   }
   if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
     return absl::InternalError(

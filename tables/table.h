@@ -69,12 +69,12 @@ struct TableFile {
 // the rest of each page padding (a paged packed file: no row straddles a page). Either way
 // offsets grow with the row.
 struct RowPart {
-  uint32_t file = 0;          // index into Table::files()
-  uint32_t dest_offset = 0;   // where the bytes go inside the 264-byte row
-  uint32_t bytes = 0;         // 264 (packed) or 256 / 8 (checkpoint)
-  uint64_t base = 0;          // file offset of row `base_row`
-  uint64_t base_row = 0;      // row whose part starts at `base` (0, or the first row of a
-                              // compacted per-rank copy)
+  uint32_t file = 0;           // index into Table::files()
+  uint32_t dest_offset = 0;    // where the bytes go inside the 264-byte row
+  uint32_t bytes = 0;          // 264 (packed) or 256 / 8 (checkpoint)
+  uint64_t base = 0;           // file offset of row `base_row`
+  uint64_t base_row = 0;       // row whose part starts at `base` (0, or the first row of a
+                               // compacted per-rank copy)
   uint32_t rows_per_page = 0;  // 0: back to back; else rows in each page of page_bytes
   uint32_t page_bytes = 0;
   uint64_t FileOffset(uint64_t row) const {

@@ -6,10 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 #include "tables/safetensors.h"
 #include "tables/table.h"
 #include "tables/table_internal.h"
-#include "nlohmann/json.hpp"
 
 namespace engram {
 namespace {

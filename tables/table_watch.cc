@@ -78,15 +78,16 @@ void TableWatch::SetUp(std::vector<std::string>* ret_notes) {
     }
   }
   if (unleased != 0) {
-    ret_notes->push_back(absl::StrCat(
-        "no read lease on ", unleased, " of ", files_.size(), " table file(s) (first: ",
-        lease_error, "); a write to them is noticed by inotify and re-stat, after the fact "
-        "(leases need the files' owner or CAP_LEASE)"));
+    ret_notes->push_back(
+        absl::StrCat("no read lease on ", unleased, " of ", files_.size(),
+                     " table file(s) (first: ", lease_error,
+                     "); a write to them is noticed by inotify and re-stat, after the fact "
+                     "(leases need the files' owner or CAP_LEASE)"));
   }
   inotify_fd_ = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   if (inotify_fd_ < 0) {
-    ret_notes->push_back(absl::StrCat("inotify: ", strerror(errno),
-                                      "; table files are re-checked by stat only"));
+    ret_notes->push_back(
+        absl::StrCat("inotify: ", strerror(errno), "; table files are re-checked by stat only"));
     return;
   }
   for (File& f : files_) {
@@ -170,8 +171,7 @@ void TableWatch::RecheckFile(File& f, std::vector<std::string>* out) {
   struct stat st;
   if (::fstat(f.file->fd, &st) == 0) {
     if (static_cast<uint64_t>(st.st_size) != f.size) {
-      MarkChanged(f, absl::StrCat("changed size from ", f.size, " to ", st.st_size, " bytes"),
-                  out);
+      MarkChanged(f, absl::StrCat("changed size from ", f.size, " to ", st.st_size, " bytes"), out);
       return;
     }
     if (!SameTime(st.st_mtim, f.mtime)) {

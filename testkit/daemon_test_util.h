@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
@@ -22,7 +23,6 @@
 #include <filesystem>
 #include <string>
 #include <thread>
-#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -84,8 +84,8 @@ inline bool SanitizerReported(int wait_status) {
 // async-signal-safe, which ThreadSanitizer reports as a second problem.
 [[noreturn]] inline void ExitForSanitizerReport(const std::string& log_tail) {
   fprintf(stderr, "engramd exited with a sanitizer report (exit status %d)%s\n%s\n",
-          kSanitizerExitStatus, log_tail.empty() ? ": see above" : "; its log ends:",
-          log_tail.c_str());
+          kSanitizerExitStatus,
+          log_tail.empty() ? ": see above" : "; its log ends:", log_tail.c_str());
   std::error_code ignored;
   std::filesystem::remove_all(TestDir(), ignored);
   _exit(kSanitizerExitStatus);
@@ -242,8 +242,8 @@ inline void WarmRows(const Daemon& d, uint32_t layer, const std::vector<uint64_t
   for (size_t at = 0; at < ids.size(); at += batch) {
     const uint64_t n = std::min<uint64_t>(batch, ids.size() - at);
     std::copy_n(ids.begin() + at, n, rows);
-    engram_gather_request r{.size = sizeof(r), .layer = layer, .rows = rows, .num_rows = n,
-                            .dest = dest};
+    engram_gather_request r{
+        .size = sizeof(r), .layer = layer, .rows = rows, .num_rows = n, .dest = dest};
     INFO(engram_last_error());
     for (int twice = 0; twice < 2; ++twice) REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
   }

@@ -19,8 +19,8 @@
 #include "engram/hash.h"
 #include "kernels/dequant_ref.h"
 #include "testkit/daemon_test_util.h"
-#include "testkit/hash_model.h"
 #include "testkit/gpu_test_util.h"
+#include "testkit/hash_model.h"
 
 namespace engram::testing {
 

@@ -20,11 +20,11 @@
     REQUIRE(cuda_status_ == cudaSuccess);                    \
   } while (0)
 
-#define ENGRAM_REQUIRE(call)                                                   \
-  do {                                                                         \
-    const int engram_rc_ = (call);                                             \
+#define ENGRAM_REQUIRE(call)                                           \
+  do {                                                                 \
+    const int engram_rc_ = (call);                                     \
     INFO(#call << " = " << engram_rc_ << ": " << engram_last_error()); \
-    REQUIRE(engram_rc_ == 0);                                                  \
+    REQUIRE(engram_rc_ == 0);                                          \
   } while (0)
 
 namespace engram::testing {

@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "nlohmann/json.hpp"
 #include "base/file_io.h"
+#include "nlohmann/json.hpp"
 
 namespace engram {
 namespace {

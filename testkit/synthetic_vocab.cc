@@ -8,10 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/file_io.h"
 #include "hash/hash_tables.h"
 #include "hash/primes.h"
 #include "nlohmann/json.hpp"
-#include "base/file_io.h"
 
 namespace engram {
 namespace {

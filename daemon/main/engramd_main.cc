@@ -297,9 +297,9 @@ int Serve(const ConfigSources& sources, DaemonSettings* settings,
   std::unique_ptr<RowStore> store;
   if (use_store && !gate.stop_requested()) {
     gate.Step(StoreStep(store_config, tables));
-    auto created = RowStore::Create(store_config, tables, engine->get(),
-                                    [](const std::string& line) { log::Notice("{}", line); },
-                                    &handoff);
+    auto created = RowStore::Create(
+        store_config, tables, engine->get(),
+        [](const std::string& line) { log::Notice("{}", line); }, &handoff);
     if (!created.ok()) return Fail(WithPlan(created.status(), config.memory_plan));
     store = std::move(*created);
   }
@@ -309,8 +309,9 @@ int Serve(const ConfigSources& sources, DaemonSettings* settings,
                 kRowCacheFdName);
     }
   } else if (handoff.fd.valid()) {
-    log::Notice("row cache: discarded the region handed over by the previous engramd: no table "
-                "uses the cache tier now");
+    log::Notice(
+        "row cache: discarded the region handed over by the previous engramd: no table "
+        "uses the cache tier now");
     handoff.fd.Reset();
     notify::Send(absl::StrFormat("FDSTOREREMOVE=1\nFDNAME=%s", kRowCacheFdName));
   }

@@ -62,14 +62,14 @@ struct DaemonSettings {
 // shown through DefaultText().
 struct Setting {
   enum class Kind {
-    kUint32,   // an integer in [min, max]
-    kUint64,   // an integer in [min, max]
-    kBytes,    // a byte size above 0 (uint64_t): an integer or "64M" (K, M, G, T: powers of 1024)
+    kUint32,  // an integer in [min, max]
+    kUint64,  // an integer in [min, max]
+    kBytes,   // a byte size above 0 (uint64_t): an integer or "64M" (K, M, G, T: powers of 1024)
     kBytesOrZero,  // the same, where 0 means "none" or "unbounded"
-    kString,   // text, checked by `check` when set
-    kStrings,  // a list of text; a repeatable flag
-    kIds,      // a list of integers in [min, max]; a repeatable (or comma-separated) flag
-    kBool,     // true or false; the flag, if any, sets the opposite of the default
+    kString,       // text, checked by `check` when set
+    kStrings,      // a list of text; a repeatable flag
+    kIds,          // a list of integers in [min, max]; a repeatable (or comma-separated) flag
+    kBool,         // true or false; the flag, if any, sets the opposite of the default
   };
   // Who takes a changed value at a SIGHUP. kRestart: nobody; the running daemon keeps its value
   // and the SIGHUP names the setting as needing a restart. The others are live: the reload copies

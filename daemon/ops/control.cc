@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/ops/control_commands.h"
-#include "base/escape.h"
-#include "daemon/ops/metrics_text.h"
 #include "base/clock.h"
+#include "base/escape.h"
+#include "daemon/ops/control_commands.h"
+#include "daemon/ops/metrics_text.h"
 #include "protocol/codec.h"
 
 namespace engram {
@@ -92,8 +92,8 @@ void Control::Reply(Session& session, uint32_t request_id, const std::string& te
     out.insert(out.end(), text.begin(), text.end());
   } else if ((memfd = SealedMemfd(text)) < 0) {
     SendError(session,
-              absl::ResourceExhaustedError(absl::StrFormat(
-                  "cannot hand over a %u-byte reply: %s", text.size(), strerror(errno))),
+              absl::ResourceExhaustedError(absl::StrFormat("cannot hand over a %u-byte reply: %s",
+                                                           text.size(), strerror(errno))),
               request_id);
     return;
   }
@@ -129,8 +129,8 @@ void Control::Handle(const std::shared_ptr<Session>& session, const engram_msg_h
     reply = Run(session, header.request_id,
                 std::string(reinterpret_cast<const char*>(body), body_bytes));
   } catch (const std::exception& e) {
-    reply = absl::InternalError(
-        absl::StrFormat("control command failed: %s", EscapeBytes(e.what())));
+    reply =
+        absl::InternalError(absl::StrFormat("control command failed: %s", EscapeBytes(e.what())));
   }
   if (!reply.ok()) {
     Answer(*session, header.request_id, reply.status());
@@ -216,25 +216,25 @@ absl::StatusOr<std::optional<std::string>> Control::Run(const std::shared_ptr<Se
     return out.dump(-1, ' ', false, json::error_handler_t::replace);
   };
   const std::string log_level = RunningLogLevel();
-  CommandContext context{
-      .server = *server_,
-      .session = session,
-      .request = request,
-      .command = command,
-      .version = version_,
-      .log_level = log_level,
-      .watchdog_ns = watchdog_.interval_ns(),
-      .peer_is_administrator = admin,
-      .worker = page_cache_,
-      .reply_later = [this, session, request_id, finish](absl::StatusOr<json> result) {
-        if (!result.ok()) {
-          Answer(*session, request_id, result.status());
-        } else {
-          Answer(*session, request_id, finish(*result));
-        }
-      },
-      .metrics_text = [this] { return MetricsText(); },
-      .running_settings = [this] { return RunningSettings(); }};
+  CommandContext context{.server = *server_,
+                         .session = session,
+                         .request = request,
+                         .command = command,
+                         .version = version_,
+                         .log_level = log_level,
+                         .watchdog_ns = watchdog_.interval_ns(),
+                         .peer_is_administrator = admin,
+                         .worker = page_cache_,
+                         .reply_later =
+                             [this, session, request_id, finish](absl::StatusOr<json> result) {
+                               if (!result.ok()) {
+                                 Answer(*session, request_id, result.status());
+                               } else {
+                                 Answer(*session, request_id, finish(*result));
+                               }
+                             },
+                         .metrics_text = [this] { return MetricsText(); },
+                         .running_settings = [this] { return RunningSettings(); }};
   CommandResult result = spec->run(context);
   if (!result.ok()) return result.status();
   if (!result->has_value()) return std::optional<std::string>();
@@ -318,7 +318,8 @@ void Control::Take(Setting::Applies part) {
       // The server keeps its own configuration; only its live rows' values change in it.
       server_->ApplyLiveSettings([this](ServerConfig* config) {
         for (const Setting& row : Settings()) {
-          if (row.applies == Setting::Applies::kServer) row.CopyServerValue(running_.server, config);
+          if (row.applies == Setting::Applies::kServer)
+            row.CopyServerValue(running_.server, config);
         }
       });
       return;

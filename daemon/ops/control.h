@@ -20,15 +20,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/ops/config_file.h"
 #include "base/log.h"
+#include "daemon/ops/config_file.h"
 #include "daemon/ops/metrics.h"
 #include "daemon/ops/metrics_text.h"
 #include "daemon/ops/page_cache.h"
 #include "daemon/ops/reload.h"
+#include "daemon/ops/watchdog.h"
 #include "daemon/server/control_handler.h"
 #include "daemon/server/server_view.h"
-#include "daemon/ops/watchdog.h"
 #include "engram/protocol.h"
 
 namespace engram {
@@ -89,8 +89,7 @@ class Control final : public ControlHandler {
                                                  uint32_t request_id,
                                                  const std::string& request_text);
   bool PeerIsAdministrator(const Session& session) const;
-  absl::Status Refuse(const Session& session, const std::string& command,
-                      const char* admin_reason);
+  absl::Status Refuse(const Session& session, const std::string& command, const char* admin_reason);
   // Logs a refused request at warning level: once per uid a minute, with the count of the
   // refusals not logged since.
   void LogRefusal(const Session& session, const std::string& command);

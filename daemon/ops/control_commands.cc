@@ -1,6 +1,5 @@
 // The control commands and their dispatch table (control_commands.h).
 #include "daemon/ops/control_commands.h"
-#include "daemon/ops/cgroup_memory.h"
 
 #include <unistd.h>
 
@@ -8,10 +7,11 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/clock.h"
 #include "base/escape.h"
+#include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/metrics_text.h"
 #include "daemon/ops/residency.h"
-#include "base/clock.h"
 #include "store/store_config.h"
 
 namespace engram {
@@ -138,9 +138,7 @@ json EngineStatsJson(const TableGatherStats& s) {
 
 // Who the session is, then every counter the daemon reports of it (Session::ForEachCounter).
 json SessionJson(const Session& session) {
-  json j = {{"session", session.id()},
-            {"pid", session.peer().pid},
-            {"uid", session.peer().uid}};
+  json j = {{"session", session.id()}, {"pid", session.peer().pid}, {"uid", session.peer().uid}};
   session.ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) { j[c.field] = v; });
   SetJsonText(&j, "name", session.name());
   return j;
@@ -170,9 +168,7 @@ CommandResult Clients(CommandContext& c) {
   return json{{"clients", clients}};
 }
 
-CommandResult Metrics(CommandContext& c) {
-  return json{{"text", c.metrics_text()}};
-}
+CommandResult Metrics(CommandContext& c) { return json{{"text", c.metrics_text()}}; }
 
 absl::StatusOr<const Table*> FindTable(CommandContext& c) {
   const json& r = c.request;
@@ -200,12 +196,10 @@ absl::StatusOr<RowRange> RangeOf(CommandContext& c, const Table& t) {
     }
     *field = r[key];
   }
-  if (range.begin >= range.end || range.begin < t.covered().begin ||
-      range.end > t.covered().end) {
+  if (range.begin >= range.end || range.begin < t.covered().begin || range.end > t.covered().end) {
     return absl::OutOfRangeError(
         absl::StrFormat("rows [%u, %u) are not inside the rows %s serves, [%u, %u)", range.begin,
-                        range.end, EscapeBytes(t.Describe()), t.covered().begin,
-                        t.covered().end));
+                        range.end, EscapeBytes(t.Describe()), t.covered().begin, t.covered().end));
   }
   return range;
 }
@@ -309,7 +303,8 @@ CommandResult Load(CommandContext& c) {
   std::string action = "start";
   if (r.contains("action")) {
     if (!r["action"].is_string()) {
-      return absl::InvalidArgumentError("'load' needs \"action\": \"start\", \"cancel\" or \"status\"");
+      return absl::InvalidArgumentError(
+          "'load' needs \"action\": \"start\", \"cancel\" or \"status\"");
     }
     action = r["action"].get<std::string>();
   }
@@ -326,8 +321,10 @@ CommandResult Load(CommandContext& c) {
   }
   absl::StatusOr<ResidentLoadStatus> s = c.server.ResidentLoad((*t)->layer_id(), a);
   if (!s.ok()) return s.status();
-  json out = {{"layer", s->layer},       {"state", LoadStateName(s->state)},
-              {"rows_loaded", s->rows_loaded}, {"rows", s->rows},
+  json out = {{"layer", s->layer},
+              {"state", LoadStateName(s->state)},
+              {"rows_loaded", s->rows_loaded},
+              {"rows", s->rows},
               {"bytes", s->bytes}};
   if (!s->error.empty()) out["error"] = Utf8Text(s->error);
   return out;

@@ -5,11 +5,11 @@
 #include <string_view>
 
 #include "absl/strings/str_format.h"
-#include "daemon/ops/cgroup_memory.h"
+#include "base/clock.h"
 #include "base/escape.h"
+#include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/metrics.h"
 #include "engram/protocol.h"
-#include "base/clock.h"
 
 namespace engram {
 namespace {

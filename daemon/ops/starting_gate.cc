@@ -12,11 +12,11 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "base/clock.h"
 #include "base/escape.h"
 #include "base/log.h"
 #include "daemon/ops/notify.h"
 #include "engram/protocol.h"
-#include "base/clock.h"
 #include "protocol/codec.h"
 
 namespace engram {

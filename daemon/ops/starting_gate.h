@@ -26,9 +26,9 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "base/unique_fd.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/metrics.h"
-#include "base/unique_fd.h"
 
 namespace engram {
 

@@ -4,11 +4,11 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "base/clock.h"
 #include "base/escape.h"
 #include "base/log.h"
 #include "daemon/ops/metrics.h"
 #include "daemon/ops/notify.h"
-#include "base/clock.h"
 
 namespace engram {
 

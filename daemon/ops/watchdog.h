@@ -7,8 +7,8 @@
 #include <functional>
 #include <string>
 
-#include "daemon/ops/config_file.h"
 #include "daemon/ops/cgroup_memory.h"
+#include "daemon/ops/config_file.h"
 #include "daemon/server/server_view.h"
 
 namespace engram {

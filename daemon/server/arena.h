@@ -9,10 +9,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engram/protocol.h"
-#include "protocol/codec.h"
 #include "base/unique_fd.h"
 #include "base/unique_mapping.h"
+#include "engram/protocol.h"
+#include "protocol/codec.h"
 #include "store/memory_budget.h"
 
 namespace engram {

@@ -1,11 +1,10 @@
 // Dispatch: a submission from the poller admitted within its session's limits, decoded and
 // run (inline or on a request thread) or handed to the prefetcher, and finished.
-#include "daemon/server/server.h"
-
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
 #include "base/clock.h"
+#include "daemon/server/server.h"
 
 namespace engram {
 
@@ -32,9 +31,8 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
   // steps behind it.
   RequestPool& pool =
       claimed <= GatherEngineOptions{}.decode_max_rows ? *requests_ : *large_requests_;
-  pool.Post(session->id(), [this, session, sqe, start, claimed] {
-    Execute(session, sqe, start, claimed);
-  });
+  pool.Post(session->id(),
+            [this, session, sqe, start, claimed] { Execute(session, sqe, start, claimed); });
 }
 
 uint64_t Server::RowBudget(Session& session) const {
@@ -49,9 +47,10 @@ bool Server::Admit(Session& session, uint64_t ticket, uint32_t slot, uint64_t ro
                    uint64_t start) {
   std::string why;
   if (session.inflight.load(std::memory_order_relaxed) >= config_.limits.max_inflight) {
-    why = absl::StrFormat("%u requests already in flight on this session, the limit "
-                          "(--max-inflight)",
-                          session.inflight.load());
+    why = absl::StrFormat(
+        "%u requests already in flight on this session, the limit "
+        "(--max-inflight)",
+        session.inflight.load());
   } else if (session.rows_in_flight.load(std::memory_order_relaxed) + rows > RowBudget(session)) {
     why = absl::StrFormat(
         "%u rows already in flight on this session and %u more asked for; a session may have "
@@ -96,8 +95,8 @@ protocol::RequestContext Server::RequestContextOf(Session& session) const {
           .tables = bounds_};
 }
 
-void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
-                     uint64_t start, uint64_t admitted_rows) {
+void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
+                     uint64_t admitted_rows) {
   const protocol::RequestContext context = RequestContextOf(*session);
   protocol::DecodedRequest request;
   bool slot_valid = false;

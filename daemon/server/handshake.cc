@@ -1,7 +1,5 @@
 // A client's connection up to its session: accepting it, checking the peer, the HELLO, the
 // arena and device-submit grants within the limits, and the WELCOME that hands the arena over.
-#include "daemon/server/server.h"
-
 #include <errno.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -14,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "base/clock.h"
 #include "base/escape.h"
+#include "daemon/server/server.h"
 #include "daemon/server/server_internal.h"
 
 namespace engram {

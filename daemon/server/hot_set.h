@@ -24,8 +24,8 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/server/prefetcher.h"
-#include "store/row_store.h"
 #include "store/row_cache.h"
+#include "store/row_store.h"
 
 namespace engram {
 

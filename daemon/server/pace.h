@@ -48,7 +48,8 @@ class PacePredictor {
   void OnBurst(uint64_t now_ns) {
     if (last_burst_ns_ != 0) {
       const uint64_t interval = now_ns - last_burst_ns_;
-      const uint64_t deviation = interval > period_ns_ ? interval - period_ns_ : period_ns_ - interval;
+      const uint64_t deviation =
+          interval > period_ns_ ? interval - period_ns_ : period_ns_ - interval;
       if (period_ns_ != 0 &&
           double(deviation) <= o_.tolerance * double(period_ns_) + double(o_.slack_ns)) {
         ++stable_;

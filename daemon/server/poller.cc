@@ -1,7 +1,5 @@
 // The poller: one thread that spins over every session's submission ring, sleeps on their
 // doorbells when idle, paces itself to regular bursts, and hands what it finds to Dispatch.
-#include "daemon/server/server.h"
-
 #include <errno.h>
 #include <sys/epoll.h>
 #include <sys/prctl.h>
@@ -12,6 +10,7 @@
 
 #include "base/clock.h"
 #include "daemon/server/pace.h"
+#include "daemon/server/server.h"
 #include "daemon/server/server_internal.h"
 
 namespace engram {
@@ -58,7 +57,7 @@ struct Server::PollerState {
   // Paced work (pace.h).
   PacePredictor pace;
   std::optional<PacePredictor::SpinWindow> window;  // of the next expected burst
-  uint64_t last_busy = 0;        // the last pass that found work
+  uint64_t last_busy = 0;                           // the last pass that found work
   uint64_t pace_spin_until = 0;  // spinning through a predicted window until then
   uint32_t burst_requests = 0, last_burst_requests = 0;
   uint64_t timer_late_ns = 50'000;  // how late this thread's timed sleeps end, on average
@@ -138,8 +137,7 @@ uint32_t Server::DrainAllSessions(PollerState& st) {
 // are active (a request came within hold_idle_ns).
 bool Server::KeepSpinning(PollerState& st, uint64_t now) {
   const PollOptions& poll = config_.poll;
-  const bool device_awake =
-      st.device_sessions > 0 && now - st.last_device_work < kDeviceIdleNs;
+  const bool device_awake = st.device_sessions > 0 && now - st.last_device_work < kDeviceIdleNs;
   const bool held =
       poll.hold_cores != 0 && !st.snapshot.empty() && now - st.last_busy < poll.hold_idle_ns;
   return now - st.last_work < st.spin_ns || now < st.pace_spin_until || device_awake || held;

@@ -43,8 +43,8 @@ void LowerPriority() {
 }  // namespace
 
 Prefetcher::Prefetcher(const PrefetcherOptions& options,
-                       std::span<const std::unique_ptr<Table>> tables, RowStore* store,
-                       BusyFn busy, HealthFn health)
+                       std::span<const std::unique_ptr<Table>> tables, RowStore* store, BusyFn busy,
+                       HealthFn health)
     : options_(options),
       tables_(tables),
       store_(store),
@@ -160,9 +160,8 @@ uint64_t Prefetcher::Enqueue(size_t table_index, std::span<const uint64_t> rows,
 
 bool Prefetcher::WaitIdle(uint64_t timeout_ns) {
   std::unique_lock<std::mutex> lock(mu_);
-  return idle_.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [this] {
-    return pending_.load(std::memory_order_relaxed) == 0;
-  });
+  return idle_.wait_for(lock, std::chrono::nanoseconds(timeout_ns),
+                        [this] { return pending_.load(std::memory_order_relaxed) == 0; });
 }
 
 void Prefetcher::Run() {
@@ -351,8 +350,8 @@ void Prefetcher::AddMetrics(MetricSink* e) const {
                double(s.requested));
     e->Counter("engram_prefetch_fetched_rows_total",
                "Prefetched rows read into the row cache or the page cache", t, double(s.fetched));
-    e->Counter("engram_prefetch_held_rows_total",
-               "Prefetched rows that were in memory already", t, double(s.held));
+    e->Counter("engram_prefetch_held_rows_total", "Prefetched rows that were in memory already", t,
+               double(s.held));
     e->Counter("engram_prefetch_dropped_rows_total",
                "Prefetched rows dropped (queue full, or nothing to bring them into)", t,
                double(s.dropped));

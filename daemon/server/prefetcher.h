@@ -30,8 +30,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "base/metric_sink.h"
-#include "store/row_store.h"
 #include "nlohmann/json.hpp"
+#include "store/row_store.h"
 #include "tables/table.h"
 
 namespace engram {
@@ -152,7 +152,7 @@ class Prefetcher {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<Entry> queue_;  // bounded by options_.queue_rows; newest at the back
+  std::deque<Entry> queue_;    // bounded by options_.queue_rows; newest at the back
   std::vector<Owner> owners_;  // accounts with rows on the queue, and free places
   std::vector<uint32_t> free_owners_;
   absl::flat_hash_map<const PrefetchAccount*, uint32_t> owner_index_;

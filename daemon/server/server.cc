@@ -103,8 +103,7 @@ absl::Status Server::TableHealth(size_t index) const {
   return watch_ != nullptr ? watch_->Check(index) : absl::OkStatus();
 }
 
-absl::StatusOr<ResidentLoadStatus> Server::ResidentLoad(uint32_t layer,
-                                                        LoadAction action) const {
+absl::StatusOr<ResidentLoadStatus> Server::ResidentLoad(uint32_t layer, LoadAction action) const {
   if (store_ == nullptr) {
     return absl::FailedPreconditionError(
         "engramd serves every table from storage: no table is of the resident tier ([tables] "
@@ -251,7 +250,7 @@ absl::Status Server::Shutdown() {
   draining_.store(true);
   Kick();
   poller_.join();
-  hot_set_warmer_.reset();  // queues no more
+  hot_set_warmer_.reset();    // queues no more
   prefetcher_->StopIntake();  // the entries the poller handed over are answered first
   absl::Status result = absl::OkStatus();
   {
@@ -282,8 +281,8 @@ void Server::WatchTables() {
   std::vector<std::string> notes;
   watch_ = TableWatch::Create(tables_, &notes);
   for (const std::string& note : notes) log::Notice("{}", note);
-  for (const auto& [fd, tag] : {std::pair{watch_->lease_fd(), kTagLease},
-                                std::pair{watch_->inotify_fd(), kTagInotify}}) {
+  for (const auto& [fd, tag] :
+       {std::pair{watch_->lease_fd(), kTagLease}, std::pair{watch_->inotify_fd(), kTagInotify}}) {
     if (fd < 0) continue;
     epoll_event ev{.events = EPOLLIN, .data = {.u64 = tag}};
     epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, fd, &ev);

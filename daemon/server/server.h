@@ -11,9 +11,9 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <memory>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -24,20 +24,19 @@
 #include "absl/status/statusor.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/unique_fd.h"
 #include "daemon/server/control_handler.h"
-#include "daemon/server/server_view.h"
-#include "gather/gather_engine.h"
-#include "protocol/codec.h"
 #include "daemon/server/hot_set.h"
 #include "daemon/server/pending_handshakes.h"
 #include "daemon/server/prefetcher.h"
 #include "daemon/server/request_pool.h"
-#include "store/row_store.h"
-#include "base/unique_fd.h"
 #include "daemon/server/server_config.h"
+#include "daemon/server/server_view.h"
 #include "daemon/server/session.h"
 #include "daemon/server/table_state.h"
+#include "gather/gather_engine.h"
 #include "protocol/codec.h"
+#include "store/row_store.h"
 #include "tables/table.h"
 #include "tables/table_watch.h"
 
@@ -113,8 +112,7 @@ class Server : public ServerView {
   // The prefetch queue and its thread (null until Run() starts them).
   Prefetcher* prefetcher() { return prefetcher_.get(); }
   std::vector<std::shared_ptr<Session>> Sessions() const override;
-  absl::StatusOr<ResidentLoadStatus> ResidentLoad(uint32_t layer,
-                                                  LoadAction action) const override;
+  absl::StatusOr<ResidentLoadStatus> ResidentLoad(uint32_t layer, LoadAction action) const override;
 
  private:
   Server();
@@ -209,11 +207,11 @@ class Server : public ServerView {
   std::unique_ptr<TableStatePage> table_states_;
   std::string table_states_error_;
   std::unique_ptr<GatherEngine> engine_;
-  std::unique_ptr<RowStore> store_;        // null: every table from storage
-  std::unique_ptr<Prefetcher> prefetcher_;  // after store_ and watch_: stops before them
+  std::unique_ptr<RowStore> store_;               // null: every table from storage
+  std::unique_ptr<Prefetcher> prefetcher_;        // after store_ and watch_: stops before them
   std::unique_ptr<HotSetKeeper> hot_set_keeper_;  // after store_: writes before it goes
   std::unique_ptr<HotSetWarmer> hot_set_warmer_;  // after prefetcher_: stops before it
-  std::unique_ptr<RequestPool> requests_;  // after engine_ and store_: its threads stop first
+  std::unique_ptr<RequestPool> requests_;        // after engine_ and store_: its threads stop first
   std::unique_ptr<RequestPool> large_requests_;  // requests larger than a decode step
 
   // Control thread only.
@@ -243,7 +241,7 @@ class Server : public ServerView {
   std::atomic<uint64_t> pace_windows_caught_{0};  // ... that the burst came in
   std::atomic<uint64_t> poller_spin_ns_{0};       // the poller's passes that found no work
   std::atomic<uint64_t> poll_hold_until_{0};      // polling mode holds cores until then
-  std::unique_ptr<ControlHandler> control_;              // first member torn down (~Server)
+  std::unique_ptr<ControlHandler> control_;       // first member torn down (~Server)
 };
 
 }  // namespace engram

@@ -7,8 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/server/request_pool.h"
-#include "store/row_store.h"
 #include "gather/gather_engine.h"
+#include "store/row_store.h"
 
 namespace engram {
 
@@ -27,7 +27,6 @@ constexpr uint64_t kPlanBytesPerRow = 160;
 constexpr uint64_t kOtherThreads = 6 + 16;
 // The O_DIRECT bounce area of a thread is at least one run.
 constexpr uint64_t kMinBounceBytes = uint64_t{256} << 10;
-
 
 bool Listed(const std::vector<uid_t>& uids, const std::vector<gid_t>& gids, uid_t uid, gid_t gid,
             const std::vector<gid_t>& groups) {

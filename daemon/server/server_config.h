@@ -26,7 +26,7 @@ struct Limits {
   uint64_t max_total_arena_bytes = uint64_t{16} << 30;  // all sessions together
   uint64_t default_data_bytes = uint64_t{64} << 20;     // when the client asks for 0
   uint32_t default_slots = 64;                          // when the client asks for 0
-  uint64_t prefetch_queue_rows = 262144;  // rows queued for prefetch, all sessions (0: off)
+  uint64_t prefetch_queue_rows = 262144;   // rows queued for prefetch, all sessions (0: off)
   uint64_t prefetch_session_rows = 32768;  // rows of one session waiting for prefetch
   uint32_t max_device_sessions = 2;        // sessions submitting from a device at once (0: none)
   bool operator==(const Limits&) const = default;

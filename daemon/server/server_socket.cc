@@ -1,6 +1,4 @@
 // The client socket: binding it (or checking the one systemd passed) and listening on it.
-#include "daemon/server/server.h"
-
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -13,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "daemon/server/server.h"
 #include "daemon/server/server_internal.h"
 
 namespace engram {
@@ -71,8 +70,8 @@ absl::Status SetSocketAccess(const std::string& path, mode_t mode, const std::st
         absl::StrFormat("socket group '%s' does not exist", group_name));
   }
   if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) < 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cannot give '%s' to group '%s': %s", path, group_name, strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot give '%s' to group '%s': %s", path, group_name, strerror(errno)));
   }
   return absl::OkStatus();
 }

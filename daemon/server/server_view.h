@@ -9,11 +9,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <span>
-#include <vector>
-
 #include <nlohmann/json_fwd.hpp>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -198,7 +198,7 @@ void Session::ForEachCounter(
 #define ENGRAM_SESSION_GROWS_COUNTER true
 #define ENGRAM_SESSION_GROWS_GAUGE false
 #define ENGRAM_SESSION_INFO_(field, type, metric, help) \
-  SessionCounterInfo { #field, ENGRAM_SESSION_GROWS_##type, metric, help }
+  SessionCounterInfo{#field, ENGRAM_SESSION_GROWS_##type, metric, help}
 #define ENGRAM_SESSION_WIRE_(field, origin, type, metric, help) \
   ENGRAM_SESSION_ON_WIRE_##origin(fn(ENGRAM_SESSION_INFO_(field, type, metric, help), w.field);)
 #define ENGRAM_SESSION_OWN_(field, origin, type, metric, help) \

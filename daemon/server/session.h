@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "daemon/server/arena.h"
-#include "store/cache_touch.h"
-#include "engram/protocol.h"
 #include "base/unique_fd.h"
+#include "daemon/server/arena.h"
+#include "engram/protocol.h"
+#include "store/cache_touch.h"
 
 namespace engram {
 

@@ -71,9 +71,8 @@ void Server::SendTableMap(Session& session, const engram_msg_header& header,
     return;
   }
   if (table_states_ == nullptr) {
-    refuse(ENGRAM_STATUS_UNAVAILABLE,
-           absl::StrFormat("%s cannot be read in place: %s", table->Describe(),
-                           table_states_error_));
+    refuse(ENGRAM_STATUS_UNAVAILABLE, absl::StrFormat("%s cannot be read in place: %s",
+                                                      table->Describe(), table_states_error_));
     return;
   }
   // As gathers through the daemon: a changed file refuses the table, naming the file.
@@ -91,8 +90,7 @@ void Server::SendTableMap(Session& session, const engram_msg_header& header,
   if (!resident->loaded()) {
     refuse(ENGRAM_STATUS_UNAVAILABLE,
            absl::StrFormat("%s is still loading (%u of %u rows); map it once it is loaded",
-                           table->Describe(), resident->rows_loaded(),
-                           resident->covered().size()));
+                           table->Describe(), resident->rows_loaded(), resident->covered().size()));
     return;
   }
   SendResidentMap(session, header, *table, *resident, index);

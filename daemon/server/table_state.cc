@@ -18,8 +18,7 @@ namespace engram {
 namespace {
 
 absl::Status Refused(const char* step) {
-  return absl::InternalError(
-      absl::StrCat("table state page: ", step, ": ", std::strerror(errno)));
+  return absl::InternalError(absl::StrCat("table state page: ", step, ": ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -83,8 +82,8 @@ void TableStatePage::HoldLiveness(int* ret_error) {
   if (syscall(SYS_set_robust_list, head, sizeof(*head)) != 0) {
     error = errno;
   } else {
-    std::atomic_ref<uint32_t>(*word).store(
-        static_cast<uint32_t>(gettid()) & ENGRAM_DAEMON_TID_MASK, std::memory_order_release);
+    std::atomic_ref<uint32_t>(*word).store(static_cast<uint32_t>(gettid()) & ENGRAM_DAEMON_TID_MASK,
+                                           std::memory_order_release);
   }
   std::unique_lock lock(mu_);
   *ret_error = error;
@@ -118,8 +117,9 @@ void TableStatePage::WithdrawAll() {
 }
 
 bool TableStatePage::withdrawn(size_t index) const {
-  return index >= entries_ || std::atomic_ref<uint32_t>(entries()[index].state)
-                                      .load(std::memory_order_acquire) != ENGRAM_TABLE_SERVING;
+  return index >= entries_ ||
+         std::atomic_ref<uint32_t>(entries()[index].state).load(std::memory_order_acquire) !=
+             ENGRAM_TABLE_SERVING;
 }
 
 }  // namespace engram

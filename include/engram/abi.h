@@ -38,7 +38,7 @@
 
 /* Pins the size of a struct of the ABI on 64-bit targets (the ones engram supports), where its
  * layout is part of the ABI: growing a struct means changing the number here on purpose. */
-#define ENGRAM_ASSERT_SIZE(type, lp64_bytes)                              \
+#define ENGRAM_ASSERT_SIZE(type, lp64_bytes)                               \
   ENGRAM_STATIC_ASSERT(sizeof(void*) != 8 || sizeof(type) == (lp64_bytes), \
                        #type " changed size: update its ENGRAM_ASSERT_SIZE and the ABI tests")
 

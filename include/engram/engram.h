@@ -160,8 +160,7 @@ ENGRAM_API void engram_session_close(engram_session* session);
 /* Deprecated: the names of engram_session_open and engram_session_close before ENGRAM_0.6. */
 ENGRAM_API ENGRAM_DEPRECATED("use engram_session_open") int engram_connect(
     const struct engram_connect_options* options, engram_session** ret_session);
-ENGRAM_API ENGRAM_DEPRECATED("use engram_session_close") void engram_close(
-    engram_session* session);
+ENGRAM_API ENGRAM_DEPRECATED("use engram_session_close") void engram_close(engram_session* session);
 
 /* The message of the calling thread's last failed call into libengram_client or
  * libengram_kernels_* (the one last-error call of both); "" if none. Valid until that thread's
@@ -216,10 +215,10 @@ struct engram_gather_request {
     uint32_t layer; /* the table's Engram layer id (1, 14 for DeepSeek-V4.1) */
     uint32_t table ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
-  uint32_t flags; /* 0, ENGRAM_GATHER_IN_PLACE or ENGRAM_GATHER_VIA_DAEMON */
+  uint32_t flags;       /* 0, ENGRAM_GATHER_IN_PLACE or ENGRAM_GATHER_VIA_DAEMON */
   const uint64_t* rows; /* num_rows row ids, in the data region, 8-byte aligned */
   uint64_t num_rows;
-  void* dest; /* in the data region: row i lands at dest + i * 264, or ... */
+  void* dest;                   /* in the data region: row i lands at dest + i * 264, or ... */
   const uint64_t* dest_offsets; /* ... at dest + dest_offsets[i] when not NULL (in the data
                                    region, 8-byte aligned) */
 };
@@ -305,11 +304,11 @@ ENGRAM_API int engram_arena(engram_session* session, void** ret_base, uint64_t* 
 struct engram_table_info {
   size_t size; /* set by the caller to sizeof(struct engram_table_info) */
   union {
-    uint32_t layer;    /* Engram layer id */
+    uint32_t layer;                                   /* Engram layer id */
     uint32_t layer_id ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
-  uint32_t row_bytes; /* 264 */
-  uint64_t num_rows;  /* of the whole logical table */
+  uint32_t row_bytes;     /* 264 */
+  uint64_t num_rows;      /* of the whole logical table */
   uint64_t covered_begin; /* rows this daemon serves: [covered_begin, covered_end) */
   uint64_t covered_end;
   uint32_t layout; /* enum engram_table_layout */
@@ -336,7 +335,7 @@ ENGRAM_ASSERT_SIZE(struct engram_session_stats, 120);
 
 /* Reads the session's statistics from the daemon. Set ret_stats->size first. Thread-safe. */
 ENGRAM_API int engram_get_session_stats(engram_session* session,
-                                           struct engram_session_stats* ret_stats);
+                                        struct engram_session_stats* ret_stats);
 
 /* The name and one-line description of field `index` of struct engram_session_stats after
  * `size` (0: session_id, then the counters in order), for bindings that cannot read
@@ -361,7 +360,7 @@ typedef struct engram_table_map engram_table_map;
 struct engram_table_map_info {
   size_t size; /* set by the caller to sizeof(struct engram_table_map_info) */
   union {
-    uint32_t layer;    /* Engram layer id */
+    uint32_t layer;                                   /* Engram layer id */
     uint32_t layer_id ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t row_bytes;     /* 264 */
@@ -401,9 +400,9 @@ ENGRAM_API int engram_get_table_map_info(const engram_table_map* map,
 /* CPU gather: copies rows[i] to dest + i * 264 for i < num_rows. -ERANGE naming the first row
  * outside the table, before anything is copied. A row cache's map (ENGRAM_TABLE_MAP_ROW_CACHE)
  * is refused with -EOPNOTSUPP, dest untouched: it may miss any row, which this call could not
- * report; engram_gather with ENGRAM_GATHER_IN_PLACE copies its hits and fetches the rest. -ESTALE (withdrawn) or -ENOTCONN (daemon gone)
- * as engram_table_map_check, checked before and after the copy: after a failure, dest holds
- * nothing to use. Thread-safe (reads only). */
+ * report; engram_gather with ENGRAM_GATHER_IN_PLACE copies its hits and fetches the rest. -ESTALE
+ * (withdrawn) or -ENOTCONN (daemon gone) as engram_table_map_check, checked before and after the
+ * copy: after a failure, dest holds nothing to use. Thread-safe (reads only). */
 ENGRAM_API int engram_table_map_gather(const engram_table_map* map, const uint64_t* rows,
                                        uint64_t num_rows, void* dest);
 /* Whether the map's rows may be read now (since ENGRAM_0.6): 0; -ESTALE when the daemon
@@ -469,9 +468,9 @@ struct engram_token_request {
   uint32_t head_end;
   uint32_t tp_size; /* != 0: the heads of rank tp_rank of tp_size instead */
   uint32_t tp_rank;
-  uint64_t* rows;     /* in the data region, 8-byte aligned: receives positions * heads row ids */
-  uint64_t rows_cap;  /* entries rows can hold */
-  void* dest;         /* in the data region: positions * heads * 264 bytes */
+  uint64_t* rows;    /* in the data region, 8-byte aligned: receives positions * heads row ids */
+  uint64_t rows_cap; /* entries rows can hold */
+  void* dest;        /* in the data region: positions * heads * 264 bytes */
 };
 ENGRAM_ASSERT_SIZE(struct engram_token_request, 72);
 
@@ -493,8 +492,7 @@ ENGRAM_API int engram_submit_tokens(engram_session* session, const engram_hasher
  * in-place path and the table can be mapped, through the daemon otherwise. On -ETIMEDOUT the
  * request is abandoned (its slot stays busy until it completes). Thread-safe. */
 ENGRAM_API int engram_gather_tokens(engram_session* session, const engram_hasher* hasher,
-                                    const struct engram_token_request* request,
-                                    int64_t timeout_ns);
+                                    const struct engram_token_request* request, int64_t timeout_ns);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -170,16 +170,14 @@ class Hasher {
   }
 
  private:
-  static Status FromHash(int rc) {
-    return rc < 0 ? Status(rc, engram_last_error()) : Status();
-  }
+  static Status FromHash(int rc) { return rc < 0 ? Status(rc, engram_last_error()) : Status(); }
   engram_hasher* h_ = nullptr;
 };
 
 // What Session::SubmitTokens hashes and where the rows go (struct engram_token_request).
 struct TokenRequest {
   union {
-    uint32_t layer = 0;  // Engram layer id
+    uint32_t layer = 0;                             // Engram layer id
     uint32_t table ENGRAM_DEPRECATED("use layer");  // older name of `layer`
   };
   std::span<const engram_hash_seq> seqs;  // Hasher::Sequence(...) each
@@ -284,8 +282,8 @@ class Session {
   // engram_gather: in place where the table can be mapped and the session's default allows it;
   // flags ENGRAM_GATHER_VIA_DAEMON or ENGRAM_GATHER_IN_PLACE choose the path for this call.
   Status Gather(uint32_t layer, const uint64_t* rows, uint64_t num_rows, void* dest,
-                std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1),
-                uint32_t flags = 0, const uint64_t* dest_offsets = nullptr) {
+                std::chrono::nanoseconds timeout = std::chrono::nanoseconds(-1), uint32_t flags = 0,
+                const uint64_t* dest_offsets = nullptr) {
     engram_gather_request r{};
     r.size = sizeof(r);
     r.layer = layer;

@@ -115,8 +115,8 @@ struct engram_gpu_row_cache {
   uint64_t buckets_offset; /* from cache: bucket_count 32-bit words, slot + 1 or 0 */
   uint64_t slots_offset;   /* from cache: max_slots slots of slot_bytes */
   uint32_t max_slots;
-  uint32_t slot_bytes;     /* 288 */
-  uint64_t covered_begin;  /* the table's row ids: others are bad (NaN, counted) */
+  uint32_t slot_bytes;    /* 288 */
+  uint64_t covered_begin; /* the table's row ids: others are bad (NaN, counted) */
   uint64_t covered_end;
   /* 0, or a page size: a slot that straddles a multiple of it is then a miss. Written 0 by
    * engram_table_map_gpu_cache: a slot left half in a page a pinned registration kept and half

@@ -58,11 +58,11 @@ ENGRAM_API int engram_gpu_hasher_destroy(engram_gpu_hasher* gpu_hasher);
 struct engram_gpu_hash_args {
   size_t size; /* engram_gpu_hash_args_init sets it; see engram.h's size policy */
   union {
-    uint32_t layer;    /* the Engram layer, e.g. 14 */
+    uint32_t layer;                                   /* the Engram layer, e.g. 14 */
     uint32_t layer_id ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
-  uint32_t flags;       /* ENGRAM_HASH_COMPRESSED_IDS: tokens and history are compressed ids */
-  uint32_t head_begin;  /* heads [head_begin, head_end) of the layer, e.g. a TP rank's */
+  uint32_t flags;      /* ENGRAM_HASH_COMPRESSED_IDS: tokens and history are compressed ids */
+  uint32_t head_begin; /* heads [head_begin, head_end) of the layer, e.g. a TP rank's */
   uint32_t head_end;
   const int32_t* tokens;     /* n_tokens ids, the sequences' new tokens back to back */
   uint32_t n_tokens;         /* fixed at launch: the grid covers n_tokens x heads */

@@ -82,13 +82,13 @@ ENGRAM_API int engram_gpu_queue_destroy(engram_gpu_queue* queue);
 struct engram_gpu_request {
   size_t size; /* sizeof(struct engram_gpu_request) */
   union {
-    uint32_t layer; /* the table's Engram layer id */
+    uint32_t layer;                                /* the table's Engram layer id */
     uint32_t table ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
-  uint32_t flags;          /* 0 */
-  const uint64_t* rows;    /* num_rows row ids (written by a kernel before the gather runs) */
+  uint32_t flags;       /* 0 */
+  const uint64_t* rows; /* num_rows row ids (written by a kernel before the gather runs) */
   uint64_t num_rows;
-  uint8_t* dest;           /* num_rows x 264 bytes */
+  uint8_t* dest; /* num_rows x 264 bytes */
 };
 ENGRAM_ASSERT_SIZE(struct engram_gpu_request, 40);
 
@@ -108,8 +108,8 @@ ENGRAM_API int engram_gpu_queue_gather(engram_gpu_queue* queue,
  * [tokens, heads] takes row index_map[s] of the request (negative: padding, written as +0.0; at
  * or past the request's num_rows: NaN, counted in *bad_index_count). */
 struct engram_gpu_dequant {
-  size_t size;               /* sizeof(struct engram_gpu_dequant) */
-  const int32_t* index_map;  /* device pointer, tokens x heads entries */
+  size_t size;              /* sizeof(struct engram_gpu_dequant) */
+  const int32_t* index_map; /* device pointer, tokens x heads entries */
   uint32_t tokens;
   uint32_t heads;
   void* out;                 /* device pointer: bf16 [tokens, heads, 256], 16-byte aligned */

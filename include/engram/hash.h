@@ -93,7 +93,7 @@ ENGRAM_API int engram_hasher_get_info(const engram_hasher* hasher,
 struct engram_hash_layer_info {
   size_t size; /* set by the caller: sizeof(struct engram_hash_layer_info) */
   union {
-    uint32_t layer;    /* the model layer, e.g. 1 or 14 */
+    uint32_t layer;                                   /* the model layer, e.g. 1 or 14 */
     uint32_t layer_id ENGRAM_DEPRECATED("use layer"); /* older name of `layer` */
   };
   uint32_t reserved;

@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engram/abi.h" /* ENGRAM_STATIC_ASSERT */
-#include "engram/row.h" /* ENGRAM_ROW_BYTES, enum engram_table_layout */
+#include "engram/abi.h"           /* ENGRAM_STATIC_ASSERT */
+#include "engram/row.h"           /* ENGRAM_ROW_BYTES, enum engram_table_layout */
 #include "engram/session_stats.h" /* ENGRAM_SESSION_COUNTERS */
 
 #ifdef __cplusplus
@@ -62,7 +62,7 @@ extern "C" {
  * count them (docs/protocol.md, "Reading the row cache in place"). Without it a resident
  * TABLE_MAPPED has two fds, as before. */
 #define ENGRAM_FEATURE_RESIDENT_TOUCH (1ull << 12)
-#define ENGRAM_FEATURES_V1_0                                                        \
+#define ENGRAM_FEATURES_V1_0                                                         \
   (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
    ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
 #define ENGRAM_FEATURES_V1_1 (ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_DEVICE_SUBMIT)
@@ -307,18 +307,18 @@ ENGRAM_STATIC_ASSERT(sizeof(struct engram_cache_touch_entry) == 16, "touch entry
 
 /* Per table (entry i is the table of table state page entry i); the client adds, relaxed. */
 struct engram_cache_touch_counters {
-  uint64_t requests;         /* gathers answered wholly in place (no request to the daemon) */
-  uint64_t rows;             /* rows copied in place */
+  uint64_t requests; /* gathers answered wholly in place (no request to the daemon) */
+  uint64_t rows;     /* rows copied in place */
   uint64_t reserved[2];
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_cache_touch_counters) == 32, "touch counters size");
 
 struct engram_cache_touch_page {
   /* line 0: written by the daemon before the memfd is sent, immutable afterwards */
-  uint32_t magic;           /* ENGRAM_CACHE_TOUCH_MAGIC */
-  uint32_t entries;         /* ring entries (ENGRAM_CACHE_TOUCH_ENTRIES) */
-  uint64_t page_bytes;      /* size of the memfd */
-  uint32_t tables;          /* counters entries */
+  uint32_t magic;      /* ENGRAM_CACHE_TOUCH_MAGIC */
+  uint32_t entries;    /* ring entries (ENGRAM_CACHE_TOUCH_ENTRIES) */
+  uint64_t page_bytes; /* size of the memfd */
+  uint32_t tables;     /* counters entries */
   uint32_t reserved0;
   uint64_t counters_offset; /* struct engram_cache_touch_counters[tables] */
   uint64_t ring_offset;     /* struct engram_cache_touch_entry[entries] */
@@ -339,7 +339,7 @@ ENGRAM_STATIC_ASSERT(offsetof(struct engram_cache_touch_page, tail) == 128, "tou
 
 #define ENGRAM_ARENA_MAGIC 0x414D5247u /* "GRMA" */
 #define ENGRAM_ARENA_ALIGN 4096u       /* data region start, for GPU registration and O_DIRECT */
-#define ENGRAM_MAX_SLOTS 4096u /* slots fit in the low 16 bits of a ticket */
+#define ENGRAM_MAX_SLOTS 4096u         /* slots fit in the low 16 bits of a ticket */
 
 /* Daemon state word in the header. */
 enum engram_daemon_state { ENGRAM_DAEMON_SERVING = 1, ENGRAM_DAEMON_STOPPED = 2 };

@@ -195,10 +195,10 @@ std::unique_ptr<ControlClient> ControlClient::Connect(const std::string& socket_
     if (error.code == ENGRAM_STATUS_UNAVAILABLE && error.message.rfind(kStarting, 0) == 0) {
       std::string step = error.message.substr(kStarting.size());
       step = step.substr(0, step.find("; retry"));
-      *ret_error = {kExitNotRunning,
-                    absl::StrFormat("engramd on %s is starting, not serving yet: %s", socket_path,
-                                    step),
-                    step};
+      *ret_error = {
+          kExitNotRunning,
+          absl::StrFormat("engramd on %s is starting, not serving yet: %s", socket_path, step),
+          step};
       return nullptr;
     }
     // A peer the daemon does not admit at all stays "cannot tell" (4), as when the socket's

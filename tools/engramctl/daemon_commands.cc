@@ -134,11 +134,10 @@ void PrintMemory(const json& m) {
               ? ", budget unbounded"
               : absl::StrFormat(", budget %s", Bytes(double(U(m, "budget_bytes"))));
   const json& p = m.contains("pressure") && m["pressure"].is_object() ? m["pressure"]
-                  : m.contains("system_pressure") ? m["system_pressure"]
-                                                   : json();
+                  : m.contains("system_pressure")                     ? m["system_pressure"]
+                                                                      : json();
   if (p.is_object()) {
-    line += absl::StrFormat(", %spressure some %.2f%%",
-                            m["pressure"].is_object() ? "" : "system ",
+    line += absl::StrFormat(", %spressure some %.2f%%", m["pressure"].is_object() ? "" : "system ",
                             p["some"].value("avg10", 0.0));
   }
   printf("%s\n", line.c_str());
@@ -173,10 +172,10 @@ void PrintStatus(const json& r, const json* before, double dt) {
   if (r.contains("poll") && r["poll"].is_object()) {
     const json& p = r["poll"];
     const std::string mode =
-        U(p, "cores") == 0 ? std::string("polling mode off")
-                           : absl::StrFormat("polling mode %lu cores, %s", U(p, "cores"),
-                                             p.value("holding", false) ? "spinning (clients active)"
-                                                                       : "idle");
+        U(p, "cores") == 0
+            ? std::string("polling mode off")
+            : absl::StrFormat("polling mode %lu cores, %s", U(p, "cores"),
+                              p.value("holding", false) ? "spinning (clients active)" : "idle");
     printf("  %s; spun %.1f s (poller) + %.1f s (request threads)\n", mode.c_str(),
            p.value("poller_spin_seconds", 0.0), p.value("request_threads_spin_seconds", 0.0));
   }
@@ -218,15 +217,15 @@ void PrintStats(const json& r, const json* before, double dt) {
     printf("  NOWAIT %lu hits, %lu misses (EAGAIN residue), hit rate %.1f%%, pass %s\n", hits, miss,
            hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss),
            t.value("nowait_enabled", false) ? "on" : "off");
-    printf("  reads %lu (io_uring %lu, pool %lu, direct %lu of which %lu registered), %s read%s, "
-           "%lu syscalls\n",
-           U(t, "read_calls"), U(t, "uring_reads"), U(t, "pool_reads"), U(t, "direct_reads"),
-           U(t, "fixed_reads"),
-           Bytes(double(U(t, "bytes_read"))).c_str(),
-           Rate(t, b, "bytes_read", dt) < 0
-               ? ""
-               : absl::StrFormat(" (%s/s)", Bytes(Rate(t, b, "bytes_read", dt))).c_str(),
-           U(t, "syscalls"));
+    printf(
+        "  reads %lu (io_uring %lu, pool %lu, direct %lu of which %lu registered), %s read%s, "
+        "%lu syscalls\n",
+        U(t, "read_calls"), U(t, "uring_reads"), U(t, "pool_reads"), U(t, "direct_reads"),
+        U(t, "fixed_reads"), Bytes(double(U(t, "bytes_read"))).c_str(),
+        Rate(t, b, "bytes_read", dt) < 0
+            ? ""
+            : absl::StrFormat(" (%s/s)", Bytes(Rate(t, b, "bytes_read", dt))).c_str(),
+        U(t, "syscalls"));
     if (U(t, "ring_failures") != 0) {
       printf("  io_uring rings failed %lu times, %lu replaced\n", U(t, "ring_failures"),
              U(t, "ring_resets"));
@@ -240,8 +239,8 @@ void PrintStats(const json& r, const json* before, double dt) {
   if (r["clients"].empty()) printf("  (none connected)\n");
   for (const json& c : r["clients"]) {
     const json* b = Match(before_clients, c, "session");
-    printf("session %lu '%s' (pid %lu, uid %lu)\n", U(c, "session"), Printable(c.value("name", "")).c_str(),
-           U(c, "pid"), U(c, "uid"));
+    printf("session %lu '%s' (pid %lu, uid %lu)\n", U(c, "session"),
+           Printable(c.value("name", "")).c_str(), U(c, "pid"), U(c, "uid"));
     fputs(CounterLines(SessionCounters(), c, b, dt, "  ").c_str(), stdout);
   }
 }

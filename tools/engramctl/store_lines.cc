@@ -67,11 +67,12 @@ void PrintStoreStatus(const json& reply) {
 
 void PrintStoreTableStats(const json& t) {
   if (Num(t, "prefetch_requested_rows") + Num(t, "prefetch_dropped_rows") != 0) {
-    printf("  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu dropped, %lu failed; "
-           "%lu prefetched rows used by gathers\n",
-           Num(t, "prefetch_requested_rows"), Num(t, "prefetch_fetched_rows"),
-           Num(t, "prefetch_held_rows"), Num(t, "prefetch_dropped_rows"),
-           Num(t, "prefetch_failed_rows"), Num(t, "prefetch_used_rows"));
+    printf(
+        "  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu dropped, %lu failed; "
+        "%lu prefetched rows used by gathers\n",
+        Num(t, "prefetch_requested_rows"), Num(t, "prefetch_fetched_rows"),
+        Num(t, "prefetch_held_rows"), Num(t, "prefetch_dropped_rows"),
+        Num(t, "prefetch_failed_rows"), Num(t, "prefetch_used_rows"));
   }
   if (!t.contains("store_requests")) return;
   printf("  tier %s: %.1f%% of rows from memory, %.1f%% of requests all hits\n",

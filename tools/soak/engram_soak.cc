@@ -51,9 +51,9 @@ struct Options {
 struct Shared {
   std::atomic<uint64_t> rows;
   std::atomic<uint64_t> requests;
-  std::atomic<uint64_t> errors;       // requests that failed (other than a daemon restart)
-  std::atomic<uint64_t> wrong_rows;   // rows whose bytes differed from the checkpoint
-  std::atomic<uint64_t> reconnects;   // sessions lost (-ENOTCONN) and opened again
+  std::atomic<uint64_t> errors;      // requests that failed (other than a daemon restart)
+  std::atomic<uint64_t> wrong_rows;  // rows whose bytes differed from the checkpoint
+  std::atomic<uint64_t> reconnects;  // sessions lost (-ENOTCONN) and opened again
   std::atomic<bool> stop;
   char first_error[256];
   std::atomic<bool> error_recorded;
@@ -144,8 +144,8 @@ void RunClient(const Options& o, Shared* shared, int index) {
       continue;
     }
     const uint32_t layer = o.layers[step % o.layers.size()];
-    const uint32_t n = step % o.prefill_every == o.prefill_every - 1 ? o.prefill_rows
-                                                                      : o.decode_rows;
+    const uint32_t n =
+        step % o.prefill_every == o.prefill_every - 1 ? o.prefill_rows : o.decode_rows;
     ++step;
     if (GatherAndCheck(o, shared, c, layer, n, rng) < 0) {
       c.Close();
@@ -219,8 +219,9 @@ void AddOptions(CLI::App& app, Options& o) {
   app.add_option("--prefill-rows", o.prefill_rows, "rows of a prefill-like gather");
   app.add_option("--prefill-every", o.prefill_every, "one prefill-like gather per N")
       ->check(CLI::Range(1u, 1u << 20));
-  app.add_option("--report-every", o.report_every,
-                 "print a progress line (rows, errors, daemon RSS and fds) every S seconds; 0: none")
+  app.add_option(
+         "--report-every", o.report_every,
+         "print a progress line (rows, errors, daemon RSS and fds) every S seconds; 0: none")
       ->check(CLI::Range(0, 86400));
   app.add_flag("--json", o.json, "print the report as JSON");
 }
@@ -269,14 +270,15 @@ DaemonSamples WatchDaemon(const Options& o, const Shared* shared,
 }
 
 void PrintReport(const Options& o, const Shared* shared, double seconds, const DaemonSamples& d) {
-  const char* fmt = o.json
-      ? "{\"seconds\": %.1f, \"clients\": %d, \"rows\": %llu, \"requests\": %llu, "
-        "\"rows_per_second\": %.0f, \"errors\": %llu, \"wrong_rows\": %llu, "
-        "\"reconnects\": %llu, \"rss_kb_first\": %llu, \"rss_kb_last\": %llu, "
-        "\"rss_kb_high\": %llu, \"fds_first\": %llu, \"fds_last\": %llu, \"fds_high\": %llu}\n"
-      : "engram-soak: %.1f s, %d clients: %llu rows in %llu requests (%.0f rows/s); "
-        "%llu errors, %llu wrong rows, %llu reconnects; daemon RSS %llu -> %llu kB (high "
-        "%llu), fds %llu -> %llu (high %llu)\n";
+  const char* fmt =
+      o.json
+          ? "{\"seconds\": %.1f, \"clients\": %d, \"rows\": %llu, \"requests\": %llu, "
+            "\"rows_per_second\": %.0f, \"errors\": %llu, \"wrong_rows\": %llu, "
+            "\"reconnects\": %llu, \"rss_kb_first\": %llu, \"rss_kb_last\": %llu, "
+            "\"rss_kb_high\": %llu, \"fds_first\": %llu, \"fds_last\": %llu, \"fds_high\": %llu}\n"
+          : "engram-soak: %.1f s, %d clients: %llu rows in %llu requests (%.0f rows/s); "
+            "%llu errors, %llu wrong rows, %llu reconnects; daemon RSS %llu -> %llu kB (high "
+            "%llu), fds %llu -> %llu (high %llu)\n";
   printf(fmt, seconds, o.clients, (unsigned long long)shared->rows.load(),
          (unsigned long long)shared->requests.load(), double(shared->rows.load()) / seconds,
          (unsigned long long)shared->errors.load(), (unsigned long long)shared->wrong_rows.load(),

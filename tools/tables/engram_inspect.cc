@@ -11,10 +11,10 @@
 #include "engram/version.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"
-#include "tables/table.h"
 #include "tables/pack.h"
-#include "tools/tables/progress.h"
+#include "tables/table.h"
 #include "testkit/synthetic.h"
+#include "tools/tables/progress.h"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "cli/command_line.h"
 #include "engram/version.h"
-#include "tools/tables/progress.h"
 #include "testkit/synthetic.h"
+#include "tools/tables/progress.h"
 
 namespace {
 
