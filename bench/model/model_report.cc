@@ -18,29 +18,6 @@ const char* const kStampNames[kStamps] = {
     "layer-14 rows ready", "layer-1 Engram starts", "layer 0 end",
     "layer 1 end",         "layer 2 end",           "step end"};
 
-// One shape's device state shared by its graphs.
-struct Shape {
-  std::string name;
-  uint32_t seqs, per_seq, tokens;
-  double target_us = 0, layer_us = 0;  // a real layer's floor; the stand-in's measured time
-  uint32_t stand_n = 0;
-  Dev tokens_d, starts_d, history_d, x_d, y_d, hidden_d, proj_d, gated_d, normed_d, map_d;
-  Shape(std::string n, uint32_t s, uint32_t p)
-      : name(std::move(n)),
-        seqs(s),
-        per_seq(p),
-        tokens(s * p),
-        tokens_d(tokens * 4),
-        starts_d((s + 1) * 4),
-        history_d(s * 3 * 4),
-        x_d(size_t{tokens} * kHidden * 2),
-        hidden_d(size_t{tokens} * kHc * kHidden * 2),
-        proj_d(size_t{tokens} * kProjCols * 2),
-        gated_d(size_t{tokens} * kHc * kHidden * 2),
-        normed_d(size_t{tokens} * kHc * kHidden * 2),
-        map_d(size_t{tokens} * 6 * 4) {}
-};
-
 }  // namespace
 
 json ReportMethods(const std::vector<Method>& methods, const ShapeRun& run) {
