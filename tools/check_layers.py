@@ -64,8 +64,9 @@ MAY_USE.update({
     # libengram_client.so: the public ABI, the wire protocol, the hasher and the utilities under
     # them.
     'client': {'public', 'base', 'protocol', 'hash', 'client'},
-    # The kernels see the client only through its public ABI.
-    'kernels': {'public', 'base', 'kernels'},
+    # The kernels see the client only through its public ABI; they read the row cache's
+    # shared-memory layout, which processes share through protocol/, as the client does.
+    'kernels': {'public', 'base', 'protocol', 'kernels'},
     # What tests, benchmarks and tools share: any library, never the daemon's insides.
     'testkit': set(LIBRARIES) | {'testkit'},
     'tools': set(LIBRARIES) | {'testkit', 'tools', 'cli'},
