@@ -45,7 +45,7 @@ uint64_t Requests() {
   return env != nullptr ? std::strtoull(env, nullptr, 10) : 200000;
 }
 
-// The client side, as client/client.cc does it: payload, then the SQE, then sq_tail (release);
+// The client side, as client/submit.cc does it: payload, then the SQE, then sq_tail (release);
 // completion seen through the slot's ticket (acquire), then the reply and the status read.
 // Returns 0, or the number of the check that failed.
 int RunClient(uint8_t* base, uint64_t requests) {
