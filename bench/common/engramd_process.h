@@ -80,8 +80,13 @@ inline pid_t StartEngramd(std::vector<std::string> args, const std::string& sock
 // limits).
 inline std::vector<std::string> EngramdCommand(const std::string& model, const std::string& socket,
                                                const std::vector<std::string>& flags) {
-  std::vector<std::string> args = {EngramdPath("build/daemon/engramd"), "--model", model,
-                                   "--socket", socket, "--log-level", "warning"};
+  std::vector<std::string> args = {EngramdPath("build/daemon/engramd"),
+                                   "--model",
+                                   model,
+                                   "--socket",
+                                   socket,
+                                   "--log-level",
+                                   "warning"};
   args.insert(args.end(), flags.begin(), flags.end());
   return args;
 }

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "bench/common/engramd_process.h"
 #include "engram/engram.h"
-#include "base/clock.h"
 #include "testkit/synthetic.h"
 
 namespace {
@@ -57,8 +57,8 @@ std::string Model(const Options& o) {
 // the small FIFO's share and the index to spare).
 std::vector<std::string> DaemonFlags(const Options& o) {
   const uint64_t cache_mib = o.working_set * 2 * 320 / (1 << 20) + 2;
-  return {"--tier", "14=resident", "--tier", "1=cache", "--cache-bytes",
-          std::to_string(cache_mib) + "M"};
+  return {"--tier",  "14=resident",   "--tier",
+          "1=cache", "--cache-bytes", std::to_string(cache_mib) + "M"};
 }
 
 struct Method {
@@ -110,8 +110,12 @@ int Run(const Options& o) {
   engram_alloc(s, o.batch * engram::kRowBytes, reinterpret_cast<void**>(&out));
   engram_alloc(s, o.batch * engram::kRowBytes, reinterpret_cast<void**>(&check));
   const auto gather = [&](uint32_t layer, uint32_t flags, uint8_t* dest) {
-    engram_gather_request r{.size = sizeof(r), .layer = layer, .flags = flags, .rows = ids,
-                            .num_rows = o.batch, .dest = dest};
+    engram_gather_request r{.size = sizeof(r),
+                            .layer = layer,
+                            .flags = flags,
+                            .rows = ids,
+                            .num_rows = o.batch,
+                            .dest = dest};
     return engram_gather(s, &r, 10'000'000'000);
   };
   // Every row of the working set cached: two passes through engramd.

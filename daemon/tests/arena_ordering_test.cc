@@ -6,9 +6,9 @@
 // torn payload. Under qemu-user guest threads run on the host's (x86) ordering, so there it
 // checks the protocol only; on Arm hardware it checks the barriers too.
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,9 +20,9 @@
 #include <memory>
 
 #include "daemon/server/arena.h"
-#include "protocol/codec.h"
 #include "daemon/server/session.h"
 #include "engram/protocol.h"
+#include "protocol/codec.h"
 
 namespace engram {
 namespace {
