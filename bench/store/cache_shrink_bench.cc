@@ -18,15 +18,12 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "bench/common/stats.h"
 #include "store/row_cache.h"
 
 namespace {
 
-uint64_t Percentile(std::vector<uint64_t> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
-}
+using engram::bench::Quantile;
 
 std::string CpuModel() {
   std::ifstream in("/proc/cpuinfo");
@@ -77,7 +74,7 @@ int Run(uint64_t cache_mib, uint32_t chunk_slots, double shrink_fraction) {
       "shrink: %.1f ms (%.2f us per slot given up); inserts during it: %zu, wait p50 %.1f us, "
       "p99 %.1f us, max %.1f us; skipped while shrinking: %" PRIu64 "\n",
       shrink_ns / 1e6, shrink_ns / 1e3 / double(full - target), waits.size(),
-      Percentile(waits, 0.5) / 1e3, Percentile(waits, 0.99) / 1e3, max_wait / 1e3,
+      Quantile(waits, 0.5) / 1e3, Quantile(waits, 0.99) / 1e3, max_wait / 1e3,
       cache.Stats().shrink_skipped_inserts);
   const double slots_16g = double(16ull << 30) / engram::RowCache::BytesForSlots(1);
   printf(

@@ -31,6 +31,7 @@
 
 #include "CLI/CLI.hpp"
 #include "base/clock.h"
+#include "bench/common/stats.h"
 #include "gather/gather_engine.h"
 #include "store/row_store.h"
 #include "tables/pack.h"
@@ -41,16 +42,12 @@
 namespace engram {
 namespace {
 
+using bench::Quantile;
+
 uint64_t ProcessCpuNs() {
   timespec ts;
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
-}
-
-double Percentile(std::vector<uint64_t> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return double(v[std::min(v.size() - 1, size_t(q * double(v.size())))]);
 }
 
 struct Phase {
@@ -219,7 +216,7 @@ void Report(const Phase& e, const Phase& p, const std::vector<double>& ratios, c
   for (const auto& [name, ph] : {std::pair<const char*, const Phase*>{"engramd", &e},
                                  std::pair<const char*, const Phase*>{"plain", &p}}) {
     std::printf("%-8s %14.2f %12lu %14.1f %14.1f\n", name, PerRow(*ph) / 1e3, ph->rows,
-                Percentile(ph->batch_ns, 0.5) / 1e3, Percentile(ph->batch_ns, 0.99) / 1e3);
+                Quantile(ph->batch_ns, 0.5) / 1e3, Quantile(ph->batch_ns, 0.99) / 1e3);
   }
   std::printf("ratio engramd / plain: %.2f (rounds: min %.2f, max %.2f); target <= 1.5\n",
               PerRow(e) / PerRow(p), *std::min_element(ratios.begin(), ratios.end()),

@@ -16,17 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "bench/common/engramd_process.h"
-#include "engram/engram.h"
 #include "base/clock.h"
+#include "bench/common/engramd_process.h"
+#include "bench/common/stats.h"
+#include "engram/engram.h"
 #include "testkit/synthetic.h"
 
 namespace {
 
-uint64_t Percentile(std::vector<uint64_t> v, double q) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
-}
+using engram::bench::Quantile;
 
 int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
   std::filesystem::create_directories(dir);
@@ -66,8 +64,12 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
     std::vector<uint64_t> daemon_ns, local_ns;
     for (uint32_t it = 0; it < iterations; ++it) {
       for (uint64_t i = 0; i < n; ++i) ids[i] = rng() % rows;
-      engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = ENGRAM_GATHER_VIA_DAEMON,
-                              .rows = ids, .num_rows = n, .dest = out};  // the baseline
+      engram_gather_request r{.size = sizeof(r),
+                              .layer = 14,
+                              .flags = ENGRAM_GATHER_VIA_DAEMON,
+                              .rows = ids,
+                              .num_rows = n,
+                              .dest = out};  // the baseline
       uint64_t t0 = engram::NowNs();
       if (engram_gather(s, &r, 10'000'000'000) != 0) {
         return fprintf(stderr, "gather: %s\n", engram_last_error()), 1;
@@ -80,11 +82,11 @@ int Run(const std::string& dir, uint64_t rows, uint32_t iterations) {
         return fprintf(stderr, "the daemon's rows differ from the mapping's\n"), 2;
       }
     }
-    const double d50 = Percentile(daemon_ns, 0.5) / 1e3, l50 = Percentile(local_ns, 0.5) / 1e3;
+    const double d50 = Quantile(daemon_ns, 0.5) / 1e3, l50 = Quantile(local_ns, 0.5) / 1e3;
     printf("  %-8lu %-34s %12.1f %12.1f %10.2f\n", n, "engramd gather (resident tier)", d50,
-           Percentile(daemon_ns, 0.99) / 1e3, d50 / l50);
+           Quantile(daemon_ns, 0.99) / 1e3, d50 / l50);
     printf("  %-8lu %-34s %12.1f %12.1f %10.2f\n", n, "in-process memcpy from the mapping", l50,
-           Percentile(local_ns, 0.99) / 1e3, 1.0);
+           Quantile(local_ns, 0.99) / 1e3, 1.0);
   }
   engram_table_map_close(map);
   engram_session_close(s);

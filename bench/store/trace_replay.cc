@@ -48,13 +48,14 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "bench/common/engramd_process.h"
+#include "bench/common/stats.h"
 #include "bench/common/token_trace.h"
 #include "bench/store/cache_sim.h"
-#include "hash/ngram_hasher.h"
 #include "engram/engram.h"
+#include "hash/ngram_hasher.h"
 #include "nlohmann/json.hpp"
-#include "base/clock.h"
 #include "testkit/miss_timeline.h"
 #include "testkit/synthetic.h"
 
@@ -91,7 +92,7 @@ struct Options {
   double draft_accept = 0.7;     // chance a draft token is the true one (while the draft holds)
   uint64_t step_gap_us = 0;      // host time between steps (the GPU's forward pass), both runs
   uint64_t seed = 1;
-  bool in_place = false;  // replay again with ENGRAM_GATHER_IN_PLACE and compare the hit rates
+  bool in_place = false;      // replay again with ENGRAM_GATHER_IN_PLACE and compare the hit rates
   uint32_t hide_drafts = 0;   // draft tokens a sequence fetched in the two-phase replay (0: none)
   double draft_share = 0.25;  // the draft model's share of a step in the timeline
   std::vector<double> step_ms = {10, 20, 50};
@@ -155,8 +156,14 @@ std::vector<Step> BuildSteps(const Options& o, const std::vector<std::vector<uin
 
 // engramd's flags: both layers from a row cache of --cache-mib, requests as large as a prefill.
 std::vector<std::string> DaemonFlags(const Options& o) {
-  return {"--tier", "1=cache", "--tier", "14=cache", "--cache-bytes",
-          std::to_string(o.cache_mib << 20), "--max-rows-per-request", "262144"};
+  return {"--tier",
+          "1=cache",
+          "--tier",
+          "14=cache",
+          "--cache-bytes",
+          std::to_string(o.cache_mib << 20),
+          "--max-rows-per-request",
+          "262144"};
 }
 
 // A session on `daemon` with, per layer, room for the ids and rows of up to `max_rows` rows
@@ -199,12 +206,6 @@ uint64_t ProcKb(pid_t pid, const char* key) {
   return 0;
 }
 
-uint64_t Percentile(std::vector<uint64_t> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
-}
-
 // The draft rows of step `s` per layer: for every sequence at token t, the rows of tokens
 // t+1 .. t+k as a simulated draft model proposes them (see the top of the file).
 struct Drafter {
@@ -228,8 +229,8 @@ struct Drafter {
       bool holds = true;
       for (uint32_t j = 1; j <= drafts && t + j < doc.size(); ++j) {
         holds = holds && Uniform() < o.draft_accept;
-        draft.push_back(holds ? doc[t + j] : static_cast<int32_t>(Uniform() *
-                                                                   trace.compressed_vocab));
+        draft.push_back(holds ? doc[t + j]
+                              : static_cast<int32_t>(Uniform() * trace.compressed_vocab));
       }
       if (draft.empty()) continue;
       const size_t h0 = t >= 2 ? t - 2 : 0;
@@ -409,7 +410,9 @@ int ReplayTwoPhase(const Options& o, const std::vector<Step>& steps, const std::
   return 0;
 }
 
-uint64_t CacheMisses(const Phase& p) { return p.status["store"]["cache"]["misses"].get<uint64_t>(); }
+uint64_t CacheMisses(const Phase& p) {
+  return p.status["store"]["cache"]["misses"].get<uint64_t>();
+}
 
 void PrintPhase(const char* name, const Phase& p) {
   const json& store = p.status["store"];
@@ -511,10 +514,10 @@ void PrintPrefetch(const Options& o, const Phase& plain, const Phase& prefetched
       p["used_rows"].get<uint64_t>(),
       100.0 * double(p["used_rows"].get<uint64_t>()) /
           double(std::max<uint64_t>(1, p["fetched_rows"].get<uint64_t>())),
-      prefetched.prefetch_refused, Percentile(prefetched.prefetch_ns, 0.5) / 1e3,
-      Percentile(prefetched.prefetch_ns, 0.99) / 1e3);
+      prefetched.prefetch_refused, Quantile(prefetched.prefetch_ns, 0.5) / 1e3,
+      Quantile(prefetched.prefetch_ns, 0.99) / 1e3);
   printf("  step latency with prefetch p50 %.1f us, p99 %.1f us\n",
-         Percentile(prefetched.latency, 0.5) / 1e3, Percentile(prefetched.latency, 0.99) / 1e3);
+         Quantile(prefetched.latency, 0.5) / 1e3, Quantile(prefetched.latency, 0.99) / 1e3);
 }
 
 // The two-phase replay's fetch times on the step timeline, for each step length.
@@ -525,8 +528,8 @@ void PrintHidden(const Options& o, const Phase& two_phase, const std::vector<Ste
   printf(
       "  two-phase fetch: accepted rows p50 %.1f us, p99 %.1f us; draft rows (k=%u, right "
       "with p=%.2f while the draft holds) p50 %.1f us, p99 %.1f us\n",
-      Percentile(accepted, 0.5) / 1e3, Percentile(accepted, 0.99) / 1e3, o.hide_drafts,
-      o.draft_accept, Percentile(drafts, 0.5) / 1e3, Percentile(drafts, 0.99) / 1e3);
+      Quantile(accepted, 0.5) / 1e3, Quantile(accepted, 0.99) / 1e3, o.hide_drafts, o.draft_accept,
+      Quantile(drafts, 0.5) / 1e3, Quantile(drafts, 0.99) / 1e3);
   printf(
       "  timeline: draft model %.0f%% of the step, then 40 layers; rows needed at layer 1; "
       "accepted rows from the step's start, draft rows from the draft's end\n",
@@ -579,14 +582,15 @@ void PrintReport(const Options& o, const Workload& w, const Phase& plain, const 
     PrintPhase("engramd, read in place", in_place);
     const double points = 100.0 * (in_place.status["store"]["hit_rate"].get<double>() -
                                    store["hit_rate"].get<double>());
-    printf("  read in place: %lu rows copied by the client; hit rate %+.2f points against "
-           "through engramd; step latency p50 %.1f us, p99 %.1f us (layers one after the "
-           "other)\n",
-           in_place.rows_in_place, points, Percentile(in_place.latency, 0.5) / 1e3,
-           Percentile(in_place.latency, 0.99) / 1e3);
+    printf(
+        "  read in place: %lu rows copied by the client; hit rate %+.2f points against "
+        "through engramd; step latency p50 %.1f us, p99 %.1f us (layers one after the "
+        "other)\n",
+        in_place.rows_in_place, points, Quantile(in_place.latency, 0.5) / 1e3,
+        Quantile(in_place.latency, 0.99) / 1e3);
   }
   printf("  step latency p50 %.1f us, p99 %.1f us (both layers' gathers, submitted together)\n",
-         Percentile(plain.latency, 0.5) / 1e3, Percentile(plain.latency, 0.99) / 1e3);
+         Quantile(plain.latency, 0.5) / 1e3, Quantile(plain.latency, 0.99) / 1e3);
   printf(
       "  engramd memory high-water %.1f MiB RSS; row store %.1f MiB (%lu evictions); rows "
       "wrong %lu\n",
@@ -602,8 +606,8 @@ int WriteSteps(const Options& o, const Workload& w) {
   if (f == nullptr) {
     return fprintf(stderr, "cannot write %s: %s\n", o.write_steps.c_str(), strerror(errno)), 1;
   }
-  fprintf(f, "# %zu %s steps of %s, rows folded into tables of %" PRIu64 " rows\n",
-          w.steps.size(), o.mode.c_str(), o.trace.c_str(), o.table_rows);
+  fprintf(f, "# %zu %s steps of %s, rows folded into tables of %" PRIu64 " rows\n", w.steps.size(),
+          o.mode.c_str(), o.trace.c_str(), o.table_rows);
   constexpr uint32_t kLayerIds[2] = {1, 14};
   for (const Step& s : w.steps) {
     for (int l = 0; l < 2; ++l) {
