@@ -63,8 +63,8 @@ ReadTotals ReadEveryRow(const Daemon& daemon, TestCgroup& cg) {
     for (uint64_t first = 0; first < kBigRows; first += kBatchRows) {
       const uint64_t n = std::min(kBatchRows, kBigRows - first);
       for (uint64_t i = 0; i < n; ++i) rows[i] = first + i;
-      engram_gather_request req{.size = sizeof req, .layer = layer, .rows = rows, .num_rows = n,
-                                .dest = out};
+      engram_gather_request req{
+          .size = sizeof req, .layer = layer, .rows = rows, .num_rows = n, .dest = out};
       INFO("layer " << layer << " rows from " << first << ": " << engram_last_error());
       REQUIRE(engram_gather(s, &req, 30'000'000'000) == 0);
       t.bad_batches += FirstBadRow(layer, rows, n, out) >= 0;

@@ -44,8 +44,8 @@ TEST_CASE("the flags override the file at start and at every re-read", "[ops]") 
   char prog[] = "engramd", flag[] = "--max-clients", value[] = "20";
   char* argv[] = {prog, flag, value};
   CLI::App app;
-  ConfigSources sources{.app = &app, .argc = 3, .argv = argv, .config_path = path,
-                        .config_given = true};
+  ConfigSources sources{
+      .app = &app, .argc = 3, .argv = argv, .config_path = path, .config_given = true};
   DaemonSettings settings;
   std::vector<std::string> files;
   REQUIRE(LoadConfig(path, true, &settings, &files).ok());
@@ -58,8 +58,9 @@ TEST_CASE("the flags override the file at start and at every re-read", "[ops]") 
   CHECK(settings.server.sources[0].path == "/srv/model");
 
   // The file changes both: the flag still wins, the other live setting is taken.
-  WriteConfig(path, "[tables]\nmodels = [\"/srv/model\"]\n"
-                    "[limits]\nmax_clients = 30\nmax_arena_bytes = \"32M\"\n");
+  WriteConfig(path,
+              "[tables]\nmodels = [\"/srv/model\"]\n"
+              "[limits]\nmax_clients = 30\nmax_arena_bytes = \"32M\"\n");
   absl::StatusOr<ReloadedConfig> reloaded = ReloadSettings(sources, &settings);
   REQUIRE(reloaded.ok());
   CHECK(settings.server.limits.max_clients == 20);

@@ -119,8 +119,7 @@ TEST_CASE("a SIGTERM while engramd starts is kept for the end of the step", "[op
   config.socket_path = TestDir() + "/gate-term.sock";
   absl::StatusOr<UniqueFd> bound = BindClientSocket(config);
   REQUIRE(bound.ok());
-  auto gate =
-      StartingGate::Open(std::move(*bound), config.socket_path, MetricsOptions{}, "9.9.9");
+  auto gate = StartingGate::Open(std::move(*bound), config.socket_path, MetricsOptions{}, "9.9.9");
   REQUIRE(gate.ok());
   CHECK_FALSE((*gate)->stop_requested());
   REQUIRE(kill(getpid(), SIGTERM) == 0);
@@ -141,8 +140,8 @@ TEST_CASE("a socket systemd passed is left to its backlog and its path kept", "[
   config.socket_path = TestDir() + "/gate-activated.sock";
   absl::StatusOr<UniqueFd> listening = BindClientSocket(config);  // as systemd would bind it
   REQUIRE(listening.ok());
-  auto gate = StartingGate::Open(std::move(*listening), /*bound_path=*/"", MetricsOptions{},
-                                 "9.9.9");
+  auto gate =
+      StartingGate::Open(std::move(*listening), /*bound_path=*/"", MetricsOptions{}, "9.9.9");
   REQUIRE(gate.ok());
   (*gate)->Step("opening the tables");
   // Not answered: the client waits in the backlog for the server, as socket activation means.

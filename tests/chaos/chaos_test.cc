@@ -44,8 +44,13 @@ class Verifier {
   // 0: every byte right; 1: the daemon's error (message in error()); -1: wrong bytes.
   int Gather(uint32_t layer, uint64_t seed) {
     FillRows(rows_, kN, kRows, seed);
-    engram_gather_request r{.size = sizeof(r), .layer = layer, .flags = 0, .rows = rows_,
-                            .num_rows = kN, .dest = out_, .dest_offsets = nullptr};
+    engram_gather_request r{.size = sizeof(r),
+                            .layer = layer,
+                            .flags = 0,
+                            .rows = rows_,
+                            .num_rows = kN,
+                            .dest = out_,
+                            .dest_offsets = nullptr};
     if (engram_gather(s_, &r, 10'000'000'000) != 0) {
       error_ = engram_last_error();
       return 1;
@@ -551,8 +556,13 @@ TEST_CASE("queued requests keep no more bookkeeping than the session's arena imp
   const uint64_t hwm_before = StatusKb(d.pid(), "VmHWM:");
   std::vector<uint64_t> tickets;
   for (int i = 0; i < 200; ++i) {
-    engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = 0, .rows = rows,
-                            .num_rows = kN, .dest = dest, .dest_offsets = offsets};
+    engram_gather_request r{.size = sizeof(r),
+                            .layer = 14,
+                            .flags = 0,
+                            .rows = rows,
+                            .num_rows = kN,
+                            .dest = dest,
+                            .dest_offsets = offsets};
     uint64_t t;
     if (engram_submit(s, &r, &t) == 0) tickets.push_back(t);
   }
@@ -608,8 +618,13 @@ TEST_CASE("large requests that fail validation do not stall another client's gat
     attacker_done.store(counter);
     std::deque<uint64_t> tickets;
     while (!done.load()) {
-      engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = 0, .rows = rows,
-                              .num_rows = kN, .dest = dest, .dest_offsets = offsets};
+      engram_gather_request r{.size = sizeof(r),
+                              .layer = 14,
+                              .flags = 0,
+                              .rows = rows,
+                              .num_rows = kN,
+                              .dest = dest,
+                              .dest_offsets = offsets};
       uint64_t t;
       if (engram_submit(s, &r, &t) == 0) {
         tickets.push_back(t);
@@ -1005,8 +1020,13 @@ class InPlaceReader {
   // The gather's result; *ret_error gets engram_last_error() when it failed.
   int Gather(uint64_t seed, std::string* ret_error) {
     FillRows(rows_, kN, kRows, seed);
-    engram_gather_request r{.size = sizeof(r), .layer = 14, .flags = ENGRAM_GATHER_IN_PLACE,
-                            .rows = rows_, .num_rows = kN, .dest = out_, .dest_offsets = nullptr};
+    engram_gather_request r{.size = sizeof(r),
+                            .layer = 14,
+                            .flags = ENGRAM_GATHER_IN_PLACE,
+                            .rows = rows_,
+                            .num_rows = kN,
+                            .dest = out_,
+                            .dest_offsets = nullptr};
     const int rc = engram_gather(s_, &r, 10'000'000'000);
     if (rc != 0) *ret_error = engram_last_error();
     return rc;

@@ -102,8 +102,8 @@ struct CacheStep {
               engram_alloc(s, kSlots * kRowBytes, reinterpret_cast<void**>(&dest)) == 0;
     if (ok) {
       testing::FillRows(rows, kSlots, testing::kRows, round);
-      engram_gather_request r{.size = sizeof(r), .layer = kLayer, .rows = rows,
-                              .num_rows = kSlots, .dest = dest};
+      engram_gather_request r{
+          .size = sizeof(r), .layer = kLayer, .rows = rows, .num_rows = kSlots, .dest = dest};
       ok = engram_gather(s, &r, 10'000'000'000) == 0;
     }
     engram_session_close(s);

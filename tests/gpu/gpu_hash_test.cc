@@ -21,8 +21,8 @@
 #include "engram/engram.h"  // engram_last_error
 #include "engram/gpu.h"
 #include "engram/hash.h"
-#include "tests/common/skip.h"
 #include "testkit/gpu_test_util.h"
+#include "tests/common/skip.h"
 
 namespace {
 
@@ -305,8 +305,7 @@ TEST_CASE("GPU hash of compressed ids matches the host hasher") {
     for (auto& c : calls) c = &good;
     calls[1] = &bad;
     CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -EINVAL);
-    CHECK(std::string(engram_last_error()).find("call 1: head range [0, 25)") !=
-          std::string::npos);
+    CHECK(std::string(engram_last_error()).find("call 1: head range [0, 25)") != std::string::npos);
     bad = dev.Args(b, 7, 0, 24, ENGRAM_HASH_COMPRESSED_IDS);
     CHECK(engram_gpu_hash_layers(gpu.g, calls, 2, 0) == -ENOENT);
     CHECK(std::string(engram_last_error()).find("call 1: layer 7") != std::string::npos);

@@ -149,8 +149,7 @@ TEST_CASE("a GPU queue launched without overlap replays bit-exact; unknown flags
   engram_gpu_queue* q = nullptr;
   CHECK(engram_gpu_queue_create(ds.session, ds.reg, &qo, &q) == -EINVAL);
   CHECK(q == nullptr);
-  CHECK(std::string(engram_last_error()).find("unknown option flags 0x6") !=
-        std::string::npos);
+  CHECK(std::string(engram_last_error()).find("unknown option flags 0x6") != std::string::npos);
 }
 
 TEST_CASE("engram_gpu_queue_gather_dequant refuses what it cannot pipeline, naming it") {

@@ -363,8 +363,8 @@ TEST_CASE("with engine.pace, paced requests get the poller awake ahead of them")
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < 80; ++step) {
     std::this_thread::sleep_until(start + std::chrono::milliseconds(50 * step));
-    engram_gather_request r{.size = sizeof(r), .layer = 14, .rows = rows, .num_rows = 64,
-                            .dest = dest};
+    engram_gather_request r{
+        .size = sizeof(r), .layer = 14, .rows = rows, .num_rows = 64, .dest = dest};
     REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
   }
   engram_session_close(s);

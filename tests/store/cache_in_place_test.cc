@@ -222,8 +222,13 @@ int InPlaceChecked(const Daemon& d, uint64_t span, int batches, uint64_t seed) {
   for (int b = 0; b < batches; ++b) {
     FillRows(rows, n, span, seed * 1000 + b);
     std::memset(out, 0xEE, n * kRowBytes);
-    engram_gather_request r{.size = sizeof(r), .layer = 1, .flags = ENGRAM_GATHER_IN_PLACE,
-                            .rows = rows, .num_rows = n, .dest = out, .dest_offsets = offsets};
+    engram_gather_request r{.size = sizeof(r),
+                            .layer = 1,
+                            .flags = ENGRAM_GATHER_IN_PLACE,
+                            .rows = rows,
+                            .num_rows = n,
+                            .dest = out,
+                            .dest_offsets = offsets};
     if (engram_gather(s, &r, 10'000'000'000) != 0) return 12;
     if (FirstBadRow(1, rows, n, out, offsets) >= 0) return 13;
   }

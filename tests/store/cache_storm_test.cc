@@ -88,11 +88,8 @@ int Client(const Daemon& d, Shared* shared, int index) {
     FillRows(rows, kRowsPerGather / 2, 2000, index * 1'000'003 + b);
     FillRows(rows + kRowsPerGather / 2, kRowsPerGather / 2, kRows, index * 1'000'003 + b + 7);
     std::memset(out, 0xEE, kRowsPerGather * kRowBytes);
-    engram_gather_request req{.size = sizeof(req),
-                              .layer = 1,
-                              .rows = rows,
-                              .num_rows = kRowsPerGather,
-                              .dest = out};
+    engram_gather_request req{
+        .size = sizeof(req), .layer = 1, .rows = rows, .num_rows = kRowsPerGather, .dest = out};
     const int rc = engram_gather(s, &req, 30'000'000'000);
     if (rc != 0) {
       int none = 0;

@@ -251,9 +251,11 @@ TEST_CASE("a client that prefetches and dies does not disturb another", "[prefet
     for (int b = 0; b < 40; ++b) {
       if (b == 10) kill(prefetcher, SIGKILL);
       FillRows(rows, 1152, kRows, 1000 + b);
-      engram_gather_request r{
-          .size = sizeof(r), .layer = b % 2 == 0 ? 1u : 14u, .rows = rows, .num_rows = 1152,
-          .dest = out};
+      engram_gather_request r{.size = sizeof(r),
+                              .layer = b % 2 == 0 ? 1u : 14u,
+                              .rows = rows,
+                              .num_rows = 1152,
+                              .dest = out};
       if (engram_gather(s, &r, 30'000'000'000) != 0) return 21;
       if (FirstBadRow(r.layer, rows, 1152, out) >= 0) return 22;
     }
