@@ -1,6 +1,6 @@
-// The gather engine's concurrency under ThreadSanitizer: callers gathering and submitting at
-// once, batches split over the workers, the blocking pool, and Stats() read meanwhile. This file
-// is compiled together with the engine and table sources, all instrumented.
+// The gather engine's concurrency: callers gathering and submitting at once, batches split over
+// the workers, the blocking pool, and Stats() read meanwhile, every row checked. The TSan run
+// (tools/sanitize.sh) runs it with the engine and the tables instrumented.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <condition_variable>
