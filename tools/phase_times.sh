@@ -4,16 +4,19 @@
 # shares the machine; wall time is what a run waits.
 
 phase_times_tmp=$(mktemp)
-trap 'rm -f "$phase_times_tmp"' EXIT
+trap 'rm -f "$phase_times_tmp"*' EXIT
 
 # Sets phase_cpu_now to the user+sys seconds of this shell's finished children: the second line
 # of the `times` builtin, which must run in this shell (in a subshell, as within $(...), its
-# counters start from zero), hence the file.
+# counters start from zero), hence the file. A phase run in the background, in its own subshell
+# (tools/test.sh), counts its own children; the file's name keeps two such shells apart.
 phase_cpu() {
-  times >"$phase_times_tmp"
+  local file=$phase_times_tmp.$BASHPID
+  times >"$file"
   phase_cpu_now=$(awk 'function sec(t, m) { split(t, m, "m"); sub("s", "", m[2]);
                                             return m[1] * 60 + m[2] }
-                       NR == 2 { printf "%.2f\n", sec($1) + sec($2) }' "$phase_times_tmp")
+                       NR == 2 { printf "%.2f\n", sec($1) + sec($2) }' "$file")
+  rm -f "$file"
 }
 
 # Starts the clock of the next phase.

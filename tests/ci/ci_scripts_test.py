@@ -101,6 +101,31 @@ class PhaseTimesTest(unittest.TestCase):
             self.assertEqual(idle_cpu, 0)
             self.assertGreaterEqual(idle_wall, 1)
 
+    def test_a_phase_beside_another_counts_only_its_own_work(self):
+        # tools/test.sh runs a test phase in a background subshell beside a build: each shell
+        # counts its own children, and the two never read each other's counters.
+        with tempfile.TemporaryDirectory() as tmp:
+            times = os.path.join(tmp, 'phases.tsv')
+            script = f'''
+                source {os.path.join(ROOT, 'tools', 'phase_times.sh')}
+                phase_start
+                ( phase_start; {sys.executable} -c "{BUSY_LOOP}"; phase_end "beside" ) &
+                sleep 0.5
+                phase_end "idle foreground"
+                wait
+                echo done
+            '''
+            run = subprocess.run(['bash', '-c', script], capture_output=True, text=True,
+                                 env=dict(os.environ, ENGRAM_PHASE_TIMES=times))
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertEqual(run.stdout, 'done\n')
+            with open(times) as f:
+                rows = {r[0]: list(map(int, r[1:]))
+                        for r in (line.rstrip('\n').split('\t') for line in f)}
+            self.assertEqual(set(rows), {'beside', 'idle foreground'})
+            self.assertGreaterEqual(rows['beside'][1], 1)
+            self.assertEqual(rows['idle foreground'][1], 0)
+
     def test_without_the_variable_it_writes_nothing(self):
         script = f'source {os.path.join(ROOT, "tools", "phase_times.sh")}; phase_start; ' \
                  'phase_end x; echo ok'
