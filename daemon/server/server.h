@@ -138,13 +138,19 @@ class Server : public ServerView {
   void PollerLoop();
   void RefreshPollerSessions(PollerState& st);
   uint32_t DrainAllSessions(PollerState& st);
-  void CountBurst(PollerState& st, uint64_t now, uint32_t work);
+  void CountBurst(PollerState& st, uint64_t now, uint32_t row_work);
   bool SpinThroughPaceWindow(PollerState& st, uint64_t now);
   bool KeepSpinning(PollerState& st, uint64_t now);
   void EndSpin(PollerState& st, uint64_t now);
   void SleepOnDoorbells(PollerState& st, uint64_t now);
   bool ReadDoorbells(PollerState& st, int events);
-  uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
+  uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch,
+                        uint32_t* ret_row_work);
+  // Polling mode: a request that gathered rows keeps the poller and hold_cores - 1 request
+  // threads spinning until hold_idle_ns from `now`. Only such a request does: an empty, no-op,
+  // refused or failed request, or a prefetch, costs its sender its own request, never the
+  // node's cores. Any thread.
+  void HoldPolling(uint64_t now);
   // Dispatch (dispatch.cc): admits, decodes, runs and finishes one submission.
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
   // PREFETCH: the poller checks the session's bound and hands the entry over (PostPrefetch);
