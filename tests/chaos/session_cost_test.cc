@@ -1,8 +1,10 @@
 // What one admitted client can make the node pay through its session: polling mode's spinning
-// cores held on by no-op requests on a clock. Each case checks that the cost stays the client's own while well-behaved clients keep
+// cores held on by no-op requests on a clock, and node-wide statistics forged through its touch
+// page. Each case checks that the cost stays the client's own while well-behaved clients keep
 // what they had.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cinttypes>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -110,6 +112,105 @@ TEST_CASE("no-op requests on a clock do not hold polling mode's cores", "[chaos]
   CHECK(held);
   CHECK(gather_spin > 0.5);
   engram_session_close(s);
+  CHECK(d.alive());
+}
+
+// This process's mappings of the touch page memfd, in the order the kernel lists them.
+std::vector<uintptr_t> TouchPages() {
+  std::vector<uintptr_t> out;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:engram-cache-touch") == std::string::npos) continue;
+    uintptr_t begin = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR, &begin) == 1) out.push_back(begin);
+  }
+  return out;
+}
+
+// Gathers rows of layer 1 in place (the row cache), so that the session maps its touch page.
+void GatherInPlace(engram_session* s, uint64_t seed) {
+  uint64_t* rows = nullptr;
+  uint8_t* out = nullptr;
+  REQUIRE(engram_alloc(s, 64 * 8, reinterpret_cast<void**>(&rows)) == 0);
+  REQUIRE(engram_alloc(s, 64 * kRowBytes, reinterpret_cast<void**>(&out)) == 0);
+  FillRows(rows, 64, 1500, seed);
+  engram_gather_request r{.size = sizeof(r),
+                          .layer = 1,
+                          .flags = ENGRAM_GATHER_IN_PLACE,
+                          .rows = rows,
+                          .num_rows = 64,
+                          .dest = out};
+  REQUIRE(engram_gather(s, &r, 10'000'000'000) == 0);
+  REQUIRE(FirstBadRow(1, rows, 64, out) == -1);
+}
+
+// Writes `value` into every table's counters of the touch page mapped at `page`.
+void Forge(uintptr_t page, uint64_t value) {
+  auto* header = reinterpret_cast<engram_cache_touch_page*>(page);
+  auto* counters = reinterpret_cast<engram_cache_touch_counters*>(page + header->counters_offset);
+  for (uint32_t t = 0; t < header->tables; ++t) {
+    counters[t].requests = value;
+    counters[t].rows = value;
+  }
+}
+
+uint64_t ClampsOf(const json& clients, const std::string& name) {
+  for (const json& c : clients) {
+    if (c.value("name", "") == name) return c["touch_reports_clamped"];
+  }
+  FAIL("no client named " << name << " in " << clients.dump());
+  return 0;
+}
+
+TEST_CASE("forged touch page counters are clamped, counted, named once and never wrap", "[chaos]") {
+  LoggedDaemon d("forged-touch", Checkpoint(), {"--tier", "1=cache", "--cache-bytes", "1M"});
+  REQUIRE(d.alive());
+  engram_session* a = Open(d, "forger-a");
+  GatherInPlace(a, 1);
+  const std::vector<uintptr_t> before_b = TouchPages();
+  REQUIRE(before_b.size() == 1);
+  const uint64_t hits0 = Control(d.socket(), R"({"command":"status"})")["store"]["cache"]["hits"];
+  // 2^63 rows read in place, as session A tells it: counted no further than it could have read
+  // (256 GiB/s of rows for the seconds it has been open, ~1e9 rows a second).
+  Forge(before_b[0], uint64_t{1} << 63);
+  const uint64_t hits1 = Control(d.socket(), R"({"command":"status"})")["store"]["cache"]["hits"];
+  INFO("cache hits " << hits0 << " -> " << hits1);
+  CHECK(hits1 >= hits0);
+  CHECK(hits1 < (uint64_t{1} << 40));
+  // A second session's 2^63 does not wrap the node's totals back.
+  engram_session* b = Open(d, "forger-b");
+  GatherInPlace(b, 2);
+  std::vector<uintptr_t> pages = TouchPages();
+  REQUIRE(pages.size() == 2);
+  const uintptr_t page_b = pages[0] == before_b[0] ? pages[1] : pages[0];
+  Forge(page_b, uint64_t{1} << 63);
+  // And again on A's page, after a wrap back to zero: growth from a base the client set.
+  Forge(before_b[0], 0);
+  (void)Control(d.socket(), R"({"command":"status"})");
+  Forge(before_b[0], uint64_t{1} << 63);
+  const json status = Control(d.socket(), R"({"command":"status"})");
+  const uint64_t hits2 = status["store"]["cache"]["hits"];
+  INFO("cache hits " << hits1 << " -> " << hits2);
+  CHECK(hits2 >= hits1);
+  CHECK(hits2 < (uint64_t{1} << 41));
+  // Counted per session, and named once each in the log.
+  const json clients = Control(d.socket(), R"({"command":"clients"})")["clients"];
+  CHECK(ClampsOf(clients, "forger-a") >= 2);
+  CHECK(ClampsOf(clients, "forger-b") >= 1);
+  const std::string log = d.Log();
+  INFO(log);
+  size_t named_a = 0, named_b = 0;
+  for (size_t at = log.find("read in place of table"); at != std::string::npos;
+       at = log.find("read in place of table", at + 1)) {
+    const std::string line = log.substr(log.rfind('\n', at) + 1, at - log.rfind('\n', at));
+    named_a += line.find("'forger-a'") != std::string::npos ? 1 : 0;
+    named_b += line.find("'forger-b'") != std::string::npos ? 1 : 0;
+  }
+  CHECK(named_a == 1);
+  CHECK(named_b == 1);
+  engram_session_close(a);
+  engram_session_close(b);
   CHECK(d.alive());
 }
 
