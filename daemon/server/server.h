@@ -182,6 +182,9 @@ class Server : public ServerView {
                          int32_t* ret_code, std::string* ret_message) const;
   void HandleMessage(const std::shared_ptr<Session>& session);
   void Disconnect(const std::shared_ptr<Session>& session, const char* why);
+  // After a reload (live_settings.cc): sessions whose peer the allow lists no longer admit are
+  // stopped and closed, each logged naming its client.
+  void CloseSessionsNoLongerAdmitted();
   void Refuse(int fd, int32_t code, const std::string& message);
   void DropPending(int fd, const char* why);
   bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
