@@ -515,8 +515,13 @@ void RowStore::FoldTouches(bool wait) const {
     last_release_ns_ = now;
     cache_->ReleaseAboveCapacity();
   }
+  // A client's counters past what it could have read are clamped; the first time a page's
+  // are, the operator hears of it, naming the session.
+  const auto report = [&](const std::string& line) {
+    if (notice_) notice_(line);
+  };
   for (size_t i = 0; i < touch_pages_.size();) {
-    touch_pages_[i]->Fold(touch, count);
+    touch_pages_[i]->Fold(touch, count, report);
     if (touch_pages_[i].use_count() == 1) {  // its session ended: this was the last fold
       touch_pages_[i] = std::move(touch_pages_.back());
       touch_pages_.pop_back();

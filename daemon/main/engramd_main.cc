@@ -328,6 +328,7 @@ int Serve(const ConfigSources& sources, DaemonSettings* settings,
         return control;
       });
   if (!server.ok()) return Fail(server.status());
+  (*server)->SetSocketClaim(gate.TakeClaim());
   if (store != nullptr) {
     store->StartLoading(store_config.load_at_start);
     std::unique_ptr<HotSetKeeper> keeper;
@@ -346,17 +347,14 @@ int Serve(const ConfigSources& sources, DaemonSettings* settings,
   return 0;
 }
 
-// The client socket: the one systemd passed (socket activation), or bound at socket.path.
-// *ret_bound_path is the path bound, empty for a passed socket.
-absl::StatusOr<UniqueFd> ClientSocket(const ServerConfig& config, int passed_fd,
-                                      std::string* ret_bound_path) {
+// The client socket: the one systemd passed (socket activation; no claim), or bound at
+// socket.path under engramd's claim on the path.
+absl::StatusOr<BoundSocket> ClientSocket(const ServerConfig& config, int passed_fd) {
   if (passed_fd >= 0) {
     log::Info("using the socket passed by systemd for {}", config.socket_path);
-    return UniqueFd(passed_fd);
+    return BoundSocket{.fd = UniqueFd(passed_fd), .claim = nullptr};
   }
-  absl::StatusOr<UniqueFd> bound = BindClientSocket(config);
-  if (bound.ok()) *ret_bound_path = config.socket_path;
-  return bound;
+  return BindClientSocket(config);
 }
 
 // The start: the socket answers "starting" from here on (StartingGate) while the tables open
@@ -369,11 +367,10 @@ int Start(const ConfigSources& sources, DaemonSettings* settings) {
   // come in together, told apart by name (cache_handoff.h).
   PassedFds passed = TakePassedFds();
   for (const std::string& note : passed.notes) log::Notice("{}", note);
-  std::string bound_path;
-  absl::StatusOr<UniqueFd> socket = ClientSocket(config, passed.socket_fd, &bound_path);
+  absl::StatusOr<BoundSocket> socket = ClientSocket(config, passed.socket_fd);
   if (!socket.ok()) return Fail(socket.status());
-  absl::StatusOr<std::unique_ptr<StartingGate>> gate =
-      StartingGate::Open(std::move(*socket), bound_path, settings->metrics, ENGRAMD_VERSION);
+  absl::StatusOr<std::unique_ptr<StartingGate>> gate = StartingGate::Open(
+      std::move(socket->fd), std::move(socket->claim), settings->metrics, ENGRAMD_VERSION);
   if (!gate.ok()) return Fail(gate.status());
   (*gate)->Step(
       absl::StrFormat("opening and validating %u table source(s)", config.sources.size()));

@@ -31,7 +31,7 @@ constexpr int kHelloWaitMs = 200;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StartingGate>> StartingGate::Open(UniqueFd listen_fd,
-                                                                 const std::string& bound_path,
+                                                                 std::unique_ptr<SocketClaim> claim,
                                                                  const MetricsOptions& metrics,
                                                                  const std::string& version) {
   std::unique_ptr<StartingGate> gate(new StartingGate());
@@ -41,8 +41,8 @@ absl::StatusOr<std::unique_ptr<StartingGate>> StartingGate::Open(UniqueFd listen
   // Under socket activation (no path bound) connections wait in the socket's backlog, as
   // systemd means them to, until the server accepts them (Server::Bind checks the socket's
   // type); the gate only logs and reports the steps.
-  gate->answer_ = !bound_path.empty();
-  gate->unlink_path_ = bound_path;
+  gate->answer_ = claim != nullptr;
+  gate->claim_ = std::move(claim);
   gate->stop_fd_.Reset(eventfd(0, EFD_CLOEXEC));
   sigset_t mask;
   sigemptyset(&mask);
@@ -71,8 +71,8 @@ absl::StatusOr<std::unique_ptr<StartingGate>> StartingGate::Open(UniqueFd listen
 }
 
 StartingGate::~StartingGate() {
-  (void)TakeSocket();
-  if (!unlink_path_.empty()) unlink(unlink_path_.c_str());
+  close(TakeSocket());
+  claim_.reset();  // after the socket closed: the path goes if it is still this socket
 }
 
 int StartingGate::TakeSocket() {

@@ -9,12 +9,13 @@
 // socket's backlog instead of being refused. Under socket activation the gate does not answer:
 // clients wait in the backlog, as systemd means them to.
 //
-//   absl::StatusOr<UniqueFd> fd = engram::BindClientSocket(config);  // daemon/server/server.h
-//   auto gate = engram::StartingGate::Open(std::move(*fd), config.socket_path, metrics_options,
-//                                          version);
+//   auto bound = engram::BindClientSocket(config);  // daemon/server/server.h
+//   auto gate = engram::StartingGate::Open(std::move(bound->fd), std::move(bound->claim),
+//                                          metrics_options, version);
 //   (*gate)->Step("opening the tables");
 //   ...
 //   config.listen_fd = (*gate)->TakeSocket();
+//   server->SetSocketClaim((*gate)->TakeClaim());
 //   control.Configure(metrics_options, level, version, (*gate)->TakeHttp());
 #pragma once
 
@@ -29,22 +30,23 @@
 #include "base/unique_fd.h"
 #include "daemon/ops/config_file.h"
 #include "daemon/ops/metrics.h"
+#include "daemon/server/socket_claim.h"
 
 namespace engram {
 
 class StartingGate {
  public:
-  // Takes the listening client socket and starts answering on its own thread. `bound_path`:
-  // where engramd bound `listen_fd` (the gate answers on it, and unlinks the path when it
-  // goes); empty for the socket systemd passed (socket activation: the gate leaves connections
-  // in the backlog and the path to systemd). A metrics port that cannot be opened is logged; the
-  // daemon starts without it, as it would later.
+  // Takes the listening client socket and starts answering on its own thread. `claim`: engramd's
+  // claim on the path where it bound `listen_fd` (the gate answers on it, and releases the claim,
+  // removing the path if still this socket, when it goes unless TakeClaim took it); null for
+  // the socket systemd passed (socket activation: the gate leaves connections in the backlog
+  // and the path to systemd). A metrics port that cannot be opened is logged; the daemon starts
+  // without it, as it would later.
   static absl::StatusOr<std::unique_ptr<StartingGate>> Open(UniqueFd listen_fd,
-                                                            const std::string& bound_path,
+                                                            std::unique_ptr<SocketClaim> claim,
                                                             const MetricsOptions& metrics,
                                                             const std::string& version);
-  // Stops answering; unlinks the socket path if the gate bound it (the server does not unlink
-  // a socket it was handed).
+  // Stops answering; releases the claim it still holds (a start that failed before serving).
   ~StartingGate();
 
   // The step in progress ("building the row cache (48.0 GiB)"): logged now and every 10 s while
@@ -62,6 +64,9 @@ class StartingGate {
   // metrics listener (null when none). Connections not accepted yet stay queued on the socket.
   int TakeSocket();
   std::unique_ptr<metrics::HttpListener> TakeHttp() { return std::move(http_); }
+  // The claim on the socket path, for the server (Server::SetSocketClaim); null under socket
+  // activation.
+  std::unique_ptr<SocketClaim> TakeClaim() { return std::move(claim_); }
 
  private:
   StartingGate() = default;
@@ -74,7 +79,7 @@ class StartingGate {
   UniqueFd stop_fd_;
   UniqueFd signal_fd_;  // SIGTERM and SIGINT while starting
   std::atomic<int> stop_signal_{0};
-  std::string unlink_path_;  // the path the gate bound; empty under socket activation
+  std::unique_ptr<SocketClaim> claim_;  // null under socket activation
   bool answer_ = true;       // false under socket activation
   std::string version_;
   uint64_t start_ns_ = 0;

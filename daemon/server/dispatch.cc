@@ -137,6 +137,7 @@ void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& 
                                 .dest_offsets = request.dest_offsets});
   }
   if (status.ok()) status = watch_->Check(request.table_index);
+  if (status.ok()) HoldPolling(NowNs());
   Finish(*session, request.ticket, request.slot, std::move(status), request.rows.size(),
          admitted_rows, start);
 }

@@ -57,9 +57,10 @@ struct Server::PollerState {
   // Paced work (pace.h).
   PacePredictor pace;
   std::optional<PacePredictor::SpinWindow> window;  // of the next expected burst
-  uint64_t last_busy = 0;                           // the last pass that found work
+  uint64_t last_busy = 0;        // the last pass that found entries asking for rows
   uint64_t pace_spin_until = 0;  // spinning through a predicted window until then
   uint32_t burst_requests = 0, last_burst_requests = 0;
+  uint32_t row_work = 0;            // entries of the last pass that asked for rows
   uint64_t timer_late_ns = 50'000;  // how late this thread's timed sleeps end, on average
   uint64_t spin_since = 0;          // the first of the passes since the last work found none
 };
@@ -85,7 +86,7 @@ void Server::PollerLoop() {
     poller_heartbeat_ns_.store(now, std::memory_order_relaxed);
     if (work != 0) {
       EndSpin(st, now);
-      CountBurst(st, now, work);
+      CountBurst(st, now, st.row_work);
       continue;
     }
     if (st.spin_since == 0) {
@@ -117,12 +118,14 @@ void Server::RefreshPollerSessions(PollerState& st) {
   if (st.device_sessions > before) st.last_device_work = NowNs();  // a new one starts awake
 }
 
-// One pass over every open session's ring; the requests (and garbage tails) it found.
+// One pass over every open session's ring; the requests (and garbage tails) it found, and in
+// st.row_work those of them that ask for rows.
 uint32_t Server::DrainAllSessions(PollerState& st) {
   uint32_t work = 0;
+  st.row_work = 0;
   for (const auto& s : st.snapshot) {
     if (s->closing()) continue;
-    const uint32_t n = DrainSession(s, st.scratch);
+    const uint32_t n = DrainSession(s, st.scratch, &st.row_work);
     if (n != 0 && s->device_submit()) {
       st.last_device_work = NowNs();
       st.device_nap_ns = kDeviceNapMinNs;
@@ -134,13 +137,24 @@ uint32_t Server::DrainAllSessions(PollerState& st) {
 
 // Whether the poller spins on after a pass that found no work: within its adaptive spell, a
 // pace window, while a device-submitting session is awake, or in polling mode while clients
-// are active (a request came within hold_idle_ns).
+// are active (a request gathered rows within hold_idle_ns: HoldPolling).
 bool Server::KeepSpinning(PollerState& st, uint64_t now) {
   const PollOptions& poll = config_.poll;
   const bool device_awake = st.device_sessions > 0 && now - st.last_device_work < kDeviceIdleNs;
-  const bool held =
-      poll.hold_cores != 0 && !st.snapshot.empty() && now - st.last_busy < poll.hold_idle_ns;
+  const bool held = poll.hold_cores != 0 && !st.snapshot.empty() &&
+                    now < poll_hold_until_.load(std::memory_order_relaxed);
   return now - st.last_work < st.spin_ns || now < st.pace_spin_until || device_awake || held;
+}
+
+void Server::HoldPolling(uint64_t now) {
+  const PollOptions& poll = config_.poll;
+  if (poll.hold_cores == 0) return;
+  const uint64_t before =
+      poll_hold_until_.exchange(now + poll.hold_idle_ns, std::memory_order_relaxed);
+  requests_->Hold(poll.hold_cores - 1, now + poll.hold_idle_ns);
+  // A hold that starts finds the poller perhaps asleep (the request ran longer than its spell):
+  // woken, it spins from here on instead of at the next doorbell.
+  if (before <= now) Kick();
 }
 
 // The passes since st.spin_since found nothing: count them as the poller's spin.
@@ -151,7 +165,11 @@ void Server::EndSpin(PollerState& st, uint64_t now) {
 }
 
 // A pass found work: the first after an idle gap starts a burst the pace predictor learns from.
-void Server::CountBurst(PollerState& st, uint64_t now, uint32_t work) {
+// Only entries that ask for rows count: empty and no-op entries teach the pace nothing, so a
+// client sending them on a clock gets no spin windows ahead of them.
+void Server::CountBurst(PollerState& st, uint64_t now, uint32_t row_work) {
+  st.last_work = now;
+  if (row_work == 0) return;
   if (config_.poll.pace && now - st.last_busy >= st.pace.options().idle_gap_ns) {
     st.pace.OnBurst(now);
     st.last_burst_requests = st.burst_requests;
@@ -162,14 +180,8 @@ void Server::CountBurst(PollerState& st, uint64_t now, uint32_t work) {
     }
     st.pace_spin_until = 0;
   }
-  st.burst_requests += work;
+  st.burst_requests += row_work;
   st.last_busy = now;
-  // Polling mode: the request threads besides the poller stay awake while requests come.
-  if (config_.poll.hold_cores != 0) {
-    poll_hold_until_.store(now + config_.poll.hold_idle_ns, std::memory_order_relaxed);
-    requests_->Hold(config_.poll.hold_cores - 1, now + config_.poll.hold_idle_ns);
-  }
-  st.last_work = now;
 }
 
 // True when the window of the next expected burst is open, or closer than a timed sleep could
@@ -252,7 +264,8 @@ bool Server::ReadDoorbells(PollerState& st, int events) {
   return rang;
 }
 
-uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch) {
+uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch,
+                              uint32_t* ret_row_work) {
   bool garbage = false;
   const uint32_t n = session->TakeSubmissions(scratch, 32, &garbage);
   if (garbage) {
@@ -264,7 +277,10 @@ uint32_t Server::DrainSession(const std::shared_ptr<Session>& session, engram_sq
           session->Describe(), session->arena().layout().slots, suppressed);
     }
   }
-  for (uint32_t i = 0; i < n; ++i) Dispatch(session, scratch[i]);
+  for (uint32_t i = 0; i < n; ++i) {
+    if (scratch[i].opcode != ENGRAM_OP_NOP && scratch[i].num_rows != 0) ++*ret_row_work;
+    Dispatch(session, scratch[i]);
+  }
   return n + (garbage ? 1 : 0);
 }
 

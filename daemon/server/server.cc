@@ -79,10 +79,8 @@ Server::~Server() {
     Kick();
     poller_.join();
   }
-  if (listen_fd_.valid()) {
-    listen_fd_.Reset();
-    if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
-  }
+  listen_fd_.Reset();
+  socket_claim_.reset();  // removes the path only if it is still the socket bound
   for (int fd : pending_.TakeAll()) close(fd);
   // The epoll, eventfd and signalfd descriptors close with their UniqueFd members.
 }
@@ -245,7 +243,9 @@ absl::Status Server::Shutdown() {
   if (store_ != nullptr) store_->StopLoading();
   epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, listen_fd_.get(), nullptr);
   listen_fd_.Reset();
-  if (config_.listen_fd < 0) unlink(config_.socket_path.c_str());
+  // The path goes now, if it is still ours, and with it the claim: a new engramd waiting to
+  // start on the path binds while this one drains.
+  socket_claim_.reset();
   for (int fd : pending_.TakeAll()) close(fd);
   draining_.store(true);
   Kick();

@@ -33,6 +33,7 @@
 #include "daemon/server/server_config.h"
 #include "daemon/server/server_view.h"
 #include "daemon/server/session.h"
+#include "daemon/server/socket_claim.h"
 #include "daemon/server/table_state.h"
 #include "gather/gather_engine.h"
 #include "protocol/codec.h"
@@ -42,11 +43,19 @@
 
 namespace engram {
 
-// Binds and listens on config.socket_path (socket.mode, socket.group), clearing a stale socket a
-// dead daemon left; refuses a path that is not a socket or where another engramd answers. What
-// Server::Create does without socket activation; engramd's start calls it first, so that the
-// socket answers while the tables open (daemon/ops/starting_gate.h), then hands it over.
-absl::StatusOr<UniqueFd> BindClientSocket(const ServerConfig& config);
+// A client socket engramd bound, and its claim on the path (socket_claim.h): whoever holds the
+// claim removes the path when it goes, if the path is still this socket.
+struct BoundSocket {
+  UniqueFd fd;
+  std::unique_ptr<SocketClaim> claim;
+};
+
+// Binds and listens on config.socket_path (socket.mode, socket.group) under a SocketClaim,
+// waiting for an engramd still stopping there and clearing a stale socket a dead daemon left;
+// refuses a path that is not a socket or where another engramd answers. What Server::Create does
+// without socket activation; engramd's start calls it first, so that the socket answers while
+// the tables open (daemon/ops/starting_gate.h), then hands socket and claim over.
+absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config);
 
 class Server : public ServerView {
  public:
@@ -77,6 +86,10 @@ class Server : public ServerView {
     hot_set_warmer_ = std::move(warmer);
   }
   const RowStore* row_store() const { return store_.get(); }
+  // The claim on the socket path engramd bound before the server was made (config.listen_fd):
+  // released, removing the path if still this socket, as the server stops listening. Before
+  // Run().
+  void SetSocketClaim(std::unique_ptr<SocketClaim> claim) { socket_claim_ = std::move(claim); }
 
   // ServerView: what the operator side sees.
   const ServerConfig& config() const override { return config_; }
@@ -125,13 +138,19 @@ class Server : public ServerView {
   void PollerLoop();
   void RefreshPollerSessions(PollerState& st);
   uint32_t DrainAllSessions(PollerState& st);
-  void CountBurst(PollerState& st, uint64_t now, uint32_t work);
+  void CountBurst(PollerState& st, uint64_t now, uint32_t row_work);
   bool SpinThroughPaceWindow(PollerState& st, uint64_t now);
   bool KeepSpinning(PollerState& st, uint64_t now);
   void EndSpin(PollerState& st, uint64_t now);
   void SleepOnDoorbells(PollerState& st, uint64_t now);
   bool ReadDoorbells(PollerState& st, int events);
-  uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch);
+  uint32_t DrainSession(const std::shared_ptr<Session>& session, engram_sqe* scratch,
+                        uint32_t* ret_row_work);
+  // Polling mode: a request that gathered rows keeps the poller and hold_cores - 1 request
+  // threads spinning until hold_idle_ns from `now`. Only such a request does: an empty, no-op,
+  // refused or failed request, or a prefetch, costs its sender its own request, never the
+  // node's cores. Any thread.
+  void HoldPolling(uint64_t now);
   // Dispatch (dispatch.cc): admits, decodes, runs and finishes one submission.
   void Dispatch(const std::shared_ptr<Session>& session, const engram_sqe& sqe);
   // PREFETCH: the poller checks the session's bound and hands the entry over (PostPrefetch);
@@ -163,6 +182,9 @@ class Server : public ServerView {
                          int32_t* ret_code, std::string* ret_message) const;
   void HandleMessage(const std::shared_ptr<Session>& session);
   void Disconnect(const std::shared_ptr<Session>& session, const char* why);
+  // After a reload (live_settings.cc): sessions whose peer the allow lists no longer admit are
+  // stopped and closed, each logged naming its client.
+  void CloseSessionsNoLongerAdmitted();
   void Refuse(int fd, int32_t code, const std::string& message);
   void DropPending(int fd, const char* why);
   bool PeerAllowed(int fd, PeerInfo* ret_peer, std::string* ret_why);
@@ -191,6 +213,7 @@ class Server : public ServerView {
   std::vector<protocol::TableBounds> bounds_;
   // Before the threads' owners below: they close after every thread that could use them stopped.
   UniqueFd listen_fd_;
+  std::unique_ptr<SocketClaim> socket_claim_;  // null: a socket systemd passed
   UniqueFd control_epoll_;
   UniqueFd poller_epoll_;
   UniqueFd kick_fd_;  // wakes the poller: session list changed or shutdown

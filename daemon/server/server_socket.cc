@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "daemon/server/server.h"
 #include "daemon/server/server_internal.h"
+#include "daemon/server/socket_claim.h"
 
 namespace engram {
 namespace {
@@ -29,27 +30,34 @@ absl::Status CheckActivatedSocket(int fd) {
   return absl::OkStatus();
 }
 
-// Makes the socket's directory if it is missing, and clears a stale socket a dead daemon left
-// at `path`; refuses a path that is not a socket or where another engramd answers.
-absl::Status PrepareSocketPath(const std::string& path, const sockaddr_un& addr) {
+// How much longer than its drain timeout a start waits for a stopping engramd's claim: the
+// stop's own steps after the drain (the last metrics, the hot set).
+constexpr uint64_t kClaimWaitSlackNs = 30'000'000'000;
+
+// Makes the socket's directory if it is missing.
+absl::Status PrepareSocketDirectory(const std::string& path) {
   const size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0) {
-    const std::string dir = path.substr(0, slash);
-    struct stat st;
-    if (stat(dir.c_str(), &st) < 0 && (errno != ENOENT || mkdir(dir.c_str(), 0755) < 0)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "socket directory '%s' does not exist and cannot be created: %s", dir, strerror(errno)));
-    }
+  if (slash == std::string::npos || slash == 0) return absl::OkStatus();
+  const std::string dir = path.substr(0, slash);
+  struct stat st;
+  if (stat(dir.c_str(), &st) < 0 && (errno != ENOENT || mkdir(dir.c_str(), 0755) < 0)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "socket directory '%s' does not exist and cannot be created: %s", dir, strerror(errno)));
   }
+  return absl::OkStatus();
+}
+
+// Clears a stale socket a dead daemon left at `path`; refuses a path that is not a socket or
+// where something answers (an engramd that took no claim, or systemd's socket). Runs under the
+// path's SocketClaim: no other engramd changes the path between this check and the bind.
+absl::Status ClearStaleSocket(const std::string& path) {
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
   if (!S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("'%s' exists and is not a socket; refusing to replace it", path));
   }
-  UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (probe.valid() &&
-      connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+  if (SocketClaim::Answers(path)) {
     return absl::AlreadyExistsError(
         absl::StrFormat("another engramd is serving on '%s'; stop it first", path));
   }
@@ -78,7 +86,7 @@ absl::Status SetSocketAccess(const std::string& path, mode_t mode, const std::st
 
 }  // namespace
 
-absl::StatusOr<UniqueFd> BindClientSocket(const ServerConfig& config) {
+absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config) {
   const std::string& path = config.socket_path;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -87,22 +95,32 @@ absl::StatusOr<UniqueFd> BindClientSocket(const ServerConfig& config) {
         "socket path '%s' is empty or longer than %d bytes", path, sizeof(addr.sun_path) - 1));
   }
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (absl::Status s = PrepareSocketPath(path, addr); !s.ok()) return s;
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) {
+  if (absl::Status s = PrepareSocketDirectory(path); !s.ok()) return s;
+  // A daemon still stopping on the path holds the claim until it has removed its socket: wait
+  // for it (as long as it may take to drain), so that a restart neither fails nor loses the
+  // socket it binds.
+  absl::StatusOr<std::unique_ptr<SocketClaim>> claim =
+      SocketClaim::Take(path, config.drain_timeout_ns + kClaimWaitSlackNs);
+  if (!claim.ok()) return claim.status();
+  if (absl::Status s = ClearStaleSocket(path); !s.ok()) return s;
+  BoundSocket out{.fd = UniqueFd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)),
+                  .claim = std::move(*claim)};
+  if (!out.fd.valid()) {
     return absl::InternalError(absl::StrFormat("socket(AF_UNIX): %s", strerror(errno)));
   }
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
+  if (bind(out.fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) < 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
   }
+  if (absl::Status s = out.claim->Bound(); !s.ok()) return s;
   if (absl::Status s = SetSocketAccess(path, config.socket_mode, config.socket_group); !s.ok()) {
     return s;
   }
-  if (listen(fd.get(), 128) < 0) {
+  if (absl::Status s = out.claim->Bound(); !s.ok()) return s;  // its mode changed its ctime
+  if (listen(out.fd.get(), 128) < 0) {
     return absl::InternalError(absl::StrFormat("listen on '%s': %s", path, strerror(errno)));
   }
-  return fd;
+  return out;
 }
 
 absl::Status Server::Bind() {
@@ -111,9 +129,10 @@ absl::Status Server::Bind() {
     listen_fd_.Reset(config_.listen_fd);
     fcntl(listen_fd_.get(), F_SETFL, fcntl(listen_fd_.get(), F_GETFL) | O_NONBLOCK);
   } else {
-    absl::StatusOr<UniqueFd> fd = BindClientSocket(config_);
-    if (!fd.ok()) return fd.status();
-    listen_fd_ = std::move(*fd);
+    absl::StatusOr<BoundSocket> bound = BindClientSocket(config_);
+    if (!bound.ok()) return bound.status();
+    listen_fd_ = std::move(bound->fd);
+    socket_claim_ = std::move(bound->claim);
   }
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = kTagListen}};
   epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev);

@@ -33,7 +33,8 @@ class ServerView {
   virtual const ServerConfig& config() const = 0;
   // Runs `apply` on the configuration in force, which may change there only the settings a
   // SIGHUP applies live (the fields only the control thread reads: handshake limits, access
-  // lists; the settings table's rows say which). Control thread only.
+  // lists; the settings table's rows say which). Sessions of peers the access lists no longer
+  // admit are then closed, each logged naming its client. Control thread only.
   virtual void ApplyLiveSettings(const std::function<void(ServerConfig*)>& apply) = 0;
 
   // Thread-safe from here on.

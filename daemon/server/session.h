@@ -47,11 +47,10 @@ class Session {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
   // Closes the socket and the doorbell, unmaps the arena. Runs when the last reference (the
-  // server's, or a request's still in flight) goes.
-  // Closes the socket and the doorbell; the touch page (which the row store folds once more)
-  // stops counting into this session.
+  // server's, or a request's still in flight) goes. The touch page (which the row store folds
+  // once more) stops counting into this session.
   ~Session() {
-    if (touch_page != nullptr) touch_page->AttachCounters(nullptr, nullptr);
+    if (touch_page != nullptr) touch_page->Attach({.name = Describe()});
   }
 
   uint64_t id() const { return id_; }

@@ -129,8 +129,10 @@ absl::StatusOr<int> Server::TouchPageFd(Session& session) {
     auto page = CacheTouchPage::Create(tables_.size());
     if (!page.ok()) return page.status();
     session.touch_page = *page;
-    session.touch_page->AttachCounters(&session.counters.cache_rows_in_place,
-                                       &session.counters.resident_rows_in_place);
+    session.touch_page->Attach({.cache_rows = &session.counters.cache_rows_in_place,
+                                .resident_rows = &session.counters.resident_rows_in_place,
+                                .clamped = &session.counters.touch_reports_clamped,
+                                .name = session.Describe()});
     store_->AddTouchPage(*page);
   }
   return session.touch_page->fd();

@@ -52,9 +52,9 @@ TEST_CASE("while engramd starts, clients, engramctl and /healthz hear the step",
   config.socket_path = TestDir() + "/gate.sock";
   MetricsOptions metrics;
   metrics.http_port = FreePort();
-  absl::StatusOr<UniqueFd> bound = BindClientSocket(config);
+  absl::StatusOr<BoundSocket> bound = BindClientSocket(config);
   REQUIRE(bound.ok());
-  auto gate = StartingGate::Open(std::move(*bound), config.socket_path, metrics, "9.9.9");
+  auto gate = StartingGate::Open(std::move(bound->fd), std::move(bound->claim), metrics, "9.9.9");
   REQUIRE(gate.ok());
   const std::string step = "building the row store: row cache up to 48.00 GiB";
   (*gate)->Step(step);
@@ -117,9 +117,10 @@ TEST_CASE("a SIGTERM while engramd starts is kept for the end of the step", "[op
   REQUIRE(pthread_sigmask(SIG_BLOCK, &mask, nullptr) == 0);
   ServerConfig config;
   config.socket_path = TestDir() + "/gate-term.sock";
-  absl::StatusOr<UniqueFd> bound = BindClientSocket(config);
+  absl::StatusOr<BoundSocket> bound = BindClientSocket(config);
   REQUIRE(bound.ok());
-  auto gate = StartingGate::Open(std::move(*bound), config.socket_path, MetricsOptions{}, "9.9.9");
+  auto gate =
+      StartingGate::Open(std::move(bound->fd), std::move(bound->claim), MetricsOptions{}, "9.9.9");
   REQUIRE(gate.ok());
   CHECK_FALSE((*gate)->stop_requested());
   REQUIRE(kill(getpid(), SIGTERM) == 0);
@@ -138,10 +139,10 @@ TEST_CASE("a SIGTERM while engramd starts is kept for the end of the step", "[op
 TEST_CASE("a socket systemd passed is left to its backlog and its path kept", "[ops]") {
   ServerConfig config;
   config.socket_path = TestDir() + "/gate-activated.sock";
-  absl::StatusOr<UniqueFd> listening = BindClientSocket(config);  // as systemd would bind it
+  absl::StatusOr<BoundSocket> listening = BindClientSocket(config);  // as systemd would bind it
   REQUIRE(listening.ok());
   auto gate =
-      StartingGate::Open(std::move(*listening), /*bound_path=*/"", MetricsOptions{}, "9.9.9");
+      StartingGate::Open(std::move(listening->fd), /*claim=*/nullptr, MetricsOptions{}, "9.9.9");
   REQUIRE(gate.ok());
   (*gate)->Step("opening the tables");
   // Not answered: the client waits in the backlog for the server, as socket activation means.
@@ -157,6 +158,74 @@ TEST_CASE("a socket systemd passed is left to its backlog and its path kept", "[
   gate->reset();
   CHECK(std::filesystem::exists(config.socket_path));
   unlink(config.socket_path.c_str());
+}
+
+// A socket listening at `path`, bound without a claim (as another process would bind it).
+UniqueFd ListenAt(const std::string& path) {
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  REQUIRE(bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(fd.get(), 8) == 0);
+  return fd;
+}
+
+TEST_CASE("a released claim removes the socket path only while it is still the socket bound",
+          "[ops]") {
+  ServerConfig config;
+  config.socket_path = TestDir() + "/claim-own.sock";
+  absl::StatusOr<BoundSocket> bound = BindClientSocket(config);
+  REQUIRE(bound.ok());
+  REQUIRE(bound->claim != nullptr);
+  // Someone else's socket took the path meanwhile: releasing the claim leaves it.
+  bound->fd.Reset();
+  REQUIRE(unlink(config.socket_path.c_str()) == 0);
+  UniqueFd other = ListenAt(config.socket_path);
+  bound->claim.reset();
+  CHECK(SocketClaim::Answers(config.socket_path));
+  // Its own socket still at the path goes with the claim.
+  other.Reset();
+  unlink(config.socket_path.c_str());
+  absl::StatusOr<BoundSocket> again = BindClientSocket(config);
+  REQUIRE(again.ok());
+  again->claim.reset();
+  CHECK_FALSE(std::filesystem::exists(config.socket_path));
+}
+
+TEST_CASE("a claim held by a serving daemon refuses a start; a stopping one's is waited for",
+          "[ops]") {
+  ServerConfig config;
+  config.socket_path = TestDir() + "/claim-wait.sock";
+  absl::StatusOr<BoundSocket> first = BindClientSocket(config);
+  REQUIRE(first.ok());
+  const std::string pid = "pid " + std::to_string(getpid());
+  // It goes on answering: refused (after the 2 s a daemon told to stop has to stop answering),
+  // naming the holder's pid.
+  absl::StatusOr<std::unique_ptr<SocketClaim>> serving =
+      SocketClaim::Take(config.socket_path, 60'000'000'000);
+  REQUIRE_FALSE(serving.ok());
+  CHECK(serving.status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(serving.status().message().find(pid) != std::string::npos);
+  // Stopping (no longer listening, the path and the claim still held): waited for, up to a
+  // bound, then named.
+  first->fd.Reset();
+  absl::StatusOr<std::unique_ptr<SocketClaim>> stopping =
+      SocketClaim::Take(config.socket_path, 100'000'000);
+  REQUIRE_FALSE(stopping.ok());
+  CHECK(stopping.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(stopping.status().message().find(pid) != std::string::npos);
+  CHECK(stopping.status().message().find(".lock") != std::string::npos);
+  // The stopping daemon lets go while the next start waits: that start binds, and the path it
+  // bound is still there after the old claim went.
+  std::thread release([&] {
+    usleep(200'000);
+    first->claim.reset();
+  });
+  absl::StatusOr<BoundSocket> next = BindClientSocket(config);
+  release.join();
+  REQUIRE(next.ok());
+  CHECK(SocketClaim::Answers(config.socket_path));
 }
 
 }  // namespace

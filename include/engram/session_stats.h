@@ -63,7 +63,10 @@
     "(engram_gather's in-place path), as its touch page reported them")                         \
   X(resident_rows_in_place, COUNTED, COUNTER, "engram_client_resident_rows_in_place_total",    \
     "Rows of resident tables the client copied from its own mapping "                          \
-    "(engram_gather's in-place path), as its touch page reported them")
+    "(engram_gather's in-place path), as its touch page reported them")                         \
+  X(touch_reports_clamped, COUNTED, COUNTER, "engram_client_touch_reports_clamped_total",      \
+    "Counters of a client's touch page that grew past what it could have read in place, "      \
+    "clamped")
 /* clang-format on */
 
 /* Selectors on an entry's origin: ENGRAM_SESSION_<WHICH>_##origin(...) expands to its

@@ -335,6 +335,84 @@ TEST_CASE("a reload with a bad administrator value is refused and keeps the runn
   CHECK(Ctl(kGroupPeer, {"status"}).code == 0);
 }
 
+// A session of `uid` in a child process that gathers every 20 ms: it writes 'o' to `report`
+// once its first gather succeeded, then 'x' and its error once a gather fails (or 't' after
+// 20 s of gathers that all succeeded).
+pid_t GatherAs(uid_t uid, int report) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0) _exit(126);
+  engram_connect_options o = F().daemon->Options(1 << 20, 8);
+  engram_session* s = nullptr;
+  if (engram_session_open(&o, &s) != 0) _exit(2);
+  uint64_t* rows = nullptr;
+  uint8_t* out = nullptr;
+  if (engram_alloc(s, 8 * 8, reinterpret_cast<void**>(&rows)) != 0 ||
+      engram_alloc(s, 8 * kRowBytes, reinterpret_cast<void**>(&out)) != 0) {
+    _exit(3);
+  }
+  for (int i = 0; i < 1000; ++i) {
+    FillRows(rows, 8, kRows, i + 1);
+    engram_gather_request r{
+        .size = sizeof(r), .layer = 14, .rows = rows, .num_rows = 8, .dest = out};
+    if (engram_gather(s, &r, 5'000'000'000) != 0) {
+      const std::string why = std::string("x") + engram_last_error();
+      (void)!write(report, why.data(), why.size());
+      _exit(0);
+    }
+    if (i == 0) (void)!write(report, "o", 1);
+    usleep(20'000);
+  }
+  (void)!write(report, "t", 1);
+  _exit(0);
+}
+
+std::string ReadReport(int fd, int timeout_ms) {
+  pollfd p{.fd = fd, .events = POLLIN};
+  if (poll(&p, 1, timeout_ms) <= 0) return "";
+  char buf[1024];
+  const ssize_t n = read(fd, buf, sizeof(buf));
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+TEST_CASE("a reload that narrows the allow list closes the sessions of uids it drops") {
+  WriteConfig("");
+  ReloadUntil({0}, {});
+  int dropped[2], kept[2];
+  REQUIRE(pipe2(dropped, O_CLOEXEC) == 0);
+  REQUIRE(pipe2(kept, O_CLOEXEC) == 0);
+  const pid_t dropped_peer = GatherAs(kGroupPeer, dropped[1]);
+  const pid_t kept_peer = GatherAs(kReader, kept[1]);
+  REQUIRE(ReadReport(dropped[0], 10'000) == "o");
+  REQUIRE(ReadReport(kept[0], 10'000) == "o");
+  // uid kGroupPeer leaves the allow list: its open session stops within the reload.
+  std::ofstream(ConfigPath()) << "[socket]\nmode = \"0666\"\n[access]\nallow_users = [\"0\", \""
+                              << kReader << "\"]\n";
+  kill(F().daemon->pid(), SIGHUP);
+  const std::string report = ReadReport(dropped[0], 10'000);
+  INFO("the dropped peer's report: " << report);
+  CHECK(report.rfind("x", 0) == 0);
+  // The log names the client and why.
+  std::string log;
+  const std::string want = absl::StrFormat("uid %u is no longer admitted", kGroupPeer);
+  for (int i = 0; i < 300 && log.find(want) == std::string::npos; ++i) {
+    usleep(10'000);
+    log = ReadLog();
+  }
+  INFO(log);
+  CHECK(log.find(want) != std::string::npos);
+  CHECK(log.find(absl::StrFormat("pid %d, uid %u", dropped_peer, kGroupPeer)) != std::string::npos);
+  // The uid still admitted gathers on; the dropped one cannot connect again.
+  CHECK(ReadReport(kept[0], 300) == "");
+  CHECK(Ctl(kGroupPeer, {"status"}).code != 0);
+  kill(kept_peer, SIGKILL);
+  for (pid_t p : {dropped_peer, kept_peer}) waitpid(p, nullptr, 0);
+  for (int fd : {dropped[0], dropped[1], kept[0], kept[1]}) close(fd);
+  WriteConfig("");
+  ReloadUntil({0}, {});
+}
+
 TEST_CASE("--check-config prints the administrators and refuses bad values") {
   const std::string base = "[tables]\nmodels = [\"" + Checkpoint() + "\"]\n[access]\n";
   const std::string good = TestDir() + "/check-admin.toml";

@@ -1,0 +1,130 @@
+// SocketClaim: the lock next to the client socket and the removal of the path (socket_claim.h).
+#include "daemon/server/socket_claim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "base/clock.h"
+#include "base/log.h"
+
+namespace engram {
+namespace {
+
+// How often a waiting start looks again whether the lock was let go.
+constexpr uint64_t kRetryNs = 20'000'000;
+// How long the holder's socket must go on answering for the holder to be taken as serving.
+constexpr uint64_t kServingNs = 2'000'000'000;
+
+// The pid the holder wrote into the lock file, or "unknown".
+std::string HolderOf(int fd) {
+  char buf[32] = {};
+  const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+  uint32_t pid = 0;
+  const absl::string_view text(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  if (absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &pid)) {
+    return absl::StrFormat("pid %u", pid);
+  }
+  return "unknown pid";
+}
+
+}  // namespace
+
+bool SocketClaim::Answers(const std::string& socket_path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path)) return false;
+  memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  return probe.valid() &&
+         connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+}
+
+absl::StatusOr<std::unique_ptr<SocketClaim>> SocketClaim::Take(const std::string& socket_path,
+                                                               uint64_t wait_ns) {
+  std::unique_ptr<SocketClaim> claim(new SocketClaim());
+  claim->socket_path_ = socket_path;
+  claim->lock_path_ = socket_path + ".lock";
+  const std::string& lock_path = claim->lock_path_;
+  claim->lock_fd_.Reset(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!claim->lock_fd_.valid()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot open the socket's lock file '%s': %s", lock_path, strerror(errno)));
+  }
+  const int fd = claim->lock_fd_.get();
+  const uint64_t start = NowNs();
+  uint64_t answered_since = 0;  // the holder's socket answered every look since then
+  bool told = false;
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("cannot lock '%s': %s", lock_path, strerror(errno)));
+    }
+    const std::string holder = HolderOf(fd);
+    const uint64_t now = NowNs();
+    // A holder that answers may have been told to stop a moment ago (a restart sends SIGTERM
+    // and starts the next daemon at once): it is taken as serving only once it went on
+    // answering for kServingNs.
+    answered_since = Answers(socket_path) ? (answered_since != 0 ? answered_since : now) : 0;
+    if (answered_since != 0 && now - answered_since >= kServingNs) {
+      return absl::AlreadyExistsError(absl::StrFormat(
+          "another engramd (%s) is serving on '%s'; stop it first", holder, socket_path));
+    }
+    if (now - start >= wait_ns) {
+      return absl::UnavailableError(absl::StrFormat(
+          "engramd (%s) still holds '%s' after %u s: it is stopping, or hangs; stop it first",
+          holder, lock_path, wait_ns / 1'000'000'000));
+    }
+    if (!told && answered_since == 0) {
+      log::Notice("engramd ({}) is still stopping on '{}'; waiting up to {} s for it", holder,
+                  socket_path, wait_ns / 1'000'000'000);
+      told = true;
+    }
+    usleep(kRetryNs / 1000);
+  }
+  const std::string pid = absl::StrFormat("%d\n", getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    log::Warning("cannot write engramd's pid into '{}': {}", lock_path, strerror(errno));
+  }
+  return claim;
+}
+
+absl::Status SocketClaim::Bound() {
+  struct stat st;
+  if (lstat(socket_path_.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot read back the socket bound at '%s': %s", socket_path_, strerror(errno)));
+  }
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
+  ctime_ = st.st_ctim;
+  bound_ = true;
+  return absl::OkStatus();
+}
+
+SocketClaim::~SocketClaim() {
+  // Still locked: no other engramd can have replaced the path since the check, so the path
+  // removed is the socket this daemon bound. A path someone else put there (an engramd that
+  // does not take the lock, an operator) stays: its inode number may be the one this socket
+  // had (a freed inode is reused), but not also its change time.
+  struct stat st;
+  if (bound_ && lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+      st.st_dev == dev_ && st.st_ino == ino_ && st.st_ctim.tv_sec == ctime_.tv_sec &&
+      st.st_ctim.tv_nsec == ctime_.tv_nsec) {
+    unlink(socket_path_.c_str());
+  }
+  // The lock goes with the descriptor.
+}
+
+}  // namespace engram
