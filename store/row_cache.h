@@ -67,6 +67,7 @@ struct RowCacheProof {
   uint64_t compared = 0;  // rows held and compared with their table file
   uint64_t stale = 0;     // rows that differed from it: dropped
   std::map<uint32_t, uint64_t> stale_by_layer;
+  uint64_t unproven = 0;  // rows not compared by the deadline: dropped
 };
 
 // One field per entry of ENGRAM_ROW_CACHE_COUNTERS (protocol/store_counters.h): capacity_slots,
@@ -112,12 +113,13 @@ class RowCache {
   // Compares every row held with what `read` returns for it and drops each that differs: after
   // it, every row held is the one its table file holds (a file rewritten in place with its
   // modification time restored keeps the tables' identity, so the identity alone does not prove
-  // this). Reads pieces of up to kProvePieceRows rows of one layer, in slot order. Holds the
-  // writer's lock throughout: meant for an adopted region before clients map it. The first
-  // error of `read` is returned; rows not compared yet are then unproven and the caller
-  // discards the cache.
+  // this). Reads pieces of up to kProvePieceRows rows of one layer, in slot order; once
+  // NowNs() passes `deadline_ns` (0: none) the rows not compared yet are dropped unread, so that
+  // a start on slow storage stays bounded. Holds the writer's lock throughout: meant for an
+  // adopted region before clients map it. The first error of `read` is returned; rows not
+  // compared yet are then unproven and the caller discards the cache.
   static constexpr size_t kProvePieceRows = 1024;
-  absl::Status ProveRows(const ReadRows& read, RowCacheProof* ret_proof);
+  absl::Status ProveRows(const ReadRows& read, uint64_t deadline_ns, RowCacheProof* ret_proof);
   ~RowCache();
   uint64_t tables_identity() const { return header_->tables_identity; }
   // The keys of the rows held now (RowCacheKey), at most max_keys: rows hit since admission
@@ -236,7 +238,7 @@ class RowCache {
   // ProveRows' piece: the rows of `slots` (of one layer) read and compared, each that differs
   // dropped. With mu_ held.
   absl::Status ProvePiece(uint32_t layer, std::vector<uint32_t>& slots, const ReadRows& read,
-                          RowCacheProof* ret);
+                          uint64_t deadline_ns, RowCacheProof* ret);
 
   const RowCacheOptions options_;
   MemoryBudget* budget_;

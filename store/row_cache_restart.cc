@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/clock.h"
 #include "store/row_cache.h"
 
 namespace engram {
@@ -229,7 +230,8 @@ bool RowCache::KeepsAdoptedSlot(uint32_t i, uint64_t key, const KeepRow& keep, b
   return true;
 }
 
-absl::Status RowCache::ProveRows(const ReadRows& read, RowCacheProof* ret_proof) {
+absl::Status RowCache::ProveRows(const ReadRows& read, uint64_t deadline_ns,
+                                 RowCacheProof* ret_proof) {
   *ret_proof = RowCacheProof{};
   std::lock_guard<std::mutex> lock(mu_);
   // One pending piece per layer, filled in slot order: memory stays a piece per layer however
@@ -243,17 +245,26 @@ absl::Status RowCache::ProveRows(const ReadRows& read, RowCacheProof* ret_proof)
     std::vector<uint32_t>& piece = pending[layer];
     piece.push_back(static_cast<uint32_t>(i));
     if (piece.size() < kProvePieceRows) continue;
-    if (absl::Status s = ProvePiece(layer, piece, read, ret_proof); !s.ok()) return s;
+    if (absl::Status s = ProvePiece(layer, piece, read, deadline_ns, ret_proof); !s.ok()) return s;
   }
   for (auto& [layer, piece] : pending) {
-    if (absl::Status s = ProvePiece(layer, piece, read, ret_proof); !s.ok()) return s;
+    if (absl::Status s = ProvePiece(layer, piece, read, deadline_ns, ret_proof); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 absl::Status RowCache::ProvePiece(uint32_t layer, std::vector<uint32_t>& slots,
-                                  const ReadRows& read, RowCacheProof* ret) {
+                                  const ReadRows& read, uint64_t deadline_ns, RowCacheProof* ret) {
   if (slots.empty()) return absl::OkStatus();
+  if (deadline_ns != 0 && NowNs() >= deadline_ns) {
+    for (const uint32_t s : slots) {
+      RemoveSlot(s, /*to_ghost=*/false);
+      free_.push_back(s);
+    }
+    ret->unproven += slots.size();
+    slots.clear();
+    return absl::OkStatus();
+  }
   constexpr uint64_t kRowMask = (uint64_t{1} << kRowCacheRowBits) - 1;
   std::sort(slots.begin(), slots.end(),
             [&](uint32_t a, uint32_t b) { return meta_[a].key < meta_[b].key; });

@@ -8,6 +8,14 @@
 #include "store/row_store.h"
 
 namespace engram {
+namespace {
+
+// How long a start may spend comparing a kept cache's rows with the table files: well within
+// the 300 s of start-up time engramd asks systemd for before the row store's step. Rows not
+// compared by then are dropped (read again at their next miss), never served unproven.
+constexpr uint64_t kProveBudgetNs = 200'000'000'000;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RowCache>> RowStore::MakeCache(uint64_t bytes,
                                                               CacheHandoff* handoff) {
@@ -50,10 +58,10 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowStore::MakeCache(uint64_t bytes,
       "row cache: adopted the region handed over by the previous engramd: %u rows kept of %u "
       "slots (%u torn, %u of layers or rows not cached now, %u duplicates, %u failing their "
       "check word dropped; %u evicted to fit the budget; %u rows compared with the table files "
-      "in %.3f s, %u differed and were dropped)",
+      "in %.3f s, %u differed and were dropped, %u not compared in time dropped)",
       st.used_slots, (*adopted)->max_slots(), a.torn, a.not_served, a.duplicates, a.bad_check,
       a.evicted_to_fit, proof.compared, static_cast<double>(NowNs() - prove_start_ns) / 1e9,
-      proof.stale);
+      proof.stale, proof.unproven);
   notice_(handoff->outcome);
   return std::move(*adopted);
 }
@@ -93,7 +101,7 @@ absl::Status RowStore::ProveAdoptedRows(RowCache& cache, RowCacheProof* ret_proo
     return absl::Status(s.code(), absl::StrCat("reading rows of ", ts->table->Describe(),
                                                " to compare them with the region: ", s.message()));
   };
-  return cache.ProveRows(read, ret_proof);
+  return cache.ProveRows(read, NowNs() + kProveBudgetNs, ret_proof);
 }
 
 void RowStore::NoticeDropped(const std::map<uint32_t, uint64_t>& by_layer, std::string_view why) {

@@ -267,7 +267,8 @@ TEST_CASE("slots whose row bytes were scribbled on or whose keys were swapped ar
   for (const uint64_t row : damaged) CHECK_FALSE(Hit(**adopted, 1, row));
 }
 
-TEST_CASE("ProveRows drops every row that differs from its file and keeps the others", "[adopt]") {
+TEST_CASE("ProveRows drops every row that differs from its file, or is not compared in time",
+          "[adopt]") {
   auto cache = MakeCache(1000);
   Fill(*cache, 1, 500);
   Fill(*cache, 9, 300);
@@ -293,7 +294,7 @@ TEST_CASE("ProveRows drops every row that differs from its file and keeps the ot
     return absl::OkStatus();
   };
   RowCacheProof proof;
-  REQUIRE((*adopted)->ProveRows(read, &proof).ok());
+  REQUIRE((*adopted)->ProveRows(read, /*deadline_ns=*/0, &proof).ok());
   CHECK(reads == 800);
   CHECK(largest_piece <= RowCache::kProvePieceRows);
   CHECK(proof.compared == 800);
@@ -306,7 +307,14 @@ TEST_CASE("ProveRows drops every row that differs from its file and keeps the ot
   auto failing = [](uint32_t, std::span<const uint64_t>, uint8_t*) {
     return absl::DataLossError("short read");
   };
-  CHECK((*adopted)->ProveRows(failing, &proof).code() == absl::StatusCode::kDataLoss);
+  CHECK((*adopted)->ProveRows(failing, 0, &proof).code() == absl::StatusCode::kDataLoss);
+  // Past its deadline nothing more is read: the rows not compared are dropped, never kept.
+  CHECK((*adopted)->ProveRows(read, /*deadline_ns=*/1, &proof).ok());
+  CHECK(proof.compared == 0);
+  CHECK(proof.unproven == 794);
+  CHECK(reads == 800);
+  CHECK((*adopted)->Stats().used_slots == 0);
+  for (uint64_t r = 0; r < 500; ++r) CHECK_FALSE(Hit(**adopted, 1, r * 3));
 }
 
 TEST_CASE("a garbage, foreign or other tables' region is refused", "[adopt]") {
