@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowStore::MakeCache(uint64_t bytes,
   }
   NoticeDropped(proof.stale_by_layer,
                 "differ from the table file now (the file was rewritten in place after they were "
-                "cached); they are read from the file at their next miss");
+                "cached)");
   handoff->adopted = true;
   const RowCacheStats st = (*adopted)->Stats();
   handoff->outcome = absl::StrFormat(
@@ -107,9 +107,10 @@ absl::Status RowStore::ProveAdoptedRows(RowCache& cache, RowCacheProof* ret_proo
 void RowStore::NoticeDropped(const std::map<uint32_t, uint64_t>& by_layer, std::string_view why) {
   for (const auto& [layer, rows] : by_layer) {
     const TableState* ts = StateOfLayer(layer);
-    notice_(absl::StrFormat("row cache: %u rows of %s in the region handed over %s: dropped", rows,
-                            ts != nullptr ? ts->table->Describe() : absl::StrCat("layer ", layer),
-                            why));
+    notice_(absl::StrFormat(
+        "row cache: %u rows of %s in the region handed over %s: dropped (read from the file at "
+        "their next miss)",
+        rows, ts != nullptr ? ts->table->Describe() : absl::StrCat("layer ", layer), why));
   }
 }
 
