@@ -66,9 +66,11 @@ const engram::client::InPlaceTable* InPlaceFor(engram_session* s, uint32_t layer
                 .covered_end = map->covered_end};
     return &t;
   }
-  // Not resident, refused because its file changed (-EIO: DATA_LOSS), or no such table (the
-  // daemon's answer to the request names it): for good.
-  t.never = rc == -EOPNOTSUPP || rc == -EIO || (wire == nullptr && tables.size() != 0);
+  // Not resident, refused because its file changed (-EIO: DATA_LOSS), not mapped for this
+  // client's uid (-EACCES: PERMISSION_DENIED), or no such table (the daemon's answer to the
+  // request names it): for good.
+  t.never =
+      rc == -EOPNOTSUPP || rc == -EIO || rc == -EACCES || (wire == nullptr && tables.size() != 0);
   t.retry_at_ns = SignedNowNs() + kInPlaceRetryNs;
   engram::client::SetErrorMessage(0, last_error);
   return nullptr;

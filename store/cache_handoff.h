@@ -21,7 +21,9 @@ namespace engram {
 // A hash of what the served tables are: per table its layer, rows, covered range, layout and
 // row parts, and per file its path, device, inode, size and modification time (ns). A file
 // replaced, repacked, touched or moved, a layer added or dropped, or another row range changes
-// it; restarting engramd on the same files does not. Never 0.
+// it; restarting engramd on the same files does not. Never 0. It is metadata, a cheap first
+// filter: a file rewritten in place with its modification time put back keeps it, so the rows
+// of a region it admits are still each compared with their file (RowCache::ProveRows).
 uint64_t TablesIdentity(const std::vector<std::unique_ptr<Table>>& tables);
 
 // What RowStore::Create does with a row cache region handed over, and what it did.

@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,6 +56,18 @@ struct RowCacheAdoption {
   uint64_t not_served = 0;      // rows of a layer not served or outside its rows (keep() false)
   uint64_t duplicates = 0;      // a second slot holding a key already kept
   uint64_t evicted_to_fit = 0;  // rows the shrink to what the budget allows now evicted
+  // Slots whose check word does not match their key and row (bytes scribbled on, keys
+  // swapped): dropped. In all, and per layer the key names.
+  uint64_t bad_check = 0;
+  std::map<uint32_t, uint64_t> bad_check_by_layer;
+};
+
+// What RowCache::ProveRows compared and dropped.
+struct RowCacheProof {
+  uint64_t compared = 0;  // rows held and compared with their table file
+  uint64_t stale = 0;     // rows that differed from it: dropped
+  std::map<uint32_t, uint64_t> stale_by_layer;
+  uint64_t unproven = 0;  // rows not compared by the deadline: dropped
 };
 
 // One field per entry of ENGRAM_ROW_CACHE_COUNTERS (protocol/store_counters.h): capacity_slots,
@@ -76,8 +90,11 @@ class RowCache {
   // systemd's file-descriptor store): validates the header (magic, version, sizes, the region
   // big enough for its slots) and options.tables_identity against the one recorded, then
   // rebuilds the policy state from the slots. A slot is kept when its seq is even, its key is
-  // not 0, and keep(layer, row) says the row is served; every other slot is cleared and the
-  // bucket index is rebuilt from the kept ones. The rows start in the main FIFO if they were hit
+  // not 0, keep(layer, row) says the row is served, and its check word matches its key and row
+  // (a region written before slots carried checks gets them instead); every other slot is
+  // cleared and the bucket index is rebuilt from the kept ones. The rows kept are whole and
+  // under their own key, but may be older than their files: the caller proves them with
+  // ProveRows before any client maps the region. The rows start in the main FIFO if they were hit
   // since admission, else in the small one; the ghost starts empty. If the budget now allows
   // fewer slots than the region holds, the cache shrinks to that by the normal path (evicting
   // by policy). The region keeps its own size (options.max_bytes only bounds the capacity).
@@ -89,6 +106,20 @@ class RowCache {
                                                          const RowCacheOptions& options,
                                                          MemoryBudget* budget, const KeepRow& keep,
                                                          RowCacheAdoption* ret_adoption);
+  // The bytes of `rows` (ascending) of `layer` as the table files hold them now, kRowBytes each
+  // into `dest`.
+  using ReadRows =
+      std::function<absl::Status(uint32_t layer, std::span<const uint64_t> rows, uint8_t* dest)>;
+  // Compares every row held with what `read` returns for it and drops each that differs: after
+  // it, every row held is the one its table file holds (a file rewritten in place with its
+  // modification time restored keeps the tables' identity, so the identity alone does not prove
+  // this). Reads pieces of up to kProvePieceRows rows of one layer, in slot order; once
+  // NowNs() passes `deadline_ns` (0: none) the rows not compared yet are dropped unread, so that
+  // a start on slow storage stays bounded. Holds the writer's lock throughout: meant for an
+  // adopted region before clients map it. The first error of `read` is returned; rows not
+  // compared yet are then unproven and the caller discards the cache.
+  static constexpr size_t kProvePieceRows = 1024;
+  absl::Status ProveRows(const ReadRows& read, uint64_t deadline_ns, RowCacheProof* ret_proof);
   ~RowCache();
   uint64_t tables_identity() const { return header_->tables_identity; }
   // The keys of the rows held now (RowCacheKey), at most max_keys: rows hit since admission
@@ -195,9 +226,19 @@ class RowCache {
   // Between a shrink's chunks, with mu_ released: lets the inserts that wait for mu_ have it.
   void LetWritersIn();
   // Adopt's second half (row_cache_restart.cc): the policy state from the slots; with
-  // write_checks, each kept slot's check too (a region written before slots carried one).
+  // write_checks, each kept slot's check too (a region written before slots carried one),
+  // else each kept slot's check is verified and a slot that fails it is dropped.
   void RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, bool write_checks,
                         RowCacheAdoption* ret);
+  // Whether slot `i`, whose seq and key were read, keeps its row at adoption: keep() says it is
+  // served, no slot kept before holds its key, and its check word matches (unless checks are
+  // being written). Counts why not in *ret.
+  bool KeepsAdoptedSlot(uint32_t i, uint64_t key, const KeepRow& keep, bool write_checks,
+                        RowCacheAdoption* ret);
+  // ProveRows' piece: the rows of `slots` (of one layer) read and compared, each that differs
+  // dropped. With mu_ held.
+  absl::Status ProvePiece(uint32_t layer, std::vector<uint32_t>& slots, const ReadRows& read,
+                          uint64_t deadline_ns, RowCacheProof* ret);
 
   const RowCacheOptions options_;
   MemoryBudget* budget_;

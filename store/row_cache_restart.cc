@@ -9,9 +9,12 @@
 #include <climits>
 #include <cstddef>
 #include <cstring>
+#include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/clock.h"
 #include "store/row_cache.h"
 
 namespace engram {
@@ -179,28 +182,13 @@ void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, bool
     meta_[i].queue = kFree;
     bool good = key != 0 && (seq & 1) == 0;
     if (key != 0 && (seq & 1) != 0) ++ret->torn;
-    if (good) {
-      const uint64_t layer = (key >> kRowCacheRowBits) - 1;
-      const uint64_t row = key & ((uint64_t{1} << kRowCacheRowBits) - 1);
-      if (layer >= (1u << 23) || !keep(static_cast<uint32_t>(layer), row)) {
-        ++ret->not_served;
-        good = false;
-      } else if (FindBucket(key) >= 0) {
-        ++ret->duplicates;
-        good = false;
-      }
-    }
+    good = good && KeepsAdoptedSlot(static_cast<uint32_t>(i), key, keep, write_checks, ret);
     if (!good) {
       if (key != 0 || (seq & 1) != 0) ClearSlot(static_cast<uint32_t>(i));
       free_.push_back(static_cast<uint32_t>(i));
       continue;
     }
     s.prefetched.store(0, std::memory_order_relaxed);
-    if (write_checks) {
-      uint8_t row[ENGRAM_ROW_BYTES];
-      LoadRowCacheRow(s, row);
-      s.check.store(RowCacheCheck(key, row), std::memory_order_relaxed);
-    }
     InsertBucket(key, static_cast<uint32_t>(i));
     (s.freq.load(std::memory_order_relaxed) > 0 ? kept_main : kept_small)
         .push_back(static_cast<uint32_t>(i));
@@ -210,6 +198,94 @@ void RowCache::RebuildFromSlots(uint64_t usable_slots, const KeepRow& keep, bool
   std::reverse(free_.begin(), free_.end());
   for (uint32_t i : kept_main) Push(kMain, i);
   for (uint32_t i : kept_small) Push(kSmall, i);
+}
+
+bool RowCache::KeepsAdoptedSlot(uint32_t i, uint64_t key, const KeepRow& keep, bool write_checks,
+                                RowCacheAdoption* ret) {
+  const uint64_t layer = (key >> kRowCacheRowBits) - 1;
+  const uint64_t row = key & ((uint64_t{1} << kRowCacheRowBits) - 1);
+  if (layer >= (1u << 23) || !keep(static_cast<uint32_t>(layer), row)) {
+    ++ret->not_served;
+    return false;
+  }
+  RowCacheSlot& s = slot(i);
+  uint8_t data[ENGRAM_ROW_BYTES];
+  LoadRowCacheRow(s, data);
+  const uint64_t check = RowCacheCheck(key, data);
+  if (write_checks) {
+    // A region written before slots carried checks: ProveRows compares each such row with its
+    // file before anything is served.
+    s.check.store(check, std::memory_order_relaxed);
+  } else if (s.check.load(std::memory_order_relaxed) != check) {
+    // Checked before the duplicate test: a slot whose key was overwritten with another kept
+    // slot's key must not make that slot a duplicate of it.
+    ++ret->bad_check;
+    ++ret->bad_check_by_layer[static_cast<uint32_t>(layer)];
+    return false;
+  }
+  if (FindBucket(key) >= 0) {
+    ++ret->duplicates;
+    return false;
+  }
+  return true;
+}
+
+absl::Status RowCache::ProveRows(const ReadRows& read, uint64_t deadline_ns,
+                                 RowCacheProof* ret_proof) {
+  *ret_proof = RowCacheProof{};
+  std::lock_guard<std::mutex> lock(mu_);
+  // One pending piece per layer, filled in slot order: memory stays a piece per layer however
+  // large the cache, and a piece's rows are sorted before the read so that rows sharing a page
+  // are one read.
+  std::map<uint32_t, std::vector<uint32_t>> pending;
+  const uint64_t capacity = capacity_slots();
+  for (uint64_t i = 0; i < capacity; ++i) {
+    if (meta_[i].queue == kFree) continue;
+    const auto layer = static_cast<uint32_t>((meta_[i].key >> kRowCacheRowBits) - 1);
+    std::vector<uint32_t>& piece = pending[layer];
+    piece.push_back(static_cast<uint32_t>(i));
+    if (piece.size() < kProvePieceRows) continue;
+    if (absl::Status s = ProvePiece(layer, piece, read, deadline_ns, ret_proof); !s.ok()) return s;
+  }
+  for (auto& [layer, piece] : pending) {
+    if (absl::Status s = ProvePiece(layer, piece, read, deadline_ns, ret_proof); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RowCache::ProvePiece(uint32_t layer, std::vector<uint32_t>& slots,
+                                  const ReadRows& read, uint64_t deadline_ns, RowCacheProof* ret) {
+  if (slots.empty()) return absl::OkStatus();
+  if (deadline_ns != 0 && NowNs() >= deadline_ns) {
+    for (const uint32_t s : slots) {
+      RemoveSlot(s, /*to_ghost=*/false);
+      free_.push_back(s);
+    }
+    ret->unproven += slots.size();
+    slots.clear();
+    return absl::OkStatus();
+  }
+  constexpr uint64_t kRowMask = (uint64_t{1} << kRowCacheRowBits) - 1;
+  std::sort(slots.begin(), slots.end(),
+            [&](uint32_t a, uint32_t b) { return meta_[a].key < meta_[b].key; });
+  std::vector<uint64_t> rows(slots.size());
+  for (size_t k = 0; k < slots.size(); ++k) rows[k] = meta_[slots[k]].key & kRowMask;
+  std::vector<uint8_t> stored(slots.size() * ENGRAM_ROW_BYTES);
+  if (absl::Status s = read(layer, rows, stored.data()); !s.ok()) return s;
+  uint8_t cached[ENGRAM_ROW_BYTES];
+  for (size_t k = 0; k < slots.size(); ++k) {
+    LoadRowCacheRow(slot(slots[k]), cached);  // the writer's own slot: no seq check needed
+    ++ret->compared;
+    if (std::memcmp(cached, stored.data() + k * ENGRAM_ROW_BYTES, ENGRAM_ROW_BYTES) == 0) {
+      continue;
+    }
+    RemoveSlot(slots[k], /*to_ghost=*/false);
+    free_.push_back(slots[k]);
+    ++ret->stale;
+    ++ret->stale_by_layer[layer];
+  }
+  slots.clear();
+  return absl::OkStatus();
 }
 
 std::vector<uint64_t> RowCache::HotKeys(uint64_t max_keys) const {

@@ -15,10 +15,12 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -198,9 +200,12 @@ class RowStore {
   // The row cache of `bytes`: adopted from handoff->fd where it can be, else created empty
   // (row_store_handoff.cc).
   absl::StatusOr<std::unique_ptr<RowCache>> MakeCache(uint64_t bytes, CacheHandoff* handoff);
-  // Compares up to `samples` rows of an adopted cache with the table files; the first row that
-  // differs, as a reason, or "" when all match.
-  std::string CheckAdoptedRows(RowCache& cache, std::span<const uint64_t> keys);
+  // Reads every row of an adopted cache from its table file and drops each that differs
+  // (row_store_handoff.cc). An error (a read failed) leaves rows unproven: the caller discards.
+  absl::Status ProveAdoptedRows(RowCache& cache, RowCacheProof* ret_proof);
+  // One notice per layer of `by_layer`: its rows in the region handed over that `why`, dropped.
+  void NoticeDropped(const std::map<uint32_t, uint64_t>& by_layer, std::string_view why);
+  const TableState* StateOfLayer(uint32_t layer) const;
   absl::Status GatherMisses(TableState& ts, const GatherBatch& batch,
                             const std::vector<uint64_t>& rows,
                             const std::vector<uint64_t>& offsets);

@@ -8,8 +8,10 @@
 // ENGRAM_FEATURE_ROW_CACHE_MAP): a read-only descriptor of the cache's memfd, the table state
 // page and the session's touch page (docs/protocol.md, "Reading the row cache in place"). A
 // resident table's answer carries the touch page too for a session with
-// ENGRAM_FEATURE_RESIDENT_TOUCH (1.5), where the client counts the rows it reads in place.
+// ENGRAM_FEATURE_RESIDENT_TOUCH (1.5), where the client counts the rows it reads in place. The
+// row cache is never mapped for a client of engramd's own uid (other than root).
 #include "absl/strings/str_format.h"
+#include "base/log.h"
 #include "daemon/server/server.h"
 
 namespace engram {
@@ -145,6 +147,24 @@ void Server::SendRowCacheMap(Session& session, const engram_msg_header& header, 
   const auto refuse = [&](int32_t code, const std::string& why) {
     SendError(session, code, why, header.request_id);
   };
+  // A peer of engramd's own uid owns the cache's memfd as engramd does: it could fchmod the
+  // read-only descriptor and reopen it writable through /proc/self/fd, then rewrite rows that
+  // every client reads. No seal keeps the memfd writable for engramd yet closed to that (a
+  // write seal also stops the shrink's hole punch and the next engramd's mapping), so such a
+  // peer is not given it (docs/reliability.md, "Threat model"). Root could reopen any file
+  // writable anyway.
+  if (session.peer().uid == own_uid_ && own_uid_ != 0) {
+    log::Warning(
+        "{} runs as engramd's own uid {}: its rows of {} are gathered by engramd, not "
+        "read in place (a client of this uid could make the row cache writable); run "
+        "clients as another uid",
+        session.Describe(), own_uid_, table.Describe());
+    refuse(ENGRAM_STATUS_PERMISSION_DENIED,
+           absl::StrFormat("%s: the row cache is not mapped for a client of engramd's own uid %u "
+                           "(it could make it writable); its rows are gathered by engramd",
+                           table.Describe(), own_uid_));
+    return;
+  }
   if (table_states_ == nullptr) {
     refuse(ENGRAM_STATUS_UNAVAILABLE, absl::StrFormat("%s cannot be read in place: %s",
                                                       table.Describe(), table_states_error_));

@@ -9,11 +9,14 @@ Checked: the rows gathered before the restart hit right after it (the row cache'
 rises by exactly their number, no miss) and are byte-exact; a table file touched between the two
 runs (other tables) and a region with a garbage header are discarded with a log line naming why,
 the daemon starts with an empty cache and still serves exact rows, and it asks the store to drop
-the old region (FDSTOREREMOVE=1); a start without the memfd warms the hot set written at the last
+the old region (FDSTOREREMOVE=1); 1 % of the cached rows rewritten in place with the file's times
+put back keep the identity, are found by the row-by-row comparison at adoption and dropped, and
+every row served is the file's; a start without the memfd warms the hot set written at the last
 stop in the background until every one of its rows hits.
 
-Usage: cache_handoff.py ENGRAMD ENGRAMCTL ENGRAM_SYNTH
+Usage: cache_handoff.py ENGRAMD ENGRAMCTL ENGRAM_SYNTH ENGRAM_INSPECT
 """
+import json
 import os
 import random
 import shutil
@@ -34,12 +37,40 @@ def check(ok, msg, d=None):
         raise Failure(msg, d.log if d is not None else None)
 
 
-def run(engramd, engramctl, synth, work):
+def rewrite_in_place(d, model, rows):
+    """Overwrites `rows` of layer LAYER in their files (same offsets, inode and size) and puts
+    each file's access and modification times back; returns the rows."""
+    geometry = json.loads(subprocess.run([d.inspect, model, "--layer", str(LAYER), "--json"],
+                                         check=True, capture_output=True, text=True).stdout)
+    table = geometry["tables"][0] if "tables" in geometry else geometry[0]
+    times = {}
+    rng = random.Random(11)
+    for part in table["parts"]:
+        path = part["file"]
+        if path not in times:
+            st = os.stat(path)
+            times[path] = (st.st_atime_ns, st.st_mtime_ns)
+        check(part["rows_per_page"] == 0, f"{path}: a paged part; this test writes flat ones")
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            for row in rows:
+                at = part["base"] + (row - part["base_row"]) * part["row_bytes"]
+                os.pwrite(fd, rng.randbytes(part["row_bytes"]), at)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for path, (atime, mtime) in times.items():
+        os.utime(path, ns=(atime, mtime))
+    return rows
+
+
+def run(engramd, engramctl, synth, inspect, work):
     model = f"{work}/model"
     subprocess.run([synth, model, "--rows", str(ROWS), "--seed", "5", "-q"], check=True)
     manager = Manager(f"{work}/notify")
     d = Daemon(engramd, engramctl, work, model, manager,
                ["--tier", f"{LAYER}=cache", "--cache-bytes", "64M", "--log-level", "info"])
+    d.inspect = inspect
     ids = random.Random(7).sample(range(ROWS), 3000)
     n = len(ids)
     try:
@@ -77,6 +108,33 @@ def checks(d, manager, model, work, ids, n):
     print(f"adopted: {used} rows kept; hit rate right after the restart {hits}/{n} "
           f"(before: {n}/{n}), bytes exact")
     d.stop()
+
+    # 2b. 1 % of the cached rows rewritten in place, the file's times put back (cp -p, rsync -t,
+    # tar): the identity is unchanged and the region adopted, but every row is compared with its
+    # file and those rows are dropped; every row served is the file's now.
+    rewritten = rewrite_in_place(d, model, ids[::100])
+    d.start(pass_stored=True)
+    text = d.logged()
+    check("row cache: adopted the region handed over" in text,
+          "a region whose files kept their identity was not adopted", d)
+    found = (f"{n} rows compared with the table files" in text and
+             f"{len(rewritten)} differed and were dropped" in text and
+             f"{len(rewritten)} rows of layer {LAYER}" in text and
+             "differ from the table file" in text)
+    check(found, f"the {len(rewritten)} rows rewritten in place were not found and dropped", d)
+    served = d.gather(LAYER, ids, f"{work}/rewritten")
+    hits, misses, _ = d.cache_counters()
+    check(hits == n - len(rewritten) and misses == len(rewritten),
+          f"after an in-place rewrite: {hits} hits and {misses} misses of {n} rows", d)
+    d.stop()
+    manager.forget()  # a cold start: rows straight from the files (its region goes on below)
+    d.start()
+    truth = d.gather(LAYER, ids, f"{work}/from-files")
+    d.stop()
+    check(served == truth, "rows served after an in-place rewrite differ from the files", d)
+    check(served != after, "the in-place rewrite changed no row served", d)
+    print(f"rewritten in place, mtime put back: {len(rewritten)} rows dropped, the rest kept; "
+          "bytes are the files'")
 
     # 3. A table file touched between the runs: other tables, the region is discarded.
     table_file = next(os.path.join(model, f) for f in sorted(os.listdir(model))
@@ -134,10 +192,10 @@ def checks(d, manager, model, work, ids, n):
 
 
 def main():
-    engramd, engramctl, synth = sys.argv[1:4]
+    engramd, engramctl, synth, inspect = sys.argv[1:5]
     work = tempfile.mkdtemp(prefix="engram-handoff-")
     try:
-        run(engramd, engramctl, synth, work)
+        run(engramd, engramctl, synth, inspect, work)
     except Failure as e:
         print("FAIL:", e)
         sys.exit(1)

@@ -2,14 +2,19 @@
 // slot being written when the earlier writer stopped, a row of a layer no longer served, a
 // duplicate key and a garbage bucket index never serve a wrong row; garbage headers, another
 // version and other tables' identities are refused; an adopted region larger than the budget
-// allows is shrunk by policy.
+// allows is shrunk by policy; slots whose bytes were scribbled on or whose keys were swapped
+// fail their check word and are dropped; ProveRows drops the rows that differ from their files.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <map>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "store/row_cache.h"
 #include "testkit/synthetic.h"
@@ -113,9 +118,11 @@ TEST_CASE("adoption drops torn slots, unserved rows and duplicates and rebuilds 
   torn->seq.store(torn->seq.load() + 1);
   RowCacheSlot* dup_src = slot_of(RowCacheKey(1, 3));
   RowCacheSlot* dup_dst = slot_of(RowCacheKey(1, 6));
-  // A move cut short: the row and its key written into the second slot, the first not cleared.
+  // A move cut short: the row, its key and check written into the second slot, the first not
+  // cleared.
   for (size_t w = 0; w < kRowCacheRowWords; ++w) dup_dst->row[w].store(dup_src->row[w].load());
   dup_dst->key.store(RowCacheKey(1, 3));
+  dup_dst->check.store(dup_src->check.load());
   // Garbage in the index: every bucket points at slot 1.
   for (uint32_t b = 0; b < h->bucket_count; ++b) buckets[b].store(1);
   UniqueFd fd = Dup(*cache);
@@ -186,6 +193,128 @@ TEST_CASE("every row written carries its row check; a region written without the
   REQUIRE(a.kept == used);
   REQUIRE(CheckSlots(h, base) == used);
   munmap(map, bytes);
+}
+
+// The slots of a cache as a writable mapping, for tests that damage them.
+struct MappedSlots {
+  explicit MappedSlots(const RowCache& cache) : bytes(cache.region_bytes()) {
+    h = HeaderOf(cache.fd(), &map, bytes);
+    slots = reinterpret_cast<RowCacheSlot*>(static_cast<uint8_t*>(map) + h->slots_offset);
+  }
+  ~MappedSlots() { munmap(map, bytes); }
+  RowCacheSlot* Of(uint64_t key) {
+    for (uint32_t i = 0; i < h->capacity_slots.load(); ++i) {
+      if (slots[i].key.load() == key) return &slots[i];
+    }
+    FAIL("no slot holds key " << key);
+    return nullptr;
+  }
+  uint64_t bytes;
+  void* map = nullptr;
+  RowCacheHeader* h = nullptr;
+  RowCacheSlot* slots = nullptr;
+};
+
+TEST_CASE("slots whose row bytes were scribbled on or whose keys were swapped are dropped",
+          "[adopt]") {
+  auto cache = MakeCache(1000);
+  Fill(*cache, 1, 600);
+  Fill(*cache, 7, 200);
+  const uint64_t used = cache->Stats().used_slots;
+  REQUIRE(used == 800);
+  MappedSlots m(*cache);
+  // 10 slots of layer 1 with a word of their row scribbled on: the key stays, the bytes are
+  // not that row's any more.
+  std::vector<uint64_t> damaged;
+  for (uint64_t r = 0; r < 10; ++r) {
+    const uint64_t row = (r * 37) * 3;
+    RowCacheSlot* s = m.Of(RowCacheKey(1, row));
+    s->row[r % kRowCacheRowWords].store(s->row[r % kRowCacheRowWords].load() ^ 0xdeadbeefull);
+    damaged.push_back(row);
+  }
+  // 20 slots (10 pairs, 5 pairs in each layer) whose keys were swapped: each serves the other's
+  // row under its key.
+  for (uint64_t p = 0; p < 10; ++p) {
+    const uint32_t layer = p < 5 ? 1 : 7;
+    const uint64_t a = (p * 41 + 1) * 3 % (layer == 1 ? 1800 : 600);
+    const uint64_t b = a + 3;
+    REQUIRE(std::find(damaged.begin(), damaged.end(), a) == damaged.end());
+    RowCacheSlot* sa = m.Of(RowCacheKey(layer, a));
+    RowCacheSlot* sb = m.Of(RowCacheKey(layer, b));
+    sa->key.store(RowCacheKey(layer, b));
+    sb->key.store(RowCacheKey(layer, a));
+    if (layer == 1) {
+      damaged.push_back(a);
+      damaged.push_back(b);
+    }
+  }
+  REQUIRE(damaged.size() == 20);
+  UniqueFd fd = Dup(*cache);
+  cache.reset();
+  RowCacheAdoption a;
+  auto adopted =
+      RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, nullptr, KeepAll, &a);
+  REQUIRE(adopted.ok());
+  CHECK(a.bad_check == 30);
+  CHECK(a.bad_check_by_layer == std::map<uint32_t, uint64_t>{{1, 20}, {7, 10}});
+  CHECK(a.duplicates == 0);
+  CHECK(a.kept == used - 30);
+  // Every row served is byte-exact (Hit FAILs otherwise); the damaged ones are misses.
+  uint64_t hits = 0;
+  for (uint64_t r = 0; r < 600; ++r) hits += Hit(**adopted, 1, r * 3);
+  for (uint64_t r = 0; r < 200; ++r) hits += Hit(**adopted, 7, r * 3);
+  CHECK(hits == used - 30);
+  for (const uint64_t row : damaged) CHECK_FALSE(Hit(**adopted, 1, row));
+}
+
+TEST_CASE("ProveRows drops every row that differs from its file, or is not compared in time",
+          "[adopt]") {
+  auto cache = MakeCache(1000);
+  Fill(*cache, 1, 500);
+  Fill(*cache, 9, 300);
+  UniqueFd fd = Dup(*cache);
+  cache.reset();
+  RowCacheAdoption a;
+  auto adopted =
+      RowCache::Adopt(std::move(fd), {.tables_identity = kIdentity}, nullptr, KeepAll, &a);
+  REQUIRE(adopted.ok());
+  REQUIRE(a.kept == 800);
+  // The "files" now: synthetic rows, except every 50th row of layer 9, rewritten.
+  auto rewritten = [](uint32_t layer, uint64_t row) { return layer == 9 && row % 150 == 0; };
+  uint64_t reads = 0;
+  size_t largest_piece = 0;
+  auto read = [&](uint32_t layer, std::span<const uint64_t> rows, uint8_t* dest) {
+    largest_piece = std::max(largest_piece, rows.size());
+    for (size_t k = 0; k < rows.size(); ++k) {
+      REQUIRE((k == 0 || rows[k - 1] < rows[k]));  // ascending within a piece
+      SyntheticRow(kSeed + (rewritten(layer, rows[k]) ? 1 : 0), layer, rows[k],
+                   dest + k * kRowBytes);
+      ++reads;
+    }
+    return absl::OkStatus();
+  };
+  RowCacheProof proof;
+  REQUIRE((*adopted)->ProveRows(read, /*deadline_ns=*/0, &proof).ok());
+  CHECK(reads == 800);
+  CHECK(largest_piece <= RowCache::kProvePieceRows);
+  CHECK(proof.compared == 800);
+  CHECK(proof.stale == 6);
+  CHECK(proof.stale_by_layer == std::map<uint32_t, uint64_t>{{9, 6}});
+  CHECK((*adopted)->Stats().used_slots == 794);
+  for (uint64_t r = 0; r < 300; ++r) CHECK(Hit(**adopted, 9, r * 3) == !rewritten(9, r * 3));
+  for (uint64_t r = 0; r < 500; ++r) CHECK(Hit(**adopted, 1, r * 3));
+  // A read that fails is returned: the caller discards the cache, its rows unproven.
+  auto failing = [](uint32_t, std::span<const uint64_t>, uint8_t*) {
+    return absl::DataLossError("short read");
+  };
+  CHECK((*adopted)->ProveRows(failing, 0, &proof).code() == absl::StatusCode::kDataLoss);
+  // Past its deadline nothing more is read: the rows not compared are dropped, never kept.
+  CHECK((*adopted)->ProveRows(read, /*deadline_ns=*/1, &proof).ok());
+  CHECK(proof.compared == 0);
+  CHECK(proof.unproven == 794);
+  CHECK(reads == 800);
+  CHECK((*adopted)->Stats().used_slots == 0);
+  for (uint64_t r = 0; r < 500; ++r) CHECK_FALSE(Hit(**adopted, 1, r * 3));
 }
 
 TEST_CASE("a garbage, foreign or other tables' region is refused", "[adopt]") {
