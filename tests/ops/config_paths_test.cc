@@ -2,7 +2,8 @@
 // and its temporary neighbour), set to what an attacker or a careless operator may put there: a
 // FIFO, an endless device, a symbolic link, another file. --check-config and a start refuse them
 // alike, at once, with the same message; a file swapped in while serving is left as it is at
-// stop, which neither waits on a FIFO nor replaces what is not a hot set.
+// stop, which neither waits on a FIFO nor replaces what is not a hot set; a crafted 1 GiB hot set
+// is read at start in bounded memory.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -193,6 +195,48 @@ TEST_CASE("what replaces the hot set while serving is left intact at stop, which
   CHECK(d->Stop() == 0);
   CHECK_FALSE(std::filesystem::exists(hot));
   CHECK_THAT(Contents(log), Contains(hot + ".tmp is a FIFO"));
+}
+
+// The peak resident memory of `pid` (VmHWM), in bytes.
+uint64_t PeakRss(pid_t pid) {
+  std::istringstream status(Contents("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+TEST_CASE("an oversized hot set is not read whole at start") {
+  // A crafted file: a hot set's header saying 2^27 keys, 1 GiB of them (a hole), a wrong sum.
+  const std::string hot = TestDir() + "/oversized-hot-set";
+  const uint64_t count = uint64_t{1} << 27;
+  {
+    const int fd = open(hot.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    uint8_t header[24] = {'E', 'G', 'R', 'M', 'H', 'O', 'T', '1', 1};
+    std::memcpy(header + 16, &count, 8);
+    REQUIRE(pwrite(fd, header, sizeof(header), 0) == sizeof(header));
+    REQUIRE(ftruncate(fd, static_cast<off_t>(24 + count * 8 + 8)) == 0);
+    close(fd);
+  }
+  const std::string log = TestDir() + "/oversized.log";
+  const int saved = dup(2);
+  const int f = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  dup2(f, 2);
+  Daemon d({"--tier", "14=cache", "--cache-bytes", "16M", "--hot-set-path", hot}, "oversized");
+  dup2(saved, 2);
+  close(saved);
+  close(f);
+  REQUIRE(d.alive());
+  // The start reads it (a chunk at a time) before it serves, then warns.
+  const std::string warned = "hot set not warmed: " + hot + ": checksum mismatch";
+  for (int i = 0; i < 3000 && Contents(log).find(warned) == std::string::npos; ++i) usleep(10000);
+  REQUIRE_THAT(Contents(log), Contains(warned));
+  const uint64_t peak = PeakRss(d.pid());
+  INFO("engramd's peak RSS " << (peak >> 20) << " MiB");
+  CHECK(peak > 0);
+  CHECK(peak < (uint64_t{512} << 20));
+  CHECK(d.Stop() == 0);
 }
 
 TEST_CASE("a damaged hot set is a warning to both, as it is to a start") {
