@@ -83,37 +83,47 @@ std::string Named(const std::string& setting, const std::string& path) {
   return setting.empty() ? path : absl::StrCat(setting, " ", path);
 }
 
-// The error of an open that failed with `err`; O_NOFOLLOW's ELOOP is named as the link it is.
-absl::Status OpenError(const std::string& setting, const std::string& path, int err) {
-  struct stat st {};
-  if (err == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+// FailedPrecondition for `st`, which is not a regular file: what it is, and where a link leads.
+absl::Status NotRegular(const std::string& setting, const std::string& path,
+                        const struct stat& st) {
+  std::string to;
+  if (S_ISLNK(st.st_mode)) {
     char target[PATH_MAX];
     const ssize_t n = ::readlink(path.c_str(), target, sizeof(target) - 1);
-    return absl::FailedPreconditionError(absl::StrCat(
-        Named(setting, path), " is a symbolic link",
-        n > 0 ? absl::StrCat(" (to ", std::string(target, static_cast<size_t>(n)), ")") : "",
-        ", not a regular file"));
+    if (n > 0) to = absl::StrCat(" (to ", std::string(target, static_cast<size_t>(n)), ")");
   }
-  if (err == ENOENT)
-    return absl::NotFoundError(absl::StrCat(Named(setting, path), ": no such file"));
-  return absl::UnavailableError(
-      absl::StrCat("cannot open ", Named(setting, path), ": ", std::strerror(err)));
+  return absl::FailedPreconditionError(absl::StrCat(
+      Named(setting, path), " is ", FileKindName(st.st_mode), to, ", not a regular file"));
 }
 
 }  // namespace
 
 absl::StatusOr<UniqueFd> OpenRegularFile(const std::string& setting, const std::string& path,
                                          Symlink symlink, struct stat* ret_stat) {
-  const int flags =
-      O_RDONLY | O_NONBLOCK | O_CLOEXEC | (symlink == Symlink::kRefuse ? O_NOFOLLOW : 0);
-  UniqueFd fd(::open(path.c_str(), flags));
-  if (!fd.valid()) return OpenError(setting, path, errno);
+  // Looked at before it is opened: opening a device can act on it (a watchdog arms, a tape
+  // rewinds), and a FIFO or a device is refused anyway.
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("cannot fstat", path);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Named(setting, path), " is ", FileKindName(st.st_mode), ", not a regular file"));
+  const int looked =
+      symlink == Symlink::kRefuse ? ::lstat(path.c_str(), &st) : ::stat(path.c_str(), &st);
+  if (looked == 0 && !S_ISREG(st.st_mode)) return NotRegular(setting, path, st);
+  // Then opened so that nothing blocks, and looked at again through the fd: the name may have
+  // been given to another file in between.
+  const int flags =
+      O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (symlink == Symlink::kRefuse ? O_NOFOLLOW : 0);
+  UniqueFd fd(::open(path.c_str(), flags));
+  if (!fd.valid()) {
+    const int err = errno;
+    if (err == ELOOP && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      return NotRegular(setting, path, st);
+    }
+    if (err == ENOENT) {
+      return absl::NotFoundError(absl::StrCat(Named(setting, path), ": no such file"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("cannot open ", Named(setting, path), ": ", std::strerror(err)));
   }
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("cannot fstat", path);
+  if (!S_ISREG(st.st_mode)) return NotRegular(setting, path, st);
   if (ret_stat != nullptr) *ret_stat = st;
   return fd;
 }

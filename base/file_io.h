@@ -35,9 +35,11 @@ const char* FileKindName(mode_t mode);
 enum class Symlink { kFollow, kRefuse };
 
 // Opens `path`, which the setting `setting` ("memory.hot_set_path"; may be empty) names, for
-// reading without ever blocking: O_NONBLOCK, so that a FIFO opens at once instead of waiting for
-// a writer, O_NOFOLLOW with Symlink::kRefuse, O_CLOEXEC; then anything fstat does not call a
-// regular file (a FIFO, a device, a directory, a socket) is refused before a byte is read.
+// reading without ever blocking. What is there is looked at first (lstat with Symlink::kRefuse,
+// else stat), so that a device is never opened; then it is opened O_NONBLOCK (a FIFO put there
+// meanwhile opens at once instead of waiting for a writer), O_NOCTTY, O_CLOEXEC and O_NOFOLLOW
+// with Symlink::kRefuse, and looked at again through the fd: anything but a regular file (a
+// FIFO, a device, a directory, a socket, a refused link) is refused before a byte is read.
 // NotFound when nothing is there; FailedPrecondition naming the setting, the path and what it
 // is ("memory.hot_set_path /x is a FIFO, not a regular file"); Unavailable with errno otherwise.
 // *ret_stat, when given, receives the file's fstat on success.

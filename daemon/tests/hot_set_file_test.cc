@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -49,6 +50,8 @@ std::string Contents(const std::string& path) {
   return ss.str();
 }
 
+constexpr unsigned kChildSecondsForWriter = 10;
+
 const std::vector<uint64_t> kKeys = {RowCacheKey(14, 1), RowCacheKey(14, 2), RowCacheKey(1, 7)};
 
 // WriteHotSet, CheckHotSetPath and ReadHotSet of `path`, each in a bounded child; every one must
@@ -84,6 +87,29 @@ TEST_CASE("a FIFO at the hot set's path or its temporary neighbour is refused wi
   REQUIRE(lstat(tmp.c_str(), &st) == 0);
   REQUIRE(S_ISFIFO(st.st_mode));
   REQUIRE_FALSE(std::filesystem::exists(path));
+}
+
+TEST_CASE("what is not a regular file is not even opened") {
+  // Opening a device can act on it; a FIFO shows it: a writer waiting in open() would go on.
+  Dir dir;
+  const std::string path = dir.path + "/hot-set";
+  REQUIRE(mkfifo(path.c_str(), 0600) == 0);
+  const pid_t writer = fork();
+  if (writer == 0) {
+    alarm(kChildSecondsForWriter);
+    _exit(open(path.c_str(), O_WRONLY | O_CLOEXEC) >= 0 ? 0 : 1);
+  }
+  usleep(100000);
+  REQUIRE(absl::IsFailedPrecondition(CheckHotSetPath(path)));
+  REQUIRE(absl::IsFailedPrecondition(ReadHotSet(path, 100).status()));
+  REQUIRE(absl::IsFailedPrecondition(WriteHotSet(path, kKeys)));
+  usleep(200000);
+  int status = 0;
+  CHECK(waitpid(writer, &status, WNOHANG) == 0);  // still waiting for a reader
+  const int reader = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // lets it go
+  REQUIRE(waitpid(writer, &status, 0) == writer);
+  close(reader);
+  CHECK(WIFEXITED(status));
 }
 
 TEST_CASE("a file that is not a hot set is never replaced, and stays as it was") {
