@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -141,6 +142,40 @@ absl::StatusOr<std::vector<uint64_t>> ReadKeys(int fd, const std::string& path, 
   return keys;
 }
 
+// Renames `tmp` (a hot set just written) over `path` only if `path` still holds what Inspect saw:
+// nothing (RENAME_NOREPLACE), or a hot set (RENAME_EXCHANGE, then what came out is looked at and
+// put back if it is no hot set), so that a file swapped in meanwhile is never replaced. Where the
+// file system has neither flag, a plain rename. `tmp` is gone afterwards unless it was put back.
+absl::Status PutInPlace(const std::string& tmp, const std::string& path, Existing was) {
+  const unsigned flags = was == Existing::kNone ? RENAME_NOREPLACE : RENAME_EXCHANGE;
+  if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), flags) != 0) {
+    const int err = errno;
+    if (err == EINVAL && rename(tmp.c_str(), path.c_str()) == 0) return absl::OkStatus();
+    unlink(tmp.c_str());
+    if (err == EEXIST) {
+      absl::StatusOr<Existing> now = Inspect(kHotSetSetting, path, false);
+      if (!now.ok()) return now.status();
+    }
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", strerror(err)));
+  }
+  if (was == Existing::kNone) return absl::OkStatus();
+  // `tmp` names what was at `path` a moment ago.
+  absl::StatusOr<Existing> out = Inspect(kHotSetSetting, tmp, false);
+  if (out.ok()) {
+    unlink(tmp.c_str());
+    return absl::OkStatus();
+  }
+  if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) != 0) {
+    return absl::InternalError(absl::StrCat("cannot put ", tmp, " back at ", path, ": ",
+                                            strerror(errno), " (it was not a hot set)"));
+  }
+  unlink(tmp.c_str());
+  return absl::FailedPreconditionError(
+      absl::StrCat(kHotSetSetting, " ", path, " was given to another file while the hot set was ",
+                   "written: ", out.status().message()));
+}
+
 }  // namespace
 
 absl::Status CheckHotSetPath(const std::string& path) {
@@ -151,9 +186,8 @@ absl::Status CheckHotSetPath(const std::string& path) {
 }
 
 absl::Status WriteHotSet(const std::string& path, std::span<const uint64_t> keys) {
-  if (absl::StatusOr<Existing> e = Inspect(kHotSetSetting, path, false); !e.ok()) {
-    return e.status();
-  }
+  absl::StatusOr<Existing> was = Inspect(kHotSetSetting, path, false);
+  if (!was.ok()) return was.status();
   const std::string tmp = path + ".tmp";
   absl::StatusOr<Existing> left = Inspect(kTemporary, tmp, true);
   if (!left.ok()) return left.status();
@@ -167,12 +201,11 @@ absl::Status WriteHotSet(const std::string& path, std::span<const uint64_t> keys
   }
   absl::Status s = WriteBody(fd.get(), tmp, keys);
   fd.Reset();
-  if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    s = absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", strerror(errno)));
+  if (!s.ok()) {
+    unlink(tmp.c_str());
+    return s;
   }
-  if (!s.ok()) unlink(tmp.c_str());
-  return s;
+  return PutInPlace(tmp, path, *was);
 }
 
 absl::StatusOr<std::vector<uint64_t>> ReadHotSet(const std::string& path, uint64_t max_keys) {

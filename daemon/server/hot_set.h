@@ -43,8 +43,9 @@ inline constexpr uint64_t kMaxHotSetRows = uint64_t{1} << 30;
 // link, another file); Unavailable when it cannot be looked at.
 absl::Status CheckHotSetPath(const std::string& path);
 // Writes `keys` to `path` through `path.tmp`, created exclusively (O_EXCL, O_NOFOLLOW; one
-// WriteHotSet left is removed first), fsynced, then renamed over `path`; refused as
-// CheckHotSetPath refuses, leaving every file as it was. Internal naming the file and the step
+// WriteHotSet left is removed first), fsynced, then renamed over `path` only if it still holds
+// what was looked at (RENAME_NOREPLACE, or RENAME_EXCHANGE and a look at what came out); refused
+// as CheckHotSetPath refuses, leaving every file as it was. Internal naming the file and the step
 // that failed.
 absl::Status WriteHotSet(const std::string& path, std::span<const uint64_t> keys);
 // Reads a file WriteHotSet wrote, at most `max_keys` of its keys (the memory it takes), checking
