@@ -1,25 +1,38 @@
 // PressureMonitor: PSI sampling and the shrink/grow steps of the row cache.
 #include "store/pressure_monitor.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "base/clock.h"
+#include "base/file_io.h"
 
 namespace engram {
 namespace {
 
-bool ReadText(const std::string& path, std::string* ret_text) {
-  std::ifstream in(path);
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  *ret_text = ss.str();
-  return !ret_text->empty();
+// A PSI file is two lines of four fields ("some avg10=100.00 avg60=100.00 avg300=100.00
+// total=18446744073709551615"), under 80 bytes each: a file holding more is not one, and is not
+// read further.
+constexpr size_t kMaxPsiBytes = 1024;
+// /proc/self/cgroup: a line per hierarchy (a dozen under v1), each a path under /sys/fs/cgroup.
+constexpr size_t kMaxCgroupListBytes = 64 * 1024;
+
+// The text of `path`, a regular file (followed through symbolic links: a cgroup's files may be
+// reached through one) of at most `max_bytes`; opening it never blocks (file_io.h).
+absl::StatusOr<std::string> ReadText(const std::string& path, size_t max_bytes) {
+  absl::StatusOr<UniqueFd> fd = OpenRegularFile("", path, Symlink::kFollow);
+  if (!fd.ok()) return fd.status();
+  return ReadAtMost(fd->get(), path, max_bytes);
+}
+
+// The PSI sample in `path`, or why there is none.
+absl::StatusOr<MemoryPressure> ReadPressure(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadText(path, kMaxPsiBytes);
+  if (!text.ok()) return text.status();
+  std::optional<MemoryPressure> p = ParseMemoryPressure(*text);
+  if (!p) return absl::NotFoundError(absl::StrCat(path, " holds no PSI \"some\" line"));
+  return *p;
 }
 
 std::string Mib(uint64_t slots) {
@@ -60,23 +73,33 @@ std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text) {
 }
 
 absl::StatusOr<std::string> FindMemoryPressureFile() {
-  std::string text, ignored;
-  if (ReadText("/proc/self/cgroup", &text)) {
-    for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+  if (absl::StatusOr<std::string> text = ReadText("/proc/self/cgroup", kMaxCgroupListBytes);
+      text.ok()) {
+    for (absl::string_view line : absl::StrSplit(*text, '\n', absl::SkipEmpty())) {
       if (!absl::ConsumePrefix(&line, "0::")) continue;
       // cgroup v2 mounted at /sys/fs/cgroup, or beside v1 at /sys/fs/cgroup/unified (hybrid).
       for (const char* root : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
         std::string path = absl::StrCat(root, line == "/" ? "" : line, "/memory.pressure");
-        if (ReadText(path, &ignored) && ParseMemoryPressure(ignored).has_value()) return path;
+        if (ReadPressure(path).ok()) return path;
       }
     }
   }
-  if (ReadText("/proc/pressure/memory", &ignored) && ParseMemoryPressure(ignored).has_value()) {
-    return std::string("/proc/pressure/memory");
-  }
+  if (ReadPressure("/proc/pressure/memory").ok()) return std::string("/proc/pressure/memory");
   return absl::NotFoundError(
       "no memory pressure information (neither the cgroup's memory.pressure nor "
       "/proc/pressure/memory can be read; the kernel needs CONFIG_PSI and psi=1)");
+}
+
+absl::Status CheckPressureFile(const std::string& path) {
+  absl::StatusOr<MemoryPressure> p = ReadPressure(path);
+  if (p.ok()) return absl::OkStatus();
+  if (absl::IsFailedPrecondition(p.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kPressureFileSetting, " ", p.status().message()));
+  }
+  // Missing, unreadable, too long or not PSI text: the file cannot be read as one.
+  return absl::NotFoundError(
+      absl::StrCat(kPressureFileSetting, " cannot be read as a PSI file: ", p.status().message()));
 }
 
 PressureMonitor::PressureMonitor(RowCache* cache, uint64_t target_slots, PressureOptions options,
@@ -93,11 +116,10 @@ absl::Status PressureMonitor::Start() {
     auto path = FindMemoryPressureFile();
     if (!path.ok()) return path.status();
     options_.path = *path;
-  } else if (std::string text;
-             !ReadText(options_.path, &text) || !ParseMemoryPressure(text).has_value()) {
+  } else if (absl::Status s = CheckPressureFile(options_.path); !s.ok()) {
     // A file named in the configuration that gives nothing would leave the cache deaf to
     // pressure without a word.
-    return absl::NotFoundError(absl::StrCat(options_.path, " cannot be read as a PSI file"));
+    return s;
   }
   Tick(NowNs());
   thread_ = std::thread([this] { Run(); });
@@ -124,10 +146,9 @@ void PressureMonitor::Run() {
 }
 
 std::optional<double> PressureMonitor::Tick(uint64_t now_ns) {
-  std::string text;
-  if (!ReadText(options_.path, &text)) return std::nullopt;
-  std::optional<MemoryPressure> sample = ParseMemoryPressure(text);
-  if (!sample) return std::nullopt;
+  // Opened afresh each time, and as safely as at the start: the file may be replaced meanwhile.
+  absl::StatusOr<MemoryPressure> sample = ReadPressure(options_.path);
+  if (!sample.ok()) return std::nullopt;
   std::optional<MemoryPressure> last = std::exchange(last_, *sample);
   const uint64_t last_ns = std::exchange(last_ns_, now_ns);
   if (!last || now_ns <= last_ns) return std::nullopt;

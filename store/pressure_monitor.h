@@ -41,6 +41,15 @@ std::optional<MemoryPressure> ParseMemoryPressure(const std::string& text);
 // /proc/pressure/memory if it can, else NotFound naming both.
 absl::StatusOr<std::string> FindMemoryPressureFile();
 
+inline constexpr char kPressureFileSetting[] = "memory.pressure_file";
+
+// Whether `path`, named by memory.pressure_file, reads as a PSI file, opened as every sample
+// opens it: without blocking, at most a PSI file's size read, symbolic links followed.
+// FailedPrecondition naming the setting, the path and what it is when it is no regular file (a
+// FIFO, a device such as /dev/zero, a directory): a configuration to refuse. NotFound when it is
+// missing or holds something else than PSI: the cache then keeps its size.
+absl::Status CheckPressureFile(const std::string& path);
+
 struct PressureOptions {
   // PSI file to sample; empty: FindMemoryPressureFile().
   std::string path;
@@ -66,8 +75,9 @@ class PressureMonitor {
   ~PressureMonitor();
 
   // Resolves the PSI file (options.path, or FindMemoryPressureFile()) and starts sampling;
-  // NotFound when there is no PSI to read, or options.path cannot be read as one (the cache then
-  // keeps its size; the caller reports it).
+  // NotFound when there is no PSI to read, or options.path cannot be read as one, and
+  // FailedPrecondition when options.path is no regular file (CheckPressureFile); the cache then
+  // keeps its size, and the caller reports it.
   absl::Status Start();
   void Stop();
 

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "daemon/server/server_config.h"
 #include "gather/gather_engine.h"
 #include "store/cache_handoff.h"
+#include "store/pressure_monitor.h"
 #include "store/row_store.h"
 #include "tables/table.h"
 
@@ -155,13 +158,9 @@ void PrintCheckedConfig(const ServerConfig& config, const StoreConfig& store,
                    .c_str());
 }
 
-// The warmer of a start whose row cache was not kept: the hot set written by the last run, if
-// there is one to read (null otherwise, with the reason logged).
-std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopted) {
-  if (adopted) {
-    log::Info("hot set not warmed: the row cache was kept across the restart");
-    return nullptr;
-  }
+// The hot set written by the last run, read as a start that did not keep the row cache reads it;
+// nullopt when there is none to warm from, the reason logged.
+std::optional<std::vector<uint64_t>> ReadLastHotSet(const ServerConfig& config) {
   absl::StatusOr<std::vector<uint64_t>> keys = ReadHotSet(config.hot_set_path, config.hot_set_rows);
   if (!keys.ok()) {
     if (absl::IsNotFound(keys.status())) {
@@ -169,11 +168,51 @@ std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopte
     } else {
       log::Warning("hot set not warmed: {}", std::string(keys.status().message()));
     }
+    return std::nullopt;
+  }
+  return std::move(*keys);
+}
+
+// The warmer of a start whose row cache was not kept: the hot set written by the last run, if
+// there is one to read (null otherwise, with the reason logged).
+std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopted) {
+  if (adopted) {
+    log::Info("hot set not warmed: the row cache was kept across the restart");
     return nullptr;
   }
+  std::optional<std::vector<uint64_t>> keys = ReadLastHotSet(config);
+  if (!keys) return nullptr;
   log::Notice("row cache: warming {} rows of the hot set in {} in the background", keys->size(),
               config.hot_set_path);
   return std::make_unique<HotSetWarmer>(std::move(*keys));
+}
+
+// --check-config: the files of the row cache a start would read (the PSI file, the hot set),
+// read as the start reads them and reported in its words.
+void CheckCacheFiles(const DaemonSettings& settings,
+                     const std::vector<std::unique_ptr<Table>>& tables) {
+  const StoreConfig& store = settings.store;
+  if (std::none_of(tables.begin(), tables.end(),
+                   [&](const auto& t) { return store.TierOf(t->layer_id()) == Tier::kCache; })) {
+    return;
+  }
+  if (store.pressure) {
+    absl::StatusOr<std::string> psi = store.pressure_file.empty()
+                                          ? FindMemoryPressureFile()
+                                          : absl::StatusOr<std::string>(store.pressure_file);
+    absl::Status s = psi.ok() ? CheckPressureFile(*psi) : psi.status();
+    if (s.ok()) {
+      printf("  row cache follows memory pressure from %s\n", psi->c_str());
+    } else {
+      log::Notice("row cache keeps its size under memory pressure: {}", std::string(s.message()));
+    }
+  }
+  const std::string& hot = settings.server.hot_set_path;
+  if (hot.empty()) return;
+  if (std::optional<std::vector<uint64_t>> keys = ReadLastHotSet(settings.server)) {
+    printf("  hot set: %zu rows in %s, warmed after a start that does not keep the row cache\n",
+           keys->size(), hot.c_str());
+  }
 }
 
 // A SIGTERM or SIGINT came while starting: engramd stops, as it would once serving.
@@ -415,6 +454,9 @@ int Main(int argc, char** argv) {
   }
   log::SetLogLevel(settings.log_level);  // checked when it was set
   if (absl::Status s = ResolveSettings(sources.config_path, &settings); !s.ok()) return Fail(s);
+  // Before anything is opened: a FIFO named here would block the start, a device be read or
+  // replaced (config_resolve.h). --check-config refuses what a start refuses.
+  if (absl::Status s = CheckPathSettings(settings); !s.ok()) return Fail(s);
   if (!config_files.empty()) {
     log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
   }
@@ -423,6 +465,7 @@ int Main(int argc, char** argv) {
     absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(settings);
     if (!opened.ok()) return Fail(opened.status());
     PrintCheckedConfig(settings.server, settings.store, config_files, *opened);
+    CheckCacheFiles(settings, *opened);
     return 0;
   }
   return Start(sources, &settings);

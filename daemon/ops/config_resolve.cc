@@ -15,6 +15,8 @@
 #include "absl/strings/str_format.h"
 #include "cli/command_line.h"
 #include "daemon/ops/cgroup_memory.h"
+#include "daemon/server/hot_set.h"
+#include "store/pressure_monitor.h"
 #include "tables/table.h"
 
 namespace engram {
@@ -153,6 +155,25 @@ absl::Status ResolveSettings(const std::string& config_path, DaemonSettings* set
       PollCores(*poll_mode, settings->poll_cores, std::thread::hardware_concurrency());
   config.poll.hold_idle_ns = uint64_t{settings->poll_idle_ms} * 1'000'000;
   return ApplyTiers(settings);
+}
+
+absl::Status CheckPathSettings(const DaemonSettings& settings) {
+  const StoreConfig& store = settings.store;
+  if (store.pressure && !store.pressure_file.empty()) {
+    // Only the wrong kind of file is refused; one that holds no PSI leaves the cache at its size,
+    // with a notice, as it always has.
+    if (absl::Status s = CheckPressureFile(store.pressure_file); absl::IsFailedPrecondition(s)) {
+      return s;
+    }
+  }
+  if (!settings.server.hot_set_path.empty()) {
+    // A file that cannot be looked at (permissions) is named in a warning at each write instead.
+    if (absl::Status s = CheckHotSetPath(settings.server.hot_set_path);
+        absl::IsFailedPrecondition(s)) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ReloadedConfig> ReloadSettings(const ConfigSources& sources,

@@ -54,6 +54,15 @@ absl::StatusOr<MemoryPlan> MemoryPlanFor(const DaemonSettings& settings);
 // when nothing is given to serve.
 absl::Status ResolveSettings(const std::string& config_path, DaemonSettings* settings);
 
+// The files the settings name that engramd opens besides the tables, looked at as engramd will
+// open them (never blocking, never following a link where it writes, reading a few bytes):
+// memory.pressure_file (when memory.pressure is on) must be a regular file, and
+// memory.hot_set_path and its temporary neighbour PATH.tmp must each be absent or a hot set,
+// since engramd replaces them. FailedPrecondition naming the setting, the path and what it is
+// otherwise. --check-config and a start both run it before serving, so they refuse alike; what a
+// start only warns of (a PSI file that holds no PSI, a damaged hot set) is not refused here.
+absl::Status CheckPathSettings(const DaemonSettings& settings);
+
 // SIGHUP: reads the files, applies the same flags over them and, if the result is valid, makes
 // the live settings of it the ones in force (*settings, resolved). The other settings keep their
 // running values, so that one changed stays named as needing a restart however many reloads

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "base/log.h"
 #include "daemon/ops/config_file.h"
+#include "daemon/server/hot_set.h"
 #include "engram/protocol.h"
 
 namespace engram {
@@ -200,8 +201,8 @@ constexpr Setting kMemoryRows[] = {
      .field = [](S* s) -> void* { return &s->store.pressure; }},
     {.key = "memory.pressure_file",
      .flag = "--pressure-file",
-     .help = "PSI file the row cache follows (empty: the cgroup's memory.pressure, else "
-             "/proc/pressure/memory)",
+     .help = "PSI file the row cache follows, a regular file (empty: the cgroup's "
+             "memory.pressure, else /proc/pressure/memory)",
      .kind = Kind::kString,
      .applies = kRestart,
      .field = [](S* s) -> void* { return &s->store.pressure_file; },
@@ -243,7 +244,7 @@ constexpr Setting kHotSetRows[] = {
      .flag = "--hot-set-path",
      .help = "File the row cache's hot set (row ids) is written to, periodically and at stop, "
              "and warmed from in the background after a start that did not keep the cache "
-             "(empty: none)",
+             "(empty: none); a regular file that is absent or a hot set, never replaced otherwise",
      .kind = Kind::kString,
      .applies = kRestart,
      .server_field = [](C* c) -> void* { return &c->hot_set_path; },
@@ -263,7 +264,7 @@ constexpr Setting kHotSetRows[] = {
      .applies = kRestart,
      .server_field = [](C* c) -> void* { return &c->hot_set_rows; },
      .min = 1,
-     .max = uint64_t{1} << 30},
+     .max = kMaxHotSetRows},
     {.key = "memory.miss_depth",
      .flag = "--miss-depth",
      .help = "Device reads of cache-tier misses in flight past which prefill and prefetch "

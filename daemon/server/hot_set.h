@@ -9,7 +9,9 @@
 //   HotSetWarmer warmer(*ReadHotSet(path, max_rows));          // warmer.Start(prefetcher, ...)
 //
 // File: "EGRMHOT1", u32 version (1), u32 0, u64 count, count u64 keys ((layer + 1) << 40 | row,
-// as in the row cache), u64 FNV-1a of the keys; little-endian.
+// as in the row cache), u64 FNV-1a of the keys; little-endian. A count above kMaxHotSetRows is
+// not a hot set. engramd replaces only a hot set (a file starting with "EGRMHOT", the magic of
+// every layout) or nothing.
 #pragma once
 
 #include <atomic>
@@ -29,11 +31,27 @@
 
 namespace engram {
 
-// Writes `keys` to `path` through `path.tmp`, fsynced, then renamed over `path`. Internal naming
-// the file and the step that failed.
+inline constexpr char kHotSetSetting[] = "memory.hot_set_path";
+// The most keys a hot set holds (memory.hot_set_rows' upper bound): a file is at most 8 GiB and
+// 32 bytes, and one whose header says more is refused before its keys are read.
+inline constexpr uint64_t kMaxHotSetRows = uint64_t{1} << 30;
+
+// Whether WriteHotSet may write `path`: it is absent or a hot set (starting with "EGRMHOT"), and
+// its temporary neighbour `path.tmp` is absent or one WriteHotSet left (empty or a hot set). Opens
+// both without blocking or following a symbolic link and reads 8 bytes at most. FailedPrecondition
+// naming memory.hot_set_path, the file and what it is otherwise (a FIFO, a device, a symbolic
+// link, another file); Unavailable when it cannot be looked at.
+absl::Status CheckHotSetPath(const std::string& path);
+// Writes `keys` to `path` through `path.tmp`, created exclusively (O_EXCL, O_NOFOLLOW; one
+// WriteHotSet left is removed first), fsynced, then renamed over `path` only if it still holds
+// what was looked at (RENAME_NOREPLACE, or RENAME_EXCHANGE and a look at what came out); refused
+// as CheckHotSetPath refuses, leaving every file as it was. Internal naming the file and the step
+// that failed.
 absl::Status WriteHotSet(const std::string& path, std::span<const uint64_t> keys);
-// Reads a file WriteHotSet wrote, at most `max_keys` of its keys. NotFound when there is none;
-// InvalidArgument naming the file and what is wrong (magic, version, size, checksum).
+// Reads a file WriteHotSet wrote, at most `max_keys` of its keys (the memory it takes), checking
+// the sum of all of them a chunk at a time. Opens it as CheckHotSetPath does. NotFound when there
+// is none; FailedPrecondition when it is no regular file; InvalidArgument naming the file and what
+// is wrong (magic, version, size, a count above kMaxHotSetRows, checksum).
 absl::StatusOr<std::vector<uint64_t>> ReadHotSet(const std::string& path, uint64_t max_keys);
 
 // Writes the cache's hot set every `interval_ns` (0: only at stop) and when destroyed.
