@@ -13,11 +13,15 @@
 //             bytes as a size
 //   tiers     the tables it is reported for: MEMORY (resident and cache tiers) or RESIDENT
 //   type      COUNTER (only grows) or GAUGE
-//   metric    the Prometheus family (table counters: labelled by table)
+//   metric    the Prometheus family (table counters: labelled by table), in base units: a
+//             counter whose json_key ends in _ns counts nanoseconds, and its metric, in seconds,
+//             is scaled by StoreMetricScale
 //   help      one line: the metric's HELP
 //
 // To add a counter: add one line to the list of its owner, then count it.
 #pragma once
+
+#include <string_view>
 
 // RowCache: one for the daemon, shown in status.
 #define ENGRAM_ROW_CACHE_COUNTERS(X)                                                             \
@@ -75,12 +79,17 @@
     "Missed rows the queue let go to the device")                                      \
   X(dropped_reads, "dropped_reads", COUNTER, "engram_miss_queue_dropped_reads_total",  \
     "Prefetched rows dropped because the queue was full")                              \
-  X(wait_ns, "wait_ns", COUNTER, "engram_miss_queue_wait_nanoseconds_total",           \
+  X(wait_ns, "wait_ns", COUNTER, "engram_miss_queue_wait_seconds_total",               \
     "Time pieces waited in the queue, added up")                                       \
-  X(max_wait_ns, "max_wait_ns", GAUGE, "engram_miss_queue_max_wait_nanoseconds",       \
+  X(max_wait_ns, "max_wait_ns", GAUGE, "engram_miss_queue_max_wait_seconds",           \
     "The longest one piece waited in the queue")                                       \
   X(max_reads_waited, "max_reads_waited", GAUGE, "engram_miss_queue_max_reads_waited", \
     "The most device reads that completed while one piece waited")
+
+// The factor from a counter's value to its metric's: seconds for a json_key ending in "_ns".
+constexpr double StoreMetricScale(std::string_view json_key) {
+  return json_key.ends_with("_ns") ? 1e-9 : 1.0;
+}
 
 // Selector on an entry's type: ENGRAM_STORE_IF_COUNTER_##type(...) expands to its arguments for
 // a COUNTER and to nothing for a GAUGE.

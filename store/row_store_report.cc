@@ -38,7 +38,9 @@ void ForEachStoreTableCounter(const TableStoreStats& s, Fn&& fn) {
 #undef ENGRAM_STORE_TABLE_EACH_
 }
 
+// `value` is the counter's own (nanoseconds for a key ending in _ns); the metric is in base units.
 void AddSample(const StoreCounterInfo& c, const MetricLabels& labels, double value, MetricSink* e) {
+  value *= StoreMetricScale(c.json_key);
   if (c.grows) {
     e->Counter(c.metric, c.help, labels, value);
   } else {

@@ -31,6 +31,10 @@ packages=(
   # Man pages of engramd, engramctl and the table tools (man/), made from their --help; the kit
   # suite's checks of the Prometheus rules (PyYAML) and of the zsh completion (zsh -n).
   help2man python3-yaml zsh
+  # promtool, for the kit suite's promtool check metrics of the scrape and the textfile and the
+  # alert rules' unit tests: Debian ships it only in the Prometheus server's package (96 MB
+  # installed, with its service unit), small beside PyTorch; the tests skip where it is missing.
+  prometheus
   # Debian packages (debian/): dpkg-buildpackage, debhelper, lintian.
   dpkg-dev debhelper lintian
 )

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -42,13 +43,20 @@ std::string RenderLabels(const Labels& labels, const std::string& extra_key = ""
   return out;
 }
 
-std::string Number(double v) {
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  if (v == std::floor(v) && std::fabs(v) < 1e15) return absl::StrFormat("%.0f", v);
-  return absl::StrFormat("%.9g", v);
-}
-
 }  // namespace
+
+std::string FormatSampleValue(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  // An integer (every counter of events) in digits, never an exponent: %.0f prints the double's
+  // exact value, which is the count itself up to 2^53.
+  if (v == std::floor(v) && std::fabs(v) < 0x1p63) return absl::StrFormat("%.0f", v);
+  // Anything else in the fewest digits that read back as the same double (a timestamp since the
+  // epoch in seconds needs 16 or 17 of them).
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
 
 std::string EscapeLabel(const std::string& value) {
   std::string out;
@@ -78,12 +86,14 @@ Exposition::Family& Exposition::Get(const std::string& name, const std::string& 
 
 void Exposition::Gauge(const std::string& name, const std::string& help, const Labels& labels,
                        double value) {
-  Get(name, help, "gauge").samples.push_back(name + RenderLabels(labels) + " " + Number(value));
+  Get(name, help, "gauge")
+      .samples.push_back(name + RenderLabels(labels) + " " + FormatSampleValue(value));
 }
 
 void Exposition::Counter(const std::string& name, const std::string& help, const Labels& labels,
                          double value) {
-  Get(name, help, "counter").samples.push_back(name + RenderLabels(labels) + " " + Number(value));
+  Get(name, help, "counter")
+      .samples.push_back(name + RenderLabels(labels) + " " + FormatSampleValue(value));
 }
 
 void Exposition::Log2Histogram(const std::string& name, const std::string& help,
@@ -96,14 +106,16 @@ void Exposition::Log2Histogram(const std::string& name, const std::string& help,
   for (int edge = edges.first_log2; edge <= edges.last_log2; edge += edges.step) {
     for (; i < num_buckets && int(i) < edge; ++i) cumulative += buckets[i];
     const double le = std::ldexp(1.0, edge) / 1e9;
-    f.samples.push_back(name + "_bucket" + RenderLabels(labels, "le", absl::StrFormat("%.9g", le)) +
-                        " " + Number(double(cumulative)));
+    f.samples.push_back(name + "_bucket" + RenderLabels(labels, "le", FormatSampleValue(le)) + " " +
+                        FormatSampleValue(double(cumulative)));
   }
   for (; i < num_buckets; ++i) cumulative += buckets[i];
   f.samples.push_back(name + "_bucket" + RenderLabels(labels, "le", "+Inf") + " " +
-                      Number(double(cumulative)));
-  f.samples.push_back(name + "_sum" + RenderLabels(labels) + " " + Number(double(sum_ns) / 1e9));
-  f.samples.push_back(name + "_count" + RenderLabels(labels) + " " + Number(double(cumulative)));
+                      FormatSampleValue(double(cumulative)));
+  f.samples.push_back(name + "_sum" + RenderLabels(labels) + " " +
+                      FormatSampleValue(double(sum_ns) / 1e9));
+  f.samples.push_back(name + "_count" + RenderLabels(labels) + " " +
+                      FormatSampleValue(double(cumulative)));
 }
 
 std::string Exposition::Text() const {
@@ -428,6 +440,26 @@ absl::Status WriteTextfile(const std::string& dir, const std::string& text) {
         absl::StrFormat("cannot rename %s to %s: %s", tmp, final_path, strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+absl::Status RemoveTextfile(const std::string& dir) {
+  const std::string final_path = dir + "/engramd.prom";
+  unlink((final_path + ".tmp").c_str());
+  if (unlink(final_path.c_str()) < 0 && errno != ENOENT) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot remove metrics textfile %s: %s", final_path, strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::string TextfileFreshness(double written_unix_s, uint32_t interval_s) {
+  Exposition e;
+  e.Gauge("engram_textfile_written_timestamp_seconds",
+          "When engramd wrote this textfile, in seconds since the epoch (compare with time())", {},
+          written_unix_s);
+  e.Gauge("engram_textfile_interval_seconds", "Seconds between engramd's writes of this textfile",
+          {}, double(interval_s));
+  return e.Text();
 }
 
 }  // namespace engram::metrics

@@ -65,6 +65,10 @@ class Exposition final : public MetricSink {
   std::map<std::string, Family> families_;
 };
 
+// A sample value as the exposition writes it: an integer exactly, in digits; any other number in
+// the shortest form that reads back as the same double; NaN and +Inf/-Inf by name.
+std::string FormatSampleValue(double v);
+
 // Escapes a label value (backslash, quote, newline).
 std::string EscapeLabel(const std::string& value);
 
@@ -114,5 +118,15 @@ class HttpListener {
 // Writes `text` to DIR/engramd.prom through a temporary file and rename, so node-exporter
 // never reads half a file.
 absl::Status WriteTextfile(const std::string& dir, const std::string& text);
+
+// Removes DIR/engramd.prom (and a temporary file left beside it): node-exporter stops exporting
+// a textfile that is no longer written. A file already gone is not an error.
+absl::Status RemoveTextfile(const std::string& dir);
+
+// The families only the textfile carries: when it was written (`written_unix_s`, seconds since the
+// epoch) and how often it is, so that an alert can tell a file nobody writes any more (a killed
+// engramd) from a fresh one: engram_textfile_written_timestamp_seconds and
+// engram_textfile_interval_seconds.
+std::string TextfileFreshness(double written_unix_s, uint32_t interval_s);
 
 }  // namespace engram::metrics

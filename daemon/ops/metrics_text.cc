@@ -72,7 +72,20 @@ metrics::Labels ClientLabels(const std::string& name) {
 
 ClientSeries::Totals& ClientSeries::SeriesOf(const std::string& name) {
   if (auto it = by_name_.find(name); it != by_name_.end()) return it->second;
-  if (by_name_.size() < max_names_) {
+  if (by_name_.size() >= max_names_) {
+    // The name idle longest gives its slot to one connected now; none does while every name
+    // has a session connected.
+    auto idle = by_name_.end();
+    for (auto it = by_name_.begin(); it != by_name_.end(); ++it) {
+      if (it->second.sessions == 0 &&
+          (idle == by_name_.end() || it->second.idle_since_ns < idle->second.idle_since_ns)) {
+        idle = it;
+      }
+    }
+    if (idle != by_name_.end()) by_name_.erase(idle);
+  }
+  // A client that names itself "other" shares the series of that name rather than doubling it.
+  if (by_name_.size() < max_names_ && name != "other") {
     Totals& t = by_name_[name];
     t.labels = ClientLabels(name);
     return t;
@@ -82,6 +95,27 @@ ClientSeries::Totals& ClientSeries::SeriesOf(const std::string& name) {
     other_->labels = {{"client", "other"}};
   }
   return *other_;
+}
+
+ClientSeries::Totals& ClientSeries::SeriesFor(const Session& session, uint64_t now_ns) {
+  if (auto it = series_of_.find(session.id()); it != series_of_.end()) return *it->second;
+  Totals& series = SeriesOf(session.name());
+  ++series.sessions;
+  series.idle_since_ns = now_ns;
+  series_of_[session.id()] = &series;
+  return series;
+}
+
+void ClientSeries::Ended(Totals* series, uint64_t now_ns) {
+  if (series->sessions > 0) --series->sessions;
+  series->idle_since_ns = now_ns;
+}
+
+void ClientSeries::ExpireIdle(uint64_t now_ns) {
+  std::erase_if(by_name_, [&](const auto& entry) {
+    const Totals& t = entry.second;
+    return t.sessions == 0 && now_ns - t.idle_since_ns >= kIdleRetentionNs;
+  });
 }
 
 void ClientSeries::Add(const Session& session, Totals* totals) {
@@ -99,26 +133,33 @@ void ClientSeries::Add(const Session& session, Totals* totals) {
 
 void ClientSeries::Retire(const Session& session) {
   std::lock_guard lock(mu_);
-  Add(session, &SeriesOf(session.name()));
+  const uint64_t now = NowNs();
+  Totals& series = SeriesFor(session, now);
+  Add(session, &series);
+  Ended(&series, now);
+  series_of_.erase(session.id());
   if (retired_ids_.size() >= 4096) retired_ids_.clear();
   retired_ids_.insert(session.id());
 }
 
 void ClientSeries::Append(const ServerView& server, metrics::Exposition& e) {
   std::lock_guard lock(mu_);
+  const uint64_t now = NowNs();
+  ExpireIdle(now);
   std::vector<std::shared_ptr<Session>> live = server.Sessions();
-  // In the order they connected: a name new to the series gets one of its own while fewer than
-  // max_names_ have one, so the names that came first keep theirs.
+  // In the order they connected: while slots are short, the sessions that came first get them.
   std::sort(live.begin(), live.end(),
             [](const auto& a, const auto& b) { return a->id() < b->id(); });
-  // Every name's ended sessions, plus its live ones; the live ones' gauges (requests in flight).
-  std::map<const Totals*, Totals> now;
+  // Every series' ended sessions, plus its live ones; the live ones' gauges (requests in flight).
+  // A retired session's counts are in its series already.
+  std::map<const Totals*, Totals> sums;
   std::map<const Totals*, std::vector<uint64_t>> gauges;
-  std::unordered_set<uint64_t> seen;
+  std::unordered_set<uint64_t> listed;
   for (const auto& session : live) {
-    seen.insert(session->id());
-    Totals& series = SeriesOf(session->name());
-    const auto it = now.try_emplace(&series, series).first;
+    listed.insert(session->id());
+    if (retired_ids_.count(session->id()) != 0) continue;
+    Totals& series = SeriesFor(*session, now);
+    const auto it = sums.try_emplace(&series, series).first;
     std::vector<uint64_t>& g = gauges[&series];
     size_t i = 0;
     session->ForEachCounter([&](const SessionCounterInfo& c, uint64_t v) {
@@ -126,27 +167,39 @@ void ClientSeries::Append(const ServerView& server, metrics::Exposition& e) {
       if (!c.grows) g[i] += v;
       ++i;
     });
-    if (retired_ids_.count(session->id()) == 0) Add(*session, &it->second);
+    Add(*session, &it->second);
   }
-  std::erase_if(retired_ids_, [&](uint64_t id) { return seen.count(id) == 0; });
+  // A session gone from the list without being retired (its counts are lost) no longer holds
+  // its series.
+  std::erase_if(series_of_, [&](const auto& entry) {
+    if (listed.count(entry.first) != 0) return false;
+    Ended(entry.second, now);
+    return true;
+  });
+  std::erase_if(retired_ids_, [&](uint64_t id) { return listed.count(id) == 0; });
   std::vector<const Totals*> all;
   for (const auto& [name, t] : by_name_) all.push_back(&t);
   if (other_ != nullptr) all.push_back(other_.get());
   for (const Totals* series : all) {
-    const auto at = now.find(series);
-    const Totals& t = at != now.end() ? at->second : *series;
-    const std::vector<uint64_t>* g = gauges.count(series) != 0 ? &gauges[series] : nullptr;
-    size_t i = 0;
-    for (const SessionCounterInfo& c : infos_) {
-      const uint64_t v = c.grows ? (i < t.counters.size() ? t.counters[i] : 0)
-                                 : (g != nullptr && i < g->size() ? (*g)[i] : 0);
-      if (*c.metric != '\0') AddCounterSample(c, t.labels, double(v), e);
-      ++i;
-    }
-    e.Log2Histogram("engram_client_request_duration_seconds",
-                    "Service time of the requests of a client name's sessions in the daemon",
-                    t.labels, t.latency, 64, t.latency_sum_ns, metrics::kClientEdges);
+    const auto at = sums.find(series);
+    const Totals& t = at != sums.end() ? at->second : *series;
+    const auto g = gauges.find(series);
+    AppendSeries(t, g != gauges.end() ? &g->second : nullptr, e);
   }
+}
+
+void ClientSeries::AppendSeries(const Totals& t, const std::vector<uint64_t>* gauges,
+                                metrics::Exposition& e) const {
+  size_t i = 0;
+  for (const SessionCounterInfo& c : infos_) {
+    const uint64_t v = c.grows ? (i < t.counters.size() ? t.counters[i] : 0)
+                               : (gauges != nullptr && i < gauges->size() ? (*gauges)[i] : 0);
+    if (*c.metric != '\0') AddCounterSample(c, t.labels, double(v), e);
+    ++i;
+  }
+  e.Log2Histogram("engram_client_request_duration_seconds",
+                  "Service time of the requests of a client name's sessions in the daemon",
+                  t.labels, t.latency, 64, t.latency_sum_ns, metrics::kClientEdges);
 }
 
 std::string RenderMetrics(const ServerView& server, const std::string& version,

@@ -2,6 +2,7 @@
 #include "daemon/ops/watchdog.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_format.h"
 #include "base/clock.h"
@@ -71,9 +72,23 @@ void Watchdog::Tick() {
 void Watchdog::WriteTextfile() {
   if (textfile_dir_.empty()) return;
   last_textfile_ns_ = NowNs();
-  if (absl::Status st = metrics::WriteTextfile(textfile_dir_, render_metrics_()); !st.ok()) {
+  const double now_unix_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string text =
+      render_metrics_() + metrics::TextfileFreshness(now_unix_s, textfile_interval_s_);
+  if (absl::Status st = metrics::WriteTextfile(textfile_dir_, text); !st.ok()) {
     log::Warning("{}", std::string(st.message()));
   }
+}
+
+void Watchdog::set_textfile(const std::string& dir, uint32_t interval_s) {
+  if (!textfile_dir_.empty() && textfile_dir_ != dir) {
+    if (absl::Status st = metrics::RemoveTextfile(textfile_dir_); !st.ok()) {
+      log::Warning("{}", std::string(st.message()));
+    }
+  }
+  textfile_dir_ = dir;
+  textfile_interval_s_ = interval_s;
 }
 
 void Watchdog::Reloading() { notify::Send("RELOADING=1\nSTATUS=Reloading the configuration"); }

@@ -30,11 +30,10 @@ class Watchdog {
   // Writes the metrics textfile now, if one is configured (Tick writes it every interval).
   void WriteTextfile();
   uint64_t interval_ns() const { return watchdog_ns_; }
-  // The textfile settings (SIGHUP may change them), and those it writes with.
-  void set_textfile(const std::string& dir, uint32_t interval_s) {
-    textfile_dir_ = dir;
-    textfile_interval_s_ = interval_s;
-  }
+  // The textfile settings (SIGHUP may change them), and those it writes with. A textfile that
+  // is switched off or moved is removed from its old directory: left there, node-exporter would
+  // go on exporting its last engram_up 1.
+  void set_textfile(const std::string& dir, uint32_t interval_s);
   const std::string& textfile_dir() const { return textfile_dir_; }
   uint32_t textfile_interval_s() const { return textfile_interval_s_; }
 

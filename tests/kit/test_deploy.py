@@ -1,17 +1,22 @@
 """deploy/: the Grafana dashboard and the Prometheus alert rules use only metrics a running
 engramd exports (scraped while a client gathers, with resident and cached tables), the rules are
-well formed (promtool where installed), and the example configurations pass
+well formed and behave as their unit tests say (promtool where installed), the scrape and the
+textfile pass `promtool check metrics`, and the example configurations pass
 `engramd --check-config` with their model pointed at a synthetic one."""
 
 import json
+import os
 import pathlib
 import re
 import shutil
+import signal
+import subprocess
+import time
 
 import pytest
 import yaml
 
-from conftest import REPO, program, run
+from conftest import REPO, Daemon, program, run
 
 DEPLOY = REPO / "deploy"
 METRIC = re.compile(r"\bengram_[a-z0-9_]+")
@@ -19,6 +24,9 @@ METRIC = re.compile(r"\bengram_[a-z0-9_]+")
 # ones only under cgroup v2): absent from this machine's scrape, they are checked against their
 # definitions instead.
 CGROUP_ONLY = re.compile(r"^engram_memory_cgroup_")
+# Families only the textfile carries (when it was written): test_the_textfile_says_when_it_was_
+# written reads them from a real one; here they are checked against their definitions.
+TEXTFILE_ONLY = re.compile(r"^engram_textfile_")
 
 
 def dashboard_exprs():
@@ -57,6 +65,10 @@ def defined_cgroup_names():
     return names | {n + suffix for n in names for suffix in ("_bucket", "_sum", "_count")}
 
 
+def defined_textfile_names():
+    return set(METRIC.findall((REPO / "daemon" / "ops" / "metrics.cc").read_text()))
+
+
 def check_names(used, exported, exposition):
     missing = []
     for where, name in sorted(used):
@@ -64,6 +76,8 @@ def check_names(used, exported, exposition):
             continue
         if CGROUP_ONLY.match(name) and name in defined_cgroup_names():
             continue  # not exported in this machine's cgroup setup: the definition vouches
+        if TEXTFILE_ONLY.match(name) and name in defined_textfile_names():
+            continue  # in the textfile only
         missing.append(f"{where}: {name}")
     assert not missing, ("metrics engramd does not export:\n  " + "\n  ".join(missing)
                          + "\n--- the scrape ---\n" + exposition)
@@ -81,12 +95,21 @@ def test_dashboard_panels_cover_the_operator_questions():
     assert all(METRIC.search(e) for _, e in exprs)
 
 
+def test_counting_panels_show_zero_not_no_data():
+    """A count() of nothing is no series at all: Grafana shows "No data" where 0 is meant."""
+    _, exprs = dashboard_exprs()
+    counts = [(title, e) for title, e in exprs if e.startswith("count(")]
+    assert counts
+    for title, expr in counts:
+        assert expr.endswith("or vector(0)"), f"{title}: {expr}"
+
+
 def test_alert_rules_are_well_formed():
     rules = alert_rules()
     names = [r["alert"] for r in rules]
     assert len(names) == len(set(names))
-    for wanted in ("EngramdDown", "EngramdNowaitHitRateFalling", "EngramdMemoryPressure",
-                   "EngramdResidentLoadStalled", "EngramdSlowSteps"):
+    for wanted in ("EngramdDown", "EngramdTextfileStale", "EngramdNowaitHitRateFalling",
+                   "EngramdMemoryPressure", "EngramdResidentLoadStalled", "EngramdSlowSteps"):
         assert wanted in names
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
@@ -97,12 +120,95 @@ def test_alert_rules_are_well_formed():
 
 
 def test_promtool_accepts_the_rules():
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (Debian: prometheus); the YAML and metric names "
-                    "are checked by the other tests")
+    promtool = promtool_or_skip()
     r = run([promtool, "check", "rules", DEPLOY / "prometheus" / "engramd-alerts.yml"])
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def promtool_or_skip():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: prometheus, which tools/setup.sh "
+                    "installs); the YAML and metric names are checked by the other tests")
+    return promtool
+
+
+def test_promtool_unit_tests_of_the_rules():
+    """tests/kit/engramd-alerts.test.yml: a killed engramd's textfile, a clean stop's, slow
+    decode steps, and prefill chunks and demo traffic that must not page."""
+    promtool = promtool_or_skip()
+    r = run([promtool, "test", "rules", "engramd-alerts.test.yml"], cwd=REPO / "tests" / "kit")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def promtool_check_metrics(promtool, text):
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr + "\n--- the exposition ---\n" + text
+
+
+def test_the_scrape_passes_promtool_check_metrics(daemon):
+    promtool = promtool_or_skip()
+    promtool_check_metrics(promtool, scraped_names(daemon)[1])
+
+
+def test_the_lint_can_fail():
+    promtool = promtool_or_skip()
+    with pytest.raises(AssertionError, match="nanoseconds"):
+        promtool_check_metrics(promtool, "# HELP engram_wait_nanoseconds_total w\n"
+                               "# TYPE engram_wait_nanoseconds_total counter\n"
+                               "engram_wait_nanoseconds_total 1\n")
+
+
+def samples(text):
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = value
+    return out
+
+
+def test_process_start_time_is_to_the_second(daemon):
+    """process_start_time_seconds against /proc: %.9g put it up to 5 s off."""
+    with open("/proc/stat") as f:
+        btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    with open(f"/proc/{daemon.process.pid}/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    started = btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    value = samples(scraped_names(daemon)[1])["process_start_time_seconds"]
+    assert abs(float(value) - started) < 0.02, (value, started)
+
+
+def wait_for(predicate, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_textfile_says_when_it_was_written(hashable_model, tmp_path):
+    """The textfile passes promtool check metrics, and carries the time it was written, which
+    stops when engramd is killed (what EngramdTextfileStale watches)."""
+    textfile_dir = tmp_path / "textfile"
+    textfile_dir.mkdir()
+    prom = textfile_dir / "engramd.prom"
+    d = Daemon(tmp_path, ["--model", hashable_model, "--metrics-textfile-dir", textfile_dir])
+    try:
+        wait_for(prom.exists, "engramd.prom was not written")
+        text = prom.read_text()
+        written = float(samples(text)["engram_textfile_written_timestamp_seconds"])
+        assert abs(written - time.time()) < 30, written
+        assert samples(text)["engram_textfile_interval_seconds"] == "15"
+        assert samples(text)["engram_up"] == "1"
+        if shutil.which("promtool"):
+            promtool_check_metrics(shutil.which("promtool"), text)
+        d.process.send_signal(signal.SIGKILL)
+        d.process.wait()
+        # Killed, it wrote no last file: up still 1, the written time no longer moves.
+        assert samples(prom.read_text())["engram_up"] == "1"
+    finally:
+        d.stop()
 
 
 def test_every_metric_used_is_exported(daemon):

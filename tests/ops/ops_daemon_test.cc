@@ -740,7 +740,7 @@ TEST_CASE("per-client series are one set per client name, kept across sessions a
   }
   CHECK(buckets == 11);
   CHECK(Sample(m, "engram_client_request_duration_seconds_bucket", agg + ",le=\"4.096e-06\"") >= 0);
-  CHECK(Sample(m, "engram_client_request_duration_seconds_bucket", agg + ",le=\"1.07374182\"") ==
+  CHECK(Sample(m, "engram_client_request_duration_seconds_bucket", agg + ",le=\"1.073741824\"") ==
         2);
   // A session that ends leaves its counts in its name's series; a reconnect adds to them.
   engram_session_close(a);
@@ -760,7 +760,7 @@ TEST_CASE("per-client series are one set per client name, kept across sessions a
   engram_session_close(c);
 }
 
-TEST_CASE("client names past the cap are added up under client=\"other\"") {
+TEST_CASE("client slots go to the clients connected now, the rest under client=\"other\"") {
   Daemon d({}, "names");
   REQUIRE(d.alive());
   std::vector<engram_session*> sessions;
@@ -785,6 +785,27 @@ TEST_CASE("client names past the cap are added up under client=\"other\"") {
   CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"name-32\"") == -1);
   CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"other\"") == 0);
   for (engram_session* s : sessions) engram_session_close(s);
+  // Once they have gone, a client that connects takes the slot of a name that is no longer
+  // connected (the one idle longest) instead of being added up under "other".
+  for (int i = 0; i < 500 && Sample(ScrapeOf(d.socket()), "engram_clients", "") > 1; ++i) {
+    usleep(10000);
+  }
+  engram_connect_options o = d.Options();
+  o.client_name = "late-engine";
+  engram_session* late = nullptr;
+  REQUIRE(engram_session_open(&o, &late) == 0);
+  m = ScrapeOf(d.socket());
+  CHECK(Sample(m, "engram_client_requests_in_flight", "client=\"late-engine\"") == 0);
+  clients.clear();
+  int idle_names = 0;
+  for (const auto& [key, value] : m.samples) {
+    if (key.rfind("engram_client_requests_in_flight{", 0) != 0) continue;
+    clients.insert(key);
+    idle_names += key.find("client=\"name-") != std::string::npos ? 1 : 0;
+  }
+  CHECK(clients.size() == 33);  // still bounded: 32 names and "other"
+  CHECK(idle_names == 30);      // two gave their slots: to engramctl's and to late-engine
+  engram_session_close(late);
 }
 
 TEST_CASE("process_* metrics describe engramd's own process") {
@@ -838,6 +859,23 @@ TEST_CASE("the metrics textfile says engram_up 0 once engramd stops") {
   const std::string last = read();
   CHECK(last.find("engram_up 0\n") != std::string::npos);
   CHECK(last.find("engram_up 1\n") == std::string::npos);
+  CHECK(last.find("\nengram_textfile_written_timestamp_seconds ") != std::string::npos);
+}
+
+TEST_CASE("a textfile that SIGHUP switches off is removed, not left saying engram_up 1") {
+  const std::string dir = TestDir() + "/textfile-off";
+  std::filesystem::create_directories(dir);
+  const std::string config = TestDir() + "/textfile-off.toml";
+  std::ofstream(config) << "[metrics]\ntextfile_dir = \"" << dir << "\"\n";
+  Daemon d({"--config", config}, "textfile-off");
+  REQUIRE(d.alive());
+  const std::string prom = dir + "/engramd.prom";
+  for (int i = 0; i < 300 && !std::filesystem::exists(prom); ++i) usleep(10000);
+  REQUIRE(std::filesystem::exists(prom));
+  std::ofstream(config) << "[metrics]\n";
+  kill(d.pid(), SIGHUP);
+  for (int i = 0; i < 500 && std::filesystem::exists(prom); ++i) usleep(10000);
+  CHECK_FALSE(std::filesystem::exists(prom));
 }
 
 // This machine's MemTotal in bytes.
