@@ -1,12 +1,18 @@
-// engramd's log: one line per event on stderr with a "<N>" syslog priority prefix, which journald
-// turns into the record's level. Only the daemon's own code logs; libraries return statuses.
+// engramd's log: one line per event on stderr. Under journald a "<N>" syslog priority prefix,
+// which journald turns into the record's level (and stamps); anywhere else (a terminal, a file)
+// an ISO-8601 UTC timestamp and the level's name. Only the daemon's own code logs; libraries
+// return statuses.
 #pragma once
 
 #include <fmt/core.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,12 +52,45 @@ inline bool SetLogLevel(std::string_view name) {
   return true;
 }
 
+// Whether stderr is the journal: systemd sets JOURNAL_STREAM to "DEVICE:INODE" of the stream it
+// connected, which a child that redirected stderr (2>file, a pipe) no longer has.
+inline bool StreamIsJournal(const char* journal_stream, int fd) {
+  unsigned long long device = 0, inode = 0;
+  if (journal_stream == nullptr || sscanf(journal_stream, "%llu:%llu", &device, &inode) != 2) {
+    return false;
+  }
+  struct stat st {};
+  return fstat(fd, &st) == 0 && st.st_dev == device && st.st_ino == inode;
+}
+
+// Decided once, at the first line: stderr does not change under a running daemon.
+inline bool StderrIsJournal() {
+  static const bool journal = StreamIsJournal(getenv("JOURNAL_STREAM"), STDERR_FILENO);
+  return journal;
+}
+
+// The start of a line: "<6>" for journald, "2026-12-07T02:50:01.123Z info: " anywhere else.
+inline std::string LinePrefix(Priority priority, bool journal, const timespec& now) {
+  if (journal) return fmt::format("<{}>", static_cast<int>(priority));
+  const char* level = "debug";
+  for (const LevelName& l : kLevelNames) {
+    if (l.priority == priority) level = l.name;
+  }
+  tm utc{};
+  gmtime_r(&now.tv_sec, &utc);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z {}: ", utc.tm_year + 1900,
+                     utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                     now.tv_nsec / 1'000'000, level);
+}
+
 // One event is one line: a control character inside `line` (a newline in a name that was not
 // escaped, say) is written as "\xNN", so no text can start a line of its own, with its own
 // "<N>" priority, in the journal.
 inline void Write(Priority priority, const std::string& line) {
   if (priority > g_max_priority.load(std::memory_order_relaxed)) return;
-  std::string out = fmt::format("<{}>", static_cast<int>(priority));
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  std::string out = LinePrefix(priority, StderrIsJournal(), now);
   out.reserve(out.size() + line.size() + 1);
   for (const char c : line) {
     const auto b = static_cast<unsigned char>(c);

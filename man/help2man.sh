@@ -3,8 +3,9 @@
 # Usage: help2man.sh OUT NAME SECTION VERSION SUMMARY EXE [RUNNER...] -- [help2man options...]
 #   RUNNER: a command that runs EXE (a cross build's emulator); none natively.
 # The program is run as NAME (CLI11 prints argv[0] in its usage line), and engramd with an
-# empty configuration file in place of /etc/engramd/engramd.toml, whose values its --help would
-# otherwise show as the defaults; the page names /etc/engramd/engramd.toml again.
+# empty configuration file in place of its default one, whose values its --help would otherwise
+# show as the defaults; the page names $ENGRAM_DEFAULT_CONFIG (the build's
+# SYSCONFDIR/engramd/engramd.toml, what engramd reads without --config) again.
 set -euo pipefail
 
 out=$1 name=$2 section=$3 version=$4 summary=$5 exe=$6
@@ -42,7 +43,8 @@ chmod +x "$work/bin/$name"
 help2man --no-info --no-discard-stderr --section="$section" --version-string="$version" \
   --name="$summary" "$@" --output="$work/page" "$work/bin/$name"
 # Paths of the build machine must not reach the page.
-sed -e "s|$work/engramd.toml|/etc/engramd/engramd.toml|g" -e "s|$work/bin/||g" "$work/page" >"$out"
+default_config=${ENGRAM_DEFAULT_CONFIG:-/etc/engramd/engramd.toml}
+sed -e "s|$work/engramd.toml|$default_config|g" -e "s|$work/bin/||g" "$work/page" >"$out"
 if grep -q "$work" "$out"; then
   echo "help2man.sh: $out still names the build's temporary folder $work" >&2
   exit 1

@@ -6,15 +6,19 @@
 # (every byte checked) once layer 14's load into memory has finished, layer 14 from that resident
 # copy and layer 1 through the row cache, shows the row store's memory and hit rate, and stops
 # the daemon with SIGTERM.
+# The build shows ninja's step counter and keeps its output in
+# $ENGRAM_BUILD_DIR/quickstart-build.log.
 # Usage: tools/quickstart.sh [--rows N]
 #   ENGRAM_BUILD_DIR: build directory (default build); ENGRAM_QUICKSTART_DIR: work files (default
 #   $ENGRAM_BUILD_DIR/quickstart); ENGRAM_QUICKSTART_LOAD_TIMEOUT: seconds to wait for the
-#   resident load (default 300).
+#   resident load (default 300); ENGRAM_QUICKSTART_PROGRESS_INTERVAL: seconds between the build's
+#   progress lines when the output is not a terminal (default 30).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rows=400000
 if [[ "${1:-}" == "--rows" ]]; then rows=$2; fi
 load_timeout=${ENGRAM_QUICKSTART_LOAD_TIMEOUT:-300}
+progress_interval=${ENGRAM_QUICKSTART_PROGRESS_INTERVAL:-30}
 [[ $load_timeout =~ ^[0-9]+$ ]] || {
   echo "quickstart: ENGRAM_QUICKSTART_LOAD_TIMEOUT must be whole seconds (got '$load_timeout')" >&2
   exit 2
@@ -22,8 +26,26 @@ load_timeout=${ENGRAM_QUICKSTART_LOAD_TIMEOUT:-300}
 
 bash tools/setup.sh
 builddir=${ENGRAM_BUILD_DIR:-build}
-[[ -f "$builddir/build.ninja" ]] || meson setup "$builddir" >/dev/null
-meson compile -C "$builddir" >/dev/null
+mkdir -p "$builddir"
+build_log=$builddir/quickstart-build.log
+: >"$build_log"
+# The first build is long (about 15 minutes on 2 cores): say so, show ninja's progress and keep
+# the compiler's output in a log instead of printing it.
+echo "quickstart: building in $builddir (the first build takes about 15 minutes on 2 cores," \
+  "less on more); full output in $build_log"
+build_status=0
+if [[ ! -f "$builddir/build.ninja" ]]; then
+  meson setup "$builddir" >>"$build_log" 2>&1 || build_status=$?
+fi
+if [[ $build_status -eq 0 ]]; then
+  meson compile -C "$builddir" 2>&1 | tools/build_progress.sh "$build_log" "$progress_interval" \
+    || build_status=$?
+fi
+if [[ $build_status -ne 0 ]]; then
+  echo "quickstart: the build failed; the end of $build_log:" >&2
+  tail -n 25 "$build_log" >&2
+  exit 1
+fi
 bin=$builddir/tools/tables
 work=${ENGRAM_QUICKSTART_DIR:-$builddir/quickstart}
 rm -rf "$work"

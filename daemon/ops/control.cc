@@ -147,6 +147,24 @@ bool Control::PeerIsAdministrator(const Session& session) const {
   return IsAdministrator(config, server_->own_uid(), peer.uid, peer.gid, groups);
 }
 
+namespace {
+
+// One line per control call, with its arguments: at info for a call that changes what every
+// client shares (an administrator's command; `load`'s status polls only read), at debug for one
+// that only reads, so that `engramctl status` in a loop does not fill the log.
+void LogCall(const Session& session, const CommandSpec& spec, const json& request) {
+  json args = request;
+  args.erase("command");
+  const bool reads_only =
+      spec.admin_reason == nullptr || args.value("action", std::string()) == "status";
+  if (reads_only && log::g_max_priority.load(std::memory_order_relaxed) < log::kDebug) return;
+  log::Write(reads_only ? log::kDebug : log::kInfo,
+             fmt::format("{}: control command '{}' {}", session.Describe(), spec.name,
+                         args.dump(-1, ' ', false, json::error_handler_t::replace)));
+}
+
+}  // namespace
+
 void Control::LogRefusal(const Session& session, const std::string& command) {
   const uint64_t now = NowNs();
   const uid_t uid = session.peer().uid;
@@ -207,6 +225,7 @@ absl::StatusOr<std::optional<std::string>> Control::Run(const std::shared_ptr<Se
   }
   const bool admin = PeerIsAdministrator(*session);
   if (spec->admin_reason != nullptr && !admin) return Refuse(*session, command, spec->admin_reason);
+  LogCall(*session, *spec, request);
   // Every reply is the command's object with these two keys first; the dump never throws on
   // text that is not UTF-8 (there should be none left: outside text is escaped).
   auto finish = [this, command](const json& result) {
@@ -274,6 +293,7 @@ void Control::Reload() {
     watchdog_.Reloaded();
     return;
   }
+  log::Debug("SIGHUP: re-reading the configuration files and flags");
   absl::StatusOr<ReloadedConfig> fresh = reloader_();
   if (!fresh.ok()) {
     log::Error("SIGHUP: configuration refused, keeping the running one: {}",
@@ -283,6 +303,7 @@ void Control::Reload() {
   }
   const DaemonSettings& next = fresh->settings;
   const std::set<Setting::Applies> parts = CopyLiveRows(next);
+  log::Debug("SIGHUP: configuration read; applying the live settings to {} part(s)", parts.size());
   for (Setting::Applies part : parts) {
     if (part != Setting::Applies::kLog) Take(part);
   }

@@ -50,6 +50,8 @@ void Server::Accept() {
     ucred cred{};
     socklen_t len = sizeof(cred);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred.uid = ~uid_t{0};
+    log::Debug("accepted a connection on {} from pid {}, uid {}", config_.socket_path, cred.pid,
+               cred.uid);
     epoll_event ev{.events = EPOLLIN | EPOLLRDHUP, .data = {.u64 = static_cast<uint64_t>(fd)}};
     epoll_ctl(control_epoll_.get(), EPOLL_CTL_ADD, fd, &ev);
     for (const PendingHandshakes::Dropped& d :
@@ -248,8 +250,9 @@ void Server::Handshake(int fd) {
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = id}};
   epoll_ctl(poller_epoll_.get(), EPOLL_CTL_ADD, doorbell, &ev);
   PublishSessions();
-  log::Info("{} connected: {} slots, {} data bytes", session->Describe(), layout.slots,
-            layout.data_bytes);
+  log::Write(SessionLogPriority(*session),
+             fmt::format("{} connected: {} slots, {} data bytes", session->Describe(), layout.slots,
+                         layout.data_bytes));
 }
 
 }  // namespace engram

@@ -300,8 +300,9 @@ void Server::ReportTableChanges(const std::vector<std::string>& messages) {
 }
 
 void Server::Disconnect(const std::shared_ptr<Session>& session, const char* why) {
-  log::Info("{} {}; {} request(s) in flight finish first", session->Describe(), why,
-            session->inflight.load());
+  log::Write(SessionLogPriority(*session),
+             fmt::format("{} {}; {} request(s) in flight finish first", session->Describe(), why,
+                         session->inflight.load()));
   session->set_closing();
   control_->SessionClosed(*session);  // before it leaves the list: the metrics keep its counts
   epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, session->socket_fd(), nullptr);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/log.h"
 #include "base/unique_fd.h"
 #include "daemon/server/arena.h"
 #include "engram/protocol.h"
@@ -39,6 +40,10 @@ struct PeerInfo {
 // The supplementary groups of the peer of the Unix socket `fd`, as the kernel recorded them when
 // the peer connected (SO_PEERGROUPS); empty if they cannot be read.
 std::vector<gid_t> PeerGroups(int fd);
+
+// The client name engramctl gives its sessions: one per call, which the control command's own
+// line records (daemon/ops/control.cc).
+inline constexpr char kControlClientName[] = "engramctl";
 
 class Session {
  public:
@@ -142,5 +147,11 @@ class Session {
   // completion and the submissions that reuse its memory (session.cc, ClientOrder*).
   const char client_order_ = 0;
 };
+
+// The level of a session's connected and closed lines: debug for engramctl's sessions, whose
+// call is logged as a control command, info for every other client's.
+inline log::Priority SessionLogPriority(const Session& session) {
+  return session.name() == kControlClientName ? log::kDebug : log::kInfo;
+}
 
 }  // namespace engram

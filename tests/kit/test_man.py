@@ -70,8 +70,11 @@ def test_engramd_page_has_every_flag_and_the_config_file():
     missing = [f for f in expected if roff(f) not in text]
     assert not missing
     # --help ran with an empty configuration file in place of the system's: the defaults shown
-    # are engramd's own, and the page names the real path.
-    assert "/etc/engramd/engramd.toml" in text
+    # are engramd's own, and the page names the file engramd reads without --config (the
+    # build's sysconfdir), in its synopsis of --config and under FILES.
+    default = re.search(r"--config PATH=(\S+)", help_text(program("ENGRAMD"))).group(1)
+    assert default.endswith("/engramd/engramd.toml")
+    assert text.count(default) >= 2, default
     assert "SIGHUP" in text and "/usr/share/engramd/" in text
 
 

@@ -273,7 +273,7 @@ TEST_CASE("warm, evict and load are refused to a non-administrator, naming comma
   const std::string log = ReadLog();
   INFO(log);
   CHECK(Count(log, "is not an engramd administrator") == 1);
-  CHECK(Count(log, "<4>session ") == 1);
+  CHECK(Count(log, "Z warning: session ") == 1);
   CHECK(log.find("refused 'warm': uid 65534 is not an engramd administrator") != std::string::npos);
 
   // Root still may, on the same daemon.

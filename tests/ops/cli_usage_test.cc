@@ -205,4 +205,25 @@ TEST_CASE("text tables fit the width by cutting the column that gives way") {
   CHECK(engramctl::TextWidth("caf\xc3\xa9") == 4);
 }
 
+TEST_CASE("load and warm progress: total, percentage, rate and ETA in IEC units, in 80 columns") {
+  using engramctl::ProgressLine;
+  const uint64_t gib = uint64_t{1} << 30, mib = uint64_t{1} << 20;
+  // 1 GiB of 4 GiB done, 512 MiB of it in this run's 2 s: 256 MiB/s, 3 GiB left: 12 s.
+  const std::string line = ProgressLine("load layer 14", gib, 4 * gib, 512 * mib, 2.0);
+  INFO(line);
+  CHECK(line.rfind("load layer 14 [", 0) == 0);
+  CHECK(line.find(" 25.0% 1.0 GiB of 4.0 GiB, 256.0 MiB/s, ETA 0:12") != std::string::npos);
+  CHECK(engramctl::TextWidth(line) == 80);  // the bar takes what the words leave
+  CHECK(line.find('#') != std::string::npos);
+  CHECK(line.find(" MB") == std::string::npos);
+  // Nothing moved yet: no rate, no ETA; a wide name still fits.
+  const std::string start = ProgressLine("evict layer 4294967295", 0, 300 * gib, 0, 0.0);
+  INFO(start);
+  CHECK(start.find("0.0% 0 B of 300.0 GiB, 0 B/s, ETA -") != std::string::npos);
+  CHECK(engramctl::TextWidth(start) <= 80);
+  CHECK(engramctl::Clock(59.6) == "1:00");
+  CHECK(engramctl::Clock(7390) == "2:03:10");
+  CHECK(engramctl::Bytes(1536.0 * mib) == "1.5 GiB");
+}
+
 }  // namespace

@@ -279,17 +279,6 @@ bool ControlClient::Call(const std::string& command, const nlohmann::json& args,
   }
 }
 
-std::string Bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u])
-                : absl::StrFormat("%.1f %s", bytes, units[u]);
-}
-
 std::string Duration(uint64_t ns) {
   if (ns == 0) return "-";
   if (ns == UINT64_MAX) return ">585y";

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tools/engramctl/text_table.h"  // Bytes, for the commands
+
 namespace engramctl {
 
 // Exit codes, as systemctl status uses them; and one for a request only administrators may make.
@@ -70,8 +72,6 @@ void AddCommonOptions(CLI::App* command, CommonOptions* options);
 // Prints the error (to stderr, or as JSON on stdout with --json) and returns its exit code.
 int Report(const ControlError& error, bool json);
 
-// "1.5 GiB", "320 MiB".
-std::string Bytes(double bytes);
 // "850 µs", "1.2 ms".
 std::string Duration(uint64_t ns);
 

@@ -82,12 +82,11 @@ int RunLoad(const LoadOptions& o) {
     }
     if (bar) {
       const uint64_t done = state["rows_loaded"], rows = state["rows"];
-      const double frac = rows ? double(done) / double(rows) : 1.0;
-      const double rate = double(done - first) * ENGRAM_ROW_BYTES / std::max(seconds(), 1e-9);
-      const int filled = static_cast<int>(frac * 30);
-      fprintf(stderr, "\rload layer %u [%s%s] %5.1f%% %s %s/s ", o.table,
-              std::string(filled, '#').c_str(), std::string(30 - filled, ' ').c_str(), 100 * frac,
-              state["state"].get<std::string>().c_str(), Bytes(rate).c_str());
+      fprintf(stderr, "\r\033[K%s",
+              ProgressLine(absl::StrFormat("load layer %u", o.table), done * ENGRAM_ROW_BYTES,
+                           rows * ENGRAM_ROW_BYTES,
+                           (done - std::min(done, first)) * ENGRAM_ROW_BYTES, seconds())
+                  .c_str());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (!call("status")) break;

@@ -2,6 +2,7 @@
 #include "tools/engramctl/text_table.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_format.h"
 
@@ -94,6 +95,41 @@ std::string TextTable::Render(size_t width) const {
     for (const std::string& u : r.under) out += (width == 0 ? u : FitText(u, width)) + "\n";
   }
   return out;
+}
+
+std::string Bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u])
+                : absl::StrFormat("%.1f %s", bytes, units[u]);
+}
+
+std::string Clock(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  const uint64_t s = static_cast<uint64_t>(seconds + 0.5);
+  if (s < 3600) return absl::StrFormat("%u:%02u", s / 60, s % 60);
+  return absl::StrFormat("%u:%02u:%02u", s / 3600, s / 60 % 60, s % 60);
+}
+
+std::string ProgressLine(const std::string& what, uint64_t done, uint64_t total, uint64_t moved,
+                         double seconds, size_t width) {
+  const double frac = total == 0 ? 1.0 : std::min(1.0, double(done) / double(total));
+  const double rate = seconds > 0 ? double(moved) / seconds : 0;
+  const double eta = rate > 0 ? double(total - std::min(done, total)) / rate : -1;
+  const std::string after =
+      absl::StrFormat(" %5.1f%% %s of %s, %s/s, ETA %s", 100 * frac, Bytes(double(done)),
+                      Bytes(double(total)), Bytes(rate), Clock(eta));
+  // The bar takes what the words leave, between 5 and 30 characters.
+  const size_t words = TextWidth(what) + 3 + TextWidth(after);
+  const size_t bar = std::clamp<size_t>(width > words ? width - words : 0, 5, 30);
+  const size_t filled = static_cast<size_t>(frac * double(bar));
+  return FitText(absl::StrFormat("%s [%s%s]%s", what, std::string(filled, '#'),
+                                 std::string(bar - filled, ' '), after),
+                 width);
 }
 
 }  // namespace engramctl

@@ -47,5 +47,16 @@ size_t TextWidth(const std::string& text);
 std::string FitText(const std::string& text, size_t width);
 // A count in at most 6 characters: "9999", "12.3k", "4.5M", "1.2G".
 std::string Count(double n);
+// A size in IEC units, as everything engramctl prints: "512 B", "1.5 GiB", "320.0 MiB".
+std::string Bytes(double bytes);
+// "0:42", "12:05", "2:03:10"; "-" when unknown (negative or not finite).
+std::string Clock(double seconds);
+
+// One line of a long operation's progress on a terminal, at most `width` characters:
+// "load layer 14 [#####     ]  45.0% 1.2 GiB of 2.6 GiB, 310.5 MiB/s, ETA 0:05". `done` and
+// `total` are the bytes done and to do in all; the rate (and so the ETA) counts only the
+// `moved` bytes of this run over `seconds`, not what an earlier run did.
+std::string ProgressLine(const std::string& what, uint64_t done, uint64_t total, uint64_t moved,
+                         double seconds, size_t width = kTerminalColumns);
 
 }  // namespace engramctl

@@ -64,6 +64,7 @@ int RunWarm(const WarmOptions& o, const std::string& command) {
   sigaction(SIGINT, &sa, nullptr);
   const bool bar = !o.quiet && !o.common.json && isatty(STDERR_FILENO);
   const auto start = std::chrono::steady_clock::now();
+  const uint64_t row_bytes = table->value("row_bytes", uint64_t{ENGRAM_ROW_BYTES});
   uint64_t at = begin, bytes = 0;
   while (at < end && !g_cancel) {
     json step;
@@ -75,13 +76,13 @@ int RunWarm(const WarmOptions& o, const std::string& command) {
     at = step["end"];
     bytes += step["bytes"].get<uint64_t>();
     if (bar) {
-      const double frac = double(at - begin) / double(end - begin);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const int filled = static_cast<int>(frac * 30);
-      fprintf(stderr, "\r%s layer %u [%s%s] %5.1f%% %s %s/s ", command.c_str(), o.table,
-              std::string(filled, '#').c_str(), std::string(30 - filled, ' ').c_str(), 100 * frac,
-              Bytes(double(bytes)).c_str(), Bytes(secs > 0 ? double(bytes) / secs : 0).c_str());
+      // Done and to do in the table's rows, so that the total is known before the end.
+      fprintf(stderr, "\r\033[K%s",
+              ProgressLine(absl::StrFormat("%s layer %u", command, o.table),
+                           (at - begin) * row_bytes, (end - begin) * row_bytes, bytes, secs)
+                  .c_str());
     }
   }
   if (bar) fputc('\n', stderr);
