@@ -4,6 +4,11 @@
 // hands it to the compiler. Each source still includes what it uses: the TSan run of
 // tools/sanitize.sh builds without precompiled headers (-Db_pch=false), so a missing include
 // fails there.
+#include <absl/status/status.h>
+#include <absl/status/statusor.h>
+#include <absl/strings/str_cat.h>
+#include <absl/strings/str_format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -16,8 +21,3 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <absl/status/status.h>
-#include <absl/status/statusor.h>
-#include <absl/strings/str_cat.h>
-#include <absl/strings/str_format.h>

@@ -80,7 +80,7 @@ class StartingGate {
   UniqueFd signal_fd_;  // SIGTERM and SIGINT while starting
   std::atomic<int> stop_signal_{0};
   std::unique_ptr<SocketClaim> claim_;  // null under socket activation
-  bool answer_ = true;       // false under socket activation
+  bool answer_ = true;                  // false under socket activation
   std::string version_;
   uint64_t start_ns_ = 0;
   mutable std::mutex mu_;  // guards step_ and its times
