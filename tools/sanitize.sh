@@ -52,9 +52,7 @@ build_run() {
   local kind=$1 dir=$2 opts targets
   case $kind in
     asan) opts=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
-    # Without precompiled headers (base/pch/common_pch.h): a source that forgot an include
-    # still compiles where its library's precompiled header supplies it, and fails here.
-    tsan) opts=(-Dtsan=true -Db_lundef=false -Db_pch=false) ;;
+    tsan) opts=(-Dtsan=true -Db_lundef=false) ;;
   esac
   # A run whose build fails leaves no test log behind: CI counts that as a failure.
   rm -f "$dir/meson-logs/testlog.json"
