@@ -88,8 +88,9 @@ TEST_CASE("engramd serves tables larger than its memory cgroup, within the limit
   REQUIRE(max == kLimit);
   TestCgroup cg("engram-limit-test-" + std::to_string(getpid()), high, max);
   if (cg.version == 0) {
-    Skip("no writable memory cgroup (cgroup v2 with the memory controller at /sys/fs/cgroup, "
-         "or the v1 memory controller at /sys/fs/cgroup/memory)");
+    Skip(
+        "no writable memory cgroup (cgroup v2 with the memory controller at /sys/fs/cgroup, "
+        "or the v1 memory controller at /sys/fs/cgroup/memory)");
   }
   std::fprintf(stderr, "memory cgroup v%d at %s, limit %lu bytes\n", cg.version, cg.dir.c_str(),
                static_cast<unsigned long>(kLimit));

@@ -280,15 +280,16 @@ TEST_CASE("a non-zero reserved header field is refused", "[chaos]") {
 TEST_CASE("a FIFO in place of a shard is refused at once, naming it", "[chaos]") {
   const std::string dir = CopyCheckpoint("fifo-model");
   const std::string shard =
-      dir + "/" + SyntheticShardName(SynthOptions{.out_dir = dir, .rows = kRows, .seed = kSeed}, 14);
+      dir + "/" +
+      SyntheticShardName(SynthOptions{.out_dir = dir, .rows = kRows, .seed = kSeed}, 14);
   REQUIRE(unlink(shard.c_str()) == 0);
   REQUIRE(mkfifo(shard.c_str(), 0644) == 0);
   const auto start = std::chrono::steady_clock::now();
   const std::string log = TestDir() + "/fifo-check.log";
-  const int rc = system(
-      absl::StrCat("timeout -s KILL 20 ", EngramdPath(), " --check-config --model '", dir,
-                   "' --socket ", TestDir(), "/fifo.sock 2>", log)
-          .c_str());
+  const int rc =
+      system(absl::StrCat("timeout -s KILL 20 ", EngramdPath(), " --check-config --model '", dir,
+                          "' --socket ", TestDir(), "/fifo.sock 2>", log)
+                 .c_str());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string text = ReadFile(log);
@@ -305,10 +306,12 @@ namespace {
 // Serves a private copy; gathers from layer 14 and checks every byte while `damage` changes
 // its shard; the table must stop serving with an error naming the file, and no gather may
 // ever return wrong bytes.
-void ExpectChangeDetected(const std::string& name, const std::function<void(const std::string&)>& damage) {
+void ExpectChangeDetected(const std::string& name,
+                          const std::function<void(const std::string&)>& damage) {
   const std::string dir = CopyCheckpoint(name);
   const std::string shard =
-      dir + "/" + SyntheticShardName(SynthOptions{.out_dir = dir, .rows = kRows, .seed = kSeed}, 14);
+      dir + "/" +
+      SyntheticShardName(SynthOptions{.out_dir = dir, .rows = kRows, .seed = kSeed}, 14);
   LoggedDaemon d(name, dir, {});
   REQUIRE(d.alive());
   engram_connect_options o = d.Options();
@@ -444,8 +447,8 @@ TEST_CASE("slow metrics clients do not hold the listener for anyone else", "[cha
   for (int i = 0; i < 5; ++i) {
     const auto start = std::chrono::steady_clock::now();
     const std::string answer = Scrape(port, 1500);
-    const double ms = std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - start).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     INFO("scrape " << i << " took " << ms << " ms");
     CHECK(answer.rfind("HTTP/1.1 200 OK", 0) == 0);
     CHECK(answer.find("engram_up 1") != std::string::npos);
@@ -479,8 +482,11 @@ TEST_CASE("the client refuses an arena that is not sealed", "[chaos]") {
     (void)!ftruncate(memfd, 1 << 20);
     const int doorbell = eventfd(0, EFD_CLOEXEC);
     engram_msg_welcome w{};
-    w.header = {.magic = ENGRAM_MSG_MAGIC, .type = ENGRAM_MSG_WELCOME, .reserved = 0,
-                .bytes = sizeof(w), .request_id = 0};
+    w.header = {.magic = ENGRAM_MSG_MAGIC,
+                .type = ENGRAM_MSG_WELCOME,
+                .reserved = 0,
+                .bytes = sizeof(w),
+                .request_id = 0};
     w.version_major = ENGRAM_PROTOCOL_MAJOR;
     w.slots = 8;
     w.session_id = 1;
@@ -535,8 +541,7 @@ uint64_t StatusKb(pid_t pid, const char* key) {
 
 }  // namespace
 
-TEST_CASE("queued requests keep no more bookkeeping than the session's arena implies",
-          "[chaos]") {
+TEST_CASE("queued requests keep no more bookkeeping than the session's arena implies", "[chaos]") {
   LoggedDaemon d("amplify", Checkpoint(), {"--max-rows-per-request", "131072"});
   REQUIRE(d.alive());
   // One 3 MiB arena: 131,072 row ids and as many offsets all naming the same destination row,
@@ -589,8 +594,7 @@ TEST_CASE("queued requests keep no more bookkeeping than the session's arena imp
   CHECK(d.alive());
 }
 
-TEST_CASE("large requests that fail validation do not stall another client's gathers",
-          "[chaos]") {
+TEST_CASE("large requests that fail validation do not stall another client's gathers", "[chaos]") {
   LoggedDaemon d("hol", Checkpoint(), {"--max-rows-per-request", "131072"});
   REQUIRE(d.alive());
   // The attacker: maximum-size requests whose last row is past the table's end, as many in
@@ -602,7 +606,7 @@ TEST_CASE("large requests that fail validation do not stall another client's gat
   std::thread attacker([&] {
     engram_connect_options o = d.Options();
     o.data_bytes = 64 << 20;  // a row budget (8 M rows) that admits all 64 slots
-    o.slots = 32;  // 32 x 131,072 rows: inside the row budget, none refused at admission
+    o.slots = 32;             // 32 x 131,072 rows: inside the row budget, none refused at admission
     engram_session* s = nullptr;
     if (engram_session_open(&o, &s) != 0) return;
     constexpr uint64_t kN = 131072;
@@ -653,7 +657,7 @@ TEST_CASE("large requests that fail validation do not stall another client's gat
   attacker.join();
   std::sort(waited.begin(), waited.end());
   INFO("attacker requests finished during a victim's gather: median " << waited[50] << ", max "
-                                                                       << waited.back());
+                                                                      << waited.back());
   CHECK(waited[50] <= 24);  // a poller that validates in turn lets 32 through per pass
   CHECK(d.alive());
 }
@@ -672,14 +676,14 @@ double ChaosSeconds(double ci_default) {
 // Outcomes of the load processes, in a shared mapping.
 struct LoadCounts {
   std::atomic<uint64_t> gathers;
-  std::atomic<uint64_t> wrong;        // gathers that returned OK with a wrong byte
-  std::atomic<uint64_t> errors;       // gathers that failed other than by a lost daemon
+  std::atomic<uint64_t> wrong;   // gathers that returned OK with a wrong byte
+  std::atomic<uint64_t> errors;  // gathers that failed other than by a lost daemon
   std::atomic<uint64_t> reconnects;
   char error[200];
 };
 LoadCounts* MapCounts() {
-  void* p = mmap(nullptr, sizeof(LoadCounts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                 -1, 0);
+  void* p =
+      mmap(nullptr, sizeof(LoadCounts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   return new (p) LoadCounts{};
 }
 
@@ -755,8 +759,8 @@ TEST_CASE("clients SIGKILLed at random points under load", "[chaos]") {
   Verifier v(d.Options());
   REQUIRE(v.connected());
   uint64_t rng = 12345, kills = 0, checked = 0;
-  const auto end = std::chrono::steady_clock::now() +
-                   std::chrono::duration<double>(ChaosSeconds(3.0));
+  const auto end =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(ChaosSeconds(3.0));
   while (std::chrono::steady_clock::now() < end) {
     // Kill one load process at a random moment, start another in its place.
     usleep(static_cast<useconds_t>(Next(rng) % 100'000));
@@ -796,8 +800,8 @@ TEST_CASE("the daemon SIGKILLed and SIGTERMed under load; clients reconnect", "[
   LoadCounts* counts = MapCounts();
   std::vector<pid_t> load;
   for (int i = 0; i < 3; ++i) load.push_back(SpawnLoad(socket, counts, i + 1));
-  const auto end = std::chrono::steady_clock::now() +
-                   std::chrono::duration<double>(ChaosSeconds(4.0));
+  const auto end =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(ChaosSeconds(4.0));
   int restarts = 0;
   while (std::chrono::steady_clock::now() < end) {
     usleep(400'000);
@@ -847,8 +851,11 @@ void SendWithFds(int sock, const std::string& bytes, const std::vector<int>& fds
 }
 
 std::string Header(uint16_t type, uint32_t bytes, uint16_t reserved = 0) {
-  engram_msg_header h{.magic = ENGRAM_MSG_MAGIC, .type = type, .reserved = reserved,
-                      .bytes = bytes, .request_id = 3};
+  engram_msg_header h{.magic = ENGRAM_MSG_MAGIC,
+                      .type = type,
+                      .reserved = reserved,
+                      .bytes = bytes,
+                      .request_id = 3};
   return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
 }
 
@@ -994,8 +1001,7 @@ std::string ShardOf(const std::string& dir, uint32_t layer) {
 }
 
 json LoadCommand(const std::string& socket, const std::string& action) {
-  return ControlJson(socket,
-                     R"({"command": "load", "table": 14, "action": ")" + action + R"("})");
+  return ControlJson(socket, R"({"command": "load", "table": 14, "action": ")" + action + R"("})");
 }
 
 // Layer 14's load state once it is neither queued nor loading, or the last seen after `seconds`.
@@ -1145,8 +1151,7 @@ ThreadBusy BusiestThread(pid_t pid, int samples, double seconds) {
     }
     usleep(static_cast<useconds_t>(seconds * 1e6 / samples));
   }
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::map<std::string, uint64_t> ticks1 = ThreadTicks(pid);
   ThreadBusy busiest;
   int most = -1;
@@ -1251,8 +1256,7 @@ TEST_CASE("a resident load started again right after a cancel goes on", "[chaos]
   REQUIRE(admin.fd() >= 0);
   const std::string cancel =
       admin.Control(R"({"command": "load", "table": 14, "action": "cancel"})");
-  const std::string start =
-      admin.Control(R"({"command": "load", "table": 14, "action": "start"})");
+  const std::string start = admin.Control(R"({"command": "load", "table": 14, "action": "start"})");
   INFO(cancel << "\n" << start);
   s = WaitLoadEnds(d.socket(), 30);
   INFO(s.dump());

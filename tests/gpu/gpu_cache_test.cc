@@ -3,9 +3,9 @@
 // listed exactly; the whole step (engram_gpu_queue_cache_gather) fetching the misses through
 // the device-submit ring; a tiny cache evicting under a concurrent client never giving a wrong
 // row; and the step captured into a CUDA graph and replayed with new rows.
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <set>
 #include <thread>
@@ -41,8 +41,8 @@ struct CacheStep {
   uint8_t* warm_rows = nullptr;
   uint64_t* miss_rows = nullptr;  // the miss list, in the data region
   uint8_t* miss_dest = nullptr;
-  DeviceBuffer ids_d{kSlots * 8}, out_d{kSlots * 512}, slots_d{kSlots * 4}, count_d{4},
-      bad_d{4}, hits_d{kSlots * 16}, hit_count_d{4}, hit_total_d{8};
+  DeviceBuffer ids_d{kSlots * 8}, out_d{kSlots * 512}, slots_d{kSlots * 4}, count_d{4}, bad_d{4},
+      hits_d{kSlots * 16}, hit_count_d{4}, hit_total_d{8};
 
   explicit CacheStep(const Daemon& d, uint32_t flags = ENGRAM_CONNECT_DEVICE_SUBMIT) {
     REQUIRE(d.alive());
@@ -220,7 +220,8 @@ TEST_CASE("the whole cache step fetches the misses through the GPU queue", "[gpu
   CacheStep st(d);
   std::vector<uint64_t> ids(kSlots);
   for (uint32_t s = 0; s < kSlots; ++s) {
-    ids[s] = s % 2 == 0 ? cached[s / 2] : testing::kRows * 3 / 4 + (s * 104729) % (testing::kRows / 4);
+    ids[s] =
+        s % 2 == 0 ? cached[s / 2] : testing::kRows * 3 / 4 + (s * 104729) % (testing::kRows / 4);
   }
   const engram_gpu_cache_misses m = st.Misses();
   for (int round = 0; round < 3; ++round) {
@@ -260,8 +261,8 @@ TEST_CASE("a tiny cache evicting under another client never gives the GPU a wron
     testing::FillRows(ids.data(), ids.size(), 4000, 1000 + round % 3);  // the churn's rows too
     st.Upload(ids);
     CUDA_REQUIRE(cudaMemset(st.out_d.get(), 0xAB, st.out_d.bytes()));
-    ENGRAM_REQUIRE(engram_dequant_cache_gather(&st.cache, st.ids_d.get<uint64_t>(), kTokens,
-                                               kHeads, st.out_d.get(), &m, nullptr, 0));
+    ENGRAM_REQUIRE(engram_dequant_cache_gather(&st.cache, st.ids_d.get<uint64_t>(), kTokens, kHeads,
+                                               st.out_d.get(), &m, nullptr, 0));
     CUDA_REQUIRE(cudaDeviceSynchronize());
     const std::vector<uint16_t> out = st.Out();
     const uint32_t misses = st.Word(st.count_d);
@@ -285,7 +286,7 @@ TEST_CASE("a tiny cache evicting under another client never gives the GPU a wron
   INFO("hits " << hits << ", churn gathers " << churned.load());
   CHECK(churn_failed.load() == 0);
   CHECK(churned.load() > 10);  // the cache was rewritten while the GPU read it
-  CHECK(hits > 0);  // the test looked at rows read from the cache, not only at misses
+  CHECK(hits > 0);             // the test looked at rows read from the cache, not only at misses
 }
 
 TEST_CASE("a captured cache step replays with new rows each time", "[gpu][cache]") {
@@ -299,10 +300,10 @@ TEST_CASE("a captured cache step replays with new rows each time", "[gpu][cache]
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ENGRAM_REQUIRE(engram_gpu_queue_cache_gather(
-      st.queue, &st.cache, st.ids_d.get<uint64_t>(), kTokens, kHeads, st.out_d.get(), &m,
-      engram_gpu_device_ptr(st.arena_reg, st.miss_dest), nullptr,
-      reinterpret_cast<uintptr_t>(stream)));
+  ENGRAM_REQUIRE(engram_gpu_queue_cache_gather(st.queue, &st.cache, st.ids_d.get<uint64_t>(),
+                                               kTokens, kHeads, st.out_d.get(), &m,
+                                               engram_gpu_device_ptr(st.arena_reg, st.miss_dest),
+                                               nullptr, reinterpret_cast<uintptr_t>(stream)));
   CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));

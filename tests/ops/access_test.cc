@@ -53,8 +53,8 @@ void CopyEngramctlForPeers() {
   // Under the soname engramctl asks for.
   fs::copy_file(fs::canonical(info.dli_fname), PeerLibDir() + "/libengram_client.so.0",
                 fs::copy_options::overwrite_existing);
-  for (const std::string& p : {TestDir() + "/bin", PeerLibDir(), Engramctl(),
-                               PeerLibDir() + "/libengram_client.so.0"}) {
+  for (const std::string& p :
+       {TestDir() + "/bin", PeerLibDir(), Engramctl(), PeerLibDir() + "/libengram_client.so.0"}) {
     chmod(p.c_str(), 0755);
   }
 }
@@ -246,7 +246,8 @@ TEST_CASE("a peer that is not an administrator gathers and reads everything") {
   CHECK(rows["rows"][1]["hex"] == hex);
 }
 
-TEST_CASE("warm, evict and load are refused to a non-administrator, naming command, uid and setting") {
+TEST_CASE(
+    "warm, evict and load are refused to a non-administrator, naming command, uid and setting") {
   Result warm = Ctl(kReader, {"warm", "14"});
   INFO(warm.err);
   CHECK(warm.code == 77);

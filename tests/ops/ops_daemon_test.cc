@@ -10,9 +10,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
-#include <thread>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -20,8 +19,9 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
-#include <string_view>
 #include <sstream>
+#include <string_view>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "engram/protocol.h"
@@ -192,8 +192,8 @@ TEST_CASE("engramctl global options go before or after the subcommand") {
     REQUIRE(r.code == 0);
     CHECK(json::parse(r.out)["socket"] == sock);
   }
-  for (const std::string& args : {"--socket " + sock + " tables --no-residency",
-                                  "tables --no-residency --socket " + sock}) {
+  for (const std::string& args :
+       {"--socket " + sock + " tables --no-residency", "tables --no-residency --socket " + sock}) {
     INFO(args);
     Result r = Sh(Engramctl() + " " + args);
     CHECK(r.code == 0);
@@ -814,7 +814,8 @@ TEST_CASE("process_* metrics describe engramd's own process") {
   CHECK(m.types.at("process_cpu_seconds_total") == "counter");
   CHECK(m.samples.at("process_cpu_seconds_total") >= 0);
   CHECK(m.samples.at("process_resident_memory_bytes") > 1 << 20);
-  CHECK(m.samples.at("process_virtual_memory_bytes") >= m.samples.at("process_resident_memory_bytes"));
+  CHECK(m.samples.at("process_virtual_memory_bytes") >=
+        m.samples.at("process_resident_memory_bytes"));
   // engramd holds its sockets, epoll and event fds, table files: more than a handful.
   CHECK(m.samples.at("process_open_fds") > 5);
   CHECK(m.samples.at("process_max_fds") > m.samples.at("process_open_fds"));
@@ -895,8 +896,8 @@ uint64_t MemTotal() {
 TEST_CASE("a budget or a row cache larger than the machine is refused with the numbers") {
   const uint64_t twice = 2 * MemTotal();
   const std::string base = " --model " + Checkpoint() + " --socket " + TestDir() + "/big.sock";
-  Result budget = Sh(EngramdPath() + base + " --memory-budget " + std::to_string(twice) +
-                     " --check-config");
+  Result budget =
+      Sh(EngramdPath() + base + " --memory-budget " + std::to_string(twice) + " --check-config");
   CHECK(budget.code == 1);
   CHECK(budget.err.find(std::to_string(twice) + " bytes") != std::string::npos);
   CHECK(budget.err.find(std::to_string(MemTotal()) + " bytes") != std::string::npos);
@@ -958,7 +959,7 @@ TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
     bool seen = false;
     for (const auto& [key, value] : m.samples) {
       const std::string family = absl::StrFormat("engram_client_rows_total{client=\"bulk-%02d-%s\"",
-                                                  i, std::string(22, 'x'));
+                                                 i, std::string(22, 'x'));
       seen |= key.rfind(family, 0) == 0;
     }
     CHECK(seen);
