@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -34,6 +35,24 @@
 #include "testkit/synthetic.h"
 
 namespace engram::testing {
+
+// Starts `args` (the program first) as uid and gid `id` with no supplementary groups, its stderr
+// into `log_fd`, killed when the test dies; returns the child's pid (-1 if fork failed). The
+// child exits 126 when it cannot drop to `id`, 127 when exec fails.
+inline pid_t SpawnAsUser(uid_t id, std::vector<std::string> args, int log_fd) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  dup2(log_fd, STDERR_FILENO);
+  if (setgroups(0, nullptr) != 0 || setresgid(id, id, id) != 0 || setresuid(id, id, id) != 0) {
+    _exit(126);
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // after setresuid, which clears it
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+  _exit(127);
+}
 
 inline constexpr uint64_t kSeed = 20261130;
 inline constexpr uint64_t kRows = 20000;

@@ -38,21 +38,8 @@ class OwnerDaemon {
         "--cache-bytes", "4M",      "--socket-mode", "0666",     "--workers", "1"};
     const int log = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     REQUIRE(log >= 0);
-    pid_ = fork();
+    pid_ = SpawnAsUser(kOwner, args, log);
     REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      dup2(log, STDERR_FILENO);
-      if (setgroups(0, nullptr) != 0 || setresgid(kOwner, kOwner, kOwner) != 0 ||
-          setresuid(kOwner, kOwner, kOwner) != 0) {
-        _exit(126);
-      }
-      prctl(PR_SET_PDEATHSIG, SIGKILL);  // after setresuid, which clears it
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
     close(log);
     for (int i = 0; i < 3000 && !SocketAnswers(socket_) && alive(); ++i) usleep(10'000);
     INFO(Log());
