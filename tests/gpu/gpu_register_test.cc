@@ -9,7 +9,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstdio>
@@ -20,6 +19,7 @@
 
 #include "engram/engram.h"
 #include "engram/gpu.h"
+#include "tests/common/skip.h"
 
 namespace engram {
 namespace {
@@ -83,6 +83,8 @@ TEST_CASE("registration refuses bad arguments", "[gpu][register]") {
 
 TEST_CASE("registration through the default runtimes succeeds on a GPU machine",
           "[gpu][register][device]") {
+  std::string why;
+  if (!GpuPresent(&why)) ENGRAM_SKIP("registration on a GPU needs one: " + why);
   const size_t len = 1 << 20;
   void* mem = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   REQUIRE(mem != MAP_FAILED);
@@ -213,14 +215,3 @@ TEST_CASE("a read-only mapping the driver will not pin falls back to pageable ac
 
 }  // namespace
 }  // namespace engram
-
-int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string why;
-    if (std::strcmp(argv[i], "[device]") == 0 && !engram::GpuPresent(&why)) {
-      std::fprintf(stderr, "SKIP: registration on a GPU needs one: %s\n", why.c_str());
-      return 77;
-    }
-  }
-  return Catch::Session().run(argc, argv);
-}
