@@ -35,7 +35,7 @@ absl::StatusOr<MemoryPressure> ReadPressure(const std::string& path) {
   return *p;
 }
 
-std::string Mib(uint64_t slots) {
+std::string SlotsMib(uint64_t slots) {
   return absl::StrCat(RowCache::BytesForSlots(slots) >> 20, " MiB");
 }
 
@@ -164,7 +164,7 @@ std::optional<double> PressureMonitor::Tick(uint64_t now_ns) {
       const uint64_t now = cache_->SetCapacitySlots(want);
       notice_(absl::StrCat("memory pressure (", static_cast<int>(stall * 100),
                            " % of the last interval stalled, ", options_.path,
-                           "): row cache shrunk from ", Mib(current), " to ", Mib(now)));
+                           "): row cache shrunk from ", SlotsMib(current), " to ", SlotsMib(now)));
     }
   } else if (stall < options_.shrink_above / 4 && current < target_slots_) {
     if (++calm_ >= options_.calm_intervals) {
@@ -172,8 +172,8 @@ std::optional<double> PressureMonitor::Tick(uint64_t now_ns) {
           target_slots_, current + static_cast<uint64_t>(target_slots_ * options_.grow_step) + 1);
       const uint64_t now = cache_->SetCapacitySlots(want);
       if (now > current) {
-        notice_(absl::StrCat("memory pressure gone: row cache grown from ", Mib(current), " to ",
-                             Mib(now), " (configured ", Mib(target_slots_), ")"));
+        notice_(absl::StrCat("memory pressure gone: row cache grown from ", SlotsMib(current),
+                             " to ", SlotsMib(now), " (configured ", SlotsMib(target_slots_), ")"));
       }
     }
   } else {

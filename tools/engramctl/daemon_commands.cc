@@ -25,7 +25,7 @@ namespace {
 
 using nlohmann::json;
 
-std::atomic<bool> g_interrupted{false};
+std::atomic<bool> g_watch_interrupted{false};
 
 // -i: how often --watch repeats, and its bounds.
 constexpr double kMinIntervalSeconds = 0.1;
@@ -358,7 +358,7 @@ int Run(const CommonOptions& common, const WatchOptions& watch, const std::strin
   const double interval = watch.interval_s > 0 ? watch.interval_s : 2.0;
   if (repeat) {
     struct sigaction sa {};
-    sa.sa_handler = [](int) { g_interrupted = true; };
+    sa.sa_handler = [](int) { g_watch_interrupted = true; };
     sigaction(SIGINT, &sa, nullptr);
   }
   json before;
@@ -382,10 +382,10 @@ int Run(const CommonOptions& common, const WatchOptions& watch, const std::strin
     before = reply;
     before_time = now;
     have_before = true;
-    for (double slept = 0; slept < interval && !g_interrupted; slept += 0.05) {
+    for (double slept = 0; slept < interval && !g_watch_interrupted; slept += 0.05) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    if (g_interrupted) return kExitRunning;
+    if (g_watch_interrupted) return kExitRunning;
   }
 }
 

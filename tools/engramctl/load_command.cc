@@ -23,7 +23,7 @@ namespace {
 
 using nlohmann::json;
 
-std::atomic<bool> g_interrupted{false};
+std::atomic<bool> g_load_interrupted{false};
 
 struct LoadOptions {
   CommonOptions common;
@@ -69,13 +69,13 @@ int RunLoad(const LoadOptions& o) {
     return kExitRunning;
   }
   struct sigaction sa {};
-  sa.sa_handler = [](int) { g_interrupted = true; };
+  sa.sa_handler = [](int) { g_load_interrupted = true; };
   sigaction(SIGINT, &sa, nullptr);
   const bool bar = !o.quiet && !o.common.json && isatty(STDERR_FILENO);
   const uint64_t first = state["rows_loaded"];
   bool cancel_sent = false;
   while (state["state"] == "queued" || state["state"] == "loading") {
-    if (g_interrupted && !cancel_sent) {
+    if (g_load_interrupted && !cancel_sent) {
       if (!call("cancel")) break;
       cancel_sent = true;  // the loader stops after its chunk; keep polling until it has
       continue;
