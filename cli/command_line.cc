@@ -1,11 +1,14 @@
 // engramd's programs' command-line conventions (command_line.h).
 #include "cli/command_line.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -62,7 +65,81 @@ std::string WhatWasWrong(const CLI::App& app, const CLI::ParseError& e) {
   return what;
 }
 
+// Gives `app` and its subcommands, all levels down, the formatter.
+void UseFormatter(CLI::App& app, const std::shared_ptr<HelpFormatter>& formatter) {
+  app.formatter(formatter);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    UseFormatter(*sub, formatter);
+  }
+}
+
+// The width left to a description that starts at the formatter's column.
+size_t DescriptionWidth(const CLI::Formatter& f) {
+  return kHelpColumns > f.get_column_width() ? kHelpColumns - f.get_column_width() : 1;
+}
+
 }  // namespace
+
+std::string WrapText(const std::string& text, size_t width) {
+  std::string out;
+  size_t line_start = 0;  // where the line being filled starts in `out`
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find_first_of(" \n", at), text.size());
+    const std::string word = text.substr(at, end - at);
+    const size_t line = out.size() - line_start;
+    if (line > 0 && line + 1 + word.size() > width) {
+      out += '\n';
+      line_start = out.size();
+    } else if (at > 0 && text[at - 1] == ' ') {
+      out += ' ';
+    }
+    out += word;
+    if (end < text.size() && text[end] == '\n') {
+      out += '\n';
+      line_start = out.size();
+    }
+    at = end + 1;
+  }
+  return out;
+}
+
+std::string HelpFormatter::make_option(const CLI::Option* opt, bool is_positional) const {
+  const std::string head = "  " + make_option_name(opt, is_positional) + make_option_opts(opt);
+  const std::string desc = make_option_desc(opt);
+  const size_t column = get_column_width();
+  std::string out = head;
+  if (!desc.empty()) {
+    // CLI11 leaves one space after a name one short of the column; cli_docs.py needs two.
+    out += head.size() + 2 <= column ? std::string(column - head.size(), ' ')
+                                     : "\n" + std::string(column, ' ');
+    for (const char c : desc) {
+      out += c;
+      if (c == '\n') out += std::string(column, ' ');
+    }
+  }
+  return out + "\n";
+}
+
+std::string HelpFormatter::make_option_desc(const CLI::Option* opt) const {
+  return WrapText(CLI::Formatter::make_option_desc(opt), DescriptionWidth(*this));
+}
+
+std::string HelpFormatter::make_subcommand(const CLI::App* sub) const {
+  std::stringstream out;
+  CLI::detail::format_help(out, sub->get_display_name(true),
+                           WrapText(sub->get_description(), DescriptionWidth(*this)),
+                           get_column_width());
+  return out.str();
+}
+
+std::string HelpFormatter::make_description(const CLI::App* app) const {
+  return WrapText(CLI::Formatter::make_description(app), kHelpColumns);
+}
+
+std::string HelpFormatter::make_footer(const CLI::App* app) const {
+  return WrapText(CLI::Formatter::make_footer(app), kHelpColumns);
+}
 
 int UsageError(const CLI::App& command, const std::string& what) {
   std::string name = command.get_name();
@@ -74,6 +151,7 @@ int UsageError(const CLI::App& command, const std::string& what) {
 }
 
 std::optional<int> Parse(CLI::App& app, const std::vector<std::string>& args) {
+  UseFormatter(app, std::make_shared<HelpFormatter>());
   // Nothing asked of a program that needs a subcommand: its help, as a usage error.
   if (args.empty() && app.get_require_subcommand_min() > 0) {
     std::cerr << app.help();

@@ -28,9 +28,9 @@ packages=(
   python3 python3-numpy python3-torch python3-pytest python3-matplotlib
   python3-venv python3-pip python3-mesonpy patchelf
   systemd
-  # Man pages of engramd, engramctl and the table tools (man/), made from their --help; the kit
+  # man and groff, whose warnings the kit suite's check of the man pages (man/) reads; the kit
   # suite's checks of the Prometheus rules (PyYAML) and of the zsh completion (zsh -n).
-  help2man python3-yaml zsh
+  man-db groff-base python3-yaml zsh
   # promtool, for the kit suite's promtool check metrics of the scrape and the textfile and the
   # alert rules' unit tests: Debian ships it only in the Prometheus server's package (96 MB
   # installed, with its service unit), small beside PyTorch; the tests skip where it is missing.

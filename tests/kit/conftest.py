@@ -90,7 +90,7 @@ def daemon(hashable_model, tmp_path_factory):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # A file whose every test was skipped (no help2man here) reports 77, meson's SKIP.
+    # A file whose every test was skipped (no man or promtool here) reports 77, meson's SKIP.
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None:
         return

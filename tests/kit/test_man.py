@@ -1,7 +1,10 @@
-"""The man pages help2man made from the built programs: every flag of engramd's and engramctl's
---help is on its page, every engramctl subcommand has a section with its own flags, no path of
-the build machine leaks into a page, and man renders each page."""
+"""The man pages (man/): each is a man page (NAME, SYNOPSIS, DESCRIPTION, OPTIONS, EXIT STATUS,
+SEE ALSO; no pasted --help), every flag of its program's --help and every engramctl command is
+on it, the configuration file it names is the one engramd reads, no path of the build machine
+leaks into it, and man renders it within 80 columns without a warning from groff.
+engramd.toml(5) lists every setting a running engramd reports, with whether a SIGHUP applies it."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -11,16 +14,16 @@ import pytest
 from conftest import build_dir, program, run
 
 PAGES = {"engramd": "8", "engramctl": "1", "engram-synth": "1", "engram-pack": "1",
-         "engram-inspect": "1"}
+         "engram-inspect": "1", "engram-demo": "1", "engram-soak": "1", "engramd.toml": "5"}
+TOOLS = {"engram-synth": "tools/tables/engram-synth", "engram-pack": "tools/tables/engram-pack",
+         "engram-inspect": "tools/tables/engram-inspect", "engram-demo": "tools/demo/engram-demo",
+         "engram-soak": "tools/soak/engram-soak"}
 
 
 def page(name):
     path = build_dir() / "man" / f"{name}.{PAGES[name]}"
-    if not path.is_file():
-        if shutil.which("help2man") is None:
-            pytest.skip("help2man is not installed (tools/setup.sh installs it): no man pages")
-        pytest.fail(f"{path} was not made although help2man is installed")
-    return path
+    assert path.is_file(), f"{path} was not made"
+    return path.read_text()
 
 
 def help_text(exe, *args):
@@ -35,59 +38,119 @@ def flags(text):
         m = re.match(r"^  (-[^\s]+)", line)
         if m:
             found |= {n for n in m.group(1).split(",") if n.startswith("--")}
-    return found
+    return found - {"--help"}
 
 
-def roff(flag):
-    return flag.replace("-", "\\-")
+def roff(text):
+    return text.replace("-", "\\-")
 
 
-def rendered(path):
-    """The page as man renders it, with groff's warnings."""
-    r = subprocess.run(["man", "--warnings", "-l", str(path)], capture_output=True, text=True,
-                       timeout=60, env={"MANWIDTH": "100", "PATH": "/usr/bin:/bin",
-                                        "MAN_KEEP_FORMATTING": "0"})
+def sections(text):
+    """{".SH title": its text} of a page."""
+    parts = re.split(r'(?m)^\.SH "?([^"\n]+)"?\n', text)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def rendered(text, width=80):
+    """The page as man renders it at `width` columns, and groff's warnings."""
+    if shutil.which("man") is None:
+        pytest.skip("man is not installed (tools/setup.sh installs man-db and groff-base)")
+    r = subprocess.run(["man", "--warnings", "-l", "-"], input=text, capture_output=True,
+                       text=True, timeout=60,
+                       env={"MANWIDTH": str(width), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+                            "MAN_KEEP_FORMATTING": "0"})
     assert r.returncode == 0, r.stderr
-    return re.sub(r".\x08", "", r.stdout), r.stderr  # overstrike bold, when man keeps it
+    return re.sub(r".\x08", "", r.stdout), r.stderr
 
 
 @pytest.mark.parametrize("name", sorted(PAGES))
-def test_page_is_well_formed_and_names_no_build_path(name):
-    text = page(name).read_text()
-    assert re.search(rf'^\.TH {name.upper()} "{PAGES[name]}"', text, re.M), text[:400]
-    assert str(build_dir()) not in text and "/tmp/" not in text
-    assert re.search(r"^\.SH NAME\n" + re.escape(name) + r" \\- \w", text, re.M), text[:600]
-    if shutil.which("man") is None:
-        return
+def test_page_is_a_man_page(name):
+    text = page(name)
+    assert re.search(rf'^\.TH {re.escape(name.upper())} {PAGES[name]} ', text, re.M), text[:200]
+    have = sections(text)
+    needed = {"NAME", "SYNOPSIS", "DESCRIPTION", "SEE ALSO"}
+    needed |= {"SETTINGS", "FILES"} if PAGES[name] == "5" else {"OPTIONS", "EXIT STATUS"}
+    assert needed <= set(have), sorted(have)
+    assert re.match(re.escape(name.replace("-", "\\-")) + r" \\- \w", have["NAME"]), have["NAME"]
+    # Written, not pasted: no usage line or help layout, and nothing of the build machine.
+    assert "Usage:" not in text and not re.search(r"(?m)^  +\\?-", text)
+    assert str(build_dir()) not in text and "/tmp/" not in text and "help2man" not in text
+
+
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_man_renders_it_within_80_columns_without_warnings(name):
     out, warnings = rendered(page(name))
     assert "NAME" in out and not warnings.strip(), warnings
+    wide = [line for line in out.splitlines() if len(line) > 80]
+    assert not wide, wide
 
 
-def test_engramd_page_has_every_flag_and_the_config_file():
-    text = page("engramd").read_text()
-    expected = flags(help_text(program("ENGRAMD")))
-    assert {"--model", "--check-config", "--memory-budget"} <= expected
-    missing = [f for f in expected if roff(f) not in text]
+def test_the_lint_can_fail():
+    _, warnings = rendered(".TH X 1\n.SH NAME\nx \\- y\n.BOGUS\n\\fQ\n")
+    assert warnings.strip()
+
+
+@pytest.mark.parametrize("name", ["engramd", *sorted(TOOLS)])
+def test_page_has_every_flag(name):
+    exe = program("ENGRAMD") if name == "engramd" else build_dir() / TOOLS[name]
+    expected = flags(help_text(exe))
+    assert len(expected) >= 3
+    options = sections(page(name))["OPTIONS"]
+    missing = [f for f in expected if f"\\fB{roff(f)}\\fR" not in options]
     assert not missing
-    # --help ran with an empty configuration file in place of the system's: the defaults shown
-    # are engramd's own, and the page names the file engramd reads without --config (the
-    # build's sysconfdir), in its synopsis of --config and under FILES.
+
+
+def test_engramd_page_names_the_file_engramd_reads():
+    """--config's default is engramd's own (its --help names it: the build's sysconfdir), whole,
+    in OPTIONS and under FILES; the defaults shown are engramd's, not a configuration file's."""
+    text = page("engramd")
     default = re.search(r"--config PATH=(\S+)", help_text(program("ENGRAMD"))).group(1)
     assert default.endswith("/engramd/engramd.toml")
-    assert text.count(default) >= 2, default
-    assert "SIGHUP" in text and "/usr/share/engramd/" in text
+    options, files = sections(text)["OPTIONS"], sections(text)["FILES"]
+    assert f"Default: {default}." in options and f".I {default}\n" in files
+    assert re.search(r"\\fB\\-\\-workers\\fR \\fIN\\fR\n.*Default: \d+\.", options)
+    assert "engramd.toml (5)" in sections(text)["SEE ALSO"]
 
 
-def test_engramctl_page_has_every_subcommand_with_its_flags():
-    text = page("engramctl").read_text()
+def test_engramctl_page_has_every_command_with_its_flags():
+    text = page("engramctl")
     ctl = program("ENGRAMCTL")
     top = help_text(ctl)
-    subcommands = re.findall(r"(?m)^  (\S+)", top.split("Subcommands:", 1)[1])
-    assert len(subcommands) >= 8
-    sections = re.split(r'(?m)^\.SS "engramctl ', text)
-    by_name = {s.split('"', 1)[0]: s for s in sections[1:]}
-    assert sorted(by_name) == sorted(subcommands)
-    for sub in subcommands:
-        missing = [f for f in flags(help_text(ctl, sub)) if roff(f) not in by_name[sub]]
+    commands = re.findall(r"(?m)^  (\S+)", top.split("Subcommands:", 1)[1])
+    assert len(commands) >= 8
+    body = sections(text)["COMMANDS"]
+    parts = re.split(r'(?m)^\.SS "engramctl ', body)
+    by_name = {s.split('"', 1)[0]: s for s in parts[1:]}
+    assert sorted(by_name) == sorted(commands)
+    options = sections(text)["OPTIONS"]
+    for sub in commands:
+        missing = [f for f in flags(help_text(ctl, sub))
+                   if f"\\fB{roff(f)}\\fR" not in by_name[sub] + options]
         assert not missing, (sub, missing)
-    assert "EXIT STATUS" in text and "ENGRAM_SOCKET" in text
+    # The options every command that talks to engramd takes are listed once, in OPTIONS.
+    for common in ("--socket", "--timeout"):
+        assert f"\\fB{roff(common)}\\fR" in options
+        assert f"\\fB{roff(common)}\\fR" not in body
+    assert "ENGRAM_SOCKET" in text
+
+
+def test_settings_page_lists_every_setting_engramd_reports(daemon):
+    """Every setting of engramd's table (as `engramctl config` reports them) has an entry under
+    its section, saying whether a SIGHUP applies it; no entry names a setting engramd lacks."""
+    r = daemon.ctl("config", "--json")
+    assert r.returncode == 0, r.stderr
+    settings = {s["key"]: s["live"] for s in json.loads(r.stdout)["settings"]}
+    assert len(settings) > 40
+    body = sections(page("engramd.toml"))["SETTINGS"]
+    listed = {}
+    for part in re.split(r'(?m)^\.SS "\[', body)[1:]:
+        section, _, entries = part.partition("]")
+        for entry in re.split(r"(?m)^\.TP\n", entries)[1:]:
+            key = re.match(r"\\fB([^\\]+)\\fR", entry).group(1)
+            listed[f"{section}.{key.replace(chr(92) + '-', '-')}"] = entry
+    assert sorted(listed) == sorted(settings)
+    for key, live in settings.items():
+        assert ("A SIGHUP applies a change" in listed[key]) == live, key
+    default = re.search(r"--max-clients N=(\d+)", help_text(program("ENGRAMD"))).group(1)
+    assert f"(integer from 1 to" in listed["limits.max_clients"]
+    assert f"default \\fB{default}\\fR" in listed["limits.max_clients"]

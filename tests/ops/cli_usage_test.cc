@@ -1,7 +1,7 @@
 // The command-line conventions of engramd, engramctl and the table tools: a usage error exits 2
 // with one line naming what was wrong and the usage; numbers are checked against bounds named in
-// words; engramctl's --timeout gives up on a socket that never answers; and engramctl's
-// listings fit the width asked for.
+// words; engramctl's --timeout gives up on a socket that never answers; and --help and
+// engramctl's listings fit the width asked for.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/command_line.h"
 #include "tools/engramctl/text_table.h"
 
 namespace {
@@ -224,6 +225,51 @@ TEST_CASE("load and warm progress: total, percentage, rate and ETA in IEC units,
   CHECK(engramctl::Clock(59.6) == "1:00");
   CHECK(engramctl::Clock(7390) == "2:03:10");
   CHECK(engramctl::Bytes(1536.0 * mib) == "1.5 GiB");
+}
+
+TEST_CASE("counter lines break after a comma to fit 80 columns, no item lost") {
+  std::vector<std::string> items;
+  std::string all;
+  for (int i = 0; i < 12; ++i) {
+    items.push_back("counter " + std::to_string(i) + " 1234567890");
+    all += items.back();
+  }
+  const std::string text = engramctl::ItemLines("  ", items);
+  std::string joined;
+  for (const std::string& line : Lines(text)) {
+    INFO(line);
+    CHECK(engramctl::TextWidth(line) <= 80);
+    CHECK(line.rfind("  ", 0) == 0);
+    for (const std::string& item : items) {
+      if (line.find(item) != std::string::npos) joined += item;
+    }
+  }
+  CHECK(joined == all);
+  CHECK(Lines(text).size() > 1);
+  CHECK(Lines(text)[1].rfind("    counter", 0) == 0);  // a further line indented two more
+  CHECK(engramctl::ItemLines("  ", {"a", "b"}) == "  a, b\n");
+}
+
+TEST_CASE("help descriptions wrap at spaces within the width, keeping their words") {
+  using engram::cli::WrapText;
+  const std::string text =
+      "Validate the configuration and open every table, then exit without serving; a long "
+      "description\nwith a line break of its own and averyveryverylongwordthatdoesnotfit";
+  const std::string wrapped = WrapText(text, 30);
+  size_t words = 0;
+  for (const std::string& line : Lines(wrapped)) {
+    INFO(line);
+    CHECK((line.size() <= 30 || line.find(' ') == std::string::npos));
+    std::istringstream in(line);
+    for (std::string w; in >> w;) ++words;
+  }
+  std::istringstream in(text);
+  size_t expected = 0;
+  for (std::string w; in >> w;) ++expected;
+  CHECK(words == expected);
+  CHECK(wrapped.find("description\nwith") != std::string::npos);
+  CHECK(WrapText("a b", 80) == "a b");
+  CHECK(WrapText("", 80).empty());
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Writes shell completion (bash, zsh) and a help2man include of subcommands for a CLI11 program,
-from the program's own --help and each subcommand's --help, so that they describe the binary
-that was built and cannot fall behind its flags.
+"""Writes shell completion (bash, zsh) for a CLI11 program, from the program's own --help and
+each subcommand's --help, so that it describes the binary that was built and cannot fall behind
+its flags. man/make_page.py reads the help with the functions here too.
 
     cli_docs.py --name engramctl --exe build/tools/engramctl/engramctl \\
-        [--runner qemu-aarch64-static] [--bash OUT] [--zsh OUT] [--man-include OUT]
+        [--runner qemu-aarch64-static] [--bash OUT] [--zsh OUT]
 
 --runner runs the program (a cross build's emulator). The help format read is CLI11's: sections
 "Positionals:", "Options:" (or an option group's name), "Subcommands:"; an entry's name and
@@ -272,28 +272,6 @@ def write_zsh(program, out):
     write(out, "\n".join(lines))
 
 
-# ---- help2man include ----------------------------------------------------------------------
-
-def roff_text(text):
-    out = []
-    for line in text.rstrip().splitlines():
-        line = line.replace("\\", "\\e").replace("-", "\\-")
-        if line.startswith((".", "'")):
-            line = "\\&" + line
-        out.append(line)
-    return "\n".join(out)
-
-
-def write_man_include(program, runner, exe, out):
-    """A [SUBCOMMANDS] section for help2man --include: each subcommand's --help, verbatim."""
-    parts = ["[SUBCOMMANDS]",
-             f"Every subcommand takes \\fB--help\\fR; this is what each prints."]
-    for s in program.subcommands:
-        parts += [f'.SS "{program.name} {s.name}"', ".nf",
-                  roff_text(run_help(runner, exe, [s.name])), ".fi"]
-    write(out, "\n".join(parts) + "\n")
-
-
 def write(path, text):
     """Atomically, so that a failed run leaves no half-written output for the build to keep."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -312,7 +290,6 @@ def main(argv=None):
                     help="a command (word by word) that runs the program, e.g. an emulator")
     ap.add_argument("--bash", help="bash completion file to write")
     ap.add_argument("--zsh", help="zsh completion file to write")
-    ap.add_argument("--man-include", help="help2man include file of subcommands to write")
     args = ap.parse_args(argv)
     try:
         program = read_program(args.name, args.runner, args.exe)
@@ -320,8 +297,6 @@ def main(argv=None):
             write_bash(program, args.bash)
         if args.zsh:
             write_zsh(program, args.zsh)
-        if args.man_include:
-            write_man_include(program, args.runner, args.exe, args.man_include)
     except HelpError as e:
         print(f"cli_docs: {e}", file=sys.stderr)
         return 1

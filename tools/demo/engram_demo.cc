@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/command_line.h"
 #include "engram/engram.h"
 #include "tables/table.h"
 #include "testkit/synthetic.h"
@@ -237,7 +238,7 @@ int main(int argc, char** argv) {
   CLI::App app{"engram-demo: decode- and prefill-like gathers through engramd, checked"};
   Options opts;
   AddOptions(app, opts);
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = engram::cli::Parse(app, argc, argv)) return *done;
 
   std::optional<Verifier> verifier = MakeVerifier(opts);
   if (!verifier) return 1;

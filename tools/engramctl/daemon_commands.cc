@@ -140,26 +140,27 @@ void PrintMemory(const json& m) {
     line += absl::StrFormat(", %spressure some %.2f%%", m["pressure"].is_object() ? "" : "system ",
                             p["some"].value("avg10", 0.0));
   }
-  printf("%s\n", line.c_str());
+  PrintLine(line);
   if (m.contains("split") && m["split"].is_object()) {
     const json& s = m["split"];
-    printf("  budget split: process %s, buffers %s, arenas %s, page cache %s, row store %s\n",
-           Bytes(double(U(s, "process_bytes"))).c_str(),
-           Bytes(double(U(s, "buffers_bytes"))).c_str(),
-           Bytes(double(U(s, "arenas_bytes"))).c_str(),
-           Bytes(double(U(s, "page_cache_bytes"))).c_str(),
-           Bytes(double(U(s, "store_bytes"))).c_str());
+    PrintLine(absl::StrFormat(
+        "  budget split: process %s, buffers %s, arenas %s, page cache %s, row store %s",
+        Bytes(double(U(s, "process_bytes"))).c_str(), Bytes(double(U(s, "buffers_bytes"))).c_str(),
+        Bytes(double(U(s, "arenas_bytes"))).c_str(),
+        Bytes(double(U(s, "page_cache_bytes"))).c_str(),
+        Bytes(double(U(s, "store_bytes"))).c_str()));
   }
   if (U(m, "high_events") + U(m, "max_events") + U(m, "oom_kills") != 0) {
-    printf("  memory throttled %lu times at high, limit hit %lu times, %lu OOM kills (%s)\n",
-           U(m, "high_events"), U(m, "max_events"), U(m, "oom_kills"),
-           m.value("cgroup", "?").c_str());
+    PrintLine(absl::StrFormat(
+        "  memory throttled %lu times at high, limit hit %lu times, %lu OOM kills (%s)",
+        U(m, "high_events"), U(m, "max_events"), U(m, "oom_kills"),
+        m.value("cgroup", "?").c_str()));
   }
 }
 
 void PrintStatus(const json& r, const json* before, double dt) {
-  printf("engramd %s on %s\n", r.value("state", "?").c_str(),
-         Printable(r.value("socket", "?")).c_str());
+  PrintLine(absl::StrFormat("engramd %s on %s", r.value("state", "?").c_str(),
+                            Printable(r.value("socket", "?")).c_str()));
   printf("  version %s (protocol %s), pid %lu, up %s\n", r.value("version", "?").c_str(),
          r.value("protocol", "?").c_str(), U(r, "pid"),
          Uptime(r.value("uptime_seconds", 0.0)).c_str());
@@ -176,8 +177,9 @@ void PrintStatus(const json& r, const json* before, double dt) {
             ? std::string("polling mode off")
             : absl::StrFormat("polling mode %lu cores, %s", U(p, "cores"),
                               p.value("holding", false) ? "spinning (clients active)" : "idle");
-    printf("  %s; spun %.1f s (poller) + %.1f s (request threads)\n", mode.c_str(),
-           p.value("poller_spin_seconds", 0.0), p.value("request_threads_spin_seconds", 0.0));
+    PrintLine(absl::StrFormat("  %s; spun %.1f s (poller) + %.1f s (request threads)", mode.c_str(),
+                              p.value("poller_spin_seconds", 0.0),
+                              p.value("request_threads_spin_seconds", 0.0)));
   }
   if (r.contains("memory") && r["memory"].is_object()) PrintMemory(r["memory"]);
   printf("  log level %s, watchdog %s\n", r.value("log_level", "?").c_str(),
@@ -191,56 +193,79 @@ void PrintStatus(const json& r, const json* before, double dt) {
       commands += (commands.empty() ? "" : ", ") + c.get<std::string>();
     }
     if (a.contains("may_connect")) {
-      printf("  may connect: %s\n", a.value("may_connect", "?").c_str());
+      PrintLine(absl::StrFormat("  may connect: %s", a.value("may_connect", "?").c_str()));
     }
-    printf("  administrators (%s): %s\n", commands.c_str(), a.value("administrators", "?").c_str());
+    PrintLine(absl::StrFormat("  administrators (%s): %s", commands.c_str(),
+                              a.value("administrators", "?").c_str()));
     printf("  you (uid %lu): %s\n", U(a, "peer_uid"),
            a.value("peer_is_administrator", false) ? "administrator" : "read and gather only");
   }
+}
+
+// stats: one table's counters, each line within 80 columns, with rates against `b` (the table
+// in the reply before; nullptr for none).
+void PrintTableStats(const json& t, const json* b, double dt) {
+  const uint64_t req = U(t, "rows_requested"), uniq = U(t, "rows_unique");
+  const uint64_t hits = U(t, "nowait_hits"), miss = U(t, "nowait_eagain");
+  printf("layer %lu (%s reads, residue via %s)\n", U(t, "layer"), t.value("read_mode", "?").c_str(),
+         t.value("residue_path", "?").c_str());
+  fputs(
+      ItemLines("  ", {absl::StrFormat("batches %lu%s", U(t, "batches"),
+                                       RateText(Rate(t, b, "batches", dt), "batches")),
+                       absl::StrFormat("rows %lu requested", req),
+                       absl::StrFormat(
+                           "%lu unique (de-dup saved %.1f%%)%s", uniq,
+                           req == 0 ? 0.0 : 100.0 * double(req - std::min(req, uniq)) / double(req),
+                           RateText(Rate(t, b, "rows_requested", dt), "rows"))})
+          .c_str(),
+      stdout);
+  // A cache-tier table's misses are read with O_DIRECT: no NOWAIT pass, its tier line says
+  // what the row cache held.
+  if (t.value("tier", "") != "cache") {
+    fputs(ItemLines(
+              "  ",
+              {absl::StrFormat("NOWAIT %lu hits", hits),
+               absl::StrFormat("%lu misses (EAGAIN residue)", miss),
+               absl::StrFormat("hit rate %.1f%%",
+                               hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss)),
+               absl::StrFormat("pass %s", t.value("nowait_enabled", false) ? "on" : "off")})
+              .c_str(),
+          stdout);
+  }
+  const double read_rate = Rate(t, b, "bytes_read", dt);
+  fputs(ItemLines(
+            "  ",
+            {absl::StrFormat("reads %lu (io_uring %lu", U(t, "read_calls"), U(t, "uring_reads")),
+             absl::StrFormat("pool %lu", U(t, "pool_reads")),
+             absl::StrFormat("direct %lu of which %lu registered)", U(t, "direct_reads"),
+                             U(t, "fixed_reads")),
+             absl::StrFormat("%s read%s", Bytes(double(U(t, "bytes_read"))),
+                             read_rate < 0 ? "" : absl::StrFormat(" (%s/s)", Bytes(read_rate))),
+             absl::StrFormat("%lu syscalls", U(t, "syscalls"))})
+            .c_str(),
+        stdout);
+  if (U(t, "ring_failures") != 0) {
+    printf("  io_uring rings failed %lu times, %lu replaced\n", U(t, "ring_failures"),
+           U(t, "ring_resets"));
+  }
+  PrintStoreTableStats(t);
+  printf("  errors %lu, batch latency p50 %s p99 %s p99.9 %s\n", U(t, "errors"),
+         Duration(U(t, "latency_p50_ns")).c_str(), Duration(U(t, "latency_p99_ns")).c_str(),
+         Duration(U(t, "latency_p999_ns")).c_str());
 }
 
 void PrintStats(const json& r, const json* before, double dt) {
   const json* before_tables = before != nullptr ? &(*before)["tables"] : nullptr;
   const json* before_clients = before != nullptr ? &(*before)["clients"] : nullptr;
   printf("TABLES\n");
-  for (const json& t : r["tables"]) {
-    const json* b = Match(before_tables, t, "layer");
-    const uint64_t req = U(t, "rows_requested"), uniq = U(t, "rows_unique");
-    const uint64_t hits = U(t, "nowait_hits"), miss = U(t, "nowait_eagain");
-    printf("layer %lu (%s reads, residue via %s)\n", U(t, "layer"),
-           t.value("read_mode", "?").c_str(), t.value("residue_path", "?").c_str());
-    printf("  batches %lu%s\n", U(t, "batches"),
-           RateText(Rate(t, b, "batches", dt), "batches").c_str());
-    printf("  rows %lu requested, %lu unique (de-dup saved %.1f%%)%s\n", req, uniq,
-           req == 0 ? 0.0 : 100.0 * double(req - std::min(req, uniq)) / double(req),
-           RateText(Rate(t, b, "rows_requested", dt), "rows").c_str());
-    printf("  NOWAIT %lu hits, %lu misses (EAGAIN residue), hit rate %.1f%%, pass %s\n", hits, miss,
-           hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss),
-           t.value("nowait_enabled", false) ? "on" : "off");
-    printf(
-        "  reads %lu (io_uring %lu, pool %lu, direct %lu of which %lu registered), %s read%s, "
-        "%lu syscalls\n",
-        U(t, "read_calls"), U(t, "uring_reads"), U(t, "pool_reads"), U(t, "direct_reads"),
-        U(t, "fixed_reads"), Bytes(double(U(t, "bytes_read"))).c_str(),
-        Rate(t, b, "bytes_read", dt) < 0
-            ? ""
-            : absl::StrFormat(" (%s/s)", Bytes(Rate(t, b, "bytes_read", dt))).c_str(),
-        U(t, "syscalls"));
-    if (U(t, "ring_failures") != 0) {
-      printf("  io_uring rings failed %lu times, %lu replaced\n", U(t, "ring_failures"),
-             U(t, "ring_resets"));
-    }
-    PrintStoreTableStats(t);
-    printf("  errors %lu, batch latency p50 %s p99 %s p99.9 %s\n", U(t, "errors"),
-           Duration(U(t, "latency_p50_ns")).c_str(), Duration(U(t, "latency_p99_ns")).c_str(),
-           Duration(U(t, "latency_p999_ns")).c_str());
-  }
+  for (const json& t : r["tables"]) PrintTableStats(t, Match(before_tables, t, "layer"), dt);
   printf("CLIENTS\n");
   if (r["clients"].empty()) printf("  (none connected)\n");
   for (const json& c : r["clients"]) {
     const json* b = Match(before_clients, c, "session");
+    // A long client name is cut in the middle, as in the listings, to keep the line in 80.
     printf("session %lu '%s' (pid %lu, uid %lu)\n", U(c, "session"),
-           Printable(c.value("name", "")).c_str(), U(c, "pid"), U(c, "uid"));
+           FitText(Printable(c.value("name", "")), 40).c_str(), U(c, "pid"), U(c, "uid"));
     fputs(CounterLines(SessionCounters(), c, b, dt, "  ").c_str(), stdout);
   }
 }
@@ -251,14 +276,37 @@ std::string RateCell(double rate) { return rate < 0 ? "-" : Count(rate); }
 // How many of `n` entries fit in `lines`: all, or lines - 1 and a line saying how many more.
 size_t Shown(size_t n, size_t lines) { return n <= lines ? n : (lines == 0 ? 0 : lines - 1); }
 
+// A share as a percentage, "-" when nothing was tried.
+std::string Share(uint64_t part, uint64_t all) {
+  return all == 0 ? "-" : absl::StrFormat("%.1f%%", 100.0 * double(part) / double(all));
+}
+
+// A table's hits and misses as its tier defines them: for a cache-tier table, rows the row
+// cache held and rows it missed (read from the device with O_DIRECT, where no NOWAIT pass
+// runs); for a storage or resident table (whose gathers reach the engine only for rows not in
+// memory), rows the RWF_NOWAIT pass found in the page cache and rows it left to blocking reads.
+struct TierHits {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+};
+TierHits HitsOf(const json& t) {
+  if (t.value("tier", "") == "cache") {
+    const uint64_t rows = U(t, "store_rows"), hit = U(t, "store_hit_rows");
+    return {hit, rows - std::min(rows, hit)};
+  }
+  return {U(t, "nowait_hits"), U(t, "nowait_eagain")};
+}
+
 // stats --watch: one line per table, the first `shown` of the reply, with rates against the
-// reply before (`before_tables`: its "tables"; nullptr for the first).
+// reply before (`before_tables`: its "tables"; nullptr for the first). HIT and MISS/S are the
+// tier's own (HitsOf).
 TextTable TableRates(const json& r, const json* before_tables, double dt, size_t shown) {
   TextTable tables({{"LAYER", true},
-                    {"BATCHES/S", true},
+                    {"TIER", false},
                     {"ROWS/S", true},
                     {"DE-DUP", true},
-                    {"NOWAIT-HIT", true},
+                    {"HIT", true},
+                    {"MISS/S", true},
                     {"READ/S", true},
                     {"P50", true},
                     {"P99", true},
@@ -267,17 +315,16 @@ TextTable TableRates(const json& r, const json* before_tables, double dt, size_t
     const json& t = r["tables"][i];
     const json* b = Match(before_tables, t, "layer");
     const uint64_t req = U(t, "rows_requested"), uniq = U(t, "rows_unique");
-    const uint64_t hits = U(t, "nowait_hits"), miss = U(t, "nowait_eagain");
+    const TierHits now = HitsOf(t);
     const double read = Rate(t, b, "bytes_read", dt);
-    tables.AddRow(
-        {std::to_string(U(t, "layer")), RateCell(Rate(t, b, "batches", dt)),
-         RateCell(Rate(t, b, "rows_requested", dt)),
-         absl::StrFormat("%.1f%%",
-                         req == 0 ? 0.0 : 100.0 * double(req - std::min(req, uniq)) / double(req)),
-         absl::StrFormat("%.1f%%",
-                         hits + miss == 0 ? 0.0 : 100.0 * double(hits) / double(hits + miss)),
-         read < 0 ? "-" : Bytes(read), Duration(U(t, "latency_p50_ns")),
-         Duration(U(t, "latency_p99_ns")), Count(double(U(t, "errors")))});
+    const double misses = b == nullptr || dt <= 0
+                              ? -1
+                              : double(now.misses - std::min(now.misses, HitsOf(*b).misses)) / dt;
+    tables.AddRow({std::to_string(U(t, "layer")), t.value("tier", "storage"),
+                   RateCell(Rate(t, b, "rows_requested", dt)),
+                   Share(req - std::min(req, uniq), req), Share(now.hits, now.hits + now.misses),
+                   RateCell(misses), read < 0 ? "-" : Bytes(read), Duration(U(t, "latency_p50_ns")),
+                   Duration(U(t, "latency_p99_ns")), Count(double(U(t, "errors")))});
   }
   return tables;
 }
@@ -493,8 +540,8 @@ void AddDaemonCommands(CLI::App& app, int* exit_code) {
     auto watch = std::make_shared<WatchOptions>();
     CLI::App* c = app.add_subcommand(
         "stats",
-        "Per table and per client counters: rows, de-dup, NOWAIT, reads, latency (--watch: one "
-        "line each, busiest first, fitting the terminal)");
+        "Per table and per client counters: rows, de-dup, hits (row cache or NOWAIT, by tier), "
+        "reads, latency (--watch: one line each, busiest first, fitting the terminal)");
     AddCommonOptions(c, options.get());
     AddWatchOptions(c, watch.get());
     c->callback([=] {

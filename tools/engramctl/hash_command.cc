@@ -1,5 +1,6 @@
 // engramctl hash: prints the absolute Engram row ids that token ids hash to, per position and
 // head, as the daemon would gather them (text, or JSON with a schema_version).
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -136,18 +137,25 @@ void PrintHashJson(const HashArgs& args, const engram::NgramHasher& hasher, cons
   std::cout << out.dump() << "\n";
 }
 
+// Per position a line of its token and compressed id, then its rows in head order, as many to
+// a line as fit 80 columns in right-aligned columns (24 ids of 9 digits would not fit one).
 void PrintHashText(const HashArgs& args, const HashedRows& h) {
+  constexpr size_t kColumns = 80, kIndent = 4;
+  const size_t digits = std::to_string(h.row_range.second).size();
+  const size_t per_line = std::max<size_t>(1, (kColumns - kIndent + 1) / (digits + 1));
   std::printf("# layer %u, heads [%u, %u), rows [%llu, %llu), %s ids\n", args.layer, h.heads.begin,
               h.heads.end, static_cast<unsigned long long>(h.row_range.first),
               static_cast<unsigned long long>(h.row_range.second),
               args.compressed ? "compressed" : "tokenizer");
-  std::printf("# position token compressed: row per head\n");
+  std::printf("# position token compressed, then the row of each head, %zu to a line\n", per_line);
   for (size_t t = 0; t < args.tokens.size(); ++t) {
-    std::printf("%zu %d %d:", t, args.tokens[t], h.compressed[t]);
+    std::printf("%zu %d %d\n", t, args.tokens[t], h.compressed[t]);
     for (uint32_t k = 0; k < h.heads.size(); ++k) {
-      std::printf(" %llu", static_cast<unsigned long long>(h.rows[t * h.heads.size() + k]));
+      std::printf("%s%*llu", k % per_line == 0 ? std::string(kIndent - 1, ' ').c_str() : "",
+                  static_cast<int>(digits) + 1,
+                  static_cast<unsigned long long>(h.rows[t * h.heads.size() + k]));
+      if (k % per_line == per_line - 1 || k + 1 == h.heads.size()) std::printf("\n");
     }
-    std::printf("\n");
   }
 }
 

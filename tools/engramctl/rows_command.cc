@@ -97,13 +97,15 @@ int WriteRows(const RowsOptions& o, const uint8_t* bytes) {
   return kExitRunning;
 }
 
-// One row as text: 256 dequantised values, 8 a line, or its bytes in hex, 32 a line.
+// One row as text: 256 dequantised values, 8 a line to 3 significant digits in columns 9 wide
+// (80 columns; an FP8 value holds fewer digits than that, and --json prints them in full), or
+// its bytes in hex, 32 a line.
 void PrintRowText(const RowsOptions& o, uint64_t row_id, const std::vector<double>& values,
                   const std::string& hex) {
   printf("layer %u row %lu:\n", o.table, row_id);
   if (o.dequant) {
     for (int v = 0; v < 256; ++v) {
-      printf("%s%g", v % 8 == 0 ? "  " : " ", values[v]);
+      printf(" %9.3g", values[v]);
       if (v % 8 == 7) printf("\n");
     }
   } else {

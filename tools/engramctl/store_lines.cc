@@ -7,6 +7,7 @@
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
 #include "tools/engramctl/counter_lines.h"
+#include "tools/engramctl/text_table.h"
 
 namespace engramctl {
 namespace {
@@ -26,34 +27,37 @@ void PrintStoreStatus(const json& reply) {
   if (reply.contains("prefetch") && reply["prefetch"].is_object()) {
     const json& p = reply["prefetch"];
     if (Num(p, "requested_rows") + Num(p, "dropped_rows") != 0) {
-      printf("  prefetch %lu rows queued now, %lu fetched, %lu dropped, %lu used by gathers\n",
-             Num(p, "queue_rows"), Num(p, "fetched_rows"), Num(p, "dropped_rows"),
-             Num(p, "used_rows"));
+      PrintLine(absl::StrFormat(
+          "  prefetch %lu rows queued now, %lu fetched, %lu dropped, %lu used by gathers",
+          Num(p, "queue_rows"), Num(p, "fetched_rows"), Num(p, "dropped_rows"),
+          Num(p, "used_rows")));
     }
   }
   if (!reply.contains("store") || !reply["store"].is_object()) return;
   const json& s = reply["store"];
-  printf("  row store %s of %s%s, hit rate %.1f%%, all-hit requests %.1f%%\n",
-         Bytes(double(Num(s, "store_bytes"))).c_str(),
-         Num(s, "budget_bytes") == 0
-             ? "no budget"
-             : ("its share of the budget, " + Bytes(double(Num(s, "budget_bytes")))).c_str(),
-         s.value("loading", false) ? " (resident tables loading)" : "", 100 * Frac(s, "hit_rate"),
-         100 * Frac(s, "all_hit_fraction"));
+  PrintLine(absl::StrFormat(
+      "  row store %s of %s%s, hit rate %.1f%%, all-hit requests %.1f%%",
+      Bytes(double(Num(s, "store_bytes"))).c_str(),
+      Num(s, "budget_bytes") == 0
+          ? "no budget"
+          : ("its share of the budget, " + Bytes(double(Num(s, "budget_bytes")))).c_str(),
+      s.value("loading", false) ? " (resident tables loading)" : "", 100 * Frac(s, "hit_rate"),
+      100 * Frac(s, "all_hit_fraction")));
   if (s.contains("cache") && s["cache"].is_object()) {
     const json& c = s["cache"];
-    printf("  row cache, hit rate %.1f%%%s:\n", 100 * Frac(c, "hit_rate"),
-           Num(c, "capacity_rows") < Num(c, "configured_rows")
-               ? absl::StrFormat(" (shrunk from %lu rows by memory pressure)",
-                                 Num(c, "configured_rows"))
-                     .c_str()
-               : "");
+    PrintLine(absl::StrFormat("  row cache, hit rate %.1f%%%s:", 100 * Frac(c, "hit_rate"),
+                              Num(c, "capacity_rows") < Num(c, "configured_rows")
+                                  ? absl::StrFormat(" (shrunk from %lu rows by memory pressure)",
+                                                    Num(c, "configured_rows"))
+                                        .c_str()
+                                  : ""));
     fputs(CounterLines(RowCacheCounters(), c, nullptr, 0, "    ").c_str(), stdout);
   }
   if (s.contains("misses") && s["misses"].is_object()) {
     const json& m = s["misses"];
-    printf("  miss queue, depth %lu, device read rate %.0f rows/s, %lu rows read:\n",
-           Num(m, "depth"), Frac(m, "read_rate_per_s"), Num(m, "completed_reads"));
+    PrintLine(absl::StrFormat(
+        "  miss queue, depth %lu, device read rate %.0f rows/s, %lu rows read:", Num(m, "depth"),
+        Frac(m, "read_rate_per_s"), Num(m, "completed_reads")));
     if (m.contains("classes") && m["classes"].is_object()) {
       for (const char* name : {"decode", "prefill", "prefetch"}) {
         if (!m["classes"].contains(name)) continue;
@@ -67,17 +71,18 @@ void PrintStoreStatus(const json& reply) {
 
 void PrintStoreTableStats(const json& t) {
   if (Num(t, "prefetch_requested_rows") + Num(t, "prefetch_dropped_rows") != 0) {
-    printf(
-        "  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu dropped, %lu failed; "
-        "%lu prefetched rows used by gathers\n",
-        Num(t, "prefetch_requested_rows"), Num(t, "prefetch_fetched_rows"),
-        Num(t, "prefetch_held_rows"), Num(t, "prefetch_dropped_rows"),
-        Num(t, "prefetch_failed_rows"), Num(t, "prefetch_used_rows"));
+    PrintLine(
+        absl::StrFormat("  prefetch: %lu rows queued, %lu fetched, %lu already held, %lu "
+                        "dropped, %lu failed; "
+                        "%lu prefetched rows used by gathers",
+                        Num(t, "prefetch_requested_rows"), Num(t, "prefetch_fetched_rows"),
+                        Num(t, "prefetch_held_rows"), Num(t, "prefetch_dropped_rows"),
+                        Num(t, "prefetch_failed_rows"), Num(t, "prefetch_used_rows")));
   }
   if (!t.contains("store_requests")) return;
-  printf("  tier %s: %.1f%% of rows from memory, %.1f%% of requests all hits\n",
-         t.value("tier", "?").c_str(), 100 * Frac(t, "store_hit_rate"),
-         100 * Frac(t, "store_all_hit_fraction"));
+  PrintLine(absl::StrFormat("  tier %s: %.1f%% of rows from memory, %.1f%% of requests all hits",
+                            t.value("tier", "?").c_str(), 100 * Frac(t, "store_hit_rate"),
+                            100 * Frac(t, "store_all_hit_fraction")));
   fputs(CounterLines(StoreTableCounters(), t, nullptr, 0, "    ").c_str(), stdout);
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "absl/strings/str_format.h"
 
@@ -96,6 +97,43 @@ std::string TextTable::Render(size_t width) const {
   }
   return out;
 }
+
+std::string ItemLines(const std::string& indent, const std::vector<std::string>& items,
+                      size_t width) {
+  std::string out, line = indent;
+  bool first = true;
+  for (const std::string& item : items) {
+    if (!first && TextWidth(line) + 2 + TextWidth(item) + 1 > width) {
+      out += line + ",\n";
+      line = indent + "  " + item;
+    } else {
+      line += (first ? "" : ", ") + item;
+    }
+    first = false;
+  }
+  return out + line + "\n";
+}
+
+std::string WrapLine(const std::string& line, size_t width) {
+  const size_t indent = std::min(line.find_first_not_of(' '), line.size());
+  std::string out, current = line.substr(0, indent);
+  size_t words_on_line = 0;
+  for (size_t at = indent; at < line.size();) {
+    const size_t end = std::min(line.find(' ', at), line.size());
+    const std::string word = line.substr(at, end - at);
+    if (words_on_line > 0 && TextWidth(current) + 1 + TextWidth(word) > width) {
+      out += current + "\n";
+      current = std::string(indent + 2, ' ');
+      words_on_line = 0;
+    }
+    current += (words_on_line > 0 ? " " : "") + word;
+    ++words_on_line;
+    at = end + 1;
+  }
+  return out + current + "\n";
+}
+
+void PrintLine(const std::string& line) { fputs(WrapLine(line).c_str(), stdout); }
 
 std::string Bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

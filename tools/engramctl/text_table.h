@@ -52,6 +52,19 @@ std::string Bytes(double bytes);
 // "0:42", "12:05", "2:03:10"; "-" when unknown (negative or not finite).
 std::string Clock(double seconds);
 
+// `items` joined by ", " after `indent`, a line broken after a comma where the next item would
+// pass `width` (the further lines indented two more), ending in a newline: "  reads 12 (io_uring
+// 3, ...), 1.5 GiB read,\n    40 syscalls\n". An item wider than the line stays whole.
+std::string ItemLines(const std::string& indent, const std::vector<std::string>& items,
+                      size_t width = kTerminalColumns);
+
+// `line` (without its newline) broken at spaces where it would pass `width`, the further lines
+// indented two more than its own leading spaces; each line ends in a newline. A word wider than
+// a line stays whole.
+std::string WrapLine(const std::string& line, size_t width = kTerminalColumns);
+// Prints WrapLine(line) to stdout.
+void PrintLine(const std::string& line);
+
 // One line of a long operation's progress on a terminal, at most `width` characters:
 // "load layer 14 [#####     ]  45.0% 1.2 GiB of 2.6 GiB, 310.5 MiB/s, ETA 0:05". `done` and
 // `total` are the bytes done and to do in all; the rate (and so the ETA) counts only the

@@ -20,10 +20,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cli/command_line.h"
 #include "engram/engram.h"
 #include "tables/table.h"
 #include "testkit/synthetic.h"
@@ -294,7 +296,7 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Replays decode- and prefill-like gathers against engramd, checking every byte"};
   AddOptions(app, o);
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> done = engram::cli::Parse(app, argc, argv)) return *done;
 
   auto* shared = static_cast<Shared*>(
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
