@@ -130,6 +130,8 @@ int Main(ServeOptions& o) {
 namespace engram::bench::serve {
 namespace {
 
+void AddPlatformOptions(CLI::App& app, PlatformInputs& in);
+
 void AddOptions(CLI::App& app, ServeOptions& o) {
   app.add_option("--platform", o.platform,
                  "h200 (the H200 floors) or gb10 (a DGX Spark's step "
@@ -180,29 +182,6 @@ void AddOptions(CLI::App& app, ServeOptions& o) {
                  "each table gets ~24x this many rows")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1000}, uint64_t{16'000'000}));
-  app.add_option("--layer-weight-gb", o.inputs.layer_weight_gb,
-                 "h200: weight GB a decode "
-                 "layer reads per TP4 rank")
-      ->capture_default_str();
-  app.add_option("--hbm-tbs", o.inputs.hbm_tbs, "h200: HBM peak (TB/s)")->capture_default_str();
-  app.add_option("--layer-active-mparams", o.inputs.layer_active_mparams,
-                 "Active parameters "
-                 "(M) per token, layer and TP4 rank")
-      ->capture_default_str();
-  app.add_option("--fp8-tflops", o.inputs.fp8_tflops, "h200: FP8 dense peak")
-      ->capture_default_str();
-  app.add_option("--gb10-decode-step-ms", o.inputs.gb10_decode_step_ms,
-                 "gb10: a 16-sequence "
-                 "decode step (field: 63-71 ms)")
-      ->capture_default_str();
-  app.add_option("--gb10-fp8-tflops", o.inputs.gb10_fp8_tflops,
-                 "gb10: FP8 dense peak of the "
-                 "prefill floor")
-      ->capture_default_str();
-  app.add_option("--gb10-prefill-tok-s", o.inputs.gb10_prefill_tok_s,
-                 "gb10: a measured "
-                 "prefill rate instead of the floor (tokens/s)")
-      ->capture_default_str();
   app.add_option("--cache-fraction", o.cache_fraction,
                  "The cache tier's budget as a fraction of the rank's rows (default: h200 0.5, "
                  "gb10 a Spark's 0.085)")
@@ -210,6 +189,33 @@ void AddOptions(CLI::App& app, ServeOptions& o) {
   app.add_flag("--smoke", o.smoke,
                "CPU only: the scheduler and figures on modelled iteration "
                "times");
+  AddPlatformOptions(app, o.inputs);
+}
+
+// The figures the platforms' stand-in layers are derived from.
+void AddPlatformOptions(CLI::App& app, PlatformInputs& in) {
+  app.add_option("--layer-weight-gb", in.layer_weight_gb,
+                 "h200: weight GB a decode "
+                 "layer reads per TP4 rank")
+      ->capture_default_str();
+  app.add_option("--hbm-tbs", in.hbm_tbs, "h200: HBM peak (TB/s)")->capture_default_str();
+  app.add_option("--layer-active-mparams", in.layer_active_mparams,
+                 "Active parameters "
+                 "(M) per token, layer and TP4 rank")
+      ->capture_default_str();
+  app.add_option("--fp8-tflops", in.fp8_tflops, "h200: FP8 dense peak")->capture_default_str();
+  app.add_option("--gb10-decode-step-ms", in.gb10_decode_step_ms,
+                 "gb10: a 16-sequence "
+                 "decode step (field: 63-71 ms)")
+      ->capture_default_str();
+  app.add_option("--gb10-fp8-tflops", in.gb10_fp8_tflops,
+                 "gb10: FP8 dense peak of the "
+                 "prefill floor")
+      ->capture_default_str();
+  app.add_option("--gb10-prefill-tok-s", in.gb10_prefill_tok_s,
+                 "gb10: a measured "
+                 "prefill rate instead of the floor (tokens/s)")
+      ->capture_default_str();
 }
 
 }  // namespace
