@@ -5,10 +5,11 @@
 #   tools/gpu-bundle.sh            # here: build and gather
 #   bash .gpu-bundle/run.sh        # there: run the GPU tests (add --bench for the benchmark)
 #   bash .gpu-bundle/run.sh --model-step [ARGS]   # there: only engram-model-step (bench/model)
+#   bash .gpu-bundle/run.sh --serve --platform h200|gb10 [ARGS]  # there: engram-serve (bench/serve)
 #   bash .gpu-bundle/run.sh --spark-targets [--quick] # there: the DGX Spark row-cache targets
 #                                                     # (bench/spark-targets.sh; no GPU needed)
 # A token trace from tools/trace (ENGRAM_TRACE, default /var/tmp/debian-doc.trace) goes into the
-# bundle when it exists, as trace.bin, for engram-model-step --trace.
+# bundle when it exists, as trace.bin, for engram-model-step's and engram-serve's --trace.
 # glibc, libstdc++/libgcc_s (the target's are newer) and the NVIDIA driver (libcuda) are left to
 # the target machine; everything else ldd lists (Abseil, fmt, libcudart, ...) is copied.
 set -euo pipefail
@@ -24,12 +25,15 @@ targets=(tests/gpu/gpu_dequant_ref_test tests/gpu/gpu_register_test tests/gpu/gp
          tools/tables/engram-synth bench/gpu/gpu_dequant_bench bench/gpu/gpu_step_bench
          bench/gpu/gpu_cache_bench
          bench/daemon/engram-ranks bench/store/engram-resident-bench
-         bench/model/engram-model-step
+         bench/model/engram-model-step bench/serve/engram-serve
          bench/store/engram-miss-cpu bench/store/engram-trace-replay tools/engramctl/engramctl)
 # ENGRAM_BUNDLE_MODEL_STEP_ONLY=1: only engramd and engram-model-step (a bundle for
 # `run.sh --model-step`, built in a fraction of the time; the GPU tests are not in it).
+# ENGRAM_BUNDLE_SERVE_ONLY=1: engramd, engram-model-step and engram-serve (`run.sh --serve`).
+if [[ -n "${ENGRAM_BUNDLE_SERVE_ONLY:-}" ]]; then ENGRAM_BUNDLE_MODEL_STEP_ONLY=1; fi
 if [[ -n "${ENGRAM_BUNDLE_MODEL_STEP_ONLY:-}" ]]; then
   targets=(daemon/engramd bench/model/engram-model-step)
+  if [[ -n "${ENGRAM_BUNDLE_SERVE_ONLY:-}" ]]; then targets+=(bench/serve/engram-serve); fi
   ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}"
 else
   ninja -C "$builddir" -j"${ENGRAM_JOBS:-2}" "${targets[@]}" tests/gpu/libfake_cudart.so
@@ -100,6 +104,17 @@ if [[ "${1:-}" == "--model-step" ]]; then
   fi
   echo "engram-model-step ${args[*]}"
   exec "$here/bin/engram-model-step" "${args[@]}"
+fi
+if [[ "${1:-}" == "--serve" ]]; then
+  # engram-serve (bench/serve): --platform h200 or gb10, each about 3-4 minutes with its
+  # defaults (it starts its own engramd daemons); the bundled trace unless another is named.
+  shift
+  args=("$@")
+  if [[ -f "$here/trace.bin" && " ${args[*]} " != *" --trace "* ]]; then
+    args=(--trace "$here/trace.bin" "${args[@]}")
+  fi
+  echo "engram-serve ${args[*]}"
+  exec "$here/bin/engram-serve" "${args[@]}"
 fi
 if [[ "${1:-}" == "--spark-targets" ]]; then
   # The DGX Spark row-cache targets (CPU and disk only): raw outputs under $logs/spark-targets.

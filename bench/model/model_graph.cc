@@ -177,6 +177,7 @@ void SizeStandIns(std::vector<std::unique_ptr<Shape>>& shapes, Weights& w, cudaS
   const uint32_t cal_n = 65536;
   Dev cal(size_t{kHidden} * cal_n * 2);
   CUDA_CHECK(FillBf16(cal.get<uint16_t>(), size_t{kHidden} * cal_n, 1, 0.02f, stream));
+  std::vector<uint32_t> room;  // each shape's widest second sizing
   uint32_t max_n = 128;
   for (auto& s : shapes) {
     CUDA_CHECK(FillBf16(s->x_d.get<uint16_t>(), size_t{s->tokens} * kHidden, 2, 1.0f, stream));
@@ -184,17 +185,21 @@ void SizeStandIns(std::vector<std::unique_ptr<Shape>>& shapes, Weights& w, cudaS
     const double us = TimeGemm(*s, cal, cal_n, stream);
     s->stand_n =
         std::max<uint32_t>(128, static_cast<uint32_t>(s->target_us / us * cal_n / 128) * 128);
-    max_n = std::max(max_n, s->stand_n);
+    room.push_back((s->stand_n + s->stand_n / 2 + 127) / 128 * 128);
+    max_n = std::max(max_n, room.back());
+    s->y_d = Dev();  // freed before the next shape's calibration output
   }
-  max_n = (max_n + max_n / 2 + 127) / 128 * 128;  // room for the second sizing
-  for (auto& s : shapes) s->y_d = Dev(size_t{s->tokens} * max_n * 2);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    shapes[i]->y_d = Dev(size_t{shapes[i]->tokens} * room[i] * 2);
+  }
   w.stand = Dev(size_t{kHidden} * max_n * 2);
   CUDA_CHECK(FillBf16(w.stand.get<uint16_t>(), size_t{kHidden} * max_n, 3, 0.02f, stream));
-  for (auto& s : shapes) {
-    const double us = TimeGemm(*s, w.stand, s->stand_n, stream);
-    const double n = s->stand_n * s->target_us / us;
-    s->stand_n = std::clamp<uint32_t>(static_cast<uint32_t>(n / 128) * 128, 128, max_n);
-    s->layer_us = TimeGemm(*s, w.stand, s->stand_n, stream);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Shape& s = *shapes[i];
+    const double us = TimeGemm(s, w.stand, s.stand_n, stream);
+    const double n = s.stand_n * s.target_us / us;
+    s.stand_n = std::clamp<uint32_t>(static_cast<uint32_t>(n / 128) * 128, 128, room[i]);
+    s.layer_us = TimeGemm(s, w.stand, s.stand_n, stream);
   }
 }
 

@@ -17,8 +17,8 @@
 namespace engram::bench::model_step {
 
 Engramd::Engramd(const std::string& model, const std::string& dir, const std::string& tier,
-                 uint64_t cache_bytes)
-    : process_(model, dir + "/" + tier + ".sock", Flags(tier, cache_bytes), 120'000) {
+                 uint64_t cache_bytes, const std::vector<std::string>& extra)
+    : process_(model, dir + "/" + tier + ".sock", Flags(tier, cache_bytes, extra), 120'000) {
   if (!process_.ok()) throw Failure("engramd (" + tier + " tier) did not start");
 }
 
@@ -36,13 +36,15 @@ engram_session* Engramd::Connect(uint64_t data_bytes, bool device_submit) const 
   return s;
 }
 
-std::vector<std::string> Engramd::Flags(const std::string& tier, uint64_t cache_bytes) {
+std::vector<std::string> Engramd::Flags(const std::string& tier, uint64_t cache_bytes,
+                                        const std::vector<std::string>& extra) {
   std::vector<std::string> flags = {
       "--tier", "1=" + tier, "--tier", "14=" + tier, "--max-rows-per-request", "262144"};
   if (cache_bytes > 0) {
     flags.push_back("--cache-bytes");
     flags.push_back(std::to_string(cache_bytes));
   }
+  flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
 }
 

@@ -1,5 +1,6 @@
 // engram-model-step's shared driver: the model's shape, the options, the GPU state of a step, the
-// methods' state, and the calls the run is built from.
+// methods' state, and the calls the run is built from. Its pieces (everything but the token
+// source, the measurement and the report) are the library engram-serve (bench/serve) links too.
 //
 // The benchmark is its methods (model_methods.cc: where each reads the Engram rows from) over
 // this driver: model_step_bench.cc (options and the run), model_tokens.cc (token ids),
@@ -101,8 +102,9 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed, float lo, float hi);
 // An engramd child serving the model with both tables in one tier; stopped at destruction.
 class Engramd {
  public:
+  // `extra` flags go after the tier's (engram-serve's emulated device).
   Engramd(const std::string& model, const std::string& dir, const std::string& tier,
-          uint64_t cache_bytes);
+          uint64_t cache_bytes, const std::vector<std::string>& extra = {});
   Engramd(const Engramd&) = delete;
   Engramd& operator=(const Engramd&) = delete;
   const std::string& socket() const { return process_.socket(); }
@@ -114,7 +116,8 @@ class Engramd {
  private:
   // Both tables in `tier`, requests as large as a prefill; a cache of `cache_bytes` (0: the
   // daemon's default).
-  static std::vector<std::string> Flags(const std::string& tier, uint64_t cache_bytes);
+  static std::vector<std::string> Flags(const std::string& tier, uint64_t cache_bytes,
+                                        const std::vector<std::string>& extra);
 
   EngramdProcess process_;
 };
@@ -164,11 +167,14 @@ struct Shape {
   double target_us = 0, layer_us = 0;  // a real layer's floor; the stand-in's measured time
   uint32_t stand_n = 0;
   Dev tokens_d, starts_d, history_d, x_d, y_d, hidden_d, proj_d, gated_d, normed_d, map_d;
-  Shape(std::string n, uint32_t s, uint32_t p)
+  Shape(std::string n, uint32_t s, uint32_t p) : Shape(std::move(n), s, p, s * p) {}
+  // `t` tokens in `s` sequences (engram-serve's buckets: the sequences' lengths change every
+  // iteration, the starts uploaded with the tokens); the convolution's span `p` divides t.
+  Shape(std::string n, uint32_t s, uint32_t p, uint32_t t)
       : name(std::move(n)),
         seqs(s),
         per_seq(p),
-        tokens(s * p),
+        tokens(t),
         tokens_d(tokens * 4),
         starts_d((s + 1) * 4),
         history_d(s * 3 * 4),
@@ -239,7 +245,8 @@ Streams MakeStreams();
 std::vector<std::unique_ptr<Shape>> MakeShapes(const Options& o);
 
 // Sizes each shape's stand-in GEMM to its target time: a calibration GEMM first, then once
-// more at the chosen width (several waves of blocks run faster per column than one).
+// more at the chosen width (several waves of blocks run faster per column than one). Each
+// shape's output holds its own width (and half again for the second sizing), not the widest's.
 void SizeStandIns(std::vector<std::unique_ptr<Shape>>& shapes, Weights& w, cudaStream_t stream);
 
 // The Engram layers' weights, and each shape's fixed inputs (sequence starts, slot map, hidden).
