@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "base/log.h"
 #include "cli/command_line.h"
@@ -195,7 +196,11 @@ std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopte
 std::string Wrapped(const std::string& text, size_t indent) {
   std::string out(indent, ' ');
   size_t column = indent;
-  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+  // A size stays on one line with its unit ("786.7 MiB").
+  const std::string glued = absl::StrReplaceAll(text, {{" MiB", "\x01MiB"}, {" GiB", "\x01GiB"}});
+  for (absl::string_view piece : absl::StrSplit(glued, ' ', absl::SkipEmpty())) {
+    std::string word(piece);
+    std::replace(word.begin(), word.end(), '\x01', ' ');
     if (column > indent && column + 1 + word.size() > 80) {
       out += "\n" + std::string(indent + 2, ' ');
       column = indent + 2;
