@@ -57,7 +57,7 @@ struct BoundSocket {
 // the tables open (daemon/ops/starting_gate.h), then hands socket and claim over.
 absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config);
 
-// What BindClientSocket refuses, looked at without making, locking or binding anything: the
+// What BindClientSocket refuses, looked at without making or binding anything: the
 // path's length, socket.group naming no group, a socket directory that is missing and cannot be
 // made, another engramd serving on the path (SocketClaim::Check), a path that is not a socket.
 // BindClientSocket runs it first, so --check-config, which runs it alone, refuses alike, in the
