@@ -147,6 +147,7 @@ engram_table_info TableInfo(const engram_wire_table& w) {
   t.layout = w.layout;
   t.files = w.files;
   t.data_bytes = w.data_bytes;
+  t.tier = w.tier;
   return t;
 }
 

@@ -73,16 +73,34 @@ uint64_t RowCache::BookkeepingBytes(uint64_t max_slots) {
 }
 uint64_t RowCache::SlotsForBytes(uint64_t bytes) { return bytes / kSlotBytes; }
 
-absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions& options,
-                                                           MemoryBudget* budget) {
-  // The largest slot count whose slots and index fit max_bytes and what the budget has left:
-  // the cache can never grow past either, so a larger index would be memory wasted.
-  const uint64_t max_bytes =
-      budget != nullptr ? std::min(options.max_bytes, budget->available()) : options.max_bytes;
+RowCacheSizing RowCache::Size(uint64_t max_bytes) {
+  // The largest slot count whose slots and index fit max_bytes (Create takes the smaller of its
+  // size and what the budget has left): the cache can never grow past it, so a larger index
+  // would be memory wasted.
   uint64_t slots = std::min<uint64_t>(max_bytes / (kSlotBytes + 8), UINT32_MAX / 4);
   while (slots > 0 && GeometryFor(slots).region_bytes + BookkeepingBytes(slots) > max_bytes) {
     slots -= slots / 64 + 1;
   }
+  RowCacheSizing s{.max_bytes = max_bytes, .slots = slots};
+  if (slots == 0) {
+    s.unused_bytes = max_bytes;
+    return s;
+  }
+  const Geometry g = GeometryFor(slots);
+  s.row_bytes = slots * kRowBytes;
+  s.slot_header_bytes = slots * (kSlotBytes - kRowBytes);
+  s.index_bytes = g.slots_offset;
+  s.buckets = g.bucket_count;
+  s.bookkeeping_bytes = BookkeepingBytes(slots);
+  s.unused_bytes = max_bytes - g.region_bytes - s.bookkeeping_bytes;
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Create(const RowCacheOptions& options,
+                                                           MemoryBudget* budget) {
+  const uint64_t max_bytes =
+      budget != nullptr ? std::min(options.max_bytes, budget->available()) : options.max_bytes;
+  const uint64_t slots = Size(max_bytes).slots;
   if (slots == 0) {
     return absl::InvalidArgumentError(absl::StrCat("row cache: ", max_bytes,
                                                    " bytes (the smaller of its size and what the "

@@ -49,6 +49,19 @@ struct RowCacheOptions {
   uint64_t tables_identity = 0;
 };
 
+// How a row cache of at most `max_bytes` is laid out (RowCache::Size): the rows it holds and
+// where the rest of the bytes go, which together never exceed max_bytes.
+struct RowCacheSizing {
+  uint64_t max_bytes = 0;
+  uint64_t slots = 0;              // rows the cache holds at most
+  uint64_t row_bytes = 0;          // slots * kRowBytes: the rows themselves
+  uint64_t slot_header_bytes = 0;  // the rest of each slot: sequence, key, check, alignment
+  uint64_t index_bytes = 0;        // region header and bucket index, to a page boundary
+  uint64_t buckets = 0;            // a power of two, at least two per slot
+  uint64_t bookkeeping_bytes = 0;  // the daemon's own policy state (BookkeepingBytes)
+  uint64_t unused_bytes = 0;       // max_bytes less all the above
+};
+
 // What RowCache::Adopt kept of a region handed over and what it dropped.
 struct RowCacheAdoption {
   uint64_t kept = 0;            // rows adopted (before any shrink to the budget)
@@ -169,6 +182,9 @@ class RowCache {
   // page back in (it reads zeros: a miss). Does nothing (returns 0) while a resize runs, so a
   // caller never waits for one. Returns the bytes the region held before minus after.
   uint64_t ReleaseAboveCapacity();
+  // The largest cache whose region (header, index, slots) and bookkeeping fit `max_bytes`, as
+  // Create sizes itself: for --check-config and the start's log to say what a size holds.
+  static RowCacheSizing Size(uint64_t max_bytes);
   // Bytes accounted for `slots` slots, and the inverse.
   static uint64_t BytesForSlots(uint64_t slots);
   static uint64_t SlotsForBytes(uint64_t bytes);

@@ -48,17 +48,9 @@ absl::Status RowStore::Validate(const StoreConfig& config,
     }
   }
   MemoryBudget budget(config.store_budget_bytes());
+  if (absl::Status s = ReserveResident(config, tables, &budget); !s.ok()) return s;
   bool any_cache = false;
-  for (const auto& t : tables) {
-    const Tier tier = config.TierOf(t->layer_id());
-    any_cache |= tier == Tier::kCache;
-    if (tier != Tier::kResident) continue;
-    // The largest size the resident copy can take (rounded up to a 2 MiB page).
-    const uint64_t bytes = (t->data_bytes() + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
-    if (absl::Status s = budget.Reserve(bytes, "resident copy of " + t->Describe()); !s.ok()) {
-      return s;
-    }
-  }
+  for (const auto& t : tables) any_cache |= config.TierOf(t->layer_id()) == Tier::kCache;
   if (any_cache && config.cache_bytes == 0 && !budget.bounded()) {
     return absl::InvalidArgumentError(
         "a table uses the cache tier but neither [memory] cache nor [memory] budget is set: the "
@@ -69,6 +61,20 @@ absl::Status RowStore::Validate(const StoreConfig& config,
         "the resident tables leave %u bytes of the row store's %u-byte share of [memory] budget "
         "to the row cache",
         budget.available(), budget.budget()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RowStore::ReserveResident(const StoreConfig& config,
+                                       const std::vector<std::unique_ptr<Table>>& tables,
+                                       MemoryBudget* budget) {
+  for (const auto& t : tables) {
+    if (config.TierOf(t->layer_id()) != Tier::kResident) continue;
+    // The largest size the resident copy can take (rounded up to a 2 MiB page).
+    const uint64_t bytes = (t->data_bytes() + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
+    if (absl::Status s = budget->Reserve(bytes, "resident copy of " + t->Describe()); !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }
@@ -100,6 +106,14 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
   }
   if (any_cache) {
     uint64_t bytes = config.cache_bytes != 0 ? config.cache_bytes : store->budget_.available();
+    // What RowCache::Create sizes itself to: said before it allocates.
+    const RowCacheSizing sizing = RowCache::Size(
+        store->budget_.bounded() ? std::min(bytes, store->budget_.available()) : bytes);
+    std::vector<const Table*> cached;
+    for (const auto& ts : store->states_) {
+      if (ts->tier == Tier::kCache) cached.push_back(ts->table);
+    }
+    store->notice_(DescribeCache(sizing, config, cached));
     auto cache = store->MakeCache(bytes, handoff);
     if (!cache.ok()) return cache.status();
     store->cache_ = std::move(*cache);

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,6 +86,19 @@ class RowStore {
   // engramd --check-config. InvalidArgument / ResourceExhausted naming the table or key.
   static absl::Status Validate(const StoreConfig& config,
                                const std::vector<std::unique_ptr<Table>>& tables);
+
+  // The row cache Create would make for these settings: RowCache::Size of [memory] cache, or of
+  // what the store's share of the budget leaves after the resident tables (the smaller when
+  // both bound it); nullopt when no table is of the cache tier or Validate refuses. For
+  // engramd --check-config; Create logs the same line of the cache it makes (DescribeCache).
+  static std::optional<RowCacheSizing> PlanCache(const StoreConfig& config,
+                                                 const std::vector<std::unique_ptr<Table>>& tables);
+  // For people: how many rows `sizing` holds, of which cache-tier tables (`cached`, with the
+  // share of their rows that fits), and why that is less than asked: each slot's header, the
+  // index, the daemon's bookkeeping, what the budget left. "row cache: 12.00 GiB ([memory]
+  // cache) holds 29840000 rows of 264 bytes (7.34 GiB of rows), 14.9 % of layer 14's ...".
+  static std::string DescribeCache(const RowCacheSizing& sizing, const StoreConfig& config,
+                                   const std::vector<const Table*>& cached);
 
   // Reserves the resident tables' memory and the cache from the budget (ResourceExhausted
   // naming the table when it does not fit) and creates them empty. `tables` and `engine` must
@@ -200,6 +214,11 @@ class RowStore {
   // The row cache of `bytes`: adopted from handoff->fd where it can be, else created empty
   // (row_store_handoff.cc).
   absl::StatusOr<std::unique_ptr<RowCache>> MakeCache(uint64_t bytes, CacheHandoff* handoff);
+  // Reserves each resident table's largest size (rounded up to a 2 MiB page) from `budget`, as
+  // Validate and PlanCache count them; ResourceExhausted naming the table that does not fit.
+  static absl::Status ReserveResident(const StoreConfig& config,
+                                      const std::vector<std::unique_ptr<Table>>& tables,
+                                      MemoryBudget* budget);
   // Reads every row of an adopted cache from its table file and drops each that differs
   // (row_store_handoff.cc). An error (a read failed) leaves rows unproven: the caller discards.
   absl::Status ProveAdoptedRows(RowCache& cache, RowCacheProof* ret_proof);

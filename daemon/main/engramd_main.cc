@@ -14,8 +14,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "base/log.h"
 #include "cli/command_line.h"
 #include "daemon/ops/cgroup_memory.h"
@@ -24,6 +27,7 @@
 #include "daemon/ops/control.h"
 #include "daemon/ops/fd_store.h"
 #include "daemon/ops/notify.h"
+#include "daemon/ops/start_checks.h"
 #include "daemon/ops/starting_gate.h"
 #include "daemon/server/hot_set.h"
 #include "daemon/server/server.h"
@@ -187,15 +191,42 @@ std::unique_ptr<HotSetWarmer> MakeWarmer(const ServerConfig& config, bool adopte
   return std::make_unique<HotSetWarmer>(std::move(*keys));
 }
 
-// --check-config: the files of the row cache a start would read (the PSI file, the hot set),
-// read as the start reads them and reported in its words.
+// `text` wrapped to 80 columns for --check-config's listing, each line after the first indented
+// by `indent` + 2.
+std::string Wrapped(const std::string& text, size_t indent) {
+  std::string out(indent, ' ');
+  size_t column = indent;
+  // A size stays on one line with its unit ("786.7 MiB").
+  const std::string glued = absl::StrReplaceAll(text, {{" MiB", "\x01MiB"}, {" GiB", "\x01GiB"}});
+  for (absl::string_view piece : absl::StrSplit(glued, ' ', absl::SkipEmpty())) {
+    std::string word(piece);
+    std::replace(word.begin(), word.end(), '\x01', ' ');
+    if (column > indent && column + 1 + word.size() > 80) {
+      out += "\n" + std::string(indent + 2, ' ');
+      column = indent + 2;
+    } else if (column > indent) {
+      out += ' ';
+      ++column;
+    }
+    absl::StrAppend(&out, word);
+    column += word.size();
+  }
+  return out;
+}
+
+// --check-config: the row cache a start would make (RowStore::PlanCache, the cache's own sizing)
+// and the files of it a start would read (the PSI file, the hot set), read as the start reads
+// them and reported in its words.
 void CheckCacheFiles(const DaemonSettings& settings,
                      const std::vector<std::unique_ptr<Table>>& tables) {
   const StoreConfig& store = settings.store;
-  if (std::none_of(tables.begin(), tables.end(),
-                   [&](const auto& t) { return store.TierOf(t->layer_id()) == Tier::kCache; })) {
-    return;
+  std::optional<RowCacheSizing> plan = RowStore::PlanCache(store, tables);
+  if (!plan) return;
+  std::vector<const Table*> cached;
+  for (const auto& t : tables) {
+    if (store.TierOf(t->layer_id()) == Tier::kCache) cached.push_back(t.get());
   }
+  printf("%s\n", Wrapped(RowStore::DescribeCache(*plan, store, cached), 2).c_str());
   if (store.pressure) {
     absl::StatusOr<std::string> psi = store.pressure_file.empty()
                                           ? FindMemoryPressureFile()
@@ -203,7 +234,7 @@ void CheckCacheFiles(const DaemonSettings& settings,
     absl::Status s = psi.ok() ? CheckPressureFile(*psi) : psi.status();
     if (s.ok()) {
       printf("  row cache follows memory pressure from %s\n", psi->c_str());
-    } else {
+    } else if (store.pressure_file.empty()) {  // a file named in the settings: StartWarnings
       log::Notice("row cache keeps its size under memory pressure: {}", std::string(s.message()));
     }
   }
@@ -213,6 +244,22 @@ void CheckCacheFiles(const DaemonSettings& settings,
     printf("  hot set: %zu rows in %s, warmed after a start that does not keep the row cache\n",
            keys->size(), hot.c_str());
   }
+}
+
+// --check-config: what a start would refuse or warn of, found by the functions the start runs,
+// in the same order and words (the socket, the metrics port, the tables and the row store, the
+// files the settings name), then what it would serve. Exits 1 where the start would.
+int CheckConfig(const DaemonSettings& settings, const std::vector<std::string>& files) {
+  if (absl::Status s = CheckClientSocket(settings.server); !s.ok()) return Fail(s);
+  if (std::optional<std::string> port = CheckMetricsPort(settings.metrics)) {
+    log::Warning("{}", *port);
+  }
+  absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(settings);
+  if (!opened.ok()) return Fail(opened.status());
+  for (const std::string& w : StartWarnings(settings, *opened)) log::Warning("{}", w);
+  PrintCheckedConfig(settings.server, settings.store, files, *opened);
+  CheckCacheFiles(settings, *opened);
+  return 0;
 }
 
 // A SIGTERM or SIGINT came while starting: engramd stops, as it would once serving.
@@ -323,7 +370,9 @@ int Serve(const ConfigSources& sources, DaemonSettings* settings,
   absl::StatusOr<std::unique_ptr<GatherEngine>> engine = StartEngine(*settings);
   if (!engine.ok()) return Fail(engine.status());
   if (gate.stop_requested()) return StoppedWhileStarting();
-  const StoreConfig store_config = settings->store;  // a SIGHUP replaces *settings
+  StoreConfig store_config = settings->store;  // a SIGHUP replaces *settings
+  // Start warned that the PSI file named cannot be read: the store would say so again.
+  if (PressureFileWarned(*settings, tables)) store_config.pressure = false;
   bool use_store = false;
   for (const auto& t : tables) {
     const Tier tier = store_config.TierOf(t->layer_id());
@@ -415,6 +464,7 @@ int Start(const ConfigSources& sources, DaemonSettings* settings) {
       absl::StrFormat("opening and validating %u table source(s)", config.sources.size()));
   absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(*settings);
   if (!opened.ok()) return Fail(opened.status());
+  for (const std::string& w : StartWarnings(*settings, *opened)) log::Warning("{}", w);
   if ((*gate)->stop_requested()) return StoppedWhileStarting();
   return Serve(sources, settings, std::move(*opened), **gate, std::move(passed.row_cache));
 }
@@ -461,13 +511,7 @@ int Main(int argc, char** argv) {
     log::Info("configuration read from {}", absl::StrJoin(config_files, ", "));
   }
   BlockSignals();
-  if (check_config) {
-    absl::StatusOr<std::vector<std::unique_ptr<Table>>> opened = OpenChecked(settings);
-    if (!opened.ok()) return Fail(opened.status());
-    PrintCheckedConfig(settings.server, settings.store, config_files, *opened);
-    CheckCacheFiles(settings, *opened);
-    return 0;
-  }
+  if (check_config) return CheckConfig(settings, config_files);
   return Start(sources, &settings);
 }
 

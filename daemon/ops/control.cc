@@ -17,6 +17,7 @@
 #include "base/escape.h"
 #include "daemon/ops/control_commands.h"
 #include "daemon/ops/metrics_text.h"
+#include "daemon/ops/start_checks.h"
 #include "protocol/codec.h"
 
 namespace engram {
@@ -280,7 +281,7 @@ void Control::Start() {
       http_ = std::move(*l);
       log::Info("metrics on http://{}:{}/metrics", metrics.http_address, http_->port());
     } else {
-      log::Error("{}; serving without the metrics port", std::string(l.status().message()));
+      log::Warning("{}", WithoutMetricsPort(l.status()));
     }
   }
   watchdog_.Start();

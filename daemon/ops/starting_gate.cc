@@ -16,6 +16,7 @@
 #include "base/escape.h"
 #include "base/log.h"
 #include "daemon/ops/notify.h"
+#include "daemon/ops/start_checks.h"
 #include "engram/protocol.h"
 #include "protocol/codec.h"
 
@@ -63,7 +64,7 @@ absl::StatusOr<std::unique_ptr<StartingGate>> StartingGate::Open(UniqueFd listen
       log::Info("metrics on http://{}:{}/metrics (/healthz: 503 until engramd serves)",
                 metrics.http_address, gate->http_->port());
     } else {
-      log::Error("{}; serving without the metrics port", std::string(l.status().message()));
+      log::Warning("{}", WithoutMetricsPort(l.status()));
     }
   }
   gate->thread_ = std::thread([g = gate.get()] { g->Loop(); });

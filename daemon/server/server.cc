@@ -25,6 +25,19 @@ namespace {
 // How often the table files are re-stat'ed (TableWatch::Recheck) besides leases and inotify.
 constexpr uint64_t kRecheckNs = 1'000'000'000;
 
+// A tier as engram_wire_table carries it (ENGRAM_TABLE_TIER_*).
+uint32_t WireTier(Tier tier) {
+  switch (tier) {
+    case Tier::kStorage:
+      return ENGRAM_TABLE_TIER_STORAGE;
+    case Tier::kResident:
+      return ENGRAM_TABLE_TIER_RESIDENT;
+    case Tier::kCache:
+      return ENGRAM_TABLE_TIER_CACHE;
+  }
+  return ENGRAM_TABLE_TIER_UNKNOWN;
+}
+
 }  // namespace
 
 Server::Server() : pending_(kMaxPendingHandshakes, kMaxPendingHandshakesPerUid) {}
@@ -392,6 +405,7 @@ void Server::SendTables(Session& session, uint32_t request_id) {
     w.layout = t.layout() == TableLayout::kPacked ? ENGRAM_LAYOUT_PACKED : ENGRAM_LAYOUT_CHECKPOINT;
     w.files = static_cast<uint32_t>(t.files().size());
     w.data_bytes = t.data_bytes();
+    w.tier = WireTier(store_ != nullptr ? store_->TierOf(&t) : Tier::kStorage);
     memcpy(out.data() + sizeof(head) + i * sizeof(w), &w, sizeof(w));
   }
   SendBytes(session.socket_fd(), out.data(), out.size());

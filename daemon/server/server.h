@@ -57,6 +57,13 @@ struct BoundSocket {
 // the tables open (daemon/ops/starting_gate.h), then hands socket and claim over.
 absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config);
 
+// What BindClientSocket refuses, looked at without making or binding anything: the
+// path's length, socket.group naming no group, a socket directory that is missing and cannot be
+// made, another engramd serving on the path (SocketClaim::Check), a path that is not a socket.
+// BindClientSocket runs it first, so --check-config, which runs it alone, refuses alike, in the
+// same words. May take 2 s while something answers on the path (it may be stopping).
+absl::Status CheckClientSocket(const ServerConfig& config);
+
 class Server : public ServerView {
  public:
   // The control plane (control requests, metrics, systemd notifications, reloads) over the

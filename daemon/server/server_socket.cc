@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "daemon/server/server.h"
@@ -34,23 +35,52 @@ absl::Status CheckActivatedSocket(int fd) {
 // stop's own steps after the drain (the last metrics, the hot set).
 constexpr uint64_t kClaimWaitSlackNs = 30'000'000'000;
 
-// Makes the socket's directory if it is missing.
-absl::Status PrepareSocketDirectory(const std::string& path) {
+// The socket's directory: "" for a path without one.
+std::string SocketDirectory(const std::string& path) {
   const size_t slash = path.rfind('/');
-  if (slash == std::string::npos || slash == 0) return absl::OkStatus();
-  const std::string dir = path.substr(0, slash);
+  return slash == std::string::npos || slash == 0 ? std::string() : path.substr(0, slash);
+}
+
+absl::Status CannotCreateDirectory(const std::string& dir, int err) {
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "socket directory '%s' does not exist and cannot be created: %s", dir, strerror(err)));
+}
+
+// Whether the socket's directory exists, or can be made (its parent a directory this process may
+// write): what PrepareSocketDirectory needs, looked at without making anything.
+absl::Status CheckSocketDirectory(const std::string& path) {
+  const std::string dir = SocketDirectory(path);
+  if (dir.empty()) return absl::OkStatus();
   struct stat st;
-  if (stat(dir.c_str(), &st) < 0 && (errno != ENOENT || mkdir(dir.c_str(), 0755) < 0)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "socket directory '%s' does not exist and cannot be created: %s", dir, strerror(errno)));
+  if (stat(dir.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrFormat("socket directory '%s' is not a directory", dir));
+  }
+  if (errno != ENOENT) return CannotCreateDirectory(dir, errno);
+  const size_t slash = dir.rfind('/');
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : dir.substr(0, slash);
+  if (stat(parent.c_str(), &st) != 0) return CannotCreateDirectory(dir, errno);
+  if (!S_ISDIR(st.st_mode)) return CannotCreateDirectory(dir, ENOTDIR);
+  if (faccessat(AT_FDCWD, parent.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
+    return CannotCreateDirectory(dir, errno);
   }
   return absl::OkStatus();
 }
 
-// Clears a stale socket a dead daemon left at `path`; refuses a path that is not a socket or
-// where something answers (an engramd that took no claim, or systemd's socket). Runs under the
-// path's SocketClaim: no other engramd changes the path between this check and the bind.
-absl::Status ClearStaleSocket(const std::string& path) {
+// Makes the socket's directory if it is missing (CheckSocketDirectory said it can).
+absl::Status PrepareSocketDirectory(const std::string& path) {
+  const std::string dir = SocketDirectory(path);
+  if (dir.empty()) return absl::OkStatus();
+  if (mkdir(dir.c_str(), 0755) < 0 && errno != EEXIST) return CannotCreateDirectory(dir, errno);
+  return absl::OkStatus();
+}
+
+// Refuses a path that is not a socket or where something answers (an engramd that took no claim,
+// or systemd's socket); a socket nobody answers on is stale (a daemon that died).
+absl::Status CheckStaleSocket(const std::string& path) {
   struct stat st;
   if (lstat(path.c_str(), &st) != 0) return absl::OkStatus();
   if (!S_ISSOCK(st.st_mode)) {
@@ -61,23 +91,37 @@ absl::Status ClearStaleSocket(const std::string& path) {
     return absl::AlreadyExistsError(
         absl::StrFormat("another engramd is serving on '%s'; stop it first", path));
   }
-  unlink(path.c_str());  // a stale socket of a daemon that died
   return absl::OkStatus();
 }
 
-// socket.mode and socket.group on the bound socket.
-absl::Status SetSocketAccess(const std::string& path, mode_t mode, const std::string& group_name) {
-  if (chmod(path.c_str(), mode) < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("cannot set mode %04o on '%s': %s", mode, path, strerror(errno)));
-  }
-  if (group_name.empty()) return absl::OkStatus();
+// Clears a stale socket a dead daemon left at `path`, as CheckStaleSocket allows. Runs under the
+// path's SocketClaim: no other engramd changes the path between this check and the bind.
+absl::Status ClearStaleSocket(const std::string& path) {
+  if (absl::Status s = CheckStaleSocket(path); !s.ok()) return s;
+  unlink(path.c_str());  // a stale socket of a daemon that died, or nothing
+  return absl::OkStatus();
+}
+
+// socket.group as a gid; nullopt for none (the daemon's group).
+absl::StatusOr<std::optional<gid_t>> SocketGroup(const std::string& group_name) {
+  if (group_name.empty()) return std::optional<gid_t>();
   group* g = getgrnam(group_name.c_str());
   if (g == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrFormat("socket group '%s' does not exist", group_name));
   }
-  if (chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) < 0) {
+  return std::optional<gid_t>(g->gr_gid);
+}
+
+// socket.mode and socket.group (`gid`, resolved by SocketGroup) on the bound socket.
+absl::Status SetSocketAccess(const std::string& path, mode_t mode, const std::string& group_name,
+                             std::optional<gid_t> gid) {
+  if (chmod(path.c_str(), mode) < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot set mode %04o on '%s': %s", mode, path, strerror(errno)));
+  }
+  if (!gid) return absl::OkStatus();
+  if (chown(path.c_str(), static_cast<uid_t>(-1), *gid) < 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot give '%s' to group '%s': %s", path, group_name, strerror(errno)));
   }
@@ -86,14 +130,27 @@ absl::Status SetSocketAccess(const std::string& path, mode_t mode, const std::st
 
 }  // namespace
 
-absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config) {
+absl::Status CheckClientSocket(const ServerConfig& config) {
   const std::string& path = config.socket_path;
+  if (path.empty() || path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("socket path '%s' is empty or longer than %d bytes", path,
+                        sizeof(sockaddr_un::sun_path) - 1));
+  }
+  if (absl::Status s = SocketGroup(config.socket_group).status(); !s.ok()) return s;
+  if (absl::Status s = CheckSocketDirectory(path); !s.ok()) return s;
+  if (absl::Status s = SocketClaim::Check(path); !s.ok()) return s;
+  return CheckStaleSocket(path);
+}
+
+absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config) {
+  // Everything --check-config looks at, in its words, before anything is made.
+  if (absl::Status s = CheckClientSocket(config); !s.ok()) return s;
+  const std::string& path = config.socket_path;
+  absl::StatusOr<std::optional<gid_t>> gid = SocketGroup(config.socket_group);
+  if (!gid.ok()) return gid.status();
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "socket path '%s' is empty or longer than %d bytes", path, sizeof(addr.sun_path) - 1));
-  }
   memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   if (absl::Status s = PrepareSocketDirectory(path); !s.ok()) return s;
   // A daemon still stopping on the path holds the claim until it has removed its socket: wait
@@ -113,7 +170,8 @@ absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config) {
         absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
   }
   if (absl::Status s = out.claim->Bound(); !s.ok()) return s;
-  if (absl::Status s = SetSocketAccess(path, config.socket_mode, config.socket_group); !s.ok()) {
+  if (absl::Status s = SetSocketAccess(path, config.socket_mode, config.socket_group, *gid);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = out.claim->Bound(); !s.ok()) return s;  // its mode changed its ctime

@@ -38,7 +38,59 @@ std::string HolderOf(int fd) {
   return "unknown pid";
 }
 
+std::string LockPathOf(const std::string& socket_path) { return socket_path + ".lock"; }
+
+absl::Status CannotOpenLock(const std::string& lock_path, int err) {
+  return absl::FailedPreconditionError(
+      absl::StrFormat("cannot open the socket's lock file '%s': %s", lock_path, strerror(err)));
+}
+
+// Whether the holder of the lock on `fd` serves on `socket_path`: its socket has answered every
+// look since *answered_since (0: it did not answer the last look) for kServingNs. A holder that
+// answers may have been told to stop a moment ago (a restart sends SIGTERM and starts the next
+// daemon at once): it is taken as serving only once it went on answering that long.
+absl::Status HolderServing(int fd, const std::string& socket_path, uint64_t now,
+                           uint64_t* answered_since) {
+  *answered_since =
+      SocketClaim::Answers(socket_path) ? (*answered_since != 0 ? *answered_since : now) : 0;
+  if (*answered_since == 0 || now - *answered_since < kServingNs) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrFormat(
+      "another engramd (%s) is serving on '%s'; stop it first", HolderOf(fd), socket_path));
+}
+
 }  // namespace
+
+absl::Status SocketClaim::Check(const std::string& socket_path) {
+  const std::string lock_path = LockPathOf(socket_path);
+  UniqueFd fd(open(lock_path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) {
+    if (errno != ENOENT) return CannotOpenLock(lock_path, errno);
+    // Take would create it: the directory must let it (a missing one is made first).
+    const size_t slash = lock_path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : lock_path.substr(0, slash + 1);
+    if (faccessat(AT_FDCWD, dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0 && errno != ENOENT) {
+      return CannotOpenLock(lock_path, errno);
+    }
+    return absl::OkStatus();
+  }
+  const uint64_t start = NowNs();
+  uint64_t answered_since = 0;
+  while (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("cannot lock '%s': %s", lock_path, strerror(errno)));
+    }
+    const uint64_t now = NowNs();
+    if (absl::Status s = HolderServing(fd.get(), socket_path, now, &answered_since); !s.ok()) {
+      return s;
+    }
+    // Not answering: the holder is stopping, and Take would wait for it.
+    if (answered_since == 0 || now - start > 2 * kServingNs) return absl::OkStatus();
+    usleep(kRetryNs / 1000);
+  }
+  return absl::OkStatus();  // free; the lock goes with the descriptor
+}
 
 bool SocketClaim::Answers(const std::string& socket_path) {
   sockaddr_un addr{};
@@ -54,13 +106,10 @@ absl::StatusOr<std::unique_ptr<SocketClaim>> SocketClaim::Take(const std::string
                                                                uint64_t wait_ns) {
   std::unique_ptr<SocketClaim> claim(new SocketClaim());
   claim->socket_path_ = socket_path;
-  claim->lock_path_ = socket_path + ".lock";
+  claim->lock_path_ = LockPathOf(socket_path);
   const std::string& lock_path = claim->lock_path_;
   claim->lock_fd_.Reset(open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!claim->lock_fd_.valid()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("cannot open the socket's lock file '%s': %s", lock_path, strerror(errno)));
-  }
+  if (!claim->lock_fd_.valid()) return CannotOpenLock(lock_path, errno);
   const int fd = claim->lock_fd_.get();
   const uint64_t start = NowNs();
   uint64_t answered_since = 0;  // the holder's socket answered every look since then
@@ -73,14 +122,7 @@ absl::StatusOr<std::unique_ptr<SocketClaim>> SocketClaim::Take(const std::string
     }
     const std::string holder = HolderOf(fd);
     const uint64_t now = NowNs();
-    // A holder that answers may have been told to stop a moment ago (a restart sends SIGTERM
-    // and starts the next daemon at once): it is taken as serving only once it went on
-    // answering for kServingNs.
-    answered_since = Answers(socket_path) ? (answered_since != 0 ? answered_since : now) : 0;
-    if (answered_since != 0 && now - answered_since >= kServingNs) {
-      return absl::AlreadyExistsError(absl::StrFormat(
-          "another engramd (%s) is serving on '%s'; stop it first", holder, socket_path));
-    }
+    if (absl::Status s = HolderServing(fd, socket_path, now, &answered_since); !s.ok()) return s;
     if (now - start >= wait_ns) {
       return absl::UnavailableError(absl::StrFormat(
           "engramd (%s) still holds '%s' after %u s: it is stopping, or hangs; stop it first",

@@ -34,6 +34,13 @@ class SocketClaim {
   // FailedPrecondition when the lock file cannot be opened.
   static absl::StatusOr<std::unique_ptr<SocketClaim>> Take(const std::string& socket_path,
                                                            uint64_t wait_ns);
+  // What Take would say of `socket_path` now, creating nothing and keeping no lock:
+  // AlreadyExists, in Take's words, while another engramd holds the lock and its socket goes on
+  // answering for 2 s; FailedPrecondition, in Take's words, when the lock file could not be
+  // opened (or, where it is missing, created: its directory is not writable). OK when the lock
+  // is free, when its holder is stopping (Take would wait for it) and when the directory is
+  // missing (a start makes it first). For --check-config and for the start's own check.
+  static absl::Status Check(const std::string& socket_path);
   SocketClaim(const SocketClaim&) = delete;
   SocketClaim& operator=(const SocketClaim&) = delete;
   // Removes the socket path if it still names the socket Bound() recorded, then unlocks.

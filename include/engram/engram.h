@@ -314,8 +314,13 @@ struct engram_table_info {
   uint32_t layout; /* enum engram_table_layout */
   uint32_t files;
   uint64_t data_bytes;
+  /* Added after data_bytes (a caller's older, shorter struct is filled up to data_bytes):
+   * where the daemon serves the table's rows from, enum engram_table_tier (engram/row.h), as
+   * engramctl names it; ENGRAM_TABLE_TIER_UNKNOWN from a daemon that does not say. */
+  uint32_t tier;
+  uint32_t reserved;
 };
-ENGRAM_ASSERT_SIZE(struct engram_table_info, 56);
+ENGRAM_ASSERT_SIZE(struct engram_table_info, 64);
 
 /* Lists the tables the daemon serves, ordered by layer id. Writes up to `capacity` entries and
  * sets *ret_count to the number of tables (which may exceed capacity). With capacity > 0, set

@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engram/abi.h"           /* ENGRAM_STATIC_ASSERT */
-#include "engram/row.h"           /* ENGRAM_ROW_BYTES, enum engram_table_layout */
+#include "engram/abi.h" /* ENGRAM_STATIC_ASSERT */
+#include "engram/row.h" /* ENGRAM_ROW_BYTES, enum engram_table_layout, engram_table_tier */
 #include "engram/session_stats.h" /* ENGRAM_SESSION_COUNTERS */
 
 #ifdef __cplusplus
@@ -177,7 +177,12 @@ struct engram_wire_table {
   uint32_t layout; /* enum engram_table_layout */
   uint32_t files;
   uint64_t data_bytes;
-  uint64_t reserved[2];
+  /* Where the daemon serves the table's rows from: enum engram_table_tier (row.h). A daemon
+   * from before this field sends 0 there (ENGRAM_TABLE_TIER_UNKNOWN), as it did in the reserved
+   * words it took. */
+  uint32_t tier;
+  uint32_t reserved0;
+  uint64_t reserved;
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_wire_table) == 64, "wire table size");
 struct engram_msg_tables {

@@ -1,4 +1,4 @@
-/* engram/row.h: the format of one gathered Engram row and the table layouts.
+/* engram/row.h: the format of one gathered Engram row, the table layouts and tiers.
  *
  * The one definition of these facts: engram.h, protocol.h and gpu.h include it, the daemon's
  * table code and the GPU kernels take their constants from it, and Python reads them through
@@ -21,6 +21,16 @@
 enum engram_table_layout {
   ENGRAM_LAYOUT_CHECKPOINT = 0, /* safetensors shards: values and scales in two tensors */
   ENGRAM_LAYOUT_PACKED = 1,     /* one file of 264-byte rows after a header */
+};
+
+/* Where a daemon serves a table's rows from (docs/row-store.md, "Tiers"): struct
+ * engram_table_info.tier and the wire's struct engram_wire_table.tier. The names are the ones
+ * engramd's configuration and engramctl use. */
+enum engram_table_tier {
+  ENGRAM_TABLE_TIER_UNKNOWN = 0,  /* a daemon from before the field */
+  ENGRAM_TABLE_TIER_STORAGE = 1,  /* "storage": the files, on every gather */
+  ENGRAM_TABLE_TIER_RESIDENT = 2, /* "resident": the whole table in the daemon's memory */
+  ENGRAM_TABLE_TIER_CACHE = 3,    /* "cache": the files, hot rows in the shared row cache */
 };
 
 #endif /* ENGRAM_ROW_H_ */

@@ -97,6 +97,8 @@ class TableInfoStruct(ctypes.Structure):
         ("layout", c_u32),
         ("files", c_u32),
         ("data_bytes", c_u64),
+        ("tier", c_u32),
+        ("reserved", c_u32),
     ]
     layer_id = _alias("layer")
 

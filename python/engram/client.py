@@ -36,8 +36,8 @@ from .errors import (InvalidArgumentError, PrefetchUnsupportedError, RowOutOfRan
 from .arena import ArenaBuffer
 # TableInfo, SessionStats, protocol_version, library_path, row_bytes and Ticket are part of this
 # module's names as before; they live in their own modules.
-from .session_info import (SessionStats, TableInfo, library_path,  # noqa: F401 (re-exported)
-                           protocol_version, row_bytes)
+from .session_info import (TIER_NAMES, SessionStats, TableInfo,  # noqa: F401 (re-exported)
+                           library_path, protocol_version, row_bytes)
 from .ticket import _NS, Ticket, _timeout_ns
 from .views import split_rows
 
@@ -206,7 +206,8 @@ class Client:
             capacity = count.value
         layouts = {0: "checkpoint", 1: "packed"}
         return [TableInfo(e.layer, e.row_bytes, e.num_rows, e.covered_begin, e.covered_end,
-                          layouts.get(e.layout, str(e.layout)), e.files, e.data_bytes)
+                          layouts.get(e.layout, str(e.layout)), e.files, e.data_bytes,
+                          TIER_NAMES.get(e.tier, str(e.tier)))
                 for e in entries[:count.value]]
 
     @_layer_alias("layer_id")

@@ -7,6 +7,10 @@ from typing import Any, Dict, Tuple
 from . import _lib
 
 
+# enum engram_table_tier (engram/row.h) by value: the names engramd's configuration uses.
+TIER_NAMES = {0: "unknown", 1: "storage", 2: "resident", 3: "cache"}
+
+
 def row_bytes() -> int:
     """Bytes per gathered row (264: 256 FP8 values, 8 E8M0 scales), as libengram_client defines
     it (engram_row_bytes); engram.ROW_BYTES is the same number."""
@@ -24,6 +28,9 @@ class TableInfo:
     layout: str  # "checkpoint" or "packed"
     files: int
     data_bytes: int
+    # Where the daemon serves the rows from, as engramctl and engramd's configuration name it:
+    # "storage", "resident" or "cache" ("unknown" from a daemon that does not say).
+    tier: str = "unknown"
 
     @property
     def layer_id(self) -> int:

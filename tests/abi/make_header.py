@@ -12,11 +12,12 @@ import os
 import re
 import sys
 
-# struct -> (the last field's declaration as it starts in engram.h, the field a newer header adds)
+# struct -> (the declaration of the first field `older` cuts (it and all after it: the fields of
+# the latest release), the field a newer header adds)
 STRUCTS = {
     "engram_connect_options": ("int64_t timeout_ns;", "uint64_t future_option;"),
     "engram_gather_request": ("const uint64_t* dest_offsets;", "uint64_t future_flags;"),
-    "engram_table_info": ("uint64_t data_bytes;", "uint64_t future_field;"),
+    "engram_table_info": ("uint32_t tier;", "uint64_t future_field;"),
     "engram_session_stats": ("uint64_t client_sleeps;", "uint64_t future_counter;"),
 }
 

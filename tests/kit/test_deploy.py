@@ -243,7 +243,10 @@ def test_example_config_passes_check_config(name, hashable_model, tmp_path):
     assert n == 1, "the example names its model on one 'models = [...]' line"
     config = tmp_path / name
     config.write_text(pointed)
-    r = run([program("ENGRAMD"), "--check-config", "--config", config])
+    # A socket of its own: the check refuses a socket directory this user cannot make, as a
+    # start would.
+    socket = ["--socket", str(tmp_path / "engramd.sock")]
+    r = run([program("ENGRAMD"), "--check-config", "--config", config, *socket])
     budget = int(re.search(r'(?m)^budget = "(\d+)G"', text).group(1)) << 30
     if budget > mem_total():
         # A budget larger than this machine is refused, naming the machine's memory; the rest of
@@ -251,7 +254,7 @@ def test_example_config_passes_check_config(name, hashable_model, tmp_path):
         assert r.returncode != 0 and "MemTotal" in r.stdout + r.stderr, r.stdout + r.stderr
         fits = max(1, mem_total() // 4 >> 30)
         config.write_text(re.sub(r'(?m)^budget = ".*"$', f'budget = "{fits}G"', pointed))
-        r = run([program("ENGRAMD"), "--check-config", "--config", config])
+        r = run([program("ENGRAMD"), "--check-config", "--config", config, *socket])
     assert r.returncode == 0, r.stdout + r.stderr
     tier = re.search(r'(?m)^tier = "(\w+)"', text).group(1)
     assert tier in r.stdout, r.stdout

@@ -554,10 +554,12 @@ TEST_CASE("root and engramd's own uid are admitted whatever --allow-uid names") 
   CHECK(human.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u", kOwner,
                                        kReader)) != std::string::npos);
 
-  // --check-config, run as the same uid, names the same rule.
+  // --check-config, run as the same uid, names the same rule (on a socket path that uid may
+  // bind: it refuses one whose directory the uid cannot write, as a start would).
   Result check = RunAs(kOwner, kOwner, {},
-                       {OwnedDaemon::EngramdBinary(), "--model", Checkpoint(), "--allow-uid",
-                        std::to_string(kReader), "--check-config"});
+                       {OwnedDaemon::EngramdBinary(), "--model", Checkpoint(), "--socket",
+                        TestDir() + "/owner-uid/check.sock", "--allow-uid", std::to_string(kReader),
+                        "--check-config"});
   INFO(check.err);
   CHECK(check.code == 0);
   CHECK(check.out.find(absl::StrFormat("may connect: root, uid %u (engramd's own), uids %u", kOwner,

@@ -1032,7 +1032,9 @@ TEST_CASE("engramd --check-config validates the files and the tables without ser
   const std::string good = TestDir() + "/check.toml";
   std::ofstream(good) << "[tables]\nmodels = [\"" << Checkpoint()
                       << "\"]\n[limits]\nmax_clients = 4\n";
-  Result r = Sh(EngramdPath() + " --config " + good + " --check-config");
+  // A socket of its own: the default path's directory may not be this user's to make.
+  const std::string socket = " --socket " + TestDir() + "/check.sock";
+  Result r = Sh(EngramdPath() + " --config " + good + socket + " --check-config");
   CHECK(r.code == 0);
   CHECK(r.out.find("configuration OK") != std::string::npos);
   CHECK(r.out.find("layer 14") != std::string::npos);
@@ -1051,7 +1053,7 @@ TEST_CASE("engramd --check-config validates the files and the tables without ser
   CHECK(r.code == 1);
   CHECK(r.err.find("nope.engram") != std::string::npos);
   // A flag overrides the file.
-  r = Sh(EngramdPath() + " --config " + good + " --layers 14 --check-config");
+  r = Sh(EngramdPath() + " --config " + good + socket + " --layers 14 --check-config");
   CHECK(r.code == 0);
   CHECK(r.out.find("layer 1 ") == std::string::npos);
 }

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import engram
-from conftest import LAYERS, REPO, SYNTH_ROWS
+from conftest import LAYERS, REPO, SYNTH_ROWS, Daemon, engramctl_json
 
 
 def test_protocol_version_and_library_path():
@@ -74,7 +74,23 @@ def test_tables_lists_the_checkpoint(client):
         assert t.num_rows == SYNTH_ROWS
         assert (t.covered_begin, t.covered_end) == (0, SYNTH_ROWS)
         assert t.layout == "checkpoint"
+        assert t.tier == "storage"  # no row store: every table from the files
     assert client.table(14).layer == 14
+
+
+def test_tables_show_each_tier_as_engramctl_does(checkpoint, tmp_path):
+    d = Daemon(checkpoint, tmp_path,
+               ["--tier", "14=resident", "--tier", "1=cache", "--cache-bytes", "16M"])
+    try:
+        with engram.Client(d.socket) as c:
+            tiers = {t.layer: t.tier for t in c.tables()}
+            assert c.table(1).tier == "cache"
+        shown = {t["layer"]: t["tier"] for t in engramctl_json(d, "tables")["tables"]}
+    finally:
+        d.stop()
+    assert tiers == {1: "cache", 14: "resident"}
+    assert tiers == shown
+    assert engram.TableInfo(14, 264, 1, 0, 1, "packed", 1, 264).tier == "unknown"
 
 
 def test_a_tables_id_is_its_layer_and_the_old_names_still_work(client):
