@@ -169,7 +169,12 @@ class RowCache {
   // page back in (it reads zeros: a miss). Does nothing (returns 0) while a resize runs, so a
   // caller never waits for one. Returns the bytes the region held before minus after.
   uint64_t ReleaseAboveCapacity();
-  // Bytes accounted for `slots` slots, and the inverse.
+  // The slot array's bytes the budget is charged at a capacity of `capacity` slots: whole pages,
+  // up to the first slot at or above `capacity` that starts a page (the pages below it are
+  // kept: kRowCacheFlagAlignedRelease), or to the end of the region. A shrink gives back the
+  // difference, a grow takes it.
+  uint64_t ChargedSlotBytes(uint64_t capacity) const;
+  // Bytes of `slots` slots, unrounded (a size in a message or a configuration), and the inverse.
   static uint64_t BytesForSlots(uint64_t slots);
   static uint64_t SlotsForBytes(uint64_t bytes);
   // The daemon's private memory for a cache of `max_slots` slots (policy state, free list, FIFO
@@ -223,6 +228,9 @@ class RowCache {
   void ReleaseSlots(uint64_t slots, uint64_t old);
   // The first slot at or above `from` that starts on a page boundary of the region.
   uint64_t FirstPageAlignedSlot(uint64_t from) const;
+  // The largest capacity in [from, to] whose charge exceeds ChargedSlotBytes(from) by at most
+  // `bytes`.
+  uint64_t SlotsFitting(uint64_t from, uint64_t to, uint64_t bytes) const;
   // Between a shrink's chunks, with mu_ released: lets the inserts that wait for mu_ have it.
   void LetWritersIn();
   // Adopt's second half (row_cache_restart.cc): the policy state from the slots; with
