@@ -18,6 +18,7 @@
 #include <tuple>
 #include <utility>
 
+#include "base/page_size.h"
 #include "engram/engram.h"
 #include "protocol/store_counters.h"
 #include "nlohmann/json.hpp"
@@ -479,7 +480,7 @@ TEST_CASE("engramctl load starts, cancels and resumes a resident table's load", 
   CHECK(in_place["batches"] == last["batches"]);
 }
 
-// The 2 MiB pages of /proc/meminfo and /proc/sys/vm: how many are in use, and how many more a
+// The default-size huge pages of /proc/meminfo and /proc/sys/vm (what MFD_HUGETLB takes): how many are in use, and how many more a
 // process could have (free reserved pages, and surplus pages that vm.nr_overcommit_hugepages
 // still allows).
 struct HugePages {
@@ -533,14 +534,15 @@ TEST_CASE("warm refuses resident, cached and O_DIRECT tables, naming the tier", 
   CheckWarmRefused(direct, 14, {"storage tier read with O_DIRECT", "tables.read_mode"});
 }
 
-TEST_CASE("where the kernel has 2 MiB pages to give, a resident table lives on them",
+TEST_CASE("where the kernel has huge pages to give, a resident table lives on them",
           "[store][hugetlb]") {
-  constexpr uint64_t kHugePage = 2 << 20;
+  const uint64_t kHugePage = engram::HugePageBytes();
+  if (kHugePage == 0) ENGRAM_SKIP("the kernel has no hugetlb pages");
   const uint64_t needed = (kRows * kRowBytes + kHugePage - 1) / kHugePage;
   const HugePages before = ReadHugePages();
   if (before.available < needed) {
-    ENGRAM_SKIP("fewer than " + std::to_string(needed) +
-                " 2 MiB huge pages to have (allow surplus ones with sysctl "
+    ENGRAM_SKIP("fewer than " + std::to_string(needed) + " " + engram::PageSizeName(kHugePage) +
+                " huge pages to have (allow surplus ones with sysctl "
                 "vm.nr_overcommit_hugepages=64, as the package does, or reserve them with "
                 "vm.nr_hugepages=32): the hugetlb path of resident tables cannot run here");
   }
