@@ -193,7 +193,8 @@ TEST_CASE("forced path: hit, every row from the NOWAIT pass", "[gather][paths][n
   }
 }
 
-TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does", "[gather][paths][nowait]") {
+TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does",
+          "[gather][paths][nowait]") {
   auto table = Open(Files().packed);
   Warm(*table);
   SECTION("injected: the first NOWAIT read answers EAGAIN") {

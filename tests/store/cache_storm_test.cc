@@ -14,9 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -195,8 +195,8 @@ TEST_CASE("a shrink storm with clients reading the row cache in place", "[store]
     return stat(memfd.c_str(), &st) == 0 ? uint64_t(st.st_blocks) * 512 : UINT64_MAX;
   };
 
-  auto* shared = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
-                                           MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* shared = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   REQUIRE(shared != MAP_FAILED);
   new (shared) Shared{};
   std::vector<pid_t> clients;

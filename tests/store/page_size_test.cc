@@ -4,6 +4,8 @@
 // that starts a page and charges its budget for whole pages, and the pages the daemon shares
 // are whole pages. A leftover 4 KiB assumption shows as a hole, a size or a charge that is not
 // a multiple of the granule.
+#include "base/page_size.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "base/page_size.h"
 #include "store/cache_touch.h"
 #include "store/memory_budget.h"
 #include "store/row_cache.h"
@@ -170,8 +171,8 @@ TEST_CASE("the row cache gives back whole pages from a page-aligned slot and cha
   const uint64_t full = cache.capacity_slots();
   const int fd = cache.fd();
   uint64_t slots_offset = 0;
-  REQUIRE(pread(fd, &slots_offset, sizeof slots_offset,
-                offsetof(RowCacheHeader, slots_offset)) == sizeof slots_offset);
+  REQUIRE(pread(fd, &slots_offset, sizeof slots_offset, offsetof(RowCacheHeader, slots_offset)) ==
+          sizeof slots_offset);
   CHECK(slots_offset % g == 0);
   CHECK(cache.region_bytes() % g == 0);
   CHECK(FileBytes(fd) == cache.region_bytes());
@@ -226,7 +227,7 @@ TEST_CASE("a budget that ends inside a page grows the row cache by whole pages o
   INFO("grew from " << full / 4 << " to " << grown << " of " << full);
   CHECK(grown > full / 4);
   CHECK(grown < full);
-  CHECK(cache.ChargedSlotBytes(grown) == charged + step);  // one whole step, not 1.5
+  CHECK(cache.ChargedSlotBytes(grown) == charged + step);                // one whole step, not 1.5
   CHECK(cache.ChargedSlotBytes(grown + 1) > charged + step + step / 2);  // the largest that fits
   CHECK(budget.available() == step / 2);
   CHECK(budget.used() == budget.budget() - step / 2);
