@@ -13,12 +13,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 #include "gather/gather_reader.h"
 
 namespace engram {
 namespace {
 
-constexpr uint64_t kDirectAlign = 4096;
+constexpr uint64_t kDirectAlign = kDirectIoAlignBytes;
 constexpr uint64_t kMaxDirectRun = 256 * 1024;
 
 // The emulated device (GatherEngineOptions::emulated_device): waits until `due_ns` (NowNs()).

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 #include "gather/gather_planner.h"
 #include "gather/gather_reader.h"
 #include "gather/thread_pool.h"
@@ -77,8 +78,11 @@ class GatherEngineImpl final : public GatherEngine {
  public:
   explicit GatherEngineImpl(const GatherEngineOptions& options)
       : options_(options),
-        planner_(PlannerOptions{.merge = options.merge_reads,
-                                .max_batch_rows = options.max_batch_rows}) {
+        planner_(
+            PlannerOptions{.merge = options.merge_reads, .max_batch_rows = options.max_batch_rows}),
+        direct_planner_(PlannerOptions{.merge = options.merge_reads,
+                                       .max_batch_rows = options.max_batch_rows,
+                                       .page_bytes = kDirectIoAlignBytes}) {
     reader_shared_.enter_fault = options.uring_enter_fault;
     reader_shared_.notice = options.notice;
     reader_shared_.emulated = options.emulated_device;
@@ -350,7 +354,9 @@ class GatherEngineImpl final : public GatherEngine {
     }
     // The caller's plan; helper threads reach it through this reference, not their own copy.
     thread_local GatherPlan thread_plan;
-    if (absl::Status s = planner_.Plan(batch, &thread_plan); !s.ok()) {
+    const GatherPlanner& planner =
+        ts->options.mode == ReadMode::kDirect ? direct_planner_ : planner_;
+    if (absl::Status s = planner.Plan(batch, &thread_plan); !s.ok()) {
       ts->errors.fetch_add(1, std::memory_order_relaxed);
       return s;
     }
@@ -597,7 +603,10 @@ class GatherEngineImpl final : public GatherEngine {
   }
 
   GatherEngineOptions options_;
+  // Buffered reads merge by the kernel's page (the page cache's unit); O_DIRECT reads by the
+  // device's block, so a row read directly is one 4 KiB block on any kernel.
   GatherPlanner planner_;
+  GatherPlanner direct_planner_;
   ReaderShared reader_shared_;  // every ReaderContext points here: declared before the pools
   std::unique_ptr<ThreadPool> workers_;
   std::once_flag pool_once_;

@@ -6,11 +6,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/page_size.h"
 
 namespace engram {
 namespace {
-
-constexpr uint64_t kPageBytes = 4096;
 
 int BitsFor(uint64_t max_value) { return max_value == 0 ? 1 : std::bit_width(max_value); }
 
@@ -132,7 +131,8 @@ void SortUnique(const GatherBatch& batch, GatherPlan& plan) {
 
 // One run of reads for `part`; its offsets grow with the row, so the run is ordered. Reads that
 // are adjacent or share a page merge (gaps go to the sink) within the planner's bounds.
-void PlanPartReads(const RowPart& part, const PlannerOptions& options, GatherPlan& plan) {
+void PlanPartReads(const RowPart& part, const PlannerOptions& options, uint64_t page,
+                   GatherPlan& plan) {
   const size_t u = plan.unique_rows.size();
   plan.reads.reserve(plan.reads.size() + u);
   plan.iovs.reserve(plan.iovs.size() + u);
@@ -143,7 +143,7 @@ void PlanPartReads(const RowPart& part, const PlannerOptions& options, GatherPla
     uint8_t* dest = plan.unique_dest[i] + part.dest_offset;
     if (cur != nullptr && options.merge) {
       const uint64_t gap = off - cur_end;
-      const bool same_page = (cur_end - 1) / kPageBytes == off / kPageBytes;
+      const bool same_page = (cur_end - 1) / page == off / page;
       if ((gap == 0 || same_page) && cur->length + gap + part.bytes <= options.max_merged_bytes &&
           cur->iov_count + 2 <= options.max_merged_iovs) {
         if (gap > 0) {
@@ -182,8 +182,10 @@ absl::Status GatherPlanner::Plan(const GatherBatch& batch, GatherPlan* ret_plan)
   if (batch.rows.empty()) return absl::OkStatus();
   if (absl::Status s = CheckRows(batch); !s.ok()) return s;
   SortUnique(batch, plan);
-  plan.gap_sink.resize(kPageBytes);
-  for (const RowPart& part : batch.table->parts()) PlanPartReads(part, options_, plan);
+  // A gap lies inside one page, so the sink never needs more than a page.
+  const uint64_t page = options_.page_bytes != 0 ? options_.page_bytes : PageBytes();
+  plan.gap_sink.resize(std::min<uint64_t>(page, options_.max_merged_bytes));
+  for (const RowPart& part : batch.table->parts()) PlanPartReads(part, options_, page, plan);
   return absl::OkStatus();
 }
 

@@ -55,6 +55,10 @@ struct PlannerOptions {
   uint32_t max_merged_bytes = 64 * 1024;
   uint32_t max_merged_iovs = 64;
   uint32_t max_batch_rows = 1u << 22;
+  // The page merges are decided by: 0 means PageBytes() (the kernel's, the page cache's unit);
+  // O_DIRECT tables use kDirectIoAlignBytes (the device's block). The gap between two merged
+  // reads is less than one such page, read into the plan's sink.
+  uint64_t page_bytes = 0;
 };
 
 class GatherPlanner {

@@ -13,12 +13,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 #include "gather/gather_reader.h"
 
 namespace engram {
 namespace {
 
-constexpr uint64_t kDirectAlign = 4096;
+constexpr uint64_t kDirectAlign = kDirectIoAlignBytes;
 // The user_data of a queued SQE that a ring failure turned into a no-op.
 constexpr uint64_t kAbandonedUserData = UINT64_MAX;
 // After more than this many ring failures without a successful enter in between, a failed ring
@@ -45,7 +46,8 @@ void ReaderShared::NoticeOnce(std::atomic<bool>& once, const std::string& text) 
 uint64_t ReaderShared::EmulatedDue(uint64_t issue_ns, uint64_t bytes) {
   uint64_t due = issue_ns + emulated.latency_ns;
   if (emulated.iops != 0) {
-    const uint64_t pages = std::max<uint64_t>(1, (bytes + 4095) / 4096);
+    // The emulated device's IOPS are of its 4 KiB blocks, whatever the host's pages.
+    const uint64_t pages = std::max<uint64_t>(1, RoundUpTo(bytes, kDirectAlign) / kDirectAlign);
     const uint64_t cost = pages * 1'000'000'000 / emulated.iops;
     uint64_t free = emulated_free_ns.load(std::memory_order_relaxed);
     uint64_t end;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 
 namespace engram {
 namespace {
@@ -33,10 +34,10 @@ absl::StatusOr<std::shared_ptr<CacheTouchPage>> CacheTouchPage::Create(size_t ta
   const uint64_t counters_offset = sizeof(engram_cache_touch_page);
   const uint64_t ring_offset =
       (counters_offset + tables * sizeof(engram_cache_touch_counters) + 63) / 64 * 64;
-  const uint64_t bytes =
-      (ring_offset + uint64_t{ENGRAM_CACHE_TOUCH_ENTRIES} * sizeof(engram_cache_touch_entry) +
-       4095) /
-      4096 * 4096;
+  // Whole pages: the size the kernel maps (the header says it, so a client maps it all).
+  const uint64_t bytes = RoundUpTo(
+      ring_offset + uint64_t{ENGRAM_CACHE_TOUCH_ENTRIES} * sizeof(engram_cache_touch_entry),
+      PageBytes());
   page->fd_.Reset(memfd_create("engram-cache-touch", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!page->fd_.valid()) return Refused("memfd_create");
   if (ftruncate(page->fd_.get(), static_cast<off_t>(bytes)) != 0) return Refused("ftruncate");

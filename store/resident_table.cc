@@ -14,13 +14,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 
 namespace engram {
 namespace {
 
-// O_DIRECT alignment used for offsets, lengths and the buffer: the page size covers every
-// logical block size in use (512 B and 4 KiB).
-constexpr uint64_t kAlign = 4096;
+// O_DIRECT alignment used for offsets, lengths and the buffer: the device's unit, not the page.
+constexpr uint64_t kAlign = kDirectIoAlignBytes;
 
 uint64_t AlignDown(uint64_t n) { return n / kAlign * kAlign; }
 uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -53,7 +53,8 @@ absl::StatusOr<std::unique_ptr<ResidentTable>> ResidentTable::Create(
   const std::string what = absl::StrCat("resident copy of ", table.Describe());
   // Reserve the largest size the region can take (rounded up to a huge page) so that the
   // budget never undercounts; the excess is given back once the page size is known.
-  const uint64_t worst = (table.data_bytes() + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
+  const uint64_t worst =
+      SharedRegion::LargestSize(table.data_bytes(), {.huge_pages = options.huge_pages});
   if (budget != nullptr) {
     if (absl::Status s = budget->Reserve(worst, what); !s.ok()) return s;
     rt->reserved_ = worst;

@@ -38,7 +38,8 @@
 namespace engram {
 
 struct ResidentOptions {
-  // Use 2 MiB hugetlb pages where they are reserved (a notice says when they are not).
+  // Use hugetlb pages (the kernel's default huge page size) where they are reserved (a notice
+  // says when they are not).
   bool huge_pages = true;
   // Read the files with O_DIRECT (aligned page runs), so the page cache holds no second copy.
   // Falls back to buffered reads, with a notice, where the filesystem refuses it (tmpfs).
@@ -84,6 +85,7 @@ class ResidentTable {
   // Bytes of memory held (the region, rounded to its pages); what was reserved from the budget.
   uint64_t bytes() const { return region_.size(); }
   bool huge_pages() const { return region_.huge_pages(); }
+  uint64_t page_bytes() const { return region_.page_bytes(); }
   bool direct_io() const { return direct_io_used_; }
   // The sealed memfd (valid once loaded(); before that it is still being written).
   int fd() const { return region_.fd(); }

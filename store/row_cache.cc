@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 #include "base/prefetch.h"
 
 namespace engram {
@@ -16,8 +17,6 @@ namespace {
 
 constexpr uint64_t kBucketsOffset = 64;
 constexpr uint64_t kSlotBytes = sizeof(RowCacheSlot);
-
-uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
 
 struct Geometry {
   uint32_t max_slots = 0;
@@ -30,9 +29,12 @@ Geometry GeometryFor(uint64_t slots) {
   Geometry g;
   g.max_slots = static_cast<uint32_t>(slots);
   g.bucket_count = static_cast<uint32_t>(std::bit_ceil(std::max<uint64_t>(2 * slots, 64)));
+  // The slot array starts a page, so the first slot's page can be given back and the index's
+  // pages are never shared with slots; the region is whole pages, as the kernel maps it.
+  const uint64_t page = PageBytes();
   g.slots_offset =
-      RoundUp(kBucketsOffset + uint64_t{g.bucket_count} * sizeof(RowCacheBucket), 4096);
-  g.region_bytes = g.slots_offset + slots * kSlotBytes;
+      RoundUpTo(kBucketsOffset + uint64_t{g.bucket_count} * sizeof(RowCacheBucket), page);
+  g.region_bytes = RoundUpTo(g.slots_offset + slots * kSlotBytes, page);
   return g;
 }
 
@@ -425,19 +427,38 @@ uint64_t RowCache::SetCapacitySlots(uint64_t slots) {
 }
 
 uint64_t RowCache::Grow(uint64_t slots, uint64_t old) {
+  uint64_t charge = 0;
   if (slots > old && budget_ != nullptr) {
-    const uint64_t room = SlotsForBytes(budget_->available());
-    slots = std::min(slots, old + room);
-    if (slots > old) {
-      // Reserve cannot fail for what available() allowed unless another owner raced us.
-      if (!budget_->Reserve(BytesForSlots(slots - old), "row cache").ok()) slots = old;
-    }
+    slots = SlotsFitting(old, slots, budget_->available());
+    charge = ChargedSlotBytes(slots) - ChargedSlotBytes(old);
+    // Reserve cannot fail for what available() allowed unless another owner raced us.
+    if (charge > 0 && !budget_->Reserve(charge, "row cache").ok()) slots = old;
   }
   if (slots == old) return old;
   for (uint64_t s = slots; s-- > old;) free_.push_back(static_cast<uint32_t>(s));
   header_->capacity_slots.store(static_cast<uint32_t>(slots), std::memory_order_relaxed);
-  reserved_bytes_ += budget_ != nullptr ? BytesForSlots(slots - old) : 0;
+  reserved_bytes_ += charge;
   return slots;
+}
+
+uint64_t RowCache::ChargedSlotBytes(uint64_t capacity) const {
+  const uint64_t offset = reinterpret_cast<uint8_t*>(slots_) - region_.data();
+  const uint64_t end =
+      std::min(region_.size(), offset + FirstPageAlignedSlot(capacity) * kSlotBytes);
+  return end - offset;
+}
+
+uint64_t RowCache::SlotsFitting(uint64_t from, uint64_t to, uint64_t bytes) const {
+  const uint64_t base = ChargedSlotBytes(from);
+  while (from < to) {  // ChargedSlotBytes grows with the capacity: a binary search
+    const uint64_t mid = from + (to - from + 1) / 2;
+    if (ChargedSlotBytes(mid) - base <= bytes) {
+      from = mid;
+    } else {
+      to = mid - 1;
+    }
+  }
+  return from;
 }
 
 // A mutex is not fair: the shrink, releasing it and taking it again at once, would win it over an
@@ -481,9 +502,10 @@ void RowCache::Shrink(uint64_t slots, uint64_t old) {
   }
   ReleaseSlots(slots, old);
   std::lock_guard<std::mutex> lock(mu_);
-  if (budget_ != nullptr) {
-    budget_->Give(BytesForSlots(old - slots));
-    reserved_bytes_ -= BytesForSlots(old - slots);
+  if (budget_ != nullptr) {  // the whole pages given back, no more
+    const uint64_t freed = ChargedSlotBytes(old) - ChargedSlotBytes(slots);
+    budget_->Give(freed);
+    reserved_bytes_ -= freed;
   }
   shrinking_ = false;
 }
@@ -525,11 +547,15 @@ uint64_t RowCache::FirstPageAlignedSlot(uint64_t from) const {
 void RowCache::ReleaseSlots(uint64_t slots, uint64_t old) {
   constexpr uint64_t kPiece = 16 << 20;  // a multiple of any page size
   // From the first slot that starts a page (kRowCacheFlagAlignedRelease): the slots below it
-  // keep their pages (at most 127 slots, 36 KiB, with 4 KiB pages; 18 MiB with 2 MiB ones).
+  // keep their pages (at most page / 32 - 1 slots of 288 bytes: 36 KiB with 4 KiB pages,
+  // 576 KiB with 64 KiB ones), and Release() never cuts into a page.
   slots = FirstPageAlignedSlot(slots);
   if (slots >= old) return;
-  const uint64_t begin = reinterpret_cast<uint8_t*>(slots_ + slots) - region_.data();
-  const uint64_t end = begin + BytesForSlots(old - slots);
+  // Up to the end of what `old` held: the pages of the slots past it up to the next page start,
+  // and the region's last page, go too.
+  const uint64_t slots_offset = reinterpret_cast<uint8_t*>(slots_) - region_.data();
+  const uint64_t begin = slots_offset + slots * kSlotBytes;
+  const uint64_t end = slots_offset + ChargedSlotBytes(old);
   for (uint64_t at = begin; at < end;) {
     const uint64_t next = std::min(end, (at / kPiece + 1) * kPiece);
     (void)region_.Release(at, next - at);
@@ -554,7 +580,7 @@ RowCacheStats RowCache::Stats() const {
   st.max_slots = max_slots_;
   st.used_slots = small_count_ + main_count_;
   st.bytes = header_ != nullptr ? reinterpret_cast<const uint8_t*>(slots_) - region_.data() +
-                                      BytesForSlots(st.capacity_slots)
+                                      ChargedSlotBytes(st.capacity_slots)
                                 : 0;
   st.resident_bytes = region_.ResidentBytes();
   st.hits = hits_.load(std::memory_order_relaxed);

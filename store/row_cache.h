@@ -185,7 +185,12 @@ class RowCache {
   // The largest cache whose region (header, index, slots) and bookkeeping fit `max_bytes`, as
   // Create sizes itself: for --check-config and the start's log to say what a size holds.
   static RowCacheSizing Size(uint64_t max_bytes);
-  // Bytes accounted for `slots` slots, and the inverse.
+  // The slot array's bytes the budget is charged at a capacity of `capacity` slots: whole pages,
+  // up to the first slot at or above `capacity` that starts a page (the pages below it are
+  // kept: kRowCacheFlagAlignedRelease), or to the end of the region. A shrink gives back the
+  // difference, a grow takes it.
+  uint64_t ChargedSlotBytes(uint64_t capacity) const;
+  // Bytes of `slots` slots, unrounded (a size in a message or a configuration), and the inverse.
   static uint64_t BytesForSlots(uint64_t slots);
   static uint64_t SlotsForBytes(uint64_t bytes);
   // The daemon's private memory for a cache of `max_slots` slots (policy state, free list, FIFO
@@ -239,6 +244,9 @@ class RowCache {
   void ReleaseSlots(uint64_t slots, uint64_t old);
   // The first slot at or above `from` that starts on a page boundary of the region.
   uint64_t FirstPageAlignedSlot(uint64_t from) const;
+  // The largest capacity in [from, to] whose charge exceeds ChargedSlotBytes(from) by at most
+  // `bytes`.
+  uint64_t SlotsFitting(uint64_t from, uint64_t to, uint64_t bytes) const;
   // Between a shrink's chunks, with mu_ released: lets the inserts that wait for mu_ have it.
   void LetWritersIn();
   // Adopt's second half (row_cache_restart.cc): the policy state from the slots; with

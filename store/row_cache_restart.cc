@@ -118,7 +118,6 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
                                     ? SlotsForBytes(options.max_bytes - index_bytes)
                                     : uint64_t{0});
   }
-  if (budget != nullptr) allowed = std::min(allowed, SlotsForBytes(budget->available()));
 
   cache->region_ = std::move(*region);
   cache->header_ = h;
@@ -130,6 +129,8 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   cache->ghost_ = GhostQueue(max_slots);
   cache->reader_ = *reader;
   cache->reader_.mark_use_ = true;
+  // Whole pages of slots, as many as the budget has room for.
+  if (budget != nullptr) allowed = cache->SlotsFitting(0, allowed, budget->available());
   // Slots at or above the capacity the earlier daemon had were given back (or, after a crash in
   // the middle of a shrink, hold rows it had not moved down yet: those are lost); they are not
   // read, which would allocate their pages again.
@@ -149,10 +150,11 @@ absl::StatusOr<std::unique_ptr<RowCache>> RowCache::Adopt(UniqueFd fd,
   ret_adoption->evicted_to_fit = cache->evictions_ - evictions_before;
   const uint64_t held = cache->capacity_slots();
   if (budget != nullptr && held > 0) {
-    if (absl::Status s = budget->Reserve(BytesForSlots(held), "row cache"); !s.ok()) {
+    const uint64_t charge = cache->ChargedSlotBytes(held) - cache->ChargedSlotBytes(0);
+    if (absl::Status s = budget->Reserve(charge, "row cache"); !s.ok()) {
       return s;  // available() said it fits; only a racing owner of the budget gets here
     }
-    cache->reserved_bytes_ += BytesForSlots(held);
+    cache->reserved_bytes_ += charge;
   }
   if (allowed > held) cache->SetCapacitySlots(allowed);  // grows, charging the budget
   return cache;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 #include "base/prefetch.h"
 
 namespace engram {
@@ -70,8 +71,9 @@ absl::Status RowStore::ReserveResident(const StoreConfig& config,
                                        MemoryBudget* budget) {
   for (const auto& t : tables) {
     if (config.TierOf(t->layer_id()) != Tier::kResident) continue;
-    // The largest size the resident copy can take (rounded up to a 2 MiB page).
-    const uint64_t bytes = (t->data_bytes() + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20);
+    // The largest size the resident copy can take (rounded up to a huge page).
+    const uint64_t bytes =
+        SharedRegion::LargestSize(t->data_bytes(), {.huge_pages = config.huge_pages});
     if (absl::Status s = budget->Reserve(bytes, "resident copy of " + t->Describe()); !s.ok()) {
       return s;
     }
@@ -328,11 +330,13 @@ void RowStore::LoadOne(TableState& ts) {
   }
   const double seconds = double(NowNs() - start) / 1e9;
   const uint64_t bytes_read = (ts.resident->rows_loaded() - rows_before) * kRowBytes;
-  notice_(absl::StrFormat("resident %s: %s in memory (%s, %s), loaded in %.1f s (%.0f MB/s)",
-                          t.Describe(), Gib(ts.resident->bytes()),
-                          ts.resident->huge_pages() ? "2 MiB pages" : "4 KiB pages",
-                          ts.resident->direct_io() ? "read with O_DIRECT" : "buffered reads",
-                          seconds, double(bytes_read) / 1e6 / std::max(seconds, 1e-9)));
+  notice_(absl::StrFormat(
+      "resident %s: %s in memory (%s %spages, %s), loaded in %.1f s "
+      "(%.0f MB/s)",
+      t.Describe(), Gib(ts.resident->bytes()), PageSizeName(ts.resident->page_bytes()),
+      ts.resident->huge_pages() ? "huge " : "",
+      ts.resident->direct_io() ? "read with O_DIRECT" : "buffered reads", seconds,
+      double(bytes_read) / 1e6 / std::max(seconds, 1e-9)));
 }
 
 absl::Status RowStore::Gather(const GatherBatch& batch) {

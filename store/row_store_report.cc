@@ -134,6 +134,7 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
         if (!l->error.empty()) (*t)["resident_load_error"] = Utf8Text(l->error);
       }
       (*t)["resident_huge_pages"] = r->huge_pages();
+      (*t)["resident_page_bytes"] = r->page_bytes();
     }
     if (s.tier == Tier::kStorage) continue;
     // The counters: in stats all of the table's tiers, in tables the resident table's.

@@ -13,13 +13,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/page_size.h"
 
 namespace engram {
 namespace {
-
-constexpr uint64_t kHugePageBytes = 2ull << 20;
-
-uint64_t RoundUp(uint64_t n, uint64_t unit) { return (n + unit - 1) / unit * unit; }
 
 struct Mapped {
   UniqueFd fd;
@@ -51,21 +48,28 @@ absl::StatusOr<SharedRegion> SharedRegion::Create(const std::string& name, uint6
   SharedRegion region;
   region.name_ = name;
   Mapped mapped;
+  const uint64_t page = PageBytes();
   if (options.huge_pages) {
-    int err = TryCreate(name, RoundUp(bytes, kHugePageBytes), MFD_HUGETLB | MFD_HUGE_2MB, &mapped);
+    // No size flag: the kernel's default huge page (HugePageBytes()), the size the hugetlb
+    // sysctls (vm.nr_hugepages, vm.nr_overcommit_hugepages) provide.
+    const uint64_t huge = HugePageBytes();
+    const int err =
+        huge == 0 ? ENOSYS : TryCreate(name, RoundUpTo(bytes, huge), MFD_HUGETLB, &mapped);
     if (err == 0) {
       region.huge_pages_ = true;
-      region.page_bytes_ = kHugePageBytes;
+      region.page_bytes_ = huge;
     } else {
-      region.huge_page_notice_ =
-          absl::StrCat(name, ": no 2 MiB huge pages for ", bytes, " bytes (", std::strerror(err),
-                       "; allow them with vm.nr_overcommit_hugepages, as the package's "
-                       "sysctl.d/60-engramd.conf does, or reserve them with vm.nr_hugepages); "
-                       "using 4 KiB pages");
+      region.huge_page_notice_ = absl::StrCat(
+          name, ": no ", huge == 0 ? "huge" : PageSizeName(huge) + " huge", " pages for ", bytes,
+          " bytes (", std::strerror(err),
+          "; allow them with vm.nr_overcommit_hugepages, as the package's "
+          "sysctl.d/60-engramd.conf does, or reserve them with vm.nr_hugepages); using ",
+          PageSizeName(page), " pages");
     }
   }
   if (!region.huge_pages_) {
-    int err = TryCreate(name, RoundUp(bytes, 4096), 0, &mapped);
+    region.page_bytes_ = page;
+    int err = TryCreate(name, RoundUpTo(bytes, page), 0, &mapped);
     if (err != 0) {
       return absl::ResourceExhaustedError(absl::StrCat(name,
                                                        ": cannot create a shared memory region of ",
@@ -79,6 +83,11 @@ absl::StatusOr<SharedRegion> SharedRegion::Create(const std::string& name, uint6
   region.data_ = mapped.data;
   region.size_ = mapped.size;
   return region;
+}
+
+uint64_t SharedRegion::LargestSize(uint64_t bytes, const SharedRegionOptions& options) {
+  const uint64_t huge = options.huge_pages ? HugePageBytes() : 0;
+  return RoundUpTo(bytes, std::max(PageBytes(), huge));
 }
 
 absl::StatusOr<SharedRegion> SharedRegion::Adopt(const std::string& name, UniqueFd fd) {
@@ -97,8 +106,9 @@ absl::StatusOr<SharedRegion> SharedRegion::Adopt(const std::string& name, Unique
     return absl::InternalError(absl::StrCat(name, ": fstat: ", std::strerror(errno)));
   }
   const uint64_t bytes = static_cast<uint64_t>(st.st_size);
-  // st_blksize is the page size of a hugetlbfs file, PAGE_SIZE for shmem.
-  const uint64_t page = st.st_blksize >= 4096 ? static_cast<uint64_t>(st.st_blksize) : 4096;
+  // st_blksize is the page size of a hugetlbfs file, the kernel's page size for shmem.
+  const bool huge = static_cast<uint64_t>(st.st_blksize) > KernelPageBytes();
+  const uint64_t page = huge ? static_cast<uint64_t>(st.st_blksize) : PageBytes();
   if (bytes == 0 || bytes % page != 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": the memfd handed over has ", bytes,
                                                    " bytes, not a whole number of ", page,
@@ -115,7 +125,7 @@ absl::StatusOr<SharedRegion> SharedRegion::Adopt(const std::string& name, Unique
   region.data_ = static_cast<uint8_t*>(p);
   region.size_ = bytes;
   region.page_bytes_ = page;
-  region.huge_pages_ = page > 4096;
+  region.huge_pages_ = huge;
   return region;
 }
 
@@ -162,8 +172,9 @@ absl::Status SharedRegion::Seal() {
 
 absl::Status SharedRegion::Release(uint64_t offset, uint64_t bytes) {
   if (sealed_) return absl::FailedPreconditionError(absl::StrCat(name_, ": sealed"));
-  uint64_t begin = RoundUp(offset, page_bytes_);
-  uint64_t end = std::min(size_, (offset + bytes) / page_bytes_ * page_bytes_);
+  // Whole pages only: punching part of a page zeroes those bytes and frees nothing.
+  const uint64_t begin = RoundUpTo(offset, page_bytes_);
+  const uint64_t end = std::min(size_, RoundDownTo(offset + bytes, page_bytes_));
   if (end <= begin) return absl::OkStatus();
   if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(begin),
                   static_cast<off_t>(end - begin)) != 0) {

@@ -18,7 +18,8 @@
 namespace engram {
 
 struct SharedRegionOptions {
-  // Try MFD_HUGETLB (2 MiB pages: reserved in vm.nr_hugepages, or surplus ones up to
+  // Try MFD_HUGETLB (the kernel's default huge page, HugePageBytes(): 2 MiB on x86-64, 512 MiB
+  // on a 64 KiB-page arm64 kernel; reserved in vm.nr_hugepages, or surplus ones up to
   // vm.nr_overcommit_hugepages) first; fall back to normal pages (with a notice in
   // huge_page_notice()) when there are none to have or the kernel refuses.
   bool huge_pages = false;
@@ -26,7 +27,8 @@ struct SharedRegionOptions {
 
 class SharedRegion {
  public:
-  // Creates a memfd of at least `bytes` (rounded up to the page size in use) and maps it
+  // Creates a memfd of at least `bytes` (rounded up to the page size in use: the huge page, or
+  // PageBytes()) and maps it
   // read-write, shared. The pages are allocated on first write. ResourceExhausted when the
   // kernel refuses the memory, naming `name`.
   static absl::StatusOr<SharedRegion> Create(const std::string& name, uint64_t bytes,
@@ -36,6 +38,10 @@ class SharedRegion {
   // fd is not a memfd (no seals to read), is write-sealed, is empty, or its size is not a
   // multiple of its page size; Internal when the mapping fails.
   static absl::StatusOr<SharedRegion> Adopt(const std::string& name, UniqueFd fd);
+
+  // The most bytes Create(_, bytes, options) can map: `bytes` rounded up to the largest page it
+  // may use. What a budget reserves before the region exists.
+  static uint64_t LargestSize(uint64_t bytes, const SharedRegionOptions& options);
 
   SharedRegion() = default;
   SharedRegion(SharedRegion&& other) noexcept;
@@ -59,7 +65,8 @@ class SharedRegion {
   absl::Status Seal();
 
   // Gives the pages of [offset, offset + bytes) back to the kernel (they read as zeros after);
-  // the range is narrowed inwards to whole pages. Only before Seal().
+  // the range is narrowed inwards to whole pages of page_bytes(), so bytes outside it never
+  // change. Only before Seal().
   absl::Status Release(uint64_t offset, uint64_t bytes);
 
   // Bytes of the region that currently hold pages (from fstat's st_blocks).
@@ -71,7 +78,7 @@ class SharedRegion {
   UniqueFd fd_;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
-  uint64_t page_bytes_ = 4096;
+  uint64_t page_bytes_ = 0;  // set by Create and Adopt
   bool huge_pages_ = false;
   bool sealed_ = false;
   std::string name_;

@@ -114,7 +114,7 @@ absl::Status ValidatePackedHeader(const PackedHeader& h, const std::string& path
     return geometry(absl::StrCat("covered rows [", h.covered_begin, ", ", h.covered_end,
                                  ") are empty or outside the table's ", h.num_rows, " rows"));
   }
-  if (h.data_offset < sizeof(PackedHeader) || h.data_offset % 4096 != 0) {
+  if (h.data_offset < sizeof(PackedHeader) || h.data_offset % kPackedPageBytes != 0) {
     return geometry(
         absl::StrCat("data offset ", h.data_offset, " is not a multiple of 4096 past the header"));
   }

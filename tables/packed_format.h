@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "base/page_size.h"
 #include "tables/table.h"
 
 namespace engram {
@@ -28,11 +29,15 @@ inline constexpr char kPackedMagic[8] = {'E', 'N', 'G', 'R', 'A', 'M', 'T', 'B'}
 inline constexpr uint16_t kPackedVersionMajor = 1;
 inline constexpr uint16_t kPackedVersionPaged = 2;
 inline constexpr uint16_t kPackedVersionMinor = 0;
-// The paged layout's page: the O_DIRECT read unit, and how many whole rows fit in it.
+// The paged layout's page: the O_DIRECT read unit (a device block, kDirectIoAlignBytes), and how
+// many whole rows fit in it. A format constant, not the kernel's page size: a file is the same
+// bytes on 4, 16 and 64 KiB-page kernels, and a missed row is still one 4 KiB block read there
+// (never a whole kernel page, docs/table_format.md).
 inline constexpr uint32_t kPackedPageBytes = 4096;
 inline constexpr uint32_t kPackedRowsPerPage = kPackedPageBytes / kRowBytes;  // 15
-// Rows start here so that O_DIRECT page runs of the data are page-aligned.
+// Rows start here so that O_DIRECT block runs of the data are block-aligned (a format constant).
 inline constexpr uint64_t kPackedDataOffset = 4096;
+static_assert(kPackedPageBytes == kDirectIoAlignBytes && kPackedDataOffset % kPackedPageBytes == 0);
 
 inline constexpr uint8_t kDtypeF8E4M3 = 1;  // element_layout.value_dtype
 inline constexpr uint8_t kDtypeF8E8M0 = 2;  // element_layout.scale_dtype

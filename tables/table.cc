@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/page_size.h"
 #include "tables/table_internal.h"
 
 namespace engram {
@@ -35,7 +36,11 @@ uint32_t Table::max_pages_per_row() const {
   uint32_t pages = 0;
   for (const RowPart& p : parts_) {
     // A part inside one page costs one page; one that may start anywhere can straddle two.
-    pages += p.paged() || p.bytes == 0 ? 1 : (p.bytes + 4095) / 4096 + 1;
+    // These are the device's O_DIRECT blocks, the same on any kernel page size.
+    const uint64_t block = kDirectIoAlignBytes;
+    pages += p.paged() || p.bytes == 0
+                 ? 1
+                 : static_cast<uint32_t>(RoundUpTo(p.bytes, block) / block + 1);
   }
   return pages;
 }

@@ -128,7 +128,8 @@ class Table {
   std::span<const RowPart> parts() const { return parts_; }
   // Bytes of row data this table holds (covered rows × 264).
   uint64_t data_bytes() const { return covered_.size() * uint64_t{kRowBytes}; }
-  // Device page reads an O_DIRECT read of one row takes: 1 for a paged packed file (no row
+  // Device page reads (4 KiB O_DIRECT blocks, whatever the kernel's page size) an O_DIRECT read
+  // of one row takes: 1 for a paged packed file (no row
   // straddles a page), up to 2 for an unpaged packed file (14 of 15 rows sit in one page), 2 for
   // a checkpoint (values and scales in distant regions; more when a part straddles a page).
   uint32_t max_pages_per_row() const;

@@ -20,6 +20,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "base/log.h"
+#include "base/page_size.h"
 #include "cli/command_line.h"
 #include "daemon/ops/cgroup_memory.h"
 #include "daemon/ops/config_file.h"
@@ -306,7 +307,7 @@ std::string ServingSummary(const ServerConfig& config, const StoreConfig& store_
     const RowStore* store = server.row_store();
     if (const ResidentTable* r = store != nullptr ? store->resident(t->layer_id()) : nullptr) {
       absl::StrAppendFormat(&line, " (%s, %s pages)", Gib(t->data_bytes()),
-                            r->huge_pages() ? "2 MiB" : "4 KiB");
+                            PageSizeName(r->page_bytes()));
       huge |= r->huge_pages();
     }
     tables.push_back(line);

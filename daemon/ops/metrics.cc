@@ -27,6 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/page_size.h"
 
 namespace engram::metrics {
 namespace {
@@ -154,7 +155,7 @@ std::optional<uint64_t> BootTime(const std::string& proc) {
 
 void AppendProcessMetrics(Exposition& e, const std::string& proc) {
   const double ticks = double(sysconf(_SC_CLK_TCK));
-  const double page = double(sysconf(_SC_PAGESIZE));
+  const double page = double(KernelPageBytes());  // /proc counts rss in the kernel's pages
   // /proc/self/stat: the fields after the command's closing parenthesis (which the command
   // itself may contain) start with field 3, the state.
   std::optional<std::string> stat = ReadProcFile(proc + "/self/stat");

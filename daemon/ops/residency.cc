@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "base/page_size.h"
 
 // Debian 12's headers predate cachestat; the number is the same on every architecture.
 #ifndef __NR_cachestat
@@ -36,7 +37,8 @@ struct Cachestat {
 
 std::atomic<bool> g_cachestat_works{true};
 
-uint64_t PageSize() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
+// mincore and cachestat count the kernel's own pages.
+uint64_t PageSize() { return KernelPageBytes(); }
 
 }  // namespace
 

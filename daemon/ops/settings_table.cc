@@ -218,7 +218,9 @@ constexpr Setting kMemoryRows[] = {
      .max = 60000},
     {.key = "memory.huge_pages",
      .flag = "--no-huge-pages",
-     .help = "Do not put resident tables on 2 MiB pages even where the kernel has them to give",
+     .help =
+         "Do not put resident tables on huge pages (the kernel's default size: 2 MiB on x86-64, "
+         "512 MiB on a 64 KiB-page arm64 kernel) even where the kernel has them to give",
      .kind = Kind::kBool,
      .applies = kRestart,
      .field = [](S* s) -> void* { return &s->store.huge_pages; }},

@@ -14,13 +14,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/page_size.h"
 
 namespace engram {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr uint64_t kPage = 4096;
 // How often a deferred batch looks again whether the gathers in flight finished.
 constexpr auto kDeferPoll = std::chrono::microseconds(50);
 
@@ -259,6 +259,7 @@ void Prefetcher::Process(uint32_t table_index, std::span<const uint64_t> rows) {
 void Prefetcher::ReadAhead(const Table& table, std::span<const uint64_t> rows,
                            uint64_t* ret_fetched, uint64_t* ret_held) {
   uint8_t scratch[kRowBytes];
+  const uint64_t page = PageBytes();
   const std::span<const TableFile> files = table.files();
   for (uint64_t row : rows) {
     bool all_resident = true;
@@ -269,8 +270,8 @@ void Prefetcher::ReadAhead(const Table& table, std::span<const uint64_t> rows,
       const ssize_t n = preadv2(fd, &iov, 1, static_cast<off_t>(offset), RWF_NOWAIT);
       if (n == static_cast<ssize_t>(part.bytes)) continue;
       all_resident = false;
-      const uint64_t begin = offset / kPage * kPage;
-      const uint64_t end = (offset + part.bytes + kPage - 1) / kPage * kPage;
+      const uint64_t begin = RoundDownTo(offset, page);
+      const uint64_t end = RoundUpTo(offset + part.bytes, page);
       (void)posix_fadvise(fd, static_cast<off_t>(begin), static_cast<off_t>(end - begin),
                           POSIX_FADV_WILLNEED);
     }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/page_size.h"
 #include "daemon/server/request_pool.h"
 #include "gather/gather_engine.h"
 #include "store/row_store.h"
@@ -53,7 +54,8 @@ std::string DescribeAlwaysAnd(uid_t own_uid, const std::vector<uid_t>& uids,
 uint32_t DirectBounceBytes(uint64_t budget) {
   const uint64_t engine_default = GatherEngineOptions{}.direct_bounce_bytes;
   if (budget == 0) return static_cast<uint32_t>(engine_default);
-  const uint64_t share = budget / 256 / 4096 * 4096;
+  // The bounce buffer holds O_DIRECT runs: a multiple of the device's unit, not of the page.
+  const uint64_t share = RoundDownTo(budget / 256, kDirectIoAlignBytes);
   return static_cast<uint32_t>(std::clamp(share, kMinBounceBytes, engine_default));
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/page_size.h"
 
 namespace engram {
 namespace {
@@ -26,9 +27,10 @@ absl::Status Refused(const char* step) {
 absl::StatusOr<std::unique_ptr<TableStatePage>> TableStatePage::Create(
     const std::vector<std::unique_ptr<Table>>& tables) {
   std::unique_ptr<TableStatePage> page(new TableStatePage());
+  const uint64_t page_size = PageBytes();
   const uint64_t bytes =
-      (sizeof(engram_table_state_page) + tables.size() * sizeof(engram_table_state_entry) + 4095) /
-      4096 * 4096;
+      RoundUpTo(sizeof(engram_table_state_page) + tables.size() * sizeof(engram_table_state_entry),
+                page_size);
   page->fd_.Reset(memfd_create("engram-table-state", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!page->fd_.valid()) return Refused("memfd_create");
   if (ftruncate(page->fd_.get(), static_cast<off_t>(bytes)) != 0) return Refused("ftruncate");
@@ -37,9 +39,9 @@ absl::StatusOr<std::unique_ptr<TableStatePage>> TableStatePage::Create(
   page->page_.Reset(p, bytes);
   // The robust list lives in shared memory too: the OOM reaper may strip a killed process's
   // private memory before its threads' robust lists are walked, but leaves shared mappings.
-  void* r = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* r = mmap(nullptr, page_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (r == MAP_FAILED) return Refused("mmap of the robust list");
-  page->robust_.Reset(r, 4096);
+  page->robust_.Reset(r, page_size);
   page->entries_ = tables.size();
   engram_table_state_page* h = page->header();
   h->magic = ENGRAM_TABLE_STATE_MAGIC;

@@ -12,12 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "base/page_size.h"
 #include "tests/common/skip.h"
 
 namespace engram {
 namespace {
 
-constexpr uint64_t kPage = 4096;
+// The kernel's page: what fadvise drops and mincore counts.
+const uint64_t kPage = KernelPageBytes();
 constexpr uint64_t kPages = 64;
 
 struct TempFile {

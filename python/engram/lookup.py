@@ -46,7 +46,9 @@ from .dequant import ROW_VALUES, dequantize_scatter
 from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
                      InvalidArgumentError, RowOutOfRangeError, UnknownTableError, error_for)
 
-_PAGE = 4096
+# ENGRAM_ARENA_ALIGN: engram_alloc rounds each allocation up to it. A protocol constant, not the
+# page size: it is 4096 on every kernel.
+_ARENA_ALIGN = 4096
 _INT32_MAX = 2**31 - 1
 # engram_status_code -> errno, for a failure the GPU queue recorded.
 _STATUS_ERRNO = {3: errno.EINVAL, 4: errno.ETIMEDOUT, 5: errno.ENOENT, 8: errno.ENOSPC,
@@ -144,8 +146,8 @@ class EngramLookup:
             in_place = os.environ.get("ENGRAM_IN_PLACE", "1") in ("", "1")
         self.in_place = bool(in_place)
         capacity = max_tokens * heads
-        per_layer = _round_up(capacity * (row_bytes() + 8 + 4), _PAGE)
-        data_bytes = per_layer * len(layers) + 2 * _PAGE
+        per_layer = _round_up(capacity * (row_bytes() + 8 + 4), _ARENA_ALIGN)
+        data_bytes = per_layer * len(layers) + 2 * _ARENA_ALIGN
         self._client = Client(socket, data_bytes=data_bytes, slots=max(8, 2 * len(layers)),
                               client_name=client_name, timeout=timeout)
         self._closed = False

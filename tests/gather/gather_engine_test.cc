@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "base/page_size.h"
 #include "gather/gather_planner.h"
 #include "tests/common/skip.h"
 #include "tests/gather/gather_catch_util.h"
@@ -192,7 +193,8 @@ TEST_CASE("forced path: hit, every row from the NOWAIT pass", "[gather][paths][n
   }
 }
 
-TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does", "[gather][paths][nowait]") {
+TEST_CASE("forced path: one EAGAIN goes to the residue and nothing else does",
+          "[gather][paths][nowait]") {
   auto table = Open(Files().packed);
   Warm(*table);
   SECTION("injected: the first NOWAIT read answers EAGAIN") {
@@ -689,7 +691,7 @@ TEST_CASE("the planner de-duplicates and merges adjacent and same-page reads", "
   size_t want = 0;
   for (const RowPart& p : ckpt->parts()) {
     const uint64_t end5 = p.FileOffset(5) + p.bytes, start10 = p.FileOffset(10);
-    want += (end5 - 1) / 4096 == start10 / 4096 ? 1 : 2;
+    want += (end5 - 1) / PageBytes() == start10 / PageBytes() ? 1 : 2;
   }
   CHECK(plan.reads.size() == want);
   const PlannedRead& scales = plan.reads.back();

@@ -14,9 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/page_size.h"
 #include "engram/engram.h"
 #include "protocol/row_cache_layout.h"
 #include "testkit/daemon_test_util.h"
@@ -42,10 +43,11 @@ constexpr int kClients = 3;
 constexpr uint64_t kRowsPerGather = 256;
 constexpr int kCycles = 24;
 constexpr int kHoldEvery = 4;  // every 4th cycle holds the floor until its pages are given back
-// Above the capacity's bytes once a shrink has settled: the slots below the first one that
-// starts a page keep theirs (at most 127 slots of 288 bytes with 4 KiB pages: 36 KiB), and a
-// few pages a reader may have faulted back in and the daemon not yet given back again.
-constexpr uint64_t kSettledSlack = 64 << 10;
+// Above the capacity's bytes once a shrink has settled, in kernel pages: the slots below the
+// first one that starts a page keep theirs (at most page / 32 - 1 slots of 288 bytes, under 9
+// pages: 36 KiB with 4 KiB pages, 576 KiB with 64 KiB ones), and a few pages a reader may have
+// faulted back in and the daemon not yet given back again.
+const uint64_t kSettledSlack = 16 * engram::KernelPageBytes();
 
 // Runs `fn` at the end of the scope.
 struct Cleanup {
@@ -193,8 +195,8 @@ TEST_CASE("a shrink storm with clients reading the row cache in place", "[store]
     return stat(memfd.c_str(), &st) == 0 ? uint64_t(st.st_blocks) * 512 : UINT64_MAX;
   };
 
-  auto* shared = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
-                                           MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* shared = static_cast<Shared*>(
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   REQUIRE(shared != MAP_FAILED);
   new (shared) Shared{};
   std::vector<pid_t> clients;

@@ -128,7 +128,9 @@ TEST_CASE("shrinking keeps rows byte-exact, gives pages and budget back; growing
   RowCacheStats st = cache.Stats();
   REQUIRE(st.used_slots == full / 4);
   REQUIRE(st.resident_bytes < resident_full / 2);
-  REQUIRE(budget.used() == used_full - RowCache::BytesForSlots(full - full / 4));
+  // The budget gets back the whole pages given back.
+  REQUIRE(budget.used() ==
+          used_full - (cache.ChargedSlotBytes(full) - cache.ChargedSlotBytes(full / 4)));
   uint64_t hits = 0;
   for (uint64_t r = 0; r < full; ++r) hits += LookupChecked(cache, 14, r);
   REQUIRE(hits == full / 4);  // every kept row moved below the new capacity, none lost or torn
@@ -213,7 +215,8 @@ TEST_CASE("a large shrink stalls inserts for one chunk at most, not the whole sh
   CHECK(max_wait_ns < shrink_ns / 4);
   RowCacheStats st = cache.Stats();
   CHECK(st.used_slots <= full / 4);
-  CHECK(budget.used() == used_full - RowCache::BytesForSlots(full - full / 4));
+  CHECK(budget.used() ==
+        used_full - (cache.ChargedSlotBytes(full) - cache.ChargedSlotBytes(full / 4)));
   uint64_t hits = 0;
   for (uint64_t r = 0; r < full; ++r) hits += LookupChecked(cache, 14, r);
   CHECK(hits <= full / 4);
@@ -235,8 +238,8 @@ TEST_CASE("a slot's seq never returns to an earlier value across a shrink and a 
   void* p = ::mmap(nullptr, cache->region_bytes(), PROT_READ, MAP_SHARED, cache->fd(), 0);
   REQUIRE(p != MAP_FAILED);
   const auto* header = static_cast<const RowCacheHeader*>(p);
-  const auto* slots = reinterpret_cast<const RowCacheSlot*>(static_cast<const uint8_t*>(p) +
-                                                            header->slots_offset);
+  const auto* slots =
+      reinterpret_cast<const RowCacheSlot*>(static_cast<const uint8_t*>(p) + header->slots_offset);
   std::vector<uint32_t> before(1024);
   for (size_t i = 0; i < before.size(); ++i) before[i] = slots[i].seq.load();
   REQUIRE(cache->SetCapacitySlots(64) == 64);
@@ -388,8 +391,8 @@ TEST_CASE("the ghost queue keeps the last keys pushed up to its limit, less thos
     return false;
   };
   auto model_size = [&] {
-    return static_cast<uint64_t>(std::count_if(model.begin(), model.end(),
-                                               [](const auto& e) { return e.second; }));
+    return static_cast<uint64_t>(
+        std::count_if(model.begin(), model.end(), [](const auto& e) { return e.second; }));
   };
   for (int step = 0; step < 200000; ++step) {
     const uint64_t key = rng() % 2000 + 1;  // few keys: repeats and takes are common
@@ -456,9 +459,9 @@ TEST_CASE("a hit reported by a client (Touch) counts as a use; a stale report do
   REQUIRE(b >= 0);
   CHECK(client->LookupSlot(1, 5, got, &freq) == -1);
   cache->Touch(static_cast<uint32_t>(a), RowCacheKey(1, 1000));
-  cache->Touch(static_cast<uint32_t>(b), RowCacheKey(1, 1000));       // another row's key
-  cache->Touch(static_cast<uint32_t>(b), 0);                          // no key
-  cache->Touch(cache->max_slots() + 5, RowCacheKey(1, 1001));         // no such slot
+  cache->Touch(static_cast<uint32_t>(b), RowCacheKey(1, 1000));  // another row's key
+  cache->Touch(static_cast<uint32_t>(b), 0);                     // no key
+  cache->Touch(cache->max_slots() + 5, RowCacheKey(1, 1001));    // no such slot
   cache->Touch(static_cast<uint32_t>(cache->capacity_slots()), RowCacheKey(1, 1001));
   REQUIRE(client->LookupSlot(1, 1000, got, &freq) == a);
   CHECK(freq == 1);

@@ -6,8 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -18,9 +18,10 @@
 #include <tuple>
 #include <utility>
 
+#include "base/page_size.h"
 #include "engram/engram.h"
-#include "protocol/store_counters.h"
 #include "nlohmann/json.hpp"
+#include "protocol/store_counters.h"
 #include "testkit/daemon_test_util.h"
 #include "tests/common/skip.h"
 
@@ -245,29 +246,28 @@ TEST_CASE("every row store counter of the lists shows in the JSON, metrics and e
   const std::string status_text = RunCommand(base + "status").second;
   const std::string stats_text = RunCommand(base + "stats").second;
   const std::string tables_text = RunCommand(base + "tables --no-residency").second;
-#define ROW_CACHE_(field, json_key, type, metric, help)                                  \
-  {                                                                                      \
-    INFO(json_key);                                                                      \
-    CHECK(cache.contains(json_key));                                                     \
-    CHECK(metrics.find(std::string("\n") + metric + " ") != std::string::npos);          \
-    CHECK(status_text.find(Label(json_key)) != std::string::npos);                       \
+#define ROW_CACHE_(field, json_key, type, metric, help)                         \
+  {                                                                             \
+    INFO(json_key);                                                             \
+    CHECK(cache.contains(json_key));                                            \
+    CHECK(metrics.find(std::string("\n") + metric + " ") != std::string::npos); \
+    CHECK(status_text.find(Label(json_key)) != std::string::npos);              \
   }
   ENGRAM_ROW_CACHE_COUNTERS(ROW_CACHE_)
 #undef ROW_CACHE_
   // Layer 14 is resident (every counter), layer 1 cached (those of both tiers).
   const json resident = TableEntry(stats, 14), cached = TableEntry(stats, 1);
-#define STORE_TABLE_(field, json_key, tiers, type, metric, help)                           \
-  {                                                                                      \
-    INFO(json_key);                                                                      \
-    const bool both = std::string_view(#tiers) == "MEMORY";                              \
-    CHECK(resident.contains(json_key));                                                  \
-    CHECK(cached.contains(json_key) == both);                                            \
-    CHECK(TableEntry(tables, 14).contains(json_key) == !both);                           \
-    CHECK(metrics.find(std::string(metric) + "{table=\"14\"}") != std::string::npos);    \
-    CHECK((metrics.find(std::string(metric) + "{table=\"1\"}") != std::string::npos) ==   \
-          both);                                                                         \
-    CHECK(stats_text.find(Label(json_key)) != std::string::npos);                        \
-    if (!both) CHECK(tables_text.find(Label(json_key)) != std::string::npos);            \
+#define STORE_TABLE_(field, json_key, tiers, type, metric, help)                               \
+  {                                                                                            \
+    INFO(json_key);                                                                            \
+    const bool both = std::string_view(#tiers) == "MEMORY";                                    \
+    CHECK(resident.contains(json_key));                                                        \
+    CHECK(cached.contains(json_key) == both);                                                  \
+    CHECK(TableEntry(tables, 14).contains(json_key) == !both);                                 \
+    CHECK(metrics.find(std::string(metric) + "{table=\"14\"}") != std::string::npos);          \
+    CHECK((metrics.find(std::string(metric) + "{table=\"1\"}") != std::string::npos) == both); \
+    CHECK(stats_text.find(Label(json_key)) != std::string::npos);                              \
+    if (!both) CHECK(tables_text.find(Label(json_key)) != std::string::npos);                  \
   }
   ENGRAM_STORE_TABLE_COUNTERS(STORE_TABLE_)
 #undef STORE_TABLE_
@@ -479,9 +479,9 @@ TEST_CASE("engramctl load starts, cancels and resumes a resident table's load", 
   CHECK(in_place["batches"] == last["batches"]);
 }
 
-// The 2 MiB pages of /proc/meminfo and /proc/sys/vm: how many are in use, and how many more a
-// process could have (free reserved pages, and surplus pages that vm.nr_overcommit_hugepages
-// still allows).
+// The default-size huge pages of /proc/meminfo and /proc/sys/vm (what MFD_HUGETLB takes): how many
+// are in use, and how many more a process could have (free reserved pages, and surplus pages that
+// vm.nr_overcommit_hugepages still allows).
 struct HugePages {
   uint64_t in_use = 0, available = 0;
 };
@@ -533,14 +533,15 @@ TEST_CASE("warm refuses resident, cached and O_DIRECT tables, naming the tier", 
   CheckWarmRefused(direct, 14, {"storage tier read with O_DIRECT", "tables.read_mode"});
 }
 
-TEST_CASE("where the kernel has 2 MiB pages to give, a resident table lives on them",
+TEST_CASE("where the kernel has huge pages to give, a resident table lives on them",
           "[store][hugetlb]") {
-  constexpr uint64_t kHugePage = 2 << 20;
+  const uint64_t kHugePage = engram::HugePageBytes();
+  if (kHugePage == 0) ENGRAM_SKIP("the kernel has no hugetlb pages");
   const uint64_t needed = (kRows * kRowBytes + kHugePage - 1) / kHugePage;
   const HugePages before = ReadHugePages();
   if (before.available < needed) {
-    ENGRAM_SKIP("fewer than " + std::to_string(needed) +
-                " 2 MiB huge pages to have (allow surplus ones with sysctl "
+    ENGRAM_SKIP("fewer than " + std::to_string(needed) + " " + engram::PageSizeName(kHugePage) +
+                " huge pages to have (allow surplus ones with sysctl "
                 "vm.nr_overcommit_hugepages=64, as the package does, or reserve them with "
                 "vm.nr_hugepages=32): the hugetlb path of resident tables cannot run here");
   }
@@ -674,8 +675,10 @@ std::pair<uint64_t, uint64_t> GatherCounted(engram_session* s, uint32_t layer, u
   return {in_place_after - in_place, daemon_after - daemon};
 }
 
-TEST_CASE("a plain engram_gather reads resident and cached tables in place; the opt-outs reach "
-          "engramd", "[store][map]") {
+TEST_CASE(
+    "a plain engram_gather reads resident and cached tables in place; the opt-outs reach "
+    "engramd",
+    "[store][map]") {
   const Daemon& d = StoreDaemon();
   WaitResident(d);
   const uint64_t n = 512;
@@ -766,19 +769,22 @@ struct ServedCounts {
 ServedCounts Served(const Daemon& d, uint32_t layer) {
   const json t = TableEntry(Ctl(d, "stats"), layer);
   const json status = Ctl(d, "status");
-  return {t["store_requests"], t["store_all_hit_requests"], t["store_rows"], t["store_hit_rows"],
-          t["batches"], status["rows_served"], status["batches"]};
+  return {t["store_requests"], t["store_all_hit_requests"], t["store_rows"],  t["store_hit_rows"],
+          t["batches"],        status["rows_served"],       status["batches"]};
 }
 std::ostream& operator<<(std::ostream& o, const ServedCounts& c) {
   return o << "{requests " << c.store_requests << ", all-hit " << c.store_all_hit_requests
            << ", rows " << c.store_rows << ", hit rows " << c.store_hit_rows << ", engine batches "
-           << c.batches << ", rows served " << c.rows_served << ", batches "
-           << c.status_batches << "}";
+           << c.batches << ", rows served " << c.rows_served << ", batches " << c.status_batches
+           << "}";
 }
 ServedCounts operator-(const ServedCounts& a, const ServedCounts& b) {
-  return {a.store_requests - b.store_requests, a.store_all_hit_requests - b.store_all_hit_requests,
-          a.store_rows - b.store_rows,         a.store_hit_rows - b.store_hit_rows,
-          a.batches - b.batches,               a.rows_served - b.rows_served,
+  return {a.store_requests - b.store_requests,
+          a.store_all_hit_requests - b.store_all_hit_requests,
+          a.store_rows - b.store_rows,
+          a.store_hit_rows - b.store_hit_rows,
+          a.batches - b.batches,
+          a.rows_served - b.rows_served,
           a.status_batches - b.status_batches};
 }
 
@@ -836,8 +842,8 @@ TEST_CASE("rows read in place from a resident table count in engramd's statistic
   // A session that asks engramd for its gathers adds only what engramd served.
   const ServedCounts before_daemon = Served(d, 14);
   REQUIRE(InChild([&] {
-    return GatherChecked(d, 14, n, kRows, 2, 93, ENGRAM_GATHER_VIA_DAEMON);
-  }) == 0);
+            return GatherChecked(d, 14, n, kRows, 2, 93, ENGRAM_GATHER_VIA_DAEMON);
+          }) == 0);
   CHECK(Served(d, 14) - before_daemon == ServedCounts{2, 2, 2 * n, 2 * n, 0, 2 * n, 2});
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
+#include "base/page_size.h"
 #include "tools/engramctl/commands.h"
 #include "tools/engramctl/control_client.h"
 #include "tools/engramctl/counter_lines.h"
@@ -92,10 +93,10 @@ std::string StoreTableLines(const json& t) {
     return absl::StrFormat("         tier %s\n", t["tier"].get<std::string>());
   }
   const std::string state = t.value("resident_load_state", std::string());
-  std::string out =
-      absl::StrFormat("         tier resident (%s%s%s):\n",
-                      t.value("resident_huge_pages", false) ? "2 MiB pages" : "4 KiB pages",
-                      state.empty() ? "" : ", ", state);
+  const std::string pages = engram::PageSizeName(t.value("resident_page_bytes", uint64_t{0}));
+  std::string out = absl::StrFormat("         tier resident (%s %spages%s%s):\n", pages,
+                                    t.value("resident_huge_pages", false) ? "huge " : "",
+                                    state.empty() ? "" : ", ", state);
   out += CounterLines(StoreTableCounters(), t, nullptr, 0, "           ");
   if (t.contains("resident_load_error")) {
     out +=
