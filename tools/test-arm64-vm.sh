@@ -10,6 +10,7 @@
 #                           code about ten times slower than the host, and slower on a busy one)
 #   ENGRAM_VM_LIMIT         seconds after which the whole VM is stopped (default 10800)
 #   ENGRAM_VM_TESTS         only these tests (names separated by spaces)
+#   ENGRAM_VM_BUILD=0       run the arm64 build as it is (its targets already built)
 # Everything comes from Debian: qemu-system-arm and cpio (installed here if missing), and the
 # arm64 packages linux-image-*-arm64, busybox-static, bash and libtinfo6 (apt-get download,
 # kept in BUILD-arm64/vm/debs). The guest boots an initramfs holding busybox, bash, the arm64
@@ -192,7 +193,7 @@ boot() {
 
 start=$SECONDS
 install_host_tools
-build_arm64
+[[ ${ENGRAM_VM_BUILD:-1} == 0 ]] || build_arm64
 download_packages
 unpack_kernel
 make_initramfs
