@@ -143,6 +143,9 @@ make_initramfs() {
   mkdir -p "$root/usr/lib"
   cp -a /usr/lib/aarch64-linux-gnu "$root/usr/lib/"
   rm -rf "$root"/usr/lib/aarch64-linux-gnu/{pkgconfig,cmake} "$root"/usr/lib/aarch64-linux-gnu/*.a
+  # Merged /usr, as Debian's: the packages' /lib/aarch64-linux-gnu (libtinfo) joins the rest.
+  cp -a "$root"/lib/aarch64-linux-gnu/. "$root/usr/lib/aarch64-linux-gnu/"
+  rm -rf "$root/lib/aarch64-linux-gnu"
   ln -s ../usr/lib/aarch64-linux-gnu "$root/lib/aarch64-linux-gnu"
   ln -s aarch64-linux-gnu/ld-linux-aarch64.so.1 "$root/lib/ld-linux-aarch64.so.1"
   printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' \
