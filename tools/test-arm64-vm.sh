@@ -4,7 +4,7 @@
 # refuses (io_uring, RWF_NOWAIT, the robust futex list) runs here against a real arm64 kernel.
 # Usage: tools/test-arm64-vm.sh
 #   ENGRAM_BUILD_DIR        native build directory (default build); the arm64 build is it + "-arm64"
-#                           (the same as tools/test.sh's), built here if missing
+#                           (the same as tools/test.sh's, a path inside the tree), built here
 #   ENGRAM_VM_CPUS          vCPUs (default 2); ENGRAM_VM_MEMORY  guest memory in MiB (default 4096)
 #   ENGRAM_VM_TIMEOUT_MULTIPLIER  stretches each test's meson timeout (default 10: TCG runs arm64
 #                           code about ten times slower than the host, and slower on a busy one)
@@ -15,13 +15,14 @@
 # arm64 packages linux-image-*-arm64, busybox-static, bash and libtinfo6 (apt-get download,
 # kept in BUILD-arm64/vm/debs). The guest boots an initramfs holding busybox, bash, the arm64
 # runtime libraries of the multiarch install (tools/setup.sh --arch arm64) and the kernel
-# modules it needs; the tree is shared read-only over 9p at its own path, a scratch ext4 disk
-# is /tmp (O_DIRECT and io_uring reads need a real file system) and the results come back over a
-# second 9p share. Ends with "N passed, N failed, N skipped"; exits 1 if a test failed.
+# modules it needs; an ext4 disk holds the tree (at its own path) and /tmp (O_DIRECT and
+# RWF_NOWAIT reads need a real file system), and the results come back over a 9p share. Ends
+# with "N passed, N failed, N skipped"; exits 1 if a test failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 armdir=${ENGRAM_BUILD_DIR:-build}-arm64
+[[ $armdir != /* ]] || { echo "vm: ENGRAM_BUILD_DIR must be a path inside the tree" >&2; exit 2; }
 vm=$armdir/vm
 suites=(table gather hash daemon store ops gpu)
 multiplier=${ENGRAM_VM_TIMEOUT_MULTIPLIER:-10}
@@ -108,9 +109,10 @@ mount -t devpts devpts /dev/pts
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 for m in \$(cat /modules.order); do insmod /lib/modules/$kernel_version/\$m; done
 ip link set lo up
-mount -t ext4 /dev/vda /tmp && chmod 1777 /tmp
-mkdir -p $repo /results
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro tree $repo
+mkdir -p /mnt/disk $repo /results
+mount -t ext4 /dev/vda /mnt/disk
+mount --bind /mnt/disk/tree $repo
+mount --bind /mnt/disk/tmp /tmp && chmod 1777 /tmp
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 results /results
 echo "vm: \$(uname -srm), \$(nproc) CPUs, \$(awk '/MemTotal/ {print \$2 / 1024 " MiB"}' /proc/meminfo)"
 sh /runner.sh
@@ -163,6 +165,27 @@ make_initramfs() {
   (cd "$root" && find . | cpio -o -H newc --quiet) > "$vm/initramfs.cpio"
 }
 
+# The guest's disk: the tree (sources the tests read, and the arm64 build's programs and
+# libraries without its object files) at its own path, and /tmp. A real file system, not 9p:
+# the tests probe RWF_NOWAIT and O_DIRECT on their own binaries and files, which 9p refuses.
+# Staged with hard links and copied into the image by mkfs.ext4 -d.
+stage_disk() {
+  local disk=$vm/disk entry
+  rm -rf "$disk" && mkdir -p "$disk/tree" "$disk/tmp"
+  for entry in "$repo"/* "$repo"/.[!.]*; do
+    case ${entry##*/} in build* | .git | "${armdir%%/*}") continue ;; esac
+    cp -al "$entry" "$disk/tree/"
+  done
+  mkdir -p "$disk/tree/$armdir"
+  for entry in "$armdir"/* "$armdir"/.[!.]*; do
+    [[ -e $entry && ${entry##*/} != vm ]] && cp -al "$entry" "$disk/tree/$armdir/"
+  done
+  find "$disk/tree/$armdir" \( -name '*.o' -o -name '*.a' -o -name '*.gch' \) -delete
+  truncate -s 0 "$vm/scratch.img" && truncate -s 8G "$vm/scratch.img"
+  mkfs.ext4 -q -F -d "$disk" "$vm/scratch.img"
+  rm -rf "$disk"
+}
+
 unpack_kernel() {
   rm -rf "$vm/kernel" && mkdir -p "$vm/kernel"
   dpkg-deb -x "$vm"/debs/linux-image-[0-9]*.deb "$vm/kernel"
@@ -176,8 +199,7 @@ unpack_kernel() {
 boot() {
   local results=$vm/results
   rm -rf "$results" && mkdir -p "$results"
-  truncate -s 0 "$vm/scratch.img" && truncate -s 8G "$vm/scratch.img"
-  mkfs.ext4 -q -F "$vm/scratch.img"
+  stage_disk
   echo "vm: booting $kernel_version under $(qemu-system-aarch64 --version | head -1)"
   timeout "${ENGRAM_VM_LIMIT:-10800}" qemu-system-aarch64 \
     -M virt -cpu max,pauth-impdef=on -accel tcg,thread=multi \
@@ -187,8 +209,6 @@ boot() {
     -append "console=ttyAMA0 rdinit=/init quiet panic=-1" \
     -drive "file=$vm/scratch.img,if=none,id=scratch,format=raw,cache=unsafe" \
     -device virtio-blk-pci,drive=scratch \
-    -fsdev "local,id=tree,path=$repo,security_model=none,readonly=on" \
-    -device virtio-9p-pci,fsdev=tree,mount_tag=tree \
     -fsdev "local,id=results,path=$(realpath "$results"),security_model=none" \
     -device virtio-9p-pci,fsdev=results,mount_tag=results \
     < /dev/null | tee "$results/console.log" | grep --line-buffered '^vm: ' || true
