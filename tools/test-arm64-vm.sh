@@ -106,6 +106,7 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/shm /dev/pts /sys/fs/cgroup
 mount -t tmpfs -o mode=1777 shm /dev/shm
 mount -t devpts devpts /dev/pts
+mount -t tmpfs -o mode=0755 run /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 for m in \$(cat /modules.order); do insmod /lib/modules/$kernel_version/\$m; done
 ip link set lo up
@@ -137,6 +138,8 @@ make_initramfs() {
   dpkg-deb -x "$vm"/debs/bash_*.deb "$root"
   dpkg-deb -x "$vm"/debs/libtinfo6_*.deb "$root"
   ln -sf /bin/bash "$root/usr/bin/bash"
+  mkdir -p "$root/var" "$root/run"
+  ln -s ../tmp "$root/var/tmp"
   ln -sf /bin/env "$root/usr/bin/env"
   # The tests' run-* wrappers start the target's binaries through qemu-user on the host; here
   # the kernel runs them itself.
