@@ -145,7 +145,8 @@ def report(results_dir, testlog=None):
         counts[kind or "failed"] += 1
         reason = ""
         if e["result"] == "SKIP":
-            reason = " (" + next((l for l in e["stdout"].splitlines() if "SKIP" in l), "")[:90] + ")"
+            line = next((l for l in e["stdout"].splitlines() if "SKIP" in l), "")
+            reason = f" ({line[:90]})"
         print(f"vm: {e['name']:<32} {e['result']:<8} {e['duration']:8.1f} s{reason}")
         if kind is None:
             print("\n".join("  | " + l for l in e["stdout"].splitlines()[-15:]))

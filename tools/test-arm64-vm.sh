@@ -115,7 +115,8 @@ mount -t ext4 /dev/vda /mnt/disk
 mount --bind /mnt/disk/tree $repo
 mount --bind /mnt/disk/tmp /tmp && chmod 1777 /tmp
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 results /results
-echo "vm: \$(uname -srm), \$(nproc) CPUs, \$(awk '/MemTotal/ {print \$2 / 1024 " MiB"}' /proc/meminfo)"
+memory=\$(awk '/MemTotal/ {print \$2 / 1024 " MiB"}' /proc/meminfo)
+echo "vm: \$(uname -srm), \$(nproc) CPUs, \$memory"
 sh /runner.sh
 sync
 poweroff -f
