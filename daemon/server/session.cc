@@ -76,6 +76,12 @@ bool Session::HasSubmissions() const {
 void Session::SetNeedWakeup(bool on) {
   Shared(arena_->header()->sq_flags)
       .store(on ? ENGRAM_SQ_NEED_WAKEUP : 0u, std::memory_order_seq_cst);
+  // The flag's store must be ordered before the poller's next load of sq_tail (a store then a
+  // load of another word: what no release/acquire pair orders; Arm's LDAPR, which compilers emit
+  // for acquire loads on Armv8.3 and later, may pass a store-release). The client mirrors it:
+  // its sq_tail store, a full fence, then its load of the flag; with both fences one side sees
+  // the other's store, so a submission is never left unseen while the poller sleeps.
+  if (on) std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 uint32_t Session::TakeSubmissions(engram_sqe* out, uint32_t max, bool* ret_garbage) {

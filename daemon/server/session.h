@@ -72,6 +72,8 @@ class Session {
   // skipped entirely and counted: *ret_garbage is set.
   uint32_t TakeSubmissions(engram_sqe* out, uint32_t max, bool* ret_garbage);
   bool HasSubmissions() const;
+  // Raising the flag ends with a full fence, so a HasSubmissions() after it cannot miss a
+  // submission whose client did not see the flag (docs/protocol.md, "Memory ordering").
   void SetNeedWakeup(bool on);
 
   // Any thread. Writes the outcome into the slot, queues a completion entry, increments the

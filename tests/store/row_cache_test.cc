@@ -373,6 +373,49 @@ TEST_CASE("readers in other processes never see a torn or wrong row", "[cache][c
   ::munmap(stop, 4096);
 }
 
+// A reader that cannot afford ordered loads (a GPU across PCIe, kernels/cache_device.h): reads a
+// slot's key, then its row words last to first, then its check, all without the seq, and takes
+// the row only when the check of the key and the words read equals the check read. Returns the
+// rows taken, or -1 after the first taken row whose bytes are not the row's.
+int64_t ReadByCheckUntil(const uint8_t* region, const std::atomic<bool>& stop) {
+  const auto* header = reinterpret_cast<const RowCacheHeader*>(region);
+  const auto* slots = reinterpret_cast<const RowCacheSlot*>(region + header->slots_offset);
+  uint8_t got[kRowBytes], want[kRowBytes];
+  int64_t taken = 0;
+  for (uint32_t i = 0; !stop.load(std::memory_order_relaxed); i = (i + 1) % header->max_slots) {
+    const RowCacheSlot& s = slots[i];
+    const uint64_t key = s.key.load(std::memory_order_relaxed);
+    for (size_t w = kRowCacheRowWords; w-- > 0;) {
+      const uint64_t word = s.row[w].load(std::memory_order_relaxed);
+      std::memcpy(got + w * sizeof word, &word, sizeof word);
+    }
+    if (key == 0 || s.check.load(std::memory_order_relaxed) != RowCacheCheck(key, got)) continue;
+    const uint32_t layer = (key >> 40) - 1;  // RowCacheKey: (layer + 1) << 40 | row
+    const uint64_t row = key & ((uint64_t{1} << 40) - 1);
+    if ((layer != 1 && layer != 14) || RowCacheKey(layer, row) != key) return -1;
+    SyntheticRow(kSeed, layer, row, want);
+    if (std::memcmp(got, want, kRowBytes) != 0) return -1;
+    ++taken;
+  }
+  return taken;
+}
+
+TEST_CASE("readers trusting only the row check never take a torn row", "[cache][concurrency]") {
+  auto cache = MakeCache(64);
+  void* p = ::mmap(nullptr, cache->region_bytes(), PROT_READ, MAP_SHARED, cache->fd(), 0);
+  REQUIRE(p != MAP_FAILED);
+  REQUIRE((static_cast<const RowCacheHeader*>(p)->flags & kRowCacheFlagRowCheck) != 0);
+  std::atomic<bool> stop{false};
+  int64_t taken = 0;
+  std::thread reader([&] { taken = ReadByCheckUntil(static_cast<uint8_t*>(p), stop); });
+  Churn(*cache, 160, 1'500'000'000);
+  stop = true;
+  reader.join();
+  ::munmap(p, cache->region_bytes());
+  REQUIRE(taken >= 0);   // a row whose bytes were not its key's passed the check
+  REQUIRE(taken > 100);  // the reader really raced the writer on live rows
+}
+
 // The ghost queue against a plain model (the last `limit` keys pushed, oldest first, each marked
 // once taken): the same keys are found after every step of a random mix of pushes (new and
 // repeated keys), takes and limit changes, with keys that collide in the index and a ring that

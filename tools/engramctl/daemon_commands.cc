@@ -133,11 +133,14 @@ void PrintMemory(const json& m) {
   line += U(m, "budget_bytes") == 0
               ? ", budget unbounded"
               : absl::StrFormat(", budget %s", Bytes(double(U(m, "budget_bytes"))));
-  const json& p = m.contains("pressure") && m["pressure"].is_object() ? m["pressure"]
-                  : m.contains("system_pressure")                     ? m["system_pressure"]
-                                                                      : json();
-  if (p.is_object()) {
-    line += absl::StrFormat(", %spressure some %.2f%%", m["pressure"].is_object() ? "" : "system ",
+  // A daemon outside any memory cgroup (the root cgroup, a VM's init) reports only the system's
+  // pressure: a const json's operator[] on a missing key asserts, so every key is looked up first.
+  const bool own = m.contains("pressure") && m["pressure"].is_object();
+  const json& p = own                             ? m["pressure"]
+                  : m.contains("system_pressure") ? m["system_pressure"]
+                                                  : json();
+  if (p.is_object() && p.contains("some") && p["some"].is_object()) {
+    line += absl::StrFormat(", %spressure some %.2f%%", own ? "" : "system ",
                             p["some"].value("avg10", 0.0));
   }
   PrintLine(line);
