@@ -19,7 +19,6 @@
 namespace engram {
 namespace {
 
-constexpr uint64_t kDirectAlign = kDirectIoAlignBytes;
 constexpr uint64_t kMaxDirectRun = 256 * 1024;
 
 // The emulated device (GatherEngineOptions::emulated_device): waits until `due_ns` (NowNs()).
@@ -57,8 +56,9 @@ class DirectRun {
     }
     for (size_t i = 0; i < reads_.size(); ++i) {
       const PlannedRead& rd = plan_.reads[reads_[i].read];
-      const uint64_t a = rd.offset / kDirectAlign * kDirectAlign;
-      const uint64_t b = (rd.offset + rd.length + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      const uint64_t a = rd.offset / kDirectIoAlignBytes * kDirectIoAlignBytes;
+      const uint64_t b = (rd.offset + rd.length + kDirectIoAlignBytes - 1) / kDirectIoAlignBytes *
+                         kDirectIoAlignBytes;
       if (Extend(rd, a, b)) continue;
       if (used_ + (b - a) > bounce_bytes_) {
         if (absl::Status s = Flush(); !s.ok()) return s;
@@ -109,7 +109,7 @@ class DirectRun {
       if (n == 0) break;
       c_.bytes_read += n;
       run.valid += n;
-      if (run.valid % kDirectAlign != 0) break;  // the end of the file
+      if (run.valid % kDirectIoAlignBytes != 0) break;  // the end of the file
     }
     c_.direct_reads++;
     if (emu_ != nullptr) {
@@ -176,7 +176,7 @@ class DirectRun {
     run.valid = res;
     // A short read that stopped on an aligned boundary before the end is finished with blocking
     // reads; an unaligned one reached the end of the file.
-    if (res < static_cast<int64_t>(run.length) && res % kDirectAlign == 0 && res > 0) {
+    if (res < static_cast<int64_t>(run.length) && res % kDirectIoAlignBytes == 0 && res > 0) {
       retry_[i] = 1;
     }
   }

@@ -19,7 +19,6 @@
 namespace engram {
 namespace {
 
-constexpr uint64_t kDirectAlign = kDirectIoAlignBytes;
 // The user_data of a queued SQE that a ring failure turned into a no-op.
 constexpr uint64_t kAbandonedUserData = UINT64_MAX;
 // After more than this many ring failures without a successful enter in between, a failed ring
@@ -47,7 +46,8 @@ uint64_t ReaderShared::EmulatedDue(uint64_t issue_ns, uint64_t bytes) {
   uint64_t due = issue_ns + emulated.latency_ns;
   if (emulated.iops != 0) {
     // The emulated device's IOPS are of its 4 KiB blocks, whatever the host's pages.
-    const uint64_t pages = std::max<uint64_t>(1, RoundUpTo(bytes, kDirectAlign) / kDirectAlign);
+    const uint64_t pages =
+        std::max<uint64_t>(1, RoundUpTo(bytes, kDirectIoAlignBytes) / kDirectIoAlignBytes);
     const uint64_t cost = pages * 1'000'000'000 / emulated.iops;
     uint64_t free = emulated_free_ns.load(std::memory_order_relaxed);
     uint64_t end;
@@ -239,7 +239,7 @@ uint8_t* ReaderContext::Bounce(size_t bytes) {
   if (bounce_bytes_ < bytes) {
     UnregisterBounce();  // the ring must let go of the pages before they are freed
     std::free(bounce_);
-    bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kDirectAlign, bytes));
+    bounce_ = static_cast<uint8_t*>(std::aligned_alloc(kDirectIoAlignBytes, bytes));
     bounce_bytes_ = bounce_ != nullptr ? bytes : 0;
   }
   return bounce_;
