@@ -249,9 +249,16 @@ void CheckCacheFiles(const DaemonSettings& settings,
 
 // --check-config: what a start would refuse or warn of, found by the functions the start runs,
 // in the same order and words (the socket, the metrics port, the tables and the row store, the
-// files the settings name), then what it would serve. Exits 1 where the start would.
+// files the settings name), then what it would serve. Exits 1 where the start would, but for an
+// engramd serving on the path: that one is said as a warning, since a configuration is checked
+// before the restart that stops it (as `nginx -t` and `sshd -t` check beside a running daemon).
 int CheckConfig(const DaemonSettings& settings, const std::vector<std::string>& files) {
-  if (absl::Status s = CheckClientSocket(settings.server); !s.ok()) return Fail(s);
+  if (absl::Status s = CheckClientSocket(settings.server); absl::IsAlreadyExists(s)) {
+    log::Warning("{} (a start beside it is refused; a restart stops it first)",
+                 std::string(s.message()));
+  } else if (!s.ok()) {
+    return Fail(s);
+  }
   if (std::optional<std::string> port = CheckMetricsPort(settings.metrics)) {
     log::Warning("{}", *port);
   }

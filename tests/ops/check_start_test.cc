@@ -1,9 +1,9 @@
 // `engramd --check-config` and a start run on the same configurations agree: what a start refuses
-// (socket.group naming no group, a socket directory that cannot be made, a socket another engramd
-// serves) the check refuses, exit 1, with the same message; what a start warns of and serves
-// anyway (the metrics port in use, metrics.textfile_dir missing, memory.hot_set_path in a missing
-// directory, a memory.pressure_file that cannot be read, memory.cache with no cache-tier table)
-// the check warns of in the same words and exits 0.
+// (socket.group naming no group, a socket directory that cannot be made) the check refuses, exit
+// 1, with the same message, and a socket another engramd serves it names as a warning; what a start
+// warns of and serves anyway (the metrics port in use, metrics.textfile_dir missing,
+// memory.hot_set_path in a missing directory, a memory.pressure_file that cannot be read,
+// memory.cache with no cache-tier table) the check warns of in the same words and exits 0.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -147,11 +147,21 @@ TEST_CASE("a socket directory that cannot be made is refused by both") {
   CHECK(stat((TestDir() + "/missing").c_str(), &st) != 0);  // neither made anything
 }
 
-TEST_CASE("a socket another engramd serves is refused by both") {
+// The start refuses it; the check says the same words as a warning and exits 0, so that a
+// configuration can be checked before the restart that stops the running engramd.
+TEST_CASE("a socket another engramd serves is refused by a start, warned of by the check") {
   Daemon serving({}, "served");
   REQUIRE(serving.alive());
-  BothRefuse(Args("served"), "another engramd (pid " + std::to_string(serving.pid()) +
-                                 ") is serving on '" + serving.socket() + "'; stop it first");
+  const std::string says = "another engramd (pid " + std::to_string(serving.pid()) +
+                           ") is serving on '" + serving.socket() + "'; stop it first";
+  Result checked = Sh(EngramdPath() + Args("served") + " --check-config");
+  INFO("--check-config: " << checked.code << "\n" << checked.out << checked.err);
+  CHECK(checked.code == 0);
+  CHECK(!Naming(Lines(checked.err, "warning"), says).empty());
+  Result started = Sh("timeout -s KILL 30 " + EngramdPath() + Args("served"));
+  INFO("start: " << started.code << "\n" << started.err);
+  CHECK(started.code == 1);
+  CHECK(!Naming(Lines(started.err, "error"), says).empty());
   CHECK(serving.alive());
 }
 
