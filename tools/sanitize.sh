@@ -36,8 +36,9 @@ compilers=(CC="${ccache}clang" CXX="${ccache}clang++")
 # Debug information as line tables only (the last -g option wins over the build type's -g):
 # a report's stack names functions, files, lines and inlined frames, and that is all it reads
 # from it; variable and type information is for a debugger, and the rest of -g's cost.
+# Each target compiles as one file (meson's unity build; tools/test.sh says why).
 common=(-Dcuda=disabled -Dhip=disabled -Dbench=disabled -Dfuzz=disabled -Dbuildtype=debugoptimized
-        -Dc_args=-gline-tables-only -Dcpp_args=-gline-tables-only)
+        -Dc_args=-gline-tables-only -Dcpp_args=-gline-tables-only -Dunity=on -Dunity_size=16)
 
 # The tests of `suites` that run C/C++ code in-process ("test NAME") and the targets they need
 # ("target PATH"), from the build directory $1's introspection.
