@@ -347,7 +347,7 @@ ENGRAM_STATIC_ASSERT(offsetof(struct engram_cache_touch_page, tail) == 128, "tou
  * O_DIRECT. A protocol constant, the same on 4, 16 and 64 KiB-page kernels: the arena is mapped
  * whole from offset 0, so no offset in it needs to be a page multiple. */
 #define ENGRAM_ARENA_ALIGN 4096u
-#define ENGRAM_MAX_SLOTS 4096u         /* slots fit in the low 16 bits of a ticket */
+#define ENGRAM_MAX_SLOTS 4096u /* slots fit in the low 16 bits of a ticket */
 
 /* Daemon state word in the header. */
 enum engram_daemon_state { ENGRAM_DAEMON_SERVING = 1, ENGRAM_DAEMON_STOPPED = 2 };

@@ -22,6 +22,7 @@ namespace engram {
 namespace {
 
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using testing::TempDir;
 
 constexpr uint64_t kSeed = 21;
@@ -96,7 +97,9 @@ TEST_CASE("cache-tier misses of a paged table are one page read a row", "[misses
   const std::string path = dir.path() + "/paged.engram";
   REQUIRE(testing::WriteSyntheticPacked(path, kLayer, 30000, kSeed, /*paged=*/true).ok());
   auto s = Serve(path);
-  CHECK(s->notices.empty());  // paged: nothing to advise
+  // Paged: nothing to advise; the one line is the row cache's size.
+  REQUIRE(s->notices.size() == 1);
+  CHECK_THAT(s->notices[0], StartsWith("row cache: 64.0 MiB ([memory] cache) holds "));
   const Table* t = s->tables[0].get();
   // 200 rows on pages four apart, and a second row on every fifth of those pages.
   std::vector<uint64_t> rows;
@@ -139,10 +142,12 @@ TEST_CASE("a cache-tier table that is not paged is named at start with the comma
       WriteSyntheticCheckpoint({.out_dir = ckpt, .rows = 3000, .seed = kSeed, .layers = {kLayer}})
           .ok());
   auto s = Serve(ckpt);
-  REQUIRE(s->notices.size() == 1);
+  // The advice, then the row cache's size.
+  REQUIRE(s->notices.size() == 2);
   CHECK_THAT(s->notices[0], Contains("cache-tier layer 14"));
   CHECK_THAT(s->notices[0], Contains("two device reads"));
   CHECK_THAT(s->notices[0], Contains("engram-pack " + ckpt + " --layer 14 --paged --out FILE"));
+  CHECK_THAT(s->notices[1], StartsWith("row cache: "));
 }
 
 // A prefill of `prefill_rows` rows, all misses, on one thread; once its reads are at the device,
