@@ -210,7 +210,8 @@ int Handshake(engram_session* s, const engram_connect_options& o, int64_t timeou
   // 0 asks for the daemon's defaults (its limits.default_data_bytes and default_slots).
   hello.slots = o.slots;
   hello.features = ENGRAM_FEATURES_V1_0 | ENGRAM_FEATURE_PREFETCH | ENGRAM_FEATURE_TABLE_STATE |
-                   ENGRAM_FEATURE_ROW_CACHE_MAP | ENGRAM_FEATURE_RESIDENT_TOUCH;
+                   ENGRAM_FEATURE_ROW_CACHE_MAP | ENGRAM_FEATURE_RESIDENT_TOUCH |
+                   ENGRAM_FEATURE_ADMIT;
   if (o.flags & ENGRAM_CONNECT_DEVICE_SUBMIT) hello.features |= ENGRAM_FEATURE_DEVICE_SUBMIT;
   hello.data_bytes = o.data_bytes;
   hello.pid = static_cast<uint32_t>(getpid());

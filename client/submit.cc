@@ -122,15 +122,13 @@ int GatherSqe(engram_session* s, const struct engram_gather_request* theirs, eng
   return 0;
 }
 
-// One PREFETCH entry of at most ENGRAM_PREFETCH_MAX_ROWS rows whose ids lie in the data region
-// at `rows_offset`: submitted, then waited for (the daemon completes it once the ids are checked
-// and queued, never after I/O). `first` is the index of its first row in the caller's array,
-// for the error message.
-int PrefetchChunk(engram_session* s, uint32_t table, uint64_t rows_offset, uint64_t n,
+// One PREFETCH entry (`entry` with its rows) of at most ENGRAM_PREFETCH_MAX_ROWS rows whose ids
+// lie in the data region at `rows_offset`: submitted, then waited for (the daemon completes it
+// once the ids are checked and queued, never after I/O). `first` is the index of its first row
+// in the caller's array, for the error message.
+int PrefetchChunk(engram_session* s, const engram_sqe& entry, uint64_t rows_offset, uint64_t n,
                   uint64_t first, uint64_t* ret_queued) {
-  engram_sqe sqe{};
-  sqe.opcode = ENGRAM_OP_PREFETCH;
-  sqe.table = table;
+  engram_sqe sqe = entry;
   sqe.num_rows = n;
   sqe.rows_offset = rows_offset;
   uint64_t ticket;
@@ -146,9 +144,101 @@ int PrefetchChunk(engram_session* s, uint32_t table, uint64_t rows_offset, uint6
   return 0;
 }
 
+// engram_prefetch and engram_admit: the rows in PREFETCH entries like `entry`.
+int PrefetchRows(engram_session* s, const engram_sqe& entry, const uint64_t* rows,
+                 uint64_t num_rows, uint64_t* ret_queued) {
+  const uint32_t layer = entry.table;
+  uint64_t queued = 0;
+  uint64_t offset = 0;
+  // Ids that already lie in the data region go as they are; others are copied there, a chunk
+  // at a time, into one buffer this call holds.
+  const bool in_data =
+      num_rows <= s->data_bytes / 8 && InData(s, rows, num_rows * 8, &offset) && offset % 8 == 0;
+  uint64_t* staging = nullptr;
+  if (!in_data && num_rows != 0) {
+    const uint64_t chunk = std::min<uint64_t>(num_rows, ENGRAM_PREFETCH_MAX_ROWS);
+    if (int rc = engram_alloc(s, chunk * 8, reinterpret_cast<void**>(&staging)); rc < 0) {
+      return SetError(rc, "table %u: no room for %llu prefetched row ids in the data region: %s",
+                      layer, static_cast<unsigned long long>(chunk), engram_last_error());
+    }
+  }
+  int rc = 0;
+  for (uint64_t first = 0; first < num_rows && rc == 0; first += ENGRAM_PREFETCH_MAX_ROWS) {
+    const uint64_t n = std::min<uint64_t>(num_rows - first, ENGRAM_PREFETCH_MAX_ROWS);
+    uint64_t chunk_offset = offset + first * 8;
+    if (staging != nullptr) {
+      memcpy(staging, rows + first, n * 8);
+      InData(s, staging, n * 8, &chunk_offset);
+    }
+    rc = PrefetchChunk(s, entry, chunk_offset, n, first, &queued);
+  }
+  if (staging != nullptr) {
+    // The ids stay until a chunk completes: a chunk lost in flight keeps its buffer.
+    if (rc != -ENOTCONN && rc != -ETIMEDOUT) engram_free(s, staging);
+  }
+  if (rc < 0) return rc;
+  if (ret_queued != nullptr) *ret_queued = queued;
+  return 0;
+}
+
+int NeedAdmit(engram_session* s) {
+  if (s->welcome.features & ENGRAM_FEATURE_ADMIT) return 0;
+  return SetError(-EOPNOTSUPP,
+                  "engramd at %s (protocol %u.%u) does not take admission prefetches (protocol "
+                  "1.6 does); upgrade it",
+                  s->socket_path.c_str(), s->welcome.version_major, s->welcome.version_minor);
+}
+
 }  // namespace
 
 extern "C" {
+
+int engram_prefetch(engram_session* s, uint32_t layer, const uint64_t* rows, uint64_t num_rows,
+                    uint32_t flags, uint64_t* ret_queued) {
+  if (s == nullptr || (rows == nullptr && num_rows != 0)) {
+    return SetError(-EINVAL, "engram_prefetch needs a session and the row ids");
+  }
+  if (flags != 0) return SetError(-EINVAL, "table %u: unknown prefetch flags 0x%x", layer, flags);
+  if (!(s->welcome.features & ENGRAM_FEATURE_PREFETCH)) {
+    return SetError(-EOPNOTSUPP,
+                    "engramd at %s (protocol %u.%u) does not take prefetches (protocol 1.2 "
+                    "does); upgrade it",
+                    s->socket_path.c_str(), s->welcome.version_major, s->welcome.version_minor);
+  }
+  engram_sqe entry{};
+  entry.opcode = ENGRAM_OP_PREFETCH;
+  entry.table = layer;
+  return PrefetchRows(s, entry, rows, num_rows, ret_queued);
+}
+
+int engram_admit(engram_session* s, uint64_t request_id, uint32_t layer, const uint64_t* rows,
+                 uint64_t num_rows, uint64_t ttl_ns, uint64_t* ret_queued) {
+  if (s == nullptr || (rows == nullptr && num_rows != 0)) {
+    return SetError(-EINVAL, "engram_admit needs a session and the row ids");
+  }
+  if (int rc = NeedAdmit(s); rc < 0) return rc;
+  engram_sqe entry{};
+  entry.opcode = ENGRAM_OP_PREFETCH;
+  entry.flags = ENGRAM_SQE_PIN;
+  entry.table = layer;
+  entry.reserved[0] = request_id;
+  entry.reserved[1] = ttl_ns;
+  return PrefetchRows(s, entry, rows, num_rows, ret_queued);
+}
+
+int engram_admit_done(engram_session* s, uint64_t request_id, int* ret_found) {
+  if (s == nullptr) return SetError(-EINVAL, "engram_admit_done needs a session");
+  if (int rc = NeedAdmit(s); rc < 0) return rc;
+  engram_sqe sqe{};
+  sqe.opcode = ENGRAM_OP_ADMIT_DONE;
+  sqe.reserved[0] = request_id;
+  uint64_t ticket;
+  if (int rc = Push(s, sqe, &ticket); rc < 0) return rc;
+  uint64_t found = 0;
+  if (int rc = WaitFor(s, ticket, -1, &found); rc < 0) return rc;
+  if (ret_found != nullptr) *ret_found = found != 0;
+  return 0;
+}
 
 int engram_submit(engram_session* s, const struct engram_gather_request* request,
                   uint64_t* ret_ticket) {
@@ -172,51 +262,6 @@ int engram_gather(engram_session* s, const struct engram_gather_request* request
   const bool in_place = (flags & ENGRAM_GATHER_IN_PLACE) != 0 ||
                         ((flags & ENGRAM_GATHER_VIA_DAEMON) == 0 && s->gather_in_place);
   return GatherNow(s, sqe, in_place, timeout_ns);
-}
-
-int engram_prefetch(engram_session* s, uint32_t layer, const uint64_t* rows, uint64_t num_rows,
-                    uint32_t flags, uint64_t* ret_queued) {
-  if (s == nullptr || (rows == nullptr && num_rows != 0)) {
-    return SetError(-EINVAL, "engram_prefetch needs a session and the row ids");
-  }
-  if (flags != 0) return SetError(-EINVAL, "table %u: unknown prefetch flags 0x%x", layer, flags);
-  if (!(s->welcome.features & ENGRAM_FEATURE_PREFETCH)) {
-    return SetError(-EOPNOTSUPP,
-                    "engramd at %s (protocol %u.%u) does not take prefetches (protocol 1.2 "
-                    "does); upgrade it",
-                    s->socket_path.c_str(), s->welcome.version_major, s->welcome.version_minor);
-  }
-  uint64_t queued = 0;
-  uint64_t offset = 0;
-  // Ids that already lie in the data region go as they are; others are copied there, a chunk
-  // at a time, into one buffer this call holds.
-  const bool in_data =
-      num_rows <= s->data_bytes / 8 && InData(s, rows, num_rows * 8, &offset) && offset % 8 == 0;
-  uint64_t* staging = nullptr;
-  if (!in_data && num_rows != 0) {
-    const uint64_t chunk = std::min<uint64_t>(num_rows, ENGRAM_PREFETCH_MAX_ROWS);
-    if (int rc = engram_alloc(s, chunk * 8, reinterpret_cast<void**>(&staging)); rc < 0) {
-      return SetError(rc, "table %u: no room for %llu prefetched row ids in the data region: %s",
-                      layer, static_cast<unsigned long long>(chunk), engram_last_error());
-    }
-  }
-  int rc = 0;
-  for (uint64_t first = 0; first < num_rows && rc == 0; first += ENGRAM_PREFETCH_MAX_ROWS) {
-    const uint64_t n = std::min<uint64_t>(num_rows - first, ENGRAM_PREFETCH_MAX_ROWS);
-    uint64_t chunk_offset = offset + first * 8;
-    if (staging != nullptr) {
-      memcpy(staging, rows + first, n * 8);
-      InData(s, staging, n * 8, &chunk_offset);
-    }
-    rc = PrefetchChunk(s, layer, chunk_offset, n, first, &queued);
-  }
-  if (staging != nullptr) {
-    // The ids stay until a chunk completes: a chunk lost in flight keeps its buffer.
-    if (rc != -ENOTCONN && rc != -ETIMEDOUT) engram_free(s, staging);
-  }
-  if (rc < 0) return rc;
-  if (ret_queued != nullptr) *ret_queued = queued;
-  return 0;
 }
 
 int engram_submit_nop(engram_session* s, uint64_t* ret_ticket) {

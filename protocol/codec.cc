@@ -253,11 +253,22 @@ namespace {
 
 // DecodeRequest's steps, in the order it takes them; each fails naming what was wrong.
 
-// The entry's opcode, flags and reserved words. Sets *ret_nop for a valid NOP, which has nothing
-// more to check.
-bool CheckEntryKind(const engram_sqe& sqe, bool* ret_nop, CodecError* ret_error) {
+// The entry's opcode, flags and reserved words. Sets *ret_nop for a valid NOP or ADMIT_DONE,
+// which have nothing more to check.
+bool CheckEntryKind(const engram_sqe& sqe, const RequestContext& context, bool* ret_nop,
+                    CodecError* ret_error) {
   *ret_nop = false;
+  const bool pin = sqe.opcode == ENGRAM_OP_PREFETCH && (sqe.flags & ENGRAM_SQE_PIN) != 0;
+  const bool admit_done = sqe.opcode == ENGRAM_OP_ADMIT_DONE;
+  if ((pin || admit_done) && !context.admit) {
+    return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                "%s on a session that was not granted admission prefetch "
+                "(ENGRAM_FEATURE_ADMIT, protocol 1.6)",
+                pin ? "PREFETCH with ENGRAM_SQE_PIN" : "ADMIT_DONE");
+  }
   for (int i = 0; i < 2; ++i) {
+    // A pinning PREFETCH carries its request's id and deadline there, ADMIT_DONE the id.
+    if (pin || (admit_done && i == 0)) continue;
     if (sqe.reserved[i] != 0) {
       return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
                   "engram_sqe.reserved[%d] is %llu, not 0", i,
@@ -271,15 +282,24 @@ bool CheckEntryKind(const engram_sqe& sqe, bool* ret_nop, CodecError* ret_error)
     *ret_nop = true;
     return true;
   }
+  if (admit_done) {
+    if (sqe.flags != 0 || sqe.num_rows != 0 || sqe.table != 0 || sqe.rows_offset != 0 ||
+        sqe.dest_offset != 0 || sqe.dest_offsets_offset != 0) {
+      return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
+                  "ADMIT_DONE with flags, rows, a table or offsets set");
+    }
+    *ret_nop = true;
+    return true;
+  }
   if (sqe.opcode != ENGRAM_OP_GATHER && sqe.opcode != ENGRAM_OP_PREFETCH) {
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown opcode %u", sqe.opcode);
   }
-  if (sqe.opcode == ENGRAM_OP_PREFETCH &&
-      (sqe.flags != 0 || sqe.dest_offset != 0 || sqe.dest_offsets_offset != 0)) {
+  if (sqe.opcode == ENGRAM_OP_PREFETCH && ((sqe.flags & ~ENGRAM_SQE_PIN) != 0 ||
+                                           sqe.dest_offset != 0 || sqe.dest_offsets_offset != 0)) {
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT,
                 "PREFETCH with flags 0x%x or a destination set (it has none)", sqe.flags);
   }
-  if ((sqe.flags & ~ENGRAM_SQE_DEST_OFFSETS) != 0) {
+  if (sqe.opcode == ENGRAM_OP_GATHER && (sqe.flags & ~ENGRAM_SQE_DEST_OFFSETS) != 0) {
     return Fail(ret_error, ENGRAM_STATUS_INVALID_ARGUMENT, "unknown flags 0x%x", sqe.flags);
   }
   return true;
@@ -421,8 +441,11 @@ bool DecodeRequest(const engram_sqe& sqe, const RequestContext& context,
   request.opcode = sqe.opcode;
   request.rows.clear();
   request.dest_offsets.clear();
+  request.pin = sqe.opcode == ENGRAM_OP_PREFETCH && (sqe.flags & ENGRAM_SQE_PIN) != 0;
+  request.admission_id = sqe.reserved[0];
+  request.admission_ttl_ns = sqe.opcode == ENGRAM_OP_PREFETCH ? sqe.reserved[1] : 0;
   bool nop = false;
-  if (!CheckEntryKind(sqe, &nop, ret_error)) return false;
+  if (!CheckEntryKind(sqe, context, &nop, ret_error)) return false;
   if (nop) return true;
   const TableBounds* table = FindTable(sqe, context, ret_error);
   if (table == nullptr) return false;

@@ -95,6 +95,7 @@ struct RequestContext {
   const uint8_t* data = nullptr;  // the data region (shared memory: read once, by copying)
   uint64_t data_bytes = 0;
   std::span<const TableBounds> tables;
+  bool admit = false;  // the session was granted ENGRAM_FEATURE_ADMIT
 };
 
 // A request after it was copied out of shared memory and checked. Only these copies are used
@@ -107,6 +108,11 @@ struct DecodedRequest {
   uint64_t dest_offset = 0;  // in the data region
   std::vector<uint64_t> rows;
   std::vector<uint64_t> dest_offsets;  // relative to dest_offset; empty: contiguous rows
+  // PREFETCH with ENGRAM_SQE_PIN (pin) and ADMIT_DONE: the request's id; its ttl (0: the
+  // daemon's limit).
+  bool pin = false;
+  uint64_t admission_id = 0;
+  uint64_t admission_ttl_ns = 0;
 };
 
 // Decodes a submission entry that the caller has already copied out of the ring.

@@ -47,7 +47,11 @@
     "Rows admitted by prefetches (counted in inserts too)")                                      \
   X(shrink_skipped_inserts, "shrink_skipped_inserts", COUNTER,                                   \
     "engram_cache_shrink_skipped_inserts_total",                                                 \
-    "Rows not admitted because a shrink was under way and no slot below the new size was free")
+    "Rows not admitted because a shrink was under way and no slot below the new size was free")  \
+  X(pinned_rows, "pinned_rows", GAUGE, "engram_cache_pinned_rows",                               \
+    "Rows of the row cache pinned by admission prefetches")                                      \
+  X(pinned_evictions, "pinned_evictions", COUNTER, "engram_cache_pinned_evictions_total",        \
+    "Pinned rows evicted because every row of the cache was pinned")
 
 // Per table of the resident or cache tier, shown in stats (RESIDENT ones in tables too).
 #define ENGRAM_STORE_TABLE_COUNTERS(X)                                                             \
@@ -86,6 +90,25 @@
   X(max_reads_waited, "max_reads_waited", GAUGE, "engram_miss_queue_max_reads_waited", \
     "The most device reads that completed while one piece waited")
 
+// Admission prefetches (store/admissions.h): in status's "store"."admissions" and as metrics.
+#define ENGRAM_ADMISSION_COUNTERS(X)                                                         \
+  X(active, "active", GAUGE, "engram_admissions", "Admitted requests whose rows are pinned") \
+  X(reserved_rows, "reserved_rows", GAUGE, "engram_admission_reserved_rows",                 \
+    "Row pins reserved by admitted requests")                                                \
+  X(pinned_rows, "pinned_rows", GAUGE, "engram_admission_pinned_rows",                       \
+    "Row pins admitted requests hold")                                                       \
+  X(max_rows, "max_rows", GAUGE, "engram_admission_max_rows",                                \
+    "Row pins all admitted requests may reserve together, at the cache's present size")      \
+  X(admitted_rows, "admitted_rows", COUNTER, "engram_admission_rows_total",                  \
+    "Row pins reserved by admissions")                                                       \
+  X(refused_rows, "refused_rows", COUNTER, "engram_admission_refused_rows_total",            \
+    "Row pins refused at a bound (memory.admit_rows or memory.admit_session_rows)")          \
+  X(released, "released", COUNTER, "engram_admission_released_total",                        \
+    "Admissions their session released (ADMIT_DONE)")                                        \
+  X(expired, "expired", COUNTER, "engram_admission_expired_total",                           \
+    "Admissions released because their deadline passed")                                     \
+  X(ended, "ended", COUNTER, "engram_admission_ended_total",                                 \
+    "Admissions released because their session ended")
 // The factor from a counter's value to its metric's: seconds for a json_key ending in "_ns".
 constexpr double StoreMetricScale(std::string_view json_key) {
   return json_key.ends_with("_ns") ? 1e-9 : 1.0;

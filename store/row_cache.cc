@@ -175,6 +175,11 @@ int64_t RowCache::FindBucket(uint64_t key) const {
   return -1;
 }
 
+int64_t RowCache::FindSlot(uint64_t key) const {
+  const int64_t b = FindBucket(key);
+  return b < 0 ? -1 : int64_t{buckets_[b].load(std::memory_order_relaxed)} - 1;
+}
+
 void RowCache::InsertBucket(uint64_t key, uint32_t s) {
   const uint64_t home = RowCacheHash(key);
   for (uint64_t i = 0;; ++i) {  // the index is at most half full: an empty bucket exists
@@ -264,6 +269,10 @@ void RowCache::AddGhost(uint64_t key) {
 
 void RowCache::RemoveSlot(uint32_t s, bool to_ghost) {
   const uint64_t key = meta_[s].key;
+  if (meta_[s].pins != 0) {
+    meta_[s].pins = 0;
+    --pinned_rows_;
+  }
   if (int64_t b = FindBucket(key); b >= 0) EraseBucket(static_cast<uint64_t>(b));
   ClearSlot(s);
   if (meta_[s].queue == kSmall) --small_count_;
@@ -276,14 +285,27 @@ void RowCache::RemoveSlot(uint32_t s, bool to_ghost) {
 // S3-FIFO eviction: while the small FIFO is over its share, its oldest row moves to the main FIFO
 // if it was used since admission, else it leaves (its key goes to the ghost); otherwise the main
 // FIFO's oldest row is reinserted while its use count lasts (decremented each time) and then
-// leaves. Returns the freed slot.
+// leaves. A pinned row is passed over (to the main FIFO's young end) until every row held has
+// been passed over once. Returns the freed slot.
 uint32_t RowCache::EvictOne() {
   // Callers evict only from a cache that holds rows (no free slot and a capacity above 0, or
   // more rows than the capacity).
+  const uint64_t held = small_count_ + main_count_;
+  uint64_t passed = 0;  // pinned rows passed over: past `held`, every row is pinned
+  auto keep_pinned = [&](uint32_t s) {
+    if (meta_[s].pins == 0) return false;
+    if (passed++ >= held) {
+      ++pinned_evictions_;
+      return false;
+    }
+    Push(kMain, s);
+    return true;
+  };
   for (;;) {
     uint32_t s = 0;
     if ((small_count_ >= SmallTarget() || main_count_ == 0) && PopLive(small_, kSmall, &s)) {
       meta_[s].queue = kFree;
+      if (keep_pinned(s)) continue;
       if (slot(s).freq.load(std::memory_order_relaxed) >= options_.promote_threshold) {
         slot(s).freq.store(0, std::memory_order_relaxed);
         Push(kMain, s);
@@ -297,6 +319,7 @@ uint32_t RowCache::EvictOne() {
       return s;
     }
     if (!PopLive(main_, kMain, &s)) continue;  // the small FIFO holds every row: pop it above
+    if (keep_pinned(s)) continue;
     const uint8_t f = slot(s).freq.load(std::memory_order_relaxed);
     if (f > 0) {
       slot(s).freq.store(f - 1, std::memory_order_relaxed);
@@ -312,17 +335,44 @@ uint32_t RowCache::EvictOne() {
 }
 
 absl::Status RowCache::Insert(uint32_t layer, uint64_t row, const uint8_t* data) {
-  return InsertWith(layer, row, data, /*prefetched=*/false, nullptr);
+  return InsertWith(layer, row, data, /*prefetched=*/false, /*pin=*/false, nullptr, nullptr);
 }
 
 absl::Status RowCache::InsertPrefetched(uint32_t layer, uint64_t row, const uint8_t* data,
                                         bool* ret_inserted) {
-  return InsertWith(layer, row, data, /*prefetched=*/true, ret_inserted);
+  return InsertWith(layer, row, data, /*prefetched=*/true, /*pin=*/false, ret_inserted, nullptr);
+}
+
+absl::Status RowCache::InsertPinned(uint32_t layer, uint64_t row, const uint8_t* data,
+                                    bool* ret_inserted, bool* ret_pinned) {
+  return InsertWith(layer, row, data, /*prefetched=*/true, /*pin=*/true, ret_inserted, ret_pinned);
+}
+
+bool RowCache::PinSlot(uint32_t s) {
+  if (meta_[s].pins == kMaxPins) return false;
+  if (meta_[s].pins++ == 0) ++pinned_rows_;
+  return true;
+}
+
+bool RowCache::Pin(uint32_t layer, uint64_t row) {
+  if (row >> kRowCacheRowBits != 0 || layer >= (1u << 23)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t s = FindSlot(RowCacheKey(layer, row));
+  return s >= 0 && PinSlot(static_cast<uint32_t>(s));
+}
+
+void RowCache::Unpin(uint32_t layer, uint64_t row) {
+  if (row >> kRowCacheRowBits != 0 || layer >= (1u << 23)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t s = FindSlot(RowCacheKey(layer, row));
+  if (s < 0 || meta_[s].pins == 0) return;
+  if (--meta_[s].pins == 0) --pinned_rows_;
 }
 
 absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* data,
-                                  bool prefetched, bool* ret_inserted) {
+                                  bool prefetched, bool pin, bool* ret_inserted, bool* ret_pinned) {
   if (ret_inserted != nullptr) *ret_inserted = false;
+  if (ret_pinned != nullptr) *ret_pinned = false;
   if (row >> kRowCacheRowBits != 0 || layer >= (1u << 23)) {
     return absl::InvalidArgumentError(
         absl::StrCat("row cache: layer ", layer, " row ", row, " is outside the key space"));
@@ -332,7 +382,11 @@ absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* d
   std::lock_guard<std::mutex> lock(mu_);
   insert_waiters_.fetch_sub(1, std::memory_order_relaxed);
   insert_entries_.fetch_add(1, std::memory_order_relaxed);
-  if (capacity_slots() == 0 || FindBucket(key) >= 0) return absl::OkStatus();
+  if (capacity_slots() == 0) return absl::OkStatus();
+  if (const int64_t held = FindSlot(key); held >= 0) {
+    if (pin && ret_pinned != nullptr) *ret_pinned = PinSlot(static_cast<uint32_t>(held));
+    return absl::OkStatus();
+  }
   uint32_t s;
   if (!TakeSlot(&s)) {
     ++shrink_skipped_inserts_;
@@ -347,6 +401,10 @@ absl::Status RowCache::InsertWith(uint32_t layer, uint64_t row, const uint8_t* d
   InsertBucket(key, s);
   ++inserts_;
   if (ret_inserted != nullptr) *ret_inserted = true;
+  if (pin) {
+    PinSlot(s);  // a fresh slot: its first pin
+    if (ret_pinned != nullptr) *ret_pinned = true;
+  }
   if (ghost_.Take(key)) {
     ++ghost_hits_;
     Push(kMain, s);
@@ -403,6 +461,8 @@ void RowCache::MoveDown(uint32_t from, uint32_t to) {
       break;
     }
   }
+  meta_[to].pins = meta_[from].pins;
+  meta_[from].pins = 0;
   ClearSlot(from);
   meta_[from].queue = kFree;
   ++meta_[from].generation;
@@ -591,6 +651,8 @@ RowCacheStats RowCache::Stats() const {
   st.promotions = promotions_;
   st.prefetch_inserts = prefetch_inserts_;
   st.shrink_skipped_inserts = shrink_skipped_inserts_;
+  st.pinned_rows = pinned_rows_;
+  st.pinned_evictions = pinned_evictions_;
   return st;
 }
 

@@ -85,7 +85,7 @@ struct RowCacheProof {
 
 // One field per entry of ENGRAM_ROW_CACHE_COUNTERS (protocol/store_counters.h): capacity_slots,
 // max_slots, used_slots, bytes, resident_bytes, hits, misses, inserts, evictions, ghost_hits,
-// promotions, prefetch_inserts, shrink_skipped_inserts.
+// promotions, prefetch_inserts, shrink_skipped_inserts, pinned_rows, pinned_evictions.
 struct RowCacheStats {
 #define ENGRAM_ROW_CACHE_FIELD_(field, json_key, type, metric, help) uint64_t field = 0;
   ENGRAM_ROW_CACHE_COUNTERS(ENGRAM_ROW_CACHE_FIELD_)
@@ -165,6 +165,24 @@ class RowCache {
   // already (then its mark is left as it was) or the capacity is 0.
   absl::Status InsertPrefetched(uint32_t layer, uint64_t row, const uint8_t* data,
                                 bool* ret_inserted);
+  // Pins: a row an admission prefetch read for a request's prefill (RowStore's admissions) is
+  // pinned until the request is done with it. Eviction passes over a pinned row (it goes round
+  // the main FIFO again) as long as some unpinned row is left to evict; only a cache whose every
+  // row is pinned evicts one anyway (counted: pinned_evictions), so that a shrink under memory
+  // pressure always finishes. Pins count: a row pinned by two admissions stays pinned until both
+  // let go. The pin is the daemon's alone (nothing of it is in shared memory).
+  //
+  // InsertPrefetched that also pins the row, whether this inserted it or it was present.
+  // *ret_pinned: false when the row could not be pinned (no capacity, a shrink left no slot, or
+  // it is pinned kMaxPins times already). *ret_inserted as for InsertPrefetched.
+  static constexpr uint32_t kMaxPins = 0xFFFF;
+  absl::Status InsertPinned(uint32_t layer, uint64_t row, const uint8_t* data, bool* ret_inserted,
+                            bool* ret_pinned);
+  // Pins the row if it is held; false when it is not (or is pinned kMaxPins times already).
+  bool Pin(uint32_t layer, uint64_t row);
+  // Takes one pin off the row; nothing when it is not held or not pinned (an eviction of a
+  // pinned row took its pins with it).
+  void Unpin(uint32_t layer, uint64_t row);
 
   // Changes the capacity (clamped to [0, max_slots]): growing takes bytes from the budget (as
   // many as it gives), shrinking evicts by policy, moves rows out of the released range and gives
@@ -212,6 +230,7 @@ class RowCache {
     // value a preempted reader may have read before (it would take a torn row as good).
     uint32_t seq = 0;
     Queue queue = kFree;
+    uint16_t pins = 0;  // admissions holding the row (Pin)
   };
   struct QueueEntry {
     uint32_t slot;
@@ -221,12 +240,15 @@ class RowCache {
   RowCache(const RowCacheOptions& options, MemoryBudget* budget)
       : options_(options), budget_(budget) {}
   RowCacheSlot& slot(uint32_t i) { return slots_[i]; }
-  int64_t FindBucket(uint64_t key) const;
+  int64_t FindBucket(uint64_t key) const;  // the bucket holding `key`, or -1
+  int64_t FindSlot(uint64_t key) const;    // the slot holding `key`, or -1
   void InsertBucket(uint64_t key, uint32_t slot);
   void EraseBucket(uint64_t bucket);
   void WriteSlot(uint32_t slot, uint64_t key, const uint8_t* data);
   absl::Status InsertWith(uint32_t layer, uint64_t row, const uint8_t* data, bool prefetched,
-                          bool* ret_inserted);
+                          bool pin, bool* ret_inserted, bool* ret_pinned);
+  // With mu_ held: pins slot `s` once more; false at kMaxPins.
+  bool PinSlot(uint32_t s);
   void ClearSlot(uint32_t slot);
   void RemoveSlot(uint32_t slot, bool to_ghost);
   void Push(Queue queue, uint32_t slot);
@@ -296,6 +318,8 @@ class RowCache {
   uint64_t ghost_hits_ = 0;
   uint64_t promotions_ = 0;
   uint64_t prefetch_inserts_ = 0;
+  uint64_t pinned_rows_ = 0;  // slots with pins > 0
+  uint64_t pinned_evictions_ = 0;
 };
 
 }  // namespace engram

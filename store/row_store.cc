@@ -119,6 +119,11 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
     auto cache = store->MakeCache(bytes, handoff);
     if (!cache.ok()) return cache.status();
     store->cache_ = std::move(*cache);
+    store->admissions_ = std::make_unique<Admissions>(
+        AdmissionLimits{.max_rows = config.admit_rows,
+                        .max_owner_rows = config.admit_session_rows,
+                        .max_ttl_ns = uint64_t{config.admit_ttl_ms} * 1'000'000},
+        store->cache_.get());
     store->misses_ = std::make_unique<MissQueue>(MissQueueOptions{.depth = config.miss_depth});
     store->cache_target_slots_ = store->cache_->capacity_slots();
     if (store->cache_->capacity_slots() < store->cache_->max_slots()) {
@@ -423,7 +428,7 @@ bool RowStore::Handles(const Table* table) {
 }
 
 absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> rows,
-                                PrefetchOutcome* ret_outcome) {
+                                PrefetchOutcome* ret_outcome, Admission* pin_for) {
   *ret_outcome = {};
   TableState* ts = StateOf(table);
   if (ts == nullptr || ts->tier == Tier::kStorage) {
@@ -439,7 +444,9 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
   MissScratch& miss = t_scratch;
   miss.rows.clear();
   for (uint64_t row : rows) {
-    if (cache_->Contains(layer, row)) {
+    // Pinned here when held: it cannot be evicted before the admission records it.
+    if (pin_for != nullptr ? cache_->Pin(layer, row) : cache_->Contains(layer, row)) {
+      if (pin_for != nullptr) pin_for->Pinned(layer, row);
       ++ret_outcome->held;
     } else {
       miss.rows.push_back(row);
@@ -452,7 +459,13 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
   auto admit = [&](size_t i, const uint8_t* row) {
     bool inserted = false;
     // Rows were checked against the table when the prefetch was queued.
-    (void)cache_->InsertPrefetched(layer, miss.rows[i], row, &inserted);
+    if (pin_for != nullptr) {
+      bool pinned = false;
+      (void)cache_->InsertPinned(layer, miss.rows[i], row, &inserted, &pinned);
+      if (pinned) pin_for->Pinned(layer, miss.rows[i]);
+    } else {
+      (void)cache_->InsertPrefetched(layer, miss.rows[i], row, &inserted);
+    }
     // A row a gather admitted meanwhile (or a duplicate in `rows`) was held, not fetched.
     if (inserted) {
       ++ret_outcome->fetched;

@@ -32,6 +32,7 @@
 #include "gather/miss_queue.h"
 #include "nlohmann/json.hpp"
 #include "protocol/store_counters.h"
+#include "store/admissions.h"
 #include "store/cache_handoff.h"
 #include "store/cache_touch.h"
 #include "store/load_status.h"
@@ -144,10 +145,14 @@ class RowStore {
   // The store's part of a prefetch (engramd's prefetcher): for a cached table, reads the
   // rows it does not hold (O_DIRECT, as misses are) and admits them marked as prefetched; a
   // resident table holds every row already. False for a table of the storage tier (the caller
-  // warms the page cache instead). Rows must be covered by the table. Thread-safe.
+  // warms the page cache instead). Rows must be covered by the table. With `pin_for` (an
+  // admission's rows), every row of a cached table that ends up held, read now or present
+  // before, is pinned for it (rows a miss queue drop or a shrink left out are not). Thread-safe.
   bool Handles(const Table* table);
   absl::Status Prefetch(const Table* table, std::span<const uint64_t> rows,
-                        PrefetchOutcome* ret_outcome);
+                        PrefetchOutcome* ret_outcome, Admission* pin_for = nullptr);
+  // The admissions pinning rows of the row cache; null without a cache.
+  Admissions* admissions() { return admissions_.get(); }
 
   // The tier `table` is served from (storage for a table the store does not know).
   Tier TierOf(const Table* table) const;
@@ -239,7 +244,8 @@ class RowStore {
   MemoryBudget budget_;
   std::vector<std::unique_ptr<TableState>> states_;
   std::unique_ptr<RowCache> cache_;
-  std::unique_ptr<MissQueue> misses_;  // cache-tier misses, by class (gather/miss_queue.h)
+  std::unique_ptr<Admissions> admissions_;  // with cache_; destroyed first (it unpins)
+  std::unique_ptr<MissQueue> misses_;       // cache-tier misses, by class (gather/miss_queue.h)
   std::mutex cache_fd_mu_;
   UniqueFd cache_read_only_fd_;
   mutable std::mutex touch_mu_;

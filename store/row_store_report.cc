@@ -103,6 +103,14 @@ void RowStore::AddControlFields(const std::string& command, json* out) const {
       store["cache"] = cache;
     }
     if (misses_ != nullptr) store["misses"] = MissQueueJson(misses_->Stats());
+    if (admissions_ != nullptr) {
+      const AdmissionStats a = admissions_->Stats();
+      json admissions;
+#define ENGRAM_ADMISSION_JSON_(field, json_key, type, metric, help) admissions[json_key] = a.field;
+      ENGRAM_ADMISSION_COUNTERS(ENGRAM_ADMISSION_JSON_)
+#undef ENGRAM_ADMISSION_JSON_
+      store["admissions"] = admissions;
+    }
     (*out)["store"] = store;
     // "rows_served" and "batches" count what clients asked for. For tables of the store's tiers
     // the engine sees only the misses, so their engine counts give way to the store's.
@@ -184,6 +192,11 @@ void RowStore::AddMetrics(MetricSink* e) const {
   AddSample({json_key, metric, help, ENGRAM_STORE_GROWS_##type, false}, {}, double(c.field), e);
   ENGRAM_ROW_CACHE_COUNTERS(ENGRAM_ROW_CACHE_METRIC_)
 #undef ENGRAM_ROW_CACHE_METRIC_
+  const AdmissionStats a = admissions_->Stats();
+#define ENGRAM_ADMISSION_METRIC_(field, json_key, type, metric, help) \
+  AddSample({json_key, metric, help, ENGRAM_STORE_GROWS_##type, false}, {}, double(a.field), e);
+  ENGRAM_ADMISSION_COUNTERS(ENGRAM_ADMISSION_METRIC_)
+#undef ENGRAM_ADMISSION_METRIC_
 }
 
 }  // namespace engram

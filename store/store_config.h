@@ -58,6 +58,12 @@ struct StoreConfig {
   // prefetch misses wait (the miss queue, gather/miss_queue.h); about the queue depth at which
   // the device reaches its read rate.
   uint32_t miss_depth = 64;
+  // [memory] admit_rows, admit_session_rows, admit_ttl_ms: rows admission prefetches may pin in
+  // the row cache in all (0: a quarter of its capacity; never more than half) and per session,
+  // and the longest an admission stays pinned unreleased (store/admissions.h).
+  uint64_t admit_rows = 0;
+  uint64_t admit_session_rows = 262144;
+  uint32_t admit_ttl_ms = 30000;
 
   // The row store's cap: resident tables + cache (0 = unbounded).
   uint64_t store_budget_bytes() const {

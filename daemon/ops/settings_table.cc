@@ -277,6 +277,32 @@ constexpr Setting kHotSetRows[] = {
      .field = [](S* s) -> void* { return &s->store.miss_depth; },
      .min = 1,
      .max = 4096},
+    {.key = "memory.admit_rows",
+     .flag = "--admit-rows",
+     .help = "Rows admission prefetches may pin in the row cache, all sessions together (0: a "
+             "quarter of the cache's rows; never more than half)",
+     .kind = Kind::kUint64,
+     .applies = kRestart,
+     .field = [](S* s) -> void* { return &s->store.admit_rows; },
+     .max = uint64_t{1} << 32},
+    {.key = "memory.admit_session_rows",
+     .flag = "--admit-session-rows",
+     .help = "Rows one session's admission prefetches may pin at once (a PREFETCH with "
+             "ENGRAM_SQE_PIN past it is refused: RESOURCE_EXHAUSTED)",
+     .kind = Kind::kUint64,
+     .applies = kRestart,
+     .field = [](S* s) -> void* { return &s->store.admit_session_rows; },
+     .min = 1,
+     .max = uint64_t{1} << 32},
+    {.key = "memory.admit_ttl_ms",
+     .flag = "--admit-ttl-ms",
+     .help = "The longest an admission keeps its rows pinned unreleased (a request asking for "
+             "longer gets this)",
+     .kind = Kind::kUint32,
+     .applies = kRestart,
+     .field = [](S* s) -> void* { return &s->store.admit_ttl_ms; },
+     .min = 1,
+     .max = 3'600'000},
 };
 
 constexpr Setting kSocketRows[] = {

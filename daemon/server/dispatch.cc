@@ -14,7 +14,7 @@ void Server::Dispatch(const std::shared_ptr<Session>& session, const engram_sqe&
   const uint32_t slot = ENGRAM_TICKET_SLOT(sqe.ticket);
   const uint64_t claimed = std::min<uint64_t>(sqe.num_rows, config_.limits.max_rows_per_request);
   const bool slot_valid = (sqe.ticket >> 16) != 0 && slot < session->arena().layout().slots;
-  if (slot_valid && sqe.opcode == ENGRAM_OP_PREFETCH) {
+  if (slot_valid && (sqe.opcode == ENGRAM_OP_PREFETCH || sqe.opcode == ENGRAM_OP_ADMIT_DONE)) {
     PostPrefetch(session, sqe, start);
     return;
   }
@@ -92,7 +92,8 @@ protocol::RequestContext Server::RequestContextOf(Session& session) const {
           .max_rows = config_.limits.max_rows_per_request,
           .data = arena.data(),
           .data_bytes = arena.data_bytes(),
-          .tables = bounds_};
+          .tables = bounds_,
+          .admit = session.admit()};
 }
 
 void Server::Execute(const std::shared_ptr<Session>& session, const engram_sqe& sqe, uint64_t start,
@@ -171,7 +172,8 @@ void Server::PostPrefetch(const std::shared_ptr<Session>& session, const engram_
 }
 
 // On the prefetcher's intake thread: the entry is decoded (row ids copied and checked), its rows
-// queued, and it completes with how many were.
+// queued (an admission's after its pins are reserved), and it completes with how many were; an
+// ADMIT_DONE releases its request's pins.
 void Server::CheckPrefetch(const std::shared_ptr<Session>& session, const engram_sqe& sqe,
                            uint64_t start, uint64_t claimed) {
   const protocol::RequestContext context = RequestContextOf(*session);
@@ -185,8 +187,28 @@ void Server::CheckPrefetch(const std::shared_ptr<Session>& session, const engram
     // A table whose files changed fails the prefetch as it would fail a gather.
     status = watch_->Check(request.table_index);
   }
+  Admissions* admissions = store_ != nullptr ? store_->admissions() : nullptr;
   uint64_t queued = 0;
-  if (status.ok() && !request.rows.empty()) {
+  if (status.ok() && request.opcode == ENGRAM_OP_ADMIT_DONE) {
+    session->prefetch_rows->fetch_sub(claimed, std::memory_order_relaxed);
+    queued = admissions != nullptr && admissions->Release(session->id(), request.admission_id);
+  } else if (status.ok() && request.pin && admissions != nullptr && !request.rows.empty()) {
+    // Pins are bounded by their reservations, not by the hints' queue.
+    session->prefetch_rows->fetch_sub(claimed, std::memory_order_relaxed);
+    if (session->closing()) {
+      // Its admissions are released by a task Disconnect posted after this entry: none is
+      // made for it now.
+      status = absl::CancelledError("the session is closing");
+    } else {
+      auto admission = admissions->Reserve(session->id(), request.admission_id,
+                                           request.admission_ttl_ns, request.rows.size(), NowNs());
+      status = admission.status();
+      if (admission.ok()) {
+        prefetcher_->EnqueueAdmission(request.table_index, request.rows, std::move(*admission));
+        queued = request.rows.size();
+      }
+    }
+  } else if (status.ok() && !request.rows.empty()) {
     session->prefetch_rows->fetch_sub(claimed - request.rows.size(), std::memory_order_relaxed);
     queued = prefetcher_->Enqueue(request.table_index, request.rows, session->prefetch_rows);
   } else {

@@ -230,7 +230,7 @@ void Server::Handshake(int fd) {
   welcome.version_major = ENGRAM_PROTOCOL_MAJOR;
   welcome.version_minor = ENGRAM_PROTOCOL_MINOR;
   welcome.slots = layout.slots;
-  welcome.features = hello.features & ENGRAM_FEATURES_V1_5;
+  welcome.features = hello.features & ENGRAM_FEATURES_V1_6;
   welcome.session_id = id;
   welcome.arena_bytes = layout.arena_bytes;
   welcome.data_bytes = layout.data_bytes;
@@ -245,6 +245,7 @@ void Server::Handshake(int fd) {
   session->set_table_state((welcome.features & ENGRAM_FEATURE_TABLE_STATE) != 0);
   session->set_row_cache_map((welcome.features & ENGRAM_FEATURE_ROW_CACHE_MAP) != 0);
   session->set_resident_touch((welcome.features & ENGRAM_FEATURE_RESIDENT_TOUCH) != 0);
+  session->set_admit((welcome.features & ENGRAM_FEATURE_ADMIT) != 0);
   total_arena_bytes_ += layout.arena_bytes;
   by_fd_[fd] = session;
   epoll_event ev{.events = EPOLLIN, .data = {.u64 = id}};

@@ -23,6 +23,8 @@ using json = nlohmann::json;
 
 // How often a deferred batch looks again whether the gathers in flight finished.
 constexpr auto kDeferPoll = std::chrono::microseconds(50);
+// How often the idle thread looks for admissions past their deadline.
+constexpr auto kExpireEvery = std::chrono::milliseconds(100);
 
 // linux/ioprio.h is not in every libc's headers: the two values needed.
 constexpr int kIoprioWhoProcess = 1;
@@ -158,6 +160,20 @@ uint64_t Prefetcher::Enqueue(size_t table_index, std::span<const uint64_t> rows,
   return queued;
 }
 
+void Prefetcher::EnqueueAdmission(size_t table_index, std::span<const uint64_t> rows,
+                                  std::shared_ptr<Admission> admission) {
+  if (rows.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    admit_queue_.push_back({.table = static_cast<uint32_t>(table_index),
+                            .admission = std::move(admission),
+                            .rows = {rows.begin(), rows.end()}});
+    pending_.fetch_add(rows.size(), std::memory_order_relaxed);
+  }
+  counters_[table_index].requested.fetch_add(rows.size(), std::memory_order_relaxed);
+  wake_.notify_one();
+}
+
 bool Prefetcher::WaitIdle(uint64_t timeout_ns) {
   std::unique_lock<std::mutex> lock(mu_);
   return idle_.wait_for(lock, std::chrono::nanoseconds(timeout_ns),
@@ -168,9 +184,11 @@ void Prefetcher::Run() {
   if (options_.idle_priority) LowerPriority();
   uint32_t table = 0;
   std::vector<uint64_t> rows;
-  while (Take(&table, &rows)) {
+  std::shared_ptr<Admission> admission;
+  while (Take(&table, &rows, &admission)) {
     if (rows.empty()) continue;
-    Process(table, rows);
+    Process(table, rows, admission.get());
+    admission.reset();
     std::lock_guard<std::mutex> lock(mu_);
     if (pending_.fetch_sub(rows.size(), std::memory_order_relaxed) == rows.size()) {
       idle_.notify_all();
@@ -178,20 +196,30 @@ void Prefetcher::Run() {
   }
 }
 
-bool Prefetcher::Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows) {
+bool Prefetcher::Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows,
+                      std::shared_ptr<Admission>* ret_admission) {
+  Admissions* admissions = store_ != nullptr ? store_->admissions() : nullptr;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    auto ready = [this] { return stop_ || !queue_.empty() || !admit_queue_.empty(); };
+    while (!wake_.wait_for(lock, kExpireEvery, ready)) {
+      if (admissions == nullptr) continue;
+      lock.unlock();
+      admissions->Expire(NowNs());
+      lock.lock();
+    }
     if (stop_) return false;
   }
+  if (admissions != nullptr) admissions->Expire(NowNs());
   // Decode steps first: the batch waits (bounded) for the gathers in flight, outside the lock
   // so that Enqueue never waits on it.
   Defer();
   std::lock_guard<std::mutex> lock(mu_);
   if (stop_) return false;
   ret_rows->clear();
-  if (queue_.empty()) {  // dropped while this batch deferred: nothing left to do
+  if (queue_.empty()) {  // admissions' rows, or hints dropped while this batch deferred
     *ret_table = 0;
+    if (!admit_queue_.empty()) TakeAdmitted(ret_table, ret_rows, ret_admission);
     return true;
   }
   // Newest first (see Enqueue).
@@ -203,6 +231,17 @@ bool Prefetcher::Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows) {
     queue_.pop_back();
   }
   return true;
+}
+
+void Prefetcher::TakeAdmitted(uint32_t* ret_table, std::vector<uint64_t>* ret_rows,
+                              std::shared_ptr<Admission>* ret_admission) {
+  AdmitBatch& b = admit_queue_.front();
+  *ret_table = b.table;
+  *ret_admission = b.admission;
+  const size_t n = std::min<size_t>(options_.batch_rows, b.rows.size() - b.next);
+  ret_rows->assign(b.rows.begin() + b.next, b.rows.begin() + b.next + n);
+  b.next += n;
+  if (b.next == b.rows.size()) admit_queue_.pop_front();
 }
 
 void Prefetcher::Defer() {
@@ -217,9 +256,15 @@ void Prefetcher::Defer() {
   }
 }
 
-void Prefetcher::Process(uint32_t table_index, std::span<const uint64_t> rows) {
+void Prefetcher::Process(uint32_t table_index, std::span<const uint64_t> rows,
+                         Admission* admission) {
   Counters& c = counters_[table_index];
   const Table& table = *tables_[table_index];
+  // A request done (or expired) before its rows were read: they are no longer wanted.
+  if (admission != nullptr && admission->released()) {
+    c.dropped.fetch_add(rows.size(), std::memory_order_relaxed);
+    return;
+  }
   // Bytes read from a file that changed since it was validated are never admitted.
   if (health_) {
     if (absl::Status s = health_(table_index); !s.ok()) {
@@ -230,7 +275,7 @@ void Prefetcher::Process(uint32_t table_index, std::span<const uint64_t> rows) {
   uint64_t fetched = 0, held = 0;
   if (store_ != nullptr && store_->Handles(&table)) {
     PrefetchOutcome outcome;
-    absl::Status s = store_->Prefetch(&table, rows, &outcome);
+    absl::Status s = store_->Prefetch(&table, rows, &outcome, admission);
     if (s.ok() && health_) s = health_(table_index);
     if (!s.ok()) {
       c.failed.fetch_add(rows.size() - outcome.held, std::memory_order_relaxed);

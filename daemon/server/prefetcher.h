@@ -8,7 +8,11 @@
 // flight: a cached table's missing rows are read with O_DIRECT and admitted to the row cache
 // marked as prefetched, a resident table's rows are held already, a table served from storage has
 // the pages of its rows' missing parts read ahead into the page cache (posix_fadvise WILLNEED).
-// docs/row-store.md, "Prefetch".
+// Admissions' rows (a request's prompt, to be pinned for its prefill) wait on a queue of their
+// own, oldest request first, worked only while no hint waits: they are bounded by their pin
+// reservations (store/admissions.h), never dropped, and left unread once their admission is
+// released. The thread also expires admissions whose deadline passed.
+// docs/row-store.md, "Prefetch" and "Admission".
 //
 //   Prefetcher p(options, tables, store, [&] { return gathers_running(); }, healthy);
 //   p.Start();
@@ -98,6 +102,10 @@ class Prefetcher {
   // them already, and those not queued are taken off here. Never waits for I/O. Thread-safe.
   uint64_t Enqueue(size_t table_index, std::span<const uint64_t> rows,
                    const std::shared_ptr<PrefetchAccount>& account = nullptr);
+  // Queues rows of tables[table_index] for `admission` (its pins reserved already): read after
+  // every hint, pinned for it as they are held. Never drops them. Thread-safe.
+  void EnqueueAdmission(size_t table_index, std::span<const uint64_t> rows,
+                        std::shared_ptr<Admission> admission);
   // Rows on the queue or being worked on now.
   uint64_t pending_rows() const { return pending_.load(std::memory_order_relaxed); }
   // Waits until nothing is pending or `timeout_ns` passed; true when nothing is (tests, tools).
@@ -116,6 +124,13 @@ class Prefetcher {
     uint64_t row;
   };
   static constexpr uint32_t kNoOwner = UINT32_MAX;
+  // One admission entry's rows still queued.
+  struct AdmitBatch {
+    uint32_t table;
+    std::shared_ptr<Admission> admission;
+    std::vector<uint64_t> rows;
+    size_t next = 0;  // rows before it were taken
+  };
   // A session's account while it has rows on the queue.
   struct Owner {
     std::shared_ptr<PrefetchAccount> account;
@@ -134,10 +149,15 @@ class Prefetcher {
   // With mu_ held: the owner index of `account` (null: kNoOwner), and a row of it leaving.
   uint32_t OwnerOf(const std::shared_ptr<PrefetchAccount>& account);
   void Leave(uint32_t owner, uint64_t rows);
-  // Takes the next batch (rows of one table) off the queue; false when stopping.
-  bool Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows);
+  // Takes the next batch (rows of one table, of *ret_admission when not null) off the queues;
+  // false when stopping. Expires admissions while it waits.
+  bool Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows,
+            std::shared_ptr<Admission>* ret_admission);
+  // With mu_ held: the next batch of the admission queue.
+  void TakeAdmitted(uint32_t* ret_table, std::vector<uint64_t>* ret_rows,
+                    std::shared_ptr<Admission>* ret_admission);
   void Defer();
-  void Process(uint32_t table, std::span<const uint64_t> rows);
+  void Process(uint32_t table, std::span<const uint64_t> rows, Admission* admission);
   // Storage tier: reads ahead the page ranges of the rows' parts that are not in the page cache.
   void ReadAhead(const Table& table, std::span<const uint64_t> rows, uint64_t* ret_fetched,
                  uint64_t* ret_held);
@@ -152,8 +172,9 @@ class Prefetcher {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  std::deque<Entry> queue_;    // bounded by options_.queue_rows; newest at the back
-  std::vector<Owner> owners_;  // accounts with rows on the queue, and free places
+  std::deque<Entry> queue_;             // bounded by options_.queue_rows; newest at the back
+  std::deque<AdmitBatch> admit_queue_;  // bounded by the admissions' reservations; oldest first
+  std::vector<Owner> owners_;           // accounts with rows on the queue, and free places
   std::vector<uint32_t> free_owners_;
   absl::flat_hash_map<const PrefetchAccount*, uint32_t> owner_index_;
   bool stop_ = false;

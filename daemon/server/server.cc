@@ -321,6 +321,10 @@ void Server::Disconnect(const std::shared_ptr<Session>& session, const char* why
   epoll_ctl(control_epoll_.get(), EPOLL_CTL_DEL, session->socket_fd(), nullptr);
   epoll_ctl(poller_epoll_.get(), EPOLL_CTL_DEL, session->doorbell_fd(), nullptr);
   total_arena_bytes_ -= session->arena().bytes();
+  // Its requests' pins go: on the intake thread, after the entries it handed over there.
+  if (store_ != nullptr && store_->admissions() != nullptr) {
+    prefetcher_->Post([this, id = session->id()] { store_->admissions()->ReleaseOwner(id); });
+  }
   by_fd_.erase(session->socket_fd());
   PublishSessions();
   // The socket, doorbell and arena go with the last reference: the poller's snapshot or a

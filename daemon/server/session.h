@@ -102,6 +102,10 @@ class Session {
   // (ENGRAM_FEATURE_RESIDENT_TOUCH). Set once, before the session is published.
   bool resident_touch() const { return resident_touch_; }
   void set_resident_touch(bool on) { resident_touch_ = on; }
+  // Whether its PREFETCH entries may pin rows for a request, and ADMIT_DONE release them
+  // (ENGRAM_FEATURE_ADMIT). Set once, before the session is published.
+  bool admit() const { return admit_; }
+  void set_admit(bool on) { admit_ = on; }
   // The session's touch page, made by its first MAP_TABLE that carries it (control thread
   // only); the row store holds it too, and folds it one last time after the session ends.
   std::shared_ptr<CacheTouchPage> touch_page;
@@ -145,6 +149,7 @@ class Session {
   bool table_state_ = false;
   bool row_cache_map_ = false;
   bool resident_touch_ = false;
+  bool admit_ = false;
   // Only its address is used: ThreadSanitizer is told of the order the client keeps between a
   // completion and the submissions that reuse its memory (session.cc, ClientOrder*).
   const char client_order_ = 0;

@@ -446,6 +446,31 @@ ENGRAM_API ENGRAM_DEPRECATED("use engram_table_map_close") void engram_unmap_tab
 ENGRAM_API int engram_prefetch(engram_session* session, uint32_t layer, const uint64_t* rows,
                                uint64_t num_rows, uint32_t flags, uint64_t* ret_queued);
 
+/* ---- admission prefetch (since ENGRAM_0.8, protocol 1.6) --------------------------------- */
+
+/* Tells the daemon that request `request_id` (any id this session chooses, unique among its
+ * requests) will gather `rows` of `layer`'s table in its prefill: call it when the engine admits
+ * the request, once per table (more calls add rows to the same request). The daemon reads the
+ * rows its row cache lacks after every gather and hint (the lowest priority; docs/row-store.md,
+ * "Admission") and pins each row there, read now or held before, so that no eviction takes it
+ * until engram_admit_done(request_id), `ttl_ns` (0, or more than the daemon's
+ * memory.admit_ttl_ms: that) or the session's end. Returns as soon as the ids are checked and the
+ * pins reserved, never after I/O, with *ret_queued (may be NULL) the rows queued. Rows of a table
+ * not in the row cache's tier are prefetched as engram_prefetch does and not pinned. Errors as
+ * engram_prefetch's, and: -ENOSPC when the pins would pass the session's
+ * memory.admit_session_rows or the daemon's memory.admit_rows (engram_last_error() says which;
+ * nothing of that entry of ENGRAM_PREFETCH_MAX_ROWS rows is queued, earlier entries stay);
+ * -EOPNOTSUPP when the daemon predates admissions (protocol < 1.6). Thread-safe. */
+ENGRAM_API int engram_admit(engram_session* session, uint64_t request_id, uint32_t layer,
+                            const uint64_t* rows, uint64_t num_rows, uint64_t ttl_ns,
+                            uint64_t* ret_queued);
+/* Request `request_id` is done with its admitted rows (its prefill gathered them, or it was
+ * cancelled): the daemon unpins them, and its rows still queued are not read. *ret_found (may be
+ * NULL) is 1 when the request had an admission, 0 when it had none (never made, released already
+ * or expired). Errors: -EOPNOTSUPP (protocol < 1.6), -ENOSPC every slot is busy, -ENOTCONN.
+ * Thread-safe. */
+ENGRAM_API int engram_admit_done(engram_session* session, uint64_t request_id, int* ret_found);
+
 /* Protocol version this library speaks. Thread-safe. */
 ENGRAM_API void engram_protocol_version(uint32_t* ret_major, uint32_t* ret_minor);
 

@@ -270,6 +270,23 @@ class Session {
                   uint64_t* ret_queued = nullptr) {
     return Status::FromReturn(engram_prefetch(s_, layer, rows, num_rows, 0, ret_queued));
   }
+  // Request `request_id` will gather these rows of `layer`'s table in its prefill
+  // (engram_admit): read at the lowest priority and pinned in the row cache until AdmitDone,
+  // `ttl` (0: the daemon's memory.admit_ttl_ms) or the session's end. Returns once queued.
+  Status Admit(uint64_t request_id, uint32_t layer, const uint64_t* rows, uint64_t num_rows,
+               std::chrono::nanoseconds ttl = std::chrono::nanoseconds(0),
+               uint64_t* ret_queued = nullptr) {
+    return Status::FromReturn(engram_admit(s_, request_id, layer, rows, num_rows,
+                                           static_cast<uint64_t>(ttl.count()), ret_queued));
+  }
+  // The request is done with its admitted rows: they are unpinned (engram_admit_done).
+  // *ret_found (if given): whether it had an admission.
+  Status AdmitDone(uint64_t request_id, bool* ret_found = nullptr) {
+    int found = 0;
+    Status s = Status::FromReturn(engram_admit_done(s_, request_id, &found));
+    if (s.ok() && ret_found != nullptr) *ret_found = found != 0;
+    return s;
+  }
   Status SubmitNop(Ticket* ret_ticket) {
     return Status::FromReturn(engram_submit_nop(s_, ret_ticket));
   }

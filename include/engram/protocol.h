@@ -27,7 +27,7 @@ extern "C" {
 
 /* A different major version cannot talk to this one; a newer minor only adds features. */
 #define ENGRAM_PROTOCOL_MAJOR 1
-#define ENGRAM_PROTOCOL_MINOR 5
+#define ENGRAM_PROTOCOL_MINOR 6
 
 /* Feature bits, offered by the client in HELLO and granted by the daemon in WELCOME. */
 #define ENGRAM_FEATURE_GATHER (1ull << 0)        /* GATHER submissions in the arena */
@@ -62,6 +62,11 @@ extern "C" {
  * count them (docs/protocol.md, "Reading the row cache in place"). Without it a resident
  * TABLE_MAPPED has two fds, as before. */
 #define ENGRAM_FEATURE_RESIDENT_TOUCH (1ull << 12)
+/* 1.6: admission prefetch: a PREFETCH entry with ENGRAM_SQE_PIN pins the rows it brings into the
+ * row cache for one request (reserved[0], the client's id for it) until an ADMIT_DONE entry of
+ * that id, its deadline (reserved[1] ns, 0: the daemon's limit) or the session's end
+ * (docs/row-store.md, "Admission"). A daemon refuses both to a session without it. */
+#define ENGRAM_FEATURE_ADMIT (1ull << 13)
 #define ENGRAM_FEATURES_V1_0                                                         \
   (ENGRAM_FEATURE_GATHER | ENGRAM_FEATURE_DEST_OFFSETS | ENGRAM_FEATURE_TABLE_LIST | \
    ENGRAM_FEATURE_SESSION_STATS | ENGRAM_FEATURE_COUNTER64)
@@ -70,6 +75,7 @@ extern "C" {
 #define ENGRAM_FEATURES_V1_3 (ENGRAM_FEATURES_V1_2 | ENGRAM_FEATURE_TABLE_STATE)
 #define ENGRAM_FEATURES_V1_4 (ENGRAM_FEATURES_V1_3 | ENGRAM_FEATURE_ROW_CACHE_MAP)
 #define ENGRAM_FEATURES_V1_5 (ENGRAM_FEATURES_V1_4 | ENGRAM_FEATURE_RESIDENT_TOUCH)
+#define ENGRAM_FEATURES_V1_6 (ENGRAM_FEATURES_V1_5 | ENGRAM_FEATURE_ADMIT)
 
 /* ---- status codes ---------------------------------------------------------------------- */
 
@@ -424,11 +430,21 @@ enum engram_opcode {
    * the completion is how many were queued (a full prefetch queue drops its oldest rows, and
    * counts them, to make room). At most ENGRAM_PREFETCH_MAX_ROWS rows an entry. */
   ENGRAM_OP_PREFETCH = 3,
+  /* 1.6 (ENGRAM_FEATURE_ADMIT): request reserved[0] of this session is done with the rows its
+   * admission pinned (PREFETCH with ENGRAM_SQE_PIN): they are unpinned. Every other field is 0.
+   * Completes with `rows` 1 when the request had an admission, 0 when it had none (never made,
+   * released already, or expired). */
+  ENGRAM_OP_ADMIT_DONE = 4,
 };
 /* Rows one PREFETCH entry may carry: the daemon checks and queues them on its polling thread,
  * so an entry is kept small (a decode step's drafts fit in one; a prefill chunk takes a few). */
 #define ENGRAM_PREFETCH_MAX_ROWS 8192u
 #define ENGRAM_SQE_DEST_OFFSETS 1u /* dest_offsets_offset names a per-row offset array */
+/* PREFETCH only (1.6, ENGRAM_FEATURE_ADMIT): pin the rows for request reserved[0] (any value the
+ * client chooses, unique among its requests) for at most reserved[1] ns (0: the daemon's
+ * memory.admit_ttl_ms); the pins are reserved against the daemon's bounds when the entry is
+ * checked (RESOURCE_EXHAUSTED past them, nothing queued). */
+#define ENGRAM_SQE_PIN 2u
 
 /* A ticket is (generation << 16) | slot, generation >= 1: never 0. */
 #define ENGRAM_TICKET_SLOT(t) ((uint32_t)((t)&0xFFFFu))
@@ -444,7 +460,7 @@ struct engram_sqe {
   uint64_t rows_offset;         /* num_rows uint64 row ids, 8-byte aligned */
   uint64_t dest_offset;         /* destination base */
   uint64_t dest_offsets_offset; /* num_rows uint64 byte offsets from dest_offset, 8-aligned */
-  uint64_t reserved[2];         /* 0 */
+  uint64_t reserved[2];         /* 0, but for ENGRAM_SQE_PIN and ADMIT_DONE */
 };
 ENGRAM_STATIC_ASSERT(sizeof(struct engram_sqe) == 64, "sqe size");
 

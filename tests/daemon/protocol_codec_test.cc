@@ -155,6 +155,66 @@ TEST_CASE("reserved fields of client messages must be zero", "[codec]") {
   CHECK(e.message == "message type 4 is not MAP_TABLE (10)");
 }
 
+TEST_CASE("pinning PREFETCH and ADMIT_DONE entries carry their request and need the feature",
+          "[codec]") {
+  std::vector<uint64_t> region(64, 20);
+  const TableBounds tables[] = {{.layer_id = 14, .num_rows = 100, .covered_end = 100}};
+  RequestContext ctx{.slots = 4,
+                     .max_rows = 1 << 20,
+                     .data = reinterpret_cast<const uint8_t*>(region.data()),
+                     .data_bytes = region.size() * 8,
+                     .tables = tables,
+                     .admit = true};
+  const engram_sqe pin{.ticket = (3 << 16) | 1,
+                       .opcode = ENGRAM_OP_PREFETCH,
+                       .flags = ENGRAM_SQE_PIN,
+                       .table = 14,
+                       .num_rows = 2,
+                       .reserved = {77, 5'000'000}};
+  const engram_sqe done{
+      .ticket = (3 << 16) | 2, .opcode = ENGRAM_OP_ADMIT_DONE, .reserved = {77, 0}};
+  DecodedRequest r;
+  bool slot_ok;
+  CodecError e;
+  REQUIRE(DecodeRequest(pin, ctx, &r, &slot_ok, &e));
+  CHECK(r.pin);
+  CHECK(r.admission_id == 77);
+  CHECK(r.admission_ttl_ns == 5'000'000);
+  CHECK(r.rows == std::vector<uint64_t>{20, 20});
+  REQUIRE(DecodeRequest(done, ctx, &r, &slot_ok, &e));
+  CHECK(r.opcode == ENGRAM_OP_ADMIT_DONE);
+  CHECK(r.admission_id == 77);
+  CHECK(r.rows.empty());
+  auto fails = [&](engram_sqe s, const RequestContext& c, const std::string& text) {
+    CodecError err;
+    CHECK_FALSE(DecodeRequest(s, c, &r, &slot_ok, &err));
+    CHECK(err.code == ENGRAM_STATUS_INVALID_ARGUMENT);
+    INFO(err.message);
+    CHECK(err.message.find(text) != std::string::npos);
+  };
+  RequestContext without = ctx;
+  without.admit = false;
+  fails(pin, without, "PREFETCH with ENGRAM_SQE_PIN on a session that was not granted");
+  fails(done, without, "ADMIT_DONE on a session that was not granted");
+  engram_sqe s = done;
+  s.reserved[1] = 1;
+  fails(s, ctx, "engram_sqe.reserved[1] is 1");
+  s = done;
+  s.num_rows = 1;
+  fails(s, ctx, "ADMIT_DONE with flags, rows, a table or offsets set");
+  s = pin;
+  s.flags = ENGRAM_SQE_PIN | ENGRAM_SQE_DEST_OFFSETS;
+  fails(s, ctx, "PREFETCH with flags 0x3");
+  // A plain PREFETCH still has no reserved words; a gather no pin.
+  s = pin;
+  s.flags = 0;
+  fails(s, ctx, "engram_sqe.reserved[0] is 77");
+  s = pin;
+  s.opcode = ENGRAM_OP_GATHER;
+  s.reserved[0] = s.reserved[1] = 0;
+  fails(s, ctx, "unknown flags 0x2");
+}
+
 TEST_CASE("PREFETCH entries are checked like gathers and carry no destination", "[codec]") {
   std::vector<uint64_t> region(ENGRAM_PREFETCH_MAX_ROWS + 8, 20);
   const TableBounds tables[] = {

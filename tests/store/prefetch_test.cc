@@ -343,3 +343,145 @@ TEST_CASE("prefetched rows of a table served from storage end up in the page cac
   CHECK(U(t, "prefetch_held_rows") == rows.size());
   c.GatherChecked(14, rows);
 }
+
+namespace {
+
+json Admissions(const Daemon& d) { return Ctl(d, "status")["store"]["admissions"]; }
+uint64_t CachePinned(const Daemon& d) {
+  return U(Ctl(d, "status")["store"]["cache"], "pinned_rows");
+}
+
+// Rows of [0, kRows) not in `taken`, each gathered twice (the second time a hit, so the policy
+// keeps them as it keeps rows in use): every row of the cache that is not pinned is pushed out.
+void Flood(Client& c, uint32_t layer, const std::vector<uint64_t>& taken) {
+  const std::set<uint64_t> skip(taken.begin(), taken.end());
+  std::vector<uint64_t> chunk;
+  for (uint64_t r = 0; r < kRows; ++r) {
+    if (!skip.contains(r)) chunk.push_back(r);
+    if (chunk.size() == 2000 || (r + 1 == kRows && !chunk.empty())) {
+      c.GatherChecked(layer, chunk);
+      c.GatherChecked(layer, chunk);
+      chunk.clear();
+    }
+  }
+}
+
+// Waits until `done` holds of the daemon's status (the prefetch thread works at idle priority).
+void WaitStatus(const Daemon& d, const std::function<bool(const json&)>& done, const char* what) {
+  for (int i = 0; i < 1500; ++i) {
+    if (done(Ctl(d, "status"))) return;
+    usleep(20000);
+  }
+  FAIL(what << ": " << Ctl(d, "status").dump());
+}
+
+}  // namespace
+
+TEST_CASE("admitted rows stay in the row cache through a flood until their request is done",
+          "[admit]") {
+  // Layer 1 cached in 2 MiB (about 7,000 rows; a quarter of them may be pinned).
+  Daemon d({"--tier", "1=cache", "--cache-bytes", "2M"}, "admit-pinned");
+  REQUIRE(d.alive());
+  Client c(d);
+  const std::vector<uint64_t> all = DistinctRows(2000, 3);
+  const std::vector<uint64_t> admitted(all.begin(), all.begin() + 1000);
+  const std::vector<uint64_t> hinted(all.begin() + 1000, all.end());
+  uint64_t queued = 0;
+  REQUIRE(engram_admit(c.s, /*request_id=*/7, 1, admitted.data(), admitted.size(), 0, &queued) ==
+          0);
+  CHECK(queued == admitted.size());
+  // The control: rows only hinted, which the flood may push out.
+  REQUIRE(engram_prefetch(c.s, 1, hinted.data(), hinted.size(), 0, &queued) == 0);
+  WaitPrefetched(d);
+  json a = Admissions(d);
+  CHECK(U(a, "active") == 1);
+  CHECK(U(a, "reserved_rows") == admitted.size());
+  CHECK(U(a, "pinned_rows") == admitted.size());
+  CHECK(CachePinned(d) == admitted.size());
+
+  Flood(c, 1, all);
+  uint64_t hits = U(TableStats(d, 1), "store_hit_rows");
+  c.GatherChecked(1, admitted);
+  CHECK(U(TableStats(d, 1), "store_hit_rows") - hits == admitted.size());
+  hits = U(TableStats(d, 1), "store_hit_rows");
+  c.GatherChecked(1, hinted);
+  CHECK(U(TableStats(d, 1), "store_hit_rows") - hits < hinted.size() / 10);
+
+  int found = -1;
+  REQUIRE(engram_admit_done(c.s, 7, &found) == 0);
+  CHECK(found == 1);
+  REQUIRE(engram_admit_done(c.s, 7, &found) == 0);
+  CHECK(found == 0);
+  a = Admissions(d);
+  CHECK(U(a, "active") == 0);
+  CHECK(U(a, "released") == 1);
+  CHECK(CachePinned(d) == 0);
+  // Unpinned, they go the way of the hinted rows.
+  Flood(c, 1, all);
+  hits = U(TableStats(d, 1), "store_hit_rows");
+  c.GatherChecked(1, admitted);
+  CHECK(U(TableStats(d, 1), "store_hit_rows") - hits < admitted.size() / 10);
+}
+
+TEST_CASE("admissions past a bound or with a bad row are refused naming it; nothing is pinned",
+          "[admit]") {
+  Daemon d({"--tier", "1=cache", "--cache-bytes", "4M", "--admit-session-rows", "1000"},
+           "admit-bounds");
+  REQUIRE(d.alive());
+  Client c(d);
+  const std::vector<uint64_t> rows = DistinctRows(1300, 4);
+  REQUIRE(engram_admit(c.s, 1, 1, rows.data(), 800, 0, nullptr) == 0);
+  CHECK(engram_admit(c.s, 2, 1, rows.data() + 800, 300, 0, nullptr) == -ENOSPC);
+  CHECK_THAT(engram_last_error(), Catch::Matchers::Contains("memory.admit_session_rows"));
+  std::vector<uint64_t> bad = {5, kRows + 3};
+  CHECK(engram_admit(c.s, 3, 1, bad.data(), bad.size(), 0, nullptr) == -ERANGE);
+  CHECK_THAT(engram_last_error(), Catch::Matchers::Contains(std::to_string(kRows + 3)));
+  CHECK(engram_admit(c.s, 3, 99, bad.data(), 1, 0, nullptr) == -ENOENT);
+  WaitPrefetched(d);
+  const json a = Admissions(d);
+  CHECK(U(a, "active") == 1);
+  CHECK(U(a, "reserved_rows") == 800);
+  CHECK(U(a, "refused_rows") == 300);
+  int found = -1;
+  REQUIRE(engram_admit_done(c.s, 2, &found) == 0);
+  CHECK(found == 0);
+}
+
+TEST_CASE("an admission's pins go at its deadline and when its session ends", "[admit]") {
+  Daemon d({"--tier", "1=cache", "--cache-bytes", "4M", "--admit-ttl-ms", "300"}, "admit-ttl");
+  REQUIRE(d.alive());
+  const std::vector<uint64_t> rows = DistinctRows(400, 5);
+  {
+    Client c(d);
+    // Asks for an hour: the daemon's 300 ms apply.
+    REQUIRE(engram_admit(c.s, 1, 1, rows.data(), 200, 3'600'000'000'000, nullptr) == 0);
+    WaitStatus(
+        d, [](const json& s) { return s["store"]["admissions"]["expired"] == 1; }, "expiry");
+    CHECK(CachePinned(d) == 0);
+    // A second admission: the session closes before its deadline (on an idle machine).
+    REQUIRE(engram_admit(c.s, 2, 1, rows.data() + 200, 200, 0, nullptr) == 0);
+    WaitPrefetched(d);
+    CHECK(U(Admissions(d), "active") == 1);
+  }
+  WaitStatus(
+      d, [](const json& s) { return s["store"]["admissions"]["active"] == 0; }, "release at end");
+  const json a = Admissions(d);
+  // Closed before its 300 ms passed on an idle machine, or expired first on a slow one.
+  CHECK(U(a, "ended") + U(a, "expired") == 2);
+  CHECK(CachePinned(d) == 0);
+}
+
+TEST_CASE("without a row cache, admitted rows are prefetched as hints and nothing is pinned",
+          "[admit]") {
+  Daemon d({}, "admit-no-cache");
+  REQUIRE(d.alive());
+  Client c(d);
+  const std::vector<uint64_t> rows = DistinctRows(100, 6);
+  uint64_t queued = 0;
+  REQUIRE(engram_admit(c.s, 1, 14, rows.data(), rows.size(), 0, &queued) == 0);
+  CHECK(queued == rows.size());
+  int found = -1;
+  REQUIRE(engram_admit_done(c.s, 1, &found) == 0);
+  CHECK(found == 0);
+  CHECK_FALSE(Ctl(d, "status")["store"].contains("admissions"));
+}
