@@ -192,7 +192,9 @@ void Server::CheckPrefetch(const std::shared_ptr<Session>& session, const engram
   if (status.ok() && request.opcode == ENGRAM_OP_ADMIT_DONE) {
     session->prefetch_rows->fetch_sub(claimed, std::memory_order_relaxed);
     queued = admissions != nullptr && admissions->Release(session->id(), request.admission_id);
-  } else if (status.ok() && request.pin && admissions != nullptr && !request.rows.empty()) {
+  } else if (status.ok() && request.pin && admissions != nullptr && !request.rows.empty() &&
+             store_->Cached(tables_[request.table_index].get())) {
+    // Only the row cache pins: another tier's rows are prefetched as hints (below).
     // Pins are bounded by their reservations, not by the hints' queue.
     session->prefetch_rows->fetch_sub(claimed, std::memory_order_relaxed);
     if (session->closing()) {

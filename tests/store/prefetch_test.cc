@@ -445,6 +445,11 @@ TEST_CASE("admissions past a bound or with a bad row are refused naming it; noth
   int found = -1;
   REQUIRE(engram_admit_done(c.s, 2, &found) == 0);
   CHECK(found == 0);
+  // Rows of the table served from storage are hints: no pin reserved, no admission made.
+  REQUIRE(engram_admit(c.s, 4, 14, rows.data(), 100, 0, nullptr) == 0);
+  CHECK(U(Admissions(d), "reserved_rows") == 800);
+  REQUIRE(engram_admit_done(c.s, 4, &found) == 0);
+  CHECK(found == 0);
 }
 
 TEST_CASE("an admission's pins go at its deadline and when its session ends", "[admit]") {
