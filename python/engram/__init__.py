@@ -28,8 +28,9 @@ from typing import Any
 from . import _lib
 from .client import (ARRAY_KINDS, DEFAULT_SOCKET, ArenaBuffer, Client, SessionStats, TableInfo,
                      Ticket, library_path, protocol_version)
-from .errors import (EngramConnectionError, EngramError, EngramIOError, EngramPermissionError,
-                     EngramTimeoutError, GpuUnavailableError, HashTablesError,
+from .errors import (AdmissionUnsupportedError, EngramConnectionError, EngramError,
+                     EngramIOError, EngramPermissionError, EngramTimeoutError,
+                     GpuUnavailableError, HashTablesError,
                      InvalidArgumentError, LibraryNotFoundError, ModelFileNotFoundError,
                      NoVocabularyError, PrefetchUnsupportedError, ProtocolError,
                      ResourceExhaustedError, RowOutOfRangeError, UnknownTableError)
@@ -81,4 +82,5 @@ __all__ = [
     "InvalidArgumentError", "UnknownTableError", "RowOutOfRangeError", "ResourceExhaustedError",
     "EngramTimeoutError", "ProtocolError", "EngramIOError", "GpuUnavailableError", "Hasher",
     "ModelFileNotFoundError", "HashTablesError", "NoVocabularyError", "PrefetchUnsupportedError",
+    "AdmissionUnsupportedError",
 ]

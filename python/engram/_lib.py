@@ -312,6 +312,12 @@ _PREFETCH_FUNCTIONS = {
     "engram_prefetch": (c_int, [c_void_p, c_u32, c_void_p, c_u64, c_u32, _P(c_u64)]),
 }
 
+# Since ENGRAM_0.8: a library without them still loads; Client.admit says what is missing.
+_ADMIT_FUNCTIONS = {
+    "engram_admit": (c_int, [c_void_p, c_u64, c_u32, c_void_p, c_u64, c_u64, _P(c_u64)]),
+    "engram_admit_done": (c_int, [c_void_p, c_u64, _P(c_int)]),
+}
+
 # Since ENGRAM_0.6: a library without it still loads; Client.stats says what is missing.
 _STATS_FIELD_FUNCTIONS = {
     "engram_session_stats_field": (c_int, [c_size_t, _P(c_char_p), _P(c_char_p)]),
@@ -496,6 +502,7 @@ def client_lib():
             _declare(lib, _CLIENT_FUNCTIONS, path)
             _declare_renamed(lib, path)
             _declare(lib, _PREFETCH_FUNCTIONS, path, required=False)
+            _declare(lib, _ADMIT_FUNCTIONS, path, required=False)
             _declare(lib, _STATS_FIELD_FUNCTIONS, path, required=False)
             _declare(lib, _TABLE_MAP_FUNCTIONS, path, required=False)
             _client, _client_path = lib, path

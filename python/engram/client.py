@@ -31,8 +31,8 @@ import numpy as np
 
 from . import _lib
 from ._arrays import integer_array
-from .errors import (InvalidArgumentError, PrefetchUnsupportedError, RowOutOfRangeError,
-                     error_for)
+from .errors import (AdmissionUnsupportedError, InvalidArgumentError, PrefetchUnsupportedError,
+                     RowOutOfRangeError, error_for)
 from .arena import ArenaBuffer
 # TableInfo, SessionStats, protocol_version, library_path, row_bytes and Ticket are part of this
 # module's names as before; they live in their own modules.
@@ -79,6 +79,17 @@ def row_ids_array(row_ids, what: str = "row ids") -> np.ndarray:
                                  f"{what}: row id {int(array[index])} at index {index} is "
                                  f"negative")
     return array
+
+
+def _request_id(request_id) -> int:
+    """An admission's request id as the uint64 the C call takes; InvalidArgumentError else."""
+    if isinstance(request_id, (bool, np.bool_)) or not isinstance(request_id,
+                                                                  (int, np.integer)):
+        raise InvalidArgumentError(-errno.EINVAL, f"request id {request_id!r} is not an integer")
+    if not 0 <= int(request_id) < 2**64:
+        raise InvalidArgumentError(-errno.EINVAL, f"request id {int(request_id)} is outside "
+                                                  f"[0, 2^64)")
+    return int(request_id)
 
 
 _Allocation = ArenaBuffer
@@ -371,6 +382,61 @@ class Client:
             raise PrefetchUnsupportedError(rc, _lib.last_error())
         _lib.check(rc)
         return int(queued.value)
+
+    def admit(self, request_id: int, layer: int, row_ids: Any, *,
+              ttl: Optional[float] = None) -> int:
+        """Tells engramd that request `request_id` (an id of this session's choosing, unique
+        among its requests) will gather rows `row_ids` of layer `layer`'s table in its prefill:
+        call it when the engine admits the request, once per table (another call adds rows to
+        the same request). engramd reads the rows its row cache lacks after every gather and
+        prefetch, and pins each in the cache, so that no eviction takes it, until
+        admit_done(request_id), `ttl` seconds (None or 0: the daemon's memory.admit_ttl_ms,
+        also the most it grants) or the session's end (engram_admit). A table outside the
+        cache tier has its rows prefetched as prefetch() does, not pinned.
+
+        Returns once the ids are checked and their pins reserved, never after I/O, with the
+        rows queued. row_ids as for gather(); each id is a pin, so pass each once. Raises as
+        prefetch() does; ResourceExhaustedError when the pins would pass the session's
+        memory.admit_session_rows or the daemon's memory.admit_rows (the message names which;
+        rows of a call's earlier 8,192-id chunks stay reserved: admit_done releases them);
+        AdmissionUnsupportedError when the library or the daemon predates admissions."""
+        request_id = _request_id(request_id)
+        if ttl is not None and not ttl >= 0:
+            raise InvalidArgumentError(-errno.EINVAL, f"request {request_id}: ttl {ttl!r} is "
+                                                      f"not a number of seconds >= 0")
+        ttl_ns = min(2**64 - 1, max(1, int(min(ttl * _NS, 2.0**64)))) if ttl else 0
+        ids = np.ascontiguousarray(row_ids_array(row_ids), dtype=np.uint64)
+        queued = ctypes.c_uint64()
+        rc = self._admit_fn("engram_admit")(self._session(), request_id, layer,
+                                            ids.ctypes.data if ids.size else None, ids.size,
+                                            ttl_ns, ctypes.byref(queued))
+        if rc == -errno.EOPNOTSUPP:
+            raise AdmissionUnsupportedError(rc, _lib.last_error())
+        _lib.check(rc)
+        return int(queued.value)
+
+    def admit_done(self, request_id: int) -> bool:
+        """Request `request_id` is done with the rows admit() pinned for it (its prefill has
+        gathered them, or it was cancelled): engramd unpins them and leaves those still queued
+        unread (engram_admit_done). True when the request had an admission; False when it had
+        none (never made, released already or expired; a daemon without a row cache makes
+        none). Raises AdmissionUnsupportedError as admit() does."""
+        request_id = _request_id(request_id)
+        found = ctypes.c_int()
+        rc = self._admit_fn("engram_admit_done")(self._session(), request_id,
+                                                 ctypes.byref(found))
+        if rc == -errno.EOPNOTSUPP:
+            raise AdmissionUnsupportedError(rc, _lib.last_error())
+        _lib.check(rc)
+        return bool(found.value)
+
+    def _admit_fn(self, name):
+        fn = getattr(self._lib, name, None)
+        if fn is None or fn.argtypes is None:
+            raise AdmissionUnsupportedError(
+                -errno.EOPNOTSUPP, f"{_lib.client_lib_path()} has no {name} (it predates "
+                                   f"ENGRAM_0.8): install a newer libengram_client")
+        return fn
 
     def _gather_request(self, layer: int, row_ids: Any, flags: int):
         """An arena range for the rows of `row_ids` followed by the ids, and the request that

@@ -48,7 +48,7 @@ class RowOutOfRangeError(InvalidArgumentError):
 
 
 class ResourceExhaustedError(EngramError):
-    """A limit was hit: request slots, rows per request, arena bytes, clients."""
+    """A limit was hit: request slots, rows per request, arena bytes, clients, admission pins."""
 
 
 class EngramTimeoutError(EngramError, TimeoutError):
@@ -82,6 +82,11 @@ class NoVocabularyError(InvalidArgumentError):
 
 class PrefetchUnsupportedError(EngramError):
     """The client library or the daemon predates prefetch (ENGRAM_0.5, protocol 1.2)."""
+
+
+class AdmissionUnsupportedError(PrefetchUnsupportedError):
+    """The client library or the daemon predates admission prefetch (ENGRAM_0.8, protocol 1.6).
+    A PrefetchUnsupportedError: `except PrefetchUnsupportedError` covers both."""
 
 
 _BY_ERRNO = {

@@ -1,13 +1,15 @@
 """EngramLookup: what an inference engine's Engram layers call, once per forward step.
 
     lookup = engram.EngramLookup(layers=[1, 14], heads=24, max_tokens=512)   # once
-    ...
+    lookup.admit_tokens(7, hasher, prompt)  # the engine admits request 7: engramd reads its
+    ...                                     # prompt's rows into its row cache and pins them
     lookup.prepare({1: ids_1, 14: ids_14})  # forward entry: every layer's rows gathered
     # or, from token ids: lookup.prepare_tokens(hasher, new_ids, history=last_ids)
     ...
     emb = lookup.get(14)                    # in layer 14: bf16 [tokens, heads, 256]
     emb = lookup.embeddings(14, input_ids)  # the same through torch.ops.engram.gather_wait,
                                             # which torch.compile(fullgraph=True) traces
+    lookup.admit_done(7)                    # after request 7's prefill, or when cancelled
 
 ids_L are the step's row ids of layer L, shape [tokens, heads] (integers on the CPU; a negative
 id marks a padding slot, which reads as zeros). By default prepare() copies the rows of
@@ -49,6 +51,9 @@ from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
 # ENGRAM_ARENA_ALIGN: engram_alloc rounds each allocation up to it. A protocol constant, not the
 # page size: it is 4096 on every kernel.
 _ARENA_ALIGN = 4096
+# ENGRAM_PREFETCH_MAX_ROWS (engram/protocol.h): the ids of a prefetch or admission are copied
+# into the data region this many at a time (the hints' session is sized for it).
+_PREFETCH_MAX_ROWS = 8192
 _INT32_MAX = 2**31 - 1
 # engram_status_code -> errno, for a failure the GPU queue recorded.
 _STATUS_ERRNO = {3: errno.EINVAL, 4: errno.ETIMEDOUT, 5: errno.ENOENT, 8: errno.ENOSPC,
@@ -97,7 +102,8 @@ class EngramLookup:
         device: "cpu", "cuda", "cuda:N" or a torch.device; None: the current CUDA device if
             torch sees one, else the CPU.
         socket, client_name, timeout: as for Client (the lookup owns its own session: its
-            completion counter must count only its requests).
+            completion counter must count only its gathers; prefetches and admissions open a
+            second one).
         in_place: True (the default): prepare() copies the rows of tables resident in engramd's
             memory itself, from read-only mappings of them, before it returns: no request, no
             wait on the daemon's threads, and a bad row raises from prepare() itself. A
@@ -155,6 +161,8 @@ class EngramLookup:
         self._tables = None
         self._miss_lane = None
         self._miss_timeout = timeout if timeout is not None else 2.0
+        self._hints = None  # the session of prefetches and admissions (_hint_client)
+        self._client_name, self._timeout = client_name, timeout
         self._event = None
         self._layers: Dict[int, _Layer] = {}
         self._target_buffer = None
@@ -361,15 +369,8 @@ class EngramLookup:
         own multipliers and primes; the token count is the step's total positions.
         Raises as Hasher.hash and prepare() do."""
         self._check_open()
-        begin, end = self._head_range(hasher, tp_size, tp_rank, heads)
-        unknown = [layer for layer in self.layers if layer not in hasher.layers]
-        if unknown:
-            raise UnknownTableError(
-                -errno.ENOENT, f"layer(s) {unknown} are not Engram layers of the hasher's model "
-                               f"(it has {sorted(hasher.layers)})")
-        row_ids = {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
-                                      compressed=compressed) for layer in self.layers}
-        self.prepare(row_ids, timeout)
+        self.prepare(self._hash_tokens(hasher, tokens, history, tp_size, tp_rank, heads,
+                                       compressed), timeout)
 
     def prefetch(self, row_ids: Union[Dict[int, Any], Sequence[Any]]) -> int:
         """Hands engramd the row ids of a step that will probably come (the draft tokens of
@@ -383,7 +384,8 @@ class EngramLookup:
         row_ids = self._by_layer(row_ids)
         self._check_layers(row_ids)
         checked = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
-        return sum(self._client.prefetch(layer, rows) for layer, (_, _, rows) in checked.items())
+        hints = self._hint_client()
+        return sum(hints.prefetch(layer, rows) for layer, (_, _, rows) in checked.items())
 
     def prefetch_tokens(self, hasher: Any, tokens: Any, history: Any = None, *,
                         tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
@@ -392,10 +394,67 @@ class EngramLookup:
         come (draft tokens with the sequence's last ids as history); arguments as for
         prepare_tokens()."""
         self._check_open()
+        return self.prefetch(self._hash_tokens(hasher, tokens, history, tp_size, tp_rank, heads,
+                                               compressed))
+
+    def admit(self, request_id: int, row_ids: Union[Dict[int, Any], Sequence[Any]], *,
+              ttl: Optional[float] = None) -> int:
+        """When the engine admits request `request_id`: hands engramd the row ids its prefill
+        will gather, so that it reads them into its row cache while the request waits and pins
+        them there until admit_done(request_id), `ttl` seconds (None: the daemon's
+        memory.admit_ttl_ms) or close() (Client.admit, once per layer, each row once).
+
+        row_ids as for prefetch(), of the whole prompt (any length). Returns the rows queued,
+        never after I/O. Raises as prefetch() does, and ResourceExhaustedError past the
+        daemon's bounds on pins (admit_done(request_id) releases what it reserved before)."""
+        self._check_open()
+        row_ids = self._by_layer(row_ids)
+        self._check_layers(row_ids)
+        checked = {layer: self._validate(layer, ids, any_tokens=True)[2]
+                   for layer, ids in row_ids.items()}
+        hints = self._hint_client()
+        return sum(hints.admit(request_id, layer, np.unique(rows), ttl=ttl)
+                   for layer, rows in checked.items() if rows.size)
+
+    def admit_tokens(self, request_id: int, hasher: Any, tokens: Any, history: Any = None, *,
+                     tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
+                     heads: Any = None, compressed: bool = False,
+                     ttl: Optional[float] = None) -> int:
+        """admit() with the prompt's row ids hashed on the host from its token ids, as
+        prepare_tokens() hashes the prefill's (the same hasher and head selection: the rows
+        admitted are the rows the prefill's steps gather); arguments as for prepare_tokens()."""
+        self._check_open()
+        return self.admit(request_id, self._hash_tokens(hasher, tokens, history, tp_size,
+                                                        tp_rank, heads, compressed), ttl=ttl)
+
+    def admit_done(self, request_id: int) -> bool:
+        """Request `request_id` is done with its admitted rows: call it once its prefill's last
+        step has read them (the step's forward finished), or when the request is cancelled.
+        engramd unpins them (Client.admit_done); unpinning early costs hits, never values.
+        True when the request had an admission."""
+        self._check_open()
+        return self._hints is not None and self._hints.admit_done(request_id)
+
+    def _hint_client(self):
+        """The session prefetches and admissions go through, opened on first use: a session of
+        their own, because every request completes on the lookup's completion counter, which
+        must count only its gathers (the GPU waits for the step's count). close() ends it, and
+        with it the admissions."""
+        if self._hints is None:
+            self._hints = Client(self._client.socket, data_bytes=_PREFETCH_MAX_ROWS * 8,
+                                 slots=4, client_name=self._client_name, timeout=self._timeout)
+        return self._hints
+
+    def _hash_tokens(self, hasher, tokens, history, tp_size, tp_rank, heads, compressed):
+        """{layer: row ids [positions, heads]} of every layer, hashed as a step's are."""
         begin, end = self._head_range(hasher, tp_size, tp_rank, heads)
-        row_ids = {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
-                                      compressed=compressed) for layer in self.layers}
-        return self.prefetch(row_ids)
+        unknown = [layer for layer in self.layers if layer not in hasher.layers]
+        if unknown:
+            raise UnknownTableError(
+                -errno.ENOENT, f"layer(s) {unknown} are not Engram layers of the hasher's model "
+                               f"(it has {sorted(hasher.layers)})")
+        return {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
+                                   compressed=compressed) for layer in self.layers}
 
     def _head_range(self, hasher, tp_size, tp_rank, heads):
         """The hasher's head range for these arguments; it must hold `heads` heads."""
@@ -425,7 +484,8 @@ class EngramLookup:
                                f"{self.layers}")
         return dict(zip(self.layers, row_ids))
 
-    def _validate(self, layer_id, ids):
+    def _validate(self, layer_id, ids, any_tokens=False):
+        """(tokens, valid slots, rows) of a step's ids (any_tokens: a prompt's, any length)."""
         layer = self._layers[layer_id]
         ids = integer_array(ids, f"layer {layer_id}: row ids", ndim=None,
                             cpu_hint="pass them on the CPU (they are hashed from token ids on "
@@ -435,7 +495,7 @@ class EngramLookup:
                                        f"layer {layer_id}: row ids must have shape [tokens, "
                                        f"{self.heads}], got {list(ids.shape)}")
         tokens = ids.shape[0]
-        if tokens > self.max_tokens:
+        if tokens > self.max_tokens and not any_tokens:
             raise InvalidArgumentError(-errno.EINVAL,
                                        f"layer {layer_id}: {tokens} tokens, more than max_tokens "
                                        f"= {self.max_tokens}")
@@ -715,6 +775,8 @@ class EngramLookup:
             # Hand the buffers back so that close() ends the session now, not at collection.
             self._free_buffers()
             self._client.close()
+            if self._hints is not None:
+                self._hints.close()
 
     def _free_buffers(self):
         for layer in self._layers.values():

@@ -13,7 +13,10 @@ Two modules share one `EngramMixer` (the weights):
   - EngramdEngramLayer: rows from engramd through engram.EngramLookup; the step's rows are
     hashed and requested at forward entry (prepare_tokens), and the layer reads them with
     lookup.embeddings(), a torch custom op that torch.compile(fullgraph=True) traces and a CUDA
-    graph captures;
+    graph captures. Around a request's steps the engine's scheduler calls the lookup too: at
+    admission, admit_tokens hands engramd the prompt's rows, which it reads into its row cache
+    and pins while the request waits; after the prefill (or on a cancel), admit_done unpins
+    them (run() below);
   - CheckpointEngramLayer: the pure-PyTorch reference, reading the same checkpoint's table into
     memory and dequantising it with PyTorch arithmetic.
 Given the same token ids they produce bit-identical outputs (tests/python/test_example.py).
@@ -169,6 +172,7 @@ def run(model_dir, socket: Optional[str], layer_id: int, steps: Sequence[int],
     hasher = engram.Hasher(model_dir)
     vocab = hasher.vocab_size
     rng = np.random.default_rng(seed)
+    request_id = 1  # the engine's id of the request, unique among the lookup's requests
     mixer = EngramMixer(hidden_size, heads=hasher.heads_per_layer, seed=seed).eval()
     reference = CheckpointEngramLayer(mixer, read_table(model_dir, layer_id))
     same = True
@@ -178,9 +182,17 @@ def run(model_dir, socket: Optional[str], layer_id: int, steps: Sequence[int],
         history = np.zeros(0, dtype=np.int64)
         for step, n in enumerate(steps):
             tokens = rng.integers(0, vocab, size=n)
+            if step == 0:
+                # The scheduler admits the request, whose prompt is this prefill: engramd reads
+                # the prompt's rows into its row cache while it waits, and pins them there.
+                lookup.admit_tokens(request_id, hasher, tokens)
             hidden = torch.randn(n, 1, hidden_size, generator=torch.Generator().manual_seed(step))
             layer.prepare_step(hasher, tokens, history[-3:])
             got = layer(hidden, torch.from_numpy(tokens))
+            if step == 0:
+                # The prefill has read its rows: unpin them (a cancelled request does the same;
+                # the lookup's close releases whatever is left).
+                lookup.admit_done(request_id)
             ids = hasher.hash(tokens, history[-3:], layer=layer_id)
             want = reference(hidden, torch.from_numpy(ids))
             equal = torch.equal(got.view(torch.int32), want.view(torch.int32))
