@@ -52,7 +52,7 @@
 #include "bench/common/engramd_process.h"
 #include "bench/common/stats.h"
 #include "bench/common/token_trace.h"
-#include "bench/store/cache_sim.h"
+#include "testkit/cache_sim.h"
 #include "engram/engram.h"
 #include "hash/ngram_hasher.h"
 #include "nlohmann/json.hpp"

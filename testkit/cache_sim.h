@@ -13,7 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 
-namespace engram::bench {
+namespace engram {
 
 struct SimCounts {
   uint64_t lookups = 0;
@@ -59,4 +59,4 @@ class S3FifoSim {
   std::vector<uint64_t> misses_;
 };
 
-}  // namespace engram::bench
+}  // namespace engram

@@ -1,9 +1,9 @@
 // LruSim and S3FifoSim.
-#include "bench/store/cache_sim.h"
+#include "testkit/cache_sim.h"
 
 #include <algorithm>
 
-namespace engram::bench {
+namespace engram {
 
 uint64_t LruSim::Batch(std::span<const uint64_t> keys) {
   uint64_t hits = 0;
@@ -105,4 +105,4 @@ uint64_t S3FifoSim::Batch(std::span<const uint64_t> keys) {
   return hits;
 }
 
-}  // namespace engram::bench
+}  // namespace engram
