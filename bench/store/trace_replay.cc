@@ -1,6 +1,8 @@
 // engram-trace-replay: replays an Engram token trace made from real text (tools/trace) through
 // engramd with both tables in the cache tier and a cache smaller than the tables, and sets the
-// hit rate it got beside offline LRU and S3-FIFO simulations of the same row stream.
+// hit rate it got beside offline LRU and S3-FIFO simulations of the same row stream, each also
+// behind a TinyLFU admission filter (replay_policies.h). --cache-fraction sizes the cache as a
+// share of the tables' rows (a DGX Spark's is 0.085); --sim-only runs the simulations alone.
 //
 //   node tools/trace/engram_trace.mjs --out /var/tmp/debian-doc.trace
 //   build/bench/store/engram-trace-replay --trace /var/tmp/debian-doc.trace --dir /var/tmp/replay
@@ -48,14 +50,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "base/clock.h"
 #include "bench/common/engramd_process.h"
 #include "bench/common/stats.h"
 #include "bench/common/token_trace.h"
-#include "bench/store/cache_sim.h"
+#include "bench/store/replay_policies.h"
 #include "engram/engram.h"
 #include "hash/ngram_hasher.h"
 #include "nlohmann/json.hpp"
+#include "store/row_cache.h"
 #include "testkit/miss_timeline.h"
 #include "testkit/synthetic.h"
 
@@ -87,6 +91,13 @@ struct Step {
 struct Options {
   std::string trace, dir = "/var/tmp/engram-replay", mode = "decode";
   uint64_t table_rows = 1'000'000, cache_mib = 64, max_steps = 0;
+  // The cache as a share of both tables' rows (a DGX Spark's budget holds 0.085 of each table's
+  // rows); 0: --cache-mib. Either way cache_bytes is what engramd is given.
+  double cache_fraction = 0;
+  uint64_t cache_bytes = 0;
+  bool sim_only = false;          // the offline policies alone, no engramd
+  uint64_t warmup_steps = 0;      // steps the policies' hit rate after the warm-up leaves out
+  bool tinylfu_variants = false;  // every setting of the TinyLFU filter in front of S3-FIFO
   uint32_t sequences = 16, chunk_tokens = 8192;
   uint32_t prefetch_drafts = 0;  // speculative tokens prefetched per sequence (0: no prefetch)
   double draft_accept = 0.7;     // chance a draft token is the true one (while the draft holds)
@@ -161,7 +172,7 @@ std::vector<std::string> DaemonFlags(const Options& o) {
           "--tier",
           "14=cache",
           "--cache-bytes",
-          std::to_string(o.cache_mib << 20),
+          std::to_string(o.cache_bytes),
           "--max-rows-per-request",
           "262144"};
 }
@@ -416,7 +427,7 @@ uint64_t CacheMisses(const Phase& p) {
 
 void PrintPhase(const char* name, const Phase& p) {
   const json& store = p.status["store"];
-  printf("  %-22s %10.4f %14.4f %12lu\n", name, store["hit_rate"].get<double>(),
+  printf("  %-52s %10.4f %14.4f %12lu\n", name, store["hit_rate"].get<double>(),
          store["all_hit_fraction"].get<double>(), CacheMisses(p));
 }
 
@@ -426,6 +437,7 @@ struct Workload {
   std::optional<NgramHasher> hasher;
   std::vector<Step> steps;
   uint64_t lookups = 0;   // row lookups of all steps
+  uint64_t distinct = 0;  // rows of both tables they touch
   uint64_t max_rows = 0;  // the most rows a layer's gather (or its drafts' prefetch) holds
 };
 
@@ -433,6 +445,12 @@ struct Workload {
 int MakeWorkload(const Options& o, Workload& w) {
   auto trace = ReadTrace(o.trace);
   if (!trace.ok()) return fprintf(stderr, "%s\n", trace.status().ToString().c_str()), 1;
+  if (o.sim_only && (o.prefetch_drafts != 0 || o.hide_drafts != 0 || o.in_place)) {
+    fprintf(stderr,
+            "--sim-only runs no engramd: --prefetch-drafts, --hide-drafts and "
+            "--in-place replay through one\n");
+    return 1;
+  }
   if ((o.prefetch_drafts != 0 || o.hide_drafts != 0) && o.mode != "decode") {
     fprintf(stderr, "--prefetch-drafts and --hide-drafts replay decode steps (--mode decode)\n");
     return 1;
@@ -448,10 +466,15 @@ int MakeWorkload(const Options& o, Workload& w) {
                                                 HashDocs(*w.hasher, w.trace, 1)};
   w.steps = BuildSteps(o, rows, heads);
   if (o.max_steps != 0 && w.steps.size() > o.max_steps) w.steps.resize(o.max_steps);
+  absl::flat_hash_set<uint64_t> touched;
   for (const Step& s : w.steps) {
     w.lookups += s.rows[0].size() + s.rows[1].size();
+    for (int l = 0; l < 2; ++l) {
+      for (uint64_t r : s.rows[l]) touched.insert(uint64_t(l) << 40 | r);
+    }
     w.max_rows = std::max<uint64_t>(w.max_rows, s.rows[0].size());
   }
+  w.distinct = touched.size();
   // Drafts of all sequences of a step, per layer.
   w.max_rows = std::max<uint64_t>(
       w.max_rows, uint64_t{o.sequences} * std::max(o.prefetch_drafts, o.hide_drafts) * heads);
@@ -472,26 +495,44 @@ std::string EnsureModel(const Options& o) {
   return model;
 }
 
-// The same lookups through offline LRU and S3-FIFO caches of engramd's capacity.
-struct Simulated {
-  double lru_hit_rate = 0, s3_hit_rate = 0, s3_all_hit = 0;
-};
+// The rows of --cache-fraction: that share of both tables' rows.
+uint64_t FractionRows(const Options& o) {
+  return static_cast<uint64_t>(o.cache_fraction * double(2 * o.table_rows) + 0.5);
+}
 
-Simulated Simulate(const std::vector<Step>& steps, uint64_t capacity) {
-  LruSim lru(capacity);
-  S3FifoSim s3(capacity);
-  uint64_t s3_all_hit = 0, requests = 0;
-  std::vector<uint64_t> keys;
-  for (const Step& s : steps) {
-    for (int l = 0; l < 2; ++l) {
-      keys.clear();
-      for (uint64_t r : s.rows[l]) keys.push_back(uint64_t{l == 0 ? 1u : 14u} << 40 | r);
-      lru.Batch(keys);
-      s3_all_hit += s3.Batch(keys) == keys.size();
-      ++requests;
+// The fewest bytes whose row cache holds at least `rows` rows (RowCache::Size, as engramd sizes
+// its cache; its slot counts go in steps of up to 1/64, so it may hold a little more).
+uint64_t CacheBytesForRows(uint64_t rows) {
+  uint64_t lo = 0, hi = RowCache::BytesForSlots(rows) * 2 + (64 << 20);
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (RowCache::Size(mid).slots >= rows) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
     }
   }
-  return {lru.counts.hit_rate(), s3.counts.hit_rate(), double(s3_all_hit) / double(requests)};
+  return lo;
+}
+
+// The same requests through the offline policies at engramd's capacity, layer 1's request of a
+// step before layer 14's.
+std::vector<PolicyResult> Simulate(const Options& o, const std::vector<Step>& steps,
+                                   uint64_t capacity) {
+  return SimulatePolicies(
+      [&](const RequestVisitor& visit) {
+        std::vector<uint64_t> keys;
+        for (size_t i = 0; i < steps.size(); ++i) {
+          for (int l = 0; l < 2; ++l) {
+            keys.clear();
+            for (uint64_t r : steps[i].rows[l]) {
+              keys.push_back(uint64_t{l == 0 ? 1u : 14u} << 40 | r);
+            }
+            visit(keys, i >= o.warmup_steps);
+          }
+        }
+      },
+      capacity, o.tinylfu_variants);
 }
 
 // The replay with prefetched drafts against the one without.
@@ -555,27 +596,33 @@ void PrintHidden(const Options& o, const Phase& two_phase, const std::vector<Ste
   }
 }
 
-void PrintReport(const Options& o, const Workload& w, const Phase& plain, const Phase& prefetched,
-                 const Phase& in_place, const Simulated& sim, const Phase& two_phase,
-                 const std::vector<StepFetch>& fetch) {
-  const json& store = plain.status["store"];
+// The machine, the trace, the mode and the cache: `capacity` rows in `cache_bytes`.
+void PrintHeader(const Options& o, const Workload& w, uint64_t capacity, uint64_t cache_bytes) {
   utsname u;
   uname(&u);
   printf("engram-trace-replay on %s %s, %ld CPUs\n", u.nodename, u.release,
          sysconf(_SC_NPROCESSORS_ONLN));
   printf(
       "trace %s: %zu documents, compressed vocabulary %u; mode %s (%s), %zu steps, %lu row "
-      "lookups; tables of %lu rows (rows folded mod that), both in one cache of %lu rows "
-      "(%.1f MiB)\n",
+      "lookups of %lu distinct rows; tables of %lu rows (rows folded mod that), both in one "
+      "cache of %lu rows (%.4f of the tables' rows, %.1f MiB)\n",
       o.trace.c_str(), w.trace.docs.size(), w.trace.compressed_vocab, o.mode.c_str(),
       o.mode == "decode" ? absl::StrCat(o.sequences, " sequences, one token a step").c_str()
                          : absl::StrCat(o.chunk_tokens, "-token chunks").c_str(),
-      w.steps.size(), w.lookups, o.table_rows, store["cache"]["capacity_rows"].get<uint64_t>(),
-      double(store["cache"]["bytes"].get<uint64_t>()) / (1 << 20));
-  printf("  %-22s %10s %14s %12s\n", "", "hit rate", "all-hit reqs", "row misses");
+      w.steps.size(), w.lookups, w.distinct, o.table_rows, capacity,
+      double(capacity) / (2.0 * o.table_rows), double(cache_bytes) / (1 << 20));
+  printf("  %-52s %10s %14s %12s %17s\n", "", "hit rate", "all-hit reqs", "row misses",
+         o.warmup_steps == 0 ? "" : absl::StrCat("after ", o.warmup_steps, " steps").c_str());
+}
+
+void PrintReport(const Options& o, const Workload& w, const Phase& plain, const Phase& prefetched,
+                 const Phase& in_place, const std::vector<PolicyResult>& sims,
+                 const Phase& two_phase, const std::vector<StepFetch>& fetch) {
+  const json& store = plain.status["store"];
+  PrintHeader(o, w, store["cache"]["capacity_rows"].get<uint64_t>(),
+              store["cache"]["bytes"].get<uint64_t>());
   PrintPhase("engramd (S3-FIFO)", plain);
-  printf("  %-22s %10.4f %14.4f\n", "simulated S3-FIFO", sim.s3_hit_rate, sim.s3_all_hit);
-  printf("  %-22s %10.4f %14s\n", "simulated LRU", sim.lru_hit_rate, "");
+  PrintPolicies(sims, o.warmup_steps != 0);
   if (o.prefetch_drafts != 0) PrintPrefetch(o, plain, prefetched);
   if (o.hide_drafts != 0) PrintHidden(o, two_phase, fetch);
   if (o.in_place) {
@@ -630,6 +677,12 @@ int Run(const Options& o) {
   Workload w;
   if (int rc = MakeWorkload(o, w); rc != 0) return rc;
   if (!o.write_steps.empty()) return WriteSteps(o, w);
+  if (o.sim_only) {  // the capacity engramd would have with these bytes
+    const uint64_t capacity = RowCache::Size(o.cache_bytes).slots;
+    PrintHeader(o, w, capacity, o.cache_bytes);
+    PrintPolicies(Simulate(o, w.steps, capacity), o.warmup_steps != 0);
+    return 0;
+  }
   const std::string model = EnsureModel(o);
   if (model.empty()) return 1;
   Phase plain, prefetched, in_place, two_phase;
@@ -662,7 +715,7 @@ int Run(const Options& o) {
     }
   }
   const uint64_t capacity = plain.status["store"]["cache"]["capacity_rows"].get<uint64_t>();
-  PrintReport(o, w, plain, prefetched, in_place, Simulate(w.steps, capacity), two_phase, fetch);
+  PrintReport(o, w, plain, prefetched, in_place, Simulate(o, w.steps, capacity), two_phase, fetch);
   return plain.wrong + prefetched.wrong + in_place.wrong + two_phase.wrong == 0 ? 0 : 2;
 }
 
@@ -675,6 +728,17 @@ void AddOptions(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--table-rows", o.table_rows, "Rows per synthetic table")->capture_default_str();
   app.add_option("--cache-mib", o.cache_mib, "Row cache size (MiB)")->capture_default_str();
+  app.add_option("--cache-fraction", o.cache_fraction,
+                 "Row cache size as a share of both tables' rows (a DGX Spark: 0.085); the "
+                 "fewest bytes holding that many rows, instead of --cache-mib")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--sim-only", o.sim_only,
+               "Run the offline policies alone at the cache's capacity, without engramd");
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "Also give the policies' hit rate over the steps after this many");
+  app.add_flag("--tinylfu-variants", o.tinylfu_variants,
+               "Also run S3-FIFO's TinyLFU filter with every setting of its sketch (sample, "
+               "doorkeeper) and comparison (ties, ghost)");
   app.add_option("--sequences", o.sequences, "Decode: sequences in flight")->capture_default_str();
   app.add_option("--chunk-tokens", o.chunk_tokens, "Prefill: tokens a chunk")
       ->capture_default_str();
@@ -717,8 +781,11 @@ int main(int argc, char** argv) {
   engram::bench::Options o;
   CLI::App app{
       "Replays an Engram token trace through engramd's row cache beside LRU and S3-FIFO "
-      "simulations"};
+      "simulations, with and without a TinyLFU admission filter"};
   engram::bench::AddOptions(app, o);
   CLI11_PARSE(app, argc, argv);
+  o.cache_bytes = o.cache_fraction > 0
+                      ? engram::bench::CacheBytesForRows(engram::bench::FractionRows(o))
+                      : o.cache_mib << 20;
   return engram::bench::Run(o);
 }

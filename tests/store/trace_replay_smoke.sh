@@ -49,6 +49,18 @@ points=$(sed -n 's/.*hit rate \([-+][0-9.]*\) points against.*/\1/p' <<<"$out")
 rows_in_place=$(sed -n 's/.*read in place: \([0-9]*\) rows copied.*/\1/p' <<<"$out")
 [[ -n "$points" && "$rows_in_place" -gt 0 ]]
 awk -v p="$points" 'BEGIN { exit (p < -1 || p > 1) }'
+# The offline policies alone, the cache sized as a share of the tables' rows: no engramd, every
+# policy with a hit rate, the share of the tables the cache holds in the header (the fewest bytes
+# that hold it may hold up to 1/64 more), the filter's
+# variants on request.
+out=$("$replay" --trace "$work/zipf.trace" --mode prefill --table-rows 20000 --chunk-tokens 1024 \
+      --cache-fraction 0.05 --sim-only --warmup-steps 2 --tinylfu-variants)
+echo "$out"
+grep -qE "cache of 20[0-9]{2} rows \(0\.05[0-9]{2} of the tables' rows" <<<"$out"
+grep -qE '^  simulated S3-FIFO \+ TinyLFU at insert +0\.[0-9]{4} ' <<<"$out"
+grep -qE '^  simulated S3-FIFO \+ TinyLFU at small exit +0\.[0-9]{4} ' <<<"$out"
+grep -qE '^    small exit, sample 50x, ties in +0\.[0-9]{4} ' <<<"$out"
+if grep -q engramd <<<"$out"; then exit 1; fi
 # A file that is not a trace is refused, naming it.
 echo "not a trace" >"$work/bad.trace"
 if "$replay" --trace "$work/bad.trace" --dir "$work" 2>"$work/err"; then exit 1; fi
