@@ -202,8 +202,9 @@ bool Prefetcher::Take(uint32_t* ret_table, std::vector<uint64_t>* ret_rows,
   {
     std::unique_lock<std::mutex> lock(mu_);
     auto ready = [this] { return stop_ || !queue_.empty() || !admit_queue_.empty(); };
+    // Without a row cache there is nothing to expire: no wake-ups while idle.
+    if (admissions == nullptr) wake_.wait(lock, ready);
     while (!wake_.wait_for(lock, kExpireEvery, ready)) {
-      if (admissions == nullptr) continue;
       lock.unlock();
       admissions->Expire(NowNs());
       lock.lock();
