@@ -1,9 +1,9 @@
 // The protocol codec on its own: arena layout, HELLO decoding and the request decoder's statuses.
-#include "protocol/codec.h"
-
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
+
+#include "protocol/codec.h"
 
 using namespace engram::protocol;
 

@@ -42,14 +42,21 @@ uint64_t U(const json& j, const char* key) {
   return j[key].get<uint64_t>();
 }
 
-// Waits until the daemon's prefetch queue is empty (the prefetch thread runs at idle priority:
+// Waits until `done` holds of the daemon's status (the prefetch thread runs at idle priority:
 // on a busy machine this takes a while).
-void WaitPrefetched(const Daemon& d) {
+void WaitStatus(const Daemon& d, const std::function<bool(const json&)>& done, const char* what) {
   for (int i = 0; i < 3000; ++i) {
-    if (U(Ctl(d, "status")["prefetch"], "queue_rows") == 0) return;
+    if (done(Ctl(d, "status"))) return;
     usleep(20000);
   }
-  FAIL("the prefetch queue did not drain");
+  FAIL(what << ": " << Ctl(d, "status").dump());
+}
+
+// Waits until the daemon's prefetch queue is empty.
+void WaitPrefetched(const Daemon& d) {
+  WaitStatus(
+      d, [](const json& s) { return U(s["prefetch"], "queue_rows") == 0; },
+      "the prefetch queue did not drain");
 }
 
 // `n` distinct rows of [0, kRows), deterministic.
@@ -364,15 +371,6 @@ void Flood(Client& c, uint32_t layer, const std::vector<uint64_t>& taken) {
       chunk.clear();
     }
   }
-}
-
-// Waits until `done` holds of the daemon's status (the prefetch thread works at idle priority).
-void WaitStatus(const Daemon& d, const std::function<bool(const json&)>& done, const char* what) {
-  for (int i = 0; i < 1500; ++i) {
-    if (done(Ctl(d, "status"))) return;
-    usleep(20000);
-  }
-  FAIL(what << ": " << Ctl(d, "status").dump());
 }
 
 }  // namespace
