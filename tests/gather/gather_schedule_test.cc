@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -230,7 +231,9 @@ TEST_CASE("a pool thread helping one batch turns to another batch's task after i
 TEST_CASE("helpers step aside while asked to and come back after", "[gather][schedule]") {
   ThreadPool pool(2, /*spin_ns=*/0, [] { return std::make_unique<ReaderContext>(); });
   ReaderContext caller;
-  std::atomic<bool> aside{false};
+  // Shared with the predicate: a late helper may ask it after ParallelFor returned.
+  const auto aside_flag = std::make_shared<std::atomic<bool>>(false);
+  std::atomic<bool>& aside = *aside_flag;
   Events events;
   // Guarded by events. Phases, driven by the caller's indexes: 0 until a helper runs an index
   // (held there until the flag goes up), 1 with the flag up for kAsideIndexes of the caller's,
@@ -270,7 +273,7 @@ TEST_CASE("helpers step aside while asked to and come back after", "[gather][sch
           events.WaitFor([&] { return helper_indexes[2] > 0; }, std::chrono::milliseconds(50));
         }
       },
-      [&] { return aside.load(); });
+      [aside_flag] { return aside_flag->load(); });
   INFO("helper indexes started before, while and after the helpers were asked to step aside: "
        << helper_indexes[0] << ", " << helper_indexes[1] << ", " << helper_indexes[2]);
   CHECK(helper_indexes[0] > 0);

@@ -464,7 +464,9 @@ TEST_CASE("an admission's pins go at its deadline and when its session ends", "[
     // A second admission: the session closes before its deadline (on an idle machine).
     REQUIRE(engram_admit(c.s, 2, 1, rows.data() + 200, 200, 0, nullptr) == 0);
     WaitPrefetched(d);
-    CHECK(U(Admissions(d), "active") == 1);
+    // Still held, or past its 300 ms already on a slow (sanitized) machine.
+    const json a = Admissions(d);
+    CHECK(U(a, "active") + U(a, "expired") == 2);
   }
   WaitStatus(
       d, [](const json& s) { return s["store"]["admissions"]["active"] == 0; }, "release at end");
