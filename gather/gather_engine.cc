@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/metric_sink.h"
 #include "base/page_size.h"
 #include "gather/gather_planner.h"
 #include "gather/gather_reader.h"
@@ -28,17 +29,7 @@
 namespace engram {
 
 uint64_t TableGatherStats::LatencyPercentileNs(double q) const {
-  uint64_t total = 0;
-  for (uint64_t b : latency_buckets) total += b;
-  if (total == 0) return 0;
-  q = std::clamp(q, 0.0, 1.0);
-  const uint64_t target = std::max<uint64_t>(1, static_cast<uint64_t>(q * total + 0.5));
-  uint64_t seen = 0;
-  for (size_t i = 0; i < latency_buckets.size(); ++i) {
-    seen += latency_buckets[i];
-    if (seen >= target) return i >= 63 ? UINT64_MAX : uint64_t{2} << i;
-  }
-  return UINT64_MAX;
+  return Log2QuantileNs(latency_buckets, q);
 }
 
 uint64_t DefaultWorkerSpinNs(uint32_t cpus) { return cpus >= 8 ? 10'000 : 0; }
@@ -543,7 +534,7 @@ class GatherEngineImpl final : public GatherEngine {
     ENGRAM_GATHER_READER_COUNTERS(ENGRAM_ADD_READER_COUNTER)
 #undef ENGRAM_ADD_READER_COUNTER
     if (!run.first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
-    ts->latency[std::min<size_t>(kLatencyBuckets - 1, std::bit_width(ns | 1) - 1)].fetch_add(
+    ts->latency[Log2BucketOf(ns, kLatencyBuckets)].fetch_add(
         1, std::memory_order_relaxed);
     ts->latency_sum_ns.fetch_add(ns, std::memory_order_relaxed);
   }

@@ -1,10 +1,12 @@
-// MissQueue: class-ordered, depth-bounded grants of device reads for missed rows (miss_queue.h).
+// MissQueue: class- and due-ordered, depth-bounded grants of device reads for missed rows, shed
+// when the device falls behind (miss_queue.h).
 #include "gather/miss_queue.h"
 
 #include <algorithm>
 #include <numeric>
 
 #include "base/clock.h"
+#include "base/metric_sink.h"
 
 namespace engram {
 namespace {
@@ -21,6 +23,8 @@ const char* MissClassName(MissClass c) {
       return "prefill";
     case MissClass::kPrefetch:
       return "prefetch";
+    case MissClass::kAdmission:
+      return "admission";
   }
   return "?";
 }
@@ -28,7 +32,12 @@ const char* MissClassName(MissClass c) {
 MissQueue::MissQueue(const MissQueueOptions& options)
     : depth_(std::max<uint32_t>(1, options.depth)),
       reserve_(depth_ / 4),
-      max_queued_(std::max<uint64_t>(options.max_queued_reads, depth_)) {}
+      max_queued_(std::max<uint64_t>(options.max_queued_reads, depth_)),
+      shed_backlog_ns_(options.shed_backlog_ns),
+      layer_spacing_ns_(options.layer_spacing_ns),
+      clock_(options.clock != nullptr ? options.clock : NowNs) {
+  ask_window_start_ns_ = clock_();
+}
 
 uint32_t MissQueue::PieceReads(MissClass c) const {
   if (c == MissClass::kDecode) return kMaxDecodePiece;
@@ -36,21 +45,36 @@ uint32_t MissQueue::PieceReads(MissClass c) const {
 }
 
 bool MissQueue::Fits(int c, uint32_t reads) const {
-  // A decode step's misses go to the device at once, beside at most the prefill and prefetch
-  // reads already there.
+  // A decode step's misses go to the device at once, beside at most the reads already there.
   if (c == static_cast<int>(MissClass::kDecode)) return true;
   if (in_flight_ + reads > depth_) return false;
-  // Prefill and prefetch leave the reserve to decode steps.
-  const uint64_t others = stats_[1].in_flight_reads + stats_[2].in_flight_reads;
-  return others + reads <= depth_ - reserve_;
+  // The other classes leave the reserve to decode steps.
+  return in_flight_ - stats_[0].in_flight_reads + reads <= depth_ - reserve_;
+}
+
+double MissQueue::RateLocked() const {
+  if (rate_measured_) return rate_;
+  return total_busy_ns_ > 0 ? double(completed_) * 1e9 / double(total_busy_ns_) : 0;
+}
+
+bool MissQueue::BehindLocked(int c, uint32_t reads) const {
+  if (shed_backlog_ns_ == 0) return false;
+  const double rate = RateLocked();
+  if (rate <= 0) return false;  // not measured yet: nothing to judge by
+  // The reads the device must finish before this piece's: those in flight and those of higher
+  // classes waiting. Its own class's are not counted: a large admission on an idle device is
+  // work to do, not a sign of overload (the queue's bound limits it).
+  uint64_t ahead = in_flight_ + reads;
+  for (int k = 0; k < c; ++k) ahead += stats_[k].waiting_reads;
+  return double(ahead) * 1e9 / rate > double(shed_backlog_ns_);
 }
 
 void MissQueue::GrantLocked(uint64_t now) {
   for (int c = 0; c < kMissClasses; ++c) {
-    std::deque<Waiter*>& q = waiting_[c];
-    while (!q.empty() && Fits(c, q.front()->reads)) {
-      Waiter* w = q.front();
-      q.pop_front();
+    std::set<Waiter*, ByDue>& q = waiting_[c];
+    while (!q.empty() && Fits(c, (*q.begin())->reads)) {
+      Waiter* w = *q.begin();
+      q.erase(q.begin());
       MissClassStats& s = stats_[c];
       s.waiting_reads -= w->reads;
       queued_ -= w->reads;
@@ -59,9 +83,10 @@ void MissQueue::GrantLocked(uint64_t now) {
       in_flight_ += w->reads;
       s.pieces++;
       s.reads += w->reads;
-      const uint64_t waited = now - w->enqueued_ns;
+      const uint64_t waited = now - std::min(now, w->enqueued_ns);
       s.wait_ns += waited;
       s.max_wait_ns = std::max(s.max_wait_ns, waited);
+      s.wait_buckets[Log2BucketOf(waited, s.wait_buckets.size())]++;
       s.max_reads_waited = std::max(s.max_reads_waited, completed_ - w->completed_at_enqueue);
       w->granted = true;
       w->cv.notify_one();
@@ -71,21 +96,42 @@ void MissQueue::GrantLocked(uint64_t now) {
   }
 }
 
-bool MissQueue::Acquire(MissClass c, uint32_t reads) {
+void MissQueue::CountAskedLocked(uint64_t now, uint32_t reads) {
+  const uint64_t elapsed = now - std::min(now, ask_window_start_ns_);
+  if (elapsed >= kRateWindowNs) {
+    demand_ = double(ask_window_reads_) * 1e9 / double(elapsed);
+    ask_window_start_ns_ = now;
+    ask_window_reads_ = 0;
+  }
+  ask_window_reads_ += reads;
+}
+
+bool MissQueue::Acquire(MissClass c, uint32_t reads, uint64_t due) {
   const int ci = static_cast<int>(c);
   reads = std::clamp<uint32_t>(reads, 1, PieceReads(c));
   Waiter w;
   w.reads = reads;
   std::unique_lock lock(mu_);
   if (promised_[ci] != 0) promised_[ci]--;  // the piece a Release(more) announced
-  if (c == MissClass::kPrefetch && queued_ + reads > max_queued_) {
-    stats_[ci].dropped_reads += reads;
-    GrantLocked(NowNs());
-    return false;
+  w.enqueued_ns = clock_();
+  CountAskedLocked(w.enqueued_ns, reads);
+  if (MissClassSheddable(c)) {
+    uint64_t* refused = nullptr;
+    if (queued_ + reads > max_queued_) {
+      refused = &stats_[ci].dropped_reads;
+    } else if (BehindLocked(ci, reads)) {
+      refused = &stats_[ci].shed_reads;
+    }
+    if (refused != nullptr) {
+      *refused += reads;
+      GrantLocked(w.enqueued_ns);  // a promise this piece kept no longer holds lower classes
+      return false;
+    }
   }
-  w.enqueued_ns = NowNs();
+  w.due = due != 0 ? due : w.enqueued_ns;
+  w.seq = next_seq_++;
   w.completed_at_enqueue = completed_;
-  waiting_[ci].push_back(&w);
+  waiting_[ci].insert(&w);
   stats_[ci].waiting_reads += reads;
   queued_ += reads;
   GrantLocked(w.enqueued_ns);
@@ -98,7 +144,7 @@ void MissQueue::Release(MissClass c, uint32_t reads, bool more) {
   reads = std::clamp<uint32_t>(reads, 1, PieceReads(c));
   std::lock_guard lock(mu_);
   if (more) promised_[ci]++;
-  const uint64_t now = NowNs();
+  const uint64_t now = clock_();
   stats_[ci].in_flight_reads -= std::min<uint64_t>(reads, stats_[ci].in_flight_reads);
   in_flight_ -= std::min<uint64_t>(reads, in_flight_);
   completed_ += reads;
@@ -133,10 +179,16 @@ MissQueueStats MissQueue::Stats() const {
   out.depth = depth_;
   out.classes = stats_;
   out.completed_reads = completed_;
-  if (rate_measured_) {
-    out.read_rate_per_s = rate_;
-  } else if (total_busy_ns_ > 0) {
-    out.read_rate_per_s = double(completed_) * 1e9 / double(total_busy_ns_);
+  out.read_rate_per_s = RateLocked();
+  // The last full window's demand; a window that ran past two without asks is what it holds.
+  const uint64_t now = clock_();
+  const uint64_t elapsed = now - std::min(now, ask_window_start_ns_);
+  out.demand_per_s = elapsed >= 2 * kRateWindowNs
+                         ? double(ask_window_reads_) * 1e9 / double(elapsed)
+                         : demand_;
+  if (out.read_rate_per_s > 0) {
+    out.backlog_s = double(queued_ + in_flight_) / out.read_rate_per_s;
+    out.load = out.demand_per_s / out.read_rate_per_s;
   }
   return out;
 }
@@ -149,6 +201,7 @@ absl::Status ReadMisses(GatherEngine* engine, MissQueue* queue, MissClass c, con
                         std::span<const uint64_t> rows, std::vector<uint8_t>& bounce,
                         absl::FunctionRef<void(size_t i, const uint8_t* row)> done) {
   const size_t piece = queue->PieceReads(c);
+  const uint64_t due = queue->Due(table->layer_id());
   thread_local std::vector<uint32_t> order;
   thread_local std::vector<uint64_t> piece_rows;
   order.resize(rows.size());
@@ -162,7 +215,7 @@ absl::Status ReadMisses(GatherEngine* engine, MissQueue* queue, MissClass c, con
     const uint32_t n = static_cast<uint32_t>(std::min(piece, rows.size() - begin));
     piece_rows.resize(n);
     for (uint32_t k = 0; k < n; ++k) piece_rows[k] = rows[order[begin + k]];
-    if (!queue->Acquire(c, n)) continue;  // a prefetch past the queue's bound
+    if (!queue->Acquire(c, n, due)) continue;  // dropped or shed: the device is behind
     absl::Status s = engine->Gather({.table = table, .rows = piece_rows, .dest = bounce.data()});
     // The next piece follows at once: lower classes wait for it too.
     queue->Release(c, n, /*more=*/s.ok() && begin + piece < rows.size());

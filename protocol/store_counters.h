@@ -71,7 +71,7 @@
     "Memory of a resident table")
 
 // The miss queue of cache-tier misses (gather/miss_queue.h), per class (decode, prefill,
-// prefetch): in status's "store"."misses"."classes"."CLASS" and as metrics labelled by class.
+// prefetch, admission): in status's "store"."misses"."classes"."CLASS" and as metrics labelled by class.
 #define ENGRAM_MISS_CLASS_COUNTERS(X)                                                  \
   X(waiting_reads, "waiting_reads", GAUGE, "engram_miss_queue_waiting_reads",          \
     "Missed rows queued for the device, not yet started")                              \
@@ -82,7 +82,9 @@
   X(reads, "reads", COUNTER, "engram_miss_queue_reads_total",                          \
     "Missed rows the queue let go to the device")                                      \
   X(dropped_reads, "dropped_reads", COUNTER, "engram_miss_queue_dropped_reads_total",  \
-    "Prefetched rows dropped because the queue was full")                              \
+    "Prefetch and admission rows dropped because the queue was full")                  \
+  X(shed_reads, "shed_reads", COUNTER, "engram_miss_queue_shed_reads_total",           \
+    "Prefetch and admission rows shed because the device was behind")                  \
   X(wait_ns, "wait_ns", COUNTER, "engram_miss_queue_wait_seconds_total",               \
     "Time pieces waited in the queue, added up")                                       \
   X(max_wait_ns, "max_wait_ns", GAUGE, "engram_miss_queue_max_wait_seconds",           \

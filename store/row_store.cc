@@ -124,7 +124,8 @@ absl::StatusOr<std::unique_ptr<RowStore>> RowStore::Create(
                         .max_owner_rows = config.admit_session_rows,
                         .max_ttl_ns = uint64_t{config.admit_ttl_ms} * 1'000'000},
         store->cache_.get());
-    store->misses_ = std::make_unique<MissQueue>(MissQueueOptions{.depth = config.miss_depth});
+    store->misses_ = std::make_unique<MissQueue>(MissQueueOptions{
+        .depth = config.miss_depth, .shed_backlog_ns = uint64_t{config.miss_shed_ms} * 1'000'000});
     store->cache_target_slots_ = store->cache_->capacity_slots();
     if (store->cache_->capacity_slots() < store->cache_->max_slots()) {
       store->notice_(absl::StrCat("row cache: the memory budget allows ",
@@ -473,7 +474,9 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
       ++ret_outcome->held;
     }
   };
-  absl::Status s = ReadMisses(engine_, misses_.get(), MissClass::kPrefetch, table, miss.rows,
+  // An admission's rows go behind every hint's: its prefill is further off than a next chunk.
+  const MissClass c = pin_for != nullptr ? MissClass::kAdmission : MissClass::kPrefetch;
+  absl::Status s = ReadMisses(engine_, misses_.get(), c, table, miss.rows,
                               miss.bounce, admit);
   if (s.ok()) {
     ret_outcome->dropped =

@@ -1,6 +1,7 @@
 // RowStore's part of engramctl's replies and of the Prometheus metrics: tier, store bytes,
 // budget, hit rate and all-hit fraction per table, cache occupancy and evictions.
 #include "base/escape.h"
+#include "base/metric_sink.h"
 #include "store/row_store.h"
 
 namespace engram {
@@ -48,7 +49,14 @@ void AddSample(const StoreCounterInfo& c, const MetricLabels& labels, double val
   }
 }
 
-// The miss queue in status: its depth, the device's measured read rate and each class.
+// A class's piece wait at quantile q, in µs (the upper edge of its log2 bucket).
+double WaitQuantileUs(const MissClassStats& s, double q) {
+  const uint64_t ns = Log2QuantileNs(s.wait_buckets, q);
+  return ns == UINT64_MAX ? -1.0 : double(ns) / 1e3;
+}
+
+// The miss queue in status: its depth, the device's measured read rate, the demand on it and
+// its backlog, and each class.
 json MissQueueJson(const MissQueueStats& q) {
   json classes = json::object();
   for (int c = 0; c < kMissClasses; ++c) {
@@ -57,11 +65,16 @@ json MissQueueJson(const MissQueueStats& q) {
 #define ENGRAM_MISS_JSON_(field, json_key, type, metric, help) one[json_key] = s.field;
     ENGRAM_MISS_CLASS_COUNTERS(ENGRAM_MISS_JSON_)
 #undef ENGRAM_MISS_JSON_
+    one["wait_p50_us"] = WaitQuantileUs(s, 0.5);
+    one["wait_p99_us"] = WaitQuantileUs(s, 0.99);
     classes[MissClassName(static_cast<MissClass>(c))] = one;
   }
   return {{"depth", q.depth},
           {"completed_reads", q.completed_reads},
           {"read_rate_per_s", q.read_rate_per_s},
+          {"demand_per_s", q.demand_per_s},
+          {"backlog_s", q.backlog_s},
+          {"load", q.load},
           {"classes", classes}};
 }
 
@@ -175,6 +188,12 @@ void RowStore::AddMetrics(MetricSink* e) const {
     e->Gauge("engram_miss_queue_read_rate",
              "Missed rows read per second while reads were in flight (the device's rate)", {},
              q.read_rate_per_s);
+    e->Gauge("engram_miss_queue_demand_rate",
+             "Missed rows asked of the device per second, over the last second", {},
+             q.demand_per_s);
+    e->Gauge("engram_miss_queue_backlog_seconds",
+             "Missed rows waiting and in flight, in seconds at the device's read rate", {},
+             q.backlog_s);
     for (int c = 0; c < kMissClasses; ++c) {
       const MissClassStats& s = q.classes[c];
       const MetricLabels l = {{"class", MissClassName(static_cast<MissClass>(c))}};
@@ -182,6 +201,9 @@ void RowStore::AddMetrics(MetricSink* e) const {
   AddSample({json_key, metric, help, ENGRAM_STORE_GROWS_##type, false}, l, double(s.field), e);
       ENGRAM_MISS_CLASS_COUNTERS(ENGRAM_MISS_METRIC_)
 #undef ENGRAM_MISS_METRIC_
+      e->Log2Histogram("engram_miss_queue_piece_wait_seconds",
+                       "How long pieces of misses waited in the queue for the device", l,
+                       s.wait_buckets.data(), s.wait_buckets.size(), s.wait_ns);
     }
   }
   if (cache_ == nullptr) return;

@@ -58,6 +58,9 @@ struct StoreConfig {
   // prefetch misses wait (the miss queue, gather/miss_queue.h); about the queue depth at which
   // the device reaches its read rate.
   uint32_t miss_depth = 64;
+  // [memory] miss_shed_ms: how far behind the device may be (the reads ahead of a piece, in ms
+  // at its measured rate) before prefetch and admission reads are shed (0: never).
+  uint32_t miss_shed_ms = 1000;
   // [memory] admit_rows, admit_session_rows, admit_ttl_ms: rows admission prefetches may pin in
   // the row cache in all (0: a quarter of its capacity; never more than half) and per session,
   // and the longest an admission stays pinned unreleased (store/admissions.h).

@@ -277,6 +277,15 @@ constexpr Setting kHotSetRows[] = {
      .field = [](S* s) -> void* { return &s->store.miss_depth; },
      .min = 1,
      .max = 4096},
+    {.key = "memory.miss_shed_ms",
+     .flag = "--miss-shed-ms",
+     .help = "How far behind the device may fall (ms of reads ahead, at its measured rate) "
+             "before prefetch and admission reads are shed, so that decode and prefill misses "
+             "keep their latency (0: never shed)",
+     .kind = Kind::kUint32,
+     .applies = kRestart,
+     .field = [](S* s) -> void* { return &s->store.miss_shed_ms; },
+     .max = 600'000},
     {.key = "memory.admit_rows",
      .flag = "--admit-rows",
      .help = "Rows admission prefetches may pin in the row cache, all sessions together (0: a "

@@ -1,7 +1,8 @@
-// Tests of the miss queue: decode steps before prefills before prefetches, a decode step's wait
-// behind a prefill bounded by the reads already in flight (whatever the prefill's size), the
-// reserve left to decode steps, the queue bound for prefetches, the measured read rate; and
-// ReadMisses through a real engine on a paged table (one page read a row, same-page rows in one
+// Tests of the miss queue: decode steps before prefills before prefetches before admissions,
+// rows due first going first within a class, pieces shed when the device is behind, the demand
+// and wait figures it reports, a decode step's wait behind a prefill bounded by the reads already
+// in flight (whatever the prefill's size), the reserve left to decode steps, the queue bound for
+// prefetches, the measured read rate; and ReadMisses through a real engine on a paged table (one page read a row, same-page rows in one
 // read). The test thread plays the device: it completes reads one piece at a time, and waits on
 // the queue's own counters, never on sleeps.
 #include "gather/miss_queue.h"
@@ -12,10 +13,12 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/metric_sink.h"
 #include "tests/gather/gather_catch_util.h"
 
 namespace engram {
@@ -219,6 +222,181 @@ TEST_CASE("the queue is bounded: a prefetch past the bound is dropped", "[miss_q
   q.Release(MissClass::kDecode, 4);
   for (std::thread& t : waiting) t.join();
   CHECK(Of(q.Stats(), MissClass::kPrefill).reads == 4);
+}
+
+// Waiters of one read each that note the order the queue granted them in. The test thread
+// keeps the non-decode share of the device full and frees one read at a time, so that each
+// release grants exactly one waiter.
+struct GrantOrder {
+  MissQueue& q;
+  Device& dev;
+  std::mutex mu;
+  std::vector<std::string> order;
+  std::vector<std::thread> threads;
+  ~GrantOrder() {
+    for (std::thread& t : threads) t.join();
+  }
+  // Queues `name` and returns once it waits.
+  void Queue(const std::string& name, MissClass c, uint64_t due = 0) {
+    const uint64_t waiting = Of(q.Stats(), c).waiting_reads;
+    threads.emplace_back([this, name, c, due] {
+      const bool granted = q.Acquire(c, 1, due);
+      if (granted) dev.Push(c, 1);  // before it counts as granted: Drain completes it later
+      std::lock_guard lock(mu);
+      order.push_back(granted ? name : name + " (refused)");
+    });
+    WaitFor(q, [&](const MissQueueStats& s) { return Of(s, c).waiting_reads == waiting + 1; });
+  }
+  size_t Size() {
+    std::lock_guard lock(mu);
+    return order.size();
+  }
+  // Completes one read at a time until every waiter was granted; the grant order.
+  std::vector<std::string> Drain() {
+    const size_t n = threads.size();
+    for (size_t k = 1; k <= n; ++k) {
+      REQUIRE(dev.CompleteOne(q));
+      const uint64_t deadline = NowNs() + 30'000'000'000ull;
+      while (Size() < k) {
+        REQUIRE(NowNs() < deadline);
+        std::this_thread::yield();
+      }
+      // Exactly one grant a release: the others still wait.
+      CHECK(Size() == k);
+    }
+    while (dev.CompleteOne(q)) {
+    }
+    std::lock_guard lock(mu);
+    return order;
+  }
+};
+
+// Fills what prefill, prefetch and admission may hold of a queue of depth 4 (three reads).
+void FillOthersShare(MissQueue& q, Device& dev) {
+  REQUIRE(q.PieceReads(MissClass::kPrefill) == 1);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(q.Acquire(MissClass::kPrefill, 1));
+    dev.Push(MissClass::kPrefill, 1);
+  }
+}
+
+// A clock the test moves.
+std::atomic<uint64_t> g_now{1'000'000'000};
+uint64_t TestNow() { return g_now.load(); }
+constexpr uint64_t kSecond = 1'000'000'000, kMs = 1'000'000;
+
+TEST_CASE("admissions go after prefetches, prefetches after prefills", "[miss_queue]") {
+  MissQueue q({.depth = 4});
+  Device dev;
+  FillOthersShare(q, dev);
+  GrantOrder g{q, dev};
+  g.Queue("admission", MissClass::kAdmission);
+  g.Queue("prefetch", MissClass::kPrefetch);
+  g.Queue("prefill", MissClass::kPrefill);
+  CHECK(g.Drain() == std::vector<std::string>{"prefill", "prefetch", "admission"});
+  CHECK(Of(q.Stats(), MissClass::kAdmission).pieces == 1);
+}
+
+TEST_CASE("within a class, rows due first go first: layer 1 before 14, this step before the next",
+          "[miss_queue]") {
+  MissQueue q({.depth = 4, .layer_spacing_ns = kMs, .clock = TestNow});
+  Device dev;
+  FillOthersShare(q, dev);
+  GrantOrder g{q, dev};
+  // One step asks for layer 14 first, then layer 1; the next step (20 ms later) asks for layer 1.
+  const uint64_t step = g_now;
+  g.Queue("step 1 layer 14", MissClass::kPrefill, q.Due(14));
+  g.Queue("step 1 layer 1", MissClass::kPrefill, q.Due(1));
+  CHECK(q.Due(14) == step + 14 * kMs);
+  g_now += 20 * kMs;
+  g.Queue("step 2 layer 1", MissClass::kPrefill, q.Due(1));
+  // Asked with no due: due when asked, after step 1's layer 14 (14 ms) and before step 2's
+  // layer 1 (21 ms).
+  g.Queue("step 2 undated", MissClass::kPrefill);
+  CHECK(g.Drain() == std::vector<std::string>{"step 1 layer 1", "step 1 layer 14",
+                                              "step 2 undated", "step 2 layer 1"});
+}
+
+// A queue of depth 4 whose device read 4 rows in its first second of work.
+void MeasureFourPerSecond(MissQueue& q) {
+  REQUIRE(q.Acquire(MissClass::kDecode, 4));
+  g_now += kSecond;
+  q.Release(MissClass::kDecode, 4);
+  REQUIRE(q.Stats().read_rate_per_s == Approx(4.0));
+}
+
+TEST_CASE("a device behind sheds prefetch and admission pieces, never a gather's", "[miss_queue]") {
+  MissQueue q({.depth = 4, .shed_backlog_ns = kSecond, .clock = TestNow});
+  MeasureFourPerSecond(q);
+  Device dev;
+  FillOthersShare(q, dev);
+  // Two prefill pieces wait behind the three reads in flight: with a prefetch's own read, six
+  // reads ahead, 1.5 s at 4 a second.
+  std::vector<std::thread> prefill;
+  for (int i = 0; i < 2; ++i) {
+    prefill.emplace_back([&] {
+      if (q.Acquire(MissClass::kPrefill, 1)) dev.Push(MissClass::kPrefill, 1);
+    });
+  }
+  WaitFor(q, [](const MissQueueStats& s) { return Of(s, MissClass::kPrefill).waiting_reads == 2; });
+  CHECK_FALSE(q.Acquire(MissClass::kPrefetch, 1));
+  CHECK_FALSE(q.Acquire(MissClass::kAdmission, 1));
+  MissQueueStats s = q.Stats();
+  CHECK(Of(s, MissClass::kPrefetch).shed_reads == 1);
+  CHECK(Of(s, MissClass::kAdmission).shed_reads == 1);
+  CHECK(Of(s, MissClass::kPrefetch).dropped_reads == 0);
+  CHECK(Of(s, MissClass::kPrefetch).pieces == 0);
+  CHECK(s.backlog_s == Approx(5.0 / 4));
+  // A decode step is never shed: it goes at once.
+  REQUIRE(q.Acquire(MissClass::kDecode, 1));
+  q.Release(MissClass::kDecode, 1);
+  // The device finishes the prefill's five pieces.
+  while (true) {
+    if (dev.CompleteOne(q)) continue;
+    const MissClassStats p = Of(q.Stats(), MissClass::kPrefill);
+    if (p.pieces == 5 && p.in_flight_reads == 0) break;
+    std::this_thread::yield();
+  }
+  for (std::thread& t : prefill) t.join();
+  // With the device idle again, a large admission is work to do, not overload: its pieces go
+  // (one device read ahead of each, a quarter of a second).
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE(q.Acquire(MissClass::kAdmission, 1));
+    q.Release(MissClass::kAdmission, 1);
+  }
+  CHECK(Of(q.Stats(), MissClass::kAdmission).shed_reads == 1);
+}
+
+TEST_CASE("the queue tells demand against the device's rate", "[miss_queue]") {
+  MissQueue q({.depth = 4, .clock = TestNow});
+  MeasureFourPerSecond(q);  // 4 reads asked in the first second
+  REQUIRE(q.Acquire(MissClass::kDecode, 8));
+  g_now += kSecond;
+  REQUIRE(q.Acquire(MissClass::kDecode, 1));  // closes a second in which 8 reads were asked
+  MissQueueStats s = q.Stats();
+  CHECK(s.demand_per_s == Approx(8.0));
+  CHECK(s.load == Approx(2.0));                   // the device is the bottleneck, twice over
+  CHECK(s.backlog_s == Approx(9.0 / 4));          // nine reads in flight at 4 a second
+  g_now += 3 * kSecond;                           // nothing asked since: the window went stale
+  CHECK(q.Stats().demand_per_s == Approx(1.0 / 3));
+  q.Release(MissClass::kDecode, 8);
+  q.Release(MissClass::kDecode, 1);
+}
+
+TEST_CASE("each class's waits are kept by length", "[miss_queue]") {
+  MissQueue q({.depth = 4, .clock = TestNow});
+  REQUIRE(q.Acquire(MissClass::kDecode, 4));
+  std::thread prefill([&] {
+    if (q.Acquire(MissClass::kPrefill, 1)) q.Release(MissClass::kPrefill, 1);
+  });
+  WaitFor(q, [](const MissQueueStats& s) { return Of(s, MissClass::kPrefill).waiting_reads == 1; });
+  g_now += 3 * kMs;  // the prefill piece waits 3 ms: bucket [2^21, 2^22) ns
+  q.Release(MissClass::kDecode, 4);
+  prefill.join();
+  const MissClassStats p = Of(q.Stats(), MissClass::kPrefill);
+  CHECK(p.wait_buckets[21] == 1);
+  CHECK(Log2QuantileNs(p.wait_buckets, 0.99) == uint64_t{1} << 22);
+  CHECK(Of(q.Stats(), MissClass::kDecode).wait_buckets[0] == 1);  // waited 0 ns
 }
 
 TEST_CASE("ReadMisses reads a paged table one page a row, in granted pieces", "[miss_queue]") {
