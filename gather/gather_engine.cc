@@ -534,8 +534,7 @@ class GatherEngineImpl final : public GatherEngine {
     ENGRAM_GATHER_READER_COUNTERS(ENGRAM_ADD_READER_COUNTER)
 #undef ENGRAM_ADD_READER_COUNTER
     if (!run.first_error.ok()) ts->errors.fetch_add(1, std::memory_order_relaxed);
-    ts->latency[Log2BucketOf(ns, kLatencyBuckets)].fetch_add(
-        1, std::memory_order_relaxed);
+    ts->latency[Log2BucketOf(ns, kLatencyBuckets)].fetch_add(1, std::memory_order_relaxed);
     ts->latency_sum_ns.fetch_add(ns, std::memory_order_relaxed);
   }
 

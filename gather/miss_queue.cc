@@ -183,9 +183,8 @@ MissQueueStats MissQueue::Stats() const {
   // The last full window's demand; a window that ran past two without asks is what it holds.
   const uint64_t now = clock_();
   const uint64_t elapsed = now - std::min(now, ask_window_start_ns_);
-  out.demand_per_s = elapsed >= 2 * kRateWindowNs
-                         ? double(ask_window_reads_) * 1e9 / double(elapsed)
-                         : demand_;
+  out.demand_per_s =
+      elapsed >= 2 * kRateWindowNs ? double(ask_window_reads_) * 1e9 / double(elapsed) : demand_;
   if (out.read_rate_per_s > 0) {
     out.backlog_s = double(queued_ + in_flight_) / out.read_rate_per_s;
     out.load = out.demand_per_s / out.read_rate_per_s;

@@ -18,7 +18,9 @@
 //   MissQueue q({.depth = 64});
 //   const uint64_t due = q.Due(table->layer_id());
 //   const uint32_t n = std::min<uint32_t>(rows_left, q.PieceReads(MissClass::kPrefill));
-//   if (q.Acquire(MissClass::kPrefill, n, due)) { read the n rows; q.Release(MissClass::kPrefill, n); }
+//   if (q.Acquire(MissClass::kPrefill, n, due)) {
+//     read the n rows; q.Release(MissClass::kPrefill, n);
+//   }
 #pragma once
 
 #include <array>

@@ -71,7 +71,8 @@
     "Memory of a resident table")
 
 // The miss queue of cache-tier misses (gather/miss_queue.h), per class (decode, prefill,
-// prefetch, admission): in status's "store"."misses"."classes"."CLASS" and as metrics labelled by class.
+// prefetch, admission): in status's "store"."misses"."classes"."CLASS" and as metrics labelled by
+// class.
 #define ENGRAM_MISS_CLASS_COUNTERS(X)                                                  \
   X(waiting_reads, "waiting_reads", GAUGE, "engram_miss_queue_waiting_reads",          \
     "Missed rows queued for the device, not yet started")                              \

@@ -476,8 +476,7 @@ absl::Status RowStore::Prefetch(const Table* table, std::span<const uint64_t> ro
   };
   // An admission's rows go behind every hint's: its prefill is further off than a next chunk.
   const MissClass c = pin_for != nullptr ? MissClass::kAdmission : MissClass::kPrefetch;
-  absl::Status s = ReadMisses(engine_, misses_.get(), c, table, miss.rows,
-                              miss.bounce, admit);
+  absl::Status s = ReadMisses(engine_, misses_.get(), c, table, miss.rows, miss.bounce, admit);
   if (s.ok()) {
     ret_outcome->dropped =
         miss.rows.size() - ret_outcome->fetched - (ret_outcome->held - held_before);

@@ -60,7 +60,7 @@ struct TableStoreStats {
 struct PrefetchOutcome {
   uint64_t fetched = 0;  // rows read and admitted to the cache
   uint64_t held = 0;     // rows the store held already (cached, or a resident table)
-  uint64_t dropped = 0;  // rows the miss queue dropped, being full (gather/miss_queue.h)
+  uint64_t dropped = 0;  // rows the miss queue dropped or shed (gather/miss_queue.h)
 };
 
 // The entry of `layer` in the "tables" array of a control reply, or null.

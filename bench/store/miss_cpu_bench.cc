@@ -32,16 +32,16 @@
 #include "CLI/CLI.hpp"
 #include "base/clock.h"
 #include "bench/common/stats.h"
+#include "bench/store/paged_cache_store.h"
 #include "gather/gather_engine.h"
 #include "store/row_store.h"
-#include "tables/pack.h"
 #include "tables/packed_format.h"
 #include "tables/table.h"
-#include "testkit/synthetic.h"
 
 namespace engram {
 namespace {
 
+using bench::PagedCacheStore;
 using bench::Quantile;
 
 uint64_t ProcessCpuNs() {
@@ -133,49 +133,22 @@ struct Options {
 
 // The contenders and the table they read.
 struct Bench {
-  std::string work;  // removed at exit
-  std::vector<std::unique_ptr<Table>> tables;
-  std::unique_ptr<GatherEngine> engine;
-  std::unique_ptr<RowStore> store;
+  PagedCacheStore paged;
+  RowStore* store = nullptr;
   PlainLoop plain;
-  ~Bench() {
-    if (!work.empty()) (void)std::system(("rm -rf '" + work + "'").c_str());
-  }
 };
 
 // A synthetic checkpoint packed paged in --dir, served from the cache tier with a small cache
 // (nearly every row misses), and the plain loop on the same file.
 absl::Status SetUp(const Options& o, Bench& b) {
-  std::string tmpl = o.dir + "/engram-miss-cpu-XXXXXX";
-  if (mkdtemp(tmpl.data()) == nullptr) {
-    return absl::ErrnoToStatus(errno, "cannot create a directory in " + o.dir);
-  }
-  b.work = tmpl;
-  const std::string path = b.work + "/l14.paged.engram";
-  SynthOptions synth{.out_dir = b.work + "/model", .rows = o.rows, .seed = 3, .layers = {14}};
-  if (absl::Status s = WriteSyntheticCheckpoint(synth); !s.ok()) return s;
-  PackOptions pack{.input = b.work + "/model", .layer = 14, .out = path};
-  pack.paged = true;
-  if (absl::Status s = PackTable(pack); !s.ok()) return s;
-  auto opened = OpenTables(path, {});
-  if (!opened.ok()) return opened.status();
-  b.tables = std::move(*opened);
-  auto engine = GatherEngine::Create({.workers = o.workers});
-  if (!engine.ok()) return engine.status();
-  b.engine = std::move(*engine);
-  if (absl::Status s = b.engine->AddTable(b.tables[0].get(), {.mode = ReadMode::kDirect});
-      !s.ok()) {
+  StoreConfig config;
+  config.cache_bytes = 4ull << 20;  // a few thousand rows
+  config.miss_depth = o.depth;
+  if (absl::Status s = b.paged.Open(o.dir, "engram-miss-cpu", o.rows, o.workers, config); !s.ok()) {
     return s;
   }
-  StoreConfig config;
-  config.default_tier = Tier::kCache;
-  config.cache_bytes = 4ull << 20;  // a few thousand rows
-  config.pressure = false;
-  config.miss_depth = o.depth;
-  auto store = RowStore::Create(config, b.tables, b.engine.get(), [](const std::string&) {});
-  if (!store.ok()) return store.status();
-  b.store = std::move(*store);
-  return b.plain.Init(*b.tables[0], static_cast<uint32_t>(o.batch));
+  b.store = b.paged.store.get();
+  return b.plain.Init(*b.paged.table(), static_cast<uint32_t>(o.batch));
 }
 
 // `batches` batches of `batch` distinct random rows.
@@ -255,7 +228,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "engram-miss-cpu: %s\n", s.ToString().c_str());
     return 1;
   }
-  const Table* table = b.tables[0].get();
+  const Table* table = b.paged.table();
   std::mt19937_64 rng(o.seed);
   std::vector<uint8_t> dest(o.batch * kRowBytes);
   Phase all_e, all_p;
