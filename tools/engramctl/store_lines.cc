@@ -59,10 +59,17 @@ void PrintStoreStatus(const json& reply) {
     PrintLine(absl::StrFormat(
         "  miss queue, depth %lu, device read rate %.0f rows/s, %lu rows read:", Num(m, "depth"),
         Frac(m, "read_rate_per_s"), Num(m, "completed_reads")));
+    // Above 1 the device is the bottleneck: demand outruns what it reads.
+    PrintLine(absl::StrFormat("    asked %.0f rows/s (%.2fx the device's rate%s), backlog %.3f s",
+                              Frac(m, "demand_per_s"), Frac(m, "load"),
+                              Frac(m, "load") > 1 ? ": the device is the bottleneck" : "",
+                              Frac(m, "backlog_s")));
     if (m.contains("classes") && m["classes"].is_object()) {
-      for (const char* name : {"decode", "prefill", "prefetch"}) {
+      for (const char* name : {"decode", "prefill", "prefetch", "admission"}) {
         if (!m["classes"].contains(name)) continue;
-        printf("    %s:\n", name);
+        const json& c = m["classes"][name];
+        printf("    %s: piece wait p50 %.0f us, p99 %.0f us\n", name, Frac(c, "wait_p50_us"),
+               Frac(c, "wait_p99_us"));
         fputs(CounterLines(MissClassCounters(), m["classes"][name], nullptr, 0, "      ").c_str(),
               stdout);
       }
