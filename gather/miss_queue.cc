@@ -61,15 +61,41 @@ bool MissQueue::BehindLocked(int c, uint32_t reads) const {
   if (shed_backlog_ns_ == 0) return false;
   const double rate = RateLocked();
   if (rate <= 0) return false;  // not measured yet: nothing to judge by
-  // The reads the device must finish before this piece's: those in flight and those of higher
-  // classes waiting. Its own class's are not counted: a large admission on an idle device is
-  // work to do, not a sign of overload (the queue's bound limits it).
+  // The reads the device must finish before this piece's: every read the requests of higher
+  // classes under way still need, and the lower classes' reads in flight. Its own class's are
+  // not counted: a large admission on an idle device is work to do, not a sign of overload
+  // (the queue's bound limits it).
   uint64_t ahead = in_flight_ + reads;
-  for (int k = 0; k < c; ++k) ahead += stats_[k].waiting_reads;
+  for (int k = 0; k < c; ++k)
+    ahead += stats_[k].pending_reads - std::min(stats_[k].pending_reads, stats_[k].in_flight_reads);
   return double(ahead) * 1e9 / rate > double(shed_backlog_ns_);
 }
 
+void MissQueue::ShedStaleLocked(uint64_t now) {
+  if (shed_backlog_ns_ == 0) return;
+  for (int c = static_cast<int>(MissClass::kPrefetch); c < kMissClasses; ++c) {
+    std::set<Waiter*, ByDue>& q = waiting_[c];
+    for (auto it = q.begin(); it != q.end();) {
+      Waiter* w = *it;
+      if (now - std::min(now, w->enqueued_ns) <= shed_backlog_ns_) {
+        ++it;
+        continue;
+      }
+      it = q.erase(it);
+      stats_[c].waiting_reads -= w->reads;
+      stats_[c].shed_reads += w->reads;
+      queued_ -= w->reads;
+      w->shed = true;
+      w->granted = true;
+      w->cv.notify_one();
+    }
+  }
+}
+
 void MissQueue::GrantLocked(uint64_t now) {
+  // A prefetch or admission piece that waited longer than the device may fall behind is shed:
+  // the thread asking (the prefetcher's) goes on to newer work.
+  ShedStaleLocked(now);
   for (int c = 0; c < kMissClasses; ++c) {
     std::set<Waiter*, ByDue>& q = waiting_[c];
     while (!q.empty() && Fits(c, (*q.begin())->reads)) {
@@ -96,7 +122,10 @@ void MissQueue::GrantLocked(uint64_t now) {
   }
 }
 
-void MissQueue::CountAskedLocked(uint64_t now, uint32_t reads) {
+void MissQueue::Announce(MissClass c, uint64_t reads) {
+  std::lock_guard lock(mu_);
+  stats_[static_cast<int>(c)].pending_reads += reads;
+  const uint64_t now = clock_();
   const uint64_t elapsed = now - std::min(now, ask_window_start_ns_);
   if (elapsed >= kRateWindowNs) {
     demand_ = double(ask_window_reads_) * 1e9 / double(elapsed);
@@ -104,6 +133,12 @@ void MissQueue::CountAskedLocked(uint64_t now, uint32_t reads) {
     ask_window_reads_ = 0;
   }
   ask_window_reads_ += reads;
+}
+
+void MissQueue::Retire(MissClass c, uint64_t reads) {
+  std::lock_guard lock(mu_);
+  MissClassStats& s = stats_[static_cast<int>(c)];
+  s.pending_reads -= std::min(reads, s.pending_reads);
 }
 
 bool MissQueue::Acquire(MissClass c, uint32_t reads, uint64_t due) {
@@ -114,7 +149,6 @@ bool MissQueue::Acquire(MissClass c, uint32_t reads, uint64_t due) {
   std::unique_lock lock(mu_);
   if (promised_[ci] != 0) promised_[ci]--;  // the piece a Release(more) announced
   w.enqueued_ns = clock_();
-  CountAskedLocked(w.enqueued_ns, reads);
   if (MissClassSheddable(c)) {
     uint64_t* refused = nullptr;
     if (queued_ + reads > max_queued_) {
@@ -136,7 +170,7 @@ bool MissQueue::Acquire(MissClass c, uint32_t reads, uint64_t due) {
   queued_ += reads;
   GrantLocked(w.enqueued_ns);
   w.cv.wait(lock, [&] { return w.granted; });
-  return true;
+  return !w.shed;
 }
 
 void MissQueue::Release(MissClass c, uint32_t reads, bool more) {
@@ -146,6 +180,7 @@ void MissQueue::Release(MissClass c, uint32_t reads, bool more) {
   if (more) promised_[ci]++;
   const uint64_t now = clock_();
   stats_[ci].in_flight_reads -= std::min<uint64_t>(reads, stats_[ci].in_flight_reads);
+  stats_[ci].pending_reads -= std::min<uint64_t>(reads, stats_[ci].pending_reads);
   in_flight_ -= std::min<uint64_t>(reads, in_flight_);
   completed_ += reads;
   window_completed_ += reads;
@@ -186,7 +221,12 @@ MissQueueStats MissQueue::Stats() const {
   out.demand_per_s =
       elapsed >= 2 * kRateWindowNs ? double(ask_window_reads_) * 1e9 / double(elapsed) : demand_;
   if (out.read_rate_per_s > 0) {
-    out.backlog_s = double(queued_ + in_flight_) / out.read_rate_per_s;
+    // Reads asked of the queue directly, never announced, count while they wait or are read.
+    uint64_t backlog = 0;
+    for (const MissClassStats& c : stats_) {
+      backlog += std::max(c.pending_reads, c.waiting_reads + c.in_flight_reads);
+    }
+    out.backlog_s = double(backlog) / out.read_rate_per_s;
     out.load = out.demand_per_s / out.read_rate_per_s;
   }
   return out;
@@ -201,6 +241,7 @@ absl::Status ReadMisses(GatherEngine* engine, MissQueue* queue, MissClass c, con
                         absl::FunctionRef<void(size_t i, const uint8_t* row)> done) {
   const size_t piece = queue->PieceReads(c);
   const uint64_t due = queue->Due(table->layer_id());
+  queue->Announce(c, rows.size());
   thread_local std::vector<uint32_t> order;
   thread_local std::vector<uint64_t> piece_rows;
   order.resize(rows.size());
@@ -214,11 +255,17 @@ absl::Status ReadMisses(GatherEngine* engine, MissQueue* queue, MissClass c, con
     const uint32_t n = static_cast<uint32_t>(std::min(piece, rows.size() - begin));
     piece_rows.resize(n);
     for (uint32_t k = 0; k < n; ++k) piece_rows[k] = rows[order[begin + k]];
-    if (!queue->Acquire(c, n, due)) continue;  // dropped or shed: the device is behind
+    if (!queue->Acquire(c, n, due)) {  // dropped or shed: the device is behind
+      queue->Retire(c, n);
+      continue;
+    }
     absl::Status s = engine->Gather({.table = table, .rows = piece_rows, .dest = bounce.data()});
     // The next piece follows at once: lower classes wait for it too.
     queue->Release(c, n, /*more=*/s.ok() && begin + piece < rows.size());
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      queue->Retire(c, rows.size() - begin - n);  // the pieces that will not be asked
+      return s;
+    }
     for (uint32_t k = 0; k < n; ++k) done(order[begin + k], bounce.data() + k * kRowBytes);
   }
   return absl::OkStatus();

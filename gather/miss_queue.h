@@ -11,9 +11,11 @@
 // higher class waits or reads. So a decode step shares the device with at most those reads
 // already there (one device read's time: they were submitted together, at a depth the device
 // serves in parallel), however large the prefill. When the device falls behind (the reads in
-// flight and the higher classes' waiting reads ahead of a new prefetch or admission piece would
-// take longer than `shed_backlog_ns` at its measured rate), those pieces are shed, counted, and
-// the queue reports how far demand exceeds the device. docs/row-store.md ("Misses").
+// flight and those the higher classes' requests under way still need, ahead of a new prefetch or
+// admission piece, would take longer than `shed_backlog_ns` at its measured rate, or such a
+// piece has waited longer than that), those pieces are shed, counted, and the queue reports how
+// far demand exceeds the device. docs/row-store.md
+// ("Misses").
 //
 //   MissQueue q({.depth = 64});
 //   const uint64_t due = q.Due(table->layer_id());
@@ -52,9 +54,9 @@ struct MissQueueOptions {
   // Reads that may wait at most; a prefetch or admission piece that would pass it is dropped
   // (Acquire returns false). Gathers always wait: request threads bound them.
   uint64_t max_queued_reads = 1u << 16;
-  // The device's backlog ahead of a new prefetch or admission piece (reads in flight and of
-  // higher classes waiting, at the measured read rate) past which it is shed ([memory]
-  // miss_shed_ms); 0: never.
+  // The device's backlog ahead of a new prefetch or admission piece (reads in flight and those
+  // the higher classes' requests under way still need, at the measured read rate) past which it
+  // is shed ([memory] miss_shed_ms); 0: never.
   uint64_t shed_backlog_ns = 1'000'000'000;
   // How much later a row of layer L+1 is due than one of layer L asked at the same time.
   uint64_t layer_spacing_ns = 1'000'000;
@@ -64,6 +66,7 @@ struct MissQueueOptions {
 
 // One class's counters (protocol/store_counters.h: ENGRAM_MISS_CLASS_COUNTERS).
 struct MissClassStats {
+  uint64_t pending_reads = 0;    // gauge: reads of requests under way, not yet done
   uint64_t waiting_reads = 0;    // gauge: reads queued, not yet granted
   uint64_t in_flight_reads = 0;  // gauge: reads granted, not yet released
   uint64_t pieces = 0;           // grants
@@ -86,10 +89,11 @@ struct MissQueueStats {
   // Reads completed per second of the time reads were in flight, over the last full second of
   // such time (before one: since start): the rate the device sustained.
   double read_rate_per_s = 0;
-  // Reads asked per second of wall time (granted, waiting, dropped or shed alike), over the last
-  // full second: what the clients wanted of the device.
+  // Reads announced per second of wall time (every miss of a request when it starts, read,
+  // dropped or shed alike), over the last full second: what the clients want of the device.
   double demand_per_s = 0;
-  // The reads waiting and in flight, in seconds at read_rate_per_s (0 before a rate is measured).
+  // The reads the requests under way still need, in seconds at read_rate_per_s (0 before a rate
+  // is measured).
   double backlog_s = 0;
   // demand_per_s / read_rate_per_s: above 1 the device is the bottleneck, by this factor.
   double load = 0;
@@ -109,12 +113,18 @@ class MissQueue {
   // prefetch a third of the three quarters of `depth` they may hold together, so that they take
   // turns in small steps.
   uint32_t PieceReads(MissClass c) const;
+  // A request's misses, announced when it starts (ReadMisses does): the backlog and the demand
+  // count all of them, not only the piece that waits. Release and Retire take them off.
+  void Announce(MissClass c, uint64_t reads);
+  // Announced reads that will not be asked: a dropped or shed piece, the rest after an error.
+  void Retire(MissClass c, uint64_t reads);
   // When rows of `layer` asked now are due: now plus layer_spacing_ns a layer. A request computes
   // it once and passes it with each of its pieces, so its later pieces keep its place.
   uint64_t Due(uint32_t layer) const { return clock_() + uint64_t{layer} * layer_spacing_ns_; }
   // Waits until `reads` (1..PieceReads(c)) may go to the device; among waiting pieces of one
   // class the earliest `due` goes first (0: due now), then the earliest asked. False only for a
-  // prefetch or admission piece that was dropped or shed (nothing was granted).
+  // prefetch or admission piece that was dropped or shed, at once or after waiting longer than
+  // shed_backlog_ns (nothing was granted).
   bool Acquire(MissClass c, uint32_t reads, uint64_t due = 0);
   // The `reads` a grant of class `c` allowed are done. With `more`, the caller asks again at once
   // (the next piece of the same request): until it does, lower classes are held back as if it
@@ -130,7 +140,8 @@ class MissQueue {
     uint64_t seq = 0;  // arrival order, among equal dues
     uint64_t enqueued_ns = 0;
     uint64_t completed_at_enqueue = 0;
-    bool granted = false;
+    bool granted = false;  // or shed, when `shed`
+    bool shed = false;
     std::condition_variable cv;
   };
   struct ByDue {
@@ -141,9 +152,10 @@ class MissQueue {
   bool Fits(int c, uint32_t reads) const;
   // Whether a new piece of sheddable class `c` finds the device too far behind.
   bool BehindLocked(int c, uint32_t reads) const;
+  // Sheds the prefetch and admission pieces that have waited longer than shed_backlog_ns.
+  void ShedStaleLocked(uint64_t now);
   void GrantLocked(uint64_t now);
   void UpdateRateLocked(uint64_t now);
-  void CountAskedLocked(uint64_t now, uint32_t reads);
   double RateLocked() const;
 
   const uint32_t depth_;

@@ -74,6 +74,8 @@
 // prefetch, admission): in status's "store"."misses"."classes"."CLASS" and as metrics labelled by
 // class.
 #define ENGRAM_MISS_CLASS_COUNTERS(X)                                                  \
+  X(pending_reads, "pending_reads", GAUGE, "engram_miss_queue_pending_reads",          \
+    "Missed rows the requests under way still need read")                              \
   X(waiting_reads, "waiting_reads", GAUGE, "engram_miss_queue_waiting_reads",          \
     "Missed rows queued for the device, not yet started")                              \
   X(in_flight_reads, "in_flight_reads", GAUGE, "engram_miss_queue_in_flight_reads",    \

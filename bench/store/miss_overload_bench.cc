@@ -8,8 +8,9 @@
 // --step-ms (a decode step's rows of one table: nearly all miss; the fraction is reported) and
 // times each gather. Phases, alternated within each round so that all see the same device:
 //   alone      the decode steps only;
-//   prefill    plus a thread gathering --prefill-rows random rows back to back (a prefill
-//              chunk's, the miss queue's prefill class);
+//   prefill    plus --prefill-threads threads each gathering --prefill-rows random rows back to
+//              back (prefill chunks, the miss queue's prefill class; several ranks' at once
+//              ask more of the device than it reads);
 //   flood      plus a thread admitting --admit-rows random rows at a time (RowStore::Prefetch
 //              with an admission: the admission class, pinned, released once read) back to back.
 // Before the phases, one-row gathers of fresh rows measure what one device read costs here.
@@ -48,7 +49,7 @@ struct Options {
   uint64_t rows = 1'000'000, decode_rows = 256, prefill_rows = 32768, admit_rows = 16384;
   uint64_t cache_mib = 64, rounds = 2, seed = 1;
   double seconds = 5, step_ms = 20;
-  uint32_t workers = 0, depth = 64, shed_ms = 1000;
+  uint32_t workers = 0, depth = 64, shed_ms = 1000, prefill_threads = 1;
 };
 
 enum class Load { kAlone, kPrefill, kFlood };
@@ -109,7 +110,12 @@ class Runner {
     const MissQueue* q = store_->miss_queue();
     const MissQueueStats before = q->Stats();
     std::vector<std::thread> threads;
-    if (load != Load::kAlone) threads.emplace_back([&] { Prefill(seed + 1, r); });
+    std::vector<uint64_t> prefill_rows(o_.prefill_threads, 0);
+    if (load != Load::kAlone) {
+      for (uint32_t i = 0; i < o_.prefill_threads; ++i) {
+        threads.emplace_back([&, i] { Prefill(seed + 1 + 100 * i, prefill_rows[i]); });
+      }
+    }
     if (load == Load::kFlood) threads.emplace_back([&] { Admit(seed + 2, r); });
     const uint64_t t0 = NowNs();
     Decode(seed, r, q);
@@ -117,6 +123,7 @@ class Runner {
     stop_ = true;
     for (std::thread& t : threads) t.join();
     if (!failed_.ok()) return failed_;
+    for (uint64_t n : prefill_rows) r.prefill_rows += n;
     const MissQueueStats after = q->Stats();
     const MissClassStats& d0 = before.classes[int(MissClass::kDecode)];
     const MissClassStats& d1 = after.classes[int(MissClass::kDecode)];
@@ -157,7 +164,7 @@ class Runner {
     }
   }
 
-  void Prefill(uint64_t seed, PhaseResult& r) {
+  void Prefill(uint64_t seed, uint64_t& rows_read) {
     std::mt19937_64 rng(seed);
     std::vector<uint8_t> dest(o_.prefill_rows * kRowBytes);
     while (!stop_) {
@@ -166,7 +173,7 @@ class Runner {
           !s.ok()) {
         return Fail(s);
       }
-      r.prefill_rows += rows.size();
+      rows_read += rows.size();
     }
   }
 
@@ -262,6 +269,9 @@ int Main(int argc, char** argv) {
   app.add_option("--prefill-rows", o.prefill_rows,
                  "Rows of a prefill gather (more than 16,384: the prefill class)")
       ->capture_default_str();
+  app.add_option("--prefill-threads", o.prefill_threads,
+                 "Prefills at once (several ranks' chunks: enough of them outrun the device)")
+      ->capture_default_str();
   app.add_option("--admit-rows", o.admit_rows, "Rows of an admission")->capture_default_str();
   app.add_option("--cache-mib", o.cache_mib, "Row cache size")->capture_default_str();
   app.add_option("--seconds", o.seconds, "Seconds a phase")->capture_default_str();
@@ -275,11 +285,11 @@ int Main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (o.decode_rows == 0 || o.decode_rows > 4096 || o.prefill_rows <= 16384 ||
       o.rows < 4 * std::max({o.decode_rows, o.prefill_rows, o.admit_rows}) || o.rounds == 0 ||
-      o.seconds <= 0 || o.step_ms <= 0) {
+      o.seconds <= 0 || o.step_ms <= 0 || o.prefill_threads == 0) {
     std::fprintf(stderr,
                  "engram-miss-overload: --decode-rows must be 1..4096, --prefill-rows over "
-                 "16384, --rows at least 4x the largest of them, --rounds, --seconds and "
-                 "--step-ms positive\n");
+                 "16384, --rows at least 4x the largest of them, --rounds, --seconds, "
+                 "--step-ms and --prefill-threads positive\n");
     return 2;
   }
   PagedCacheStore b;

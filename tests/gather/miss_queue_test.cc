@@ -251,6 +251,16 @@ struct GrantOrder {
     std::lock_guard lock(mu);
     return order.size();
   }
+  // Waits until `n` waiters have their answer; the answers in the order they came.
+  std::vector<std::string> WaitAnswers(size_t n) {
+    const uint64_t deadline = NowNs() + 30'000'000'000ull;
+    while (Size() < n) {
+      REQUIRE(NowNs() < deadline);
+      std::this_thread::yield();
+    }
+    std::lock_guard lock(mu);
+    return order;
+  }
   // Completes one read at a time until every waiter was granted; the grant order.
   std::vector<std::string> Drain() {
     const size_t n = threads.size();
@@ -317,28 +327,23 @@ TEST_CASE("within a class, rows due first go first: layer 1 before 14, this step
                                               "step 2 undated", "step 2 layer 1"});
 }
 
-// A queue of depth 4 whose device read 4 rows in its first second of work.
+// A queue of depth 4 whose device read 4 rows in its first second of work, a decode step's.
 void MeasureFourPerSecond(MissQueue& q) {
+  q.Announce(MissClass::kDecode, 4);
   REQUIRE(q.Acquire(MissClass::kDecode, 4));
   g_now += kSecond;
   q.Release(MissClass::kDecode, 4);
   REQUIRE(q.Stats().read_rate_per_s == Approx(4.0));
+  REQUIRE(Of(q.Stats(), MissClass::kDecode).pending_reads == 0);
 }
 
 TEST_CASE("a device behind sheds prefetch and admission pieces, never a gather's", "[miss_queue]") {
   MissQueue q({.depth = 4, .shed_backlog_ns = kSecond, .clock = TestNow});
   MeasureFourPerSecond(q);
-  Device dev;
-  FillOthersShare(q, dev);
-  // Two prefill pieces wait behind the three reads in flight: with a prefetch's own read, six
-  // reads ahead, 1.5 s at 4 a second.
-  std::vector<std::thread> prefill;
-  for (int i = 0; i < 2; ++i) {
-    prefill.emplace_back([&] {
-      if (q.Acquire(MissClass::kPrefill, 1)) dev.Push(MissClass::kPrefill, 1);
-    });
-  }
-  WaitFor(q, [](const MissQueueStats& s) { return Of(s, MissClass::kPrefill).waiting_reads == 2; });
+  // A prefill of 8 missed rows starts: with a prefetch's own read, nine reads ahead of it,
+  // 2.25 s at 4 a second, though none of the prefill's pieces waits yet.
+  q.Announce(MissClass::kPrefill, 8);
+  CHECK(q.Stats().backlog_s == Approx(8.0 / 4));
   CHECK_FALSE(q.Acquire(MissClass::kPrefetch, 1));
   CHECK_FALSE(q.Acquire(MissClass::kAdmission, 1));
   MissQueueStats s = q.Stats();
@@ -346,41 +351,79 @@ TEST_CASE("a device behind sheds prefetch and admission pieces, never a gather's
   CHECK(Of(s, MissClass::kAdmission).shed_reads == 1);
   CHECK(Of(s, MissClass::kPrefetch).dropped_reads == 0);
   CHECK(Of(s, MissClass::kPrefetch).pieces == 0);
-  CHECK(s.backlog_s == Approx(5.0 / 4));
-  // A decode step is never shed: it goes at once.
+  // Gathers are never shed: a decode step goes at once, the prefill's pieces wait their turn.
   REQUIRE(q.Acquire(MissClass::kDecode, 1));
   q.Release(MissClass::kDecode, 1);
-  // The device finishes the prefill's five pieces.
-  while (true) {
-    if (dev.CompleteOne(q)) continue;
-    const MissClassStats p = Of(q.Stats(), MissClass::kPrefill);
-    if (p.pieces == 5 && p.in_flight_reads == 0) break;
-    std::this_thread::yield();
+  // The prefill reads four of its rows: five ahead now, 1.25 s: still behind.
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE(q.Acquire(MissClass::kPrefill, 1));
+    q.Release(MissClass::kPrefill, 1);
   }
-  for (std::thread& t : prefill) t.join();
+  CHECK(Of(q.Stats(), MissClass::kPrefill).pending_reads == 4);
+  CHECK_FALSE(q.Acquire(MissClass::kAdmission, 1));
+  // Two more: three ahead, 0.75 s: an admission piece goes.
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(q.Acquire(MissClass::kPrefill, 1));
+    q.Release(MissClass::kPrefill, 1);
+  }
+  REQUIRE(q.Acquire(MissClass::kAdmission, 1));
+  q.Release(MissClass::kAdmission, 1);
+  q.Retire(MissClass::kPrefill, 2);  // the prefill failed before its last two rows
+  CHECK(Of(q.Stats(), MissClass::kPrefill).pending_reads == 0);
   // With the device idle again, a large admission is work to do, not overload: its pieces go
   // (one device read ahead of each, a quarter of a second).
+  q.Announce(MissClass::kAdmission, 20);
   for (int i = 0; i < 20; ++i) {
     REQUIRE(q.Acquire(MissClass::kAdmission, 1));
     q.Release(MissClass::kAdmission, 1);
   }
-  CHECK(Of(q.Stats(), MissClass::kAdmission).shed_reads == 1);
+  CHECK(Of(q.Stats(), MissClass::kAdmission).shed_reads == 2);
+  CHECK(Of(q.Stats(), MissClass::kAdmission).pending_reads == 0);
+}
+
+TEST_CASE("a prefetch or admission piece that waited too long is shed", "[miss_queue]") {
+  MissQueue q({.depth = 4, .shed_backlog_ns = kSecond, .clock = TestNow});
+  Device dev;
+  FillOthersShare(q, dev);  // no rate measured yet: nothing is shed on arrival
+  GrantOrder g{q, dev};
+  g.Queue("admission", MissClass::kAdmission);
+  g.Queue("prefetch", MissClass::kPrefetch);
+  g_now += kSecond / 2;
+  g.Queue("late prefetch", MissClass::kPrefetch);
+  // 1.2 s on, the first two waited past the second the device may fall behind; the third has
+  // waited 0.7 s and is granted at the next release.
+  g_now += 7 * kSecond / 10;
+  REQUIRE(dev.CompleteOne(q));
+  std::vector<std::string> order = g.WaitAnswers(3);
+  while (dev.CompleteOne(q)) {
+  }
+  std::sort(order.begin(), order.end());
+  CHECK(order ==
+        std::vector<std::string>{"admission (refused)", "late prefetch", "prefetch (refused)"});
+  const MissQueueStats s = q.Stats();
+  CHECK(Of(s, MissClass::kAdmission).shed_reads == 1);
+  CHECK(Of(s, MissClass::kPrefetch).shed_reads == 1);
+  CHECK(Of(s, MissClass::kPrefetch).pieces == 1);
+  CHECK(Of(s, MissClass::kPrefetch).waiting_reads == 0);
 }
 
 TEST_CASE("the queue tells demand against the device's rate", "[miss_queue]") {
   MissQueue q({.depth = 4, .clock = TestNow});
-  MeasureFourPerSecond(q);  // 4 reads asked in the first second
+  MeasureFourPerSecond(q);  // 4 reads announced in the first second
+  q.Announce(MissClass::kDecode, 8);
   REQUIRE(q.Acquire(MissClass::kDecode, 8));
   g_now += kSecond;
-  REQUIRE(q.Acquire(MissClass::kDecode, 1));  // closes a second in which 8 reads were asked
+  q.Announce(MissClass::kDecode, 1);  // closes a second in which 8 reads were announced
+  REQUIRE(q.Acquire(MissClass::kDecode, 1));
   MissQueueStats s = q.Stats();
   CHECK(s.demand_per_s == Approx(8.0));
-  CHECK(s.load == Approx(2.0));                   // the device is the bottleneck, twice over
-  CHECK(s.backlog_s == Approx(9.0 / 4));          // nine reads in flight at 4 a second
-  g_now += 3 * kSecond;                           // nothing asked since: the window went stale
+  CHECK(s.load == Approx(2.0));           // the device is the bottleneck, twice over
+  CHECK(s.backlog_s == Approx(9.0 / 4));  // nine reads in flight at 4 a second
+  g_now += 3 * kSecond;                   // nothing announced since: the window went stale
   CHECK(q.Stats().demand_per_s == Approx(1.0 / 3));
   q.Release(MissClass::kDecode, 8);
   q.Release(MissClass::kDecode, 1);
+  CHECK(q.Stats().backlog_s == 0);
 }
 
 TEST_CASE("each class's waits are kept by length", "[miss_queue]") {
@@ -439,6 +482,7 @@ TEST_CASE("ReadMisses reads a paged table one page a row, in granted pieces", "[
       CHECK(e.bytes_read == e.direct_reads * 4096);
       CHECK(Of(s, c).reads == rows.size());
       CHECK(Of(s, c).in_flight_reads == 0);
+      CHECK(Of(s, c).pending_reads == 0);  // announced at the start, every one read since
       CHECK(s.completed_reads == rows.size());
     }
   }
