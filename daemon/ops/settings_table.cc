@@ -279,9 +279,9 @@ constexpr Setting kHotSetRows[] = {
      .max = 4096},
     {.key = "memory.miss_shed_ms",
      .flag = "--miss-shed-ms",
-     .help = "How far behind the device may fall (ms of reads ahead, at its measured rate) "
-             "before prefetch and admission reads are shed, so that decode and prefill misses "
-             "keep their latency (0: never shed)",
+     .help = "How far behind the device may fall (ms of reads ahead, at its measured rate), "
+             "and how long a prefetch or admission read may wait, before such reads are shed, "
+             "so that decode and prefill misses keep their latency (0: never shed)",
      .kind = Kind::kUint32,
      .applies = kRestart,
      .field = [](S* s) -> void* { return &s->store.miss_shed_ms; },
