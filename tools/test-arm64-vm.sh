@@ -12,12 +12,12 @@
 #   ENGRAM_VM_TESTS         only these tests (names separated by spaces)
 #   ENGRAM_VM_BUILD=0       run the arm64 build as it is (its targets already built)
 # Everything comes from Debian: qemu-system-arm and cpio (installed here if missing), and the
-# arm64 packages linux-image-*-arm64, busybox-static, bash and libtinfo6 (apt-get download,
-# kept in BUILD-arm64/vm/debs). The guest boots an initramfs holding busybox, bash, the arm64
-# runtime libraries of the multiarch install (tools/setup.sh --arch arm64) and the kernel
-# modules it needs; an ext4 disk holds the tree (at its own path) and /tmp (O_DIRECT and
-# RWF_NOWAIT reads need a real file system), and the results come back over a 9p share. Ends
-# with "N passed, N failed, N skipped"; exits 1 if a test failed.
+# arm64 packages linux-image-*-arm64, busybox-static, bash, libtinfo6 and coreutils (apt-get
+# download, kept in BUILD-arm64/vm/debs). The guest boots an initramfs holding busybox, bash,
+# coreutils' timeout, the arm64 runtime libraries of the multiarch install (tools/setup.sh
+# --arch arm64) and the kernel modules it needs; an ext4 disk holds the tree (at its own path)
+# and /tmp (O_DIRECT and RWF_NOWAIT reads need a real file system), and the results come back
+# over a 9p share. Ends with "N passed, N failed, N skipped"; exits 1 if a test failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -62,7 +62,7 @@ download_packages() {
     local kernel
     kernel=$(dpkg-deb -f linux-image-arm64_*.deb Depends | sed 's/ .*//')
     local pkg
-    for pkg in "$kernel" busybox-static bash libtinfo6; do
+    for pkg in "$kernel" busybox-static bash libtinfo6 coreutils; do
       [[ -n $(ls "${pkg}"_*.deb 2>/dev/null) ]] || apt-get download "$pkg:arm64"
     done
   ) 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
@@ -104,7 +104,7 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/shm /dev/pts /sys/fs/cgroup
-mount -t tmpfs -o mode=1777 shm /dev/shm
+mount -t tmpfs -o mode=1777,size=90% shm /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=0755 run /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
@@ -136,6 +136,10 @@ make_initramfs() {
                   qemu-aarch64-static "$vm/busybox/bin/busybox" --list); do
     [[ -e $root/bin/$applet ]] || ln -s busybox "$root/bin/$applet"
   done
+  # coreutils' timeout: the tests pass it --preserve-status and fractions of a second, which
+  # busybox's lacks.
+  rm -rf "$vm/coreutils" && dpkg-deb -x "$vm"/debs/coreutils_*.deb "$vm/coreutils"
+  rm -f "$root/bin/timeout" && cp "$vm/coreutils/usr/bin/timeout" "$root/bin/timeout"
   dpkg-deb -x "$vm"/debs/bash_*.deb "$root"
   dpkg-deb -x "$vm"/debs/libtinfo6_*.deb "$root"
   ln -sf /bin/bash "$root/usr/bin/bash"
