@@ -5,6 +5,7 @@
     ...                                     # prompt's rows into its row cache and pins them
     lookup.prepare({1: ids_1, 14: ids_14})  # forward entry: every layer's rows gathered
     # or, from token ids: lookup.prepare_tokens(hasher, new_ids, history=last_ids)
+    # chunked prefill: ..., next_tokens=next_chunk, next_history=chunk[-3:] (read meanwhile)
     ...
     emb = lookup.get(14)                    # in layer 14: bf16 [tokens, heads, 256]
     emb = lookup.embeddings(14, input_ids)  # the same through torch.ops.engram.gather_wait,
@@ -42,11 +43,11 @@ from typing import Any, Dict, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ._arrays import integer_array
+from ._arrays import step_row_ids
 from .client import _layer_alias, ArenaBuffer, Client, TableInfo, row_bytes
 from .dequant import ROW_VALUES, dequantize_scatter
 from .errors import (EngramError, EngramTimeoutError, GpuUnavailableError,
-                     InvalidArgumentError, RowOutOfRangeError, UnknownTableError, error_for)
+                     InvalidArgumentError, ResourceExhaustedError, UnknownTableError, error_for)
 
 # ENGRAM_ARENA_ALIGN: engram_alloc rounds each allocation up to it. A protocol constant, not the
 # page size: it is 4096 on every kernel.
@@ -298,23 +299,27 @@ class EngramLookup:
     # ---- the step --------------------------------------------------------------------------
 
     def prepare(self, row_ids: Union[Dict[int, Any], Sequence[Any]],
-                timeout: Optional[float] = None) -> None:
+                timeout: Optional[float] = None, *,
+                next_row_ids: Union[Dict[int, Any], Sequence[Any], None] = None) -> None:
         """Submits the step's gathers, one request per layer, and returns without waiting.
 
         row_ids: {layer_id: ids} or a sequence in the order of `layers`; ids of shape
         [tokens, heads] (CPU tensor, NumPy array or nested lists of integers; -1 = padding).
+        next_row_ids: the next chunk's row ids (chunked prefill), as for prefetch() and checked
+        the same way before anything is submitted; handed to engramd as a prefetch hint once
+        this step's gathers are (its misses first), dropped where it has no room for them.
         Raises ValueError for a bad shape or a row outside the table (naming layer, token and
         head), UnknownTableError for ids of a layer this lookup does not serve,
         InvalidArgumentError when a layer of the lookup has none (all of them EngramError and
         ValueError), and the daemon's errors of the previous step (see the module's notes)."""
         self._check_open()
         row_ids = self._by_layer(row_ids)
-        self._check_layers(row_ids)
         if sorted(row_ids) != sorted(self.layers):
             raise InvalidArgumentError(
                 -errno.EINVAL, f"row ids given for layers {sorted(row_ids)}, expected "
                                f"{sorted(self.layers)}")
         steps = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
+        upcoming = None if next_row_ids is None else self._checked_hint(next_row_ids)
         self._finish_step(timeout)
         self._check_gpu_tables()
         for layer_id in self.layers:
@@ -336,6 +341,10 @@ class EngramLookup:
             # The GPU waits until every request of the step completed: requests may complete
             # in any order, so only the step's total is a safe value to wait for.
             self._target.value = self._submitted
+        if upcoming is not None:
+            # Only now: this step's misses reach engramd first (the hints' session was opened
+            # before anything was submitted). The step stands whatever becomes of the hint.
+            self._hint(upcoming, drop_refused=True)
 
     def _gather_now(self, layer, timeout):
         """The layer's rows, in place or through the daemon, before returning."""
@@ -359,7 +368,8 @@ class EngramLookup:
     def prepare_tokens(self, hasher: Any, tokens: Any, history: Any = None, *,
                        tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
                        heads: Any = None, compressed: bool = False,
-                       timeout: Optional[float] = None) -> None:
+                       timeout: Optional[float] = None, next_tokens: Any = None,
+                       next_history: Any = None) -> None:
         """prepare() with the step's row ids hashed on the host from its token ids.
 
         hasher: an engram.Hasher of the served model. tokens, history, compressed: as for
@@ -367,10 +377,15 @@ class EngramLookup:
         with the ids right before its new tokens). tp_size/tp_rank or heads pick the heads,
         which must number `heads` of this lookup. Every layer of the lookup is hashed with its
         own multipliers and primes; the token count is the step's total positions.
+        next_tokens, next_history: the next chunk's token ids and the ids right before them
+        (as tokens and history; the next chunk of one sequence has this chunk's last ids),
+        hashed alike and passed to prepare() as next_row_ids.
         Raises as Hasher.hash and prepare() do."""
         self._check_open()
-        self.prepare(self._hash_tokens(hasher, tokens, history, tp_size, tp_rank, heads,
-                                       compressed), timeout)
+        step = self._hash_tokens(hasher, tokens, history, tp_size, tp_rank, heads, compressed)
+        upcoming = None if next_tokens is None else self._hash_tokens(
+            hasher, next_tokens, next_history, tp_size, tp_rank, heads, compressed)
+        self.prepare(step, timeout, next_row_ids=upcoming)
 
     def prefetch(self, row_ids: Union[Dict[int, Any], Sequence[Any]]) -> int:
         """Hands engramd the row ids of a step that will probably come (the draft tokens of
@@ -381,11 +396,26 @@ class EngramLookup:
         -1 = padding), checked the same way (ValueError naming layer, token and head for a row
         outside the table). Does not touch the step in flight."""
         self._check_open()
+        return self._hint(self._checked_hint(row_ids))
+
+    def _checked_hint(self, row_ids):
+        """{layer: rows} of a prefetch, checked as a step's ids are; opens the hints' session."""
         row_ids = self._by_layer(row_ids)
-        self._check_layers(row_ids)
-        checked = {layer: self._validate(layer, ids) for layer, ids in row_ids.items()}
-        hints = self._hint_client()
-        return sum(hints.prefetch(layer, rows) for layer, (_, _, rows) in checked.items())
+        checked = {layer: self._validate(layer, ids)[2] for layer, ids in row_ids.items()}
+        self._hint_client()
+        return checked
+
+    def _hint(self, rows, drop_refused=False):
+        """Hands {layer: rows} to engramd's prefetch, in that order; the rows queued.
+        drop_refused: rows past the session's bound (ResourceExhaustedError) are dropped."""
+        queued = 0
+        for layer, layer_rows in rows.items():
+            try:
+                queued += self._hints.prefetch(layer, layer_rows)
+            except ResourceExhaustedError:
+                if not drop_refused:
+                    raise
+        return queued
 
     def prefetch_tokens(self, hasher: Any, tokens: Any, history: Any = None, *,
                         tp_size: Optional[int] = None, tp_rank: Optional[int] = None,
@@ -409,7 +439,6 @@ class EngramLookup:
         daemon's bounds on pins (admit_done(request_id) releases what it reserved before)."""
         self._check_open()
         row_ids = self._by_layer(row_ids)
-        self._check_layers(row_ids)
         checked = {layer: self._validate(layer, ids, any_tokens=True)[2]
                    for layer, ids in row_ids.items()}
         hints = self._hint_client()
@@ -447,7 +476,11 @@ class EngramLookup:
 
     def _hash_tokens(self, hasher, tokens, history, tp_size, tp_rank, heads, compressed):
         """{layer: row ids [positions, heads]} of every layer, hashed as a step's are."""
-        begin, end = self._head_range(hasher, tp_size, tp_rank, heads)
+        begin, end = hasher.head_range(tp_size, tp_rank, heads)
+        if end - begin != self.heads:
+            raise InvalidArgumentError(
+                -errno.EINVAL, f"the hasher's head selection [{begin}, {end}) has "
+                               f"{end - begin} heads; this lookup was made for {self.heads}")
         unknown = [layer for layer in self.layers if layer not in hasher.layers]
         if unknown:
             raise UnknownTableError(
@@ -456,62 +489,28 @@ class EngramLookup:
         return {layer: hasher.hash(tokens, history, layer=layer, heads=(begin, end),
                                    compressed=compressed) for layer in self.layers}
 
-    def _head_range(self, hasher, tp_size, tp_rank, heads):
-        """The hasher's head range for these arguments; it must hold `heads` heads."""
-        begin, end = hasher.head_range(tp_size, tp_rank, heads)
-        if end - begin != self.heads:
-            raise InvalidArgumentError(
-                -errno.EINVAL, f"the hasher's head selection [{begin}, {end}) has "
-                               f"{end - begin} heads; this lookup was made for {self.heads}")
-        return begin, end
-
-    def _check_layers(self, row_ids):
-        """UnknownTableError (an EngramError) for ids of layers this lookup does not serve."""
+    def _by_layer(self, row_ids):
+        """{layer_id: ids} from a dict, or from a sequence in the order of `layers`;
+        UnknownTableError (an EngramError) for ids of layers this lookup does not serve."""
+        if not isinstance(row_ids, dict):
+            row_ids = list(row_ids)
+            if len(row_ids) != len(self.layers):
+                raise InvalidArgumentError(
+                    -errno.EINVAL, f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
+                                   f"{self.layers}")
+            return dict(zip(self.layers, row_ids))
         unknown = sorted(set(row_ids) - set(self.layers))
         if unknown:
             raise UnknownTableError(
                 -errno.ENOENT, f"row ids given for layers {unknown}, not layers of this lookup "
                                f"{self.layers}")
-
-    def _by_layer(self, row_ids):
-        """{layer_id: ids} from a dict, or from a sequence in the order of `layers`."""
-        if isinstance(row_ids, dict):
-            return row_ids
-        row_ids = list(row_ids)
-        if len(row_ids) != len(self.layers):
-            raise InvalidArgumentError(
-                -errno.EINVAL, f"{len(row_ids)} row id arrays for {len(self.layers)} layers "
-                               f"{self.layers}")
-        return dict(zip(self.layers, row_ids))
+        return row_ids
 
     def _validate(self, layer_id, ids, any_tokens=False):
         """(tokens, valid slots, rows) of a step's ids (any_tokens: a prompt's, any length)."""
-        layer = self._layers[layer_id]
-        ids = integer_array(ids, f"layer {layer_id}: row ids", ndim=None,
-                            cpu_hint="pass them on the CPU (they are hashed from token ids on "
-                                     "the host)")
-        if ids.ndim != 2 or ids.shape[1] != self.heads:
-            raise InvalidArgumentError(-errno.EINVAL,
-                                       f"layer {layer_id}: row ids must have shape [tokens, "
-                                       f"{self.heads}], got {list(ids.shape)}")
-        tokens = ids.shape[0]
-        if tokens > self.max_tokens and not any_tokens:
-            raise InvalidArgumentError(-errno.EINVAL,
-                                       f"layer {layer_id}: {tokens} tokens, more than max_tokens "
-                                       f"= {self.max_tokens}")
-        flat = ids.reshape(-1)
-        valid = flat >= 0 if ids.dtype.kind == "i" else np.ones(flat.shape, dtype=bool)
-        rows = flat[valid]
-        begin, end = layer.info.covered_begin, layer.info.covered_end
-        if rows.size:
-            bad = (rows < begin) | (rows >= end) if begin else rows >= end
-            if bad.any():
-                slot = int(np.flatnonzero(valid)[int(np.argmax(bad))])
-                raise RowOutOfRangeError(
-                    -errno.ERANGE, f"layer {layer_id}: row {int(flat[slot])} (token "
-                                   f"{slot // self.heads}, head {slot % self.heads}) is outside "
-                                   f"the rows [{begin}, {end}) engramd serves for this table")
-        return tokens, valid, rows
+        info = self._layers[layer_id].info
+        return step_row_ids(ids, layer_id, self.heads, None if any_tokens else self.max_tokens,
+                            info.covered_begin, info.covered_end)
 
     def _stage(self, layer, tokens, valid, rows):
         """Writes the step's row ids and index map into the arena."""

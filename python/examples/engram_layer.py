@@ -13,16 +13,18 @@ Two modules share one `EngramMixer` (the weights):
   - EngramdEngramLayer: rows from engramd through engram.EngramLookup; the step's rows are
     hashed and requested at forward entry (prepare_tokens), and the layer reads them with
     lookup.embeddings(), a torch custom op that torch.compile(fullgraph=True) traces and a CUDA
-    graph captures. Around a request's steps the engine's scheduler calls the lookup too: at
-    admission, admit_tokens hands engramd the prompt's rows, which it reads into its row cache
-    and pins while the request waits; after the prefill (or on a cancel), admit_done unpins
-    them (run() below);
+    graph captures. A prefill chunk names the next chunk (prepare_tokens' next_tokens), whose
+    rows engramd reads while this one computes. Around a request's steps the engine's
+    scheduler calls the lookup too: at admission, admit_tokens hands engramd the prompt's rows,
+    which it reads into its row cache and pins while the request waits; after the prefill (or
+    on a cancel), admit_done unpins them (run() below);
   - CheckpointEngramLayer: the pure-PyTorch reference, reading the same checkpoint's table into
     memory and dequantising it with PyTorch arithmetic.
 Given the same token ids they produce bit-identical outputs (tests/python/test_example.py).
 
-    python3 engram_layer.py --model DIR [--socket PATH] [--layer 14] [--tokens 64]
-runs both on a random token stream (a prefill chunk, then decode steps) and compares them.
+    python3 engram_layer.py --model DIR [--socket PATH] [--layer 14] [--tokens 64] [--chunk 32]
+runs both on a random token stream (a prompt prefilled in chunks, then decode steps) and
+compares them.
 """
 
 import argparse
@@ -108,8 +110,15 @@ class EngramdEngramLayer(nn.Module):
         super().__init__()
         self.mixer, self.lookup, self.layer_id = mixer, lookup, layer_id
 
-    def prepare_step(self, hasher, tokens, history=None) -> None:
-        self.lookup.prepare_tokens(hasher, tokens, history)
+    def prepare_step(self, hasher, tokens, history=None, next_tokens=None) -> None:
+        """At forward entry. next_tokens: the next prefill chunk of the same sequence, known
+        while this chunk computes; engramd reads its rows meanwhile, after this step's."""
+        next_history = None
+        if next_tokens is not None:  # the next chunk's n-grams start in this one
+            before = np.zeros(0, dtype=np.int64) if history is None else np.asarray(history)
+            next_history = np.concatenate([before, np.asarray(tokens)])[-3:]
+        self.lookup.prepare_tokens(hasher, tokens, history, next_tokens=next_tokens,
+                                   next_history=next_history)
 
     def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         memory = self.lookup.embeddings(self.layer_id, input_ids)
@@ -166,8 +175,11 @@ class CheckpointEngramLayer(nn.Module):
 
 
 def run(model_dir, socket: Optional[str], layer_id: int, steps: Sequence[int],
-        hidden_size: int = 64, seed: int = 0, out=sys.stdout) -> bool:
-    """Feeds a random token stream through both layers step by step; True if bit-identical."""
+        hidden_size: int = 64, seed: int = 0, out=sys.stdout,
+        chunk: Optional[int] = None) -> bool:
+    """Feeds a random token stream through both layers step by step; True if bit-identical.
+    steps[0] is the prompt, prefilled in chunks of `chunk` tokens (None: one chunk); each later
+    entry is a decode step of that many tokens."""
     import engram
     hasher = engram.Hasher(model_dir)
     vocab = hasher.vocab_size
@@ -175,21 +187,31 @@ def run(model_dir, socket: Optional[str], layer_id: int, steps: Sequence[int],
     request_id = 1  # the engine's id of the request, unique among the lookup's requests
     mixer = EngramMixer(hidden_size, heads=hasher.heads_per_layer, seed=seed).eval()
     reference = CheckpointEngramLayer(mixer, read_table(model_dir, layer_id))
+    prompt = rng.integers(0, vocab, size=steps[0])
+    chunk = chunk or steps[0]
+    prefill = [prompt[at:at + chunk] for at in range(0, steps[0], chunk)]
     same = True
-    with engram.EngramLookup([layer_id], hasher.heads_per_layer, max(steps), device="cpu",
-                             socket=socket) as lookup, torch.no_grad():
+    with engram.EngramLookup([layer_id], hasher.heads_per_layer, max([chunk, *steps[1:]]),
+                             device="cpu", socket=socket) as lookup, torch.no_grad():
         layer = EngramdEngramLayer(mixer, lookup, layer_id)
+        # The scheduler admits the request: engramd reads the prompt's rows into its row cache
+        # while the request waits, and pins them there.
+        lookup.admit_tokens(request_id, hasher, prompt)
         history = np.zeros(0, dtype=np.int64)
-        for step, n in enumerate(steps):
-            tokens = rng.integers(0, vocab, size=n)
-            if step == 0:
-                # The scheduler admits the request, whose prompt is this prefill: engramd reads
-                # the prompt's rows into its row cache while it waits, and pins them there.
-                lookup.admit_tokens(request_id, hasher, tokens)
+        decode = list(steps[1:])
+        for step in range(len(prefill) + len(decode)):
+            if step < len(prefill):  # a prefill chunk: its tokens and the next chunk's are known
+                tokens = prefill[step]
+                upcoming = prefill[step + 1] if step + 1 < len(prefill) else None
+            else:  # a decode step: its tokens come from the sampler
+                tokens, upcoming = rng.integers(0, vocab, size=decode[step - len(prefill)]), None
+            n = len(tokens)
             hidden = torch.randn(n, 1, hidden_size, generator=torch.Generator().manual_seed(step))
-            layer.prepare_step(hasher, tokens, history[-3:])
+            # While a prefill chunk computes, engramd reads the next chunk's rows (before the
+            # admission's rows, which wait behind every gather and hint).
+            layer.prepare_step(hasher, tokens, history[-3:], next_tokens=upcoming)
             got = layer(hidden, torch.from_numpy(tokens))
-            if step == 0:
+            if step == len(prefill) - 1:
                 # The prefill has read its rows: unpin them (a cancelled request does the same;
                 # the lookup's close releases whatever is left).
                 lookup.admit_done(request_id)
@@ -210,10 +232,12 @@ def main() -> int:
                                                        "engram-hash.bin)")
     parser.add_argument("--socket", help="engramd's socket")
     parser.add_argument("--layer", type=int, default=14)
-    parser.add_argument("--tokens", type=int, default=64, help="prefill chunk; then 3 decode "
-                                                               "steps of 6 tokens")
+    parser.add_argument("--tokens", type=int, default=64, help="prompt; then 3 decode steps of "
+                                                               "6 tokens")
+    parser.add_argument("--chunk", type=int, default=32, help="prefill chunk")
     args = parser.parse_args()
-    return 0 if run(args.model, args.socket, args.layer, [args.tokens, 6, 6, 6]) else 1
+    return 0 if run(args.model, args.socket, args.layer, [args.tokens, 6, 6, 6],
+                    chunk=args.chunk) else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """python/examples/engram_layer.py: the Engram layer fed by engramd is bit-identical to its
-pure-PyTorch reference reading the same checkpoint, over a prefill chunk and decode steps."""
+pure-PyTorch reference reading the same checkpoint, over prefill chunks and decode steps."""
 
 import io
 import pathlib
@@ -16,12 +16,32 @@ sys.path.insert(0, str(REPO / "python" / "examples"))
 import engram_layer  # noqa: E402
 
 
-def test_example_layer_is_bit_identical_to_its_reference(hash_model, hash_daemon):  # noqa: F811
+def test_example_layer_is_bit_identical_to_its_reference(hash_model, hash_daemon,  # noqa: F811
+                                                         monkeypatch):
+    """A 40-token prompt in chunks of 16, then decode steps; each chunk but the last names the
+    next one (its tokens, and this chunk's last ids as its history), no decode step does."""
+    import engram
+    steps = []
+    prepare_tokens = engram.EngramLookup.prepare_tokens
+
+    def recording(self, hasher, tokens, history=None, **kwargs):
+        steps.append((list(tokens), list(history), kwargs))
+        return prepare_tokens(self, hasher, tokens, history, **kwargs)
+    monkeypatch.setattr(engram.EngramLookup, "prepare_tokens", recording)
     out = io.StringIO()
-    same = engram_layer.run(hash_model[0], hash_daemon.socket, 14, [40, 6, 6, 1], out=out)
+    same = engram_layer.run(hash_model[0], hash_daemon.socket, 14, [40, 6, 6, 1], out=out,
+                            chunk=16)
     lines = out.getvalue().splitlines()
     assert same, out.getvalue()
-    assert len(lines) == 4 and all("bit-identical" in line for line in lines)
+    assert len(lines) == 6 and all("bit-identical" in line for line in lines)
+    assert [len(tokens) for tokens, _, _ in steps] == [16, 16, 8, 6, 6, 1]
+    for at, (_, _, kwargs) in enumerate(steps):
+        if at < 2:
+            tokens, history, _ = steps[at + 1]
+            assert list(kwargs["next_tokens"]) == tokens
+            assert list(kwargs["next_history"]) == history
+        else:
+            assert kwargs["next_tokens"] is None and kwargs["next_history"] is None
 
 
 def test_reference_dequantize_matches_the_package():
@@ -60,6 +80,7 @@ def test_example_runs_as_a_program(hash_model, hash_daemon):  # noqa: F811
                ENGRAM_CLIENT_LIB=os.path.abspath(engram.library_path()))
     run = subprocess.run([sys.executable, str(REPO / "python" / "examples" / "engram_layer.py"),
                           "--model", str(hash_model[0]), "--socket", hash_daemon.socket,
-                          "--tokens", "16"], capture_output=True, text=True, env=env, timeout=120)
+                          "--tokens", "16", "--chunk", "8"], capture_output=True, text=True,
+                         env=env, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("bit-identical") == 4
+    assert run.stdout.count("bit-identical") == 5
