@@ -13,6 +13,8 @@ namespace {
 
 constexpr uint64_t kRateWindowNs = 1'000'000'000;
 
+bool IsGather(int c) { return c <= static_cast<int>(MissClass::kPrefill); }
+
 }  // namespace
 
 const char* MissClassName(MissClass c) {
@@ -41,7 +43,7 @@ MissQueue::MissQueue(const MissQueueOptions& options)
 
 uint32_t MissQueue::PieceReads(MissClass c) const {
   if (c == MissClass::kDecode) return kMaxDecodePiece;
-  return std::max<uint32_t>(1, (depth_ - reserve_) / 3);
+  return std::max<uint32_t>(1, depth_ - reserve_);
 }
 
 bool MissQueue::Fits(int c, uint32_t reads) const {
@@ -54,7 +56,7 @@ bool MissQueue::Fits(int c, uint32_t reads) const {
 
 double MissQueue::RateLocked() const {
   if (rate_measured_) return rate_;
-  return total_busy_ns_ > 0 ? double(completed_) * 1e9 / double(total_busy_ns_) : 0;
+  return total_busy_ns_ > 0 ? double(gather_completed_) * 1e9 / double(total_busy_ns_) : 0;
 }
 
 bool MissQueue::BehindLocked(int c, uint32_t reads) const {
@@ -105,7 +107,10 @@ void MissQueue::GrantLocked(uint64_t now) {
       s.waiting_reads -= w->reads;
       queued_ -= w->reads;
       s.in_flight_reads += w->reads;
-      if (in_flight_ == 0) busy_since_ns_ = now;
+      if (IsGather(c)) {
+        if (gather_in_flight_ == 0) busy_since_ns_ = now;
+        gather_in_flight_ += w->reads;
+      }
       in_flight_ += w->reads;
       s.pieces++;
       s.reads += w->reads;
@@ -183,19 +188,25 @@ void MissQueue::Release(MissClass c, uint32_t reads, bool more) {
   stats_[ci].pending_reads -= std::min<uint64_t>(reads, stats_[ci].pending_reads);
   in_flight_ -= std::min<uint64_t>(reads, in_flight_);
   completed_ += reads;
-  window_completed_ += reads;
-  if (in_flight_ == 0) {
-    window_busy_ns_ += now - busy_since_ns_;
-    total_busy_ns_ += now - busy_since_ns_;
-    busy_since_ns_ = now;
+  if (IsGather(ci)) {
+    // The rate counts gathers' reads only: a prefetch or admission is read by a thread of idle
+    // priority, which may tell of its reads long after the device finished them.
+    if (gather_in_flight_ != 0) {  // the busy stretch up to now, before the reads leave it
+      window_busy_ns_ += now - busy_since_ns_;
+      total_busy_ns_ += now - busy_since_ns_;
+      busy_since_ns_ = now;
+    }
+    gather_in_flight_ -= std::min<uint64_t>(reads, gather_in_flight_);
+    gather_completed_ += reads;
+    window_completed_ += reads;
+    UpdateRateLocked(now);
   }
-  UpdateRateLocked(now);
   GrantLocked(now);
 }
 
 void MissQueue::UpdateRateLocked(uint64_t now) {
   uint64_t busy = window_busy_ns_;
-  if (in_flight_ != 0) {  // the current busy stretch counts up to now
+  if (gather_in_flight_ != 0) {  // the current busy stretch counts up to now
     busy += now - busy_since_ns_;
     window_busy_ns_ = busy;
     total_busy_ns_ += now - busy_since_ns_;

@@ -6,9 +6,9 @@
 // millisecond per model layer, so the current step goes before the next and layer 1 before
 // layer 14 of the same step, and a request's later pieces keep its place. A decode step's
 // misses go to the device at once, as one piece (up to kMaxDecodePiece rows). The other classes'
-// pieces are small, start only while fewer than `depth` reads are in flight, hold at most three
-// quarters of `depth` together (the rest is left to decode steps), and none starts while a
-// higher class waits or reads. So a decode step shares the device with at most those reads
+// pieces start only while fewer than `depth` reads are in flight, hold at most three quarters of
+// `depth` together (the rest is left to decode steps), and none starts while a higher class
+// waits or reads. So a decode step shares the device with at most those reads
 // already there (one device read's time: they were submitted together, at a depth the device
 // serves in parallel), however large the prefill. When the device falls behind (the reads in
 // flight and those the higher classes' requests under way still need, ahead of a new prefetch or
@@ -86,8 +86,10 @@ struct MissQueueStats {
   uint32_t depth = 0;
   std::array<MissClassStats, kMissClasses> classes{};
   uint64_t completed_reads = 0;
-  // Reads completed per second of the time reads were in flight, over the last full second of
-  // such time (before one: since start): the rate the device sustained.
+  // Gathers' reads completed per second of the time gathers' reads were in flight, over the
+  // last full second of such time (before one: since start): the rate the device sustained.
+  // Prefetches' and admissions' reads are not counted: their threads run at idle priority and
+  // may tell of a read long after the device finished it.
   double read_rate_per_s = 0;
   // Reads announced per second of wall time (every miss of a request when it starts, read,
   // dropped or shed alike), over the last full second: what the clients want of the device.
@@ -109,9 +111,10 @@ class MissQueue {
   static constexpr uint32_t kMaxDecodePiece = 4096;
 
   uint32_t depth() const { return depth_; }
-  // The largest piece a class is granted at once: decode steps kMaxDecodePiece, prefill and
-  // prefetch a third of the three quarters of `depth` they may hold together, so that they take
-  // turns in small steps.
+  // The largest piece a class is granted at once: decode steps kMaxDecodePiece, the other
+  // classes the three quarters of `depth` they may hold together, so that one request thread
+  // alone keeps the device at that depth (it has one piece in flight at a time), and several
+  // take turns piece by piece.
   uint32_t PieceReads(MissClass c) const;
   // A request's misses, announced when it starts (ReadMisses does): the backlog and the demand
   // count all of them, not only the piece that waits. Release and Retire take them off.
@@ -172,7 +175,10 @@ class MissQueue {
   uint64_t in_flight_ = 0;
   uint64_t queued_ = 0;
   uint64_t completed_ = 0;
-  // Read rate: busy time (reads in flight) and completions in the current window.
+  // Read rate, of gathers' reads: busy time (a gather's reads in flight) and their completions
+  // in the current window.
+  uint64_t gather_in_flight_ = 0;
+  uint64_t gather_completed_ = 0;
   uint64_t busy_since_ns_ = 0;
   uint64_t window_busy_ns_ = 0;
   uint64_t window_completed_ = 0;

@@ -73,7 +73,7 @@ MissQueueStats DecodeBesidePrefill(uint64_t prefill_pieces) {
   MissQueue q({.depth = 16});
   Device dev;
   const uint32_t piece = q.PieceReads(MissClass::kPrefill);
-  REQUIRE(piece == 4);  // (16 - 4 reserved) / 3
+  REQUIRE(piece == 12);  // 16 - 4 reserved
   // Catch2's assertions are for the test thread: other threads count what went wrong.
   std::atomic<int> refused{0};
   std::thread prefill([&] {
@@ -90,8 +90,8 @@ MissQueueStats DecodeBesidePrefill(uint64_t prefill_pieces) {
   REQUIRE(q.Acquire(MissClass::kDecode, 40));  // at once, on this thread
   const MissQueueStats at_decode = q.Stats();
   const uint64_t prefill_pieces_before = Of(at_decode, MissClass::kPrefill).pieces;
-  // The device completes the prefill's reads; the prefill still waits for the decode step.
-  for (int i = 0; i < 3; ++i) REQUIRE(dev.CompleteOne(q));
+  // The device completes the prefill's piece; the prefill still waits for the decode step.
+  REQUIRE(dev.CompleteOne(q));
   CHECK(Of(q.Stats(), MissClass::kPrefill).pieces == prefill_pieces_before);
   CHECK(Of(q.Stats(), MissClass::kPrefill).waiting_reads == piece);
   q.Release(MissClass::kDecode, 40);
@@ -166,8 +166,8 @@ TEST_CASE("a decode step of several pieces lets no prefill piece in between", "[
 TEST_CASE("prefills go before prefetches", "[miss_queue]") {
   MissQueue q({.depth = 4});
   Device dev;
-  REQUIRE(q.PieceReads(MissClass::kPrefetch) == 1);
-  // The three reads prefill and prefetch may hold together, taken by prefetches.
+  REQUIRE(q.PieceReads(MissClass::kPrefetch) == 3);
+  // The three reads prefill and prefetch may hold together, taken by prefetches one at a time.
   for (int i = 0; i < 3; ++i) {
     REQUIRE(q.Acquire(MissClass::kPrefetch, 1));
     dev.Push(MissClass::kPrefetch, 1);
@@ -283,7 +283,7 @@ struct GrantOrder {
 
 // Fills what prefill, prefetch and admission may hold of a queue of depth 4 (three reads).
 void FillOthersShare(MissQueue& q, Device& dev) {
-  REQUIRE(q.PieceReads(MissClass::kPrefill) == 1);
+  REQUIRE(q.PieceReads(MissClass::kPrefill) == 3);
   for (int i = 0; i < 3; ++i) {
     REQUIRE(q.Acquire(MissClass::kPrefill, 1));
     dev.Push(MissClass::kPrefill, 1);
