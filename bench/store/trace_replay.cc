@@ -52,6 +52,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "base/clock.h"
+#include "bench/common/engramctl_json.h"
 #include "bench/common/engramd_process.h"
 #include "bench/common/stats.h"
 #include "bench/common/token_trace.h"
@@ -197,18 +198,6 @@ engram_session* ReplaySession(const EngramdProcess& daemon, uint64_t max_rows, u
   return session;
 }
 
-json Control(const std::string& socket, const char* command) {
-  const char* env = getenv("ENGRAMCTL");
-  const std::string line = std::string(env != nullptr ? env : "build/tools/engramctl/engramctl") +
-                           " " + command + " --json --socket " + socket;
-  FILE* p = popen(line.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  pclose(p);
-  return json::parse(out, nullptr, false);
-}
-
 uint64_t ProcKb(pid_t pid, const char* key) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(in, line);) {
@@ -341,7 +330,7 @@ int Replay(const Options& o, const std::vector<Step>& steps, const std::string& 
     while (NowNs() - t0 < o.step_gap_us * 1000) usleep(50);
   }
   ret->hwm_kb = std::max(ret->hwm_kb, ProcKb(daemon.pid(), "VmHWM:"));
-  ret->status = Control(daemon.socket(), "status");
+  ret->status = ControlJson(daemon.socket(), "status");
   engram_session_stats stats{.size = sizeof(stats)};
   if (engram_get_session_stats(session, &stats) == 0) ret->rows_in_place = stats.rows_in_place;
   engram_session_close(session);
@@ -415,7 +404,7 @@ int ReplayTwoPhase(const Options& o, const std::vector<Step>& steps, const std::
     ret_fetch->push_back(f);
     while (NowNs() - t0 < o.step_gap_us * 1000) usleep(50);
   }
-  ret->status = Control(daemon.socket(), "status");
+  ret->status = ControlJson(daemon.socket(), "status");
   engram_session_close(session);
   daemon.Stop();
   return 0;
