@@ -68,8 +68,10 @@ bool MissQueue::BehindLocked(int c, uint32_t reads) const {
   // not counted: a large admission on an idle device is work to do, not a sign of overload
   // (the queue's bound limits it).
   uint64_t ahead = in_flight_ + reads;
-  for (int k = 0; k < c; ++k)
-    ahead += stats_[k].pending_reads - std::min(stats_[k].pending_reads, stats_[k].in_flight_reads);
+  for (int k = 0; k < c; ++k) {
+    const MissClassStats& s = stats_[k];
+    ahead += s.pending_reads - std::min(s.pending_reads, s.in_flight_reads);
+  }
   return double(ahead) * 1e9 / rate > double(shed_backlog_ns_);
 }
 

@@ -8,14 +8,13 @@
 // misses go to the device at once, as one piece (up to kMaxDecodePiece rows). The other classes'
 // pieces start only while fewer than `depth` reads are in flight, hold at most three quarters of
 // `depth` together (the rest is left to decode steps), and none starts while a higher class
-// waits or reads. So a decode step shares the device with at most those reads
-// already there (one device read's time: they were submitted together, at a depth the device
-// serves in parallel), however large the prefill. When the device falls behind (the reads in
-// flight and those the higher classes' requests under way still need, ahead of a new prefetch or
-// admission piece, would take longer than `shed_backlog_ns` at its measured rate, or such a
-// piece has waited longer than that), those pieces are shed, counted, and the queue reports how
-// far demand exceeds the device. docs/row-store.md
-// ("Misses").
+// waits or reads. So a decode step shares the device with at most those reads already there
+// (one device read's time: they were submitted together, at a depth the device serves in
+// parallel), however large the prefill. When the device falls behind (the reads in flight and
+// those the higher classes' requests under way still need, ahead of a new prefetch or admission
+// piece, would take longer than `shed_backlog_ns` at its measured rate, or such a piece has
+// waited longer than that), those pieces are shed, counted, and the queue reports how far demand
+// exceeds the device. docs/row-store.md ("Misses").
 //
 //   MissQueue q({.depth = 64});
 //   const uint64_t due = q.Due(table->layer_id());
