@@ -69,6 +69,54 @@ std::vector<uint64_t> PromptRows(std::mt19937_64& rng, uint64_t rows, uint64_t n
   return out;
 }
 
+// The client's session and its arena buffers for a chunk's ids and rows.
+struct Arena {
+  engram_session* s;
+  uint64_t* ids;
+  uint8_t* out;
+};
+
+// Request `k`: admitted when k is odd, then --queue-ms in the queue, then its prefill in
+// chunks, timed into `m`, and released. False (with the reason printed) on an error.
+bool RunRequest(const Options& o, const Arena& a, const std::string& socket, uint64_t k,
+                const std::vector<uint64_t>& rows, Method& m) {
+  const bool admit = k % 2 == 1;
+  uint64_t queued = 0;
+  if (admit && engram_admit(a.s, k, 1, rows.data(), rows.size(), 0, &queued) != 0) {
+    return fprintf(stderr, "engram-admit-bench: admit: %s\n", engram_last_error()), false;
+  }
+  std::this_thread::sleep_for(std::chrono::microseconds(uint64_t(o.queue_ms * 1e3)));
+  const int64_t hits_before = HitRows(socket);
+  const uint64_t t0 = NowNs();
+  for (uint64_t begin = 0; begin < rows.size(); begin += o.chunk_rows) {
+    const uint64_t n = std::min(o.chunk_rows, rows.size() - begin);
+    std::copy(rows.begin() + begin, rows.begin() + begin + n, a.ids);
+    engram_gather_request r{.size = sizeof(r),
+                            .layer = 1,
+                            .flags = ENGRAM_GATHER_VIA_DAEMON,
+                            .rows = a.ids,
+                            .num_rows = n,
+                            .dest = a.out};
+    const uint64_t c0 = NowNs();
+    if (engram_gather(a.s, &r, 60'000'000'000) != 0) {
+      return fprintf(stderr, "engram-admit-bench: gather: %s\n", engram_last_error()), false;
+    }
+    m.chunk_ns.push_back(NowNs() - c0);
+  }
+  m.prefill_ns.push_back(NowNs() - t0);
+  const int64_t hits_after = HitRows(socket);
+  if (hits_before < 0 || hits_after < 0) {
+    return fprintf(stderr, "engram-admit-bench: engramctl status gave no row cache hits\n"), false;
+  }
+  m.rows += rows.size();
+  m.held += uint64_t(hits_after - hits_before);
+  int found = 0;
+  if (admit && engram_admit_done(a.s, k, &found) != 0) {
+    return fprintf(stderr, "engram-admit-bench: admit done: %s\n", engram_last_error()), false;
+  }
+  return true;
+}
+
 void Print(const Method& m, double ratio) {
   printf("  %-13s %8zu %13.1f %13.1f %12.1f %12.1f %9.1f%% %8.2f\n", m.name, m.prefill_ns.size(),
          Quantile(m.prefill_ns, 0.5) / 1e6, Quantile(m.prefill_ns, 0.99) / 1e6,
@@ -133,46 +181,9 @@ int Main(int argc, char** argv) {
   std::mt19937_64 rng(o.seed);
   Method methods[2] = {{.name = "not admitted"}, {.name = "admitted"}};
   for (uint64_t k = 0; k < o.requests; ++k) {
-    Method& m = methods[k % 2];
-    const bool admit = k % 2 == 1;
+    // Every other request admitted, each with rows of its own.
     const std::vector<uint64_t> rows = PromptRows(rng, o.rows, o.prompt_rows);
-    if (admit) {
-      uint64_t queued = 0;
-      if (engram_admit(s, k, 1, rows.data(), rows.size(), 0, &queued) != 0) {
-        return fprintf(stderr, "engram-admit-bench: admit: %s\n", engram_last_error()), 1;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(uint64_t(o.queue_ms * 1e3)));
-    const int64_t hits_before = HitRows(daemon.socket());
-    const uint64_t t0 = NowNs();
-    for (uint64_t begin = 0; begin < rows.size(); begin += o.chunk_rows) {
-      const uint64_t n = std::min(o.chunk_rows, rows.size() - begin);
-      std::copy(rows.begin() + begin, rows.begin() + begin + n, ids);
-      engram_gather_request r{.size = sizeof(r),
-                              .layer = 1,
-                              .flags = ENGRAM_GATHER_VIA_DAEMON,
-                              .rows = ids,
-                              .num_rows = n,
-                              .dest = out};
-      const uint64_t c0 = NowNs();
-      if (engram_gather(s, &r, 60'000'000'000) != 0) {
-        return fprintf(stderr, "engram-admit-bench: gather: %s\n", engram_last_error()), 1;
-      }
-      m.chunk_ns.push_back(NowNs() - c0);
-    }
-    m.prefill_ns.push_back(NowNs() - t0);
-    const int64_t hits_after = HitRows(daemon.socket());
-    if (hits_before < 0 || hits_after < 0) {
-      return fprintf(stderr, "engram-admit-bench: engramctl status gave no row cache hits\n"), 1;
-    }
-    m.rows += rows.size();
-    m.held += uint64_t(hits_after - hits_before);
-    if (admit) {
-      int found = 0;
-      if (engram_admit_done(s, k, &found) != 0) {
-        return fprintf(stderr, "engram-admit-bench: admit done: %s\n", engram_last_error()), 1;
-      }
-    }
+    if (!RunRequest(o, {s, ids, out}, daemon.socket(), k, rows, methods[k % 2])) return 1;
   }
   const double base = Quantile(methods[0].prefill_ns, 0.5);
   printf("  %-13s %8s %13s %13s %12s %12s %10s %8s\n", "method", "prefills", "prefill p50 ms",
