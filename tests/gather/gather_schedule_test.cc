@@ -87,8 +87,8 @@ TEST_CASE("an O_DIRECT batch fans out over direct_max_helpers helpers at most",
       CHECK(FirstMismatch(kSeed, *f.table, rows, out.data()) == -1);
     }
     const TableGatherStats s = StatsOf(*engine);
-    INFO("cap " << cap << ": fanned out " << s.fanout_batches << " of " << s.batches
-                << ", helpers " << s.helper_tasks);
+    INFO("cap " << cap << ": fanned out " << s.fanout_batches << " of " << s.batches << ", helpers "
+                << s.helper_tasks);
     CHECK(s.direct_reads > 0);
     CHECK(s.fanout_batches == 3);  // the work pays for helpers: the cap, not the cost, bounds them
     CHECK(s.helper_tasks == 3 * cap);

@@ -2,9 +2,9 @@
 // rows due first going first within a class, pieces shed when the device is behind, the demand
 // and wait figures it reports, a decode step's wait behind a prefill bounded by the reads already
 // in flight (whatever the prefill's size), the reserve left to decode steps, the queue bound for
-// prefetches, the measured read rate; and ReadMisses through a real engine on a paged table (one page read a row, same-page rows in one
-// read). The test thread plays the device: it completes reads one piece at a time, and waits on
-// the queue's own counters, never on sleeps.
+// prefetches, the measured read rate; and ReadMisses through a real engine on a paged table (one
+// page read a row, same-page rows in one read). The test thread plays the device: it completes
+// reads one piece at a time, and waits on the queue's own counters, never on sleeps.
 #include "gather/miss_queue.h"
 
 #include <algorithm>
@@ -323,8 +323,8 @@ TEST_CASE("within a class, rows due first go first: layer 1 before 14, this step
   // Asked with no due: due when asked, after step 1's layer 14 (14 ms) and before step 2's
   // layer 1 (21 ms).
   g.Queue("step 2 undated", MissClass::kPrefill);
-  CHECK(g.Drain() == std::vector<std::string>{"step 1 layer 1", "step 1 layer 14",
-                                              "step 2 undated", "step 2 layer 1"});
+  CHECK(g.Drain() == std::vector<std::string>{"step 1 layer 1", "step 1 layer 14", "step 2 undated",
+                                              "step 2 layer 1"});
 }
 
 // A queue of depth 4 whose device read 4 rows in its first second of work, a decode step's.
