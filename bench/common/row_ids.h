@@ -60,4 +60,18 @@ inline std::vector<uint64_t> MakeRows(const std::string& dist, size_t n, uint64_
   return out;
 }
 
+// `n` distinct uniform ids over [0, rows) (rows >= n), in random order: a batch of misses.
+inline std::vector<uint64_t> DistinctRows(std::mt19937_64& rng, uint64_t rows, uint64_t n) {
+  std::vector<uint64_t> out;
+  while (out.size() < n) {
+    out.push_back(rng() % rows);
+    if (out.size() == n) {
+      std::sort(out.begin(), out.end());
+      out.erase(std::unique(out.begin(), out.end()), out.end());
+    }
+  }
+  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
 }  // namespace engram::bench

@@ -27,6 +27,7 @@
 #include "base/clock.h"
 #include "bench/common/engramctl_json.h"
 #include "bench/common/engramd_process.h"
+#include "bench/common/row_ids.h"
 #include "bench/common/stats.h"
 #include "engram/engram.h"
 #include "testkit/synthetic.h"
@@ -53,20 +54,6 @@ int64_t HitRows(const std::string& socket) {
   const nlohmann::json s = ControlJson(socket, "status");
   if (s.is_discarded() || !s.contains("store") || !s["store"].contains("cache")) return -1;
   return s["store"]["cache"].value("hits", int64_t{-1});
-}
-
-// `n` distinct random rows of [0, rows).
-std::vector<uint64_t> PromptRows(std::mt19937_64& rng, uint64_t rows, uint64_t n) {
-  std::vector<uint64_t> out;
-  while (out.size() < n) {
-    out.push_back(rng() % rows);
-    if (out.size() == n) {
-      std::sort(out.begin(), out.end());
-      out.erase(std::unique(out.begin(), out.end()), out.end());
-    }
-  }
-  std::shuffle(out.begin(), out.end(), rng);
-  return out;
 }
 
 // The client's session and its arena buffers for a chunk's ids and rows.
@@ -182,7 +169,7 @@ int Main(int argc, char** argv) {
   Method methods[2] = {{.name = "not admitted"}, {.name = "admitted"}};
   for (uint64_t k = 0; k < o.requests; ++k) {
     // Every other request admitted, each with rows of its own.
-    const std::vector<uint64_t> rows = PromptRows(rng, o.rows, o.prompt_rows);
+    const std::vector<uint64_t> rows = DistinctRows(rng, o.rows, o.prompt_rows);
     if (!RunRequest(o, {s, ids, out}, daemon.socket(), k, rows, methods[k % 2])) return 1;
   }
   const double base = Quantile(methods[0].prefill_ns, 0.5);

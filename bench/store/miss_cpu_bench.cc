@@ -31,6 +31,7 @@
 
 #include "CLI/CLI.hpp"
 #include "base/clock.h"
+#include "bench/common/row_ids.h"
 #include "bench/common/stats.h"
 #include "bench/store/paged_cache_store.h"
 #include "gather/gather_engine.h"
@@ -154,16 +155,7 @@ absl::Status SetUp(const Options& o, Bench& b) {
 // `batches` batches of `batch` distinct random rows.
 std::vector<std::vector<uint64_t>> MakeBatches(const Options& o, std::mt19937_64& rng) {
   std::vector<std::vector<uint64_t>> out(o.batches);
-  for (auto& b : out) {
-    while (b.size() < o.batch) {
-      b.push_back(rng() % o.rows);
-      if (b.size() == o.batch) {
-        std::sort(b.begin(), b.end());
-        b.erase(std::unique(b.begin(), b.end()), b.end());
-      }
-    }
-    std::shuffle(b.begin(), b.end(), rng);
-  }
+  for (auto& b : out) b = bench::DistinctRows(rng, o.rows, o.batch);
   return out;
 }
 

@@ -33,6 +33,7 @@
 #include "CLI/CLI.hpp"
 #include "base/clock.h"
 #include "base/metric_sink.h"
+#include "bench/common/row_ids.h"
 #include "bench/common/stats.h"
 #include "bench/store/paged_cache_store.h"
 #include "gather/miss_queue.h"
@@ -41,6 +42,7 @@
 namespace engram {
 namespace {
 
+using bench::DistinctRows;
 using bench::PagedCacheStore;
 using bench::Quantile;
 
@@ -66,20 +68,6 @@ struct PhaseResult {
   uint64_t prefill_rows = 0, admit_rows = 0, admit_fetched = 0, admit_shed = 0;
   double seconds = 0, max_load = 0, max_backlog_s = 0;
 };
-
-// `n` distinct random rows of [0, rows).
-std::vector<uint64_t> RandomRows(std::mt19937_64& rng, uint64_t rows, uint64_t n) {
-  std::vector<uint64_t> out;
-  while (out.size() < n) {
-    out.push_back(rng() % rows);
-    if (out.size() == n) {
-      std::sort(out.begin(), out.end());
-      out.erase(std::unique(out.begin(), out.end()), out.end());
-    }
-  }
-  std::shuffle(out.begin(), out.end(), rng);
-  return out;
-}
 
 class Runner {
  public:
@@ -145,7 +133,7 @@ class Runner {
     const uint64_t end = NowNs() + uint64_t(o_.seconds * 1e9);
     const uint32_t layer = b_.table()->layer_id();
     for (uint64_t next = NowNs(); next < end; next += step_ns) {
-      const std::vector<uint64_t> rows = RandomRows(rng, o_.rows, o_.decode_rows);
+      const std::vector<uint64_t> rows = DistinctRows(rng, o_.rows, o_.decode_rows);
       for (uint64_t row : rows) r.decode_misses += store_->cache()->Contains(layer, row) ? 0 : 1;
       r.decode_rows += rows.size();
       const uint64_t t0 = NowNs();
@@ -168,7 +156,7 @@ class Runner {
     std::mt19937_64 rng(seed);
     std::vector<uint8_t> dest(o_.prefill_rows * kRowBytes);
     while (!stop_) {
-      const std::vector<uint64_t> rows = RandomRows(rng, o_.rows, o_.prefill_rows);
+      const std::vector<uint64_t> rows = DistinctRows(rng, o_.rows, o_.prefill_rows);
       if (absl::Status s = store_->Gather({.table = b_.table(), .rows = rows, .dest = dest.data()});
           !s.ok()) {
         return Fail(s);
@@ -181,7 +169,7 @@ class Runner {
     std::mt19937_64 rng(seed);
     Admissions* admissions = store_->admissions();
     for (uint64_t id = 1; !stop_; ++id) {
-      const std::vector<uint64_t> rows = RandomRows(rng, o_.rows, o_.admit_rows);
+      const std::vector<uint64_t> rows = DistinctRows(rng, o_.rows, o_.admit_rows);
       auto a = admissions->Reserve(/*owner=*/1, id, /*ttl_ns=*/0, rows.size(), NowNs());
       if (!a.ok()) return Fail(a.status());
       PrefetchOutcome outcome;
