@@ -78,7 +78,7 @@ bool MissQueue::BehindLocked(int c, uint32_t reads) const {
 void MissQueue::ShedStaleLocked(uint64_t now) {
   if (shed_backlog_ns_ == 0) return;
   for (int c = static_cast<int>(MissClass::kPrefetch); c < kMissClasses; ++c) {
-    std::set<Waiter*, ByDue>& q = waiting_[c];
+    std::vector<Waiter*>& q = waiting_[c];
     for (auto it = q.begin(); it != q.end();) {
       Waiter* w = *it;
       if (now - std::min(now, w->enqueued_ns) <= shed_backlog_ns_) {
@@ -101,9 +101,9 @@ void MissQueue::GrantLocked(uint64_t now) {
   // the thread asking (the prefetcher's) goes on to newer work.
   ShedStaleLocked(now);
   for (int c = 0; c < kMissClasses; ++c) {
-    std::set<Waiter*, ByDue>& q = waiting_[c];
-    while (!q.empty() && Fits(c, (*q.begin())->reads)) {
-      Waiter* w = *q.begin();
+    std::vector<Waiter*>& q = waiting_[c];
+    while (!q.empty() && Fits(c, q.front()->reads)) {
+      Waiter* w = q.front();
       q.erase(q.begin());
       MissClassStats& s = stats_[c];
       s.waiting_reads -= w->reads;
@@ -172,7 +172,10 @@ bool MissQueue::Acquire(MissClass c, uint32_t reads, uint64_t due) {
   w.due = due != 0 ? due : w.enqueued_ns;
   w.seq = next_seq_++;
   w.completed_at_enqueue = completed_;
-  waiting_[ci].insert(&w);
+  // In due order (a few waiters a class: request threads bound them); no allocation once the
+  // vector has grown, unlike a tree's node a piece.
+  std::vector<Waiter*>& q = waiting_[ci];
+  q.insert(std::upper_bound(q.begin(), q.end(), &w, ByDue{}), &w);
   stats_[ci].waiting_reads += reads;
   queued_ += reads;
   GrantLocked(w.enqueued_ns);

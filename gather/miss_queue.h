@@ -28,7 +28,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
-#include <set>
 #include <span>
 #include <vector>
 
@@ -167,7 +166,8 @@ class MissQueue {
   const uint64_t layer_spacing_ns_;
   uint64_t (*const clock_)();
   mutable std::mutex mu_;
-  std::array<std::set<Waiter*, ByDue>, kMissClasses> waiting_;
+  // Each class's waiting pieces, sorted by ByDue.
+  std::array<std::vector<Waiter*>, kMissClasses> waiting_;
   uint64_t next_seq_ = 0;
   std::array<MissClassStats, kMissClasses> stats_{};
   std::array<uint32_t, kMissClasses> promised_{};  // Release(more) not yet followed by Acquire
