@@ -11,9 +11,11 @@
 #   ENGRAM_VM_LIMIT         seconds after which the whole VM is stopped (default 10800)
 #   ENGRAM_VM_TESTS         only these tests (names separated by spaces)
 #   ENGRAM_VM_BUILD=0       run the arm64 build as it is (its targets already built)
+#   ENGRAM_VM_KERNEL        the kernel's Debian package: linux-image-arm64 (default: 4 KiB pages)
+#                           or linux-image-6.12-arm64-16k (16 KiB pages, from bookworm-security)
 # Everything comes from Debian: qemu-system-arm and cpio (installed here if missing), and the
 # arm64 packages linux-image-*-arm64, busybox-static, bash, libtinfo6 and coreutils (apt-get
-# download, kept in BUILD-arm64/vm/debs). The guest boots an initramfs holding busybox, bash,
+# download, kept in BUILD-arm64/vm/debs, the kernel's in a folder named after its package). The guest boots an initramfs holding busybox, bash,
 # coreutils' timeout, the arm64 runtime libraries of the multiarch install (tools/setup.sh
 # --arch arm64) and the kernel modules it needs; an ext4 disk holds the tree (at its own path)
 # and /tmp (O_DIRECT and RWF_NOWAIT reads need a real file system), and the results come back
@@ -26,6 +28,7 @@ armdir=${ENGRAM_BUILD_DIR:-build}-arm64
 vm=$armdir/vm
 suites=(table gather hash daemon store ops gpu)
 multiplier=${ENGRAM_VM_TIMEOUT_MULTIPLIER:-10}
+kernel_package=${ENGRAM_VM_KERNEL:-linux-image-arm64}
 
 install_host_tools() {
   local missing=()
@@ -52,17 +55,19 @@ build_arm64() {
   ninja -C "$armdir" "${targets[@]}"
 }
 
-# Debian's arm64 kernel (the version linux-image-arm64 depends on), busybox, bash.
+# Debian's arm64 kernel (the version $kernel_package depends on), busybox, bash.
 download_packages() {
-  mkdir -p "$vm/debs"
+  mkdir -p "$vm/debs/$kernel_package"
   (
-    cd "$vm/debs"
-    [[ -n $(ls linux-image-arm64_*.deb 2>/dev/null) ]] ||
-      apt-get download linux-image-arm64:arm64
+    cd "$vm/debs/$kernel_package"
+    [[ -n $(ls "${kernel_package}"_*.deb 2>/dev/null) ]] ||
+      apt-get download "$kernel_package:arm64"
     local kernel
-    kernel=$(dpkg-deb -f linux-image-arm64_*.deb Depends | sed 's/ .*//')
+    kernel=$(dpkg-deb -f "${kernel_package}"_*.deb Depends | sed 's/[ ,].*//')
+    [[ -n $(ls "${kernel}"_*.deb 2>/dev/null) ]] || apt-get download "$kernel:arm64"
+    cd ..
     local pkg
-    for pkg in "$kernel" busybox-static bash libtinfo6 coreutils; do
+    for pkg in busybox-static bash libtinfo6 coreutils; do
       [[ -n $(ls "${pkg}"_*.deb 2>/dev/null) ]] || apt-get download "$pkg:arm64"
     done
   ) 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
@@ -108,6 +113,8 @@ mount -t tmpfs -o mode=1777,size=90% shm /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=0755 run /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# Surplus huge pages on demand, as the package's sysctl file allows (resident tables use them).
+echo 64 > /proc/sys/vm/nr_overcommit_hugepages
 for m in \$(cat /modules.order); do insmod /lib/modules/$kernel_version/\$m; done
 ip link set lo up
 mkdir -p /mnt/disk $repo /results
@@ -143,6 +150,9 @@ make_initramfs() {
   dpkg-deb -x "$vm"/debs/bash_*.deb "$root"
   dpkg-deb -x "$vm"/debs/libtinfo6_*.deb "$root"
   ln -sf /bin/bash "$root/usr/bin/bash"
+  # /bin/sh (popen, system) finds programs in PATH, as Debian's does: busybox's shell runs its
+  # own applets first, and its timeout refuses --preserve-status with a usage error (exit 1).
+  ln -sf bash "$root/bin/sh"
   mkdir -p "$root/var" "$root/run"
   ln -s ../tmp "$root/var/tmp"
   ln -sf /bin/env "$root/usr/bin/env"
@@ -162,11 +172,15 @@ make_initramfs() {
     > "$root/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' > "$root/etc/group"
   local moddir=$vm/kernel/lib/modules/$kernel_version m
-  module_order "$moddir" > "$root/modules.order"
+  # Compressed modules (6.12's .ko.xz) go in uncompressed: busybox's insmod loads them as read.
   while read -r m; do
     mkdir -p "$root/lib/modules/$kernel_version/$(dirname "$m")"
-    cp "$moddir/$m" "$root/lib/modules/$kernel_version/$m"
-  done < "$root/modules.order"
+    case $m in
+      *.xz) xz -dc "$moddir/$m" > "$root/lib/modules/$kernel_version/${m%.xz}"; m=${m%.xz} ;;
+      *) cp "$moddir/$m" "$root/lib/modules/$kernel_version/$m" ;;
+    esac
+    echo "$m"
+  done < <(module_order "$moddir") > "$root/modules.order"
   /usr/bin/python3 tools/arm64_vm.py runner "$armdir" "$multiplier" "${suites[@]}" \
     > "$root/runner.sh"
   write_init "$root"
@@ -196,7 +210,7 @@ stage_disk() {
 
 unpack_kernel() {
   rm -rf "$vm/kernel" && mkdir -p "$vm/kernel"
-  dpkg-deb -x "$vm"/debs/linux-image-[0-9]*.deb "$vm/kernel"
+  dpkg-deb -x "$vm/debs/$kernel_package"/linux-image-[0-9]*.deb "$vm/kernel"
   kernel_version=$(ls "$vm/kernel/lib/modules")
   # The package leaves modules.dep to the installing machine's depmod.
   depmod -b "$vm/kernel" "$kernel_version"

@@ -213,8 +213,20 @@ TEST_CASE("engramctl global options go before or after the subcommand") {
   CHECK(r.err.find("--socket") != std::string::npos);
 }
 
+// A `timeout` prefix that lets a watching engramctl run `seconds` after it has started and
+// answered once: the start is timed on this machine (an emulated one starts a program in
+// seconds).
+std::string WatchFor(double seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(Sh(Ctl("status")).code == 0);
+  const double one_call =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return absl::StrFormat("timeout --preserve-status -s INT %.2f ", seconds + 2 * one_call);
+}
+
 TEST_CASE("engramctl status --watch repeats with an interval") {
-  Result r = Sh("timeout --preserve-status -s INT 1.4 " + Ctl("status --json -i 0.3"));
+  Result r = Sh(WatchFor(1.4) + Ctl("status --json -i 0.3"));
+  INFO(r.err);
   CHECK(r.code == 0);
   std::istringstream lines(r.out);
   std::string line;
@@ -452,6 +464,18 @@ void WaitForSessionsAtMost(uint64_t n) {
   FAIL("the daemon still serves " << now << " sessions after 30 s, expected at most " << n);
 }
 
+// Sessions a case opened, closed when it ends, failed checks included: one left open would count
+// against limits.max_clients in the cases after it.
+struct OpenSessions {
+  std::vector<engram_session*> all;
+  OpenSessions() = default;
+  OpenSessions(const OpenSessions&) = delete;
+  OpenSessions& operator=(const OpenSessions&) = delete;
+  ~OpenSessions() {
+    for (engram_session* s : all) engram_session_close(s);
+  }
+};
+
 // A session named `name` (at most 31 bytes), left open.
 engram_session* Open(const std::string& name) {
   engram_connect_options o = F().daemon->Options();
@@ -493,10 +517,11 @@ TEST_CASE("engramctl stats --watch fits a 24-row terminal, busiest sessions firs
   // One name for all: the metrics give each client name its own series, up to a cap, and the
   // shared daemon's later cases count on names of their own getting theirs.
   WaitForSessionsAtMost(1);
-  std::vector<engram_session*> idle;
-  for (int i = 0; i < 24; ++i) idle.push_back(Open("idle"));
-  engram_session* busy = GatherSome(300);
-  Result r = Sh("timeout --preserve-status -s INT 1.5 " + Ctl("stats -i 0.3"));
+  OpenSessions sessions;
+  for (int i = 0; i < 24; ++i) sessions.all.push_back(Open("idle"));
+  sessions.all.push_back(GatherSome(300));
+  Result r = Sh(WatchFor(1.5) + Ctl("stats -i 0.3"));
+  INFO(r.err);
   CHECK(r.code == 0);
   CHECK(WiderThan(r.out, 80).empty());
   // Frames follow one another (stdout is no terminal): each starts with the title.
@@ -525,8 +550,6 @@ TEST_CASE("engramctl stats --watch fits a 24-row terminal, busiest sessions firs
     CHECK((header + 1)->find("ops-test") != std::string::npos);
   }
   CHECK(frames[0][2].find(" - ") != std::string::npos);  // no rates before a second reply
-  engram_session_close(busy);
-  for (engram_session* s : idle) engram_session_close(s);
 }
 
 // The counters of engram/session_stats.h as the daemon reports them: every entry but those the
@@ -960,7 +983,7 @@ TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
   // 24 client names' histograms and counters, with long names, make the exposition longer than
   // one message.
   WaitForSessionsAtMost(1);
-  std::vector<engram_session*> sessions;
+  OpenSessions sessions;
   for (int i = 0; i < 24; ++i) {
     engram_connect_options o = F().daemon->Options();
     const std::string name = absl::StrFormat("bulk-%02d-%s", i, std::string(22, 'x'));
@@ -969,7 +992,7 @@ TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
     const int rc = engram_session_open(&o, &s);
     INFO("session " << i << ": " << engram_last_error());
     REQUIRE(rc == 0);
-    sessions.push_back(s);
+    sessions.all.push_back(s);
   }
   Result r = Sh(Ctl("metrics"));
   REQUIRE(r.code == 0);
@@ -985,7 +1008,6 @@ TEST_CASE("a reply too long for one message comes in a sealed memfd, whole") {
     CHECK(seen);
   }
   CHECK(m.samples.at("engram_up") == 1);
-  for (engram_session* s : sessions) engram_session_close(s);
 }
 
 TEST_CASE("SIGHUP applies what can change live and says what needs a restart") {

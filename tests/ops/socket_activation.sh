@@ -6,7 +6,7 @@
 # Usage: socket_activation.sh ENGRAMD ENGRAMCTL ENGRAM_SYNTH
 set -uo pipefail
 engramd=$1 engramctl=$2 synth=$3
-activate=$(command -v systemd-socket-activate) || { echo "systemd-socket-activate not installed"; exit 77; }
+activate=$(command -v systemd-socket-activate) || { echo "SKIP: systemd-socket-activate is not installed"; exit 77; }
 work=$(mktemp -d /tmp/engram-sockact-XXXXXX)
 pid=
 cleanup() { [[ -n "$pid" ]] && kill -9 "$pid" 2>/dev/null; rm -rf "$work"; }

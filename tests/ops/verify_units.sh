@@ -4,7 +4,7 @@
 # with a misspelt key must be reported, so that a silent verifier cannot pass this test.
 set -u
 service=$1 socket=$2 engramd=$3
-command -v systemd-analyze >/dev/null || { echo "systemd-analyze is not installed"; exit 77; }
+command -v systemd-analyze >/dev/null || { echo "SKIP: systemd-analyze is not installed"; exit 77; }
 dir=$(mktemp -d /tmp/engramd-units-XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 sed -E "s|^ExecStart=[^ ]+/engramd |ExecStart=$engramd |" "$service" > "$dir/engramd.service"
