@@ -169,12 +169,11 @@ absl::StatusOr<BoundSocket> BindClientSocket(const ServerConfig& config) {
     return absl::FailedPreconditionError(
         absl::StrFormat("cannot bind '%s': %s", path, strerror(errno)));
   }
-  if (absl::Status s = out.claim->Bound(); !s.ok()) return s;
+  if (absl::Status s = out.claim->Bound(out.fd.get()); !s.ok()) return s;
   if (absl::Status s = SetSocketAccess(path, config.socket_mode, config.socket_group, *gid);
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = out.claim->Bound(); !s.ok()) return s;  // its mode changed its ctime
   if (listen(out.fd.get(), 128) < 0) {
     return absl::InternalError(absl::StrFormat("listen on '%s': %s", path, strerror(errno)));
   }

@@ -142,31 +142,39 @@ absl::StatusOr<std::unique_ptr<SocketClaim>> SocketClaim::Take(const std::string
   return claim;
 }
 
-absl::Status SocketClaim::Bound() {
+absl::Status SocketClaim::Bound(int socket_fd) {
   struct stat st;
   if (lstat(socket_path_.c_str(), &st) != 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot read back the socket bound at '%s': %s", socket_path_, strerror(errno)));
   }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("'%s' is no socket right after engramd bound it", socket_path_));
+  }
+  socket_.Reset(fcntl(socket_fd, F_DUPFD_CLOEXEC, 0));
+  if (!socket_.valid()) {
+    return absl::InternalError(absl::StrFormat("cannot keep the socket bound at '%s': %s",
+                                               socket_path_, strerror(errno)));
+  }
   dev_ = st.st_dev;
   ino_ = st.st_ino;
-  ctime_ = st.st_ctim;
-  bound_ = true;
   return absl::OkStatus();
 }
 
 SocketClaim::~SocketClaim() {
   // Still locked: no other engramd can have replaced the path since the check, so the path
-  // removed is the socket this daemon bound. A path someone else put there (an engramd that
-  // does not take the lock, an operator) stays: its inode number may be the one this socket
-  // had (a freed inode is reused), but not also its change time.
+  // removed is the socket this daemon bound. A file someone else put there (an engramd that
+  // does not take the lock, an operator) stays: the socket still open holds this one's inode,
+  // so the other's has another number, even on a file system that reuses a freed inode at once
+  // and stamps both within one clock tick. The socket closes only after the comparison.
   struct stat st;
-  if (bound_ && lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
-      st.st_dev == dev_ && st.st_ino == ino_ && st.st_ctim.tv_sec == ctime_.tv_sec &&
-      st.st_ctim.tv_nsec == ctime_.tv_nsec) {
+  if (socket_.valid() && lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+      st.st_dev == dev_ && st.st_ino == ino_) {
     unlink(socket_path_.c_str());
   }
-  // The lock goes with the descriptor.
+  socket_.Reset();
+  // The lock goes with its descriptor.
 }
 
 }  // namespace engram

@@ -1,19 +1,19 @@
 // SocketClaim: engramd's hold on the path of the client socket it binds, from before the path is
-// checked until after it is removed: an exclusive lock on "<socket>.lock" (flock) and the
-// identity (st_dev, st_ino, st_ctim) of the socket file it bound. A stopping engramd removes the
-// path only while it still names that socket, and another engramd cannot clear or bind the path
-// while the lock is held, so a restart (the old daemon stopping while the new one starts) never
-// loses the new daemon's socket. Not taken for a socket systemd passed: engramd never removes
-// that path.
+// checked until after it is removed: an exclusive lock on "<socket>.lock" (flock), the identity
+// (st_dev, st_ino) of the socket file it bound and a descriptor of the bound socket, which keeps
+// that file's inode allocated (a bound socket holds its path's inode), so that no other file can
+// have its number until the claim is released. A stopping engramd removes the path only while it
+// still names that socket, and another engramd cannot clear or bind the path while the lock is
+// held, so a restart (the old daemon stopping while the new one starts) never loses the new
+// daemon's socket. Not taken for a socket systemd passed: engramd never removes that path.
 //
 //   auto claim = engram::SocketClaim::Take(path, wait_ns);  // waits for a stopping engramd
 //   ... clear a stale socket, bind(path) ...
-//   (*claim)->Bound();
+//   (*claim)->Bound(fd);
 //   claim->reset();  // removes `path` if it is still the socket bound, then unlocks
 #pragma once
 
 #include <sys/types.h>
-#include <time.h>
 
 #include <cstdint>
 #include <memory>
@@ -46,10 +46,11 @@ class SocketClaim {
   // Removes the socket path if it still names the socket Bound() recorded, then unlocks.
   ~SocketClaim();
 
-  // Records the identity (device, inode, change time) of the socket file just bound at the
-  // path; again after a change of its mode or owner, which changes its change time.
-  // FailedPrecondition when the path cannot be read back.
-  absl::Status Bound();
+  // Records the identity (device, inode) of the socket file `socket_fd` was just bound at, and
+  // keeps a duplicate of `socket_fd` until the claim goes: while a socket bound to the file is
+  // open, a freed inode number cannot be reused for a file put at the path since.
+  // FailedPrecondition when the path cannot be read back or is no socket.
+  absl::Status Bound(int socket_fd);
   const std::string& lock_path() const { return lock_path_; }
 
   // Whether a Unix socket at `socket_path` accepts a connection (an engramd serves there).
@@ -61,10 +62,9 @@ class SocketClaim {
   std::string socket_path_;
   std::string lock_path_;
   UniqueFd lock_fd_;
-  bool bound_ = false;
+  UniqueFd socket_;  // the bound socket, keeping the file's inode allocated
   dev_t dev_ = 0;
   ino_t ino_ = 0;
-  timespec ctime_ = {};
 };
 
 }  // namespace engram
