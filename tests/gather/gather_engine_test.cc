@@ -69,9 +69,9 @@ Fixture& Files() {
 std::unique_ptr<Table> Open(const std::string& path) { return RequireTable(path, kLayer); }
 
 // Rows far enough apart that no two share a page or get merged.
-std::vector<uint64_t> SpreadRows(size_t n, uint64_t first = 3) {
+std::vector<uint64_t> SpreadRows(size_t n, uint64_t first = 3, uint64_t step = 97) {
   std::vector<uint64_t> rows;
-  for (size_t i = 0; i < n; ++i) rows.push_back((first + i * 97) % kRows);
+  for (size_t i = 0; i < n; ++i) rows.push_back((first + i * step) % kRows);
   return rows;
 }
 
@@ -225,15 +225,18 @@ TEST_CASE("forced path: one row's page evicted goes to the residue, nothing else
           "[gather][paths][nowait][pagecache]") {
   auto table = Open(Files().packed);
   Warm(*table);
-  const auto rows = SpreadRows(100);
+  // Rows more than two kernel pages apart, so that evicting one row's pages evicts no other's.
+  const uint64_t page = KernelPageBytes();
+  const uint64_t step = std::max<uint64_t>(97, 2 * page / kRowBytes + 1);
+  const auto rows = SpreadRows(std::min<uint64_t>(100, kRows / step), 3, step);
   bool evicted = false;
   const auto s = OnWarmTable(*table, 1, [&] {
     auto engine = RequireEngine({.workers = 1, .nowait_pass = NowaitPass::kSerial});
     REQUIRE(engine->AddTable(table.get(), {}).ok());
-    // Evict the page range holding row 50 of the batch (and nothing else of the batch).
+    // Evict the kernel pages holding row 50 of the batch (and nothing else of the batch).
     const RowPart& p = table->parts()[0];
     const uint64_t off = p.FileOffset(rows[50]);
-    const uint64_t first = off & ~4095ull, end = (off + kRowBytes + 4095) & ~4095ull;
+    const uint64_t first = off / page * page, end = (off + kRowBytes + page - 1) / page * page;
     const TableFile& file = table->files()[0];
     posix_fadvise(file.fd, first, end - first, POSIX_FADV_DONTNEED);
     // DONTNEED cannot split a large folio that also holds other rows: check what it evicted.
@@ -242,7 +245,7 @@ TEST_CASE("forced path: one row's page evicted goes to the residue, nothing else
     unsigned char vec[2] = {1, 1};
     REQUIRE(mincore(static_cast<uint8_t*>(map) + first, end - first, vec) == 0);
     munmap(map, file.size);
-    evicted = !(vec[0] & 1) || (end - first > 4096 && !(vec[1] & 1));
+    evicted = !(vec[0] & 1) || (end - first > page && !(vec[1] & 1));
     std::vector<uint8_t> out;
     REQUIRE(GatherInto(*engine, *table, rows, out).ok());
     CHECK(FirstMismatch(kSeed, *table, rows, out.data()) == -1);
@@ -347,17 +350,18 @@ TEST_CASE("forced path: a row straddling a resident page and an evicted one read
   // large folio that DONTNEED cannot split, so several rows are tried.
   void* map = mmap(nullptr, file.size, PROT_READ, MAP_SHARED, file.fd, 0);
   REQUIRE(map != MAP_FAILED);
+  const uint64_t page = KernelPageBytes();
   uint64_t row = 100;
   bool staged = false;
   for (int tries = 0; tries < 200 && !staged; ++tries) {
     if (tries > 0) row += 61;
-    while ((p.FileOffset(row) % 4096) + kRowBytes <= 4096) ++row;
-    const uint64_t first_page = p.FileOffset(row) / 4096 * 4096;
+    while ((p.FileOffset(row) % page) + kRowBytes <= page) ++row;
+    const uint64_t first_page = p.FileOffset(row) / page * page;
     uint8_t buf[kRowBytes];
     REQUIRE(pread(file.fd, buf, kRowBytes, p.FileOffset(row)) == kRowBytes);
-    posix_fadvise(file.fd, first_page + 4096, 4096, POSIX_FADV_DONTNEED);
+    posix_fadvise(file.fd, first_page + page, page, POSIX_FADV_DONTNEED);
     unsigned char vec[2] = {0, 0};
-    REQUIRE(mincore(static_cast<uint8_t*>(map) + first_page, 8192, vec) == 0);
+    REQUIRE(mincore(static_cast<uint8_t*>(map) + first_page, 2 * page, vec) == 0);
     staged = (vec[0] & 1) && !(vec[1] & 1);
   }
   munmap(map, file.size);

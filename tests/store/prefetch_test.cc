@@ -341,13 +341,19 @@ TEST_CASE("prefetched rows of a table served from storage end up in the page cac
   bool resident = false;
   for (int i = 0; i < 500 && !(resident = all_resident(true)); ++i) usleep(10000);
   CHECK(resident);
+  // Each row counts once. A row whose pages the prefetch's own RWF_NOWAIT probe started reading
+  // counts as held when the read completed before the probe returned (a fast device; more
+  // often where a larger page holds another row's part already read ahead): most, not all,
+  // are fetched.
   json t = TableStats(d, 14);
-  CHECK(U(t, "prefetch_fetched_rows") == rows.size());
+  CHECK(U(t, "prefetch_fetched_rows") + U(t, "prefetch_held_rows") == rows.size());
+  CHECK(U(t, "prefetch_fetched_rows") >= rows.size() / 2);
+  const uint64_t held_before = U(t, "prefetch_held_rows");
   // Now they are resident: prefetching them again finds them held.
   REQUIRE(engram_prefetch(c.s, 14, rows.data(), rows.size(), 0, &queued) == 0);
   WaitPrefetched(d);
   t = TableStats(d, 14);
-  CHECK(U(t, "prefetch_held_rows") == rows.size());
+  CHECK(U(t, "prefetch_held_rows") - held_before == rows.size());
   c.GatherChecked(14, rows);
 }
 

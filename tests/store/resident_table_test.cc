@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/page_size.h"
 #include "testkit/table_test_util.h"
 #include "tables/pack.h"
 #include "testkit/synthetic.h"
@@ -215,7 +216,7 @@ TEST_CASE("a resident table takes its bytes from the budget and gives them back"
     REQUIRE(rt.ok());
     REQUIRE(budget.used() == (*rt)->bytes());
     REQUIRE((*rt)->bytes() >= kRows * kRowBytes);
-    REQUIRE((*rt)->bytes() < kRows * kRowBytes + 4096);
+    REQUIRE((*rt)->bytes() < kRows * kRowBytes + KernelPageBytes());
   }
   REQUIRE(budget.used() == 0);
 }
