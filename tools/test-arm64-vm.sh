@@ -55,6 +55,11 @@ build_arm64() {
   ninja -C "$armdir" "${targets[@]}"
 }
 
+# The kernel's own package, the one $kernel_package (a meta-package) depends on.
+kernel_image() {
+  dpkg-deb -f "$repo/$vm/debs/$kernel_package/${kernel_package}"_*.deb Depends | sed 's/[ ,].*//'
+}
+
 # Debian's arm64 kernel (the version $kernel_package depends on), busybox, bash.
 download_packages() {
   mkdir -p "$vm/debs/$kernel_package"
@@ -63,7 +68,7 @@ download_packages() {
     [[ -n $(ls "${kernel_package}"_*.deb 2>/dev/null) ]] ||
       apt-get download "$kernel_package:arm64"
     local kernel
-    kernel=$(dpkg-deb -f "${kernel_package}"_*.deb Depends | sed 's/[ ,].*//')
+    kernel=$(kernel_image)
     [[ -n $(ls "${kernel}"_*.deb 2>/dev/null) ]] || apt-get download "$kernel:arm64"
     cd ..
     local pkg
@@ -210,7 +215,7 @@ stage_disk() {
 
 unpack_kernel() {
   rm -rf "$vm/kernel" && mkdir -p "$vm/kernel"
-  dpkg-deb -x "$vm/debs/$kernel_package"/linux-image-[0-9]*.deb "$vm/kernel"
+  dpkg-deb -x "$vm/debs/$kernel_package/$(kernel_image)"_*.deb "$vm/kernel"
   kernel_version=$(ls "$vm/kernel/lib/modules")
   # The package leaves modules.dep to the installing machine's depmod.
   depmod -b "$vm/kernel" "$kernel_version"

@@ -145,7 +145,7 @@ TEST_CASE("a filesystem that refuses O_DIRECT loads with buffered reads and a no
                   : -1;
   if (probe >= 0 || !std::filesystem::is_directory(shm)) {
     if (probe >= 0) ::close(probe);
-    std::fprintf(stderr, "/dev/shm %s: the buffered fallback cannot be exercised here, skipping\n",
+    std::fprintf(stderr, "SKIP: /dev/shm %s: the buffered fallback cannot be exercised here\n",
                  probe >= 0 ? "takes O_DIRECT (tmpfs, Linux 6.6+)" : "does not exist");
     std::exit(77);
   }
