@@ -154,8 +154,8 @@ absl::Status SocketClaim::Bound(int socket_fd) {
   }
   socket_.Reset(fcntl(socket_fd, F_DUPFD_CLOEXEC, 0));
   if (!socket_.valid()) {
-    return absl::InternalError(absl::StrFormat("cannot keep the socket bound at '%s': %s",
-                                               socket_path_, strerror(errno)));
+    return absl::InternalError(
+        absl::StrFormat("cannot keep the socket bound at '%s': %s", socket_path_, strerror(errno)));
   }
   dev_ = st.st_dev;
   ino_ = st.st_ino;

@@ -93,8 +93,8 @@ std::vector<uint64_t> SpreadRows(size_t n, uint64_t first) {
 uint64_t PlannedReads(const Table& table, const std::vector<uint64_t>& rows) {
   std::vector<uint8_t> dest(rows.size() * kRowBytes);
   GatherPlan plan;
-  REQUIRE(GatherPlanner(PlannerOptions{}).Plan({.table = &table, .rows = rows, .dest = dest.data()},
-                                               &plan)
+  REQUIRE(GatherPlanner(PlannerOptions{})
+              .Plan({.table = &table, .rows = rows, .dest = dest.data()}, &plan)
               .ok());
   return plan.reads.size();
 }
