@@ -15,11 +15,11 @@
 #                           or linux-image-6.12-arm64-16k (16 KiB pages, from bookworm-security)
 # Everything comes from Debian: qemu-system-arm and cpio (installed here if missing), and the
 # arm64 packages linux-image-*-arm64, busybox-static, bash, libtinfo6 and coreutils (apt-get
-# download, kept in BUILD-arm64/vm/debs, the kernel's in a folder named after its package). The guest boots an initramfs holding busybox, bash,
-# coreutils' timeout, the arm64 runtime libraries of the multiarch install (tools/setup.sh
-# --arch arm64) and the kernel modules it needs; an ext4 disk holds the tree (at its own path)
-# and /tmp (O_DIRECT and RWF_NOWAIT reads need a real file system), and the results come back
-# over a 9p share. Ends with "N passed, N failed, N skipped"; exits 1 if a test failed.
+# download, kept in BUILD-arm64/vm/debs, the kernel's in a folder named after its package). The
+# guest boots an initramfs holding busybox, bash (also as /bin/sh), coreutils' timeout, the
+# arm64 runtime libraries of the multiarch install (tools/setup.sh --arch arm64) and the kernel
+# modules it needs; an ext4 disk holds the tree (at its own path) and /tmp (O_DIRECT and
+# RWF_NOWAIT reads need a real file system), and the results come back over a 9p share. Ends with "N passed, N failed, N skipped"; exits 1 if a test failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
