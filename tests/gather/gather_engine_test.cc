@@ -68,7 +68,8 @@ Fixture& Files() {
 
 std::unique_ptr<Table> Open(const std::string& path) { return RequireTable(path, kLayer); }
 
-// Rows far enough apart that no two share a page or get merged.
+// Rows `step` apart: by default 97 (25,608 bytes), so that no two share a page of up to 16 KiB or
+// get merged.
 std::vector<uint64_t> SpreadRows(size_t n, uint64_t first = 3, uint64_t step = 97) {
   std::vector<uint64_t> rows;
   for (size_t i = 0; i < n; ++i) rows.push_back((first + i * step) % kRows);
