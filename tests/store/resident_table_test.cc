@@ -12,16 +12,16 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
-#include <future>
-#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <thread>
 
 #include "base/page_size.h"
-#include "testkit/table_test_util.h"
 #include "tables/pack.h"
 #include "testkit/synthetic.h"
+#include "testkit/table_test_util.h"
 
 namespace engram {
 namespace {
@@ -265,8 +265,8 @@ TEST_CASE("a shard replaced (mv) before the load refuses the table", "[resident]
   REQUIRE(rt.ok());
   // A valid shard with other rows takes the validated one's name.
   TempDir other;
-  REQUIRE(WriteSyntheticCheckpoint({.out_dir = other.path(), .rows = kRows, .seed = kSeed + 1})
-              .ok());
+  REQUIRE(
+      WriteSyntheticCheckpoint({.out_dir = other.path(), .rows = kRows, .seed = kSeed + 1}).ok());
   REQUIRE(::rename(Shard(other.path(), 14).c_str(), Shard(dir.path(), 14).c_str()) == 0);
   const absl::Status s = (*rt)->Load(nullptr, nullptr);
   ExpectRefused(**rt, s, Shard(dir.path(), 14), "was replaced");
@@ -306,8 +306,9 @@ TEST_CASE("a FIFO in place of a shard fails the load at once, naming it", "[resi
   // On a thread of its own: a loader that opens the path would wait for a writer for good.
   auto done = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> result = done->get_future();
-  std::thread([done, table = rt->get()] { done->set_value(table->Load(nullptr, nullptr)); })
-      .detach();
+  std::thread([done, table = rt->get()] {
+    done->set_value(table->Load(nullptr, nullptr));
+  }).detach();
   REQUIRE(result.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   ExpectRefused(**rt, result.get(), shard, "a FIFO");
 }
@@ -317,8 +318,8 @@ TEST_CASE("the rate limit holds across cancelled and resumed loads", "[resident]
   auto tables = Synth(dir.path());
   constexpr uint64_t kChunk = 1024;
   constexpr uint64_t kRate = 2'000'000;  // bytes a second: a chunk is due every 135 ms
-  auto rt = ResidentTable::Create(*tables[1], nullptr,
-                                  {.chunk_rows = kChunk, .rate_bytes_per_s = kRate});
+  auto rt =
+      ResidentTable::Create(*tables[1], nullptr, {.chunk_rows = kChunk, .rate_bytes_per_s = kRate});
   REQUIRE(rt.ok());
   // Each load is cancelled as soon as its first chunk is in, then resumed at once: the way
   // `engramctl load --cancel` and `load` in a loop would go.
