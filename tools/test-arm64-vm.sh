@@ -67,6 +67,11 @@ download_packages() {
     cd "$vm/debs/$kernel_package"
     [[ -n $(ls "${kernel_package}"_*.deb 2>/dev/null) ]] ||
       apt-get download "$kernel_package:arm64"
+    if [[ -z $(ls "${kernel_package}"_*.deb 2>/dev/null) ]]; then
+      echo "vm: ENGRAM_VM_KERNEL=$kernel_package: apt-get could not download it as an arm64" \
+        "package (try linux-image-arm64 or linux-image-6.12-arm64-16k)" >&2
+      exit 2
+    fi
     local kernel
     kernel=$(kernel_image)
     [[ -n $(ls "${kernel}"_*.deb 2>/dev/null) ]] || apt-get download "$kernel:arm64"
@@ -76,6 +81,12 @@ download_packages() {
       [[ -n $(ls "${pkg}"_*.deb 2>/dev/null) ]] || apt-get download "$pkg:arm64"
     done
   ) 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
+  # The subshell's own refusal (no such package) has been said; say what else is missing.
+  [[ -n $(ls "$vm/debs/$kernel_package/${kernel_package}"_*.deb 2>/dev/null) ]] || exit 2
+  [[ -n $(ls "$vm/debs/$kernel_package/$(kernel_image)"_*.deb 2>/dev/null) ]] || {
+    echo "vm: $(kernel_image), the kernel $kernel_package depends on, was not downloaded" >&2
+    exit 2
+  }
 }
 
 # The modules (with their dependencies, in load order) that the virtio disk, 9p and ext4 need
