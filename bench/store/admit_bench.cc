@@ -97,8 +97,7 @@ bool RunRequest(const Options& o, const Arena& a, const std::string& socket, uin
   }
   m.rows += rows.size();
   m.held += uint64_t(hits_after - hits_before);
-  int found = 0;
-  if (admit && engram_admit_done(a.s, k, &found) != 0) {
+  if (admit && engram_admit_done(a.s, k, nullptr) != 0) {
     return fprintf(stderr, "engram-admit-bench: admit done: %s\n", engram_last_error()), false;
   }
   return true;
